@@ -1,0 +1,224 @@
+"""Checkpoints: written synchronously by all ranks, atomically, per field, verified on load.
+
+Layout of ``<run>/checkpoints/step-00000120/``::
+
+    manifest.json           format, model config, dtype, seed, step / epoch / next batch, the
+                            placement it was written with, and the sha256 of every file below
+    dense.npz               the replicated top parameters and their optimizer state (rank 0)
+    field-007.table         field 7's hash table: keys, values, optimizer slots, counters
+    field-007.dense.npz     field 7's slices of substituted dense weights and their optimizer state
+
+Everything is stored **per field, not per rank**, so a checkpoint written by N ranks loads on M
+ranks: each rank reads the fields the new placement gives it. The data order is a pure function of
+(seed, epoch, batch index) and initial values of (seed, field, key), so ``(epoch, next_batch,
+step)`` is all the "RNG state" a resume needs.
+
+Atomicity: all ranks write into ``.step-XXXXXXXX.tmp``; after a barrier, rank 0 writes the manifest
+(with every file's checksum), renames the folder into place and then updates the ``latest``
+pointer with ``os.replace``. A crash at any point leaves earlier checkpoints intact, and a folder
+without a manifest is never taken for a checkpoint. Nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from des.errors import DesError
+from des.hashtable import EmbeddingTable
+
+FORMAT = "des-checkpoint/1"
+
+
+class CheckpointError(DesError):
+    """A checkpoint that is missing, corrupt, or does not fit the model being run."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _field_stem(field: int) -> str:
+    return f"field-{field:03d}"
+
+
+def _state_arrays(prefix: str, state: Any) -> dict[str, np.ndarray]:
+    return {f"{prefix}__state__{k}": v for k, v in state.state_dict().items()}
+
+
+def _load_state(prefix: str, arrays: Any, state: Any) -> None:
+    tag = f"{prefix}__state__"
+    state.load_state_dict({k[len(tag):]: arrays[k] for k in arrays.files if k.startswith(tag)})
+
+
+def save_checkpoint(engine: Any, root: Path, *, epoch: int, next_batch: int, config: dict[str, Any], ttl: int = 0) -> Path:
+    """Write a checkpoint of ``engine`` under ``root``; collective (every rank calls it)."""
+    comm = engine.comm
+    evicted = 0
+    if ttl:
+        # Eviction runs here, on every rank at the same step, so it is part of the saved state.
+        evicted = sum(table.evict(ttl, engine.step_count) for table in engine.tables.values())
+    name = f"step-{engine.step_count:08d}"
+    final = root / name
+    tmp = root / f".{name}.tmp"
+    if comm.rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    comm.barrier("checkpoint")
+
+    written: dict[str, str] = {}
+    for j, field in enumerate(engine.fields):
+        stem = _field_stem(field)
+        engine.tables[field].save(tmp / f"{stem}.table")
+        arrays: dict[str, np.ndarray] = {}
+        for pname, value in engine.field_params.items():
+            arrays[f"{pname}__value"] = value[j]
+            arrays.update(_state_arrays(pname, engine.field_states[(pname, field)]))
+        np.savez(tmp / f"{stem}.dense.npz", **arrays)
+        written[f"{stem}.table"] = written[f"{stem}.dense.npz"] = ""
+    if comm.rank == 0:
+        arrays = {}
+        for pname, value in engine.top_params.items():
+            arrays[f"{pname}__value"] = value
+            arrays.update(_state_arrays(pname, engine.top_states[pname]))
+        np.savez(tmp / "dense.npz", **arrays)
+        written["dense.npz"] = ""
+    written = {file: _sha256(tmp / file) for file in written}
+    (tmp / f"rank-{comm.rank}.json").write_text(json.dumps(written))
+    comm.barrier("checkpoint")
+
+    if comm.rank == 0:
+        files: dict[str, str] = {}
+        for r in range(comm.size):
+            part = tmp / f"rank-{r}.json"
+            files.update(json.loads(part.read_text()))
+            part.unlink()
+        manifest = {
+            "format": FORMAT,
+            "model": engine.model.config(),
+            "dtype": engine.dtype.name,
+            "seed": engine.seed,
+            "num_fields": engine.model.num_fields,
+            "step": engine.step_count,
+            "epoch": epoch,
+            "next_batch": next_batch,
+            "ranks": comm.size,
+            "placement": engine.placement,
+            "evicted_rows": evicted,
+            "config": config,
+            "files": dict(sorted(files.items())),
+        }
+        _write_atomically(tmp / "manifest.json", json.dumps(manifest, indent=1))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        _write_atomically(root / "latest", name + "\n")
+    comm.barrier("checkpoint")
+    return final
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint folder from a folder, a ``checkpoints/`` root (its ``latest``), or a run folder."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    for candidate in (path, path / "checkpoints"):
+        latest = candidate / "latest"
+        if latest.is_file():
+            return candidate / latest.read_text().strip()
+    return path
+
+
+def read_manifest(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    folder = resolve_checkpoint(path)
+    manifest_path = folder / "manifest.json"
+    if not manifest_path.is_file():
+        raise CheckpointError(f"{folder} is not a checkpoint (no manifest.json)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"checkpoint manifest {manifest_path} is corrupt: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{manifest_path} is not a {FORMAT} manifest")
+    return folder, manifest
+
+
+def check_compatible(manifest: dict[str, Any], engine: Any, folder: Path) -> None:
+    expected = engine.model.config()
+    if manifest["model"] != expected:
+        saved = manifest["model"].get("model", "?")
+        if saved != expected["model"]:
+            raise CheckpointError(f"checkpoint {folder} holds a {saved} model, not {expected['model']}")
+        diff = sorted(k for k in expected if manifest["model"].get(k) != expected[k])
+        raise CheckpointError(f"checkpoint {folder} was trained with other model settings: {', '.join(diff)}")
+    if manifest["dtype"] != engine.dtype.name:
+        raise CheckpointError(f"checkpoint {folder} is {manifest['dtype']}, the run is {engine.dtype.name}")
+
+
+def _verified(folder: Path, manifest: dict[str, Any], file: str) -> Path:
+    path = folder / file
+    expected = manifest["files"].get(file)
+    if expected is None:
+        raise CheckpointError(f"checkpoint {folder} has no {file}")
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {folder} is missing {file}")
+    if _sha256(path) != expected:
+        raise CheckpointError(f"checkpoint file {path} is corrupt (sha256 mismatch)")
+    return path
+
+
+def load_checkpoint(engine: Any, path: str | Path) -> dict[str, Any]:
+    """Load a checkpoint into ``engine`` (any number of ranks); returns its manifest."""
+    folder, manifest = read_manifest(path)
+    check_compatible(manifest, engine, folder)
+    for j, field in enumerate(engine.fields):
+        stem = _field_stem(field)
+        table_path = _verified(folder, manifest, f"{stem}.table")
+        with _as_checkpoint_error(table_path):
+            engine.tables[field] = EmbeddingTable.load(table_path)
+        dense_path = _verified(folder, manifest, f"{stem}.dense.npz")
+        with _as_checkpoint_error(dense_path):
+            arrays = np.load(dense_path, allow_pickle=False)
+            for pname, value in engine.field_params.items():
+                value[j] = arrays[f"{pname}__value"]
+                _load_state(pname, arrays, engine.field_states[(pname, field)])
+    dense_path = _verified(folder, manifest, "dense.npz")
+    with _as_checkpoint_error(dense_path):
+        arrays = np.load(dense_path, allow_pickle=False)
+        for pname, value in engine.top_params.items():
+            value[...] = arrays[f"{pname}__value"]
+            _load_state(pname, arrays, engine.top_states[pname])
+    engine.step_count = int(manifest["step"])
+    return manifest
+
+
+@contextmanager
+def _as_checkpoint_error(path: Path) -> Iterator[None]:
+    """Turn any failure to read a (checksum-verified) file into a one-line CheckpointError."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"checkpoint file {path} cannot be loaded: {exc}") from None

@@ -1,0 +1,233 @@
+"""A thin, typed wrapper over mpi4py's buffer collectives with byte and time accounting.
+
+Every collective takes a ``site``: the purpose of the call ("forward_partials", "embeddings",
+"dense_gradients", ...). The communicator keeps, per site, the number of calls, the bytes this rank
+sent and received, and the seconds spent (waiting included), so a run can report bytes per step per
+purpose and put them next to the analytic formulas.
+
+How bytes are counted, per rank, for a payload of ``S`` bytes and ``N`` ranks (the cost of the
+standard bandwidth-optimal algorithms; what MPICH really does for small messages may differ, but
+these are the numbers the DES paper's formulas use):
+
+* ``allreduce_sum_`` (ring: reduce-scatter then all-gather): sends and receives ``2 (N-1)/N · S``.
+* ``allgather``/``allgatherv`` (ring): receives every other rank's block, ``total - own``, and sends
+  as much (each rank forwards ``N-1`` blocks around the ring).
+* ``alltoallv``: exactly the bytes addressed to / coming from the other ranks (self excluded).
+* ``bcast_``: the root sends ``(N-1) · S``, every other rank receives ``S``.
+* ``barrier``: no payload.
+
+With one rank nothing is sent, no MPI call is made, and the counters show zero bytes.
+
+Waiting: a rank that reaches a collective early (its peers are still evaluating or writing) would
+spin at a full CPU share inside a blocking MPI call and slow the working ranks when ranks share
+cores. So every collective is issued non-blocking and completed by :meth:`Communicator._wait`, which
+polls ``Test()`` and sleeps briefly between polls once a short spin budget is used up.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+
+@dataclass
+class CallStats:
+    """Accumulated cost of the collectives issued at one call site."""
+
+    calls: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "calls": self.calls,
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+            "seconds": self.seconds,
+        }
+
+
+class Communicator:
+    """Buffer collectives over an MPI communicator, with per-site accounting.
+
+    ``Communicator()`` uses ``MPI.COMM_WORLD`` (a single process started without ``mpiexec`` is a
+    world of one); ``Communicator(MPI.COMM_SELF)`` gives a 1-process communicator inside an MPI job.
+    """
+
+    def __init__(
+        self,
+        comm: MPI.Comm | None = None,
+        *,
+        spin_seconds: float = 5e-4,
+        poll_sleep_seconds: float = 2e-4,
+    ) -> None:
+        self.comm: MPI.Comm = MPI.COMM_WORLD if comm is None else comm
+        self.rank: int = self.comm.Get_rank()
+        self.size: int = self.comm.Get_size()
+        self.spin_seconds = spin_seconds
+        self.poll_sleep_seconds = poll_sleep_seconds
+        self.stats: dict[str, CallStats] = defaultdict(CallStats)
+
+    # ----------------------------------------------------------------------------- accounting
+    def _account(self, site: str, sent: float, received: float, seconds: float) -> None:
+        entry = self.stats[site]
+        entry.calls += 1
+        entry.bytes_sent += int(round(sent))
+        entry.bytes_received += int(round(received))
+        entry.seconds += seconds
+
+    def reset_stats(self) -> None:
+        self.stats.clear()
+
+    def stats_dict(self) -> dict[str, dict[str, float]]:
+        return {site: s.as_dict() for site, s in sorted(self.stats.items())}
+
+    def _wait(self, request: MPI.Request) -> None:
+        """Complete ``request`` without hogging a core while peers are busy (see module doc)."""
+        if request.Test():
+            return
+        deadline = time.perf_counter() + self.spin_seconds
+        while time.perf_counter() < deadline:
+            if request.Test():
+                return
+        while not request.Test():
+            time.sleep(self.poll_sleep_seconds)
+
+    # ----------------------------------------------------------------------------- collectives
+    def allreduce_sum_(self, buffer: np.ndarray, site: str) -> np.ndarray:
+        """Sum ``buffer`` over all ranks, in place; returns it."""
+        _require_contiguous(buffer, site)
+        start = time.perf_counter()
+        if self.size > 1:
+            self._wait(self.comm.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM))
+        moved = 2.0 * (self.size - 1) / self.size * buffer.nbytes
+        self._account(site, moved, moved, time.perf_counter() - start)
+        return buffer
+
+    def allgather(self, block: np.ndarray, site: str) -> np.ndarray:
+        """Every rank's equally shaped ``block``, stacked: shape ``[size, *block.shape]``."""
+        block = np.ascontiguousarray(block)
+        out = np.empty((self.size,) + block.shape, dtype=block.dtype)
+        start = time.perf_counter()
+        if self.size > 1:
+            self._wait(self.comm.Iallgather(block, out))
+        else:
+            out[0] = block
+        moved = (self.size - 1) * block.nbytes
+        self._account(site, moved, moved, time.perf_counter() - start)
+        return out
+
+    def allgatherv(self, block: np.ndarray, site: str) -> tuple[np.ndarray, np.ndarray]:
+        """Concatenation of every rank's 1-D ``block`` (lengths may differ) and the lengths."""
+        block = np.ascontiguousarray(block).reshape(-1)
+        counts = self.allgather(np.array([block.size], dtype=np.int64), site + ":counts")[:, 0]
+        out = np.empty(int(counts.sum()), dtype=block.dtype)
+        start = time.perf_counter()
+        if self.size > 1:
+            displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            self._wait(self.comm.Iallgatherv(block, [out, (counts, displs)]))
+        else:
+            out[:] = block
+        moved = out.nbytes - block.nbytes
+        self._account(site, moved, moved, time.perf_counter() - start)
+        return out, counts
+
+    def alltoallv(
+        self, send: np.ndarray, send_counts: np.ndarray, site: str
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Send ``send[displ_j : displ_j + send_counts[j]]`` to rank ``j``; returns what arrived,
+        concatenated in rank order, and the per-rank receive counts (in elements of dim 0).
+
+        ``send`` may be 2-D (rows of a table); counts are in rows.
+        """
+        send = np.ascontiguousarray(send)
+        send_counts = np.asarray(send_counts, dtype=np.int64)
+        if send_counts.shape != (self.size,) or send_counts.sum() != send.shape[0]:
+            raise ValueError(f"alltoallv at {site}: send_counts do not match the buffer")
+        row_items = int(np.prod(send.shape[1:], dtype=np.int64))
+        recv_counts = self._exchange_counts(send_counts, site)
+        out = np.empty((int(recv_counts.sum()),) + send.shape[1:], dtype=send.dtype)
+        start = time.perf_counter()
+        if self.size > 1:
+            s_items = send_counts * row_items
+            r_items = recv_counts * row_items
+            s_displ = np.concatenate([[0], np.cumsum(s_items)[:-1]])
+            r_displ = np.concatenate([[0], np.cumsum(r_items)[:-1]])
+            self._wait(
+                self.comm.Ialltoallv(
+                    [send.reshape(-1), (s_items, s_displ)], [out.reshape(-1), (r_items, r_displ)]
+                )
+            )
+        else:
+            out[...] = send
+        row_bytes = row_items * send.dtype.itemsize
+        me = self.rank
+        sent = (send_counts.sum() - send_counts[me]) * row_bytes
+        received = (recv_counts.sum() - recv_counts[me]) * row_bytes
+        self._account(site, sent, received, time.perf_counter() - start)
+        return out, recv_counts
+
+    def _exchange_counts(self, send_counts: np.ndarray, site: str) -> np.ndarray:
+        recv_counts = np.empty(self.size, dtype=np.int64)
+        start = time.perf_counter()
+        if self.size > 1:
+            self._wait(self.comm.Ialltoall(send_counts, recv_counts))
+        else:
+            recv_counts[:] = send_counts
+        moved = (self.size - 1) * 8
+        self._account(site + ":counts", moved, moved, time.perf_counter() - start)
+        return recv_counts
+
+    def bcast_(self, buffer: np.ndarray, site: str, root: int = 0) -> np.ndarray:
+        """Overwrite ``buffer`` on every rank with the root's, in place; returns it."""
+        _require_contiguous(buffer, site)
+        start = time.perf_counter()
+        if self.size > 1:
+            self._wait(self.comm.Ibcast(buffer, root=root))
+        if self.rank == root:
+            sent, received = (self.size - 1) * buffer.nbytes, 0
+        else:
+            sent, received = 0, buffer.nbytes
+        self._account(site, sent, received, time.perf_counter() - start)
+        return buffer
+
+    def bcast_json(self, obj: Any, site: str, root: int = 0) -> Any:
+        """Broadcast a JSON-able object (configs, manifests); never pickles."""
+        if self.size == 1:
+            return obj
+        payload = json.dumps(obj).encode() if self.rank == root else b""
+        length = self.bcast_(np.array([len(payload)], dtype=np.int64), site, root)[0]
+        data = np.frombuffer(payload, dtype=np.uint8).copy() if self.rank == root else None
+        if data is None:
+            data = np.empty(int(length), dtype=np.uint8)
+        self.bcast_(data, site, root)
+        return json.loads(data.tobytes().decode())
+
+    def allreduce_scalar(self, value: float, site: str, op: str = "sum") -> float:
+        """Reduce one number over the ranks (``op`` in sum/max/min); for counters and checks."""
+        values = self.allgather(np.array([value], dtype=np.float64), site)[:, 0]
+        return float({"sum": np.sum, "max": np.max, "min": np.min}[op](values))
+
+    def barrier(self, site: str = "barrier") -> None:
+        start = time.perf_counter()
+        if self.size > 1:
+            self._wait(self.comm.Ibarrier())
+        self._account(site, 0, 0, time.perf_counter() - start)
+
+    def abort(self, code: int = 1) -> None:
+        """End every rank of the job now (used when this rank hit an error)."""
+        if self.size > 1 or MPI.COMM_WORLD.Get_size() > 1:
+            MPI.COMM_WORLD.Abort(code)
+        raise SystemExit(code)
+
+
+def _require_contiguous(buffer: np.ndarray, site: str) -> None:
+    if not isinstance(buffer, np.ndarray) or not buffer.flags.c_contiguous:
+        raise ValueError(f"collective at {site} needs a C-contiguous numpy array")

@@ -1,0 +1,161 @@
+"""The training configuration: one dataclass, filled from defaults < a TOML file < command-line flags.
+
+Every field is a flag (``--batch-size``), a TOML key (``batch_size = 2048``) and an entry of the
+run folder's ``config.json``; the help text lives next to the field, once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from des.errors import ConfigError
+
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+SHIPPED_SAMPLE = PACKAGE_ROOT / "datasets" / "criteo_sample.txt.gz"
+MODELS = ("lr", "fm", "wdl", "deepfm")
+
+
+def _opt(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameter defaults are tuned for the shipped 32,852-row Criteo sample (see README)."""
+
+    model: str = _opt("deepfm", f"model to train: {', '.join(MODELS)} or a registered user model")
+    data: str = _opt(str(SHIPPED_SAMPLE), "raw Criteo TSV/.gz file or a prepared directory")
+    cache_dir: str = _opt("", "where raw files are prepared (default ~/.cache/des)")
+    split: str = _opt("0.9,0.05,0.05", "train,validation,test fractions of a raw file")
+    split_seed: int = _opt(0, "seed of the train/validation/test split")
+    bad_rows: str = _opt("fail", "malformed input rows: fail on the first, or skip and count", choices=("fail", "skip"))
+
+    embedding_dim: int = _opt(8, "embedding size k")
+    hidden: str = _opt("400,400,400", "DNN layer widths, the first is the substituted FC layer")
+    activation: str = _opt("relu", "DNN activation", choices=("relu", "tanh", "sigmoid"))
+    init_scale: float = _opt(0.01, "std of the normal initializer of embeddings")
+    l2_embedding: float = _opt(0.0, "l2 on looked-up embeddings (per sample, batch mean)")
+    l2_dense: float = _opt(0.0, "l2 on dense kernels (first FC layer and the top network)")
+
+    batch_size: int = _opt(1024, "global batch size (every rank processes the whole batch, its own fields)")
+    epochs: int = _opt(2, "passes over the training split")
+    max_steps: int = _opt(0, "stop after this many steps (0: no limit)")
+    drop_last: bool = _opt(True, "drop the last partial batch of an epoch")
+    seed: int = _opt(0, "seed of initialization and batch order")
+    dtype: str = _opt("float32", "float type of parameters and compute", choices=("float32", "float64"))
+
+    linear_optimizer: str = _opt("ftrl:alpha=0.05,beta=1.0,l1=0.0,l2=0.0", "sparse order-1 weights (name:key=value,...)")
+    embedding_optimizer: str = _opt("adam:lr=0.001", "sparse embeddings")
+    dense_optimizer: str = _opt("adam:lr=0.001", "dense weights (first FC slices and top network)")
+
+    placement: str = _opt("mod", "field placement over ranks", choices=("mod", "balanced"))
+    min_count: int = _opt(1, "admission: occurrences before an id gets a trained row")
+    ttl: int = _opt(0, "eviction: drop rows unseen for this many steps at checkpoint time (0: never)")
+    unadmitted: str = _opt("init", "what unknown/unadmitted ids contribute", choices=("init", "zero"))
+    table_capacity: int = _opt(1 << 14, "initial hash-table slots per field (tables grow)")
+
+    eval_every: int = _opt(0, "validate every N steps (0: at the end of each epoch)")
+    eval_batch_size: int = _opt(8192, "batch size for validation and test")
+    checkpoint_every: int = _opt(0, "checkpoint every N steps (0: only at the end)")
+    output: str = _opt("", "run folder (default runs/<model>-<timestamp>)")
+    resume: str = _opt("", "checkpoint directory to continue from")
+    progress: bool = _opt(True, "progress bar on rank 0")
+
+    def hidden_units(self) -> list[int]:
+        try:
+            units = [int(x) for x in self.hidden.split(",") if x.strip()]
+        except ValueError:
+            raise ConfigError(f"--hidden must be comma-separated integers, got {self.hidden!r}") from None
+        if not units or min(units) < 1:
+            raise ConfigError(f"--hidden needs at least one positive width, got {self.hidden!r}")
+        return units
+
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise ConfigError(
+                    f"--{_flag(f.name)}: {getattr(self, f.name)!r} is not one of {', '.join(choices)}"
+                )
+        positive = ("batch_size", "embedding_dim", "eval_batch_size", "table_capacity", "min_count")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{_flag(name)} must be at least 1, got {getattr(self, name)}")
+        for name in ("epochs", "max_steps", "ttl", "eval_every", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{_flag(name)} must not be negative, got {getattr(self, name)}")
+        if self.epochs == 0 and self.max_steps == 0:
+            raise ConfigError("nothing to train: --epochs and --max-steps are both 0")
+        self.hidden_units()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def build_parser(prog: str = "des.train") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Train a CTR model with Distributed Equivalent Substitution "
+        "(run under `mpirun -n N` for N ranks; plain `python -m des.train` is one rank).",
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument("--config", help="TOML file with any of the options below (flags win)")
+    defaults = TrainConfig()
+    for f in dataclasses.fields(TrainConfig):
+        kwargs: dict[str, Any] = {"help": f.metadata["help"], "default": argparse.SUPPRESS}
+        if f.type in ("bool", bool):
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = {"int": int, "float": float, "str": str}[str(f.type)]
+            kwargs["metavar"] = f.name.upper() if not f.metadata.get("choices") else None
+            if f.metadata.get("choices"):
+                kwargs["choices"] = f.metadata["choices"]
+        kwargs["help"] += f" (default: {getattr(defaults, f.name)!r})"
+        parser.add_argument(f"--{_flag(f.name)}", **{k: v for k, v in kwargs.items() if v is not None})
+    return parser
+
+
+def load_config(argv: list[str] | None = None, prog: str = "des.train") -> TrainConfig:
+    """Defaults, then the TOML file given by ``--config``, then the flags."""
+    args = vars(build_parser(prog).parse_args(argv))
+    values: dict[str, Any] = {}
+    config_file = args.pop("config", None)
+    if config_file:
+        values.update(_read_toml(Path(config_file)))
+    values.update(args)
+    config = TrainConfig(**values)
+    config.validate()
+    return config
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    known = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            raise ConfigError(f"config file {path}: unknown option {key!r}")
+        if isinstance(value, list):  # hidden = [400, 400] or split = [0.9, 0.05, 0.05]
+            value = ",".join(str(v) for v in value)
+        expected = {"int": int, "float": (int, float), "str": str, "bool": bool}[str(known[name].type)]
+        if not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
+            raise ConfigError(f"config file {path}: {key} = {value!r} has the wrong type")
+        values[name] = float(value) if str(known[name].type) == "float" else value
+    return values

@@ -1,0 +1,60 @@
+"""Data pipeline of des: raw Criteo reader, column store, batch reader, synthetic data.
+
+    store = open_dataset("datasets/criteo_sample.txt.gz")     # prepared once, then cached
+    for batch in BatchReader(store, "train", fields=[0, 13], batch_size=4096, seed=0, epoch=0):
+        batch.fields[13].keys, batch.fields[13].offsets, batch.labels, batch.rows
+
+Command line: ``python -m des.data {prepare,synth,inspect} --help``. The key scheme is defined in
+``des/data/keys.py`` (also described in ``datasets/README.md``).
+"""
+
+from .batch import Batch, FieldBatch
+from .batch_reader import BatchReader
+from .build import atomic_directory, open_dataset, prepare
+from .errors import DataError
+from .keys import (
+    FIELD_NAMES,
+    KEY_SCHEME,
+    NUM_FIELDS,
+    categorical_key,
+    field_index,
+    field_of_key,
+    integer_key,
+    integer_keys,
+    integer_token,
+    make_key,
+    missing_key,
+    value_of_key,
+)
+from .split import SPLIT_NAMES, assign_splits
+from .store import ColumnStore
+from .synth import SynthConfig, default_config, synthesize_store, synthesize_tsv
+
+__all__ = [
+    "FIELD_NAMES",
+    "NUM_FIELDS",
+    "KEY_SCHEME",
+    "SPLIT_NAMES",
+    "DataError",
+    "ColumnStore",
+    "open_dataset",
+    "prepare",
+    "atomic_directory",
+    "Batch",
+    "BatchReader",
+    "FieldBatch",
+    "make_key",
+    "field_of_key",
+    "value_of_key",
+    "field_index",
+    "integer_token",
+    "integer_key",
+    "integer_keys",
+    "categorical_key",
+    "missing_key",
+    "assign_splits",
+    "SynthConfig",
+    "default_config",
+    "synthesize_store",
+    "synthesize_tsv",
+]

@@ -1,0 +1,151 @@
+"""Command line: ``python -m des.data {prepare,synth,inspect} ...`` (``--help`` on each)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .build import DEFAULT_CHUNK_ROWS, prepare
+from .errors import DataError
+from .split import DEFAULT_SPLIT, check_fractions
+from .store import ColumnStore
+from .summary import format_summary
+from .synth import DEFAULT_MULTI_HOT_FIELDS, default_config, synthesize_store, synthesize_tsv
+from .tsv import BAD_ROW_POLICIES
+
+PROG = "des.data"
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse that reports usage errors as one line ``des.data: error: ...`` (exit 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        _fail(message)
+
+
+def _report_error(message: str) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _fail(message: str) -> None:
+    sys.exit(_report_error(message))
+
+
+def _fractions(text: str) -> tuple[float, float, float]:
+    try:
+        return check_fractions(text)
+    except DataError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not positive")
+    return value
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog=PROG, description="Prepare, generate and inspect des column stores.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+    default_split = ",".join(str(x) for x in DEFAULT_SPLIT)
+
+    prep = commands.add_parser("prepare", help="validate raw Criteo TSV files and write a column store")
+    prep.add_argument("--input", nargs="+", required=True, metavar="FILE", help="raw Criteo TSV files (plain or .gz)")
+    prep.add_argument("--output", required=True, metavar="DIR", help="store directory to create")
+    split_help = f"train,validation,test fractions (default {default_split})"
+    prep.add_argument("--split", type=_fractions, default=DEFAULT_SPLIT, help=split_help)
+    prep.add_argument("--seed", type=int, default=0, help="split seed (default 0)")
+    prep.add_argument(
+        "--bad-rows", choices=BAD_ROW_POLICIES, default="fail", help="fail on the first bad row, or skip and count"
+    )
+    prep.add_argument(
+        "--chunk-rows", type=_positive_int, default=DEFAULT_CHUNK_ROWS, help=f"rows per chunk ({DEFAULT_CHUNK_ROWS})"
+    )
+    prep.add_argument("--force", action="store_true", help="replace an existing store at --output")
+
+    synth = commands.add_parser("synth", help="generate synthetic Criteo-shaped data with a known oracle")
+    synth.add_argument("--rows", type=_positive_int, required=True, help="number of rows")
+    synth.add_argument("--output", required=True, help="store directory (--format store) or TSV file (--format tsv)")
+    synth.add_argument("--seed", type=int, default=0, help="generator and split seed (default 0)")
+    synth.add_argument(
+        "--format", choices=("store", "tsv"), default="store", help="column store, or raw Criteo TSV (.gz for gzip)"
+    )
+    synth.add_argument("--multi-hot", action="store_true", help=f"make {','.join(DEFAULT_MULTI_HOT_FIELDS)} multi-hot")
+    synth.add_argument("--multi-hot-fields", metavar="C1,C2,..", help="categorical fields to make multi-hot")
+    synth.add_argument("--max-hot", type=_positive_int, default=4, help="multi-hot rows have 0..k ids (default 4)")
+    synth.add_argument("--weighted", action="store_true", help="multi-hot ids carry weights in [0.5, 1.5)")
+    synth.add_argument("--vocab-scale", type=float, default=1.0, help="scale every vocabulary size (default 1.0)")
+    synth.add_argument("--positive-rate", type=float, default=0.25, help="target positive rate (default 0.25)")
+    synth.add_argument("--latent-dim", type=_positive_int, default=4, help="latent size of the oracle FM (default 4)")
+    synth.add_argument("--split", type=_fractions, default=DEFAULT_SPLIT, help=split_help)
+    synth.add_argument("--force", action="store_true", help="replace an existing output")
+
+    inspect = commands.add_parser("inspect", help="summarize a column store")
+    inspect.add_argument("directory", help="store directory")
+    return parser
+
+
+def _run_prepare(args: argparse.Namespace) -> None:
+    store = prepare(
+        args.input, args.output, split=args.split, seed=args.seed, bad_rows=args.bad_rows,
+        chunk_rows=args.chunk_rows, overwrite=args.force,
+    )
+    manifest = store.manifest
+    bad = manifest["bad_rows"]
+    if bad["skipped"]:
+        print(
+            f"{PROG}: skipped {bad['skipped']} bad rows (first at {', '.join(bad['first_skipped'])}); "
+            f"first problem: {bad['first_error']}",
+            file=sys.stderr,
+        )
+    rows = ", ".join(f"{name} {manifest['split']['rows'][name]}" for name in manifest["split"]["names"])
+    print(f"prepared {store.num_rows} rows ({rows}), positive rate {manifest['positive_rate']:.4f} -> {store.path}")
+
+
+def _run_synth(args: argparse.Namespace) -> None:
+    multi_hot: tuple[str, ...] = ()
+    if args.multi_hot_fields:
+        multi_hot = tuple(name.strip() for name in args.multi_hot_fields.split(",") if name.strip())
+    elif args.multi_hot:
+        multi_hot = DEFAULT_MULTI_HOT_FIELDS
+    config = default_config(
+        seed=args.seed, multi_hot_fields=multi_hot, max_hot=args.max_hot, weighted=args.weighted,
+        vocab_scale=args.vocab_scale, positive_rate=args.positive_rate, latent_dim=args.latent_dim,
+    )
+    if args.format == "tsv":
+        info = synthesize_tsv(args.output, args.rows, config, overwrite=args.force)
+        print(f"wrote {info['rows']} rows, positive rate {info['positive_rate']:.4f} -> {args.output}")
+        return
+    store = synthesize_store(args.output, args.rows, config, split=args.split, overwrite=args.force)
+    oracle = store.manifest["synthetic"]["oracle"]
+    auc = "n/a" if oracle["auc"] is None else f"{oracle['auc']:.5f}"
+    rate = store.manifest["positive_rate"]
+    print(f"wrote {store.num_rows} rows, positive rate {rate:.4f}, oracle test AUC {auc} -> {store.path}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (0 ok, 2 error, 130 interrupted)."""
+    args = _build_parser().parse_args(argv)
+    try:
+        if args.command == "prepare":
+            _run_prepare(args)
+        elif args.command == "synth":
+            _run_synth(args)
+        else:
+            print(format_summary(ColumnStore.open(args.directory)))
+    except (DataError, OSError) as error:
+        return _report_error(str(error).replace("\n", " "))
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

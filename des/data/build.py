@@ -1,0 +1,193 @@
+"""Preparing raw Criteo files into a column store, atomically, and the prepared-data cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from .errors import DataError
+from .keys import FIELD_NAMES, NUM_INT_FIELDS
+from .split import DEFAULT_SPLIT, check_fractions
+from .store import FORMAT_VERSION, MANIFEST_NAME, ColumnStore, FieldSpec, StoreWriter
+from .tsv import BAD_ROW_POLICIES, FIRST_BAD_LINES_KEPT, CriteoTsvReader
+
+DEFAULT_CHUNK_ROWS = 1 << 18
+CRITEO_FIELDS: tuple[FieldSpec, ...] = tuple(
+    FieldSpec(name, "integer" if i < NUM_INT_FIELDS else "categorical") for i, name in enumerate(FIELD_NAMES)
+)
+PathLike = str | os.PathLike
+
+
+def _is_replaceable(path: Path) -> bool:
+    return path.is_dir() and ((path / MANIFEST_NAME).is_file() or not any(path.iterdir()))
+
+
+@contextmanager
+def atomic_directory(output: PathLike, if_exists: str = "error") -> Iterator[Path]:
+    """Yield a new temporary directory next to ``output``; rename it to ``output`` on success.
+
+    On any error the temporary directory is removed and ``output`` is untouched. ``if_exists``
+    says what to do when ``output`` already exists (or appears meanwhile): ``"error"`` raises
+    DataError, ``"replace"`` replaces a previous store (never an unrelated directory), ``"keep"``
+    discards the new copy and keeps the existing one (the race-safe choice for caches).
+    """
+    target = Path(output)
+    if target.exists() and if_exists == "error":
+        raise DataError(f"{target}: output already exists (remove it or pass --force)")
+    if target.exists() and if_exists == "replace" and not _is_replaceable(target):
+        raise DataError(f"{target}: exists and is not a prepared dataset; refusing to replace it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    temporary.mkdir()
+    try:
+        yield temporary
+        _move_into_place(temporary, target, if_exists)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+
+
+def _move_into_place(temporary: Path, target: Path, if_exists: str) -> None:
+    try:
+        os.rename(temporary, target)
+        return
+    except OSError:
+        if not target.exists():
+            raise
+    if if_exists == "keep":
+        shutil.rmtree(temporary, ignore_errors=True)
+        return
+    if if_exists == "error":
+        raise DataError(f"{target}: output appeared while preparing; not replaced")
+    retired = target.parent / f".{target.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    os.rename(target, retired)
+    os.rename(temporary, target)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+def _input_paths(inputs: PathLike | Sequence[PathLike]) -> list[str]:
+    paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    if not paths:
+        raise DataError("no input files given")
+    return [os.fspath(p) for p in paths]
+
+
+def _write_criteo_store(
+    paths: list[str], directory: Path, split: tuple[float, float, float], seed: int, bad_rows: str, chunk_rows: int
+) -> None:
+    reader = CriteoTsvReader(bad_rows=bad_rows, chunk_rows=chunk_rows)
+    with StoreWriter(directory, CRITEO_FIELDS, split, seed) as writer:
+        for block in reader.read(paths):
+            writer.append(block.labels, list(block.keys))
+        first_skipped = [
+            f"{Path(report.display_name).name}:{line}" for report in reader.reports for line in report.first_skipped
+        ][:FIRST_BAD_LINES_KEPT]
+        first_error = next(
+            (f"{Path(r.display_name).name}:{r.first_error}" for r in reader.reports if r.first_error), None
+        )
+        writer.finish(
+            sources=[
+                {
+                    "name": Path(report.display_name).name,
+                    "sha256": report.sha256,
+                    "lines": report.lines,
+                    "rows": report.rows,
+                    "skipped": report.skipped,
+                }
+                for report in reader.reports
+            ],
+            bad_rows={
+                "policy": bad_rows,
+                "skipped": sum(report.skipped for report in reader.reports),
+                "first_skipped": first_skipped,
+                "first_error": first_error,
+            },
+            transform="Criteo raw TSV: integer v -> v if v <= 2 else floor(ln(v)^2); hex -> int; see key_scheme",
+        )
+
+
+def prepare(
+    inputs: PathLike | Sequence[PathLike],
+    output: PathLike,
+    *,
+    split: Sequence[float] = DEFAULT_SPLIT,
+    seed: int = 0,
+    bad_rows: str = "fail",
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    overwrite: bool = False,
+) -> ColumnStore:
+    """Validate raw Criteo TSV files (plain or .gz) and write them as one column store at ``output``.
+
+    Rows of all inputs are concatenated in order. ``bad_rows="fail"`` stops at the first bad row
+    with a DataError naming file, line and column; ``"skip"`` skips bad rows and records how many
+    (and the first line numbers) in the manifest. The store is written to a temporary directory
+    and renamed at the end, so ``output`` is either complete or absent.
+    """
+    paths = _input_paths(inputs)
+    fractions = check_fractions(split)
+    _check_policy(bad_rows)
+    with atomic_directory(output, "replace" if overwrite else "error") as directory:
+        _write_criteo_store(paths, directory, fractions, int(seed), bad_rows, int(chunk_rows))
+    return ColumnStore.open(output)
+
+
+def _check_policy(bad_rows: str) -> None:
+    if bad_rows not in BAD_ROW_POLICIES:
+        raise DataError(f"bad_rows must be one of {', '.join(BAD_ROW_POLICIES)}, not {bad_rows!r}")
+
+
+def file_sha256(path: PathLike) -> str:
+    """sha256 (hex) of a file's bytes as stored."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def default_cache_dir() -> Path:
+    """``$DES_CACHE_DIR`` if set, else ``~/.cache/des``."""
+    return Path(os.environ.get("DES_CACHE_DIR") or "~/.cache/des").expanduser()
+
+
+def cache_entry_name(file_name: str, sha256: str, split: Sequence[float], seed: int, bad_rows: str) -> str:
+    """Cache directory name of a raw file prepared with these options."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", file_name.split(".")[0]) or "data"
+    options = json.dumps({"split": list(split), "seed": seed, "bad_rows": bad_rows, "format": FORMAT_VERSION})
+    return f"{stem}-{sha256[:16]}-{hashlib.sha256(options.encode()).hexdigest()[:8]}"
+
+
+def open_dataset(
+    path: PathLike,
+    cache_dir: PathLike | None = None,
+    split: Sequence[float] = DEFAULT_SPLIT,
+    seed: int = 0,
+    bad_rows: str = "fail",
+) -> ColumnStore:
+    """Open a prepared store, or prepare a raw TSV/.gz file once into the cache and open that.
+
+    The cache entry (in ``cache_dir``, default ``$DES_CACHE_DIR`` or ``~/.cache/des``) is named
+    after the input's sha256 and the split/seed/policy, so it is reused by later calls and by
+    other processes; concurrent preparations are safe (the first rename wins, the others use its
+    result). ``split``, ``seed`` and ``bad_rows`` only matter when a raw file is prepared.
+    """
+    source = Path(path)
+    if source.is_dir():
+        return ColumnStore.open(source)
+    if not source.exists():
+        raise DataError(f"{source}: no such file or dataset directory")
+    fractions = check_fractions(split)
+    _check_policy(bad_rows)
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = cache / cache_entry_name(source.name, file_sha256(source), fractions, int(seed), bad_rows)
+    if not (target / MANIFEST_NAME).is_file():
+        with atomic_directory(target, "keep") as directory:
+            _write_criteo_store([os.fspath(source)], directory, fractions, int(seed), bad_rows, DEFAULT_CHUNK_ROWS)
+    return ColumnStore.open(target)

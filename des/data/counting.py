@@ -1,0 +1,88 @@
+"""Streaming count of distinct keys per field (a small numba open-addressing hash map).
+
+Memory is proportional to the number of distinct keys, not to the number of rows. Keys are never
+0 (see ``keys.py``), so 0 marks an empty slot.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from .hashing import GOLDEN_GAMMA
+
+_MAX_LOAD = 0.6
+
+
+@numba.njit(cache=True)
+def _insert(table_keys, table_counts, shift, keys, start, max_fill, fill):
+    mask = table_keys.shape[0] - 1
+    for i in range(start, keys.shape[0]):
+        key = keys[i]
+        slot = np.int64((np.uint64(key) * GOLDEN_GAMMA) >> np.uint64(shift))
+        while table_keys[slot] != 0 and table_keys[slot] != key:
+            slot = (slot + 1) & mask
+        if table_keys[slot] == 0:
+            if fill >= max_fill:
+                return i, fill
+            table_keys[slot] = key
+            fill += 1
+        table_counts[slot] += 1
+    return keys.shape[0], fill
+
+
+@numba.njit(cache=True)
+def _rehash(old_keys, old_counts, new_keys, new_counts, shift):
+    mask = new_keys.shape[0] - 1
+    for i in range(old_keys.shape[0]):
+        key = old_keys[i]
+        if key != 0:
+            slot = np.int64((np.uint64(key) * GOLDEN_GAMMA) >> np.uint64(shift))
+            while new_keys[slot] != 0:
+                slot = (slot + 1) & mask
+            new_keys[slot] = key
+            new_counts[slot] = old_counts[i]
+
+
+class KeyCounter:
+    """Counts occurrences of int64 keys (all > 0); grows as needed."""
+
+    def __init__(self, initial_bits: int = 10) -> None:
+        self._bits = initial_bits
+        self._keys = np.zeros(1 << initial_bits, dtype=np.int64)
+        self._counts = np.zeros(1 << initial_bits, dtype=np.int64)
+        self._fill = 0
+        self.total = 0
+
+    def add(self, keys: np.ndarray) -> None:
+        """Count every key of ``keys`` (int64 array)."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        start = 0
+        while True:
+            max_fill = int(_MAX_LOAD * (1 << self._bits))
+            start, self._fill = _insert(self._keys, self._counts, 64 - self._bits, keys, start, max_fill, self._fill)
+            if start == keys.shape[0]:
+                break
+            self._grow()
+        self.total += keys.shape[0]
+
+    def _grow(self) -> None:
+        self._bits += 1
+        new_keys = np.zeros(1 << self._bits, dtype=np.int64)
+        new_counts = np.zeros(1 << self._bits, dtype=np.int64)
+        _rehash(self._keys, self._counts, new_keys, new_counts, 64 - self._bits)
+        self._keys, self._counts = new_keys, new_counts
+
+    @property
+    def distinct(self) -> int:
+        """Number of distinct keys seen."""
+        return self._fill
+
+    def top_share(self, k: int = 10) -> float:
+        """Fraction of all occurrences taken by the ``k`` most frequent keys (0.0 if none)."""
+        if self.total == 0:
+            return 0.0
+        counts = self._counts[self._keys != 0]
+        if counts.shape[0] > k:
+            counts = np.partition(counts, counts.shape[0] - k)[-k:]
+        return float(counts.sum()) / float(self.total)

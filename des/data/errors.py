@@ -1,0 +1,11 @@
+"""The one exception type of the data pipeline."""
+
+from __future__ import annotations
+
+
+class DataError(Exception):
+    """A problem with input data, a prepared store or a data option.
+
+    The message is one line meant for the user (it names the file and, where there is one, the
+    line and column); the CLI prints it as ``des.data: error: <message>``.
+    """

@@ -1,0 +1,391 @@
+"""The column store: one memory-mappable array per field, labels, a split array and a manifest.
+
+Layout of a store directory (all arrays are raw little-endian binaries; their dtype and shape are
+recorded in ``manifest.json`` and they are opened with ``np.memmap``)::
+
+    manifest.json                 format version, schema, counts, split, sources, key scheme
+    labels.bin                    uint8 [N]      0/1 click labels
+    split.bin                     uint8 [N]      0 train, 1 validation, 2 test
+    NN_<field>.keys.bin           int64 [N] for a one-hot field, int64 [nnz] for a multi-hot one
+    NN_<field>.offsets.bin        int64 [N+1]    CSR row pointers (multi-hot fields only)
+    NN_<field>.weights.bin        float32 [nnz]  feature values (weighted fields only)
+    <extra>.bin                   e.g. probabilities (float32 [N], synthetic data only)
+
+One-hot fields carry no offsets (45M rows x 39 fields of offsets would be 14 GB); row ``r`` of
+such a field is ``keys[r]``. ``StoreWriter`` appends chunk by chunk, so no input has to fit in memory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from .batch import FieldBatch
+from .counting import KeyCounter
+from .errors import DataError
+from .keys import KEY_SCHEME
+from .split import SPLIT_NAMES, assign_splits, check_fractions, split_code
+
+FORMAT_NAME = "des-column-store"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+ONE_HOT = "one-hot"
+MULTI_HOT = "multi-hot"
+SPLIT_METHOD = "splitmix64: x = (stream(seed)[row] >> 11) / 2^53; train if x < f0, validation if x < f0+f1, else test"
+
+_KEY_DTYPE = np.dtype("<i8")
+_WEIGHT_DTYPE = np.dtype("<f4")
+_BYTE_DTYPE = np.dtype("u1")
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """What a store holds for one field."""
+
+    name: str
+    kind: str  # "integer" or "categorical"
+    hotness: str = ONE_HOT  # or MULTI_HOT
+    weighted: bool = False
+
+
+def _array_entry(file_name: str, dtype: np.dtype, shape: Sequence[int]) -> dict[str, Any]:
+    return {"file": file_name, "dtype": np.dtype(dtype).str, "shape": [int(n) for n in shape]}
+
+
+class _AppendFile:
+    """A raw binary array written by appending chunks."""
+
+    def __init__(self, directory: Path, file_name: str, dtype: np.dtype) -> None:
+        self.file_name = file_name
+        self.dtype = np.dtype(dtype)
+        self.length = 0
+        self._handle: IO[bytes] | None = open(directory / file_name, "wb")
+
+    def append(self, values: np.ndarray) -> None:
+        chunk = np.ascontiguousarray(values, dtype=self.dtype)
+        assert self._handle is not None
+        self._handle.write(memoryview(chunk).cast("B"))
+        self.length += chunk.shape[0]
+
+    def close(self) -> dict[str, Any]:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+        return _array_entry(self.file_name, self.dtype, [self.length])
+
+
+class _FieldWriter:
+    """Appends one field's keys (and offsets / weights) and counts its distinct keys."""
+
+    def __init__(self, directory: Path, index: int, spec: FieldSpec) -> None:
+        self.spec = spec
+        stem = f"{index:02d}_{spec.name}"
+        self.keys = _AppendFile(directory, f"{stem}.keys.bin", _KEY_DTYPE)
+        self.offsets = _AppendFile(directory, f"{stem}.offsets.bin", _KEY_DTYPE) if spec.hotness == MULTI_HOT else None
+        self.weights = _AppendFile(directory, f"{stem}.weights.bin", _WEIGHT_DTYPE) if spec.weighted else None
+        if self.offsets is not None:
+            self.offsets.append(np.zeros(1, dtype=np.int64))
+        self.counter = KeyCounter()
+
+    def append(self, column: np.ndarray | FieldBatch, num_rows: int) -> None:
+        if self.offsets is None:
+            keys = column.keys if isinstance(column, FieldBatch) else column
+            weights = column.weights if isinstance(column, FieldBatch) else None
+            if keys.shape[0] != num_rows:
+                raise ValueError(f"field {self.spec.name}: {keys.shape[0]} keys for {num_rows} rows")
+        else:
+            if not isinstance(column, FieldBatch) or column.num_rows != num_rows:
+                raise ValueError(f"field {self.spec.name}: multi-hot fields need a FieldBatch of {num_rows} rows")
+            keys, weights = column.keys, column.weights
+            self.offsets.append(column.offsets[1:] - column.offsets[0] + self.keys.length)
+        if (weights is None) == self.spec.weighted:
+            raise ValueError(f"field {self.spec.name}: weights {'missing' if self.spec.weighted else 'unexpected'}")
+        self.keys.append(keys)
+        if self.weights is not None:
+            self.weights.append(weights)
+        self.counter.add(keys)
+
+    def close(self, field_number: int) -> dict[str, Any]:
+        return {
+            "index": field_number,
+            "name": self.spec.name,
+            "kind": self.spec.kind,
+            "hotness": self.spec.hotness,
+            "distinct": self.counter.distinct,
+            "nnz": self.counter.total,
+            "top10_share": round(self.counter.top_share(10), 6),
+            "keys": self.keys.close(),
+            "offsets": None if self.offsets is None else self.offsets.close(),
+            "weights": None if self.weights is None else self.weights.close(),
+        }
+
+
+class StoreWriter:
+    """Writes a column store chunk by chunk into an (empty, existing) directory.
+
+    Use as a context manager; ``finish`` closes the arrays and writes ``manifest.json``.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        fields: Sequence[FieldSpec],
+        split: Sequence[float],
+        seed: int,
+        extra_arrays: Mapping[str, np.dtype] | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        self.split_fractions = check_fractions(split)
+        self.split_seed = int(seed)
+        self.num_rows = 0
+        self.num_positives = 0
+        self.split_counts = np.zeros(len(SPLIT_NAMES), dtype=np.int64)
+        self._files: list[_AppendFile] = []
+        self._fields = [_FieldWriter(self.directory, i, spec) for i, spec in enumerate(fields)]
+        self._labels = _AppendFile(self.directory, "labels.bin", _BYTE_DTYPE)
+        self._split = _AppendFile(self.directory, "split.bin", _BYTE_DTYPE)
+        self._extras = {
+            name: _AppendFile(self.directory, f"{name}.bin", dtype) for name, dtype in (extra_arrays or {}).items()
+        }
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._close_files()
+
+    def append(
+        self,
+        labels: np.ndarray,
+        columns: Sequence[np.ndarray | FieldBatch],
+        extras: Mapping[str, np.ndarray] | None = None,
+    ) -> np.ndarray:
+        """Append rows: labels (0/1), one column per field (keys array or FieldBatch), extras.
+
+        Returns the split codes (0 train, 1 validation, 2 test) given to these rows.
+        """
+        count = labels.shape[0]
+        if len(columns) != len(self._fields):
+            raise ValueError(f"{len(columns)} columns for {len(self._fields)} fields")
+        codes = assign_splits(self.split_seed, self.split_fractions, self.num_rows, count)
+        for writer, column in zip(self._fields, columns):
+            writer.append(column, count)
+        for name, values in (extras or {}).items():
+            if values.shape[0] != count:
+                raise ValueError(f"extra array {name}: {values.shape[0]} values for {count} rows")
+            self._extras[name].append(values)
+        self._labels.append(labels)
+        self._split.append(codes)
+        self.num_rows += count
+        self.num_positives += int(np.count_nonzero(labels))
+        self.split_counts += np.bincount(codes, minlength=len(SPLIT_NAMES))
+        return codes
+
+    def _close_files(self) -> None:
+        for file in [self._labels, self._split, *self._extras.values()]:
+            file.close()
+        for writer in self._fields:
+            for file in (writer.keys, writer.offsets, writer.weights):
+                if file is not None:
+                    file.close()
+
+    def finish(self, **sections: Any) -> dict[str, Any]:
+        """Close all arrays and write ``manifest.json``; ``sections`` are added to the manifest."""
+        fields = [writer.close(i) for i, writer in enumerate(self._fields)]
+        manifest: dict[str, Any] = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "key_scheme": KEY_SCHEME,
+            "num_rows": self.num_rows,
+            "num_positives": self.num_positives,
+            "positive_rate": self.num_positives / self.num_rows if self.num_rows else 0.0,
+            "num_fields": len(fields),
+            "field_names": [field["name"] for field in fields],
+            "hotness": [field["hotness"] for field in fields],
+            "fields": fields,
+            "labels": self._labels.close(),
+            "split": {
+                "array": self._split.close(),
+                "names": list(SPLIT_NAMES),
+                "fractions": list(self.split_fractions),
+                "seed": self.split_seed,
+                "method": SPLIT_METHOD,
+                "rows": {name: int(n) for name, n in zip(SPLIT_NAMES, self.split_counts)},
+            },
+            "arrays": {name: file.close() for name, file in self._extras.items()},
+        }
+        manifest.update(sections)
+        write_manifest(self.directory, manifest)
+        return manifest
+
+
+def write_manifest(directory: Path, manifest: Mapping[str, Any]) -> None:
+    """Write ``manifest.json`` deterministically (sorted keys, no timestamps)."""
+    text = json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False) + "\n"
+    (directory / MANIFEST_NAME).write_text(text, encoding="utf-8")
+
+
+def _map_array(directory: Path, entry: Mapping[str, Any]) -> np.ndarray:
+    """Open one array of the store read-only, checking that its file has the recorded size."""
+    path = directory / entry["file"]
+    dtype = np.dtype(entry["dtype"])
+    shape = tuple(int(n) for n in entry["shape"])
+    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if not path.is_file():
+        raise DataError(f"{path}: array file is missing")
+    size = path.stat().st_size
+    if size != expected:
+        raise DataError(f"{path}: {size} bytes, expected {expected} ({dtype.str} x {shape})")
+    if expected == 0:
+        return np.zeros(shape, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=shape)
+
+
+@dataclass
+class _FieldArrays:
+    keys: np.memmap
+    offsets: np.memmap | None
+    weights: np.memmap | None
+
+
+class ColumnStore:
+    """A prepared dataset opened read-only: memory-mapped labels, split and per-field arrays."""
+
+    def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
+        self.path = path
+        self.manifest = manifest
+        self.num_rows: int = int(manifest["num_rows"])
+        self.field_names: tuple[str, ...] = tuple(manifest["field_names"])
+        self.num_fields: int = len(self.field_names)
+        self.labels: np.ndarray = self._checked(manifest["labels"], "labels", [self.num_rows])
+        self.split: np.ndarray = self._checked(manifest["split"]["array"], "split", [self.num_rows])
+        self._fields = [self._open_field(entry) for entry in manifest["fields"]]
+        self._arrays = {name: _map_array(path, entry) for name, entry in manifest.get("arrays", {}).items()}
+        self._split_rows: dict[str, np.ndarray] = {}
+        self._one_hot_offsets: np.ndarray | None = None
+
+    @classmethod
+    def open(cls, path: str | Path) -> ColumnStore:
+        """Open and validate a store directory; raises DataError naming the offending file."""
+        directory = Path(path)
+        if not directory.exists():
+            raise DataError(f"{directory}: no such dataset directory")
+        if not directory.is_dir():
+            raise DataError(f"{directory}: not a directory")
+        manifest_path = directory / MANIFEST_NAME
+        if not manifest_path.is_file():
+            raise DataError(f"{manifest_path}: missing (not a prepared dataset)")
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise DataError(f"{manifest_path}: not valid JSON ({error})") from None
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+            raise DataError(f"{manifest_path}: not a {FORMAT_NAME} manifest")
+        if manifest.get("format_version") != FORMAT_VERSION:
+            raise DataError(
+                f"{manifest_path}: format version {manifest.get('format_version')!r}, expected {FORMAT_VERSION}"
+            )
+        try:
+            return cls(directory, manifest)
+        except (KeyError, TypeError, ValueError) as error:
+            raise DataError(f"{manifest_path}: malformed manifest ({type(error).__name__}: {error})") from None
+
+    def _checked(self, entry: Mapping[str, Any], what: str, shape: list[int]) -> np.ndarray:
+        if list(entry["shape"]) != shape:
+            raise DataError(f"{self.path / entry['file']}: {what} has shape {entry['shape']}, expected {shape}")
+        return _map_array(self.path, entry)
+
+    def _open_field(self, entry: Mapping[str, Any]) -> _FieldArrays:
+        if entry["hotness"] == ONE_HOT:
+            keys = self._checked(entry["keys"], f"field {entry['name']} keys", [self.num_rows])
+            offsets = None
+        else:
+            offsets = self._checked(entry["offsets"], f"field {entry['name']} offsets", [self.num_rows + 1])
+            keys = _map_array(self.path, entry["keys"])
+            if int(offsets[-1]) != keys.shape[0] or int(offsets[0]) != 0:
+                offsets_path = self.path / entry["offsets"]["file"]
+                raise DataError(f"{offsets_path}: row pointers do not match {keys.shape[0]} keys")
+        weights = None
+        if entry.get("weights") is not None:
+            weights = self._checked(entry["weights"], f"field {entry['name']} weights", [keys.shape[0]])
+        return _FieldArrays(keys, offsets, weights)
+
+    def __repr__(self) -> str:
+        return f"ColumnStore({str(self.path)!r}, rows={self.num_rows}, fields={self.num_fields})"
+
+    def field_index(self, field: int | str) -> int:
+        """The number of a field given by number or name."""
+        if isinstance(field, str):
+            if field not in self.field_names:
+                raise DataError(f"{self.path}: no field named {field!r}")
+            return self.field_names.index(field)
+        index = int(field)
+        if not 0 <= index < self.num_fields:
+            raise DataError(f"{self.path}: field number {index} out of range 0..{self.num_fields - 1}")
+        return index
+
+    def is_one_hot(self, field: int | str) -> bool:
+        """True if every row of the field has exactly one key (no offsets stored)."""
+        return self._fields[self.field_index(field)].offsets is None
+
+    def field(self, field: int | str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """``(offsets, keys, weights_or_None)`` of a whole field (memmaps; offsets made up for one-hot)."""
+        arrays = self._fields[self.field_index(field)]
+        offsets = arrays.offsets
+        if offsets is None:
+            if self._one_hot_offsets is None:
+                self._one_hot_offsets = np.arange(self.num_rows + 1, dtype=np.int64)
+            offsets = self._one_hot_offsets
+        return offsets, arrays.keys, arrays.weights
+
+    def distinct_count(self, field: int | str) -> int:
+        """Number of distinct keys in the field over all rows."""
+        return int(self.manifest["fields"][self.field_index(field)]["distinct"])
+
+    def array(self, name: str) -> np.ndarray:
+        """An extra per-row array, e.g. ``"probabilities"`` of synthetic data."""
+        if name not in self._arrays:
+            raise DataError(f"{self.path}: no array named {name!r} (has: {', '.join(self._arrays) or 'none'})")
+        return self._arrays[name]
+
+    def split_rows(self, name: str) -> np.ndarray:
+        """Row indices (int64, ascending) of split ``'train'``, ``'validation'``, ``'test'`` or ``'all'``."""
+        if name not in self._split_rows:
+            if name == "all":
+                rows = np.arange(self.num_rows, dtype=np.int64)
+            else:
+                rows = np.flatnonzero(np.asarray(self.split) == split_code(name)).astype(np.int64)
+            rows.flags.writeable = False
+            self._split_rows[name] = rows
+        return self._split_rows[name]
+
+    def gather(self, field: int | str, rows: np.ndarray) -> FieldBatch:
+        """The field's ids for ``rows`` (in that order) as a CSR block."""
+        arrays = self._fields[self.field_index(field)]
+        rows = np.asarray(rows, dtype=np.int64)
+        if arrays.offsets is None:
+            index = rows
+            offsets = np.arange(rows.shape[0] + 1, dtype=np.int64)
+        else:
+            starts = arrays.offsets[rows]
+            lengths = arrays.offsets[rows + 1] - starts
+            offsets = np.empty(rows.shape[0] + 1, dtype=np.int64)
+            offsets[0] = 0
+            np.cumsum(lengths, out=offsets[1:])
+            index = np.arange(offsets[-1], dtype=np.int64) + np.repeat(starts - offsets[:-1], lengths)
+        keys = np.asarray(arrays.keys).take(index)
+        weights = None if arrays.weights is None else np.asarray(arrays.weights).take(index)
+        return FieldBatch(offsets, keys, weights)
+
+
+def resolve_fields(store: ColumnStore, fields: Sequence[int | str] | None) -> list[int]:
+    """Field numbers for a selection given by numbers or names (``None`` = all fields)."""
+    if fields is None:
+        return list(range(store.num_fields))
+    return [store.field_index(f) for f in fields]
+

@@ -1,0 +1,21 @@
+"""User-facing errors.
+
+Every error a user can cause (a bad flag, a missing file, a malformed row, a corrupt checkpoint, more
+ranks than fields) is raised as a :class:`DesError` whose message is one line naming what and where.
+Entry points print such errors as ``des: error: <message>`` with no traceback; anything else is a bug
+and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class DesError(Exception):
+    """An error caused by the user's input or configuration; its message is one line."""
+
+
+class ConfigError(DesError):
+    """A wrong flag, config value or combination of them."""
+
+
+class PlacementError(ConfigError):
+    """Fields cannot be placed on the ranks (e.g. more ranks than fields)."""

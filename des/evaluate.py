@@ -1,0 +1,96 @@
+"""Evaluate a trained checkpoint on other data, with any number of ranks.
+
+    .venv/bin/python -m des.evaluate --checkpoint runs/deepfm-.../checkpoints --data FILE.tsv.gz \\
+        --predictions preds.txt
+    mpirun -n 2 .venv/bin/python -m des.evaluate --checkpoint ... --data ...
+
+Prints AUC, logloss and the row count; ``--predictions`` writes one click probability per input row,
+in input order. Ids never seen in training are looked up without being inserted (they contribute
+their deterministic initial value, or zero, as the model was trained with ``--unadmitted``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from des import runtime  # noqa: F401  (quiets TensorFlow before it is imported)
+from des.collectives import Communicator, run_main
+from des.config import TrainConfig
+from des.errors import ConfigError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="des.evaluate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True, help="checkpoint folder, checkpoints/ folder or run folder")
+    parser.add_argument("--data", required=True, help="raw Criteo TSV/.gz file or a prepared directory")
+    parser.add_argument("--split", default="all", choices=("all", "train", "validation", "test"),
+                        help="rows of a prepared directory to evaluate (a raw file is evaluated whole)")
+    parser.add_argument("--predictions", default="", help="write one probability per row here (input order)")
+    parser.add_argument("--batch-size", type=int, default=8192)
+    parser.add_argument("--bad-rows", default="fail", choices=("fail", "skip"))
+    parser.add_argument("--cache-dir", default="")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
+    runtime.configure_threads()
+    comm = Communicator()
+    import numpy as np
+
+    from des.checkpoint import load_checkpoint, read_manifest
+    from des.data import ColumnStore, open_dataset
+    from des.data.batch_reader import BatchReader
+    from des.engine import DESEngine, TableOptions
+    from des.metrics import logloss, roc_auc
+    from des.placement import place_fields
+    from des.train import build_model, build_optimizers
+
+    _, manifest = read_manifest(args.checkpoint)
+    config = TrainConfig(**manifest["config"])
+    model = build_model(config, manifest["num_fields"])
+
+    if comm.rank == 0:
+        # A raw file is prepared with every row in the test split, in input order.
+        store = open_dataset(args.data, cache_dir=args.cache_dir or None, split=[0.0, 0.0, 1.0],
+                             bad_rows=args.bad_rows)
+        path = str(store.path)
+    path = comm.bcast_json(path if comm.rank == 0 else None, "setup")
+    store = ColumnStore.open(path)
+    if store.num_fields != manifest["num_fields"]:
+        raise ConfigError(f"{args.data} has {store.num_fields} fields, the checkpoint's model {manifest['num_fields']}")
+    split = args.split if Path(args.data).is_dir() else "all"
+
+    placement = place_fields(store.num_fields, comm.size)
+    engine = DESEngine(model, comm, placement, build_optimizers(config), seed=config.seed,
+                       dtype=np.dtype(config.dtype), tables=TableOptions(config.table_capacity, config.min_count,
+                                                                         config.unadmitted))
+    load_checkpoint(engine, args.checkpoint)
+
+    reader = BatchReader(store, split, engine.fields, args.batch_size, seed=0, shuffle=False, drop_last=False)
+    if reader.num_rows == 0:
+        raise ConfigError(f"{args.data} has no rows in split {split!r}")
+    predictions, labels = [], []
+    for batch in reader:
+        predictions.append(engine.predict(batch))
+        labels.append(batch.labels)
+    p, y = np.concatenate(predictions), np.concatenate(labels)
+    if comm.rank == 0:
+        auc = roc_auc(y, p) if 0 < y.sum() < y.size else float("nan")
+        print(f"rows {y.size}  auc {auc:.6f}  logloss {logloss(y, p):.6f}")
+        if args.predictions:
+            out = Path(args.predictions)
+            tmp = out.with_name(out.name + ".tmp")
+            np.savetxt(tmp, p, fmt="%.8f")
+            os.replace(tmp, out)
+            print(f"predictions: {out}")
+    comm.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main, "des.evaluate")

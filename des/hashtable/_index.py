@@ -1,0 +1,315 @@
+"""numba kernels of the open-addressing index and of the row store.
+
+Index: one int32 array ``idx[cap, 3]`` of 12-byte slots ``(key low 32 bits, key high 32 bits,
+row)``, so a probe touches one cache line (two parallel int64/int32 arrays would touch two, and
+16-byte int64 pairs would cost a third more memory). A free slot holds the sentinel key
+``EMPTY = -2**63`` (low 0, high -2**31). Linear probing; the home slot is Lemire's "fastrange" of
+the high 32 bits of ``splitmix64(key)``, so the capacity need not be a power of two (the index can
+grow by 1.5x) and the home slot is monotone in the hash (a rehash writes the new index almost
+sequentially). Deletion is by backward shift: no tombstones, probe sequences stay as short as if
+the deleted keys had never been inserted.
+
+Rows: dense arrays indexed by row number ``0 <= r < n_rows``: ``row_keys`` (int64), ``meta[r] =
+(count, last_seen)`` (int32 pair, one cache line per hit) and per block values+slots. A row is
+*admitted* iff ``count >= min_count`` (count only grows and saturates, so this is the same as a
+flag set when the count reaches min_count). Rows are appended on insert and compacted (last rows
+moved into the holes) on eviction.
+
+Kernels never raise (that would need the GIL); they return a status or a bad position that the
+Python wrapper turns into an exception or a growth step. Batched loops prefetch the cache line of
+item ``i + PF`` while working on item ``i``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ._mix import GOLDEN, splitmix64
+from ._prefetch import prefetch2
+from .init import init_row
+
+EMPTY = np.int64(-(2**63))  # the reserved sentinel key: marks free index slots
+EMPTY_HI = np.int32(-(2**31))
+INT32_MAX = 2**31 - 1
+COUNT, LAST = 0, 1  # columns of meta
+PF = 16  # prefetch distance (items); ~16 outstanding misses cover DRAM latency on current x86
+_S32 = np.uint64(32)
+_LO32 = np.int64(0xFFFFFFFF)
+
+# statuses returned by lookup_insert
+OK, BAD_KEY, NEED_GROWTH = 0, 1, 2
+
+
+def new_index(capacity: int) -> np.ndarray:
+    """An empty index of ``capacity`` slots."""
+    idx = np.zeros((capacity, 3), dtype=np.int32)
+    idx[:, 1] = EMPTY_HI
+    return idx
+
+
+def index_keys(idx: np.ndarray) -> np.ndarray:
+    """The int64 keys of all slots (EMPTY for free ones); for tests and debugging."""
+    return (idx[:, 1].astype(np.int64) << 32) | (idx[:, 0].astype(np.int64) & 0xFFFFFFFF)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def home_slot(key: np.int64, cap: int) -> int:
+    """Lemire fastrange: ``(hi32(mix(key)) * cap) >> 32`` in [0, cap) for cap <= 2**32."""
+    h = splitmix64(np.uint64(key)) >> _S32
+    return np.int64((h * np.uint64(cap)) >> _S32)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def is_free(idx, s: int) -> bool:
+    return idx[s, 1] == EMPTY_HI and idx[s, 0] == 0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def slot_key(idx, s: int) -> np.int64:
+    return (np.int64(idx[s, 1]) << 32) | (np.int64(idx[s, 0]) & _LO32)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def set_slot(idx, s: int, key: np.int64, row) -> None:
+    idx[s, 0] = np.int32(key)  # truncating casts: the low and high halves
+    idx[s, 1] = np.int32(key >> 32)
+    idx[s, 2] = row
+
+
+@njit(cache=True, nogil=True, inline="always")
+def find_slot(idx, key: np.int64) -> int:
+    """Slot holding ``key``, or the free slot where it would go. ``key`` must not be EMPTY."""
+    cap = idx.shape[0]
+    lo = np.int32(key)
+    hi = np.int32(key >> 32)
+    s = home_slot(key, cap)
+    while True:
+        h = idx[s, 1]
+        lw = idx[s, 0]
+        if lw == lo and h == hi:
+            return s
+        if h == EMPTY_HI and lw == 0:
+            return s
+        s += 1
+        if s == cap:
+            s = 0
+
+
+@njit(cache=True, nogil=True)
+def lookup_insert(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step):
+    """Rows of ``keys[start:]`` into ``out``, inserting missing keys as rows ``n_rows, ...``.
+
+    Every occurrence increments ``count`` (saturating) and sets ``last_seen = step``. Returns
+    ``(position, n_rows, status)``; on NEED_GROWTH the caller grows and calls again from
+    ``position`` (everything before it is done). ``max_rows`` = min(row capacity, index fill
+    bound). Two-stage prefetch: the index line of key ``i + PF``, and the meta line of key
+    ``i + PF/2`` if that key is already present (its index line has arrived by then).
+    """
+    n = keys.shape[0]
+    cap = idx.shape[0]
+    half = PF // 2
+    for i in range(start, n):
+        if i + PF < n:
+            prefetch2(idx, home_slot(keys[i + PF], cap), 0)
+        if i + half < n:
+            kp = keys[i + half]
+            if kp != EMPTY:
+                sp = find_slot(idx, kp)
+                if not is_free(idx, sp):
+                    prefetch2(meta, idx[sp, 2], 0)
+        key = keys[i]
+        if key == EMPTY:
+            return i, n_rows, BAD_KEY
+        s = find_slot(idx, key)
+        if is_free(idx, s):
+            if n_rows >= max_rows:
+                return i, n_rows, NEED_GROWTH
+            r = n_rows
+            n_rows += 1
+            set_slot(idx, s, key, r)
+            row_keys[r] = key
+            meta[r, COUNT] = 0
+        else:
+            r = idx[s, 2]
+        c = meta[r, COUNT]
+        if c < INT32_MAX:  # saturate instead of wrapping
+            meta[r, COUNT] = c + 1
+        meta[r, LAST] = step
+        out[i] = r
+    return n, n_rows, OK
+
+
+@njit(cache=True, nogil=True)
+def lookup_only(idx, keys, out):
+    """Rows of ``keys`` (-1 when absent); read-only. Returns the first sentinel position or -1."""
+    n = keys.shape[0]
+    cap = idx.shape[0]
+    for i in range(n):
+        if i + PF < n:
+            prefetch2(idx, home_slot(keys[i + PF], cap), 0)
+        key = keys[i]
+        if key == EMPTY:
+            return i
+        s = find_slot(idx, key)
+        out[i] = -1 if is_free(idx, s) else idx[s, 2]
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def rebuild_index(row_keys, n_rows, idx):
+    """Insert rows ``0..n_rows-1`` into an empty index. Returns the first bad row (duplicate key
+    or the sentinel) or -1."""
+    for r in range(n_rows):
+        key = row_keys[r]
+        if key == EMPTY:
+            return r
+        s = find_slot(idx, key)
+        if not is_free(idx, s):
+            return r
+        set_slot(idx, s, key, r)
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def rehash(old, idx):
+    """Move every entry of the old index into the (empty) new one."""
+    for s in range(old.shape[0]):
+        if not is_free(old, s):
+            key = slot_key(old, s)
+            set_slot(idx, find_slot(idx, key), key, old[s, 2])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _delete_slot(idx, s):
+    """Backward-shift deletion of slot ``s`` (linear probing, no tombstones)."""
+    cap = idx.shape[0]
+    j = s
+    while True:
+        j += 1
+        if j == cap:
+            j = 0
+        if is_free(idx, j):
+            break
+        home = home_slot(slot_key(idx, j), cap)
+        # the entry at j may move back to s iff s lies on its probe path home..j (cyclically)
+        dist_home = j - home if j >= home else j - home + cap
+        dist_s = j - s if j >= s else j - s + cap
+        if dist_home > dist_s:
+            idx[s, 0] = idx[j, 0]
+            idx[s, 1] = idx[j, 1]
+            idx[s, 2] = idx[j, 2]
+            s = j
+    idx[s, 0] = 0
+    idx[s, 1] = EMPTY_HI
+    idx[s, 2] = 0
+
+
+@njit(cache=True, nogil=True)
+def evict_plan(idx, row_keys, meta, n_rows, ttl, step):
+    """Delete expired keys (``step - last_seen > ttl``) from the index and plan the compaction.
+
+    Returns ``(src, dst, n_live)``: live rows ``src[i] >= n_live`` move into holes
+    ``dst[i] < n_live``; their index entries already point to the new rows. The caller moves the
+    row payloads.
+    """
+    dead = np.zeros(n_rows, dtype=np.bool_)
+    n_dead = 0
+    for r in range(n_rows):
+        if np.int64(step) - np.int64(meta[r, LAST]) > ttl:
+            dead[r] = True
+            n_dead += 1
+            _delete_slot(idx, find_slot(idx, row_keys[r]))
+    n_live = n_rows - n_dead
+    # holes below n_live and live rows at or above n_live come in equal numbers
+    n_moves = 0
+    for r in range(n_live):
+        if dead[r]:
+            n_moves += 1
+    src = np.empty(n_moves, dtype=np.int64)
+    dst = np.empty(n_moves, dtype=np.int64)
+    hole = 0
+    i = 0
+    for r in range(n_live, n_rows):
+        if not dead[r]:
+            while not dead[hole]:
+                hole += 1
+            src[i] = r
+            dst[i] = hole
+            idx[find_slot(idx, row_keys[r]), 2] = hole
+            hole += 1
+            i += 1
+    return src, dst, n_live
+
+
+@njit(cache=True, nogil=True)
+def gather_rows(data, dim, rows, keys, n_rows, meta, min_count, zero_unadmitted, base, kind,
+                scale, out):
+    """``out[i] = data[rows[i], :dim]``; absent rows (-1), and unadmitted rows when
+    ``zero_unadmitted``, get the key's initial value or zeros. Returns a bad position or -1.
+
+    An unadmitted row's stored value is its initial value (it was written at insertion and is
+    never trained), so ``"init"`` mode copies it like any other row.
+    """
+    n = rows.shape[0]
+    for i in range(n):
+        if i + PF < n:
+            rp = rows[i + PF]
+            if rp >= 0 and rp < n_rows:
+                prefetch2(data, rp, 0)
+                if zero_unadmitted:
+                    prefetch2(meta, rp, 0)
+        r = rows[i]
+        if r >= n_rows or r < -1:
+            return i
+        if r >= 0 and (not zero_unadmitted or meta[r, COUNT] >= min_count):
+            for c in range(dim):
+                out[i, c] = data[r, c]
+        elif zero_unadmitted:
+            for c in range(dim):
+                out[i, c] = 0
+        else:
+            init_row(out, i, keys[i], base, kind, scale)
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def sum_duplicates(rows, grads, n_rows, meta, min_count, uniq, acc):
+    """Unique admitted rows in first-occurrence order into ``uniq[:u]`` and their summed gradients
+    into ``acc[:u]`` (summed in occurrence order). Returns ``(u, bad position or -1)``."""
+    n = rows.shape[0]
+    bits = 4
+    while (1 << bits) < 2 * n:
+        bits += 1
+    mask = (1 << bits) - 1
+    shift = np.uint64(64 - bits)
+    pos = np.full(1 << bits, -1, dtype=np.int64)  # batch-local hash set: row -> position in uniq
+    u = 0
+    for i in range(n):
+        if i + PF < n:
+            rp = rows[i + PF]
+            if rp >= 0 and rp < n_rows:
+                prefetch2(meta, rp, 0)
+        r = rows[i]
+        if r == -1:
+            continue
+        if r < -1 or r >= n_rows:
+            return u, i
+        if meta[r, COUNT] < min_count:
+            continue
+        s = np.int64((np.uint64(r) * GOLDEN) >> shift)
+        while True:
+            p = pos[s]
+            if p == -1:
+                pos[s] = u
+                uniq[u] = r
+                for c in range(grads.shape[1]):
+                    acc[u, c] = grads[i, c]
+                u += 1
+                break
+            if uniq[p] == r:
+                for c in range(grads.shape[1]):
+                    acc[p, c] += grads[i, c]
+                break
+            s = (s + 1) & mask
+    return u, -1

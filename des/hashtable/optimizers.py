@@ -1,0 +1,400 @@
+"""Optimizers for sparse embedding rows and for dense parameters, one numba kernel each.
+
+Every optimizer is a frozen dataclass (its hyperparameters) plus one kernel that updates a set of
+rows of a 2-D parameter ``w[R, D]`` in place, given one (already summed) gradient row per updated
+row. The sparse :class:`~des.hashtable.table.EmbeddingTable` calls the kernel with the unique rows
+of a batch; :class:`DenseOptimizerState` calls the same kernel with the flattened parameter as a
+single row ``w[1, P]``, so the update math exists exactly once.
+
+The kernels reproduce Keras 3 (``keras/src/optimizers/{sgd,adagrad,adam,ftrl}.py``) operation by
+operation, in the parameter's dtype (float32 arithmetic for float32 parameters, like TensorFlow),
+so a row updated here equals ``keras.optimizers.X`` applied to a ``tf.Variable`` holding that row.
+Notation: ``w`` parameter, ``g`` gradient, ``lr`` learning rate, ``t`` step count (from 1).
+
+* SGD:      ``w <- w - g * lr``
+* AdaGrad:  ``a <- a + g^2``;  ``w <- w - lr * g / sqrt(a + eps)``
+  (Keras puts epsilon inside the square root; ``a`` starts at ``initial_accumulator``)
+* Adam:     ``m <- m + (g - m)(1 - b1)``;  ``v <- v + (g^2 - v)(1 - b2)``;
+  ``alpha = lr * sqrt(1 - b2^t) / (1 - b1^t)``;  ``w <- w - m * alpha / (sqrt(v) + eps)``
+  (Kingma & Ba 2015, "epsilon-hat" form as in Keras). Sparse rows are *lazy*: ``t`` is a per-row
+  counter that advances only when the row gets a gradient, as if each row had its own Keras Adam.
+* FTRL-proximal (McMahan et al. 2013, "Ad Click Prediction: a View from the Trenches", Alg. 1,
+  with Keras' parametrization and learning_rate_power = -1/2): slots ``z`` (Keras "linear") and
+  ``n`` (Keras "accumulator", starts at ``initial_accumulator``),
+  ``n' = n + g^2``;  ``sigma = (sqrt(n') - sqrt(n)) / alpha``;  ``z <- z + g - sigma * w``;
+  ``w <- (clip(z, -l1, l1) - z) / (sqrt(n') / alpha + 2 * (l2 + beta / (2 alpha)))``;  ``n <- n'``.
+  That is McMahan's ``w = -(z - sgn(z) l1) / ((beta + sqrt(n)) / alpha + lambda2)`` for
+  ``|z| > l1`` (else 0) with ``lambda2 = 2 * l2`` (Keras' ``l2_regularization_strength``).
+  Keras evaluates ``n ** 0.5`` with ``tf.pow``, which on CPU is off by up to 2 ulp in float32;
+  the kernel uses the correctly rounded ``sqrt``, so float32 FTRL agrees with Keras to about 1e-6
+  of the weights' scale rather than bitwise (float64: ~1e-13; SGD, AdaGrad, Adam: bitwise).
+
+Keras rounds some Python-float hyperparameters to float32 even for float64 variables (the learning
+rate variable, ``Constant`` initial accumulators, ``cast(beta_1)`` inside Adam's powers), so a
+float64 comparison with Keras is exact only for values representable in float32 (0.125, 0.875...).
+
+Hyperparameters reach the kernels as a small array of the parameter dtype, so that no float64
+constant promotes float32 arithmetic (numba follows numpy's scalar promotion rules).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar, Union
+
+import numpy as np
+from numba import njit
+
+from ._prefetch import prefetch1, prefetch2
+
+_PF = 8  # rows prefetched ahead: a sparse update touches random rows of a large table
+
+# --------------------------------------------------------------------------------------------
+# kernels: w[R, D] (any strides), slot arrays shaped like w, rows[n] int64 (unique, >= 0),
+# g[n, D] summed gradients, hp[...] hyperparameters in w's dtype.
+# --------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _sgd_kernel(w, rows, g, hp):
+    lr = hp[0]
+    n = rows.shape[0]
+    for i in range(n):
+        if i + _PF < n:
+            prefetch2(w, rows[i + _PF], 0)
+        r = rows[i]
+        for j in range(w.shape[1]):
+            w[r, j] = w[r, j] - g[i, j] * lr
+
+
+@njit(cache=True, nogil=True)
+def _adagrad_kernel(w, acc, rows, g, hp):
+    lr, eps = hp[0], hp[1]
+    n = rows.shape[0]
+    for i in range(n):
+        if i + _PF < n:
+            prefetch2(w, rows[i + _PF], 0)
+            prefetch2(acc, rows[i + _PF], acc.shape[1] - 1)
+        r = rows[i]
+        for j in range(w.shape[1]):
+            gj = g[i, j]
+            a = acc[r, j] + gj * gj
+            acc[r, j] = a
+            w[r, j] = w[r, j] - (lr * gj) / np.sqrt(a + eps)
+
+
+@njit(cache=True, nogil=True)
+def _adam_kernel(w, m, v, steps, rows, g, hp):
+    lr, b1, b2, omb1, omb2, eps, one = hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6]
+    tmp = np.empty(1, w.dtype)  # int -> parameter dtype without a float64 detour
+    n = rows.shape[0]
+    for i in range(n):
+        if i + _PF < n:
+            rp = rows[i + _PF]
+            prefetch2(w, rp, 0)
+            prefetch2(v, rp, v.shape[1] - 1)  # co-located rows span two cache lines
+            prefetch1(steps, rp)
+        r = rows[i]
+        t = steps[r] + 1
+        steps[r] = t
+        tmp[0] = t
+        tf = tmp[0]
+        alpha = lr * np.sqrt(one - b2 ** tf) / (one - b1 ** tf)
+        for j in range(w.shape[1]):
+            gj = g[i, j]
+            mj = m[r, j] + (gj - m[r, j]) * omb1
+            vj = v[r, j] + (gj * gj - v[r, j]) * omb2
+            m[r, j] = mj
+            v[r, j] = vj
+            w[r, j] = w[r, j] - (mj * alpha) / (np.sqrt(vj) + eps)
+
+
+@njit(cache=True, nogil=True)
+def _ftrl_kernel(w, z, n, rows, g, hp):
+    lr, l1, l2, beta = hp[0], hp[1], hp[2], hp[3]
+    l2_reg = l2 + beta / (lr + lr)  # Keras: l2 + beta / (2.0 * lr)
+    two_l2_reg = l2_reg + l2_reg
+    n_rows = rows.shape[0]
+    for i in range(n_rows):
+        if i + _PF < n_rows:
+            prefetch2(w, rows[i + _PF], 0)
+            prefetch2(n, rows[i + _PF], n.shape[1] - 1)
+        r = rows[i]
+        for j in range(w.shape[1]):
+            gj = g[i, j]
+            nj = n[r, j]
+            new_n = nj + gj * gj
+            sq_new = np.sqrt(new_n)
+            zj = z[r, j] + (gj - ((sq_new - np.sqrt(nj)) / lr) * w[r, j])
+            quadratic = sq_new / lr + two_l2_reg
+            clipped = min(max(zj, -l1), l1)
+            z[r, j] = zj
+            w[r, j] = (clipped - zj) / quadratic
+            n[r, j] = new_n
+
+
+# --------------------------------------------------------------------------------------------
+# configs
+# --------------------------------------------------------------------------------------------
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _finite_pos(name: str, x: float) -> float:
+    x = float(x)
+    _check(math.isfinite(x) and x > 0.0, f"{name} must be finite and > 0, got {x!r}")
+    return x
+
+
+def _finite_nonneg(name: str, x: float) -> float:
+    x = float(x)
+    _check(math.isfinite(x) and x >= 0.0, f"{name} must be finite and >= 0, got {x!r}")
+    return x
+
+
+class _OptimizerBase:
+    """Shared plumbing: serialization and the row-update entry point."""
+
+    kind: ClassVar[str]
+    slot_names: ClassVar[tuple[str, ...]] = ()
+    needs_step: ClassVar[bool] = False
+
+    @property
+    def num_slots(self) -> int:
+        """Slot arrays per value column (Adam 2 plus its per-row step count, see needs_step)."""
+        return len(self.slot_names)
+
+    def slot_initial_values(self) -> tuple[float, ...]:
+        """Initial value of each slot, in ``slot_names`` order."""
+        return (0.0,) * self.num_slots
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able description: ``{"type": kind, **hyperparameters}``."""
+        return {"type": self.kind, **asdict(self)}  # type: ignore[call-overload]
+
+    def _hp(self, dtype: np.dtype) -> np.ndarray:
+        raise NotImplementedError
+
+    def _kernel(self, w: np.ndarray, slots: tuple[np.ndarray, ...], steps: np.ndarray | None,
+                rows: np.ndarray, g: np.ndarray, hp: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def apply_rows(self, w: np.ndarray, slots: tuple[np.ndarray, ...], steps: np.ndarray | None,
+                   rows: np.ndarray, g: np.ndarray) -> None:
+        """Update ``w[rows]`` (and its slots) in place with one gradient row per *unique* row.
+
+        ``w`` and each slot are ``[R, D]`` arrays (views allowed) of one float dtype; ``steps`` is an
+        int32 ``[R]`` per-row step counter when ``needs_step``; ``g`` is ``[len(rows), D]``.
+        """
+        if rows.shape[0] == 0:
+            return
+        g = np.ascontiguousarray(g, dtype=w.dtype)
+        self._kernel(w, slots, steps, rows, g, self._hp(w.dtype))
+
+
+@dataclass(frozen=True)
+class SGD(_OptimizerBase):
+    """Plain SGD: ``w <- w - g * lr`` (``keras.optimizers.SGD`` without momentum)."""
+
+    lr: float
+    kind: ClassVar[str] = "sgd"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lr", _finite_pos("lr", self.lr))
+
+    def _hp(self, dtype: np.dtype) -> np.ndarray:
+        return np.array([self.lr], dtype=dtype)
+
+    def _kernel(self, w, slots, steps, rows, g, hp):
+        _sgd_kernel(w, rows, g, hp)
+
+
+@dataclass(frozen=True)
+class AdaGrad(_OptimizerBase):
+    """AdaGrad as ``keras.optimizers.Adagrad``: ``a += g^2; w -= lr g / sqrt(a + eps)``."""
+
+    lr: float
+    initial_accumulator: float = 0.1
+    epsilon: float = 1e-7
+    kind: ClassVar[str] = "adagrad"
+    slot_names: ClassVar[tuple[str, ...]] = ("accumulator",)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lr", _finite_pos("lr", self.lr))
+        object.__setattr__(self, "initial_accumulator",
+                           _finite_nonneg("initial_accumulator", self.initial_accumulator))
+        object.__setattr__(self, "epsilon", _finite_nonneg("epsilon", self.epsilon))
+
+    def slot_initial_values(self) -> tuple[float, ...]:
+        return (self.initial_accumulator,)
+
+    def _hp(self, dtype: np.dtype) -> np.ndarray:
+        return np.array([self.lr, self.epsilon], dtype=dtype)
+
+    def _kernel(self, w, slots, steps, rows, g, hp):
+        _adagrad_kernel(w, slots[0], rows, g, hp)
+
+
+@dataclass(frozen=True)
+class Adam(_OptimizerBase):
+    """Adam as ``keras.optimizers.Adam`` (amsgrad off); lazy per-row step count for sparse rows.
+
+    ``m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2);
+    w -= m * lr sqrt(1 - b2^t) / (1 - b1^t) / (sqrt(v) + eps)``.
+    """
+
+    lr: float
+    beta1: float = 0.9
+    beta2: float = 0.999
+    epsilon: float = 1e-7
+    kind: ClassVar[str] = "adam"
+    slot_names: ClassVar[tuple[str, ...]] = ("m", "v")
+    needs_step: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lr", _finite_pos("lr", self.lr))
+        for name in ("beta1", "beta2"):
+            b = float(getattr(self, name))
+            _check(0.0 <= b < 1.0, f"{name} must be in [0, 1), got {b!r}")
+            object.__setattr__(self, name, b)
+        object.__setattr__(self, "epsilon", _finite_nonneg("epsilon", self.epsilon))
+
+    def _hp(self, dtype: np.dtype) -> np.ndarray:
+        # (1 - beta) is formed in Python floats and rounded once, as Keras does.
+        return np.array([self.lr, self.beta1, self.beta2, 1.0 - self.beta1, 1.0 - self.beta2,
+                         self.epsilon, 1.0], dtype=dtype)
+
+    def _kernel(self, w, slots, steps, rows, g, hp):
+        _adam_kernel(w, slots[0], slots[1], steps, rows, g, hp)
+
+
+@dataclass(frozen=True)
+class FTRL(_OptimizerBase):
+    """FTRL-proximal (McMahan et al. 2013) as ``keras.optimizers.Ftrl`` with power -0.5.
+
+    ``alpha`` = Keras ``learning_rate``; ``l1``/``l2`` = Keras ``l1_/l2_regularization_strength``
+    (McMahan's lambda2 = 2 * l2); ``beta`` = Keras ``beta`` (default 1.0 here, McMahan's choice;
+    Keras' default is 0); ``initial_accumulator`` = Keras ``initial_accumulator_value``.
+    """
+
+    alpha: float
+    beta: float = 1.0
+    l1: float = 0.0
+    l2: float = 0.0
+    initial_accumulator: float = 0.1
+    kind: ClassVar[str] = "ftrl"
+    slot_names: ClassVar[tuple[str, ...]] = ("z", "n")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "alpha", _finite_pos("alpha", self.alpha))
+        for name in ("beta", "l1", "l2", "initial_accumulator"):
+            object.__setattr__(self, name, _finite_nonneg(name, getattr(self, name)))
+
+    def slot_initial_values(self) -> tuple[float, ...]:
+        return (0.0, self.initial_accumulator)
+
+    def _hp(self, dtype: np.dtype) -> np.ndarray:
+        return np.array([self.alpha, self.l1, self.l2, self.beta], dtype=dtype)
+
+    def _kernel(self, w, slots, steps, rows, g, hp):
+        _ftrl_kernel(w, slots[0], slots[1], rows, g, hp)
+
+
+Optimizer = Union[SGD, AdaGrad, Adam, FTRL]
+_BY_KIND: dict[str, type] = {c.kind: c for c in (SGD, AdaGrad, Adam, FTRL)}
+_ALIASES = {"ada_grad": "adagrad", "ftrl_proximal": "ftrl"}
+
+
+def optimizer_from_dict(d: dict[str, Any]) -> Optimizer:
+    """Inverse of ``to_dict()``: ``{"type": "adam", "lr": 0.001, ...}`` -> ``Adam(...)``."""
+    if not isinstance(d, dict) or "type" not in d:
+        raise ValueError(f"optimizer dict needs a 'type' entry, got {d!r}")
+    kind = str(d["type"]).lower()
+    cls = _BY_KIND.get(_ALIASES.get(kind, kind))
+    if cls is None:
+        raise ValueError(f"unknown optimizer type {d['type']!r}; expected one of {sorted(_BY_KIND)}")
+    names = {f.name for f in fields(cls)}
+    params = {k: v for k, v in d.items() if k != "type"}
+    unknown = sorted(set(params) - names)
+    if unknown:
+        raise ValueError(f"unknown {cls.kind} parameter(s) {unknown}; expected some of {sorted(names)}")
+    return cls(**params)
+
+
+def optimizer_from_spec(spec: str) -> Optimizer:
+    """Parse a CLI spec such as ``"adam:lr=0.001"``, ``"ftrl:alpha=0.05,l1=1"`` or ``"sgd:lr=0.1"``."""
+    kind, _, rest = spec.strip().partition(":")
+    d: dict[str, Any] = {"type": kind.strip()}
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"bad optimizer spec {spec!r}: expected key=value, got {item!r}")
+        try:
+            d[key.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"bad optimizer spec {spec!r}: {key.strip()} is not a number") from None
+    return optimizer_from_dict(d)
+
+
+class DenseOptimizerState:
+    """Optimizer state of one dense parameter, updated with the same kernels as sparse rows.
+
+    The flattened parameter is treated as a single row ``[1, P]``, so every element is updated on
+    every :meth:`apply` and Adam's step count is global (exactly Keras' dense semantics).
+    """
+
+    def __init__(self, optimizer: Optimizer, shape: tuple[int, ...] | int,
+                 dtype: np.dtype | type = np.float32) -> None:
+        self.optimizer = optimizer
+        self.shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        _check(self.dtype in (np.float32, np.float64), f"dtype must be float32 or float64, got {self.dtype}")
+        size = int(np.prod(self.shape, dtype=np.int64))
+        self._slots = tuple(np.full(size, v, dtype=self.dtype)
+                            for v in optimizer.slot_initial_values())
+        self._steps = np.zeros(1, dtype=np.int32) if optimizer.needs_step else None
+        self._rows = np.zeros(1, dtype=np.int64)
+
+    @property
+    def step(self) -> int:
+        """Number of Adam steps applied so far (0 for optimizers without a step count)."""
+        return 0 if self._steps is None else int(self._steps[0])
+
+    def apply(self, param: np.ndarray, grad: np.ndarray) -> None:
+        """Update ``param`` (C-contiguous, this state's shape and dtype) in place with ``grad``."""
+        if not isinstance(param, np.ndarray) or param.shape != self.shape or param.dtype != self.dtype:
+            raise ValueError(f"param must be an ndarray of shape {self.shape} and dtype {self.dtype}, "
+                             f"got {getattr(param, 'shape', None)} {getattr(param, 'dtype', type(param))}")
+        if not param.flags.c_contiguous or not param.flags.writeable:
+            raise ValueError("param must be C-contiguous and writeable (it is updated in place)")
+        grad = np.asarray(grad)
+        if grad.shape != self.shape:
+            raise ValueError(f"grad shape {grad.shape} != param shape {self.shape}")
+        w = param.reshape(1, -1)
+        slots = tuple(s.reshape(1, -1) for s in self._slots)
+        self.optimizer.apply_rows(w, slots, self._steps, self._rows, grad.reshape(1, -1))
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Copies of the slots (param-shaped, named by ``slot_names``) and ``step`` if any."""
+        d = {name: s.reshape(self.shape).copy()
+             for name, s in zip(self.optimizer.slot_names, self._slots)}
+        if self._steps is not None:
+            d["step"] = self._steps.copy()
+        return d
+
+    def load_state_dict(self, d: dict[str, np.ndarray]) -> None:
+        """Restore state produced by :meth:`state_dict` (shapes and names are checked)."""
+        expected = set(self.optimizer.slot_names) | ({"step"} if self._steps is not None else set())
+        if set(d) != expected:
+            raise ValueError(f"state dict keys {sorted(d)} != expected {sorted(expected)}")
+        for name, s in zip(self.optimizer.slot_names, self._slots):
+            a = np.asarray(d[name])
+            if a.shape != self.shape:
+                raise ValueError(f"slot {name!r} has shape {a.shape}, expected {self.shape}")
+            s[:] = a.reshape(-1)
+        if self._steps is not None:
+            self._steps[:] = np.asarray(d["step"], dtype=np.int64).reshape(-1)[:1]

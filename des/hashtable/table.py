@@ -1,0 +1,448 @@
+"""``EmbeddingTable``: one field's dynamic embedding table (key -> row -> value blocks + slots).
+
+Layout (see ``_index.py`` for the kernels):
+
+* index: open addressing with linear probing over 12-byte slots (key, int32 row), load factor
+  kept <= ``max_load``; grows by rehash to 1.5x capacity (``INDEX_GROWTH``), so the load stays in
+  [max_load / 1.5, max_load].
+* rows: densely packed, row ``r`` is the r-th live key. Per row: ``keys`` (int64), ``meta`` =
+  (count, last_seen) (int32 pair), and per block one float array ``[rows, dim * (1 + num_slots)]``
+  holding the values followed by the optimizer slots of that row (co-located, so an update
+  touches one or two cache lines), plus an int32 step count for Adam blocks. A row is admitted iff
+  its count >= ``min_count`` (the count only grows, so no separate flag is needed). Row arrays grow
+  by ``ROW_GROWTH`` = 1.25x with ``ndarray.resize`` (realloc: large buffers are mremap-ed by
+  glibc, so growth copies nothing), which bounds the slack to 25% of the payload.
+
+The reserved sentinel key is ``EMPTY_KEY = -2**63`` (int64 minimum); every other int64 is a valid
+key. Rows handed out by :meth:`EmbeddingTable.lookup` stay valid until the next :meth:`evict`
+(eviction compacts rows) or until the table is replaced by :meth:`load`. Not thread-safe; all
+kernels release the GIL, so *different* tables may be used from different threads.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import _index as K
+from .format import TableFormatError, read_table_file, write_table_file
+from .init import Initializer, init_rows
+from .optimizers import FTRL, SGD, AdaGrad, Adam, Optimizer, optimizer_from_dict
+
+EMPTY_KEY: int = int(K.EMPTY)
+INDEX_GROWTH = 1.5
+ROW_GROWTH = 1.25
+MIN_CAPACITY = 16
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+_MAX_CAPACITY = 2**32  # fastrange uses 32 hash bits; irows is int32
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """One value block of a table row: ``dim`` columns trained by ``optimizer``."""
+
+    name: str
+    dim: int
+    optimizer: Optimizer
+    init: Initializer
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"block name must be a non-empty string, got {self.name!r}")
+        if isinstance(self.dim, bool) or int(self.dim) != self.dim or self.dim < 1:
+            raise ValueError(f"block {self.name!r}: dim must be an integer >= 1, got {self.dim!r}")
+        object.__setattr__(self, "dim", int(self.dim))
+        if not isinstance(self.optimizer, (SGD, AdaGrad, Adam, FTRL)):
+            raise TypeError(f"block {self.name!r}: optimizer must be SGD, AdaGrad, Adam or FTRL")
+        if not isinstance(self.init, Initializer):
+            raise TypeError(f"block {self.name!r}: init must be an Initializer")
+
+    @property
+    def width(self) -> int:
+        """Columns of the co-located row: values then each slot."""
+        return self.dim * (1 + self.optimizer.num_slots)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dim": self.dim, "optimizer": self.optimizer.to_dict(),
+                "init": self.init.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "BlockSpec":
+        return cls(name=d["name"], dim=int(d["dim"]), optimizer=optimizer_from_dict(d["optimizer"]),
+                   init=Initializer.from_dict(d["init"]))
+
+
+def _as_keys(keys: np.ndarray) -> np.ndarray:
+    a = np.asarray(keys)
+    if a.dtype == np.uint64:
+        a = a.view(np.int64)  # reinterpret the bits: uint64 ids are valid keys too
+    elif a.dtype.kind not in "iu" and a.size:
+        raise TypeError(f"keys must be an integer array, got dtype {a.dtype}")
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def _check_step(step: int) -> int:
+    step = int(step)
+    if not _INT32_MIN <= step <= _INT32_MAX:
+        raise ValueError(f"step {step} does not fit the int32 last_seen column")
+    return step
+
+
+class EmbeddingTable:
+    """Dynamic hash table of one field: int64 key -> row of value blocks with optimizer slots.
+
+    ``capacity`` is the initial number of index slots (the table grows as needed);
+    ``min_count``: a key gets a trained ("admitted") row after ``min_count`` occurrences at
+    ``lookup(insert=True)``; ``unadmitted``: what a not-yet-admitted or unknown key contributes in
+    :meth:`gather`, its deterministic initial value (``"init"``) or zeros (``"zero"``).
+    """
+
+    def __init__(self, field: int, blocks: Sequence[BlockSpec], seed: int, dtype: Any = np.float32,
+                 capacity: int = 1024, max_load: float = 0.7, min_count: int = 1,
+                 unadmitted: str = "init") -> None:
+        self.field = int(field)
+        self.seed = int(seed)
+        self.blocks: tuple[BlockSpec, ...] = tuple(blocks)
+        if not self.blocks:
+            raise ValueError("a table needs at least one BlockSpec")
+        names = [b.name for b in self.blocks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate block names in {names}")
+        self._block_pos = {name: i for i, name in enumerate(names)}
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.float32, np.float64):
+            raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
+        if not 0.1 <= float(max_load) <= 0.95:
+            raise ValueError(f"max_load must be in [0.1, 0.95], got {max_load!r}")
+        self.max_load = float(max_load)
+        if int(min_count) < 0:
+            raise ValueError(f"min_count must be >= 0, got {min_count!r}")
+        self.min_count = int(min_count)
+        if unadmitted not in ("init", "zero"):
+            raise ValueError(f"unadmitted must be 'init' or 'zero', got {unadmitted!r}")
+        self.unadmitted = unadmitted
+        self._bases = [Initializer.stream_base(self.seed, self.field, b.name) for b in self.blocks]
+        self.evicted_count = 0
+        self.last_update_step: int | None = None
+        self._n = 0
+        self._alloc_index(self._clamp_capacity(capacity))
+        self._alloc_rows(max(MIN_CAPACITY, self._max_fill))
+
+    # ---------------------------------------------------------------- storage management
+
+    @staticmethod
+    def _clamp_capacity(capacity: int) -> int:
+        capacity = max(MIN_CAPACITY, int(capacity))
+        if capacity > _MAX_CAPACITY:
+            raise ValueError(f"index capacity {capacity} exceeds {_MAX_CAPACITY}")
+        return capacity
+
+    def _alloc_index(self, capacity: int) -> None:
+        self._idx = K.new_index(capacity)
+        # keep one slot free at least, so probing always terminates
+        self._max_fill = min(capacity - 1, int(capacity * self.max_load))
+
+    def _alloc_rows(self, row_cap: int) -> None:
+        self._keys = np.zeros(row_cap, dtype=np.int64)
+        self._meta = np.zeros((row_cap, 2), dtype=np.int32)  # (count, last_seen)
+        self._data = [np.zeros((row_cap, b.width), dtype=self.dtype) for b in self.blocks]
+        self._steps = [np.zeros(row_cap, dtype=np.int32) if b.optimizer.needs_step else None
+                       for b in self.blocks]
+
+    def _row_arrays(self) -> list[np.ndarray]:
+        arrays = [self._keys, self._meta, *self._data]
+        return arrays + [s for s in self._steps if s is not None]
+
+    @property
+    def _row_cap(self) -> int:
+        return self._keys.shape[0]
+
+    def _resize_rows(self, row_cap: int) -> None:
+        # realloc in place (mremap for large buffers); no view of these arrays outlives a call
+        for a in self._row_arrays():
+            a.resize((row_cap,) + a.shape[1:], refcheck=False)
+
+    def _rehash(self, capacity: int) -> None:
+        old = self._idx
+        self._alloc_index(self._clamp_capacity(capacity))
+        K.rehash(old, self._idx)
+
+    def _grow(self) -> None:
+        if self._n >= self._row_cap:
+            self._resize_rows(max(self._row_cap + 1, math.ceil(self._row_cap * ROW_GROWTH)))
+        if self._n >= self._max_fill:
+            self._rehash(math.ceil(self.capacity * INDEX_GROWTH))
+
+    def _init_rows(self, start: int, stop: int) -> None:
+        """Values from the initializers and slots from the optimizers for rows [start, stop)."""
+        if stop <= start:
+            return
+        keys = self._keys[start:stop]
+        for b, spec in enumerate(self.blocks):
+            data, dim = self._data[b], spec.dim
+            if spec.init.kind == "zeros":
+                data[start:stop, :dim] = 0
+            else:
+                init_rows(data[start:stop, :dim], keys, self._bases[b], spec.init.code, spec.init.scale)
+            for s, v in enumerate(spec.optimizer.slot_initial_values()):
+                data[start:stop, dim * (s + 1):dim * (s + 2)] = v
+            if self._steps[b] is not None:
+                self._steps[b][start:stop] = 0
+
+    def _block(self, name: str) -> int:
+        try:
+            return self._block_pos[name]
+        except KeyError:
+            raise KeyError(f"unknown block {name!r}; this table has {list(self._block_pos)}") from None
+
+    # ---------------------------------------------------------------- the engine's interface
+
+    def lookup(self, keys: np.ndarray, *, insert: bool, step: int = 0) -> np.ndarray:
+        """int64 rows, one per key (same shape; duplicates map to the same row).
+
+        ``insert=True`` (training): missing keys are inserted (values from the initializer, slots
+        from the optimizer), every occurrence increments the key's count, ``last_seen = step``, and a
+        key whose count reaches ``min_count`` is admitted. ``insert=False`` (evaluation): nothing
+        changes; unknown keys get row -1. Raises ValueError if a key is the sentinel ``EMPTY_KEY``.
+        """
+        keys = _as_keys(keys)
+        flat = keys.reshape(-1)
+        out = np.empty(flat.shape[0], dtype=np.int64)
+        if insert:
+            step = _check_step(step)
+            if flat.shape[0] and (flat == K.EMPTY).any():  # checked up front: no partial update
+                self._raise_sentinel(flat)
+            n0, pos = self._n, 0
+            while True:
+                pos, self._n, status = K.lookup_insert(
+                    self._idx, flat, out, pos, self._n, min(self._row_cap, self._max_fill),
+                    self._keys, self._meta, step)
+                if status == K.NEED_GROWTH:
+                    self._grow()
+                elif status == K.OK:
+                    break
+                else:  # unreachable after the check above; keep the table consistent anyway
+                    self._init_rows(n0, self._n)
+                    self._raise_sentinel(flat)
+            self._init_rows(n0, self._n)
+        elif K.lookup_only(self._idx, flat, out) >= 0:
+            self._raise_sentinel(flat)
+        return out.reshape(keys.shape)
+
+    @staticmethod
+    def _raise_sentinel(flat: np.ndarray) -> None:
+        i = int(np.flatnonzero(flat == K.EMPTY)[0])
+        raise ValueError(f"key at position {i} is the reserved sentinel {EMPTY_KEY} (int64 min)")
+
+    def gather(self, block: str, keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """``[n, dim]`` values of block ``block`` for these keys and their ``lookup`` rows.
+
+        Rows -1, and not-yet-admitted rows, give the key's deterministic initial value
+        (``unadmitted="init"``) or zeros (``unadmitted="zero"``).
+        """
+        b = self._block(block)
+        spec = self.blocks[b]
+        keys = _as_keys(keys).reshape(-1)
+        rows = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1)
+        if keys.shape != rows.shape:
+            raise ValueError(f"gather: {keys.shape[0]} keys but {rows.shape[0]} rows")
+        out = np.empty((rows.shape[0], spec.dim), dtype=self.dtype)
+        bad = K.gather_rows(self._data[b], spec.dim, rows, keys, self._n, self._meta,
+                            self.min_count, self.unadmitted == "zero", self._bases[b],
+                            spec.init.code, spec.init.scale, out)
+        if bad >= 0:
+            raise ValueError(f"gather: row {rows[bad]} at position {bad} is not a row of this "
+                             f"table ({self._n} rows)")
+        return out
+
+    def apply_gradients(self, block: str, rows: np.ndarray, grads: np.ndarray, step: int) -> None:
+        """Apply block ``block``'s optimizer to the rows, in place.
+
+        ``grads`` is ``[n, dim]``, one row per occurrence: gradients of duplicate rows are summed
+        first (in occurrence order), then the optimizer runs once per unique admitted row. Rows -1
+        and unadmitted rows are skipped. ``step`` is recorded as ``last_update_step`` only (Adam's
+        step count is per row, see ``optimizers.py``).
+        """
+        b = self._block(block)
+        spec = self.blocks[b]
+        rows = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1)
+        grads = np.asarray(grads)
+        if grads.shape != (rows.shape[0], spec.dim):
+            raise ValueError(f"apply_gradients({block!r}): grads shape {grads.shape} != "
+                             f"({rows.shape[0]}, {spec.dim})")
+        grads = np.ascontiguousarray(grads, dtype=self.dtype)
+        uniq = np.empty(rows.shape[0], dtype=np.int64)
+        acc = np.empty((rows.shape[0], spec.dim), dtype=self.dtype)
+        u, bad = K.sum_duplicates(rows, grads, self._n, self._meta, self.min_count, uniq, acc)
+        if bad >= 0:
+            raise ValueError(f"apply_gradients: row {rows[bad]} at position {bad} is not a row of "
+                             f"this table ({self._n} rows)")
+        data, dim = self._data[b], spec.dim
+        slots = tuple(data[:, dim * (s + 1):dim * (s + 2)] for s in range(spec.optimizer.num_slots))
+        spec.optimizer.apply_rows(data[:, :dim], slots, self._steps[b], uniq[:u], acc[:u])
+        self.last_update_step = int(step)
+
+    def evict(self, ttl: int, step: int) -> int:
+        """Remove every key with ``step - last_seen > ttl``; returns how many were removed.
+
+        The index deletes by backward shift (no tombstones); the last rows move into the holes, so
+        rows stay dense and earlier ``lookup`` results become stale. Oversized storage shrinks.
+        """
+        if self._n == 0:
+            return 0
+        src, dst, n_live = K.evict_plan(self._idx, self._keys, self._meta, self._n, int(ttl),
+                                        int(step))
+        n_dead = self._n - n_live
+        if src.shape[0]:
+            for a in self._row_arrays():
+                a[dst] = a[src]
+        self._n = n_live
+        self.evicted_count += n_dead
+        self._maybe_shrink()
+        return n_dead
+
+    def _maybe_shrink(self) -> None:
+        target = max(MIN_CAPACITY, math.ceil(self._n * ROW_GROWTH))
+        if self._row_cap > target * ROW_GROWTH:
+            self._resize_rows(target)
+        if self._n < self.capacity * self.max_load / 4 and self.capacity > 4 * MIN_CAPACITY:
+            self._rehash(math.ceil(self._n / (self.max_load / INDEX_GROWTH)) + MIN_CAPACITY)
+
+    # ---------------------------------------------------------------- inspection
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def admitted_count(self) -> int:
+        """Live rows that are admitted (trained)."""
+        return int(np.count_nonzero(self._meta[:self._n, K.COUNT] >= self.min_count))
+
+    @property
+    def capacity(self) -> int:
+        """Index slots."""
+        return int(self._idx.shape[0])
+
+    def keys(self) -> np.ndarray:
+        """The live keys, in row order (a copy)."""
+        return self._keys[:self._n].copy()
+
+    def metadata(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """``count``, ``last_seen`` and ``admitted`` of these rows (all must be valid rows)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= self._n):
+            raise ValueError("metadata: rows out of range")
+        count = self._meta[rows, K.COUNT]
+        return {"count": count, "last_seen": self._meta[rows, K.LAST], "admitted": count >= self.min_count}
+
+    def initial_values(self, block: str, keys: np.ndarray) -> np.ndarray:
+        """The deterministic initial values ``[n, dim]`` of these keys in block ``block``."""
+        spec = self.blocks[self._block(block)]
+        return spec.init.values(_as_keys(keys).reshape(-1), spec.dim, seed=self.seed,
+                                field=self.field, block=spec.name, dtype=self.dtype)
+
+    def payload_bytes_per_row(self) -> int:
+        """Raw payload of one row: key + values + slots (+ Adam step count)."""
+        return 8 + sum(b.width * self.dtype.itemsize + (4 if b.optimizer.needs_step else 0)
+                       for b in self.blocks)
+
+    def memory(self) -> dict[str, Any]:
+        """Allocated bytes by part, rows, capacity, load factor and the raw payload for comparison."""
+        index = self._idx.nbytes
+        values = sum(d.nbytes for d in self._data) + sum(s.nbytes for s in self._steps if s is not None)
+        meta = self._keys.nbytes + self._meta.nbytes
+        total = index + values + meta
+        payload = self._n * self.payload_bytes_per_row()
+        return {"bytes": total, "index_bytes": index, "values_bytes": values,
+                "metadata_bytes": meta, "rows": self._n, "row_capacity": self._row_cap,
+                "capacity": self.capacity, "load_factor": self._n / self.capacity,
+                "payload_bytes": payload,
+                "bytes_per_row": total / self._n if self._n else float("nan"),
+                "overhead": total / payload if payload else float("nan")}
+
+    def __repr__(self) -> str:
+        blocks = ", ".join(f"{b.name}[{b.dim}]:{b.optimizer.kind}" for b in self.blocks)
+        return (f"EmbeddingTable(field={self.field}, rows={self._n}, capacity={self.capacity}, "
+                f"blocks=({blocks}), dtype={self.dtype.name})")
+
+    # ---------------------------------------------------------------- persistence
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the table atomically in the format of ``des/hashtable/format.py`` (no pickle)."""
+        n = self._n
+        arrays: dict[str, np.ndarray] = {"keys": self._keys[:n], "count": self._meta[:n, K.COUNT],
+                                         "last_seen": self._meta[:n, K.LAST]}
+        for b, spec in enumerate(self.blocks):
+            data, dim = self._data[b], spec.dim
+            arrays[f"block.{b}.values"] = data[:n, :dim]
+            for s, name in enumerate(spec.optimizer.slot_names):
+                arrays[f"block.{b}.slot.{name}"] = data[:n, dim * (s + 1):dim * (s + 2)]
+            if self._steps[b] is not None:
+                arrays[f"block.{b}.steps"] = self._steps[b][:n]
+        header = {"field": self.field, "seed": self.seed, "dtype": self.dtype.name,
+                  "min_count": self.min_count, "unadmitted": self.unadmitted,
+                  "max_load": self.max_load, "n_rows": n, "evicted_count": self.evicted_count,
+                  "last_update_step": self.last_update_step,
+                  "blocks": [b.to_dict() for b in self.blocks]}
+        write_table_file(path, header, arrays)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, capacity: int | None = None) -> "EmbeddingTable":
+        """Read a table written by :meth:`save`; ``capacity`` (index slots) is a lower bound, the
+        default fits the rows at about ``max_load / 1.5``. Raises :class:`TableFormatError`."""
+        header, arrays = read_table_file(path)
+        try:
+            n = int(header["n_rows"])
+            blocks = [BlockSpec.from_dict(d) for d in header["blocks"]]
+            max_load = float(header["max_load"])
+            needed = math.ceil(n / max_load) + 1
+            cap = max(needed, int(capacity) if capacity is not None
+                      else math.ceil(n * INDEX_GROWTH / max_load), MIN_CAPACITY)
+            table = cls(field=int(header["field"]), blocks=blocks, seed=int(header["seed"]),
+                        dtype=header["dtype"], capacity=cap, max_load=max_load,
+                        min_count=int(header["min_count"]), unadmitted=header["unadmitted"])
+            table.evicted_count = int(header["evicted_count"])
+            last = header.get("last_update_step")
+            table.last_update_step = None if last is None else int(last)
+            table._fill_from(arrays, n)
+        except TableFormatError:
+            raise
+        except (KeyError, TypeError, ValueError) as e:
+            raise TableFormatError(f"{os.fspath(path)}: inconsistent table file "
+                                   f"({type(e).__name__}: {e})".replace("\n", " ")) from e
+        return table
+
+    def _fill_from(self, arrays: dict[str, np.ndarray], n: int) -> None:
+        expected = {"keys": (np.int64, (n,)), "count": (np.int32, (n,)),
+                    "last_seen": (np.int32, (n,))}
+        for b, spec in enumerate(self.blocks):
+            expected[f"block.{b}.values"] = (self.dtype, (n, spec.dim))
+            for name in spec.optimizer.slot_names:
+                expected[f"block.{b}.slot.{name}"] = (self.dtype, (n, spec.dim))
+            if spec.optimizer.needs_step:
+                expected[f"block.{b}.steps"] = (np.int32, (n,))
+        if set(arrays) != set(expected):
+            raise ValueError(f"arrays {sorted(arrays)} do not match the blocks ({sorted(expected)})")
+        for name, (dtype, shape) in expected.items():
+            a = arrays[name]
+            if a.dtype != np.dtype(dtype) or a.shape != shape:
+                raise ValueError(f"array {name} is {a.dtype}{a.shape}, expected {np.dtype(dtype)}{shape}")
+        self._resize_rows(max(MIN_CAPACITY, n))
+        self._keys[:n] = arrays["keys"]
+        self._meta[:n, K.COUNT] = arrays["count"]
+        self._meta[:n, K.LAST] = arrays["last_seen"]
+        for b, spec in enumerate(self.blocks):
+            data, dim = self._data[b], spec.dim
+            data[:n, :dim] = arrays[f"block.{b}.values"]
+            for s, name in enumerate(spec.optimizer.slot_names):
+                data[:n, dim * (s + 1):dim * (s + 2)] = arrays[f"block.{b}.slot.{name}"]
+            if self._steps[b] is not None:
+                self._steps[b][:n] = arrays[f"block.{b}.steps"]
+        bad = K.rebuild_index(self._keys, n, self._idx)
+        if bad >= 0:
+            raise ValueError(f"key {self._keys[bad]} (row {bad}) is duplicated or the sentinel")
+        self._n = n

@@ -1,0 +1,121 @@
+"""What a model is, for the engine: embedding blocks, substitutions, and a replicated top network.
+
+A model file declares
+
+* :meth:`Model.blocks` -- the value blocks every field's hash table keeps per id (e.g. a 1-wide
+  ``"linear"`` weight and a ``k``-wide ``"embedding"``), with their initializers;
+* :meth:`Model.substitutions` -- the weight-rich operators, in the order their partials are packed
+  into the step buffer;
+* :meth:`Model.top_params` and :meth:`Model.top` -- the small network that runs, replicated, on the
+  combined outputs of the substitutions and produces one logit per sample.
+
+There is no MPI, no hash table and no optimizer here: the same model runs under any strategy.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+import tensorflow as tf
+
+from des.substitutions.base import ParamSpec, Substitution
+
+CRITEO_NUM_FIELDS = 39
+
+_ACTIVATIONS = {"relu": tf.nn.relu, "tanh": tf.tanh, "sigmoid": tf.sigmoid, "linear": tf.identity}
+
+
+@dataclass(frozen=True)
+class EmbeddingBlock:
+    """One value block of the per-field tables: ``dim`` floats per id, initialized by ``init``
+    (``zeros``, ``normal``, ``uniform`` or ``truncated_normal``) with ``scale``."""
+
+    name: str
+    dim: int
+    init: str = "normal"
+    scale: float = 0.01
+
+
+class Model(ABC):
+    """Base class of LR, FM, W&D, DeepFM and user models."""
+
+    name: ClassVar[str]
+
+    def __init__(self, num_fields: int = CRITEO_NUM_FIELDS, l2_embedding: float = 0.0, l2_dense: float = 0.0) -> None:
+        self.num_fields = num_fields
+        self.l2_embedding = l2_embedding
+        self.l2_dense = l2_dense
+
+    @abstractmethod
+    def blocks(self) -> list[EmbeddingBlock]:
+        """Value blocks kept per id."""
+
+    @abstractmethod
+    def substitutions(self) -> list[Substitution]:
+        """Weight-rich operators; their partials fill the step buffer in this order."""
+
+    def top_params(self) -> dict[str, ParamSpec]:
+        """Replicated dense parameters of the top network."""
+        return {"bias": ParamSpec(shape=(1,), init="zeros")}
+
+    @abstractmethod
+    def top(self, params: Mapping[str, tf.Tensor], outputs: Sequence[tf.Tensor]) -> tf.Tensor:
+        """Logits ``[B]`` from the substitutions' outputs (same order as :meth:`substitutions`)."""
+
+    def regularized_params(self) -> list[str]:
+        """Top parameters that ``l2_dense`` applies to (kernels, not biases)."""
+        return [name for name in self.top_params() if "kernel" in name]
+
+    def config(self) -> dict[str, Any]:
+        """Constructor arguments, for run folders and checkpoints."""
+        return {"model": self.name, **self._hyper}
+
+    @property
+    def _hyper(self) -> dict[str, Any]:
+        return {
+            "num_fields": self.num_fields,
+            "l2_embedding": self.l2_embedding,
+            "l2_dense": self.l2_dense,
+        }
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **self.config(),
+            "blocks": [asdict(b) for b in self.blocks()],
+            "substitutions": [s.describe() for s in self.substitutions()],
+            "buffer_width": sum(s.width for s in self.substitutions()),
+        }
+
+
+class DeepTower:
+    """The upper layers of the DNN after the substituted first FC layer: ``act(h + b_0)`` then
+    ``hidden[1:]`` dense layers and a 1-unit output. Shared by W&D and DeepFM."""
+
+    def __init__(self, hidden: Sequence[int], activation: str = "relu") -> None:
+        if not hidden:
+            raise ValueError("the deep tower needs at least one hidden layer (the first FC layer)")
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r} (known: {', '.join(_ACTIVATIONS)})")
+        self.hidden = tuple(int(h) for h in hidden)
+        self.activation = activation
+
+    def params(self) -> dict[str, ParamSpec]:
+        specs = {"deep_bias_0": ParamSpec(shape=(self.hidden[0],), init="zeros")}
+        sizes = list(self.hidden) + [1]
+        for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:]), start=1):
+            specs[f"deep_kernel_{i}"] = ParamSpec((fan_in, fan_out), "glorot_uniform", fan_in, fan_out)
+            specs[f"deep_bias_{i}"] = ParamSpec((fan_out,), init="zeros")
+        return specs
+
+    def __call__(self, params: Mapping[str, tf.Tensor], first_layer: tf.Tensor) -> tf.Tensor:
+        act = _ACTIVATIONS[self.activation]
+        h = act(first_layer + params["deep_bias_0"])
+        depth = len(self.hidden)
+        for i in range(1, depth + 1):
+            h = tf.matmul(h, params[f"deep_kernel_{i}"]) + params[f"deep_bias_{i}"]
+            if i < depth:
+                h = act(h)
+        return h[:, 0]

@@ -1,0 +1,43 @@
+"""Substitutions: weight-rich operators rewritten as local partials, a sum, and a cheap combine.
+
+Public: :class:`Substitution` (the base class), :class:`FieldParam`, the built-ins
+:class:`FirstOrderLinear`, :class:`FMOrder2`, :class:`FirstFC`, the registry
+(:func:`register_substitution`, :func:`get_substitution`, :func:`default_substitutions`,
+:func:`registered_substitutions`) and the conformance checker :func:`check_substitution`.
+"""
+
+from des.substitutions.base import FieldParam, ParamSpec, Substitution, draw_param, stable_id
+from des.substitutions.conformance import (
+    ConformanceReport,
+    SubstitutionConformanceError,
+    check_substitution,
+)
+from des.substitutions.first_fc import FirstFC
+from des.substitutions.fm import FMOrder2
+from des.substitutions.linear import FirstOrderLinear
+from des.substitutions.registry import (
+    default_substitutions,
+    get_substitution,
+    register_substitution,
+    registered_substitutions,
+    unregister_substitution,
+)
+
+__all__ = [
+    "ConformanceReport",
+    "FMOrder2",
+    "FieldParam",
+    "ParamSpec",
+    "draw_param",
+    "FirstFC",
+    "FirstOrderLinear",
+    "Substitution",
+    "SubstitutionConformanceError",
+    "check_substitution",
+    "default_substitutions",
+    "get_substitution",
+    "register_substitution",
+    "registered_substitutions",
+    "stable_id",
+    "unregister_substitution",
+]

@@ -1,0 +1,151 @@
+"""The extension point of the engine: a weight-rich operator written twice.
+
+A :class:`Substitution` is one operator ``F(W, X)`` of a model (the DES paper, section 3.2, Algorithm
+1) given in two forms:
+
+* :meth:`Substitution.reference` -- the original operator on all fields' inputs and all weights,
+  the textbook formula (what a single process, or a strategy that moves embeddings, computes);
+* the split form -- :meth:`Substitution.local` computes the partial results ``M_j(W_i, X_i)`` of
+  the fields one rank owns, ``width`` columns per sample; the engine sums them over the ranks
+  (the collective ``⊕``, an AllReduce-sum) and :meth:`Substitution.combine` turns the sum into the
+  operator's output: ``combine(Σ_i local(W_i, X_i)) == reference(W, X)`` (eq. 1 of the paper).
+
+Inputs are per-field *pooled* embeddings: ``emb[b, j, :] = Σ_t x_t · v_t`` over the ids ``t`` of
+field ``j`` in sample ``b`` (a one-hot field is just its id's row), for the value block the
+substitution reads (``"linear"``, width 1, or ``"embedding"``, width ``k``). Weights other than the
+embedding rows are *field parameters*: dense arrays whose leading axis is the field (e.g. the first
+FC layer's block ``W_f`` of shape ``[k, H]``); each rank keeps only the slices of its own fields.
+
+Because ``⊕`` is a sum, the gradient of the loss with respect to each rank's partials is the
+gradient with respect to the reduced buffer, so back-propagation needs no communication
+(section 3.2.2). :func:`des.substitutions.check_substitution` proves both properties for any
+substitution.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import tensorflow as tf
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """A dense weight's shape and initializer. As a field parameter of a substitution, ``shape`` is
+    one field's slice and the whole weight is ``[num_fields, *shape]``.
+
+    ``init`` is ``"glorot_uniform"`` (limit ``sqrt(6 / (fan_in + fan_out))``, the fans of the whole
+    operator), ``"normal"`` (std ``scale``) or ``"zeros"``.
+    """
+
+    shape: tuple[int, ...]
+    init: str = "glorot_uniform"
+    fan_in: int = 1
+    fan_out: int = 1
+    scale: float = 0.01
+
+
+FieldParam = ParamSpec  # the name used for field-sliced weights
+
+
+def draw_param(spec: ParamSpec, seed: int, *key: object) -> np.ndarray:
+    """Initial value of one weight (or one field's slice), float64, from a generator keyed by
+    ``(seed, key...)`` only: never by the number of ranks, the placement or the call order."""
+    rng = np.random.default_rng([seed, stable_id(*key)])
+    if spec.init == "glorot_uniform":
+        limit = np.sqrt(6.0 / (spec.fan_in + spec.fan_out))
+        return rng.uniform(-limit, limit, size=spec.shape)
+    if spec.init == "normal":
+        return rng.normal(0.0, spec.scale, size=spec.shape)
+    if spec.init == "zeros":
+        return np.zeros(spec.shape)
+    raise ValueError(f"unknown parameter initializer {spec.init!r}")
+
+
+def stable_id(*parts: object) -> int:
+    """A 63-bit id of ``parts`` that is the same in every process and Python run."""
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+class Substitution(ABC):
+    """Base class of every substitution; subclasses set ``name`` and implement the four methods.
+
+    Instances carry the operator's configuration (block read, sizes) and no state: weights live in
+    the engine, so models stay free of distribution code.
+    """
+
+    #: registry name, e.g. ``"fm2"``
+    name: ClassVar[str]
+    #: the collective that joins the partials; the default step packs every ``"allreduce"``
+    #: substitution into one buffer and reduces it once.
+    collective: ClassVar[str] = "allreduce"
+
+    def __init__(self, block: str, dim: int, num_fields: int) -> None:
+        self.block = block
+        self.dim = dim
+        self.num_fields = num_fields
+
+    @classmethod
+    def example(cls, num_fields: int) -> "Substitution":
+        """A small instance for the conformance checker; override when the constructor needs more
+        than ``num_fields``."""
+        return cls(num_fields=num_fields)  # type: ignore[call-arg]
+
+    # -- sizes ------------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def width(self) -> int:
+        """Columns this substitution adds to the step buffer per sample (``S_M`` / 4 bytes)."""
+
+    @property
+    @abstractmethod
+    def output_dim(self) -> int:
+        """Columns of the operator's output per sample."""
+
+    def field_params(self) -> dict[str, FieldParam]:
+        """Dense weights sliced by field (none by default)."""
+        return {}
+
+    # -- the two forms ----------------------------------------------------------------------
+    @abstractmethod
+    def local(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
+        """Partials of this rank's fields: ``emb [B, F_i, dim]``, ``params[p] [F_i, ...]`` ->
+        ``[B, width]``. Must be a sum over fields, so partials of disjoint field sets add up."""
+
+    @abstractmethod
+    def combine(self, reduced: tf.Tensor) -> tf.Tensor:
+        """The cheap ``F̃``: ``[B, width]`` summed over all ranks -> ``[B, output_dim]``."""
+
+    @abstractmethod
+    def reference(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
+        """The original operator on all fields: ``emb [B, F, dim]`` -> ``[B, output_dim]``."""
+
+    # -- helpers ----------------------------------------------------------------------------
+    def init_field_params(
+        self, seed: int, fields: Sequence[int], dtype: np.dtype | type = np.float32
+    ) -> dict[str, np.ndarray]:
+        """Initial values of the field parameters of ``fields`` (global field indices).
+
+        Each field's slice is drawn from its own generator keyed by (seed, substitution, parameter,
+        field), so a rank's slices are the same whatever the number of ranks or the placement.
+        """
+        out: dict[str, np.ndarray] = {}
+        for pname, spec in self.field_params().items():
+            slices = [draw_param(spec, seed, self.name, pname, int(f)) for f in fields]
+            out[pname] = np.stack(slices).astype(dtype) if slices else np.zeros(
+                (0,) + spec.shape, dtype=dtype
+            )
+        return out
+
+    def describe(self) -> dict[str, object]:
+        return {"name": self.name, "block": self.block, "dim": self.dim, "width": self.width}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(block={self.block!r}, dim={self.dim}, width={self.width})"
+

@@ -1,0 +1,67 @@
+"""The first fully connected layer of the DNN over field blocks: the DES paper, section 4.3,
+eqs. (7)-(9).
+
+    F_dnn = Vᵀ W = [V_1ᵀ | … | V_Nᵀ] [W_1; …; W_N] = Σ_i V_iᵀ W_i        eqs. (7), (8)
+    M_1(V_i, W_i) = V_iᵀ W_i                                            eq. (9)
+    F̃ = ⊕ M_1
+
+``V`` is the concatenation of the field embeddings ``[B, F·k]`` and ``W`` the layer's kernel
+``[F·k, H]``; the kernel is stored as field blocks ``W_f`` of shape ``[k, H]`` next to the field's
+embeddings, so neither ``V`` nor ``W`` nor their gradients ever leave the rank. Width ``H``. The
+bias and activation of the layer belong to the top network (they are not weight-rich).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import tensorflow as tf
+
+from des.substitutions.base import FieldParam, Substitution
+
+
+class FirstFC(Substitution):
+    """``concat_f(e_f) @ W`` computed as ``Σ_f e_f W_f``; width ``units``."""
+
+    name = "first_fc"
+
+    def __init__(self, num_fields: int, dim: int, units: int, block: str = "embedding") -> None:
+        super().__init__(block=block, dim=dim, num_fields=num_fields)
+        self.units = units
+
+    @classmethod
+    def example(cls, num_fields: int) -> "FirstFC":
+        return cls(num_fields=num_fields, dim=3, units=5)
+
+    @property
+    def width(self) -> int:
+        return self.units
+
+    @property
+    def output_dim(self) -> int:
+        return self.units
+
+    def field_params(self) -> dict[str, FieldParam]:
+        return {
+            "kernel": FieldParam(
+                shape=(self.dim, self.units),
+                init="glorot_uniform",
+                fan_in=self.num_fields * self.dim,
+                fan_out=self.units,
+            )
+        }
+
+    def local(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
+        return tf.einsum("bfk,fkh->bh", emb, params["kernel"])
+
+    def combine(self, reduced: tf.Tensor) -> tf.Tensor:
+        return reduced
+
+    def reference(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
+        batch = tf.shape(emb)[0]
+        concatenated = tf.reshape(emb, [batch, self.num_fields * self.dim])
+        kernel = tf.reshape(params["kernel"], [self.num_fields * self.dim, self.units])
+        return tf.matmul(concatenated, kernel)
+
+    def describe(self) -> dict[str, object]:
+        return {**super().describe(), "units": self.units}

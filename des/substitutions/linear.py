@@ -1,0 +1,44 @@
+"""First-order linear term (LR, the wide part): the DES paper, section 4.1, eqs. (2)-(3).
+
+    F_lr(W, X) = Σ_j w_j x_j                          (the bias and σ belong to the top network)
+    M_1(W_i)   = Σ_{w_j ∈ W_i} w_j x_j                 eq. (2), one scalar per sample
+    F̃(R)       = R                                    eq. (3) without σ and b
+
+Reads the 1-wide ``"linear"`` block; the pooled value of a field is already ``Σ_t w_t x_t``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import tensorflow as tf
+
+from des.substitutions.base import Substitution
+
+
+class FirstOrderLinear(Substitution):
+    """``Σ_j w_j x_j`` over all fields; width 1."""
+
+    name = "linear"
+
+    def __init__(self, num_fields: int, block: str = "linear") -> None:
+        super().__init__(block=block, dim=1, num_fields=num_fields)
+
+    @property
+    def width(self) -> int:
+        return 1
+
+    @property
+    def output_dim(self) -> int:
+        return 1
+
+    def local(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
+        return tf.reduce_sum(emb[:, :, 0], axis=1, keepdims=True)
+
+    def combine(self, reduced: tf.Tensor) -> tf.Tensor:
+        return reduced
+
+    def reference(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
+        # W^T X with X the one-hot (or weighted multi-hot) indicator: the sum of looked-up weights.
+        flat = tf.reshape(emb, [tf.shape(emb)[0], -1])
+        return tf.linalg.matvec(flat, tf.ones([tf.shape(flat)[1]], dtype=flat.dtype))[:, None]

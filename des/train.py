@@ -1,0 +1,321 @@
+"""Train a CTR model with Distributed Equivalent Substitution.
+
+    mpirun -n 4 .venv/bin/python -m des.train --model deepfm      # 4 ranks
+    .venv/bin/python -m des.train --model lr                      # 1 rank
+
+With no other flag it trains on the shipped Criteo sample (prepared into a cache on first use),
+validates after each epoch, tests at the end and leaves a run folder with ``config.json``,
+``metrics.jsonl``, ``summary.json`` and ``checkpoints/``. ``--help`` lists every option.
+
+The loop, on every rank, in lock-step: same global batch, own fields, one AllReduce per step.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import platform
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from des import runtime  # noqa: F401  (quiets TensorFlow before it is imported)
+from des.collectives import Communicator, run_main
+from des.config import TrainConfig, load_config
+from des.errors import ConfigError, DesError
+
+
+def build_model(config: TrainConfig, num_fields: int):
+    """The model named by ``--model`` with the hyper-parameters its constructor accepts."""
+    from des.models import get_model
+
+    cls = get_model(config.model)
+    candidates = {
+        "num_fields": num_fields,
+        "embedding_dim": config.embedding_dim,
+        "hidden": tuple(config.hidden_units()),
+        "activation": config.activation,
+        "init_scale": config.init_scale,
+        "l2_embedding": config.l2_embedding,
+        "l2_dense": config.l2_dense,
+    }
+    accepted = inspect.signature(cls.__init__).parameters
+    return cls(**{k: v for k, v in candidates.items() if k in accepted})
+
+
+def build_optimizers(config: TrainConfig):
+    from des.engine import Optimizers
+    from des.hashtable import optimizer_from_spec
+
+    def parse(flag: str, spec: str):
+        try:
+            return optimizer_from_spec(spec)
+        except ValueError as exc:
+            raise ConfigError(f"--{flag} {spec!r}: {exc}") from None
+
+    return Optimizers(
+        sparse={
+            "linear": parse("linear-optimizer", config.linear_optimizer),
+            "embedding": parse("embedding-optimizer", config.embedding_optimizer),
+        },
+        dense=parse("dense-optimizer", config.dense_optimizer),
+    )
+
+
+def open_data(config: TrainConfig, comm: Communicator):
+    """Rank 0 prepares a raw file into the cache (once); then every rank opens the same store."""
+    from des.data import ColumnStore, open_dataset
+
+    if comm.rank == 0:
+        split = [float(x) for x in config.split.split(",")] if config.split else None
+        store = open_dataset(config.data, cache_dir=config.cache_dir or None, split=split,
+                             seed=config.split_seed, bad_rows=config.bad_rows)
+        path = str(store.path)
+    path = comm.bcast_json(path if comm.rank == 0 else None, "setup")
+    return store if comm.rank == 0 else ColumnStore.open(path)
+
+
+def make_run_folder(config: TrainConfig, comm: Communicator) -> Path:
+    if comm.rank == 0:
+        folder = Path(config.output or f"runs/{config.model}-{time.strftime('%Y%m%d-%H%M%S')}")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = folder / ".write-test"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError(f"output directory {folder} is not writable: {exc.strerror or exc}") from None
+        name = str(folder.resolve())
+    return Path(comm.bcast_json(name if comm.rank == 0 else None, "setup"))
+
+
+def evaluate(engine, store, split: str, batch_size: int) -> dict[str, Any] | None:
+    """Exact AUC and logloss over a whole split (predictions are identical on every rank)."""
+    import numpy as np
+
+    from des.data.batch_reader import BatchReader
+    from des.metrics import logloss, roc_auc
+
+    reader = BatchReader(store, split, engine.fields, batch_size, seed=0, shuffle=False, drop_last=False)
+    if reader.num_rows == 0:
+        return None
+    predictions, labels = [], []
+    for batch in reader:
+        predictions.append(engine.predict(batch))
+        labels.append(batch.labels)
+    p, y = np.concatenate(predictions), np.concatenate(labels)
+    return {"auc": roc_auc(y, p), "logloss": logloss(y, p), "rows": int(y.size)}
+
+
+def peak_rss_bytes() -> int:
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class Log:
+    """Rank 0 talks; the others stay quiet."""
+
+    def __init__(self, comm: Communicator, folder: Path) -> None:
+        self.active = comm.rank == 0
+        self.metrics_path = folder / "metrics.jsonl"
+
+    def say(self, text: str) -> None:
+        if self.active:
+            print(text, flush=True)
+
+    def metrics(self, record: dict[str, Any]) -> None:
+        if self.active:
+            with open(self.metrics_path, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+
+
+def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
+    import numpy as np
+
+    from des.checkpoint import load_checkpoint, save_checkpoint
+    from des.data.batch_reader import BatchReader
+    from des.engine import DESEngine, TableOptions
+    from des.placement import place_fields
+
+    store = open_data(config, comm)
+    if store.num_rows == 0:
+        raise DesError(f"dataset {store.path} is empty")
+    model = build_model(config, store.num_fields)
+    distinct = [store.distinct_count(f) for f in range(store.num_fields)]
+    placement = place_fields(store.num_fields, comm.size, config.placement, distinct)
+    engine = DESEngine(
+        model, comm, placement, build_optimizers(config), seed=config.seed, dtype=np.dtype(config.dtype),
+        tables=TableOptions(config.table_capacity, config.min_count, config.unadmitted),
+    )
+    folder = make_run_folder(config, comm)
+    log = Log(comm, folder)
+    train_rows = len(store.split_rows("train"))
+    steps_per_epoch = train_rows // config.batch_size if config.drop_last else -(-train_rows // config.batch_size)
+    if steps_per_epoch == 0:
+        raise ConfigError(f"--batch-size {config.batch_size} is larger than the {train_rows} training rows of {store.path}")
+
+    start_epoch, start_batch = 0, 0
+    if config.resume:
+        manifest = load_checkpoint(engine, config.resume)
+        start_epoch, start_batch = manifest["epoch"], manifest["next_batch"]
+        log.say(f"resumed from {config.resume} at step {engine.step_count} (epoch {start_epoch}, batch {start_batch}), "
+                f"written by {manifest['ranks']} rank(s)")
+
+    if comm.rank == 0:
+        (folder / "config.json").write_text(json.dumps({
+            "config": config.to_dict(), "ranks": comm.size, "placement": placement,
+            "model": model.describe(), "data": str(store.path),
+            "versions": _versions(), "python": platform.python_version(),
+        }, indent=1))
+    log.say(f"des.train: {model.name} on {store.path.name} ({store.num_rows} rows, {train_rows} train), "
+            f"{comm.size} rank(s), batch {config.batch_size}, {config.epochs} epoch(s), dtype {config.dtype}, "
+            f"buffer {engine.buffer_width} floats/sample")
+    log.say(f"  optimizers: linear {config.linear_optimizer}; embedding {config.embedding_optimizer}; "
+            f"dense {config.dense_optimizer}")
+    for r, fields in enumerate(placement):
+        log.say(f"  rank {r}: {len(fields):2d} fields, {sum(distinct[f] for f in fields):9d} distinct ids  "
+                f"{','.join(store.field_names[f] for f in fields)}")
+    log.say(f"  run folder: {folder}")
+
+    # Absolute step to stop at (a resumed run continues towards the same end).
+    total_steps = config.epochs * steps_per_epoch if config.epochs else config.max_steps
+    if config.max_steps:
+        total_steps = min(total_steps, config.max_steps)
+    progress = _progress(comm.rank == 0 and config.progress, total_steps, engine.step_count)
+    train_seconds, samples, loss_sum, loss_count = 0.0, 0, 0.0, 0
+    last_validation: dict[str, Any] | None = None
+    checkpoints = folder / "checkpoints"
+
+    def validate(epoch: int) -> None:
+        nonlocal last_validation, loss_sum, loss_count
+        result = evaluate(engine, store, "validation", config.eval_batch_size)
+        record = {"step": engine.step_count, "epoch": epoch, "samples": samples,
+                  "train_loss": loss_sum / max(loss_count, 1),
+                  "samples_per_second": samples / max(train_seconds, 1e-9)}
+        if result:
+            record.update({"auc": result["auc"], "logloss": result["logloss"]})
+            last_validation = result
+        log.metrics(record)
+        if progress is not None:
+            progress.write(_format_record(record))
+        else:
+            log.say(_format_record(record))
+        loss_sum, loss_count = 0.0, 0
+
+    epoch, next_batch = start_epoch, start_batch
+    while engine.step_count < total_steps:
+        reader = BatchReader(store, "train", engine.fields, config.batch_size, seed=config.seed, epoch=epoch,
+                             drop_last=config.drop_last, start_batch=next_batch)
+        for batch in reader:
+            start = time.perf_counter()
+            loss = engine.train_step(batch)
+            train_seconds += time.perf_counter() - start
+            samples += batch.size
+            loss_sum, loss_count = loss_sum + loss, loss_count + 1
+            next_batch = batch.index + 1
+            if progress is not None:
+                progress.update(1)
+                progress.set_postfix(loss=f"{loss:.4f}", sps=f"{samples / max(train_seconds, 1e-9):,.0f}")
+            if config.eval_every and engine.step_count % config.eval_every == 0:
+                validate(epoch)
+            if config.checkpoint_every and engine.step_count % config.checkpoint_every == 0:
+                save_checkpoint(engine, checkpoints, epoch=epoch, next_batch=next_batch,
+                                config=config.to_dict(), ttl=config.ttl)
+            if engine.step_count >= total_steps:
+                break
+        if next_batch >= len(reader):  # the epoch is complete
+            if not config.eval_every:
+                validate(epoch)
+            epoch, next_batch = epoch + 1, 0
+    if last_validation is None and loss_count:
+        validate(epoch)
+    if progress is not None:
+        progress.close()
+
+    final = save_checkpoint(engine, checkpoints, epoch=epoch, next_batch=next_batch, config=config.to_dict(),
+                            ttl=config.ttl)
+    test = evaluate(engine, store, "test", config.eval_batch_size)
+    steps_run = engine.timer.steps
+    forward = comm.stats.get("forward_partials")
+    memory = engine.memory()
+    per_rank = comm.allgather(np.array([peak_rss_bytes(), memory["rows"], memory["table_bytes"]], dtype=np.int64),
+                              "summary")
+    summary = {
+        "model": model.name,
+        "ranks": comm.size,
+        "steps": engine.step_count,
+        "steps_this_run": steps_run,
+        "train_samples": samples,
+        "validation_auc": last_validation["auc"] if last_validation else None,
+        "validation_logloss": last_validation["logloss"] if last_validation else None,
+        "test_auc": test["auc"] if test else None,
+        "test_logloss": test["logloss"] if test else None,
+        "test_rows": test["rows"] if test else 0,
+        "samples_per_second": samples / max(train_seconds, 1e-9),
+        "allreduce_bytes_per_step": (forward.bytes_sent / forward.calls) if forward and forward.calls else 0,
+        "buffer_floats_per_sample": engine.buffer_width,
+        "ms_per_phase": engine.timer.ms_per_step(),
+        "peak_rss_bytes_per_rank": per_rank[:, 0].tolist(),
+        "table_rows_per_rank": per_rank[:, 1].tolist(),
+        "table_bytes_per_rank": per_rank[:, 2].tolist(),
+        "checkpoint": str(final),
+        "run_folder": str(folder),
+    }
+    if comm.rank == 0:
+        (folder / "summary.json").write_text(json.dumps(summary, indent=1))
+    log.say(_format_summary(summary))
+    return summary
+
+
+def _progress(enabled: bool, total: int, initial: int):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, file=sys.stderr, leave=True)
+
+
+def _format_record(record: dict[str, Any]) -> str:
+    text = f"step {record['step']:6d}  train loss {record['train_loss']:.4f}"
+    if "auc" in record:
+        text += f"  val auc {record['auc']:.4f}  val logloss {record['logloss']:.4f}"
+    return text + f"  {record['samples_per_second']:,.0f} samples/s"
+
+
+def _format_summary(s: dict[str, Any]) -> str:
+    def num(value: Any, fmt: str) -> str:
+        return "n/a" if value is None else format(value, fmt)
+
+    phases = "  ".join(f"{k} {v:.1f}" for k, v in s["ms_per_phase"].items())
+    return (
+        f"done: {s['model']} on {s['ranks']} rank(s), {s['steps']} steps, {s['train_samples']} samples this run\n"
+        f"  test AUC {num(s['test_auc'], '.4f')}  test logloss {num(s['test_logloss'], '.4f')}  "
+        f"({s['test_rows']} rows)\n"
+        f"  {s['samples_per_second']:,.0f} samples/s, {s['allreduce_bytes_per_step']:,.0f} allreduce bytes/step/rank, "
+        f"peak RSS {max(s['peak_rss_bytes_per_rank']) / 2**20:,.0f} MiB/rank\n"
+        f"  ms/step: {phases}\n"
+        f"  summary: {s['run_folder']}/summary.json"
+    )
+
+
+def _versions() -> dict[str, str]:
+    import mpi4py
+    import numba
+    import numpy
+    import tensorflow
+
+    return {"numpy": numpy.__version__, "numba": numba.__version__, "tensorflow": tensorflow.__version__,
+            "mpi4py": mpi4py.__version__}
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = load_config(argv)
+    runtime.configure_threads()
+    comm = Communicator()
+    train(config, comm)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main, "des.train")

@@ -1,0 +1,87 @@
+"""Independent single-process references: LR, FM, W&D and DeepFM written the textbook way in plain
+TensorFlow -- one dense ``tf.Variable`` per field and block over a fixed vocabulary, the whole first
+FC kernel as one matrix, Keras optimizers -- with no des substitution, engine or hash-table code.
+Only initial *values* are shared with the engine under test."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+class PlainTFModel:
+    def __init__(
+        self,
+        model: str,
+        vocab: Sequence[np.ndarray],
+        linear_init: Sequence[np.ndarray],
+        embedding_init: Sequence[np.ndarray] | None,
+        first_fc_kernel: np.ndarray | None,
+        top_init: Mapping[str, np.ndarray],
+        hidden: Sequence[int],
+        optimizers: Mapping[str, keras.optimizers.Optimizer],
+    ) -> None:
+        self.model = model
+        self.vocab = [np.asarray(v) for v in vocab]
+        self.linear = [tf.Variable(a) for a in linear_init]
+        self.embedding = [tf.Variable(a) for a in embedding_init] if embedding_init is not None else []
+        self.first_fc = tf.Variable(first_fc_kernel) if first_fc_kernel is not None else None
+        self.top = {name: tf.Variable(value) for name, value in top_init.items()}
+        self.depth = len(hidden)
+        self.optimizers = optimizers
+
+    def indices(self, batch) -> list[np.ndarray]:
+        """Vocabulary positions of each field's id (one-hot data)."""
+        out = []
+        for f, vocab in enumerate(self.vocab):
+            keys = batch.fields[f].keys
+            pos = np.searchsorted(vocab, keys)
+            assert np.array_equal(vocab[pos], keys), "id outside the reference vocabulary"
+            out.append(pos)
+        return out
+
+    def logits(self, idx: Sequence[np.ndarray]) -> tf.Tensor:
+        wide = tf.add_n([tf.gather(w, i)[:, 0] for w, i in zip(self.linear, idx)])
+        logit = self.top["bias"][0] + wide
+        if not self.embedding:
+            return logit
+        e = tf.stack([tf.gather(v, i) for v, i in zip(self.embedding, idx)], axis=1)  # [B, F, k]
+        if self.model in ("fm", "deepfm"):
+            # Rendle (2010), eq. 3-5: Σ_{i<j} <v_i, v_j> = ½ Σ_f ((Σ_i v_if)² − Σ_i v_if²)
+            logit += 0.5 * tf.reduce_sum(tf.square(tf.reduce_sum(e, 1)) - tf.reduce_sum(tf.square(e), 1), 1)
+        if self.model in ("wdl", "deepfm"):
+            h = tf.reshape(e, [e.shape[0], -1]) @ self.first_fc + self.top["deep_bias_0"]
+            h = tf.nn.relu(h)
+            for i in range(1, self.depth + 1):
+                h = h @ self.top[f"deep_kernel_{i}"] + self.top[f"deep_bias_{i}"]
+                if i < self.depth:
+                    h = tf.nn.relu(h)
+            logit += h[:, 0]
+        return logit
+
+    def predict(self, batch) -> np.ndarray:
+        return tf.sigmoid(self.logits(self.indices(batch))).numpy()
+
+    def train_step(self, batch) -> float:
+        idx = self.indices(batch)
+        labels = tf.constant(batch.labels, dtype=self.linear[0].dtype)
+        groups = {
+            "linear": self.linear,
+            "embedding": self.embedding,
+            "dense": list(self.top.values()) + ([self.first_fc] if self.first_fc is not None else []),
+        }
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=self.logits(idx)))
+        all_vars = [v for vs in groups.values() for v in vs]
+        grads = tape.gradient(loss, all_vars)
+        start = 0
+        for name, variables in groups.items():
+            if not variables:
+                continue
+            chunk = [tf.convert_to_tensor(g) for g in grads[start : start + len(variables)]]
+            self.optimizers[name].apply_gradients(zip(chunk, variables))
+            start += len(variables)
+        return float(loss)

@@ -1,0 +1,159 @@
+"""Save/load round trips (other capacities, continued training) and corrupt-file errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+
+import numpy as np
+import pytest
+
+from des.hashtable import (FTRL, AdaGrad, Adam, BlockSpec, EmbeddingTable, Initializer,
+                           TableFormatError)
+from des.hashtable.format import payload_digest
+
+
+def trained_table(capacity: int = 64) -> EmbeddingTable:
+    t = EmbeddingTable(field=5, seed=9, capacity=capacity, min_count=2, unadmitted="zero", blocks=[
+        BlockSpec("linear", 1, FTRL(0.05, l1=0.01), Initializer("zeros")),
+        BlockSpec("embedding", 4, Adam(0.01), Initializer("normal", 0.1)),
+        BlockSpec("aux", 2, AdaGrad(0.1), Initializer("uniform", 0.2))])
+    rng = np.random.default_rng(0)
+    for step in range(5):
+        keys = rng.integers(1, 400, 600)
+        rows = t.lookup(keys, insert=True, step=step)
+        for b in t.blocks:
+            t.apply_gradients(b.name, rows, rng.normal(size=(keys.size, b.dim)).astype(np.float32), step)
+    t.evict(ttl=2, step=5)
+    return t
+
+
+def assert_same(a: EmbeddingTable, b: EmbeddingTable) -> None:
+    assert len(a) == len(b) and a.evicted_count == b.evicted_count
+    keys = a.keys()
+    np.testing.assert_array_equal(keys, b.keys())  # row order is kept
+    ra, rb = a.lookup(keys, insert=False), b.lookup(keys, insert=False)
+    np.testing.assert_array_equal(ra, rb)
+    for name in ("count", "last_seen", "admitted"):
+        np.testing.assert_array_equal(a.metadata(ra)[name], b.metadata(rb)[name])
+    for i, spec in enumerate(a.blocks):
+        np.testing.assert_array_equal(a._data[i][:len(a)], b._data[i][:len(b)])
+        if a._steps[i] is not None:
+            np.testing.assert_array_equal(a._steps[i][:len(a)], b._steps[i][:len(b)])
+        np.testing.assert_array_equal(a.gather(spec.name, keys, ra), b.gather(spec.name, keys, rb))
+
+
+@pytest.mark.parametrize("capacity", [None, 16, 1 << 14])
+def test_round_trip_and_continued_training(tmp_path, capacity) -> None:
+    t = trained_table()
+    path = tmp_path / "field5.table"
+    t.save(path)
+    assert os.listdir(tmp_path) == ["field5.table"]  # no temporary left behind
+    u = EmbeddingTable.load(path, capacity=capacity)
+    assert u.blocks == t.blocks and u.seed == t.seed and u.field == t.field
+    assert u.min_count == 2 and u.unadmitted == "zero" and u.dtype == t.dtype
+    if capacity == 1 << 14:
+        assert u.capacity == capacity
+    assert_same(t, u)
+    rng = np.random.default_rng(1)
+    for step in range(5, 8):  # both continue identically, incl. new keys and growth
+        keys = rng.integers(1, 2000, 900)
+        for x in (t, u):
+            rows = x.lookup(keys, insert=True, step=step)
+            for b in x.blocks:
+                g = np.random.default_rng(step).normal(size=(keys.size, b.dim)).astype(np.float32)
+                x.apply_gradients(b.name, rows, g, step)
+    assert_same(t, u)
+    t.save(path)  # overwriting works
+    assert_same(t, EmbeddingTable.load(path))
+
+
+def test_empty_table_round_trip(tmp_path) -> None:
+    t = EmbeddingTable(field=0, seed=1, dtype=np.float64,
+                       blocks=[BlockSpec("e", 2, Adam(0.1), Initializer("normal", 1.0))])
+    t.save(tmp_path / "e")
+    u = EmbeddingTable.load(tmp_path / "e")
+    assert len(u) == 0 and u.dtype == np.float64
+
+
+def _rewrite(src, dst, *, header_edit=None, array_edit=None, fix_digest=False) -> None:
+    with np.load(src, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    header = json.loads(arrays["header"].tobytes())
+    if header_edit:
+        header_edit(header)
+    if array_edit:
+        array_edit(arrays)
+    if fix_digest:
+        header["sha256"] = payload_digest({k: v for k, v in arrays.items() if k != "header"})
+    arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    with open(dst, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def test_corrupt_files_raise_table_format_error(tmp_path) -> None:
+    t = trained_table()
+    good = tmp_path / "good"
+    t.save(good)
+    data = good.read_bytes()
+
+    def expect(path, pattern: str) -> None:
+        with pytest.raises(TableFormatError, match=pattern) as info:
+            EmbeddingTable.load(path)
+        msg = str(info.value)
+        assert str(path) in msg and "\n" not in msg
+        assert isinstance(info.value, ValueError)
+
+    trunc = tmp_path / "truncated"
+    trunc.write_bytes(data[: len(data) // 2])
+    expect(trunc, "corrupt or truncated")
+
+    # flip one byte inside the payload of the biggest array: zip's CRC-32 catches it
+    with zipfile.ZipFile(good) as z:
+        info = max(z.infolist(), key=lambda i: i.file_size)
+    offset = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra) + info.file_size // 2
+    flipped = bytearray(data)
+    flipped[offset] ^= 0x10
+    (tmp_path / "flipped").write_bytes(bytes(flipped))
+    expect(tmp_path / "flipped", "checksum")
+
+    # a consistent zip whose payload no longer matches the header's sha256
+    def bump(arrays):
+        arrays["block.1.values"] = arrays["block.1.values"] + np.float32(1)
+    _rewrite(good, tmp_path / "sha", array_edit=bump)
+    expect(tmp_path / "sha", "checksum error: payload sha256")
+
+    _rewrite(good, tmp_path / "v2", header_edit=lambda h: h.update(version=2))
+    expect(tmp_path / "v2", "unsupported format version 2")
+
+    _rewrite(good, tmp_path / "fmt", header_edit=lambda h: h.update(format="other"))
+    expect(tmp_path / "fmt", "not a des.hashtable file")
+
+    _rewrite(good, tmp_path / "rows", header_edit=lambda h: h.update(n_rows=h["n_rows"] + 1))
+    expect(tmp_path / "rows", "inconsistent")
+
+    def drop_block(h):
+        h["blocks"] = h["blocks"][:2]
+    _rewrite(good, tmp_path / "blocks", header_edit=drop_block)
+    expect(tmp_path / "blocks", "inconsistent")
+
+    def dup_key(arrays):
+        arrays["keys"] = arrays["keys"].copy()
+        arrays["keys"][1] = arrays["keys"][0]
+
+    _rewrite(good, tmp_path / "dup", array_edit=dup_key)
+    expect(tmp_path / "dup", "checksum")  # caught by the digest first
+    _rewrite(good, tmp_path / "dup2", array_edit=dup_key, fix_digest=True)
+    expect(tmp_path / "dup2", "inconsistent.*duplicated")
+
+    def wrong_dtype(arrays):
+        arrays["count"] = arrays["count"].astype(np.int64)
+    _rewrite(good, tmp_path / "dtype", array_edit=wrong_dtype, fix_digest=True)
+    expect(tmp_path / "dtype", "header says")  # the header's array table no longer matches
+
+    (tmp_path / "garbage").write_bytes(b"not a zip at all" * 10)
+    expect(tmp_path / "garbage", "corrupt or truncated")
+
+    with pytest.raises(FileNotFoundError):
+        EmbeddingTable.load(tmp_path / "missing")

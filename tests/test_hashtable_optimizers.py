@@ -1,0 +1,174 @@
+"""The optimizer kernels against Keras 3 optimizers on tf.Variables, for sparse table rows
+(lazy, per-row) and for DenseOptimizerState, in float32 and float64.
+
+Hyperparameters are exactly representable in float32 (0.125, 0.875, 1 - 2**-10, ...) because Keras
+stores the learning rate in a float32 variable and casts Python-float constants through float32
+even for float64 variables; with such values float64 agrees to 1e-12 and float32 bitwise (SGD,
+AdaGrad, Adam). FTRL in float32 is compared relative to the weights' scale: Keras computes
+n ** 0.5 with tf.pow, which is up to 2 ulp off on CPU, and FTRL's sqrt(n') - sqrt(n) cancels.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+import numpy as np
+import pytest
+
+from des.hashtable import (FTRL, SGD, AdaGrad, Adam, BlockSpec, DenseOptimizerState,
+                           EmbeddingTable, Initializer, optimizer_from_dict, optimizer_from_spec)
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+B2 = 1.0 - 2.0**-10
+
+CASES = {
+    "sgd": (SGD(0.125), lambda: keras.optimizers.SGD(0.125)),
+    "adagrad": (AdaGrad(0.125, initial_accumulator=0.125),
+                lambda: keras.optimizers.Adagrad(0.125, initial_accumulator_value=0.125)),
+    "adam": (Adam(0.0625, beta1=0.875, beta2=B2),
+             lambda: keras.optimizers.Adam(0.0625, beta_1=0.875, beta_2=B2)),
+    "ftrl": (FTRL(0.125, beta=1.0, l1=0.0625, l2=0.03125, initial_accumulator=0.125),
+             lambda: keras.optimizers.Ftrl(0.125, beta=1.0, l1_regularization_strength=0.0625,
+                                           l2_regularization_strength=0.03125,
+                                           initial_accumulator_value=0.125)),
+    "ftrl_no_reg": (FTRL(0.25, beta=0.5, initial_accumulator=0.125),
+                    lambda: keras.optimizers.Ftrl(0.25, beta=0.5, initial_accumulator_value=0.125)),
+}
+# Keras slot variable name suffix -> our slot name, per optimizer kind
+SLOT_NAMES = {"adagrad": {"accumulator": "accumulator"}, "adam": {"momentum": "m", "velocity": "v"},
+              "ftrl": {"accumulator": "n", "linear": "z"}}
+
+
+def assert_close(ours: np.ndarray, ref: np.ndarray, kind: str, dtype: type) -> None:
+    if dtype == np.float64:
+        np.testing.assert_allclose(ours, ref, rtol=1e-12, atol=1e-12 * max(1.0, np.abs(ref).max()))
+    elif kind.startswith("ftrl"):
+        np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-6 * max(1.0, np.abs(ref).max()))
+    else:
+        np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=0)
+
+
+def keras_slots(opt, kind: str) -> dict[str, np.ndarray]:
+    out = {}
+    for v in opt.variables:
+        for suffix, name in SLOT_NAMES.get(kind, {}).items():
+            if v.path.endswith("_" + suffix):
+                out[name] = v.numpy()
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_dense_state_matches_keras(case: str, dtype: type) -> None:
+    opt, make_keras = CASES[case]
+    rng = np.random.default_rng(1)
+    p0 = rng.normal(size=(3, 5)).astype(dtype)
+    ours = p0.copy()
+    state = DenseOptimizerState(opt, p0.shape, dtype)
+    var = tf.Variable(p0)
+    kopt = make_keras()
+    for _ in range(12):
+        g = (rng.normal(size=p0.shape) * rng.choice([1e-3, 1.0, 10.0], size=p0.shape)).astype(dtype)
+        state.apply(ours, g)
+        kopt.apply([tf.constant(g)], [var])
+    assert_close(ours, var.numpy(), case, dtype)
+    ks = keras_slots(kopt, opt.kind)
+    sd = state.state_dict()
+    for name in opt.slot_names:
+        assert_close(sd[name], ks[name], case, dtype)
+    if opt.needs_step:
+        assert state.step == 12 and int(sd["step"][0]) == 12
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_sparse_rows_match_keras_lazily(case: str, dtype: type) -> None:
+    """Each key is its own tf.Variable with its own Keras optimizer, stepped only when the key
+    got gradients (so Adam's step count is per row), with the key's gradients summed first."""
+    opt, make_keras = CASES[case]
+    dim = 3
+    table = EmbeddingTable(field=2, seed=11, dtype=dtype, capacity=16,
+                           blocks=[BlockSpec("emb", dim, opt, Initializer("normal", 0.5))])
+    rng = np.random.default_rng(7)
+    universe = np.array([3, 10, 77, 2**40 + 5, -9, 123456789], dtype=np.int64)
+    ref_vars: dict[int, tuple] = {}
+    for step in range(8):
+        keys = rng.choice(universe, size=int(rng.integers(1, 12)))  # duplicates on purpose
+        rows = table.lookup(keys, insert=True, step=step)
+        for k in np.unique(keys):
+            if int(k) not in ref_vars:
+                init = table.initial_values("emb", np.array([k]))[0]
+                ref_vars[int(k)] = (tf.Variable(init), make_keras(), [0])
+        grads = (rng.normal(size=(keys.size, dim)) * rng.choice([1e-2, 1.0], size=(keys.size, 1))).astype(dtype)
+        table.apply_gradients("emb", rows, grads, step)
+        for k in np.unique(keys):
+            g = np.zeros(dim, dtype=dtype)
+            for i in np.flatnonzero(keys == k):  # occurrence order, in the table dtype
+                g = g + grads[i]
+            var, kopt, n = ref_vars[int(k)]
+            kopt.apply([tf.constant(g)], [var])
+            n[0] += 1
+    keys = np.array(sorted(ref_vars), dtype=np.int64)
+    rows = table.lookup(keys, insert=False)
+    ours = table.gather("emb", keys, rows)
+    for i, k in enumerate(keys):
+        var, kopt, n = ref_vars[int(k)]
+        assert_close(ours[i], var.numpy(), case, dtype)
+        ks = keras_slots(kopt, opt.kind)
+        data = table._data[0]
+        for s, name in enumerate(opt.slot_names):
+            assert_close(data[rows[i], dim * (s + 1):dim * (s + 2)], ks[name], case, dtype)
+        if opt.needs_step:
+            assert table._steps[0][rows[i]] == n[0] == int(kopt.iterations.numpy())
+
+
+def test_dense_state_dict_round_trip_continues_identically() -> None:
+    opt = Adam(0.01)
+    rng = np.random.default_rng(3)
+    grads = rng.normal(size=(10, 4, 2)).astype(np.float32)
+    a = np.ones((4, 2), np.float32)
+    sa = DenseOptimizerState(opt, a.shape)
+    for g in grads:
+        sa.apply(a, g)
+    b = np.ones((4, 2), np.float32)
+    sb = DenseOptimizerState(opt, b.shape)
+    for g in grads[:5]:
+        sb.apply(b, g)
+    sc = DenseOptimizerState(opt, b.shape)
+    sc.load_state_dict(sb.state_dict())
+    for g in grads[5:]:
+        sc.apply(b, g)
+    np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError):
+        sc.load_state_dict({"m": np.zeros((4, 2))})
+    with pytest.raises(ValueError):
+        sc.apply(b.astype(np.float64), grads[0])
+    with pytest.raises(ValueError):
+        sc.apply(b, grads[0][:2])
+    with pytest.raises(ValueError):
+        sc.apply(np.asfortranarray(np.ones((4, 2), np.float32))[:, :1], grads[0][:, :1])
+
+
+@pytest.mark.parametrize("opt", [SGD(0.1), AdaGrad(0.05, 0.2, 1e-8), Adam(1e-3, 0.8, 0.99, 1e-8),
+                                 FTRL(0.05, 1.0, 1.0, 0.5, 0.0)])
+def test_to_dict_round_trip(opt) -> None:
+    import json
+    d = json.loads(json.dumps(opt.to_dict()))
+    assert optimizer_from_dict(d) == opt
+
+
+def test_from_spec() -> None:
+    assert optimizer_from_spec("adam:lr=0.001") == Adam(0.001)
+    assert optimizer_from_spec("ftrl:alpha=0.05,l1=1") == FTRL(0.05, l1=1.0)
+    assert optimizer_from_spec(" SGD : lr=0.5 ") == SGD(0.5)
+    assert optimizer_from_spec("adagrad:lr=0.1,initial_accumulator=0") == AdaGrad(0.1, 0.0)
+    assert Adam(0.1).num_slots == 2 and FTRL(0.1).num_slots == 2 and SGD(0.1).num_slots == 0
+    for bad in ["adam", "nope:lr=1", "adam:lr", "adam:lr=x", "adam:lr=0.1,foo=2", "sgd:lr=-1",
+                "adam:lr=0.1,beta1=1"]:
+        with pytest.raises((ValueError, TypeError)):
+            optimizer_from_spec(bad)

@@ -1,0 +1,94 @@
+"""The DES engine on one rank against an independent textbook implementation in plain TensorFlow
+(``tests/reference_models.py``): same initial values, same optimizers (Keras' own on the reference
+side), K steps, same predictions. Together with ``test_exactness`` (N ranks == 1 rank) this shows
+that N-rank DES training is the model as written in the papers."""
+
+from __future__ import annotations
+
+import gzip
+
+import keras
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from des.collectives import Communicator
+from des.data import prepare
+from des.data.batch_reader import BatchReader
+from des.engine import DESEngine, Optimizers
+from des.hashtable import FTRL, AdaGrad, Adam
+from des.models import get_model
+from des.placement import place_fields
+from tests.conftest import REPO
+from tests.reference_models import PlainTFModel
+
+STEPS = 15
+HIDDEN = (16, 8)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reference-data")
+    raw = root / "head.tsv"
+    with gzip.open(REPO / "datasets" / "criteo_sample.txt.gz", "rt") as src, open(raw, "w") as dst:
+        for _, line in zip(range(2000), src):
+            dst.write(line)
+    return prepare(raw, root / "store", split=(0.9, 0.1, 0.0), seed=4)
+
+
+def _model(name: str, num_fields: int):
+    kwargs = {"lr": {}, "fm": {"embedding_dim": 4}}.get(name, {"embedding_dim": 4, "hidden": HIDDEN})
+    return get_model(name)(num_fields=num_fields, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["lr", "fm", "wdl", "deepfm"])
+def test_engine_matches_plain_tensorflow(store, name: str) -> None:
+    # Hyper-parameters exactly representable in float32: Keras rounds its hyper-parameters to
+    # float32 even for float64 weights, which would otherwise show up as 1e-7..1e-5 differences.
+    eps = 2.0**-20
+    ftrl = dict(alpha=2.0**-3, beta=1.0, l1=2.0**-7, l2=2.0**-10, initial_accumulator=0.125)
+    adagrad = dict(lr=2.0**-4, initial_accumulator=0.125, epsilon=eps)
+    adam = dict(lr=2.0**-7, beta1=0.875, beta2=1 - 2.0**-10, epsilon=eps)
+    model = _model(name, store.num_fields)
+    fields = list(range(store.num_fields))
+    engine = DESEngine(
+        model, Communicator(MPI.COMM_SELF), place_fields(store.num_fields, 1),
+        Optimizers(sparse={"linear": FTRL(**ftrl), "embedding": AdaGrad(**adagrad)}, dense=Adam(**adam)),
+        seed=11, dtype=np.float64,
+    )
+    batches = list(BatchReader(store, "train", fields, 64, seed=2))[:STEPS]
+    held_out = next(iter(BatchReader(store, "validation", fields, 200, shuffle=False, drop_last=False)))
+
+    # The reference's vocabulary: every id it will meet; initial values read from the engine.
+    vocab = [np.unique(np.concatenate([b.fields[f].keys for b in [*batches, held_out]])) for f in fields]
+    linear_init = [engine.tables[f].initial_values("linear", vocab[f]) for f in fields]
+    embedding_init = None
+    if any(b.name == "embedding" for b in engine.blocks):
+        embedding_init = [engine.tables[f].initial_values("embedding", vocab[f]) for f in fields]
+    first_fc = next((v for k, v in engine.field_params.items() if k.endswith("first_fc:kernel")), None)
+    if first_fc is not None:
+        first_fc = first_fc.reshape(-1, first_fc.shape[-1]).copy()  # [F, k, H] -> [F·k, H]
+    reference = PlainTFModel(
+        name, vocab, linear_init, embedding_init, first_fc,
+        {k: v.copy() for k, v in engine.top_params.items()}, HIDDEN,
+        {
+            "linear": keras.optimizers.Ftrl(
+                learning_rate=ftrl["alpha"], beta=ftrl["beta"], l1_regularization_strength=ftrl["l1"],
+                l2_regularization_strength=ftrl["l2"], initial_accumulator_value=ftrl["initial_accumulator"],
+            ),
+            "embedding": keras.optimizers.Adagrad(
+                learning_rate=adagrad["lr"], initial_accumulator_value=adagrad["initial_accumulator"], epsilon=eps
+            ),
+            "dense": keras.optimizers.Adam(
+                learning_rate=adam["lr"], beta_1=adam["beta1"], beta_2=adam["beta2"], epsilon=eps
+            ),
+        },
+    )
+
+    np.testing.assert_allclose(engine.predict(held_out), reference.predict(held_out), rtol=1e-12)
+    engine_losses = [engine.train_step(b) for b in batches]
+    reference_losses = [reference.train_step(b) for b in batches]
+    np.testing.assert_allclose(engine_losses, reference_losses, rtol=1e-9)
+    after = reference.predict(held_out)
+    np.testing.assert_allclose(engine.predict(held_out), after, rtol=1e-9)
+    assert reference_losses[-1] < reference_losses[0]
