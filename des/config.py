@@ -29,6 +29,7 @@ class TrainConfig:
     """Hyper-parameter defaults are tuned for the shipped 32,852-row Criteo sample (see README)."""
 
     model: str = _opt("deepfm", f"model to train: {', '.join(MODELS)} or a registered user model")
+    plugins: str = _opt("", "comma-separated modules or .py files to import first (user models/substitutions)")
     data: str = _opt(str(SHIPPED_SAMPLE), "raw Criteo TSV/.gz file or a prepared directory")
     cache_dir: str = _opt("", "where raw files are prepared (default ~/.cache/des)")
     split: str = _opt("0.9,0.05,0.05", "train,validation,test fractions of a raw file")

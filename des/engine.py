@@ -17,7 +17,6 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
@@ -26,6 +25,7 @@ import tensorflow as tf
 from des.collectives import Communicator
 from des.hashtable import BlockSpec, DenseOptimizerState, EmbeddingTable, Initializer
 from des.models.base import Model
+from des.options import Optimizers, TableOptions
 from des.pooling import pool, unpool
 from des.substitutions.base import draw_param
 
@@ -54,22 +54,6 @@ class PhaseTimer:
     def reset(self) -> None:
         self.seconds.clear()
         self.steps = 0
-
-
-@dataclass(frozen=True)
-class Optimizers:
-    """Which optimizer updates what: one per embedding block (sparse, per row) and one for all
-    dense parameters (the field slices of substituted layers and the top network)."""
-
-    sparse: Mapping[str, Any]
-    dense: Any
-
-
-@dataclass(frozen=True)
-class TableOptions:
-    capacity: int = 1 << 14
-    min_count: int = 1
-    unadmitted: str = "init"
 
 
 class DESEngine:

@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     from des.checkpoint import load_checkpoint, read_manifest
     from des.data import ColumnStore, open_dataset
     from des.data.batch_reader import BatchReader
-    from des.engine import DESEngine, TableOptions
+    from des.engine import DESEngine
+    from des.options import TableOptions
     from des.metrics import logloss, roc_auc
     from des.placement import place_fields
     from des.train import build_model, build_optimizers

@@ -23,14 +23,16 @@ from typing import Any
 
 from des import runtime  # noqa: F401  (quiets TensorFlow before it is imported)
 from des.collectives import Communicator, run_main
-from des.config import TrainConfig, load_config
+from des.config import MODELS, TrainConfig, load_config
 from des.errors import ConfigError, DesError
 
 
 def build_model(config: TrainConfig, num_fields: int):
     """The model named by ``--model`` with the hyper-parameters its constructor accepts."""
     from des.models import get_model
+    from des.plugins import load_plugins
 
+    load_plugins(config.plugins)
     cls = get_model(config.model)
     candidates = {
         "num_fields": num_fields,
@@ -46,7 +48,7 @@ def build_model(config: TrainConfig, num_fields: int):
 
 
 def build_optimizers(config: TrainConfig):
-    from des.engine import Optimizers
+    from des.options import Optimizers
     from des.hashtable import optimizer_from_spec
 
     def parse(flag: str, spec: str):
@@ -133,27 +135,35 @@ class Log:
 def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
     import numpy as np
 
-    from des.checkpoint import load_checkpoint, save_checkpoint
     from des.data.batch_reader import BatchReader
-    from des.engine import DESEngine, TableOptions
     from des.placement import place_fields
 
+    # Everything a user can get wrong is checked before TensorFlow is loaded (seconds per rank).
+    if not config.plugins and config.model not in MODELS:
+        raise ConfigError(f"unknown model {config.model!r} (choose one of: {', '.join(MODELS)}, or load one with --plugins)")
     store = open_data(config, comm)
     if store.num_rows == 0:
         raise DesError(f"dataset {store.path} is empty")
-    model = build_model(config, store.num_fields)
     distinct = [store.distinct_count(f) for f in range(store.num_fields)]
     placement = place_fields(store.num_fields, comm.size, config.placement, distinct)
-    engine = DESEngine(
-        model, comm, placement, build_optimizers(config), seed=config.seed, dtype=np.dtype(config.dtype),
-        tables=TableOptions(config.table_capacity, config.min_count, config.unadmitted),
-    )
-    folder = make_run_folder(config, comm)
-    log = Log(comm, folder)
     train_rows = len(store.split_rows("train"))
     steps_per_epoch = train_rows // config.batch_size if config.drop_last else -(-train_rows // config.batch_size)
     if steps_per_epoch == 0:
         raise ConfigError(f"--batch-size {config.batch_size} is larger than the {train_rows} training rows of {store.path}")
+    optimizers = build_optimizers(config)
+    folder = make_run_folder(config, comm)
+
+    runtime.configure_threads()
+    from des.checkpoint import load_checkpoint, save_checkpoint
+    from des.engine import DESEngine
+    from des.options import TableOptions
+
+    model = build_model(config, store.num_fields)
+    engine = DESEngine(
+        model, comm, placement, optimizers, seed=config.seed, dtype=np.dtype(config.dtype),
+        tables=TableOptions(config.table_capacity, config.min_count, config.unadmitted),
+    )
+    log = Log(comm, folder)
 
     start_epoch, start_batch = 0, 0
     if config.resume:
@@ -311,7 +321,6 @@ def _versions() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     config = load_config(argv)
-    runtime.configure_threads()
     comm = Communicator()
     train(config, comm)
     return 0

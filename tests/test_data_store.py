@@ -136,9 +136,12 @@ def test_open_dataset_prepares_once_and_reuses(tmp_path, small_file, monkeypatch
     again = open_dataset(small_file, cache_dir=cache)
     assert again.path == first.path and calls == []
     assert open_dataset(first.path).path == first.path  # a prepared directory opens directly
+    assert open_dataset(small_file, cache_dir=cache, split=None).path == first.path  # None = default split
     monkeypatch.undo()
     other = open_dataset(small_file, cache_dir=cache, split=(0.8, 0.1, 0.1), seed=2)
     assert other.path != first.path and len(list(cache.iterdir())) == 2
+    with pytest.raises(DataError, match="no such file or dataset directory"):
+        open_dataset(tmp_path / "absent.tsv", cache_dir=cache)
 
 
 def test_open_dataset_uses_entry_made_by_another_process(tmp_path, small_file, monkeypatch):

@@ -104,7 +104,8 @@ def test_sparse_rows_match_keras_lazily(case: str, dtype: type) -> None:
             if int(k) not in ref_vars:
                 init = table.initial_values("emb", np.array([k]))[0]
                 ref_vars[int(k)] = (tf.Variable(init), make_keras(), [0])
-        grads = (rng.normal(size=(keys.size, dim)) * rng.choice([1e-2, 1.0], size=(keys.size, 1))).astype(dtype)
+        scale = rng.choice([1e-2, 1.0], size=(keys.size, 1))
+        grads = (rng.normal(size=(keys.size, dim)) * scale).astype(dtype)
         table.apply_gradients("emb", rows, grads, step)
         for k in np.unique(keys):
             g = np.zeros(dim, dtype=dtype)

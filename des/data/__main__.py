@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -139,6 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             _run_synth(args)
         else:
             print(format_summary(ColumnStore.open(args.directory)))
+    except BrokenPipeError:  # e.g. `inspect DIR | head`: the reader went away, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (DataError, OSError) as error:
         return _report_error(str(error).replace("\n", " "))
     except KeyboardInterrupt:

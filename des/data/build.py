@@ -117,7 +117,7 @@ def prepare(
     inputs: PathLike | Sequence[PathLike],
     output: PathLike,
     *,
-    split: Sequence[float] = DEFAULT_SPLIT,
+    split: Sequence[float] | None = DEFAULT_SPLIT,
     seed: int = 0,
     bad_rows: str = "fail",
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
@@ -167,7 +167,7 @@ def cache_entry_name(file_name: str, sha256: str, split: Sequence[float], seed: 
 def open_dataset(
     path: PathLike,
     cache_dir: PathLike | None = None,
-    split: Sequence[float] = DEFAULT_SPLIT,
+    split: Sequence[float] | None = DEFAULT_SPLIT,
     seed: int = 0,
     bad_rows: str = "fail",
 ) -> ColumnStore:

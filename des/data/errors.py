@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from des.errors import DesError
 
-class DataError(Exception):
+
+class DataError(DesError):
     """A problem with input data, a prepared store or a data option.
 
     The message is one line meant for the user (it names the file and, where there is one, the

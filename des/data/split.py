@@ -20,8 +20,10 @@ SPLIT_NAMES: tuple[str, ...] = ("train", "validation", "test")
 DEFAULT_SPLIT: tuple[float, float, float] = (0.9, 0.05, 0.05)
 
 
-def check_fractions(fractions: Sequence[float] | str) -> tuple[float, float, float]:
-    """Validate split fractions (a 3-sequence or ``"0.9,0.05,0.05"``): non-negative, sum 1."""
+def check_fractions(fractions: Sequence[float] | str | None) -> tuple[float, float, float]:
+    """Validate split fractions (a 3-sequence or ``"0.9,0.05,0.05"``; ``None`` = the default 90/5/5)."""
+    if fractions is None:
+        return DEFAULT_SPLIT
     if isinstance(fractions, str):
         try:
             fractions = [float(part) for part in fractions.split(",")]

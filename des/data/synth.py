@@ -36,7 +36,7 @@ from .build import atomic_directory
 from .errors import DataError
 from .hashing import seed_to_uint64, splitmix64, stream_value, unit_float
 from .keys import FIELD_NAMES, ID_LIMIT, MISSING_VALUE, NUM_INT_FIELDS, integer_keys, make_key
-from .metrics import log_loss, roc_auc
+from des.metrics import logloss as log_loss, roc_auc
 from .split import DEFAULT_SPLIT, check_fractions
 from .store import MULTI_HOT, ONE_HOT, ColumnStore, FieldSpec, StoreWriter
 

@@ -195,7 +195,7 @@ def _delete_slot(idx, s):
         # the entry at j may move back to s iff s lies on its probe path home..j (cyclically)
         dist_home = j - home if j >= home else j - home + cap
         dist_s = j - s if j >= s else j - s + cap
-        if dist_home > dist_s:
+        if dist_home >= dist_s:
             idx[s, 0] = idx[j, 0]
             idx[s, 1] = idx[j, 1]
             idx[s, 2] = idx[j, 2]
@@ -257,12 +257,12 @@ def gather_rows(data, dim, rows, keys, n_rows, meta, min_count, zero_unadmitted,
             rp = rows[i + PF]
             if rp >= 0 and rp < n_rows:
                 prefetch2(data, rp, 0)
-                if zero_unadmitted:
+                if zero_unadmitted and min_count > 1:
                     prefetch2(meta, rp, 0)
         r = rows[i]
         if r >= n_rows or r < -1:
             return i
-        if r >= 0 and (not zero_unadmitted or meta[r, COUNT] >= min_count):
+        if r >= 0 and (not zero_unadmitted or min_count <= 1 or meta[r, COUNT] >= min_count):
             for c in range(dim):
                 out[i, c] = data[r, c]
         elif zero_unadmitted:
@@ -276,40 +276,53 @@ def gather_rows(data, dim, rows, keys, n_rows, meta, min_count, zero_unadmitted,
 @njit(cache=True, nogil=True)
 def sum_duplicates(rows, grads, n_rows, meta, min_count, uniq, acc):
     """Unique admitted rows in first-occurrence order into ``uniq[:u]`` and their summed gradients
-    into ``acc[:u]`` (summed in occurrence order). Returns ``(u, bad position or -1)``."""
+    into ``acc[:u]`` (summed in occurrence order). Returns ``(u, bad position or -1)``.
+
+    Admission is checked once per unique row, after deduplication, and not at all when
+    ``min_count <= 1`` (every present row has count >= 1): the count lives in a large random-access
+    array, the batch-local hash set is small.
+    """
     n = rows.shape[0]
+    dim = grads.shape[1]
     bits = 4
     while (1 << bits) < 2 * n:
         bits += 1
     mask = (1 << bits) - 1
     shift = np.uint64(64 - bits)
-    pos = np.full(1 << bits, -1, dtype=np.int64)  # batch-local hash set: row -> position in uniq
+    pos = np.full(1 << bits, -1, dtype=np.int32)  # batch-local hash set: row -> position in uniq
     u = 0
     for i in range(n):
-        if i + PF < n:
-            rp = rows[i + PF]
-            if rp >= 0 and rp < n_rows:
-                prefetch2(meta, rp, 0)
         r = rows[i]
         if r == -1:
             continue
         if r < -1 or r >= n_rows:
             return u, i
-        if meta[r, COUNT] < min_count:
-            continue
         s = np.int64((np.uint64(r) * GOLDEN) >> shift)
         while True:
             p = pos[s]
             if p == -1:
                 pos[s] = u
                 uniq[u] = r
-                for c in range(grads.shape[1]):
+                for c in range(dim):
                     acc[u, c] = grads[i, c]
                 u += 1
                 break
             if uniq[p] == r:
-                for c in range(grads.shape[1]):
+                for c in range(dim):
                     acc[p, c] += grads[i, c]
                 break
             s = (s + 1) & mask
-    return u, -1
+    if min_count <= 1:
+        return u, -1
+    kept = 0
+    for j in range(u):
+        if j + PF < u:
+            prefetch2(meta, uniq[j + PF], 0)
+        r = uniq[j]
+        if meta[r, COUNT] >= min_count:
+            if kept != j:
+                uniq[kept] = r
+                for c in range(dim):
+                    acc[kept, c] = acc[j, c]
+            kept += 1
+    return kept, -1

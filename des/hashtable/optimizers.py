@@ -48,7 +48,8 @@ from numba import njit
 
 from ._prefetch import prefetch1, prefetch2
 
-_PF = 8  # rows prefetched ahead: a sparse update touches random rows of a large table
+_PF = 16  # rows prefetched ahead: a sparse update touches random rows of a large table
+_ADAM_MEMO = 1024  # Adam step counts whose bias correction is memoized within one call
 
 # --------------------------------------------------------------------------------------------
 # kernels: w[R, D] (any strides), slot arrays shaped like w, rows[n] int64 (unique, >= 0),
@@ -88,6 +89,8 @@ def _adagrad_kernel(w, acc, rows, g, hp):
 def _adam_kernel(w, m, v, steps, rows, g, hp):
     lr, b1, b2, omb1, omb2, eps, one = hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6]
     tmp = np.empty(1, w.dtype)  # int -> parameter dtype without a float64 detour
+    # alpha(t) memoized per call for small t: two pow() per row dominate otherwise (same values)
+    alphas = np.zeros(_ADAM_MEMO, w.dtype)
     n = rows.shape[0]
     for i in range(n):
         if i + _PF < n:
@@ -98,9 +101,14 @@ def _adam_kernel(w, m, v, steps, rows, g, hp):
         r = rows[i]
         t = steps[r] + 1
         steps[r] = t
-        tmp[0] = t
-        tf = tmp[0]
-        alpha = lr * np.sqrt(one - b2 ** tf) / (one - b1 ** tf)
+        if t < _ADAM_MEMO and alphas[t] != 0:
+            alpha = alphas[t]
+        else:
+            tmp[0] = t
+            tf = tmp[0]
+            alpha = lr * np.sqrt(one - b2 ** tf) / (one - b1 ** tf)
+            if t < _ADAM_MEMO:
+                alphas[t] = alpha
         for j in range(w.shape[1]):
             gj = g[i, j]
             mj = m[r, j] + (gj - m[r, j]) * omb1
@@ -175,6 +183,11 @@ class _OptimizerBase:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able description: ``{"type": kind, **hyperparameters}``."""
         return {"type": self.kind, **asdict(self)}  # type: ignore[call-overload]
+
+    @staticmethod
+    def from_spec(spec: str) -> "Optimizer":
+        """Same as :func:`optimizer_from_spec`, e.g. ``Adam.from_spec("adam:lr=0.001")``."""
+        return optimizer_from_spec(spec)
 
     def _hp(self, dtype: np.dtype) -> np.ndarray:
         raise NotImplementedError

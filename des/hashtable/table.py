@@ -9,9 +9,14 @@ Layout (see ``_index.py`` for the kernels):
   (count, last_seen) (int32 pair), and per block one float array ``[rows, dim * (1 + num_slots)]``
   holding the values followed by the optimizer slots of that row (co-located, so an update
   touches one or two cache lines), plus an int32 step count for Adam blocks. A row is admitted iff
-  its count >= ``min_count`` (the count only grows, so no separate flag is needed). Row arrays grow
-  by ``ROW_GROWTH`` = 1.25x with ``ndarray.resize`` (realloc: large buffers are mremap-ed by
-  glibc, so growth copies nothing), which bounds the slack to 25% of the payload.
+  its count >= ``min_count`` (the count only grows, so no separate flag is needed).
+* growth: row arrays grow by ``ROW_GROWTH`` = 1.25x, which bounds the slack to 25% of the payload
+  (measured total: 1.25-1.36x the raw payload for an FTRL[1] + Adam[8] row, see
+  scripts/bench_hashtable.py). A grown array is a fresh buffer plus a copy of the live rows, not
+  an in-place ``realloc``: fresh large numpy buffers are backed by transparent huge pages, while
+  glibc's ``mremap`` splits them into 4 KiB pages, and at 10M rows that made gathers 3x and Adam
+  updates 2x slower (TLB misses). The price is a transient: while one array is copied, that array
+  exists 2.25 times (arrays are grown one after another).
 
 The reserved sentinel key is ``EMPTY_KEY = -2**63`` (int64 minimum); every other int64 is a valid
 key. Rows handed out by :meth:`EmbeddingTable.lookup` stay valid until the next :meth:`evict`
@@ -37,8 +42,10 @@ EMPTY_KEY: int = int(K.EMPTY)
 INDEX_GROWTH = 1.5
 ROW_GROWTH = 1.25
 MIN_CAPACITY = 16
+INITIAL_ROWS_MAX = 1 << 16
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
-_MAX_CAPACITY = 2**32  # fastrange uses 32 hash bits; irows is int32
+_MAX_CAPACITY = 2**32  # fastrange uses 32 hash bits
+_MAX_ROWS = 2**31 - 1  # row numbers are int32 in the index
 
 
 @dataclass(frozen=True)
@@ -129,8 +136,10 @@ class EmbeddingTable:
         self.evicted_count = 0
         self.last_update_step: int | None = None
         self._n = 0
+        self._scratch_bufs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._alloc_index(self._clamp_capacity(capacity))
-        self._alloc_rows(max(MIN_CAPACITY, self._max_fill))
+        # rows for the initial index, but a huge `capacity` does not commit memory up front
+        self._alloc_rows(max(MIN_CAPACITY, min(self._max_fill, INITIAL_ROWS_MAX)))
 
     # ---------------------------------------------------------------- storage management
 
@@ -162,9 +171,19 @@ class EmbeddingTable:
         return self._keys.shape[0]
 
     def _resize_rows(self, row_cap: int) -> None:
-        # realloc in place (mremap for large buffers); no view of these arrays outlives a call
-        for a in self._row_arrays():
-            a.resize((row_cap,) + a.shape[1:], refcheck=False)
+        """New row buffers of ``row_cap`` rows holding the live rows (the rest is uninitialized:
+        every field of a row is written when the row is inserted)."""
+        n = min(self._n, row_cap)
+
+        def moved(a: np.ndarray) -> np.ndarray:
+            b = np.empty((row_cap,) + a.shape[1:], dtype=a.dtype)
+            b[:n] = a[:n]
+            return b
+
+        self._keys = moved(self._keys)
+        self._meta = moved(self._meta)
+        self._data = [moved(d) for d in self._data]
+        self._steps = [None if s is None else moved(s) for s in self._steps]
 
     def _rehash(self, capacity: int) -> None:
         old = self._idx
@@ -173,7 +192,10 @@ class EmbeddingTable:
 
     def _grow(self) -> None:
         if self._n >= self._row_cap:
-            self._resize_rows(max(self._row_cap + 1, math.ceil(self._row_cap * ROW_GROWTH)))
+            if self._n >= _MAX_ROWS:
+                raise ValueError(f"table of field {self.field} is full ({_MAX_ROWS} rows)")
+            self._resize_rows(min(_MAX_ROWS, max(self._row_cap + 1,
+                                                 math.ceil(self._row_cap * ROW_GROWTH))))
         if self._n >= self._max_fill:
             self._rehash(math.ceil(self.capacity * INDEX_GROWTH))
 
@@ -275,8 +297,7 @@ class EmbeddingTable:
             raise ValueError(f"apply_gradients({block!r}): grads shape {grads.shape} != "
                              f"({rows.shape[0]}, {spec.dim})")
         grads = np.ascontiguousarray(grads, dtype=self.dtype)
-        uniq = np.empty(rows.shape[0], dtype=np.int64)
-        acc = np.empty((rows.shape[0], spec.dim), dtype=self.dtype)
+        uniq, acc = self._scratch(rows.shape[0], spec.dim)
         u, bad = K.sum_duplicates(rows, grads, self._n, self._meta, self.min_count, uniq, acc)
         if bad >= 0:
             raise ValueError(f"apply_gradients: row {rows[bad]} at position {bad} is not a row of "
@@ -285,6 +306,17 @@ class EmbeddingTable:
         slots = tuple(data[:, dim * (s + 1):dim * (s + 2)] for s in range(spec.optimizer.num_slots))
         spec.optimizer.apply_rows(data[:, :dim], slots, self._steps[b], uniq[:u], acc[:u])
         self.last_update_step = int(step)
+
+    def _scratch(self, n: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
+        """Reused buffers for the unique rows and summed gradients of one batch (fresh arrays of
+        a few MB per call would cost page faults on every step)."""
+        uniq, acc = self._scratch_bufs.get(dim, (None, None))
+        if uniq is None or uniq.shape[0] < n:
+            size = max(n, 1024)
+            uniq = np.empty(size, dtype=np.int64)
+            acc = np.empty((size, dim), dtype=self.dtype)
+            self._scratch_bufs[dim] = (uniq, acc)
+        return uniq, acc
 
     def evict(self, ttl: int, step: int) -> int:
         """Remove every key with ``step - last_seen > ttl``; returns how many were removed.

@@ -40,7 +40,7 @@ class ParamSpec:
     one field's slice and the whole weight is ``[num_fields, *shape]``.
 
     ``init`` is ``"glorot_uniform"`` (limit ``sqrt(6 / (fan_in + fan_out))``, the fans of the whole
-    operator), ``"normal"`` (std ``scale``) or ``"zeros"``.
+    operator), ``"normal"`` (std ``scale``), ``"zeros"`` or ``"ones"``.
     """
 
     shape: tuple[int, ...]
@@ -64,6 +64,8 @@ def draw_param(spec: ParamSpec, seed: int, *key: object) -> np.ndarray:
         return rng.normal(0.0, spec.scale, size=spec.shape)
     if spec.init == "zeros":
         return np.zeros(spec.shape)
+    if spec.init == "ones":
+        return np.ones(spec.shape)
     raise ValueError(f"unknown parameter initializer {spec.init!r}")
 
 

@@ -1,0 +1,241 @@
+"""The main job as a user runs it: ``mpiexec -n N python -m des.train ...`` and ``des.evaluate``.
+
+Run folder contents, checkpoint/resume equivalence (same and changed rank counts), evaluation on
+other data with another rank count, and every bad input ending the whole job with one clear line.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from tests.conftest import MPIEXEC, REPO, mpi_env, run_mpi
+
+SMALL = ["--embedding-dim", "4", "--hidden", "16,8", "--batch-size", "256", "--eval-batch-size", "1024",
+         "--no-progress", "--table-capacity", "256"]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("train")
+    with gzip.open(REPO / "datasets" / "criteo_sample.txt.gz", "rt") as src, open(root / "small.tsv", "w") as dst:
+        for _, line in zip(range(2000), src):
+            dst.write(line)
+    return root
+
+
+def train(work: Path, ranks: int, output: str, *flags: str, check: bool = True, timeout: float = 240):
+    args = ["-m", "des.train", "--data", str(work / "small.tsv"), "--cache-dir", str(work / "cache"),
+            "--output", str(work / output), *SMALL, *flags]
+    return run_mpi(ranks, args, check=check, timeout=timeout)
+
+
+def summary(work: Path, output: str) -> dict:
+    return json.loads((work / output / "summary.json").read_text())
+
+
+def checkpoint_arrays(folder: Path) -> dict[str, np.ndarray]:
+    """Every number a checkpoint holds: dense weights and slots, and each table's rows by key."""
+    from des.checkpoint import resolve_checkpoint
+    from des.hashtable import EmbeddingTable
+
+    folder = resolve_checkpoint(folder)
+    out: dict[str, np.ndarray] = {}
+    for path in sorted(folder.glob("*.npz")):
+        with np.load(path) as arrays:
+            out.update({f"{path.name}/{k}": arrays[k] for k in arrays.files})
+    for path in sorted(folder.glob("*.table")):
+        table = EmbeddingTable.load(path)
+        keys = np.sort(table.keys())
+        rows = table.lookup(keys, insert=False)
+        out[f"{path.name}/keys"] = keys
+        for block in ("linear", "embedding"):
+            out[f"{path.name}/{block}"] = table.gather(block, keys, rows)
+    return out
+
+
+def assert_checkpoints_equal(a: Path, b: Path, rtol: float = 1e-9) -> None:
+    left, right = checkpoint_arrays(a), checkpoint_arrays(b)
+    assert sorted(left) == sorted(right)
+    for key, value in left.items():
+        if value.dtype.kind in "iu":
+            np.testing.assert_array_equal(right[key], value, err_msg=key)
+        else:
+            np.testing.assert_allclose(right[key], value, rtol=rtol, atol=1e-12, err_msg=key)
+
+
+def test_run_folder_and_summary(work: Path) -> None:
+    proc = train(work, 1, "lr-run", "--model", "lr", "--max-steps", "8", "--eval-every", "4",
+                 "--checkpoint-every", "4", "--dtype", "float64")
+    assert "test AUC" in proc.stdout and "Traceback" not in proc.stderr
+    s = summary(work, "lr-run")
+    for key in ("model", "ranks", "steps", "train_samples", "test_auc", "test_logloss", "samples_per_second",
+                "allreduce_bytes_per_step", "peak_rss_bytes_per_rank"):
+        assert key in s, key
+    assert s["model"] == "lr" and s["ranks"] == 1 and s["steps"] == 8 and s["train_samples"] == 8 * 256
+    assert 0.5 < s["test_auc"] < 1.0
+    assert s["allreduce_bytes_per_step"] == 0  # one rank sends nothing
+    records = [json.loads(line) for line in (work / "lr-run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [4, 8]
+    assert all(0 < r["auc"] < 1 and r["logloss"] > 0 for r in records)
+    config = json.loads((work / "lr-run" / "config.json").read_text())
+    assert config["ranks"] == 1 and config["config"]["model"] == "lr"
+    checkpoints = work / "lr-run" / "checkpoints"
+    assert (checkpoints / "latest").read_text().strip() == "step-00000008"
+    assert (checkpoints / "step-00000004" / "manifest.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def resume_runs(work: Path) -> dict[str, Path]:
+    """12 steps straight on 2 ranks, and 6 + 6 with a checkpoint between, on (2,2), (4,2), (2,4)."""
+    common = ["--model", "wdl", "--dtype", "float64", "--checkpoint-every", "6", "--ttl", "4"]
+    runs = {}
+    train(work, 2, "straight", *common, "--max-steps", "12")
+    runs["straight"] = work / "straight" / "checkpoints"
+    for first, second in ((2, 2), (4, 2), (2, 4)):
+        head, tail = f"head-{first}", f"tail-{first}-{second}"
+        if not (work / head).exists():
+            train(work, first, head, *common, "--max-steps", "6")
+        train(work, second, tail, *common, "--max-steps", "12", "--resume", str(work / head / "checkpoints"))
+        runs[(first, second)] = work / tail / "checkpoints"
+    return runs
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [(2, 2), (4, 2), (2, 4)], ids=lambda r: f"{r[0]}to{r[1]}")
+def test_resume_equals_straight_run(resume_runs, work: Path, ranks) -> None:
+    assert_checkpoints_equal(resume_runs["straight"], resume_runs[ranks])
+    tail = summary(work, f"tail-{ranks[0]}-{ranks[1]}")
+    assert tail["steps"] == 12 and tail["steps_this_run"] == 6
+    assert tail["test_logloss"] == pytest.approx(summary(work, "straight")["test_logloss"], rel=1e-9)
+
+
+@pytest.mark.mpi
+def test_evaluate_with_other_rank_counts(resume_runs, work: Path) -> None:
+    checkpoint = str(resume_runs["straight"])
+    outputs = {}
+    for ranks in (1, 3):
+        predictions = work / f"predictions-{ranks}.txt"
+        proc = run_mpi(ranks, ["-m", "des.evaluate", "--checkpoint", checkpoint, "--data", str(work / "small.tsv"),
+                               "--cache-dir", str(work / "cache"), "--predictions", str(predictions)])
+        auc = float(proc.stdout.split("auc ")[1].split()[0])
+        outputs[ranks] = (np.loadtxt(predictions), auc)
+    labels = np.array([int(line.split("\t", 1)[0]) for line in (work / "small.tsv").read_text().splitlines()])
+    p1, auc1 = outputs[1]
+    assert p1.shape == labels.shape  # one probability per input row
+    np.testing.assert_allclose(outputs[3][0], p1, rtol=1e-9)
+    assert auc1 == pytest.approx(roc_auc_score(labels, p1), abs=1e-6)
+    # In input order: the straight run's test rows are a subset of these rows with the same scores.
+    assert outputs[3][1] == pytest.approx(auc1, abs=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+def expect_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert proc.returncode != 0, proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr
+    for fragment in fragments:
+        assert fragment in proc.stderr, f"{fragment!r} not in:\n{proc.stderr}"
+
+
+def test_unknown_model_and_bad_flags(work: Path) -> None:
+    expect_error(train(work, 1, "bad1", "--model", "nope", check=False), "unknown model 'nope'")
+    expect_error(train(work, 1, "bad2", "--dtype", "float16", check=False), "invalid choice: 'float16'")
+    expect_error(train(work, 1, "bad3", "--batch-size", "0", check=False), "--batch-size must be at least 1")
+    expect_error(train(work, 1, "bad4", "--embedding-optimizer", "adam:lr=x", check=False), "--embedding-optimizer")
+
+
+def test_missing_and_malformed_data(work: Path) -> None:
+    proc = run_mpi(2, ["-m", "des.train", "--data", str(work / "nope.tsv"), "--no-progress"], check=False)
+    expect_error(proc, "nope.tsv", "no such file")
+    bad = work / "bad.tsv"
+    lines = (work / "small.tsv").read_text().splitlines()[:50]
+    lines[16] = lines[16].replace("\t", "\tx", 1)  # label column ok, I1 gets a non-integer
+    bad.write_text("\n".join(lines) + "\n")
+    proc = run_mpi(2, ["-m", "des.train", "--data", str(bad), "--cache-dir", str(work / "cache"), "--no-progress"],
+                   check=False)
+    expect_error(proc, "bad.tsv:17", "I1")
+    assert not list((work / "cache").glob("bad*"))  # nothing half-written in the cache
+    empty = work / "empty.tsv"
+    empty.write_text("")
+    proc = run_mpi(1, ["-m", "des.train", "--data", str(empty), "--cache-dir", str(work / "cache"), "--no-progress"],
+                   check=False)
+    expect_error(proc, "empty")
+
+
+def test_batch_larger_than_data(work: Path) -> None:
+    expect_error(train(work, 1, "bad5", "--batch-size", "100000", check=False), "larger than the")
+
+
+def test_more_ranks_than_fields(work: Path) -> None:
+    from des.data.synth import default_config, synthesize_store
+
+    config = default_config(seed=0, vocab_scale=0.001)
+    narrow = type(config)(fields=config.fields[:3], seed=0)
+    synthesize_store(work / "narrow", 500, narrow)
+    proc = run_mpi(4, ["-m", "des.train", "--data", str(work / "narrow"), "--no-progress"], check=False)
+    expect_error(proc, "4 ranks but the data has only 3 fields")
+
+
+def test_unwritable_output(work: Path) -> None:
+    (work / "a-file").write_text("x")
+    proc = run_mpi(1, ["-m", "des.train", "--data", str(work / "small.tsv"), "--cache-dir", str(work / "cache"),
+                       "--output", str(work / "a-file" / "run"), "--no-progress"], check=False)
+    expect_error(proc, "is not writable")
+
+
+def test_bad_checkpoints(work: Path, resume_runs) -> None:
+    checkpoint = resume_runs["straight"]
+    proc = train(work, 1, "bad6", "--model", "lr", "--resume", str(checkpoint), check=False)
+    expect_error(proc, "holds a wdl model, not lr")
+    proc = train(work, 1, "bad7", "--model", "wdl", "--embedding-dim", "8", "--dtype", "float64",
+                 "--resume", str(checkpoint), check=False)
+    expect_error(proc, "other model settings: embedding_dim")
+    corrupt = work / "corrupt"
+    import shutil
+
+    shutil.copytree(checkpoint, corrupt)
+    from des.checkpoint import resolve_checkpoint
+
+    victim = resolve_checkpoint(corrupt) / "field-005.table"
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    proc = train(work, 2, "bad8", "--model", "wdl", "--dtype", "float64", "--resume", str(corrupt), check=False)
+    expect_error(proc, "field-005.table is corrupt")
+    proc = train(work, 1, "bad9", "--model", "wdl", "--resume", str(work / "no-such-checkpoint"), check=False)
+    expect_error(proc, "does not exist")
+
+
+@pytest.mark.mpi
+def test_killed_rank_ends_the_job(work: Path) -> None:
+    cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "des.train", "--data", str(work / "small.tsv"),
+           "--cache-dir", str(work / "cache"), "--output", str(work / "killed"), *SMALL, "--model", "lr",
+           "--epochs", "100000"]
+    job = subprocess.Popen(cmd, cwd=REPO, env=mpi_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (work / "killed" / "config.json").exists():  # training has started
+            assert job.poll() is None, job.communicate()
+            assert time.monotonic() < deadline, "training did not start"
+            time.sleep(0.2)
+        ranks = [p for p in psutil.Process(job.pid).children(recursive=True) if "des.train" in " ".join(p.cmdline())]
+        assert len(ranks) == 2
+        killed_at = time.monotonic()
+        ranks[-1].send_signal(signal.SIGKILL)
+        job.wait(timeout=60)
+        assert time.monotonic() - killed_at < 30
+        assert job.returncode != 0
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
