@@ -80,7 +80,8 @@ def save_checkpoint(engine: Any, root: Path, *, epoch: int, next_batch: int, con
     comm.barrier("checkpoint")
 
     written: dict[str, str] = {}
-    for j, field in enumerate(engine.fields):
+    for field in engine.fields:
+        j = engine.field_param_index(field)
         stem = _field_stem(field)
         engine.tables[field].save(tmp / f"{stem}.table")
         arrays: dict[str, np.ndarray] = {}
@@ -192,7 +193,8 @@ def load_checkpoint(engine: Any, path: str | Path) -> dict[str, Any]:
     """Load a checkpoint into ``engine`` (any number of ranks); returns its manifest."""
     folder, manifest = read_manifest(path)
     check_compatible(manifest, engine, folder)
-    for j, field in enumerate(engine.fields):
+    for field in engine.fields:
+        j = engine.field_param_index(field)
         stem = _field_stem(field)
         table_path = _verified(folder, manifest, f"{stem}.table")
         with _as_checkpoint_error(table_path):

@@ -54,6 +54,9 @@ class TrainConfig:
     embedding_optimizer: str = _opt("adam:lr=0.001", "sparse embeddings")
     dense_optimizer: str = _opt("adam:lr=0.001", "dense weights (first FC slices and top network)")
 
+    strategy: str = _opt("des", "des (one AllReduce of partials), alltoall (embedding exchange) or ps (async parameter server)",
+                         choices=("des", "alltoall", "ps"))
+    ps_servers: int = _opt(1, "with --strategy ps: how many ranks serve the tables (the rest are workers)")
     placement: str = _opt("mod", "field placement over ranks", choices=("mod", "balanced"))
     min_count: int = _opt(1, "admission: occurrences before an id gets a trained row")
     ttl: int = _opt(0, "eviction: drop rows unseen for this many steps at checkpoint time (0: never)")

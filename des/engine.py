@@ -261,6 +261,19 @@ class DESEngine:
         self.comm.allreduce_sum_(buffer, "eval_partials")
         return self._top_predict(buffer, list(self.top_params.values())).numpy()
 
+    def reader_options(self) -> dict[str, Any]:
+        """What a :class:`des.data.BatchReader` must read for this engine: DES reads the whole
+        global batch, this rank's fields only."""
+        return {"fields": self.fields, "shard": (0, 1)}
+
+    def predict_with_labels(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Predictions and labels of the whole global batch (identical on every rank)."""
+        return self.predict(batch), np.asarray(batch.labels)
+
+    def field_param_index(self, field: int) -> int:
+        """Position of ``field``'s slice in the leading axis of :attr:`field_params`."""
+        return self.fields.index(field)
+
     # ------------------------------------------------------------------------------ reporting
     def dense_checksum(self) -> str:
         """sha256 of the replicated top parameters (equal on every rank, bit for bit)."""

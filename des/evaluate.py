@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     from des.checkpoint import load_checkpoint, read_manifest
     from des.data import ColumnStore, open_dataset
     from des.data.batch_reader import BatchReader
-    from des.engine import DESEngine
     from des.options import TableOptions
+    from des.strategies import engine_class
     from des.metrics import logloss, roc_auc
     from des.placement import place_fields
     from des.train import build_model, build_optimizers
@@ -67,18 +67,20 @@ def main(argv: list[str] | None = None) -> int:
     split = args.split if Path(args.data).is_dir() else "all"
 
     placement = place_fields(store.num_fields, comm.size)
-    engine = DESEngine(model, comm, placement, build_optimizers(config), seed=config.seed,
+    engine = engine_class("des")(model, comm, placement, build_optimizers(config), seed=config.seed,
                        dtype=np.dtype(config.dtype), tables=TableOptions(config.table_capacity, config.min_count,
                                                                          config.unadmitted))
     load_checkpoint(engine, args.checkpoint)
 
-    reader = BatchReader(store, split, engine.fields, args.batch_size, seed=0, shuffle=False, drop_last=False)
+    reader = BatchReader(store, split, batch_size=args.batch_size, seed=0, shuffle=False, drop_last=False,
+                         **engine.reader_options())
     if reader.num_rows == 0:
         raise ConfigError(f"{args.data} has no rows in split {split!r}")
     predictions, labels = [], []
     for batch in reader:
-        predictions.append(engine.predict(batch))
-        labels.append(batch.labels)
+        p, y = engine.predict_with_labels(batch)
+        predictions.append(p)
+        labels.append(y)
     p, y = np.concatenate(predictions), np.concatenate(labels)
     if comm.rank == 0:
         auc = roc_auc(y, p) if 0 < y.sum() < y.size else float("nan")

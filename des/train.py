@@ -100,13 +100,15 @@ def evaluate(engine, store, split: str, batch_size: int) -> dict[str, Any] | Non
     from des.data.batch_reader import BatchReader
     from des.metrics import logloss, roc_auc
 
-    reader = BatchReader(store, split, engine.fields, batch_size, seed=0, shuffle=False, drop_last=False)
+    reader = BatchReader(store, split, batch_size=batch_size, seed=0, shuffle=False, drop_last=False,
+                         **engine.reader_options())
     if reader.num_rows == 0:
         return None
     predictions, labels = [], []
     for batch in reader:
-        predictions.append(engine.predict(batch))
-        labels.append(batch.labels)
+        p, y = engine.predict_with_labels(batch)
+        predictions.append(p)
+        labels.append(y)
     p, y = np.concatenate(predictions), np.concatenate(labels)
     return {"auc": roc_auc(y, p), "logloss": logloss(y, p), "rows": int(y.size)}
 
@@ -155,11 +157,11 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
 
     runtime.configure_threads()
     from des.checkpoint import load_checkpoint, save_checkpoint
-    from des.engine import DESEngine
     from des.options import TableOptions
+    from des.strategies import engine_class
 
     model = build_model(config, store.num_fields)
-    engine = DESEngine(
+    engine = engine_class(config.strategy)(
         model, comm, placement, optimizers, seed=config.seed, dtype=np.dtype(config.dtype),
         tables=TableOptions(config.table_capacity, config.min_count, config.unadmitted),
     )
@@ -178,7 +180,7 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
             "model": model.describe(), "data": str(store.path),
             "versions": _versions(), "python": platform.python_version(),
         }, indent=1))
-    log.say(f"des.train: {model.name} on {store.path.name} ({store.num_rows} rows, {train_rows} train), "
+    log.say(f"des.train: {model.name} with strategy {config.strategy} on {store.path.name} ({store.num_rows} rows, {train_rows} train), "
             f"{comm.size} rank(s), batch {config.batch_size}, {config.epochs} epoch(s), dtype {config.dtype}, "
             f"buffer {engine.buffer_width} floats/sample")
     log.say(f"  optimizers: linear {config.linear_optimizer}; embedding {config.embedding_optimizer}; "
@@ -215,13 +217,13 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
 
     epoch, next_batch = start_epoch, start_batch
     while engine.step_count < total_steps:
-        reader = BatchReader(store, "train", engine.fields, config.batch_size, seed=config.seed, epoch=epoch,
-                             drop_last=config.drop_last, start_batch=next_batch)
+        reader = BatchReader(store, "train", batch_size=config.batch_size, seed=config.seed, epoch=epoch,
+                             drop_last=config.drop_last, start_batch=next_batch, **engine.reader_options())
         for batch in reader:
             start = time.perf_counter()
             loss = engine.train_step(batch)
             train_seconds += time.perf_counter() - start
-            samples += batch.size
+            samples += batch.global_size
             loss_sum, loss_count = loss_sum + loss, loss_count + 1
             next_batch = batch.index + 1
             if progress is not None:
@@ -247,12 +249,17 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
                             ttl=config.ttl)
     test = evaluate(engine, store, "test", config.eval_batch_size)
     steps_run = engine.timer.steps
-    forward = comm.stats.get("forward_partials")
+    # Bytes this rank sent per training step: DES's partials, or all-to-all's ids, rows, row
+    # gradients and dense gradients (evaluation, setup and checkpoint traffic excluded).
+    per_site = {site: st["bytes_sent"] / max(steps_run, 1) for site, st in comm.stats_dict().items()
+                if site.startswith(("forward_partials", "dense_gradients", "embedding_"))}
+    allreduce_sites = ("forward_partials", "dense_gradients")
     memory = engine.memory()
     per_rank = comm.allgather(np.array([peak_rss_bytes(), memory["rows"], memory["table_bytes"]], dtype=np.int64),
                               "summary")
     summary = {
         "model": model.name,
+        "strategy": config.strategy,
         "ranks": comm.size,
         "steps": engine.step_count,
         "steps_this_run": steps_run,
@@ -263,7 +270,9 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
         "test_logloss": test["logloss"] if test else None,
         "test_rows": test["rows"] if test else 0,
         "samples_per_second": samples / max(train_seconds, 1e-9),
-        "allreduce_bytes_per_step": (forward.bytes_sent / forward.calls) if forward and forward.calls else 0,
+        "allreduce_bytes_per_step": sum(v for k, v in per_site.items() if k in allreduce_sites),
+        "bytes_per_step": sum(per_site.values()),
+        "bytes_per_step_by_site": per_site,
         "buffer_floats_per_sample": engine.buffer_width,
         "ms_per_phase": engine.timer.ms_per_step(),
         "peak_rss_bytes_per_rank": per_rank[:, 0].tolist(),
@@ -302,7 +311,7 @@ def _format_summary(s: dict[str, Any]) -> str:
         f"done: {s['model']} on {s['ranks']} rank(s), {s['steps']} steps, {s['train_samples']} samples this run\n"
         f"  test AUC {num(s['test_auc'], '.4f')}  test logloss {num(s['test_logloss'], '.4f')}  "
         f"({s['test_rows']} rows)\n"
-        f"  {s['samples_per_second']:,.0f} samples/s, {s['allreduce_bytes_per_step']:,.0f} allreduce bytes/step/rank, "
+        f"  {s['samples_per_second']:,.0f} samples/s, {s['bytes_per_step']:,.0f} bytes sent/step/rank, "
         f"peak RSS {max(s['peak_rss_bytes_per_rank']) / 2**20:,.0f} MiB/rank\n"
         f"  ms/step: {phases}\n"
         f"  summary: {s['run_folder']}/summary.json"

@@ -19,38 +19,25 @@ from __future__ import annotations
 import tensorflow as tf
 
 from des.models import EmbeddingBlock, Model, register_model
-from des.substitutions import ParamSpec, Substitution, register_substitution
+from des.substitutions import FirstOrderLinear, ParamSpec, Substitution, register_substitution
 
 
-class FieldWeightedLinear(Substitution):
-    """``Σ_f r_f · lin_f``: field-weighted first-order term; width 1."""
+class FieldWeightedLinear(FirstOrderLinear):
+    """``Σ_f r_f · lin_f``: the first-order term with a learned weight per field; width 1.
+
+    Width, output size and the identity combine are inherited from the plain linear term."""
 
     name = "field_weighted_linear"
-
-    def __init__(self, num_fields: int, block: str = "linear") -> None:
-        super().__init__(block=block, dim=1, num_fields=num_fields)
-
-    @property
-    def width(self) -> int:
-        return 1
-
-    @property
-    def output_dim(self) -> int:
-        return 1
 
     def field_params(self) -> dict[str, ParamSpec]:
         return {"importance": ParamSpec(shape=(1,), init="ones")}
 
     def local(self, emb, params):
-        # emb [B, F_i, 1] * importance [F_i, 1] summed over this rank's fields
+        # emb [B, F_i, 1] times importance [F_i, 1], summed over this rank's fields
         return tf.reduce_sum(emb[:, :, 0] * params["importance"][None, :, 0], axis=1, keepdims=True)
 
-    def combine(self, reduced):
-        return reduced
-
     def reference(self, emb, params):
-        flat = emb[:, :, 0]  # [B, F]
-        return tf.linalg.matvec(flat, params["importance"][:, 0])[:, None]
+        return tf.linalg.matvec(emb[:, :, 0], params["importance"][:, 0])[:, None]  # [B, F] · r
 
 
 register_substitution(FieldWeightedLinear)  # runs check_substitution first

@@ -46,14 +46,18 @@ def runs(datasets, tmp_path_factory) -> dict[int, Path]:
     for n in RANKS:
         folder = tmp_path_factory.mktemp(f"exactness-{n}")
         specs = [
-            f"f64:{datasets['criteo']}:float64:mod:{','.join(MODELS)}:adam:lr=0.01",
-            f"multihot:{datasets['synth']}:float64:balanced:fm,deepfm:adam:lr=0.01",
+            f"f64:{datasets['criteo']}:float64:mod:{','.join(MODELS)}:des:adam:lr=0.01",
+            f"multihot:{datasets['synth']}:float64:balanced:fm,deepfm:des:adam:lr=0.01",
         ]
+        if n in (2, 3):
+            # The all-to-all baseline computes the same model (references, embedding exchange).
+            specs.append(f"alltoall:{datasets['criteo']}:float64:mod:deepfm:alltoall:adam:lr=0.01")
+            specs.append(f"alltoall-multihot:{datasets['synth']}:float64:balanced:deepfm:alltoall:adam:lr=0.01")
         if n in (1, 4):
             # float32 with AdaGrad embeddings: Adam's m/sqrt(v) turns float32 reassociation noise of
             # near-zero gradients into ~1e-4 relative differences of single embedding entries
             # (predictions still agree to ~3e-7), which would hide real bugs behind a loose bound.
-            specs.append(f"f32:{datasets['criteo']}:float32:mod:{','.join(MODELS)}:adagrad:lr=0.05")
+            specs.append(f"f32:{datasets['criteo']}:float32:mod:{','.join(MODELS)}:des:adagrad:lr=0.05")
         args = ["-m", "tests.mpi_programs.exactness", "--out", str(folder)]
         for spec in specs:
             args += ["--run", spec]
@@ -113,6 +117,18 @@ def test_multi_hot_balanced_placement(runs, model: str, ranks: int) -> None:
     one = load_state(runs[1] / "multihot", model, 1)
     many = load_state(runs[ranks] / "multihot", model, ranks)
     assert_same_state(one, many, 1e-9, f"{model}, multi-hot, {ranks} ranks")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", (2, 3))
+@pytest.mark.parametrize("data", ("criteo", "multihot"))
+def test_alltoall_equals_des(runs, ranks: int, data: str) -> None:
+    """The synchronous all-to-all baseline trains the same DeepFM as DES on one rank."""
+    des_run = "f64" if data == "criteo" else "multihot"
+    a2a_run = "alltoall" if data == "criteo" else "alltoall-multihot"
+    one = load_state(runs[1] / des_run, "deepfm", 1)
+    many = load_state(runs[ranks] / a2a_run, "deepfm", ranks)
+    assert_same_state(one, many, 1e-9, f"alltoall deepfm, {data}, {ranks} ranks")
 
 
 def test_dtype_modes_really_differ(runs) -> None:

@@ -9,12 +9,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.conftest import REPO
+
 from des.errors import ConfigError
+from des.models import get_model
+from des.plugins import load_plugins
 from des.substitutions import (
     FirstFC,
     FMOrder2,
     FirstOrderLinear,
-    ParamSpec,
     Substitution,
     SubstitutionConformanceError,
     check_substitution,
@@ -87,49 +90,24 @@ def test_checker_rejects_inexact_substitutions(cls: type[Substitution]) -> None:
         check_substitution(cls)
 
 
-class FieldBias(Substitution):
-    """A per-field scalar bias ``Σ_f b_f`` held as a field parameter (a user addition)."""
-
-    name = "field_bias"
-
-    def __init__(self, num_fields: int, block: str = "linear") -> None:
-        super().__init__(block=block, dim=1, num_fields=num_fields)
-
-    @property
-    def width(self) -> int:
-        return 1
-
-    @property
-    def output_dim(self) -> int:
-        return 1
-
-    def field_params(self) -> dict[str, ParamSpec]:
-        return {"bias": ParamSpec(shape=(1,), init="normal", scale=0.1)}
-
-    def local(self, emb, params):
-        batch = tf.shape(emb)[0]
-        return tf.fill([batch, 1], tf.reduce_sum(params["bias"]))
-
-    def combine(self, reduced):
-        return reduced
-
-    def reference(self, emb, params):
-        return tf.ones([tf.shape(emb)[0], 1], emb.dtype) * tf.reduce_sum(params["bias"])
-
-
 def test_registry_defaults_and_user_addition() -> None:
     assert [c.name for c in default_substitutions()] == ["linear", "fm2", "first_fc"]
     assert get_substitution("first_fc") is FirstFC
     with pytest.raises(ConfigError, match="unknown substitution 'nope'"):
         get_substitution("nope")
-    register_substitution(FieldBias)
+    # The README's example, defined outside the package, registers itself when imported.
+    load_plugins(str(REPO / "examples" / "field_weighted_lr.py"))
     try:
-        assert registered_substitutions()["field_bias"] is FieldBias
+        added = registered_substitutions()["field_weighted_linear"]
+        assert added.__module__ == "des_plugin_field_weighted_lr"
+        report = check_substitution(added)
+        assert report.width == 1 and report.max_gradient_error < 1e-12
         with pytest.raises(ValueError, match="already registered"):
-            register_substitution(FieldBias)
+            register_substitution(added)
+        assert get_model("fwlr").__name__ == "FieldWeightedLR"
     finally:
-        unregister_substitution("field_bias")
-    assert "field_bias" not in registered_substitutions()
+        unregister_substitution("field_weighted_linear")
+    assert "field_weighted_linear" not in registered_substitutions()
 
 
 def test_registry_refuses_an_inexact_substitution() -> None:

@@ -59,8 +59,8 @@ def checkpoint_arrays(folder: Path) -> dict[str, np.ndarray]:
         keys = np.sort(table.keys())
         rows = table.lookup(keys, insert=False)
         out[f"{path.name}/keys"] = keys
-        for block in ("linear", "embedding"):
-            out[f"{path.name}/{block}"] = table.gather(block, keys, rows)
+        for block in table.blocks:
+            out[f"{path.name}/{block.name}"] = table.gather(block.name, keys, rows)
     return out
 
 
@@ -137,6 +137,19 @@ def test_evaluate_with_other_rank_counts(resume_runs, work: Path) -> None:
     assert auc1 == pytest.approx(roc_auc_score(labels, p1), abs=1e-6)
     # In input order: the straight run's test rows are a subset of these rows with the same scores.
     assert outputs[3][1] == pytest.approx(auc1, abs=1e-6)
+
+
+@pytest.mark.mpi
+def test_user_model_from_a_plugin_trains_exactly_on_two_ranks(work: Path) -> None:
+    """The README's example: a substitution and a model defined outside the package."""
+    flags = ["--plugins", str(REPO / "examples" / "field_weighted_lr.py"), "--model", "fwlr",
+             "--dtype", "float64", "--max-steps", "6"]
+    train(work, 1, "fwlr-1", *flags)
+    proc = train(work, 2, "fwlr-2", *flags)
+    assert "done: fwlr on 2 rank(s)" in proc.stdout
+    assert_checkpoints_equal(work / "fwlr-1" / "checkpoints", work / "fwlr-2" / "checkpoints")
+    importance = checkpoint_arrays(work / "fwlr-2" / "checkpoints")["field-020.dense.npz/0:field_weighted_linear:importance__value"]
+    assert importance.shape == (1,) and importance[0] != 1.0  # the field weight was trained
 
 
 # ---------------------------------------------------------------------------------------------- bad input

@@ -40,6 +40,11 @@ class Batch:
     rows: np.ndarray  # int64 [B] row indices in the store
     labels: np.ndarray  # float32 [B]
     fields: dict[int, FieldBatch]  # only the requested fields
+    global_size: int = -1  # rows of the whole global batch this is a part of (-1: this batch)
+
+    def __post_init__(self) -> None:
+        if self.global_size < 0:
+            self.global_size = self.rows.shape[0]
 
     @property
     def size(self) -> int:
@@ -51,4 +56,4 @@ class Batch:
         if not 0 <= lo <= hi <= self.size:
             raise ValueError(f"take({lo}, {hi}) out of range for a batch of {self.size} rows")
         fields = {field: block.take(lo, hi) for field, block in self.fields.items()}
-        return Batch(self.epoch, self.index, self.rows[lo:hi], self.labels[lo:hi], fields)
+        return Batch(self.epoch, self.index, self.rows[lo:hi], self.labels[lo:hi], fields, self.global_size)

@@ -18,6 +18,8 @@ class BatchReader:
     (``rows`` = the split's rows in store order): a pure function of (store, split, seed, epoch),
     identical in every process whatever fields it reads. With ``shuffle=False`` rows come in store
     order. ``drop_last`` drops a final partial batch; ``start_batch`` starts at that batch (resume).
+    ``shard=(r, n)`` yields only part ``r`` of ``n`` of every batch (rows ``r·b//n`` to
+    ``(r+1)·b//n``), for strategies where each rank takes a slice of the global batch.
     """
 
     def __init__(
@@ -31,6 +33,7 @@ class BatchReader:
         shuffle: bool = True,
         drop_last: bool = True,
         start_batch: int = 0,
+        shard: tuple[int, int] = (0, 1),
     ) -> None:
         if batch_size < 1:
             raise DataError(f"batch_size must be positive, not {batch_size}")
@@ -45,6 +48,10 @@ class BatchReader:
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.start_batch = int(start_batch)
+        part, parts = int(shard[0]), int(shard[1])
+        if not 0 <= part < parts:
+            raise DataError(f"shard {part} of {parts} does not exist")
+        self.shard = (part, parts)
         self._split_rows = store.split_rows(split)
         self._order: np.ndarray | None = None
 
@@ -74,9 +81,12 @@ class BatchReader:
         if not 0 <= index < len(self):
             raise IndexError(f"batch {index} out of range 0..{len(self) - 1}")
         rows = self.row_order[index * self.batch_size : (index + 1) * self.batch_size]
+        global_size = rows.shape[0]
+        part, parts = self.shard
+        rows = rows[part * global_size // parts : (part + 1) * global_size // parts]
         labels = np.asarray(self.store.labels).take(rows).astype(np.float32)
         fields = {field: self.store.gather(field, rows) for field in self.fields}
-        return Batch(self.epoch, index, rows, labels, fields)
+        return Batch(self.epoch, index, rows, labels, fields, global_size)
 
     def __iter__(self) -> Iterator[Batch]:
         for index in range(self.start_batch, len(self)):

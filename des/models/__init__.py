@@ -7,7 +7,7 @@ distribution code (see :mod:`des.models.base`).
 from __future__ import annotations
 
 from des.errors import ConfigError
-from des.models.base import CRITEO_NUM_FIELDS, DeepTower, EmbeddingBlock, Model
+from des.models.base import CRITEO_NUM_FIELDS, DeepTower, EmbeddingBlock, EmbeddingModel, Model
 from des.models.deepfm import DeepFM
 from des.models.fm import FM
 from des.models.lr import LR
@@ -48,6 +48,7 @@ __all__ = [
     "DeepFM",
     "DeepTower",
     "EmbeddingBlock",
+    "EmbeddingModel",
     "Model",
     "WideAndDeep",
     "default_models",

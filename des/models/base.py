@@ -90,6 +90,32 @@ class Model(ABC):
         }
 
 
+class EmbeddingModel(Model):
+    """A model with a first-order ``"linear"`` block and a ``k``-wide ``"embedding"`` block per id."""
+
+    def __init__(
+        self,
+        num_fields: int = CRITEO_NUM_FIELDS,
+        embedding_dim: int = 8,
+        init_scale: float = 0.01,
+        l2_embedding: float = 0.0,
+        l2_dense: float = 0.0,
+    ) -> None:
+        super().__init__(num_fields, l2_embedding, l2_dense)
+        self.embedding_dim = embedding_dim
+        self.init_scale = init_scale
+
+    @property
+    def _hyper(self) -> dict[str, Any]:
+        return {**super()._hyper, "embedding_dim": self.embedding_dim, "init_scale": self.init_scale}
+
+    def blocks(self) -> list[EmbeddingBlock]:
+        return [
+            EmbeddingBlock("linear", 1, init="zeros"),
+            EmbeddingBlock("embedding", self.embedding_dim, init="normal", scale=self.init_scale),
+        ]
+
+
 class DeepTower:
     """The upper layers of the DNN after the substituted first FC layer: ``act(h + b_0)`` then
     ``hidden[1:]`` dense layers and a 1-unit output. Shared by W&D and DeepFM."""

@@ -8,11 +8,11 @@ from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
-from des.models.base import CRITEO_NUM_FIELDS, DeepTower, EmbeddingBlock, Model
+from des.models.base import CRITEO_NUM_FIELDS, DeepTower, EmbeddingModel
 from des.substitutions import FirstFC, FirstOrderLinear, ParamSpec, Substitution
 
 
-class WideAndDeep(Model):
+class WideAndDeep(EmbeddingModel):
     name = "wdl"
 
     def __init__(
@@ -25,26 +25,12 @@ class WideAndDeep(Model):
         l2_embedding: float = 0.0,
         l2_dense: float = 0.0,
     ) -> None:
-        super().__init__(num_fields, l2_embedding, l2_dense)
-        self.embedding_dim = embedding_dim
-        self.init_scale = init_scale
+        super().__init__(num_fields, embedding_dim, init_scale, l2_embedding, l2_dense)
         self.tower = DeepTower(hidden, activation)
 
     @property
     def _hyper(self) -> dict:
-        return {
-            **super()._hyper,
-            "embedding_dim": self.embedding_dim,
-            "hidden": list(self.tower.hidden),
-            "activation": self.tower.activation,
-            "init_scale": self.init_scale,
-        }
-
-    def blocks(self) -> list[EmbeddingBlock]:
-        return [
-            EmbeddingBlock("linear", 1, init="zeros"),
-            EmbeddingBlock("embedding", self.embedding_dim, init="normal", scale=self.init_scale),
-        ]
+        return {**super()._hyper, "hidden": list(self.tower.hidden), "activation": self.tower.activation}
 
     def substitutions(self) -> list[Substitution]:
         return [

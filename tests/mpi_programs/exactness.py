@@ -4,7 +4,7 @@ and the top parameters (one ``.npz`` per model and rank). Also checks, inside th
 replicated top parameters are bit-identical on all ranks.
 
     mpiexec -n N python -m tests.mpi_programs.exactness --out DIR \
-        --run NAME:PREPARED_DIR:DTYPE:PLACEMENT:MODEL,MODEL...:EMBEDDING_OPTIMIZER [--run ...]
+        --run NAME:PREPARED_DIR:DTYPE:PLACEMENT:MODEL,MODEL...:STRATEGY:EMBEDDING_OPTIMIZER [--run ...]
 
 Each ``--run`` writes ``DIR/NAME/<model>-rank<r>.npz``. Several runs share one launch because
 starting TensorFlow on every rank is the expensive part.
@@ -21,7 +21,8 @@ import numpy as np
 from des.collectives import Communicator, install_abort_hook
 from des.data import ColumnStore
 from des.data.batch_reader import BatchReader
-from des.engine import DESEngine, Optimizers, TableOptions
+from des.options import Optimizers, TableOptions
+from des.strategies import engine_class
 from des.hashtable import FTRL, Adam, optimizer_from_spec
 from des.models import get_model
 from des.placement import place_fields
@@ -47,25 +48,27 @@ def make_optimizers(embedding: str) -> Optimizers:
 
 def train_and_dump(
     comm: Communicator, store: ColumnStore, model_name: str, steps: int, batch_size: int,
-    dtype: str, placement_policy: str, embedding_optimizer: str, out: Path,
+    dtype: str, placement_policy: str, strategy: str, embedding_optimizer: str, out: Path,
 ) -> None:
     model = small_model(model_name, store.num_fields)
     counts = [store.distinct_count(f) for f in range(store.num_fields)]
     placement = place_fields(store.num_fields, comm.size, placement_policy, counts)
-    engine = DESEngine(
+    engine = engine_class(strategy)(
         model, comm, placement, make_optimizers(embedding_optimizer), seed=3, dtype=np.dtype(dtype),
         tables=TableOptions(capacity=64),  # small, so the tables grow during the test
     )
     done, epoch, losses = 0, 0, []
     while done < steps:
-        for batch in BatchReader(store, "train", engine.fields, batch_size, seed=5, epoch=epoch):
+        for batch in BatchReader(store, "train", batch_size=batch_size, seed=5, epoch=epoch,
+                                 **engine.reader_options()):
             losses.append(engine.train_step(batch))
             done += 1
             if done == steps:
                 break
         epoch += 1
-    held_out = next(iter(BatchReader(store, "validation", engine.fields, 256, seed=0, shuffle=False, drop_last=False)))
-    predictions = engine.predict(held_out)
+    held_out = next(iter(BatchReader(store, "validation", batch_size=256, seed=0, shuffle=False, drop_last=False,
+                                     **engine.reader_options())))
+    predictions, _ = engine.predict_with_labels(held_out)
 
     checksums = comm.allgather(np.frombuffer(bytes.fromhex(engine.dense_checksum()), dtype=np.uint8), "check")
     if not all(np.array_equal(checksums[0], c) for c in checksums):
@@ -74,7 +77,8 @@ def train_and_dump(
     arrays: dict[str, np.ndarray] = {"predictions": predictions, "losses": np.array(losses)}
     for name, value in engine.top_params.items():
         arrays[f"top/{name}"] = value
-    for j, field in enumerate(engine.fields):
+    for field in engine.fields:
+        j = engine.field_param_index(field)
         table = engine.tables[field]
         keys = np.sort(table.keys())
         rows = table.lookup(keys, insert=False)
@@ -95,13 +99,13 @@ def main() -> None:
     args = parser.parse_args()
     comm = Communicator()
     for run in args.run:
-        name, data, dtype, placement, models, embedding_optimizer = run.split(":", 5)
+        name, data, dtype, placement, models, strategy, embedding_optimizer = run.split(":", 6)
         store = ColumnStore.open(data)
         out = Path(args.out) / name
         out.mkdir(parents=True, exist_ok=True)
         for model in models.split(","):
             train_and_dump(comm, store, model, args.steps, args.batch_size, dtype, placement,
-                           embedding_optimizer, out)
+                           strategy, embedding_optimizer, out)
     comm.barrier()
     if comm.rank == 0:
         print(f"exactness: {comm.size} ranks ok, pid {os.getpid()}")
