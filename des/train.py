@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import inspect
 import json
+
+import numpy as np
 import platform
 import resource
 import sys
@@ -95,7 +97,6 @@ def make_run_folder(config: TrainConfig, comm: Communicator) -> Path:
 
 def evaluate(engine, store, split: str, batch_size: int) -> dict[str, Any] | None:
     """Exact AUC and logloss over a whole split (predictions are identical on every rank)."""
-    import numpy as np
 
     from des.data.batch_reader import BatchReader
     from des.metrics import logloss, roc_auc
@@ -135,7 +136,6 @@ class Log:
 
 
 def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
-    import numpy as np
 
     from des.data.batch_reader import BatchReader
     from des.placement import place_fields
@@ -155,7 +155,12 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
     optimizers = build_optimizers(config)
     folder = make_run_folder(config, comm)
 
+    if config.strategy == "ps" and config.resume:
+        raise ConfigError("--resume is not supported with --strategy ps (a baseline without checkpoints)")
     runtime.configure_threads()
+    if config.strategy == "ps":
+        return train_parameter_server(config, comm, store, build_model(config, store.num_fields), optimizers,
+                                      steps_per_epoch, folder)
     from des.checkpoint import load_checkpoint, save_checkpoint
     from des.options import TableOptions
     from des.strategies import engine_class
@@ -284,6 +289,35 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
     if comm.rank == 0:
         (folder / "summary.json").write_text(json.dumps(summary, indent=1))
     log.say(_format_summary(summary))
+    return summary
+
+
+def train_parameter_server(config: TrainConfig, comm: Communicator, store, model, optimizers,
+                           steps_per_epoch: int, folder: Path) -> dict[str, Any]:
+    """``--strategy ps``: the asynchronous baseline (see :mod:`des.strategies.ps`)."""
+    from des.strategies.ps import run_parameter_server
+
+    log = Log(comm, folder)
+    total_steps = config.epochs * steps_per_epoch if config.epochs else config.max_steps
+    if config.max_steps:
+        total_steps = min(total_steps, config.max_steps)
+    log.say(f"des.train: {model.name} with strategy ps on {store.path.name}, {comm.size} rank(s), "
+            f"batch {config.batch_size}, {total_steps} batches, dtype {config.dtype}")
+    result = run_parameter_server(config, comm, store, model, optimizers, steps_per_epoch, total_steps, log)
+    validation, test = result.pop("validation"), result.pop("test")
+    summary = {
+        "model": model.name, "strategy": "ps", "ranks": comm.size, **result, "steps_this_run": result["steps"],
+        "validation_auc": validation["auc"] if validation else None,
+        "validation_logloss": validation["logloss"] if validation else None,
+        "test_auc": test["auc"] if test else None, "test_logloss": test["logloss"] if test else None,
+        "test_rows": test["rows"] if test else 0, "allreduce_bytes_per_step": 0,
+        "peak_rss_bytes_per_rank": comm.allgather(np.array([peak_rss_bytes()], np.int64), "summary")[:, 0].tolist(),
+        "checkpoint": None, "run_folder": str(folder),
+    }
+    if comm.rank == 0:
+        (folder / "summary.json").write_text(json.dumps(summary, indent=1))
+    log.say(_format_summary(summary) + f"\n  staleness of dense pushes: mean {summary['staleness_mean']:.2f}, "
+            f"max {summary['staleness_max']}")
     return summary
 
 

@@ -95,10 +95,13 @@ def test_run_folder_and_summary(work: Path) -> None:
     assert (checkpoints / "step-00000004" / "manifest.json").is_file()
 
 
+RESUME_FLAGS = ["--model", "wdl", "--dtype", "float64", "--checkpoint-every", "6", "--ttl", "4"]
+
+
 @pytest.fixture(scope="module")
 def resume_runs(work: Path) -> dict[str, Path]:
     """12 steps straight on 2 ranks, and 6 + 6 with a checkpoint between, on (2,2), (4,2), (2,4)."""
-    common = ["--model", "wdl", "--dtype", "float64", "--checkpoint-every", "6", "--ttl", "4"]
+    common = RESUME_FLAGS
     runs = {}
     train(work, 2, "straight", *common, "--max-steps", "12")
     runs["straight"] = work / "straight" / "checkpoints"
@@ -150,6 +153,31 @@ def test_user_model_from_a_plugin_trains_exactly_on_two_ranks(work: Path) -> Non
     assert_checkpoints_equal(work / "fwlr-1" / "checkpoints", work / "fwlr-2" / "checkpoints")
     importance = checkpoint_arrays(work / "fwlr-2" / "checkpoints")["field-020.dense.npz/0:field_weighted_linear:importance__value"]
     assert importance.shape == (1,) and importance[0] != 1.0  # the field weight was trained
+
+
+@pytest.mark.mpi
+def test_alltoall_strategy_trains_the_same_model(resume_runs, work: Path) -> None:
+    """--strategy alltoall (embeddings exchanged, dense gradients AllReduced) ends where DES ends."""
+    proc = train(work, 2, "alltoall", *RESUME_FLAGS, "--max-steps", "12", "--strategy", "alltoall")
+    assert "with strategy alltoall" in proc.stdout
+    assert_checkpoints_equal(resume_runs["straight"], work / "alltoall" / "checkpoints")
+    s = summary(work, "alltoall")
+    assert s["strategy"] == "alltoall"
+    assert set(s["bytes_per_step_by_site"]) >= {"dense_gradients", "embedding_keys", "embedding_rows",
+                                                "embedding_gradients"}
+    assert s["test_logloss"] == pytest.approx(summary(work, "straight")["test_logloss"], rel=1e-9)
+
+
+@pytest.mark.mpi
+def test_parameter_server_is_asynchronous(work: Path) -> None:
+    """--strategy ps: one server, three workers that do not wait for each other."""
+    proc = train(work, 4, "ps", "--model", "deepfm", "--strategy", "ps", "--epochs", "3")
+    s = summary(work, "ps")
+    assert s["strategy"] == "ps" and s["steps"] == 3 * (1800 // 256)
+    assert s["train_samples"] == s["steps"] * 256
+    assert 0.55 < s["test_auc"] < 1.0
+    # Real staleness: some dense gradients were computed on weights that others updated since.
+    assert s["staleness_max"] >= 1, proc.stdout
 
 
 # ---------------------------------------------------------------------------------------------- bad input

@@ -215,6 +215,36 @@ class Communicator:
         values = self.allgather(np.array([value], dtype=np.float64), site)[:, 0]
         return float({"sum": np.sum, "max": np.max, "min": np.min}[op](values))
 
+    # ----------------------------------------------------------------------------- point to point
+    def send(self, array: np.ndarray, dest: int, tag: int, site: str) -> None:
+        """Send a contiguous array to ``dest`` (the receiver learns its length by probing)."""
+        array = np.ascontiguousarray(array)
+        start = time.perf_counter()
+        self._wait(self.comm.Isend(array, dest=dest, tag=tag))
+        self._account(site, array.nbytes, 0, time.perf_counter() - start)
+
+    def poll(self, source: int = -1, tag: int = -1) -> tuple[int, int] | None:
+        """``(source, tag)`` of a pending message (any source/tag by default), or None."""
+        status = MPI.Status()
+        source = MPI.ANY_SOURCE if source < 0 else source
+        tag = MPI.ANY_TAG if tag < 0 else tag
+        if self.comm.Iprobe(source=source, tag=tag, status=status):
+            return status.Get_source(), status.Get_tag()
+        return None
+
+    def recv(self, source: int, tag: int, dtype: np.dtype | type, site: str) -> np.ndarray:
+        """Receive the next message from ``source`` with ``tag`` into a new 1-D array; waits without
+        spinning (probe, then sleep between probes)."""
+        dtype = np.dtype(dtype)
+        start = time.perf_counter()
+        status = MPI.Status()
+        while not self.comm.Iprobe(source=source, tag=tag, status=status):
+            time.sleep(self.poll_sleep_seconds)
+        out = np.empty(status.Get_count(MPI.BYTE) // dtype.itemsize, dtype=dtype)
+        self.comm.Recv(out, source=source, tag=tag)
+        self._account(site, 0, out.nbytes, time.perf_counter() - start)
+        return out
+
     def barrier(self, site: str = "barrier") -> None:
         start = time.perf_counter()
         if self.size > 1:
