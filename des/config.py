@@ -50,7 +50,8 @@ class TrainConfig:
     seed: int = _opt(0, "seed of initialization and batch order")
     dtype: str = _opt("float32", "float type of parameters and compute", choices=("float32", "float64"))
 
-    linear_optimizer: str = _opt("ftrl:alpha=0.05,beta=1.0,l1=0.0,l2=0.0", "sparse order-1 weights (name:key=value,...)")
+    linear_optimizer: str = _opt("auto", "sparse order-1 weights (name:key=value,...); auto: ftrl alpha 0.5 for "
+                                 "lr/fm, 0.05 for wdl/deepfm and user models (tuned on the shipped sample)")
     embedding_optimizer: str = _opt("adam:lr=0.001", "sparse embeddings")
     dense_optimizer: str = _opt("adam:lr=0.001", "dense weights (first FC slices and top network)")
 
@@ -69,6 +70,12 @@ class TrainConfig:
     output: str = _opt("", "run folder (default runs/<model>-<timestamp>)")
     resume: str = _opt("", "checkpoint directory to continue from")
     progress: bool = _opt(True, "progress bar on rank 0")
+
+    def linear_optimizer_spec(self) -> str:
+        if self.linear_optimizer != "auto":
+            return self.linear_optimizer
+        alpha = 0.5 if self.model in ("lr", "fm") else 0.05
+        return f"ftrl:alpha={alpha},beta=1.0,l1=0.0,l2=0.0"
 
     def hidden_units(self) -> list[int]:
         try:

@@ -61,7 +61,7 @@ def build_optimizers(config: TrainConfig):
 
     return Optimizers(
         sparse={
-            "linear": parse("linear-optimizer", config.linear_optimizer),
+            "linear": parse("linear-optimizer", config.linear_optimizer_spec()),
             "embedding": parse("embedding-optimizer", config.embedding_optimizer),
         },
         dense=parse("dense-optimizer", config.dense_optimizer),
@@ -188,7 +188,7 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
     log.say(f"des.train: {model.name} with strategy {config.strategy} on {store.path.name} ({store.num_rows} rows, {train_rows} train), "
             f"{comm.size} rank(s), batch {config.batch_size}, {config.epochs} epoch(s), dtype {config.dtype}, "
             f"buffer {engine.buffer_width} floats/sample")
-    log.say(f"  optimizers: linear {config.linear_optimizer}; embedding {config.embedding_optimizer}; "
+    log.say(f"  optimizers: linear {config.linear_optimizer_spec()}; embedding {config.embedding_optimizer}; "
             f"dense {config.dense_optimizer}")
     for r, fields in enumerate(placement):
         log.say(f"  rank {r}: {len(fields):2d} fields, {sum(distinct[f] for f in fields):9d} distinct ids  "
