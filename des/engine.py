@@ -110,20 +110,11 @@ class DESEngine:
         self.buffer_width = int(self.buffer_starts[-1])
 
         # Dense parameters: this rank's field slices of substituted layers, and the replicated top.
-        self.field_params: dict[str, np.ndarray] = {}
-        for i, sub in enumerate(self.substitutions):
-            for pname, value in sub.init_field_params(seed, self.fields, self.dtype).items():
-                self.field_params[f"{i}:{sub.name}:{pname}"] = value
+        self._dense_optimizer = optimizers.dense
+        self.field_params, self.field_states = self._field_slices(self.fields)
         self.top_params: dict[str, np.ndarray] = {
             name: draw_param(spec, seed, model.name, "top", name).astype(self.dtype)
             for name, spec in model.top_params().items()
-        }
-        # Optimizer state per field slice (so a checkpoint can be re-sharded by field) and per top
-        # parameter; the dense optimizers are elementwise, so slicing does not change the math.
-        self.field_states: dict[tuple[str, int], DenseOptimizerState] = {
-            (name, field): DenseOptimizerState(optimizers.dense, value.shape[1:], self.dtype)
-            for name, value in self.field_params.items()
-            for field in self.fields
         }
         self.top_states: dict[str, DenseOptimizerState] = {
             name: DenseOptimizerState(optimizers.dense, value.shape, self.dtype)
@@ -132,15 +123,34 @@ class DESEngine:
         self._regularized_top = set(model.regularized_params())
         self._build_functions()
 
+    def _field_slices(
+        self, fields: Sequence[int]
+    ) -> tuple[dict[str, np.ndarray], dict[tuple[str, int], DenseOptimizerState]]:
+        """Initial field-sliced weights ``name -> [len(fields), ...]`` and an optimizer state per
+        (weight, field): the dense optimizers are elementwise, so a state per slice is the same
+        math as one for the whole weight, and lets a checkpoint be re-sharded by field."""
+        params: dict[str, np.ndarray] = {}
+        for i, sub in enumerate(self.substitutions):
+            for pname, value in sub.init_field_params(self.seed, fields, self.dtype).items():
+                params[f"{i}:{sub.name}:{pname}"] = value
+        states = {
+            (name, field): DenseOptimizerState(self._dense_optimizer, value.shape[1:], self.dtype)
+            for name, value in params.items()
+            for field in fields
+        }
+        return params, states
+
     # ------------------------------------------------------------------------------ TF functions
-    def _local_partials(self, pooled: Sequence[tf.Tensor], params: Sequence[tf.Tensor]) -> tf.Tensor:
+    def _substitution_inputs(self, pooled: Sequence[tf.Tensor], params: Sequence[tf.Tensor]):
+        """For each substitution: its block's pooled embeddings and its own field weights."""
         by_block = dict(zip((b.name for b in self.blocks), pooled))
         named = dict(zip(self.field_params, params))
-        parts = []
         for i, sub in enumerate(self.substitutions):
             prefix = f"{i}:{sub.name}:"
-            sub_params = {k[len(prefix):]: v for k, v in named.items() if k.startswith(prefix)}
-            parts.append(sub.local(by_block[sub.block], sub_params))
+            yield sub, by_block[sub.block], {k[len(prefix):]: v for k, v in named.items() if k.startswith(prefix)}
+
+    def _local_partials(self, pooled: Sequence[tf.Tensor], params: Sequence[tf.Tensor]) -> tf.Tensor:
+        parts = [sub.local(emb, p) for sub, emb, p in self._substitution_inputs(pooled, params)]
         return tf.concat(parts, axis=1)
 
     def _local_regularizer(self, pooled: Sequence[tf.Tensor], params: Sequence[tf.Tensor]) -> tf.Tensor:

@@ -44,12 +44,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from des.checkpoint import load_checkpoint, read_manifest
     from des.data import ColumnStore, open_dataset
-    from des.data.batch_reader import BatchReader
     from des.options import TableOptions
     from des.strategies import engine_class
     from des.metrics import logloss, roc_auc
     from des.placement import place_fields
-    from des.train import build_model, build_optimizers
+    from des.train import build_model, build_optimizers, predict_split
 
     _, manifest = read_manifest(args.checkpoint)
     config = TrainConfig(**manifest["config"])
@@ -72,16 +71,10 @@ def main(argv: list[str] | None = None) -> int:
                                                                          config.unadmitted))
     load_checkpoint(engine, args.checkpoint)
 
-    reader = BatchReader(store, split, batch_size=args.batch_size, seed=0, shuffle=False, drop_last=False,
-                         **engine.reader_options())
-    if reader.num_rows == 0:
+    result = predict_split(engine, store, split, args.batch_size)
+    if result is None:
         raise ConfigError(f"{args.data} has no rows in split {split!r}")
-    predictions, labels = [], []
-    for batch in reader:
-        p, y = engine.predict_with_labels(batch)
-        predictions.append(p)
-        labels.append(y)
-    p, y = np.concatenate(predictions), np.concatenate(labels)
+    p, y = result
     if comm.rank == 0:
         auc = roc_auc(y, p) if 0 < y.sum() < y.size else float("nan")
         print(f"rows {y.size}  auc {auc:.6f}  logloss {logloss(y, p):.6f}")

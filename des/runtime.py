@@ -1,17 +1,13 @@
 """Process set-up shared by the entry points: quiet TensorFlow, and threads sized to the ranks.
 
-Import this module before TensorFlow: the log-level variables are read when TF loads, and TF's
-thread pools can only be sized before its first op. With several ranks per machine, each rank gets
+TF's thread pools can only be sized before its first op (the log-level variables are set by
+``des/__init__.py``, before TF loads). With several ranks per machine, each rank gets
 ``cores // ranks_on_this_node`` intra-op threads, inter-op 1 (``ENVIRONMENT.md``).
 """
 
 from __future__ import annotations
 
 import os
-
-# Read by TensorFlow at import; set here so `python -m des.train` is silent by default.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 
 def local_ranks() -> int:

@@ -95,11 +95,9 @@ def make_run_folder(config: TrainConfig, comm: Communicator) -> Path:
     return Path(comm.bcast_json(name if comm.rank == 0 else None, "setup"))
 
 
-def evaluate(engine, store, split: str, batch_size: int) -> dict[str, Any] | None:
-    """Exact AUC and logloss over a whole split (predictions are identical on every rank)."""
-
+def predict_split(engine, store, split: str, batch_size: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Predictions and labels of a whole split in store order (identical on every rank)."""
     from des.data.batch_reader import BatchReader
-    from des.metrics import logloss, roc_auc
 
     reader = BatchReader(store, split, batch_size=batch_size, seed=0, shuffle=False, drop_last=False,
                          **engine.reader_options())
@@ -110,7 +108,17 @@ def evaluate(engine, store, split: str, batch_size: int) -> dict[str, Any] | Non
         p, y = engine.predict_with_labels(batch)
         predictions.append(p)
         labels.append(y)
-    p, y = np.concatenate(predictions), np.concatenate(labels)
+    return np.concatenate(predictions), np.concatenate(labels)
+
+
+def evaluate(engine, store, split: str, batch_size: int) -> dict[str, Any] | None:
+    """Exact AUC and logloss over a whole split."""
+    from des.metrics import logloss, roc_auc
+
+    result = predict_split(engine, store, split, batch_size)
+    if result is None:
+        return None
+    p, y = result
     return {"auc": roc_auc(y, p), "logloss": logloss(y, p), "rows": int(y.size)}
 
 

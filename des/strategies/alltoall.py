@@ -26,11 +26,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from des.collectives import Communicator
 from des.engine import DESEngine
-from des.hashtable import DenseOptimizerState
-from des.models.base import Model
-from des.options import Optimizers, TableOptions
 from des.pooling import pool, unpool
 
 
@@ -38,34 +34,15 @@ class AllToAllEngine(DESEngine):
     """Same state layout as :class:`DESEngine` for tables (own fields) and the top network, but
     full replicas of the field-sliced dense weights; checkpoints are interchangeable."""
 
-    def __init__(
-        self,
-        model: Model,
-        comm: Communicator,
-        placement: Sequence[Sequence[int]],
-        optimizers: Optimizers,
-        *,
-        seed: int = 0,
-        dtype: type | np.dtype = np.float32,
-        tables: TableOptions = TableOptions(),
-    ) -> None:
-        super().__init__(model, comm, placement, optimizers, seed=seed, dtype=dtype, tables=tables)
-        self.all_fields = list(range(model.num_fields))
-        self.owner = np.empty(model.num_fields, dtype=np.int64)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.all_fields = list(range(self.model.num_fields))
+        self.owner = np.empty(self.model.num_fields, dtype=np.int64)
         for rank, fields in enumerate(self.placement):
             self.owner[fields] = rank
-        # Field-sliced weights are replicated (data parallel); state per field slice, as in DES.
-        self.field_params = {}
-        for i, sub in enumerate(self.substitutions):
-            for pname, value in sub.init_field_params(seed, self.all_fields, self.dtype).items():
-                self.field_params[f"{i}:{sub.name}:{pname}"] = value
-        self.field_states = {
-            (name, field): DenseOptimizerState(optimizers.dense, value.shape[1:], self.dtype)
-            for name, value in self.field_params.items()
-            for field in self.all_fields
-        }
-        self._block_dims = [b.dim for b in self.blocks]
-        self._row_width = int(sum(self._block_dims))
+        # Field-sliced weights are replicated (data parallel), with a state per field slice as in DES.
+        self.field_params, self.field_states = self._field_slices(self.all_fields)
+        self._row_width = int(sum(b.dim for b in self.blocks))  # all blocks of a row side by side
         self._build_reference_functions()
 
     def field_param_index(self, field: int) -> int:
@@ -81,13 +58,7 @@ class AllToAllEngine(DESEngine):
 
     # ------------------------------------------------------------------------------ TF functions
     def _reference_logits(self, pooled, field_params, top_params) -> tf.Tensor:
-        by_block = dict(zip((b.name for b in self.blocks), pooled))
-        named = dict(zip(self.field_params, field_params))
-        outputs = []
-        for i, sub in enumerate(self.substitutions):
-            prefix = f"{i}:{sub.name}:"
-            sub_params = {k[len(prefix):]: v for k, v in named.items() if k.startswith(prefix)}
-            outputs.append(sub.reference(by_block[sub.block], sub_params))
+        outputs = [sub.reference(emb, p) for sub, emb, p in self._substitution_inputs(pooled, field_params)]
         return self.model.top(dict(zip(self.top_params, top_params)), outputs)
 
     def _build_reference_functions(self) -> None:
@@ -158,21 +129,14 @@ class AllToAllEngine(DESEngine):
         values_back, _ = comm.alltoallv(values_out, counts_in.sum(axis=1), "embedding_rows")
 
         # Requester side: values arrive in the order the keys were sent.
-        pooled = [np.zeros((size, self.model.num_fields, b.dim), dtype=self.dtype) for b in self.blocks]
+        pooled = self._empty_pooled(size)
         offset = 0
         for owner in range(comm.size):
             for field in self.all_fields:
-                if self.owner[field] != owner:
-                    continue
-                keys, inverse = unique[field]
-                values = values_back[offset : offset + keys.size]
-                offset += keys.size
-                ids = batch.fields[field]
-                column = 0
-                for k, block in enumerate(self.blocks):
-                    per_id = values[inverse, column : column + block.dim]
-                    pool(per_id, ids.offsets, ids.weights, pooled[k][:, field, :])
-                    column += block.dim
+                if self.owner[field] == owner:
+                    keys, inverse = unique[field]
+                    self._pool_field(batch, field, values_back[offset : offset + keys.size], inverse, pooled)
+                    offset += keys.size
         route = {"unique": unique, "rows_in": rows_in, "served": served, "counts_in": counts_in}
         return pooled, route
 
@@ -184,18 +148,10 @@ class AllToAllEngine(DESEngine):
         send_counts = np.zeros(comm.size, dtype=np.int64)
         for owner in range(comm.size):
             for field in self.all_fields:
-                if self.owner[field] != owner:
-                    continue
-                keys, inverse = unique[field]
-                ids = batch.fields[field]
-                summed = np.zeros((keys.size, self._row_width), dtype=self.dtype)
-                column = 0
-                for k, block in enumerate(self.blocks):
-                    per_occurrence = unpool(pooled_grads[k][:, field, :], ids.offsets, ids.weights)
-                    np.add.at(summed[:, column : column + block.dim], inverse, per_occurrence)
-                    column += block.dim
-                chunks.append(summed)
-                send_counts[owner] += keys.size
+                if self.owner[field] == owner:
+                    chunks.append(self._sum_row_gradients(batch, field, unique[field][1], unique[field][0].size,
+                                                          pooled_grads))
+                    send_counts[owner] += unique[field][0].size
         send = np.concatenate(chunks) if chunks else np.zeros((0, self._row_width), self.dtype)
         grads_in, _ = comm.alltoallv(send, send_counts, "embedding_gradients")
         rows_in = route["rows_in"]
@@ -212,37 +168,71 @@ class AllToAllEngine(DESEngine):
                 )
                 column += block.dim
 
+    # ------------------------------------------------------------------------------ shared pieces
+    def _empty_pooled(self, size: int) -> list[np.ndarray]:
+        return [np.zeros((size, self.model.num_fields, b.dim), dtype=self.dtype) for b in self.blocks]
+
+    def _pool_field(self, batch: Any, field: int, unique_values: np.ndarray, inverse: np.ndarray,
+                    pooled: list[np.ndarray]) -> None:
+        """Pool one field's rows (``unique_values [u, Σdim]``, all blocks side by side) per sample."""
+        ids = batch.fields[field]
+        column = 0
+        for k, block in enumerate(self.blocks):
+            pool(unique_values[inverse, column : column + block.dim], ids.offsets, ids.weights, pooled[k][:, field, :])
+            column += block.dim
+
+    def _sum_row_gradients(self, batch: Any, field: int, inverse: np.ndarray, num_unique: int,
+                           pooled_grads: list[np.ndarray]) -> np.ndarray:
+        """Gradient sum per unique id of one field, all blocks side by side: ``[u, Σdim]``."""
+        ids = batch.fields[field]
+        summed = np.zeros((num_unique, self._row_width), dtype=self.dtype)
+        column = 0
+        for k, block in enumerate(self.blocks):
+            np.add.at(summed[:, column : column + block.dim], inverse,
+                      unpool(pooled_grads[k][:, field, :], ids.offsets, ids.weights))
+            column += block.dim
+        return summed
+
+    def _reference_step(self, pooled: list[np.ndarray], batch: Any, global_size: int):
+        """Forward and backward of the reference model on these rows: the loss (this rank's share of
+        the global mean), per-block pooled gradients and the dense gradients (field weights, top)."""
+        labels = np.asarray(batch.labels, dtype=self.dtype)
+        loss, (pooled_grads, field_grads, top_grads) = self._reference_train(
+            pooled, list(self.field_params.values()), list(self.top_params.values()), labels,
+            tf.constant(global_size, self.tf_dtype),
+        )
+        return float(loss), [g.numpy() for g in pooled_grads], [g.numpy() for g in (*field_grads, *top_grads)]
+
+    def _apply_dense(self, grads: Sequence[np.ndarray]) -> None:
+        """Dense optimizer on every replicated weight (``grads`` in field-weight, top order), with
+        ``l2_dense`` added here once (it is not part of the per-rank loss)."""
+        l2 = self.model.l2_dense
+        for (name, value), grad in zip(self.field_params.items(), grads[: len(self.field_params)]):
+            grad = grad + 2.0 * l2 * value if l2 else grad
+            for field in self.all_fields:
+                self.field_states[(name, field)].apply(value[field], np.ascontiguousarray(grad[field]))
+        for (name, value), grad in zip(self.top_params.items(), grads[len(self.field_params):]):
+            grad = grad + 2.0 * l2 * value if l2 and name in self._regularized_top else grad
+            self.top_states[name].apply(value, np.ascontiguousarray(grad))
+
     # ------------------------------------------------------------------------------ the step
     def train_step(self, batch: Any) -> float:
         timer = self.timer
         with timer("lookup"):
             pooled, route = self._exchange_rows(batch, train=True)
         with timer("top"):
-            labels = np.asarray(batch.labels, dtype=self.dtype)
-            loss, (pooled_grads, field_grads, top_grads) = self._reference_train(
-                pooled, list(self.field_params.values()), list(self.top_params.values()), labels,
-                tf.constant(batch.global_size, self.tf_dtype),
-            )
+            loss, pooled_grads, dense = self._reference_step(pooled, batch, batch.global_size)
         with timer("allreduce"):
-            dense = [g.numpy() for g in (*field_grads, *top_grads)]
-            buffer = np.concatenate([np.array([float(loss)], self.dtype)] + [g.reshape(-1) for g in dense])
+            # The dense gradients and the loss, summed over the ranks in one buffer.
+            buffer = np.concatenate([np.array([loss], self.dtype)] + [g.reshape(-1) for g in dense])
             self.comm.allreduce_sum_(buffer, "dense_gradients")
         with timer("update"):
-            self._send_row_gradients(batch, [g.numpy() for g in pooled_grads], route)
-            offset = 1
-            for (name, value), grad in zip(self.field_params.items(), dense[: len(self.field_params)]):
-                summed = buffer[offset : offset + grad.size].reshape(grad.shape)
+            self._send_row_gradients(batch, pooled_grads, route)
+            offset, summed = 1, []
+            for grad in dense:
+                summed.append(buffer[offset : offset + grad.size].reshape(grad.shape))
                 offset += grad.size
-                if self.model.l2_dense:
-                    summed = summed + 2.0 * self.model.l2_dense * value
-                for field in self.all_fields:
-                    self.field_states[(name, field)].apply(value[field], np.ascontiguousarray(summed[field]))
-            for (name, value), grad in zip(self.top_params.items(), dense[len(self.field_params):]):
-                summed = buffer[offset : offset + grad.size].reshape(grad.shape)
-                offset += grad.size
-                if self.model.l2_dense and name in self._regularized_top:
-                    summed = summed + 2.0 * self.model.l2_dense * value
-                self.top_states[name].apply(value, np.ascontiguousarray(summed))
+            self._apply_dense(summed)
         self.step_count += 1
         timer.steps += 1
         return float(buffer[0])

@@ -24,7 +24,6 @@ own push). Evaluation runs at the end on worker 0, after all workers finished, w
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -50,23 +49,12 @@ class PSEngine(AllToAllEngine):
     """One rank of the parameter-server job: a server (tables, dense weights on server 0) or a
     worker (computes with pulled weights). Reuses the all-to-all engine's reference model."""
 
-    def __init__(
-        self,
-        model: Model,
-        comm: Communicator,
-        placement: Sequence[Sequence[int]],
-        optimizers: Optimizers,
-        *,
-        servers: int,
-        seed: int = 0,
-        dtype: type | np.dtype = np.float32,
-        tables: TableOptions = TableOptions(),
-    ) -> None:
-        super().__init__(model, comm, placement, optimizers, seed=seed, dtype=dtype, tables=tables)
+    def __init__(self, *args: Any, servers: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.servers = servers
-        self.workers = comm.size - servers
-        self.is_server = comm.rank < servers
-        self.worker_index = comm.rank - servers
+        self.workers = self.comm.size - servers
+        self.is_server = self.comm.rank < servers
+        self.worker_index = self.comm.rank - servers
         self.dense_names = list(self.field_params) + list(self.top_params)
         self.pushes_applied = 0
         self.staleness: list[int] = []
@@ -82,17 +70,10 @@ class PSEngine(AllToAllEngine):
             value[...] = flat[offset : offset + value.size].reshape(value.shape)
             offset += value.size
 
-    def _apply_dense(self, flat: np.ndarray) -> None:
-        offset = 0
-        for name, value in self.field_params.items():
-            grad = flat[offset : offset + value.size].reshape(value.shape)
-            offset += value.size
-            for field in self.all_fields:
-                self.field_states[(name, field)].apply(value[field], np.ascontiguousarray(grad[field]))
-        for name, value in self.top_params.items():
-            grad = flat[offset : offset + value.size].reshape(value.shape)
-            offset += value.size
-            self.top_states[name].apply(value, np.ascontiguousarray(grad))
+    def _apply_flat_dense(self, flat: np.ndarray) -> None:
+        shapes = [v.shape for v in (*self.field_params.values(), *self.top_params.values())]
+        offsets = np.cumsum([0] + [int(np.prod(shape)) for shape in shapes])
+        self._apply_dense([flat[a:b].reshape(shape) for a, b, shape in zip(offsets[:-1], offsets[1:], shapes)])
         self.pushes_applied += 1
 
     def _split_by_field(self, header: np.ndarray, keys: np.ndarray):
@@ -143,7 +124,7 @@ class PSEngine(AllToAllEngine):
             elif tag == PUSH_DENSE:
                 message = comm.recv(source, PUSH_DENSE, self.dtype, "ps_dense")
                 self.staleness.append(self.pushes_applied - int(message[0]))
-                self._apply_dense(message[1:])
+                self._apply_flat_dense(message[1:])
             elif tag == FLUSH:  # every earlier message of this worker has been handled (MPI keeps order)
                 comm.recv(source, FLUSH, np.int64, "ps_control")
                 comm.send(np.zeros(1, np.int64), source, FLUSHED, "ps_control")
@@ -166,20 +147,13 @@ class PSEngine(AllToAllEngine):
             message = np.concatenate([[int(insert)], header, *[unique[f][0] for f in fields]]).astype(np.int64)
             comm.send(message, server, PULL_ROWS, "ps_keys")
         comm.send(np.zeros(1, np.int64), 0, PULL_DENSE, "ps_dense")
-        pooled = [np.zeros((batch.size, self.model.num_fields, b.dim), dtype=self.dtype) for b in self.blocks]
-        from des.pooling import pool
-
+        pooled = self._empty_pooled(batch.size)
         for server in range(self.servers):
             values = comm.recv(server, ROWS, self.dtype, "ps_rows").reshape(-1, self._row_width)
             offset = 0
             for field in self._server_fields(server):
                 keys, inverse = unique[field]
-                ids = batch.fields[field]
-                column = 0
-                for k, block in enumerate(self.blocks):
-                    pool(values[offset : offset + keys.size][inverse, column : column + block.dim],
-                         ids.offsets, ids.weights, pooled[k][:, field, :])
-                    column += block.dim
+                self._pool_field(batch, field, values[offset : offset + keys.size], inverse, pooled)
                 offset += keys.size
         dense = comm.recv(0, DENSE, self.dtype, "ps_dense")
         self._pull_version = int(dense[0])
@@ -187,23 +161,12 @@ class PSEngine(AllToAllEngine):
         return pooled, unique
 
     def _push(self, batch: Any, pooled_grads: list[np.ndarray], unique: dict, dense_grads: list[np.ndarray]) -> None:
-        from des.pooling import unpool
-
         comm = self.comm
         for server in range(self.servers):
             fields = self._server_fields(server)
-            keys_parts, grad_parts = [], []
-            for field in fields:
-                keys, inverse = unique[field]
-                ids = batch.fields[field]
-                summed = np.zeros((keys.size, self._row_width), dtype=self.dtype)
-                column = 0
-                for k, block in enumerate(self.blocks):
-                    np.add.at(summed[:, column : column + block.dim], inverse,
-                              unpool(pooled_grads[k][:, field, :], ids.offsets, ids.weights))
-                    column += block.dim
-                keys_parts.append(keys)
-                grad_parts.append(summed)
+            keys_parts = [unique[f][0] for f in fields]
+            grad_parts = [self._sum_row_gradients(batch, f, unique[f][1], unique[f][0].size, pooled_grads)
+                          for f in fields]
             header = [k.size for k in keys_parts]
             comm.send(np.concatenate([header, *keys_parts]).astype(np.int64), server, PUSH_ROWS, "ps_gradients")
             comm.send(np.concatenate(grad_parts) if grad_parts else np.zeros((0, self._row_width), self.dtype),
@@ -216,23 +179,13 @@ class PSEngine(AllToAllEngine):
         with timer("lookup"):
             pooled, unique = self._pull(batch, insert=True)
         with timer("top"):
-            import tensorflow as tf
-
-            labels = np.asarray(batch.labels, dtype=self.dtype)
-            loss, (pooled_grads, field_grads, top_grads) = self._reference_train(
-                pooled, list(self.field_params.values()), list(self.top_params.values()), labels,
-                tf.constant(batch.size, self.tf_dtype))
-            dense = [g.numpy() for g in (*field_grads, *top_grads)]
-            if self.model.l2_dense:
-                values = [*self.field_params.values(), *self.top_params.values()]
-                names = [*self.field_params, *self.top_params]
-                dense = [g + 2.0 * self.model.l2_dense * v if (n in self.field_params or n in self._regularized_top)
-                         else g for g, v, n in zip(dense, values, names)]
+            loss, pooled_grads, dense = self._reference_step(pooled, batch, batch.size)
         with timer("update"):
-            self._push(batch, [g.numpy() for g in pooled_grads], unique, dense)
+            # Server 0 applies the dense push with _apply_dense, which adds l2_dense there.
+            self._push(batch, pooled_grads, unique, dense)
         self.step_count += 1
         timer.steps += 1
-        return float(loss)
+        return loss
 
     def predict(self, batch: Any) -> np.ndarray:
         pooled, _ = self._pull(batch, insert=False)

@@ -1,0 +1,358 @@
+"""Shared helpers of the benchmark scripts (not a script itself; ``scripts/bench_*.py`` import it).
+
+* :class:`Bench` -- one benchmark run: its folder ``runs/bench/<script>/<UTC time>/`` with
+  ``config.json`` (the script's arguments), ``environment.json`` (machine and versions),
+  ``log.txt`` (every child's command line and output), and at the end ``results.csv``,
+  ``results.json``, ``table.md`` and ``figure.png``; :meth:`Bench.train` runs one
+  ``python -m des.train`` job under the venv's ``mpiexec`` with a timeout and returns its
+  ``summary.json``; :meth:`Bench.steady` returns the steady-state samples/s (and, with two jobs of
+  ``W`` and ``W + K`` steps, the ms per phase) of steps ``W+1 .. W+K``: the first steps'
+  tf.function tracing and table warm-up are excluded.
+* :func:`markdown_table` / :func:`write_csv` -- the writers (tested in ``tests/test_bench_scripts.py``).
+* :func:`machine_note` -- the line every table carries about this machine vs the paper's cluster.
+
+Children get ``TF_CPP_MIN_LOG_LEVEL=2`` and ``TF_ENABLE_ONEDNN_OPTS=0`` (as ``des`` sets them
+itself); threads are sized by ``des.runtime`` (cores // ranks intra-op threads per rank).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import io
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = REPO / ".venv" / "bin"
+MPIEXEC = VENV_BIN / "mpiexec"
+PYTHON = VENV_BIN / "python"
+SAMPLE = REPO / "datasets" / "criteo_sample.txt.gz"
+
+PAPER_SETUP = ("paper: 4 servers x 2 x 24-core Xeon E5-2670v3 (48 threads each), 10 GbE without RDMA, "
+               "TF 1.13 + OpenMPI 4.0.1, Criteo 45M rows")
+
+
+# ---------------------------------------------------------------------------------------- writers
+Column = tuple[str, str, str]  # (key in the row dict, header, format spec or "" for str())
+
+
+def format_cell(value: Any, spec: str) -> str:
+    """One table cell: ``None``/NaN as ``-``, numbers with ``spec`` (e.g. ``,.0f``), else ``str``."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if spec and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return format(value, spec)
+    return str(value).replace("|", "\\|")
+
+
+def markdown_table(columns: Sequence[Column], rows: Iterable[Mapping[str, Any]]) -> str:
+    """A GitHub Markdown table; numeric columns (a format spec given) are right-aligned."""
+    header = "| " + " | ".join(title for _, title, _ in columns) + " |"
+    rule = "|" + "|".join("---:" if spec else "---" for _, _, spec in columns) + "|"
+    lines = [header, rule]
+    for row in rows:
+        lines.append("| " + " | ".join(format_cell(row.get(key), spec) for key, _, spec in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(path: Path | None, rows: Sequence[Mapping[str, Any]]) -> str:
+    """All keys of all rows (first-seen order) as CSV; nested values as JSON. Returns the text and
+    writes it to ``path`` when one is given."""
+    keys: list[str] = []
+    for row in rows:
+        keys.extend(k for k in row if k not in keys)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=keys, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.items()})
+    text = buffer.getvalue()
+    if path is not None:
+        Path(path).write_text(text)
+    return text
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value); NaN for none."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return math.nan, math.nan
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def steady_state(short: Mapping[str, Any], long: Mapping[str, Any]) -> dict[str, Any]:
+    """Samples/s and ms per phase of the steps ``long`` ran beyond ``short`` (same job, fewer steps).
+
+    ``samples_per_second`` and ``ms_per_phase`` of a summary include the first steps (tf.function
+    tracing, tables filling); the difference of two runs that share their first steps does not.
+    For ``ps`` (asynchronous, several workers) samples/s is total samples over the slowest worker's
+    wall time, so the difference is taken on that wall time.
+    """
+    samples = long["train_samples"] - short["train_samples"]
+    seconds = long["train_samples"] / long["samples_per_second"] - short["train_samples"] / short["samples_per_second"]
+    steps = long["steps"] - short["steps"]
+    phases = {}
+    for phase, ms in long.get("ms_per_phase", {}).items():
+        # ms_per_phase is per step of the rank that reported it (a ps worker counts its own steps).
+        per_worker = 1 if long["strategy"] != "ps" else max(1, long["ranks"] - long.get("ps_servers", 1))
+        n_long, n_short = long["steps"] / per_worker, short["steps"] / per_worker
+        total = ms * n_long - short.get("ms_per_phase", {}).get(phase, 0.0) * n_short
+        phases[phase] = total / max(n_long - n_short, 1e-9)
+    return {
+        "samples_per_second": samples / seconds if seconds > 0 else math.nan,
+        "ms_per_phase": phases,
+        "measured_steps": steps,
+        "measured_samples": samples,
+        "measured_seconds": seconds,
+    }
+
+
+def steady_from_metrics(first: Mapping[str, Any], summary: Mapping[str, Any]) -> dict[str, Any]:
+    """Samples/s after the first ``metrics.jsonl`` record (cumulative samples and samples/s at a
+    validation step) up to the end of the job (the summary's totals)."""
+    samples = summary["train_samples"] - first["samples"]
+    seconds = summary["train_samples"] / summary["samples_per_second"] - first["samples"] / first["samples_per_second"]
+    return {
+        "samples_per_second": samples / seconds if seconds > 0 else math.nan,
+        "ms_per_phase": None,
+        "measured_steps": summary["steps"] - first["step"],
+        "measured_samples": samples,
+        "measured_seconds": seconds,
+    }
+
+
+# ---------------------------------------------------------------------------------------- machine
+def _run_text(cmd: Sequence[str]) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=REPO).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def cpu_model() -> str:
+    for line in _run_text(["lscpu"]).splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def environment() -> dict[str, Any]:
+    """What the numbers were measured on (``environment.json``)."""
+    versions = {}
+    for package in ("numpy", "numba", "tensorflow-cpu", "mpi4py", "mpich", "pandas", "matplotlib", "scikit-learn"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    try:
+        import psutil
+
+        memory = psutil.virtual_memory().total
+    except ImportError:  # pragma: no cover
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    dirty = _run_text(["git", "status", "--porcelain", "--", "des"])
+    return {
+        "cores": os.cpu_count(),
+        "cpu": cpu_model(),
+        "lscpu": _run_text(["lscpu"]),
+        "memory_bytes": memory,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": versions,
+        "mpi": _run_text([str(MPIEXEC), "--version"]).splitlines()[:3],
+        "git_commit": _run_text(["git", "rev-parse", "HEAD"]),
+        "git_des_dirty": dirty.splitlines(),
+        "load_average_at_start": os.getloadavg(),
+    }
+
+
+def machine_note(env: Mapping[str, Any] | None = None) -> str:
+    env = env or {"cores": os.cpu_count(), "cpu": cpu_model(), "memory_bytes": 0}
+    memory = f", {env['memory_bytes'] / 2**30:.0f} GiB" if env.get("memory_bytes") else ""
+    return (f"Machine: {env['cores']} cores ({env['cpu']}){memory}, all ranks on one machine over shared memory "
+            f"(MPICH); {PAPER_SETUP}.")
+
+
+# ---------------------------------------------------------------------------------------- runs
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="a few-minute smoke-test version")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per des.train job (default 900)")
+    parser.add_argument("--out", default=str(REPO / "runs" / "bench"), help="parent of the run folders")
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+class Bench:
+    """One benchmark run and its folder."""
+
+    def __init__(self, script: str, args: argparse.Namespace) -> None:
+        self.script = Path(script).stem
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        self.folder = Path(args.out) / self.script / stamp
+        self.folder.mkdir(parents=True, exist_ok=False)
+        self.jobs = self.folder / "jobs"
+        self.timeout = float(getattr(args, "timeout", 900))
+        self.args = vars(args)
+        self.failures: list[str] = []
+        self.started = time.perf_counter()
+        (self.folder / "config.json").write_text(json.dumps(
+            {"script": self.script, "argv": sys.argv, "arguments": self.args}, indent=1, default=str))
+        self.env = environment()
+        (self.folder / "environment.json").write_text(json.dumps(self.env, indent=1))
+        self.log_path = self.folder / "log.txt"
+        self.log(f"{self.script}: run folder {self.folder}")
+
+    # -------------------------------------------------------------------- logging
+    def log(self, text: str, echo: bool = True) -> None:
+        with open(self.log_path, "a") as fh:
+            fh.write(text.rstrip("\n") + "\n")
+        if echo:
+            print(text, file=sys.stderr, flush=True)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    # -------------------------------------------------------------------- children
+    def run_command(self, cmd: Sequence[str], *, timeout: float | None = None, env: Mapping[str, str] | None = None,
+                    label: str = "") -> subprocess.CompletedProcess:
+        """Run ``cmd`` (its own process group, killed as a group on timeout); its output (stdout and
+        stderr together) goes to log.txt and is returned as ``.stdout``; raises on failure."""
+        timeout = timeout or self.timeout
+        full_env = dict(os.environ)
+        full_env.update(TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0")
+        full_env.update(env or {})
+        self.log(f"$ {' '.join(map(str, cmd))}", echo=False)
+        start = time.perf_counter()
+        proc = subprocess.Popen([str(c) for c in cmd], cwd=REPO, env=full_env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            self.log(out or "", echo=False)
+            raise BenchError(f"{label or cmd[0]}: timed out after {timeout:.0f} s") from None
+        seconds = time.perf_counter() - start
+        self.log((out or "").rstrip() + f"\n[exit {proc.returncode}, {seconds:.1f} s]", echo=False)
+        if proc.returncode != 0:
+            last = [line for line in (out or "").splitlines() if line.strip()][-1:] or ["(no output)"]
+            raise BenchError(f"{label or cmd[0]}: exit {proc.returncode}: {last[0]}")
+        return subprocess.CompletedProcess(cmd, proc.returncode, out or "", None)
+
+    def train(self, ranks: int, tag: str, *, keep_checkpoints: bool = False, **flags: Any) -> dict[str, Any] | None:
+        """``mpiexec -n ranks python -m des.train --flag value ...``; returns summary.json (with the
+        job's wall seconds and command), or None after logging the failure."""
+        output = self.jobs / tag
+        argv = [str(MPIEXEC), "-n", str(ranks), str(PYTHON), "-m", "des.train", "--no-progress",
+                "--output", str(output)]
+        for key, value in flags.items():
+            flag = "--" + key.replace("_", "-")
+            if isinstance(value, bool):
+                argv.append(flag if value else "--no-" + flag[2:])
+            else:
+                argv += [flag, str(value)]
+        start = time.perf_counter()
+        try:
+            self.run_command(argv, label=f"{tag} ({ranks} ranks)")
+            summary = json.loads((output / "summary.json").read_text())
+        except (BenchError, OSError, ValueError) as exc:
+            self.failures.append(str(exc))
+            self.log(f"FAILED {exc}")
+            return None
+        finally:
+            if not keep_checkpoints:
+                shutil.rmtree(output / "checkpoints", ignore_errors=True)
+        summary["job_seconds"] = time.perf_counter() - start
+        summary["command"] = " ".join(argv)
+        summary["load_average"] = os.getloadavg()[0]
+        self.log(f"  {tag}: {summary['steps']} steps, {summary['samples_per_second']:,.0f} samples/s, "
+                 f"{summary['bytes_per_step']:,.0f} B/step, test AUC {summary.get('test_auc') or float('nan'):.4f} "
+                 f"({summary['job_seconds']:.0f} s; {self.elapsed():.0f} s so far)")
+        return summary
+
+    def steady(self, ranks: int, tag: str, warmup: int, steps: int, *, phases: bool = False,
+               **flags: Any) -> dict[str, Any] | None:
+        """Steady-state speed of steps ``warmup+1 .. warmup+steps`` (``--epochs 0``): the summary of
+        the ``warmup + steps`` job plus ``steady`` (samples/s; ms per phase when available).
+
+        Synchronous strategies without ``phases``: one job validating every ``warmup`` steps; its
+        ``metrics.jsonl`` gives the training seconds after step ``warmup`` (validation is not
+        training time). ``ps`` (no metrics) or ``phases=True``: two jobs of ``warmup`` and
+        ``warmup + steps`` steps, see :func:`steady_state`. ``warmup`` and ``steps`` are per worker
+        for ``ps`` (its ``--max-steps`` counts the batches of all workers)."""
+        flags = {"epochs": 0, **flags}
+        workers = 1
+        if flags.get("strategy") == "ps":
+            workers = ranks - int(flags.get("ps_servers", 1))
+        total = (warmup + steps) * workers
+        if phases or flags.get("strategy") == "ps":
+            short = self.train(ranks, tag + "-warm", max_steps=warmup * workers, eval_every=10**9, **flags)
+            long = self.train(ranks, tag, max_steps=total, eval_every=10**9, **flags)
+            if short is None or long is None:
+                return None
+            long["ps_servers"] = int(flags.get("ps_servers", 1))
+            long["steady"] = steady_state(short, long)
+            return long
+        long = self.train(ranks, tag, max_steps=total, eval_every=warmup, **flags)
+        if long is None:
+            return None
+        try:
+            first = json.loads((self.jobs / tag / "metrics.jsonl").read_text().splitlines()[0])
+        except (OSError, IndexError, ValueError) as exc:
+            self.failures.append(f"{tag}: no metrics.jsonl ({exc})")
+            return None
+        long["steady"] = steady_from_metrics(first, long)
+        return long
+
+    # -------------------------------------------------------------------- results
+    def finish(self, rows: Sequence[Mapping[str, Any]], tables: Sequence[tuple[str, Sequence[Column], Sequence[Mapping[str, Any]]]],
+               notes: Sequence[str], figure: Callable[[Any], None] | None = None, extra: Mapping[str, Any] | None = None) -> str:
+        """Write results.csv/json, table.md (title, tables, notes, machine line) and figure.png;
+        print table.md to stdout; returns it."""
+        write_csv(self.folder / "results.csv", rows)
+        (self.folder / "results.json").write_text(json.dumps(
+            {"rows": list(rows), "failures": self.failures, "seconds": self.elapsed(), **(extra or {})},
+            indent=1, default=str))
+        parts = [f"# {self.script} ({self.folder.name})\n"]
+        for title, columns, table_rows in tables:
+            if title:
+                parts.append(f"**{title}**\n")
+            parts.append(markdown_table(columns, table_rows))
+        all_notes = list(notes) + [machine_note(self.env), f"Run folder: `{self.folder}`; "
+                                   f"{self.elapsed() / 60:.1f} min; git {self.env['git_commit'][:10]}"
+                                   + (" with uncommitted changes in des/" if self.env["git_des_dirty"] else "")
+                                   + f"; load average at start {self.env['load_average_at_start'][0]:.2f}."]
+        if self.failures:
+            all_notes.append("FAILED jobs: " + "; ".join(self.failures))
+        parts.append("\n".join(f"* {n}" for n in all_notes) + "\n")
+        text = "\n".join(parts)
+        (self.folder / "table.md").write_text(text)
+        if figure is not None:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+
+            fig = figure(plt)
+            fig.savefig(self.folder / "figure.png", dpi=110, bbox_inches="tight")
+            plt.close(fig)
+        print(text, flush=True)
+        return text

@@ -1,0 +1,99 @@
+"""The benchmark scripts' own arithmetic and writers (fast: no MPI launch, no TensorFlow)."""
+
+from __future__ import annotations
+
+import ast
+import csv
+import io
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import benchlib  # noqa: E402
+import bench_communication as comm  # noqa: E402
+
+BENCH_SCRIPTS = ("bench_communication", "bench_throughput", "bench_quality", "bench_breakdown", "bench_deepctr",
+                 "bench_synthetic")
+
+
+def test_model_sizes_by_hand():
+    assert [comm.buffer_width(m) for m in ("lr", "fm", "wdl", "deepfm")] == [1, 10, 401, 410]
+    assert [comm.row_width(m) for m in ("lr", "fm", "wdl", "deepfm")] == [1, 9, 9, 9]
+    # W&D / DeepFM: output bias 1, first FC 39*8*400 = 124,800, its bias 400,
+    # 400x400+400 twice, 400x1+1  ->  1 + 124,800 + 400 + 160,400 + 160,400 + 401
+    assert comm.dense_params("wdl") == comm.dense_params("deepfm") == 446_402
+    assert comm.dense_params("lr") == comm.dense_params("fm") == 1
+    assert comm.dense_params("wdl", fields=2, k=3, hidden=(4,)) == 1 + 2 * 3 * 4 + 4 + (4 * 1 + 1)
+
+
+def test_byte_formulas_by_hand():
+    # DES: ring AllReduce of [B, P] float32: 2 (N-1)/N * 4 * B * P
+    assert comm.des_bytes(2, 4096, 410) == 6_717_440  # = 4096 * 410 * 4: what des.train reports for DeepFM
+    assert comm.des_bytes(4, 512, 1) == 3_072
+    assert comm.des_bytes(1, 4096, 410) == 0
+    # alltoall: 100 remote ids, rows of 9 floats, D = 1 on 2 ranks:
+    # ids 100*8 + rows 100*36 + row grads 100*36 + AllReduce of (1 + 1) floats = 800 + 3600 + 3600 + 8
+    assert comm.sparse_exchange_bytes(100, 9) == 8_000
+    assert comm.alltoall_bytes(2, 100, 9, 1) == 8_008
+    assert comm.saving(8_008 / 4, 8_008) == pytest.approx(0.75)
+    # rank 0, 2 ranks, 3 fields, 10 ids requested, 5 served, w = 1, D = 1:
+    # field counts 1*3*8 + 8, ids 80 + 8, rows 4*5 + 8, row grads 4*10 + 8, dense 8
+    assert comm.rank0_alltoall_bytes(2, 3, keys=10, rows_served=5, width=1, dense=1) == 32 + 88 + 28 + 48 + 8
+
+
+def test_markdown_table_and_csv():
+    columns = [("name", "name", ""), ("value", "value", ",.1f"), ("n", "N", "d")]
+    rows = [{"name": "a|b", "value": 1234.56, "n": 2}, {"name": "c", "value": None, "n": 4},
+            {"name": "d", "value": math.nan, "n": 1, "extra": [1, 2]}]
+    table = benchlib.markdown_table(columns, rows)
+    assert table.splitlines() == [
+        "| name | value | N |",
+        "|---|---:|---:|",
+        "| a\\|b | 1,234.6 | 2 |",
+        "| c | - | 4 |",
+        "| d | - | 1 |",
+    ]
+    text = benchlib.write_csv(None, rows)
+    parsed = list(csv.DictReader(io.StringIO(text)))
+    assert list(parsed[0]) == ["name", "value", "n", "extra"]
+    assert parsed[0]["name"] == "a|b" and float(parsed[0]["value"]) == 1234.56
+    assert json.loads(parsed[2]["extra"]) == [1, 2] and parsed[1]["extra"] == ""
+
+
+def test_mean_std():
+    assert benchlib.mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
+    assert benchlib.mean_std([5.0, None]) == (5.0, 0.0)
+    assert all(math.isnan(x) for x in benchlib.mean_std([]))
+
+
+def test_steady_state_excludes_the_first_steps():
+    # 3 warm-up steps took 3 s (tracing), 13 steps 8 s: the 10 extra steps took 5 s.
+    short = {"strategy": "des", "ranks": 2, "steps": 3, "train_samples": 3 * 4096, "samples_per_second": 4096.0,
+             "ms_per_phase": {"top": 1000.0, "allreduce": 10.0}}
+    long = {"strategy": "des", "ranks": 2, "steps": 13, "train_samples": 13 * 4096,
+            "samples_per_second": 13 * 4096 / 8.0, "ms_per_phase": {"top": 500.0, "allreduce": 10.0}}
+    steady = benchlib.steady_state(short, long)
+    assert steady["samples_per_second"] == pytest.approx(10 * 4096 / 5.0)
+    assert steady["ms_per_phase"]["top"] == pytest.approx((500 * 13 - 1000 * 3) / 10)
+    assert steady["ms_per_phase"]["allreduce"] == pytest.approx(10.0)
+    # ps: steps count all workers' batches; phases are per step of one worker (3 workers here).
+    ps_short = {**short, "strategy": "ps", "ranks": 4, "steps": 9, "train_samples": 9 * 4096}
+    ps_long = {**long, "strategy": "ps", "ranks": 4, "steps": 39, "train_samples": 39 * 4096,
+               "samples_per_second": 39 * 4096 / 8.0, "ps_servers": 1}
+    assert benchlib.steady_state(ps_short, ps_long)["ms_per_phase"]["top"] == pytest.approx((500 * 13 - 1000 * 3) / 10)
+    # one job with a validation record after the warm-up steps
+    first = {"step": 3, "samples": 3 * 4096, "samples_per_second": 4096.0}
+    assert benchlib.steady_from_metrics(first, long)["samples_per_second"] == pytest.approx(10 * 4096 / 5.0)
+
+
+@pytest.mark.parametrize("name", BENCH_SCRIPTS)
+def test_docstrings_start_with_the_command(name):
+    doc = ast.get_docstring(ast.parse((SCRIPTS / f"{name}.py").read_text()))
+    assert doc.startswith(f".venv/bin/python scripts/{name}.py")
+    assert "--quick" in doc.splitlines()[0]
