@@ -1,0 +1,64 @@
+"""Configuration: defaults < TOML file < flags, and one clear line for every wrong value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from des.config import TrainConfig, build_parser, load_config
+from des.errors import ConfigError
+
+
+def test_flags_override_the_toml_file(tmp_path: Path) -> None:
+    toml = tmp_path / "run.toml"
+    toml.write_text('model = "wdl"\nbatch_size = 2048\nhidden = [64, 32]\nl2-dense = 1e-5\nprogress = false\n')
+    config = load_config(["--config", str(toml), "--batch-size", "512"])
+    assert config.model == "wdl" and config.batch_size == 512 and config.hidden_units() == [64, 32]
+    assert config.l2_dense == 1e-5 and config.progress is False
+    assert config.epochs == TrainConfig().epochs  # untouched options keep their defaults
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('batch_size = "big"\n', "batch_size = 'big' has the wrong type"),
+        ("learning_rate = 0.1\n", "unknown option 'learning_rate'"),
+        ("model = \n", "is not valid TOML"),
+    ],
+)
+def test_bad_toml_files(tmp_path: Path, content: str, message: str) -> None:
+    toml = tmp_path / "bad.toml"
+    toml.write_text(content)
+    with pytest.raises(ConfigError, match=message):
+        load_config(["--config", str(toml)])
+
+
+def test_missing_toml_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(["--config", str(tmp_path / "nope.toml")])
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--hidden", "400,x"], "--hidden must be comma-separated integers"),
+        (["--epochs", "0", "--max-steps", "0"], "nothing to train"),
+        (["--ttl", "-1"], "--ttl must not be negative"),
+    ],
+)
+def test_bad_values(flags: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(flags)
+
+
+def test_auto_linear_optimizer_depends_on_the_model() -> None:
+    assert "alpha=0.5" in load_config(["--model", "lr"]).linear_optimizer_spec()
+    assert "alpha=0.05" in load_config(["--model", "deepfm"]).linear_optimizer_spec()
+    assert load_config(["--linear-optimizer", "sgd:lr=0.1"]).linear_optimizer_spec() == "sgd:lr=0.1"
+
+
+def test_help_documents_every_option() -> None:
+    text = build_parser().format_help()
+    for name in TrainConfig.__dataclass_fields__:
+        assert "--" + name.replace("_", "-") in text
