@@ -208,7 +208,9 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
     progress = _progress(comm.rank == 0 and config.progress, total_steps, engine.step_count)
-    train_seconds, samples, loss_sum, loss_count = 0.0, 0, 0.0, 0
+    # Throughput and ms per phase leave out this run's first step: it compiles the numba kernels
+    # (on a fresh install) and traces the TF functions, which takes seconds, not milliseconds.
+    train_seconds, samples, timed_samples, loss_sum, loss_count, steps_run = 0.0, 0, 0, 0.0, 0, 0
     last_validation: dict[str, Any] | None = None
     checkpoints = folder / "checkpoints"
 
@@ -217,7 +219,7 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
         result = evaluate(engine, store, "validation", config.eval_batch_size)
         record = {"step": engine.step_count, "epoch": epoch, "samples": samples,
                   "train_loss": loss_sum / max(loss_count, 1),
-                  "samples_per_second": samples / max(train_seconds, 1e-9)}
+                  "samples_per_second": timed_samples / max(train_seconds, 1e-9)}
         if result:
             record.update({"auc": result["auc"], "logloss": result["logloss"]})
             last_validation = result
@@ -235,13 +237,18 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
         for batch in reader:
             start = time.perf_counter()
             loss = engine.train_step(batch)
-            train_seconds += time.perf_counter() - start
+            steps_run += 1
             samples += batch.global_size
+            if steps_run == 1:
+                engine.timer.reset()
+            else:
+                train_seconds += time.perf_counter() - start
+                timed_samples += batch.global_size
             loss_sum, loss_count = loss_sum + loss, loss_count + 1
             next_batch = batch.index + 1
             if progress is not None:
                 progress.update(1)
-                progress.set_postfix(loss=f"{loss:.4f}", sps=f"{samples / max(train_seconds, 1e-9):,.0f}")
+                progress.set_postfix(loss=f"{loss:.4f}", sps=f"{timed_samples / max(train_seconds, 1e-9):,.0f}")
             if config.eval_every and engine.step_count % config.eval_every == 0:
                 validate(epoch)
             if config.checkpoint_every and engine.step_count % config.checkpoint_every == 0:
@@ -261,7 +268,6 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
     final = save_checkpoint(engine, checkpoints, epoch=epoch, next_batch=next_batch, config=config.to_dict(),
                             ttl=config.ttl)
     test = evaluate(engine, store, "test", config.eval_batch_size)
-    steps_run = engine.timer.steps
     # Bytes this rank sent per training step: DES's partials, or all-to-all's ids, rows, row
     # gradients and dense gradients (evaluation, setup and checkpoint traffic excluded).
     per_site = {site: st["bytes_sent"] / max(steps_run, 1) for site, st in comm.stats_dict().items()
@@ -282,7 +288,7 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
         "test_auc": test["auc"] if test else None,
         "test_logloss": test["logloss"] if test else None,
         "test_rows": test["rows"] if test else 0,
-        "samples_per_second": samples / max(train_seconds, 1e-9),
+        "samples_per_second": timed_samples / max(train_seconds, 1e-9),
         "allreduce_bytes_per_step": sum(v for k, v in per_site.items() if k in allreduce_sites),
         "bytes_per_step": sum(per_site.values()),
         "bytes_per_step_by_site": per_site,
@@ -334,7 +340,9 @@ def _progress(enabled: bool, total: int, initial: int):
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, file=sys.stderr, leave=True)
+    # A bar only on a terminal; in a log file the evaluation lines and the summary say enough.
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, file=sys.stderr, leave=True,
+                disable=not sys.stderr.isatty())
 
 
 def _format_record(record: dict[str, Any]) -> str:

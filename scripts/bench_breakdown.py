@@ -61,13 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     row["communication_ms"] = sum(phases.get(p, 0.0) for p in COMMUNICATION[strategy])
                     row["step_ms_from_rate"] = 1000 * args.batch_size / s["steady"]["samples_per_second"]
                     row["first_steps_ms_per_phase"] = s["ms_per_phase"]
-                    row["bytes_per_step"] = s["bytes_per_step"]
                     row["load_average"] = s["load_average"]
                 rows.append(row)
     columns = [("model", "model", ""), ("strategy", "strategy", ""), ("ranks", "N", "d")]
     columns += [(p, p, ".1f") for p in PHASES]
-    columns += [("total_ms", "total ms/step", ".1f"), ("communication_ms", "comm.-bearing ms", ".1f"),
-                ("bytes_per_step", "bytes sent/step/rank", ",.0f")]
+    columns += [("total_ms", "total ms/step", ".1f"), ("communication_ms", "comm.-bearing ms", ".1f")]
     notes = [
         f"Batch {args.batch_size}; ms per step of steps {args.warmup + 1}..{args.warmup + args.steps} (difference of "
         "a warm-up-only job and a longer job; a phase can come out slightly negative or noisy when the machine is "

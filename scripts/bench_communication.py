@@ -1,4 +1,4 @@
-""".venv/bin/python scripts/bench_communication.py [--quick] [--batch-sizes 512,1024,2048,4096,8192] [--ranks 2,4] [--models lr,fm,wdl,deepfm] [--steps 3]
+""".venv/bin/python scripts/bench_communication.py [--quick] [--batch-sizes 512,1024,2048,4096,8192] [--ranks 2,4] [--measure SPEC] [--steps 3]
 
 Shows the DES paper's Table 2 on the shipped Criteo sample: for each batch size, the unique ids
 per batch (mean over the batches of epoch 0, from the data), and the bytes each rank SENDS per
@@ -15,9 +15,17 @@ Analytic, per rank and step (8-byte keys, 4-byte floats):
   where U_r = (N-1)/N * (unique ids in a B/N-row shard, mean from the data) is the remote share,
   w the floats per table row (1 for LR, 1+k otherwise) and D the replicated dense parameters.
 
+Analytic values are given for every batch size, rank count and model; ``des.train`` runs measure
+the grid of ``--measure`` ("B,B:model,model:N,N;..."; default: all four models at B=4096 on 2 and 4
+ranks, LR and DeepFM at the other batch sizes on 2 ranks: each run costs 15-35 s of start-up here).
 A rank-0 check column divides the measured bytes by what rank 0 must send for exactly these
 batches (counted from the data with the field placement, incl. the small count messages): 1.000
 means the Communicator's counters match the data. The figure plots bytes/step against B (log).
+
+The whole sample is used as training data (``--split 1,0,0``): des.train's alltoall (and ps)
+``bytes_per_step`` also counts the validation/test predictions' id and row exchange (they use the
+training call sites), which would swamp a 3-step measurement; with no validation/test rows there is
+no evaluation traffic. ``--split 0.9,0.05,0.05`` shows the inflated figures.
 """
 
 from __future__ import annotations
@@ -138,11 +146,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--embedding-dim", type=int, default=8)
     parser.add_argument("--hidden", default="400,400,400")
     parser.add_argument("--data", default=str(benchlib.SAMPLE))
-    parser.add_argument("--no-measure", action="store_true", help="analytic columns only (no des.train runs)")
+    parser.add_argument("--split", default="1,0,0", help="train,validation,test fractions (see the docstring)")
+    parser.add_argument("--measure", default="4096:lr,fm,wdl,deepfm:2,4;512,1024,2048,8192:lr,deepfm:2",
+                        help="B,..:model,..:N,.. groups separated by ';' to measure with des.train ('' = none)")
     benchlib.add_common_arguments(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.batch_sizes, args.ranks, args.models, args.steps = "512,4096", "2", "lr,deepfm", 2
+        args.measure = "512,4096:lr,deepfm:2"
+    measure = set()
+    for group in filter(None, args.measure.split(";")):
+        bs, ms, ns = group.split(":")
+        measure |= {(int(b), m, int(n)) for b in bs.split(",") for m in ms.split(",") for n in ns.split(",")}
     batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
     ranks = [int(x) for x in args.ranks.split(",")]
     models = args.models.split(",")
@@ -152,7 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from des.data import open_dataset
 
-    store = open_dataset(args.data, split=[0.9, 0.05, 0.05], seed=0)
+    split = [float(x) for x in args.split.split(",")]
+    store = open_dataset(args.data, split=split, seed=0)  # the store des.train --split makes
     fields = store.num_fields
     rows, id_rows = [], []
     for batch in batch_sizes:
@@ -182,9 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 row["saving_sparse_analytic"] = saving(row["des_analytic"], row["alltoall_sparse_analytic"])
                 if paper:
                     row["paper_saving"] = {"lr": paper[1], "fm": paper[2], "wdl": paper[3]}.get(model)
-                if not args.no_measure:
+                if (batch, model, n) in measure:
                     common = dict(model=model, batch_size=batch, epochs=1, max_steps=args.steps, data=args.data,
-                                  embedding_dim=k, hidden=args.hidden, eval_batch_size=8192)
+                                  split=args.split, embedding_dim=k, hidden=args.hidden)
                     for strategy in ("des", "alltoall"):
                         s = bench.train(n, f"{model}-{strategy}-n{n}-b{batch}", strategy=strategy, **common)
                         if s is not None:
@@ -214,7 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows.sort(key=lambda r: (r["ranks"], r["batch"], models.index(r["model"])))
     notes = [
         "Bytes are what one rank SENDS per training step (rank 0's counters), averaged over the first "
-        f"{args.steps} steps of epoch 0 (seed 0); analytic = the formulas of the module docstring with the "
+        f"{args.steps} steps of epoch 0 (seed 0), with split {args.split} of the shipped sample "
+        f"({len(store.split_rows('train')):,} training rows; 1,0,0 = no evaluation traffic in the counters); analytic = the formulas of the module docstring with the "
         "unique-id counts of the data (mean over all batches of epoch 0, so they can differ from the measured "
         "first steps by a few %). 'a2a rank-0 check' = measured / exact rank-0 bytes for the same batches.",
         f"DES: P = 1 / {buffer_width('fm', k)} / {buffer_width('wdl', k, hidden[0])} / "

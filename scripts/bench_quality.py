@@ -96,8 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Shipped Criteo sample: 29,582 train / 1,694 test rows (split 90/5/5, split seed 0); batch {args.batch_size}; "
         f"seeds {args.seeds} (initial values and batch order); mean ± sample std over seeds. des and alltoall on "
         f"{args.ranks} ranks compute the same model exactly (equal up to float rounding), so their rows should "
-        f"agree; ps on {args.ps_ranks} ranks = 1 server + {args.ps_ranks - 1} asynchronous workers (each takes every "
-        f"{args.ps_ranks - 1}-th batch; 'ps staleness' = mean dense pushes applied between a worker's pull and its push).",
+        f"agree; ps on {args.ps_ranks} ranks = 1 server + {args.ps_ranks - 1} asynchronous workers (worker w takes "
+        f"batches w, w+{args.ps_ranks - 1}, ... of the same order; 'ps staleness' = mean dense pushes applied between a worker's pull and its push).",
         "Paper Table 4: Criteo with 45M rows (95/5 split), one epoch at batch 2048, PS = 15 servers + 20 workers; "
         "its AUCs (~0.75-0.79) come from ~1,400x more data than this 33k-row sample, so only the ordering between "
         "strategies is comparable, not the values.",

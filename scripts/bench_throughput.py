@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "timed_steps": s["steady"]["measured_steps"],
                         "ms_per_step": 1000 * args.batch_size / s["steady"]["samples_per_second"],
                         "peak_rss_mib_max": max(rss) / 2**20, "peak_rss_mib_per_rank": [round(r / 2**20) for r in rss],
-                        "bytes_per_step": s["bytes_per_step"], "load_average": s["load_average"],
+                        "load_average": s["load_average"],
                         "staleness_mean": s.get("staleness_mean"),
                     })
                 rows.append(row)
@@ -194,9 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r in roof_rows:
             if r["what"].startswith("DeepFM top"):
                 ax.axhline(r["samples_per_second"], color="gray", linestyle=":" if r["threads"] == 1 else "--",
-                           linewidth=1)
-                ax.annotate(f"DeepFM top only, {r['threads']} thr", (len(models) - 0.5, r["samples_per_second"]),
-                            fontsize=7, ha="right", va="bottom", color="gray")
+                           linewidth=1, label=f"roofline: DeepFM top only, {r['threads']} thread(s)")
         ax.set_xticks(np.arange(len(models)), models)
         ax.set_yscale("log")
         ax.set_ylabel(f"training samples/s (batch {args.batch_size})")
