@@ -10,9 +10,9 @@ engine's timers (``ms_per_phase`` of summary.json, rank 0 / the first worker):
             (dense gradients), update (row gradients sent back + optimizers)
 * ps:       lookup (= pulls of rows and dense weights), top, update (= pushes)
 
-Each configuration runs twice (``--warmup`` and ``--warmup + --steps`` steps) and the table shows the
-difference, i.e. steps warmup+1 .. warmup+steps only: the first steps trace the tf.functions and
-would otherwise dominate. "Communication" = allreduce (+ the alltoall lookup/update exchanges
+Each configuration is one job of ``--warmup + --steps`` steps whose phase timers restart after the
+warm-up steps (``benchlib.train_with_timer_restart``), so the table shows steps warmup+1 ..
+warmup+steps only: the first steps trace the tf.functions and would otherwise dominate. "Communication" = allreduce (+ the alltoall lookup/update exchanges
 include their table work; ps pulls/pushes include waiting for the server). Figure: stacked bars.
 """
 
@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for n in ranks:
                 if strategy == "ps" and n < 2:
                     continue
-                s = bench.steady(n, f"{model}-{strategy}-n{n}", args.warmup, args.steps, phases=True,
+                s = bench.steady(n, f"{model}-{strategy}-n{n}", args.warmup, args.steps,
                                  model=model, strategy=strategy, batch_size=args.batch_size)
                 row = {"model": model, "strategy": strategy, "ranks": n, "batch": args.batch_size}
                 if s is not None:
@@ -59,17 +59,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     row.update({p: phases.get(p) for p in PHASES})
                     row["total_ms"] = sum(phases.values())
                     row["communication_ms"] = sum(phases.get(p, 0.0) for p in COMMUNICATION[strategy])
-                    row["step_ms_from_rate"] = 1000 * args.batch_size / s["steady"]["samples_per_second"]
-                    row["first_steps_ms_per_phase"] = s["ms_per_phase"]
+                    row["step_ms_wall"] = 1000 * args.batch_size / s["steady"]["samples_per_second"] * (
+                        n - 1 if strategy == "ps" else 1)
                     row["load_average"] = s["load_average"]
                 rows.append(row)
     columns = [("model", "model", ""), ("strategy", "strategy", ""), ("ranks", "N", "d")]
     columns += [(p, p, ".1f") for p in PHASES]
     columns += [("total_ms", "total ms/step", ".1f"), ("communication_ms", "comm.-bearing ms", ".1f")]
     notes = [
-        f"Batch {args.batch_size}; ms per step of steps {args.warmup + 1}..{args.warmup + args.steps} (difference of "
-        "a warm-up-only job and a longer job; a phase can come out slightly negative or noisy when the machine is "
-        "shared). ps: per step of one worker (N=2: one worker; N=4: three workers share 2 cores with the server).",
+        f"Batch {args.batch_size}; ms per step of steps {args.warmup + 1}..{args.warmup + args.steps} of one job "
+        f"(timers restarted after {args.warmup} warm-up steps), rank 0's timers (ps: the first worker's, per step of "
+        "that worker; N=2: one worker; N=4: three workers share 2 cores with the server).",
         "'comm.-bearing' sums the phases that contain network traffic: des allreduce; alltoall lookup + allreduce + "
         "update (these also hold the owners' table work and the unpooling); ps pulls (lookup) + pushes (update), "
         "which also wait for the busy server. On one machine 'communication' is shared-memory copying plus waiting "

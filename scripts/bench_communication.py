@@ -244,9 +244,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ids per batch, 4 nodes) and counts only the sparse weights (R_dnn includes the first-layer weights looked "
         "up by key); the shipped Criteo sample has 39 one-hot fields and only 32,852 rows, so a batch has at most "
         "39 ids per sample and few distinct ones, and our alltoall also AllReduces the replicated dense layers "
-        "(1.8 MB/step at N=2 for W&D/DeepFM). With H1=400 the DES buffer (401-410 floats/sample) is larger than "
-        "the ids+rows of a 39-field sample, so for W&D/DeepFM on this data DES sends MORE bytes than alltoall "
-        "(negative saving); for LR and FM it sends far less.",
+        "(1.8 MB/step at N=2 for W&D/DeepFM, whatever B). The DES buffer grows with B (401-410 floats per sample "
+        "with H1=400) while a 39-field sample brings few new ids, so for W&D/DeepFM DES sends MORE than alltoall "
+        "(negative saving) at " + "; ".join(
+            f"N={n}: B >= {min(bs)}" for n in ranks
+            if (bs := [r["batch"] for r in rows if r["ranks"] == n and r["model"] in ("wdl", "deepfm")
+                       and r["saving_analytic"] < 0])) + " (analytic); for LR and FM it always sends less.",
         "Shared memory: bytes are counted with the bandwidth-optimal formulas (ring AllReduce 2(N-1)/N*S), "
         "not what MPICH's shared-memory transport physically copies.",
     ]

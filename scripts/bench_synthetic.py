@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     oracle = manifest["synthetic"]["oracle"]
     distinct = sum(int(f.get("distinct", 0) or 0) for f in manifest["fields"]) if isinstance(
         manifest["fields"][0], dict) else None
-    split_rows = manifest["split"]["rows"]
+    split_rows = " / ".join(f"{name} {manifest['split']['rows'][name]:,}" for name in ("train", "validation", "test"))
     rows = []
     for strategy in args.strategies.split(","):
         flags = dict(model=args.model, strategy=strategy, batch_size=args.batch_size, epochs=args.epochs, data=str(data),
@@ -91,7 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"probabilities on the same {oracle['rows']:,} test rows.",
         f"{args.model}, batch {args.batch_size}, {args.epochs} epoch(s), des.train defaults otherwise; {args.ranks} ranks "
         "(ps: 1 server + the rest workers, so N=2 is ONE asynchronous worker, i.e. no staleness). samples/s is over "
-        "the whole job's training steps (warm-up included; negligible over hundreds of steps). Table rows per rank: "
+        "the whole job's training steps (warm-up included; small over hundreds of steps). alltoall/ps bytes/step "
+        "include the id/row traffic of the validation and test predictions (des.train counts it at the training "
+        "sites), so they are overstated by up to about (validation + test rows) / train rows of the id/row part. "
+        "Table rows per rank: "
         "des/alltoall hold each field's ids on its owner; ps holds all tables on the server (rank 0).",
         "Paper: Criteo 45M rows on 4 nodes; this is 2 cores and one epoch over a few million rows, so ids are seen "
         "a few times at most and the gap to the oracle is large for every strategy; what matters is that the "

@@ -165,8 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     ("samples_per_second", "samples/s", ",.0f")]
     notes = [
         f"Global batch {args.batch_size}; samples/s over {args.steps} timed steps after {args.warmup} warm-up steps "
-        "(ps: per worker; ps samples/s = all workers' samples / the slowest worker's time). des/alltoall: rank 0's "
-        "training-step time only (validation excluded). 'incl. warm-up' is des.train's own figure for the whole job.",
+        "(ps: per worker). des/alltoall: training samples over rank 0's training wall time after the warm-up steps "
+        "(validation excluded); ps: workers x batch / the first worker's time per step after warm-up (its phase "
+        "timers). 'incl. warm-up' is des.train's own figure for the whole job (ps: all workers' samples / the "
+        "slowest worker's time).",
         "des: every rank runs the whole batch on its fields and the replicated top network; alltoall: each rank "
         "takes B/N rows; ps: ranks 1..N-1 are asynchronous workers each taking every (N-1)-th batch, rank 0 serves "
         "all tables and dense weights (so N=2 is one worker).",

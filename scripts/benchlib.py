@@ -1,13 +1,14 @@
-"""Shared helpers of the benchmark scripts (not a script itself; ``scripts/bench_*.py`` import it).
+"""Shared helpers of the benchmark scripts (``scripts/bench_*.py`` import it; it is run as a script
+only inside :meth:`Bench.steady`'s jobs, see :func:`train_with_timer_restart`).
 
 * :class:`Bench` -- one benchmark run: its folder ``runs/bench/<script>/<UTC time>/`` with
   ``config.json`` (the script's arguments), ``environment.json`` (machine and versions),
   ``log.txt`` (every child's command line and output), and at the end ``results.csv``,
   ``results.json``, ``table.md`` and ``figure.png``; :meth:`Bench.train` runs one
   ``python -m des.train`` job under the venv's ``mpiexec`` with a timeout and returns its
-  ``summary.json``; :meth:`Bench.steady` returns the steady-state samples/s (and, with two jobs of
-  ``W`` and ``W + K`` steps, the ms per phase) of steps ``W+1 .. W+K``: the first steps'
-  tf.function tracing and table warm-up are excluded.
+  ``summary.json``; :meth:`Bench.steady` runs one job of ``W + K`` steps whose phase timers restart
+  after step ``W`` and returns the steady-state ms per phase and samples/s of steps ``W+1 .. W+K``
+  (the first steps trace the tf.functions and fill the tables: seconds, not milliseconds).
 * :func:`markdown_table` / :func:`write_csv` -- the writers (tested in ``tests/test_bench_scripts.py``).
 * :func:`machine_note` -- the line every table carries about this machine vs the paper's cluster.
 
@@ -96,31 +97,13 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
-def steady_state(short: Mapping[str, Any], long: Mapping[str, Any]) -> dict[str, Any]:
-    """Samples/s and ms per phase of the steps ``long`` ran beyond ``short`` (same job, fewer steps).
-
-    ``samples_per_second`` and ``ms_per_phase`` of a summary include the first steps (tf.function
-    tracing, tables filling); the difference of two runs that share their first steps does not.
-    For ``ps`` (asynchronous, several workers) samples/s is total samples over the slowest worker's
-    wall time, so the difference is taken on that wall time.
-    """
-    samples = long["train_samples"] - short["train_samples"]
-    seconds = long["train_samples"] / long["samples_per_second"] - short["train_samples"] / short["samples_per_second"]
-    steps = long["steps"] - short["steps"]
-    phases = {}
-    for phase, ms in long.get("ms_per_phase", {}).items():
-        # ms_per_phase is per step of the rank that reported it (a ps worker counts its own steps).
-        per_worker = 1 if long["strategy"] != "ps" else max(1, long["ranks"] - long.get("ps_servers", 1))
-        n_long, n_short = long["steps"] / per_worker, short["steps"] / per_worker
-        total = ms * n_long - short.get("ms_per_phase", {}).get(phase, 0.0) * n_short
-        phases[phase] = total / max(n_long - n_short, 1e-9)
-    return {
-        "samples_per_second": samples / seconds if seconds > 0 else math.nan,
-        "ms_per_phase": phases,
-        "measured_steps": steps,
-        "measured_samples": samples,
-        "measured_seconds": seconds,
-    }
+def steady_from_phases(summary: Mapping[str, Any], batch_size: int) -> float:
+    """Samples/s from the phase timers of a job run with the timers restarted after warm-up: the
+    batch over the time inside the training step (ps: the first worker's step; every worker trains
+    a whole batch per step, so the job trains ``workers`` batches in that time)."""
+    step_ms = sum((summary.get("ms_per_phase") or {}).values())
+    workers = summary["ranks"] - int(summary.get("ps_servers", 1)) if summary["strategy"] == "ps" else 1
+    return workers * batch_size * 1000.0 / step_ms if step_ms > 0 else math.nan
 
 
 def steady_from_metrics(first: Mapping[str, Any], summary: Mapping[str, Any]) -> dict[str, Any]:
@@ -257,12 +240,15 @@ class Bench:
             raise BenchError(f"{label or cmd[0]}: exit {proc.returncode}: {last[0]}")
         return subprocess.CompletedProcess(cmd, proc.returncode, out or "", None)
 
-    def train(self, ranks: int, tag: str, *, keep_checkpoints: bool = False, **flags: Any) -> dict[str, Any] | None:
+    def train(self, ranks: int, tag: str, *, keep_checkpoints: bool = False, restart_timers_after: int = 0,
+              **flags: Any) -> dict[str, Any] | None:
         """``mpiexec -n ranks python -m des.train --flag value ...``; returns summary.json (with the
-        job's wall seconds and command), or None after logging the failure."""
+        job's wall seconds and command), or None after logging the failure. With
+        ``restart_timers_after=W`` the job runs through :func:`train_with_timer_restart`."""
         output = self.jobs / tag
-        argv = [str(MPIEXEC), "-n", str(ranks), str(PYTHON), "-m", "des.train", "--no-progress",
-                "--output", str(output)]
+        entry = ["-m", "des.train"] if not restart_timers_after else [
+            __file__, "--restart-timers-after", str(restart_timers_after)]
+        argv = [str(MPIEXEC), "-n", str(ranks), str(PYTHON), *entry, "--no-progress", "--output", str(output)]
         for key, value in flags.items():
             flag = "--" + key.replace("_", "-")
             if isinstance(value, bool):
@@ -283,44 +269,46 @@ class Bench:
         summary["job_seconds"] = time.perf_counter() - start
         summary["command"] = " ".join(argv)
         summary["load_average"] = os.getloadavg()[0]
-        self.log(f"  {tag}: {summary['steps']} steps, {summary['samples_per_second']:,.0f} samples/s, "
-                 f"{summary['bytes_per_step']:,.0f} B/step, test AUC {summary.get('test_auc') or float('nan'):.4f} "
-                 f"({summary['job_seconds']:.0f} s; {self.elapsed():.0f} s so far)")
+        if restart_timers_after:  # bytes_per_step divides all bytes by the steps after the restart
+            summary["bytes_per_step"] = summary["bytes_per_step_by_site"] = None
+            summary["restart_timers_after"] = restart_timers_after
+        phases = " ".join(f"{k} {v:.0f}" for k, v in (summary.get("ms_per_phase") or {}).items())
+        self.log(f"  {tag}: {summary['steps']} steps, {summary['samples_per_second']:,.0f} samples/s (job), "
+                 f"{summary['bytes_per_step'] or 0:,.0f} B/step, test AUC {summary.get('test_auc') or float('nan'):.4f}, "
+                 f"ms {phases} ({summary['job_seconds']:.0f} s; {self.elapsed():.0f} s so far)")
         return summary
 
-    def steady(self, ranks: int, tag: str, warmup: int, steps: int, *, phases: bool = False,
-               **flags: Any) -> dict[str, Any] | None:
-        """Steady-state speed of steps ``warmup+1 .. warmup+steps`` (``--epochs 0``): the summary of
-        the ``warmup + steps`` job plus ``steady`` (samples/s; ms per phase when available).
-
-        Synchronous strategies without ``phases``: one job validating every ``warmup`` steps; its
-        ``metrics.jsonl`` gives the training seconds after step ``warmup`` (validation is not
-        training time). ``ps`` (no metrics) or ``phases=True``: two jobs of ``warmup`` and
-        ``warmup + steps`` steps, see :func:`steady_state`. ``warmup`` and ``steps`` are per worker
-        for ``ps`` (its ``--max-steps`` counts the batches of all workers)."""
-        flags = {"epochs": 0, **flags}
-        workers = 1
-        if flags.get("strategy") == "ps":
-            workers = ranks - int(flags.get("ps_servers", 1))
-        total = (warmup + steps) * workers
-        if phases or flags.get("strategy") == "ps":
-            short = self.train(ranks, tag + "-warm", max_steps=warmup * workers, eval_every=10**9, **flags)
-            long = self.train(ranks, tag, max_steps=total, eval_every=10**9, **flags)
-            if short is None or long is None:
+    def steady(self, ranks: int, tag: str, warmup: int, steps: int, **flags: Any) -> dict[str, Any] | None:
+        """One job of ``warmup + steps`` steps (``--epochs 0``; per worker for ``ps``, whose
+        ``--max-steps`` counts the batches of all workers) with the phase timers restarted after
+        ``warmup`` steps. Returns its summary plus ``steady``: ``ms_per_phase`` of the last ``steps``
+        steps (rank 0, or the first ps worker) and ``samples_per_second``: for des/alltoall from
+        ``metrics.jsonl`` (the job validates every ``warmup`` steps; validation is not training time)
+        as training samples over training wall seconds after step ``warmup``; for ps from the
+        phase timers (:func:`steady_from_phases`)."""
+        ps = flags.get("strategy") == "ps"
+        workers = ranks - int(flags.get("ps_servers", 1)) if ps else 1
+        flags = {"epochs": 0, **flags, "max_steps": (warmup + steps) * workers}
+        if not ps:
+            flags["eval_every"] = warmup
+        summary = self.train(ranks, tag, restart_timers_after=warmup, **flags)
+        if summary is None:
+            return None
+        summary["ps_servers"] = int(flags.get("ps_servers", 1))
+        batch = int(flags.get("batch_size", 1024))
+        steady = {"ms_per_phase": summary["ms_per_phase"], "measured_steps": steps,
+                  "samples_per_second_from_phases": steady_from_phases(summary, batch)}
+        if ps:
+            steady["samples_per_second"] = steady["samples_per_second_from_phases"]
+        else:
+            try:
+                first = json.loads((self.jobs / tag / "metrics.jsonl").read_text().splitlines()[0])
+            except (OSError, IndexError, ValueError) as exc:
+                self.failures.append(f"{tag}: no metrics.jsonl ({exc})")
                 return None
-            long["ps_servers"] = int(flags.get("ps_servers", 1))
-            long["steady"] = steady_state(short, long)
-            return long
-        long = self.train(ranks, tag, max_steps=total, eval_every=warmup, **flags)
-        if long is None:
-            return None
-        try:
-            first = json.loads((self.jobs / tag / "metrics.jsonl").read_text().splitlines()[0])
-        except (OSError, IndexError, ValueError) as exc:
-            self.failures.append(f"{tag}: no metrics.jsonl ({exc})")
-            return None
-        long["steady"] = steady_from_metrics(first, long)
-        return long
+            steady["samples_per_second"] = steady_from_metrics(first, summary)["samples_per_second"]
+        summary["steady"] = steady
+        return summary
 
     # -------------------------------------------------------------------- results
     def finish(self, rows: Sequence[Mapping[str, Any]], tables: Sequence[tuple[str, Sequence[Column], Sequence[Mapping[str, Any]]]],
@@ -356,3 +344,42 @@ class Bench:
             plt.close(fig)
         print(text, flush=True)
         return text
+
+
+# ---------------------------------------------------------------------------------------- timer restart
+def train_with_timer_restart(warmup: int, argv: Sequence[str]) -> None:
+    """``mpiexec -n N python scripts/benchlib.py --restart-timers-after W <des.train flags>``:
+    des.train unchanged, except that each engine's phase timer (``engine.timer``, the source of
+    ``ms_per_phase``) restarts once the engine has trained ``W`` steps, so ``ms_per_phase`` covers
+    the later steps only. Training, data and everything else are des.train's own. (Only the
+    reporting is affected: ``steps_this_run`` and ``bytes_per_step`` then count the later steps.)"""
+    from des import train as des_train
+    from des.collectives import run_main
+    from des.engine import DESEngine
+    from des.strategies.alltoall import AllToAllEngine
+    from des.strategies.ps import PSEngine
+
+    def wrap(cls):
+        original = cls.__dict__["train_step"]
+
+        def train_step(self, batch):
+            loss = original(self, batch)
+            if self.timer.steps == warmup and not getattr(self, "_bench_timer_restarted", False):
+                self._bench_timer_restarted = True
+                self.timer.reset()
+            return loss
+
+        cls.train_step = train_step
+
+    for cls in (DESEngine, AllToAllEngine, PSEngine):
+        if "train_step" not in cls.__dict__:
+            raise SystemExit(f"benchlib: {cls.__name__}.train_step not found (des changed?)")
+        wrap(cls)
+    run_main(lambda: des_train.main(list(argv)), "des.train")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--restart-timers-after":
+        train_with_timer_restart(int(sys.argv[2]), sys.argv[3:])
+    else:
+        raise SystemExit("benchlib is a library; the benchmarks are scripts/bench_*.py")

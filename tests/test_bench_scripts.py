@@ -72,24 +72,18 @@ def test_mean_std():
     assert all(math.isnan(x) for x in benchlib.mean_std([]))
 
 
-def test_steady_state_excludes_the_first_steps():
-    # 3 warm-up steps took 3 s (tracing), 13 steps 8 s: the 10 extra steps took 5 s.
-    short = {"strategy": "des", "ranks": 2, "steps": 3, "train_samples": 3 * 4096, "samples_per_second": 4096.0,
-             "ms_per_phase": {"top": 1000.0, "allreduce": 10.0}}
-    long = {"strategy": "des", "ranks": 2, "steps": 13, "train_samples": 13 * 4096,
-            "samples_per_second": 13 * 4096 / 8.0, "ms_per_phase": {"top": 500.0, "allreduce": 10.0}}
-    steady = benchlib.steady_state(short, long)
-    assert steady["samples_per_second"] == pytest.approx(10 * 4096 / 5.0)
-    assert steady["ms_per_phase"]["top"] == pytest.approx((500 * 13 - 1000 * 3) / 10)
-    assert steady["ms_per_phase"]["allreduce"] == pytest.approx(10.0)
-    # ps: steps count all workers' batches; phases are per step of one worker (3 workers here).
-    ps_short = {**short, "strategy": "ps", "ranks": 4, "steps": 9, "train_samples": 9 * 4096}
-    ps_long = {**long, "strategy": "ps", "ranks": 4, "steps": 39, "train_samples": 39 * 4096,
-               "samples_per_second": 39 * 4096 / 8.0, "ps_servers": 1}
-    assert benchlib.steady_state(ps_short, ps_long)["ms_per_phase"]["top"] == pytest.approx((500 * 13 - 1000 * 3) / 10)
-    # one job with a validation record after the warm-up steps
+def test_steady_speeds():
+    # 13 steps took 8 s of training time; the validation record after the 3 warm-up steps says 3 s.
+    summary = {"strategy": "des", "ranks": 2, "steps": 13, "train_samples": 13 * 4096,
+               "samples_per_second": 13 * 4096 / 8.0, "ms_per_phase": {"top": 400.0, "allreduce": 100.0}}
     first = {"step": 3, "samples": 3 * 4096, "samples_per_second": 4096.0}
-    assert benchlib.steady_from_metrics(first, long)["samples_per_second"] == pytest.approx(10 * 4096 / 5.0)
+    steady = benchlib.steady_from_metrics(first, summary)
+    assert steady["samples_per_second"] == pytest.approx(10 * 4096 / 5.0)
+    assert steady["measured_steps"] == 10
+    # phases sum to 500 ms per step: 4096 samples per 0.5 s; ps: 3 workers each train a batch per step
+    assert benchlib.steady_from_phases(summary, 4096) == pytest.approx(8192.0)
+    ps = {**summary, "strategy": "ps", "ranks": 4, "ps_servers": 1}
+    assert benchlib.steady_from_phases(ps, 4096) == pytest.approx(3 * 8192.0)
 
 
 @pytest.mark.parametrize("name", BENCH_SCRIPTS)
