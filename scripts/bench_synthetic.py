@@ -90,8 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"known FM (latent dim {manifest['synthetic']['config'].get('latent_dim')}); the oracle AUC/logloss use the true "
         f"probabilities on the same {oracle['rows']:,} test rows.",
         f"{args.model}, batch {args.batch_size}, {args.epochs} epoch(s), des.train defaults otherwise; {args.ranks} ranks "
-        "(ps: 1 server + the rest workers, so N=2 is ONE asynchronous worker, i.e. no staleness). samples/s is over "
-        "the whole job's training steps (warm-up included; small over hundreds of steps). alltoall/ps bytes/step "
+        "(ps: 1 server + the rest workers, so N=2 is ONE asynchronous worker, i.e. no staleness). samples/s is des.train's "
+        "own figure: all training steps of the job but the first (tracing). alltoall/ps bytes/step "
         "include the id/row traffic of the validation and test predictions (des.train counts it at the training "
         "sites), so they are overstated by up to about (validation + test rows) / train rows of the id/row part. "
         "Table rows per rank: "

@@ -350,8 +350,8 @@ class Bench:
 def train_with_timer_restart(warmup: int, argv: Sequence[str]) -> None:
     """``mpiexec -n N python scripts/benchlib.py --restart-timers-after W <des.train flags>``:
     des.train unchanged, except that each engine's phase timer (``engine.timer``, the source of
-    ``ms_per_phase``) restarts once the engine has trained ``W`` steps, so ``ms_per_phase`` covers
-    the later steps only. Training, data and everything else are des.train's own. (Only the
+    ``ms_per_phase``) restarts once the engine has trained ``W`` steps (``engine.step_count``; a ps
+    worker counts its own steps), so ``ms_per_phase`` covers the later steps only. Training, data and everything else are des.train's own. (Only the
     reporting is affected: ``steps_this_run`` and ``bytes_per_step`` then count the later steps.)"""
     from des import train as des_train
     from des.collectives import run_main
@@ -364,7 +364,9 @@ def train_with_timer_restart(warmup: int, argv: Sequence[str]) -> None:
 
         def train_step(self, batch):
             loss = original(self, batch)
-            if self.timer.steps == warmup and not getattr(self, "_bench_timer_restarted", False):
+            # engine.step_count counts every step trained (des.train itself restarts the timer after
+            # the first step of a run, so timer.steps is not the step number)
+            if self.step_count == warmup and not getattr(self, "_bench_timer_restarted", False):
                 self._bench_timer_restarted = True
                 self.timer.reset()
             return loss
