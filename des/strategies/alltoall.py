@@ -89,6 +89,7 @@ class AllToAllEngine(DESEngine):
         """Steps 2-3: pooled embeddings ``[b, F, dim]`` per block for this rank's rows, and what
         the backward pass needs to route row gradients back."""
         comm, size = self.comm, batch.size
+        prefix = "" if train else "eval_"  # evaluation traffic is not counted as training traffic
         unique: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         per_owner_keys: list[list[np.ndarray]] = [[] for _ in range(comm.size)]
         field_counts = np.zeros((comm.size, self.model.num_fields), dtype=np.int64)
@@ -102,9 +103,9 @@ class AllToAllEngine(DESEngine):
         send_counts = np.array([sum(k.size for k in parts) for parts in per_owner_keys], dtype=np.int64)
         # Per-field counts first, so an owner can split what it receives by field.
         counts_in, _ = comm.alltoallv(field_counts.reshape(-1), np.full(comm.size, self.model.num_fields),
-                                      "embedding_keys")
+                                      prefix + "embedding_keys")
         counts_in = counts_in.reshape(comm.size, self.model.num_fields)
-        keys_in, _ = comm.alltoallv(send_keys.astype(np.int64), send_counts, "embedding_keys")
+        keys_in, _ = comm.alltoallv(send_keys.astype(np.int64), send_counts, prefix + "embedding_keys")
 
         # Owner side: look up every requested id, in (requester, field) order.
         rows_in = np.empty(keys_in.size, dtype=np.int64)
@@ -126,7 +127,7 @@ class AllToAllEngine(DESEngine):
                     column += block.dim
                 served.append((field, start, start + n))
                 start += n
-        values_back, _ = comm.alltoallv(values_out, counts_in.sum(axis=1), "embedding_rows")
+        values_back, _ = comm.alltoallv(values_out, counts_in.sum(axis=1), prefix + "embedding_rows")
 
         # Requester side: values arrive in the order the keys were sent.
         pooled = self._empty_pooled(size)

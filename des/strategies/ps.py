@@ -104,7 +104,7 @@ class PSEngine(AllToAllEngine):
                             block.name, field_keys, rows)
                         column += block.dim
                 pulls += 1
-                comm.send(values, source, ROWS, "ps_rows")
+                comm.send(values, source, ROWS, "ps_rows" if insert else "eval_ps_rows")
             elif tag == PUSH_ROWS:
                 message = comm.recv(source, PUSH_ROWS, np.int64, "ps_gradients")
                 grads = comm.recv(source, PUSH_ROW_GRADS, self.dtype, "ps_gradients").reshape(-1, self._row_width)
@@ -118,9 +118,9 @@ class PSEngine(AllToAllEngine):
                             grads[start : start + field_keys.size, column : column + block.dim]), pulls)
                         column += block.dim
             elif tag == PULL_DENSE:
-                comm.recv(source, PULL_DENSE, np.int64, "ps_dense")
+                training = bool(comm.recv(source, PULL_DENSE, np.int64, "ps_dense")[0])
                 comm.send(np.concatenate([[float(self.pushes_applied)], self._flat_dense()]).astype(self.dtype),
-                          source, DENSE, "ps_dense")
+                          source, DENSE, "ps_dense" if training else "eval_ps_dense")
             elif tag == PUSH_DENSE:
                 message = comm.recv(source, PUSH_DENSE, self.dtype, "ps_dense")
                 self.staleness.append(self.pushes_applied - int(message[0]))
@@ -140,22 +140,23 @@ class PSEngine(AllToAllEngine):
 
     def _pull(self, batch: Any, *, insert: bool) -> tuple[list[np.ndarray], dict]:
         comm = self.comm
+        prefix = "" if insert else "eval_"  # evaluation traffic is not counted as training traffic
         unique = {f: np.unique(batch.fields[f].keys, return_inverse=True) for f in self.all_fields}
         for server in range(self.servers):
             fields = self._server_fields(server)
             header = [unique[f][0].size for f in fields]
             message = np.concatenate([[int(insert)], header, *[unique[f][0] for f in fields]]).astype(np.int64)
-            comm.send(message, server, PULL_ROWS, "ps_keys")
-        comm.send(np.zeros(1, np.int64), 0, PULL_DENSE, "ps_dense")
+            comm.send(message, server, PULL_ROWS, prefix + "ps_keys")
+        comm.send(np.array([int(insert)], np.int64), 0, PULL_DENSE, prefix + "ps_dense")
         pooled = self._empty_pooled(batch.size)
         for server in range(self.servers):
-            values = comm.recv(server, ROWS, self.dtype, "ps_rows").reshape(-1, self._row_width)
+            values = comm.recv(server, ROWS, self.dtype, prefix + "ps_rows").reshape(-1, self._row_width)
             offset = 0
             for field in self._server_fields(server):
                 keys, inverse = unique[field]
                 self._pool_field(batch, field, values[offset : offset + keys.size], inverse, pooled)
                 offset += keys.size
-        dense = comm.recv(0, DENSE, self.dtype, "ps_dense")
+        dense = comm.recv(0, DENSE, self.dtype, prefix + "ps_dense")
         self._pull_version = int(dense[0])
         self._set_dense(dense[1:])
         return pooled, unique
