@@ -9,6 +9,7 @@ a bug and keeps its traceback.
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from typing import NoReturn
@@ -16,6 +17,8 @@ from typing import NoReturn
 from mpi4py import MPI
 
 from des.errors import DesError
+
+_ABORT_GRACE_SECONDS = 0.5
 
 
 def _world_size() -> int:
@@ -45,6 +48,10 @@ def report_and_abort(exc: BaseException, prog: str) -> NoReturn:
     sys.stderr.flush()
     sys.stdout.flush()
     if _world_size() > 1 and code != 0:
+        # MPI_Abort makes the launcher kill every process at once, and what it has not yet
+        # forwarded from this rank's stderr pipe is lost (seen: 1 run in 20 printed nothing).
+        # A short pause lets the message reach the user first.
+        time.sleep(_ABORT_GRACE_SECONDS)
         MPI.COMM_WORLD.Abort(code)
     raise SystemExit(code)
 
