@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 from des.errors import DesError
 
-_ABORT_GRACE_SECONDS = 0.5
+_ABORT_GRACE_SECONDS = 1.0
 
 
 def _world_size() -> int:
