@@ -198,9 +198,12 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
             f"buffer {engine.buffer_width} floats/sample")
     log.say(f"  optimizers: linear {config.linear_optimizer_spec()}; embedding {config.embedding_optimizer}; "
             f"dense {config.dense_optimizer}")
+    # Every field's table has the same row layout, so rank 0's first table can size all of them.
+    layout = next(iter(engine.tables.values()), None)
     for r, fields in enumerate(placement):
-        log.say(f"  rank {r}: {len(fields):2d} fields, {sum(distinct[f] for f in fields):9d} distinct ids  "
-                f"{','.join(store.field_names[f] for f in fields)}")
+        memory = sum(layout.estimated_bytes(distinct[f]) for f in fields) if layout is not None else 0
+        log.say(f"  rank {r}: {len(fields):2d} fields, {sum(distinct[f] for f in fields):9d} distinct ids, "
+                f"tables ~{memory / 2**20:7.1f} MiB  {','.join(store.field_names[f] for f in fields)}")
     log.say(f"  run folder: {folder}")
 
     # Absolute step to stop at (a resumed run continues towards the same end).

@@ -142,6 +142,19 @@ def test_memory_report_and_payload() -> None:
     assert 0 < m["load_factor"] <= 0.7
 
 
+@pytest.mark.parametrize("keys", [10, 5_000, 200_000])
+def test_estimated_bytes_bounds_the_real_memory(keys: int) -> None:
+    """The placement report's estimate: never above what the table takes, at most the growth
+    slack (1.25x rows, 1.5x index) below it; exact while the initial allocation suffices."""
+    t = make(np.float32, capacity=1024)
+    estimate = t.estimated_bytes(keys)
+    t.lookup(np.arange(1, keys + 1), insert=True)
+    real = t.memory()["bytes"]
+    assert estimate <= real <= 1.5 * estimate
+    if keys == 10:
+        assert estimate == real
+
+
 def test_float32_and_float64_tables() -> None:
     for dtype in (np.float32, np.float64):
         t = EmbeddingTable(field=0, seed=0, dtype=dtype, blocks=[

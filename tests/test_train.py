@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -85,6 +86,9 @@ def test_run_folder_and_summary(work: Path) -> None:
     assert s["model"] == "lr" and s["ranks"] == 1 and s["steps"] == 8 and s["train_samples"] == 8 * 256
     assert 0.5 < s["test_auc"] < 1.0
     assert s["allreduce_bytes_per_step"] == 0  # one rank sends nothing
+    # The placement report estimates each rank's table memory from the distinct ids of the data.
+    estimate_mib = float(re.search(r"rank 0: 39 fields, +\d+ distinct ids, tables ~ *([\d.]+) MiB", proc.stdout)[1])
+    assert 0.5 < estimate_mib * 2**20 / s["table_bytes_per_rank"][0] < 2, (estimate_mib, s["table_bytes_per_rank"])
     records = [json.loads(line) for line in (work / "lr-run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [4, 8]
     assert all(0 < r["auc"] < 1 and r["logloss"] > 0 for r in records)

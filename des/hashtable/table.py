@@ -140,6 +140,7 @@ class EmbeddingTable:
         self._alloc_index(self._clamp_capacity(capacity))
         # rows for the initial index, but a huge `capacity` does not commit memory up front
         self._alloc_rows(max(MIN_CAPACITY, min(self._max_fill, INITIAL_ROWS_MAX)))
+        self._initial_capacity, self._initial_rows = self.capacity, self._row_cap
 
     # ---------------------------------------------------------------- storage management
 
@@ -381,6 +382,17 @@ class EmbeddingTable:
         """Raw payload of one row: key + values + slots (+ Adam step count)."""
         return 8 + sum(b.width * self.dtype.itemsize + (4 if b.optimizer.needs_step else 0)
                        for b in self.blocks)
+
+    def estimated_bytes(self, rows: int) -> int:
+        """Memory this table takes once it holds ``rows`` keys, without growth slack: row arrays
+        of exactly ``rows`` rows and an index at its load bound (or the initial allocation, if
+        larger). The real figure is at most ~1.25x (rows) and 1.5x (index) above it."""
+        row_bytes = (self._keys.itemsize + self._meta.itemsize * self._meta.shape[1]
+                     + sum(d.itemsize * d.shape[1] for d in self._data)
+                     + sum(s.itemsize for s in self._steps if s is not None))
+        slot_bytes = self._idx.itemsize * self._idx.shape[1]
+        slots = max(self._initial_capacity, math.ceil(rows / self.max_load) + 1)
+        return max(rows, self._initial_rows) * row_bytes + slots * slot_bytes
 
     def memory(self) -> dict[str, Any]:
         """Allocated bytes by part, rows, capacity, load factor and the raw payload for comparison."""
