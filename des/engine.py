@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from des.collectives import Communicator
+from des.errors import ConfigError, PlacementError
 from des.hashtable import BlockSpec, DenseOptimizerState, EmbeddingTable, Initializer
 from des.models.base import Model
 from des.options import Optimizers, TableOptions
@@ -75,6 +76,10 @@ class DESEngine:
         self.model = model
         self.comm = comm
         self.placement = [list(p) for p in placement]
+        owned = sorted(f for fields in self.placement for f in fields)
+        if len(self.placement) != comm.size or owned != list(range(model.num_fields)):
+            raise PlacementError(f"placement {self.placement} does not give each of the {model.num_fields} fields "
+                                 f"to exactly one of the {comm.size} ranks")
         self.fields: list[int] = sorted(self.placement[comm.rank])
         self.seed = seed
         self.dtype = np.dtype(dtype)
@@ -88,6 +93,9 @@ class DESEngine:
         for sub in self.substitutions:
             if sub.block not in block_names:
                 raise ValueError(f"substitution {sub.name} reads block {sub.block!r}, not declared by {model.name}")
+            if sub.collective != "allreduce":
+                raise ConfigError(f"substitution {sub.name} asks for collective {sub.collective!r}; "
+                                  "only 'allreduce' is supported")
         missing = [b for b in block_names if b not in optimizers.sparse]
         if missing:
             raise ValueError(f"no sparse optimizer for block(s) {missing}")

@@ -92,3 +92,13 @@ def test_engine_matches_plain_tensorflow(store, name: str) -> None:
     after = reference.predict(held_out)
     np.testing.assert_allclose(engine.predict(held_out), after, rtol=1e-9)
     assert reference_losses[-1] < reference_losses[0]
+
+
+def test_engine_refuses_a_placement_that_is_not_a_partition(store) -> None:
+    from des.errors import PlacementError
+
+    fields = list(range(store.num_fields))
+    optimizers = Optimizers(sparse={"linear": FTRL(0.1), "embedding": AdaGrad(0.1)}, dense=Adam(0.01))
+    for placement in ([fields[1:]], [fields + [0]], [fields, []]):
+        with pytest.raises(PlacementError, match="exactly one of the 1 ranks"):
+            DESEngine(_model("fm", store.num_fields), Communicator(MPI.COMM_SELF), placement, optimizers)

@@ -90,6 +90,24 @@ def test_checker_rejects_inexact_substitutions(cls: type[Substitution]) -> None:
         check_substitution(cls)
 
 
+class _AllGatherPartials(FirstOrderLinear):
+    """Asks for a collective the step does not have: must be refused, not summed silently."""
+
+    name = "broken_allgather"
+    collective = "allgather"
+
+
+def test_checker_refuses_an_unsupported_collective() -> None:
+    with pytest.raises(SubstitutionConformanceError, match="collective 'allgather' is not supported"):
+        check_substitution(_AllGatherPartials)
+
+
+def test_report_names_the_rank_counts_actually_checked() -> None:
+    assert check_substitution(FirstFC, num_fields=2).rank_counts == (1, 2)
+    with pytest.raises(ValueError, match="no rank count"):
+        check_substitution(FirstFC, num_fields=2, rank_counts=(3, 4))
+
+
 def test_registry_defaults_and_user_addition() -> None:
     assert [c.name for c in default_substitutions()] == ["linear", "fm2", "first_fc"]
     assert get_substitution("first_fc") is FirstFC

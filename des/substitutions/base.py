@@ -84,8 +84,9 @@ class Substitution(ABC):
 
     #: registry name, e.g. ``"fm2"``
     name: ClassVar[str]
-    #: the collective that joins the partials; the default step packs every ``"allreduce"``
-    #: substitution into one buffer and reduces it once.
+    #: the collective that joins the partials. Only ``"allreduce"`` (sum) exists today: the step
+    #: packs every substitution into one buffer and reduces it once; the checker and the engine
+    #: refuse anything else rather than summing it silently.
     collective: ClassVar[str] = "allreduce"
 
     def __init__(self, block: str, dim: int, num_fields: int) -> None:

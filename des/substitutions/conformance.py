@@ -59,6 +59,10 @@ def check_substitution(
     sub = substitution.example(num_fields) if isinstance(substitution, type) else substitution
     num_fields = sub.num_fields
     name = getattr(sub, "name", type(sub).__name__)
+    if sub.collective != "allreduce":
+        raise SubstitutionConformanceError(
+            f"{name}: collective {sub.collective!r} is not supported; the step reduces every partial "
+            "with one AllReduce-sum ('allreduce')")
     rng = np.random.default_rng(seed)
 
     emb = tf.constant(rng.normal(size=(batch_size, num_fields, sub.dim)))
@@ -77,10 +81,11 @@ def check_substitution(
     _expect_shape(name, "reference", reference, (batch_size, sub.output_dim))
     ref_grads = tape.gradient(objective, [emb, *params.values()], unconnected_gradients="zero")
 
+    checked = tuple(n for n in rank_counts if 1 <= n <= num_fields)  # a rank owns at least one field
+    if not checked:
+        raise ValueError(f"check_substitution: no rank count in {rank_counts} fits {num_fields} fields")
     forward_err = grad_err = 0.0
-    for n in rank_counts:
-        if n > num_fields:
-            continue
+    for n in checked:
         groups = _random_partition(num_fields, n, rng)
         partials = []
         for group in groups:
@@ -118,7 +123,7 @@ def check_substitution(
             grad_err = max(grad_err, _compare(name, f"gradient of {key}, {n} ranks", g, ref, rtol))
 
     weights = num_fields * sub.dim + sum(int(np.prod(v.shape)) for v in params_np.values())
-    return ConformanceReport(name, sub.width, weights, forward_err, grad_err, tuple(rank_counts))
+    return ConformanceReport(name, sub.width, weights, forward_err, grad_err, checked)
 
 
 def _random_partition(num_fields: int, n: int, rng: np.random.Generator) -> list[list[int]]:
