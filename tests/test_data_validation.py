@@ -117,10 +117,29 @@ def test_binary_garbage_without_newlines(tmp_path):
 
 
 def test_truncated_gzip(tmp_path):
-    data = gzip.compress("".join(line + "\n" for line in random_criteo_lines(3000)).encode())
+    text = "".join(line + "\n" for line in random_criteo_lines(16000)).encode()
+    assert len(text) > 3 << 20  # the cut is past the first read (2 MiB of data)
+    data = gzip.compress(text)
     path = tmp_path / "cut.tsv.gz"
-    path.write_bytes(data[: len(data) // 2])
-    assert_fails_cleanly(tmp_path, path, f"^{re.escape(str(path))}: truncated or corrupt gzip data after line \\d+ ")
+    path.write_bytes(data[: len(data) * 3 // 4])
+    pattern = f"^{re.escape(str(path))}: truncated or corrupt gzip data after line "
+    message = assert_fails_cleanly(tmp_path, path, pattern)
+    line = int(re.search(r"after line (\d+) ", message).group(1))
+    assert 0 < line < 16000  # lines 1..line were read and checked
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt"])
+def test_gzip_damaged_in_first_read(tmp_path, damage):
+    data = gzip.compress("".join(line + "\n" for line in random_criteo_lines(3000)).encode())
+    path = tmp_path / "bad.tsv.gz"
+    if damage == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    else:
+        middle = len(data) // 2
+        path.write_bytes(data[:middle] + bytes(b ^ 0x5A for b in data[middle:middle + 64]) + data[middle + 64:])
+    prefix = re.escape(f"{path}: truncated or corrupt gzip data before line 1 could be read ")
+    message = assert_fails_cleanly(tmp_path, path, f"^{prefix}\\(within the first 2,097,152 bytes of data\\) \\(.+\\)$")
+    assert "after line 0" not in message
 
 
 def test_valid_edge_cases_accepted(tmp_path):

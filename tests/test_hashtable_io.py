@@ -31,6 +31,7 @@ def trained_table(capacity: int = 64) -> EmbeddingTable:
 
 def assert_same(a: EmbeddingTable, b: EmbeddingTable) -> None:
     assert len(a) == len(b) and a.evicted_count == b.evicted_count
+    assert a.admitted_total == b.admitted_total
     keys = a.keys()
     np.testing.assert_array_equal(keys, b.keys())  # row order is kept
     ra, rb = a.lookup(keys, insert=False), b.lookup(keys, insert=False)
@@ -67,6 +68,19 @@ def test_round_trip_and_continued_training(tmp_path, capacity) -> None:
     assert_same(t, u)
     t.save(path)  # overwriting works
     assert_same(t, EmbeddingTable.load(path))
+
+
+def test_admitted_total_is_saved_and_files_without_it_still_load(tmp_path) -> None:
+    t = trained_table()
+    assert t.evicted_count > 0 and t.admitted_total > t.admitted_count > 0  # some were evicted
+    path = tmp_path / "t.table"
+    t.save(path)
+    assert EmbeddingTable.load(path).admitted_total == t.admitted_total
+    old = tmp_path / "old.table"  # as written before admitted_total existed: the header lacks it
+    _rewrite(path, old, header_edit=lambda h: h.pop("admitted_total"))
+    u = EmbeddingTable.load(old)
+    assert u.admitted_total == u.admitted_count == t.admitted_count  # the best lower bound
+    np.testing.assert_array_equal(u.keys(), t.keys())
 
 
 def test_empty_table_round_trip(tmp_path) -> None:

@@ -29,6 +29,7 @@ class TableModel(RuleBasedStateMachine):
         self.model: dict[int, dict] = {}
         self.step = 0
         self.fresh = 10**12
+        self.admissions = 0  # admissions ever: the model of admitted_total
 
     def teardown(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -48,8 +49,12 @@ class TableModel(RuleBasedStateMachine):
         rows = self.t.lookup(np.array(keys, dtype=np.int64), insert=True, step=self.step)
         init = self.t.initial_values("w", np.array(keys, dtype=np.int64))[:, 0] if keys else []
         for k, w0 in zip(keys, init):
+            if k not in self.model and self.t.min_count == 0:
+                self.admissions += 1  # admitted on insertion
             entry = self.model.setdefault(k, {"w": w0, "count": 0, "adam_steps": 0})
             entry["count"] += 1
+            if entry["count"] == self.t.min_count:
+                self.admissions += 1
             entry["last"] = self.step
         by_key: dict[int, int] = {}
         for k, r in zip(keys, rows.tolist()):
@@ -127,6 +132,7 @@ class TableModel(RuleBasedStateMachine):
             assert got[i] == expect, (k, got[i], expect)
             assert t._steps[1][rows[i]] == e["adam_steps"]
         assert t.admitted_count == sum(self.admitted(k) for k in self.model)
+        assert t.admitted_total == self.admissions and t.admitted_total >= t.admitted_count
         m = t.memory()
         assert m["load_factor"] <= t.max_load and m["rows"] == len(self.model)
 

@@ -8,11 +8,20 @@ Command line: ``python -m des.data {prepare,synth,inspect} --help``. The key sch
 ``des/data/keys.py`` (also described in ``datasets/README.md``).
 """
 
-from .batch import Batch, FieldBatch
-from .batch_reader import BatchReader
-from .build import atomic_directory, open_dataset, prepare
-from .errors import DataError
-from .keys import (
+import os as _os
+
+from .._numba_cache import guard as _guard
+
+# before any kernel module is imported: the kernels of tsv.py, split.py, synth.py and counting.py
+# inline helpers and constants of keys.py and hashing.py, which numba's per-file cache check does
+# not see, so a changed keys.py would otherwise keep the old transform (des/_numba_cache.py)
+_guard(_os.path.dirname(_os.path.abspath(__file__)), "des_data_sources.sha256")
+
+from .batch import Batch, FieldBatch  # noqa: E402
+from .batch_reader import BatchReader  # noqa: E402
+from .build import atomic_directory, open_dataset, prepare  # noqa: E402
+from .errors import DataError  # noqa: E402
+from .keys import (  # noqa: E402
     FIELD_NAMES,
     KEY_SCHEME,
     NUM_FIELDS,
@@ -26,9 +35,9 @@ from .keys import (
     missing_key,
     value_of_key,
 )
-from .split import SPLIT_NAMES, assign_splits
-from .store import ColumnStore
-from .synth import SynthConfig, default_config, synthesize_store, synthesize_tsv
+from .split import SPLIT_NAMES, assign_splits  # noqa: E402
+from .store import ColumnStore  # noqa: E402
+from .synth import SynthConfig, default_config, synthesize_store, synthesize_tsv  # noqa: E402
 
 __all__ = [
     "FIELD_NAMES",

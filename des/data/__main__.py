@@ -7,11 +7,11 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .build import DEFAULT_CHUNK_ROWS, prepare
+from .build import DEFAULT_CHUNK_ROWS, existing_preparation, prepare
 from .errors import DataError
 from .split import DEFAULT_SPLIT, check_fractions
 from .store import ColumnStore
-from .summary import format_summary
+from .summary import DEFAULT_TOP_K, format_summary
 from .synth import DEFAULT_MULTI_HOT_FIELDS, default_config, synthesize_store, synthesize_tsv
 from .tsv import BAD_ROW_POLICIES
 
@@ -68,7 +68,10 @@ def _build_parser() -> argparse.ArgumentParser:
     prep.add_argument(
         "--chunk-rows", type=_positive_int, default=DEFAULT_CHUNK_ROWS, help=f"rows per chunk ({DEFAULT_CHUNK_ROWS})"
     )
-    prep.add_argument("--force", action="store_true", help="replace an existing store at --output")
+    prep.add_argument(
+        "--force", action="store_true",
+        help="replace an existing store at --output (a store of the same inputs and options is kept as is)",
+    )
 
     synth = commands.add_parser("synth", help="generate synthetic Criteo-shaped data with a known oracle")
     synth.add_argument("--rows", type=_positive_int, required=True, help="number of rows")
@@ -89,10 +92,21 @@ def _build_parser() -> argparse.ArgumentParser:
 
     inspect = commands.add_parser("inspect", help="summarize a column store")
     inspect.add_argument("directory", help="store directory")
+    inspect.add_argument(
+        "--top-k", type=_positive_int, default=DEFAULT_TOP_K, metavar="K",
+        help=f"show the share of each field's K most frequent ids (default {DEFAULT_TOP_K})",
+    )
     return parser
 
 
 def _run_prepare(args: argparse.Namespace) -> None:
+    if not args.force:
+        existing = existing_preparation(args.input, args.output, split=args.split, seed=args.seed,
+                                        bad_rows=args.bad_rows)
+        if existing is not None:
+            print(f"already prepared: {existing.num_rows} rows from the same inputs and options in "
+                  f"{existing.path} (nothing to do; --force rebuilds it)")
+            return
     store = prepare(
         args.input, args.output, split=args.split, seed=args.seed, bad_rows=args.bad_rows,
         chunk_rows=args.chunk_rows, overwrite=args.force,
@@ -139,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "synth":
             _run_synth(args)
         else:
-            print(format_summary(ColumnStore.open(args.directory)))
+            print(format_summary(ColumnStore.open(args.directory), top_k=args.top_k))
     except BrokenPipeError:  # e.g. `inspect DIR | head`: the reader went away, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import DataError
-from .keys import FIELD_NAMES, NUM_INT_FIELDS
+from .keys import FIELD_NAMES, KEY_SCHEME, NUM_INT_FIELDS
 from .split import DEFAULT_SPLIT, check_fractions
 from .store import FORMAT_VERSION, MANIFEST_NAME, ColumnStore, FieldSpec, StoreWriter
 from .tsv import BAD_ROW_POLICIES, FIRST_BAD_LINES_KEPT, CriteoTsvReader
@@ -129,13 +129,93 @@ def prepare(
     with a DataError naming file, line and column; ``"skip"`` skips bad rows and records how many
     (and the first line numbers) in the manifest. The store is written to a temporary directory
     and renamed at the end, so ``output`` is either complete or absent.
+
+    If ``output`` already holds a store prepared from the same inputs with the same options (see
+    :func:`existing_preparation`), nothing is done and that store is returned; any other existing
+    ``output`` is a DataError unless ``overwrite``.
     """
     paths = _input_paths(inputs)
     fractions = check_fractions(split)
     _check_policy(bad_rows)
+    if not overwrite:
+        existing = existing_preparation(paths, output, split=fractions, seed=seed, bad_rows=bad_rows)
+        if existing is not None:
+            return existing
     with atomic_directory(output, "replace" if overwrite else "error") as directory:
         _write_criteo_store(paths, directory, fractions, int(seed), bad_rows, int(chunk_rows))
     return ColumnStore.open(output)
+
+
+def _preparation_differences(manifest: dict, sha256s: list[str], split: Sequence[float], seed: int,
+                             bad_rows: str) -> list[str]:
+    """What differs between a store's manifest and a preparation of files with these digests and
+    options (the same notion of "same inputs" as the ``open_dataset`` cache: the bytes of the
+    inputs, in order, the split, seed and bad-row policy, the store format and the key scheme)."""
+    differences = []
+    sources = manifest.get("sources")
+    recorded = [source.get("sha256") for source in sources] if isinstance(sources, list) else None
+    if not recorded:
+        differences.append("not prepared from raw files")
+    elif recorded != sha256s:
+        differences.append(f"input sha256 {_short(recorded)}, now {_short(sha256s)}")
+    split_info = manifest.get("split") or {}
+    fractions = split_info.get("fractions") or []
+    if [float(x) for x in fractions] != [float(x) for x in split]:
+        differences.append(f"split {','.join(map(str, fractions))}, now {','.join(map(str, split))}")
+    if split_info.get("seed") != seed:
+        differences.append(f"seed {split_info.get('seed')}, now {seed}")
+    policy = (manifest.get("bad_rows") or {}).get("policy")
+    if policy != bad_rows:
+        differences.append(f"bad-rows {policy}, now {bad_rows}")
+    version = (manifest.get("key_scheme") or {}).get("version")
+    if version != KEY_SCHEME["version"]:
+        differences.append(f"key scheme version {version}, now {KEY_SCHEME['version']}")
+    return differences
+
+
+def _short(digests: list[str]) -> str:
+    return ",".join(str(d)[:12] for d in digests)
+
+
+def existing_preparation(
+    inputs: PathLike | Sequence[PathLike],
+    output: PathLike,
+    *,
+    split: Sequence[float] | None = DEFAULT_SPLIT,
+    seed: int = 0,
+    bad_rows: str = "fail",
+) -> ColumnStore | None:
+    """The store at ``output`` if it was prepared from the same inputs with the same options.
+
+    None if ``output`` does not exist. A DataError (one line, suggesting ``--force``) if it exists
+    but is something else: a store of other inputs or options, an incomplete or unreadable store,
+    or not a store at all. The inputs are compared by their sha256, like the ``open_dataset`` cache.
+    """
+    target = Path(output)
+    if not target.exists():
+        return None
+    paths = _input_paths(inputs)
+    fractions = check_fractions(split)
+    _check_policy(bad_rows)
+    for path in paths:
+        if not Path(path).exists():
+            raise DataError(f"{path}: no such file")
+        if Path(path).is_dir():
+            raise DataError(f"{path}: is a directory, not a data file")
+    if not (target / MANIFEST_NAME).is_file():
+        what = "an empty directory" if target.is_dir() and not any(target.iterdir()) else "not a prepared dataset"
+        raise DataError(f"{target}: output already exists and is {what} (remove it or pass --force)")
+    try:
+        store = ColumnStore.open(target)
+    except DataError as error:
+        raise DataError(f"{target}: output already exists but is not a valid store ({error}); "
+                        "pass --force to replace it") from None
+    differences = _preparation_differences(store.manifest, [file_sha256(p) for p in paths], fractions,
+                                           int(seed), bad_rows)
+    if differences:
+        raise DataError(f"{target}: output already exists, prepared from other inputs or options "
+                        f"({'; '.join(differences)}); pass --force to replace it")
+    return store
 
 
 def _check_policy(bad_rows: str) -> None:

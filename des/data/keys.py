@@ -111,7 +111,7 @@ def integer_token(v: int) -> int:
         return v
     if v <= np.iinfo(np.int64).max:
         return int(token_of_int(v))
-    return int(token_of_float(float(v)))
+    return int(math.floor(math.log(v) ** 2))  # math.log takes ints of any size (also > 1.8e308)
 
 
 def make_key(field: int | np.ndarray, u: int | np.ndarray) -> int | np.ndarray:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import math
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,7 +30,6 @@ from .keys import (
     NUM_INT_FIELDS,
     int_value_code,
     key_of,
-    token_of_float,
     token_of_int,
 )
 
@@ -43,6 +43,8 @@ _OK, _COLUMNS, _LABEL, _NOT_INT, _NOT_HEX = 0, 1, 2, 3, 4
 _INCOMPLETE = -1
 _NEWLINE, _TAB, _CR = 10, 9, 13
 _EXACT_DIGITS = 18  # up to 18 decimal digits fit an int64 exactly
+_INT64_MAX_DIV10, _INT64_MAX_MOD10 = divmod(2**63 - 1, 10)
+_LN10 = math.log(10.0)
 
 
 def _hex_table() -> np.ndarray:
@@ -80,13 +82,15 @@ def _parse_integer_column(buf, start, end, field, keys, row):
         i += 1
     if i == end:
         return _NOT_INT
+    while i < end and buf[i] == 48:  # leading zeros are not significant digits ("007" is 7)
+        i += 1
     digits_start = i
     value = 0
     while i < end:
         d = np.int64(buf[i]) - 48
         if d < 0 or d > 9:
             return _NOT_INT
-        value = value * 10 + d
+        value = value * 10 + d  # wraps beyond 18 digits; such values take _large_token
         i += 1
     if end - digits_start <= _EXACT_DIGITS:
         if negative:
@@ -95,15 +99,30 @@ def _parse_integer_column(buf, start, end, field, keys, row):
             token = _SMALL_TOKENS[value]
         else:
             token = token_of_int(value)
-    elif negative:
-        token = -(1 << 62)  # far below any token; clipped by int_value_code
     else:
-        approx = 0.0
-        for j in range(digits_start, end):
-            approx = approx * 10.0 + (np.int64(buf[j]) - 48)
-        token = token_of_float(approx)
+        token = _large_token(buf, digits_start, end, negative)
     keys[field, row] = key_of(field, int_value_code(token))
     return _OK
+
+
+@numba.njit(cache=True)
+def _large_token(buf, start, end, negative):
+    """Token of a value of more than 18 significant digits ``buf[start:end]`` (no sign, no
+    leading zero): exact while it fits an int64, else ``floor(ln(v)^2)`` with ``ln(v)`` from the
+    first 18 digits and the digit count, so any length works (the same as ``keys.integer_token``
+    up to rounding in the last bits of ``ln(v)``)."""
+    if negative:
+        return -(1 << 62)  # below -2^31 whether or not it fits an int64: clipped by int_value_code
+    m = 0
+    for j in range(start, start + _EXACT_DIGITS):
+        m = m * 10 + (np.int64(buf[j]) - 48)
+    digits = end - start
+    if digits == _EXACT_DIGITS + 1:
+        last = np.int64(buf[end - 1]) - 48
+        if m < _INT64_MAX_DIV10 or (m == _INT64_MAX_DIV10 and last <= _INT64_MAX_MOD10):
+            return token_of_int(m * 10 + last)
+    log = math.log(float(m)) + (digits - _EXACT_DIGITS) * _LN10
+    return np.int64(math.floor(log * log))
 
 
 @numba.njit(cache=True, inline="always")
@@ -336,20 +355,27 @@ class CriteoTsvReader:
             first = f"{name}:{report.first_error}"
             raise DataError(f"{name}: no valid rows ({report.skipped} bad rows skipped, first {first})")
 
-    def _read_chunk(self, stream: IO[bytes], report: SourceReport, is_gzip: bool) -> bytes:
+    def _read_chunk(self, stream: IO[bytes], report: SourceReport, is_gzip: bool, offset: int) -> bytes:
+        """The next ``read_bytes`` bytes (decompressed); ``offset``: bytes read before."""
         try:
             return stream.read(self.read_bytes)
         except (EOFError, gzip.BadGzipFile, zlib.error) as error:
             what = "truncated or corrupt gzip data" if is_gzip else "read error"
-            raise DataError(f"{report.display_name}: {what} after line {report.lines} ({error})") from None
+            if report.lines:
+                where = f"after line {report.lines}"
+            else:  # the damage is in the first read: no line could be checked
+                where = f"before line 1 could be read (within the first {offset + self.read_bytes:,} bytes of data)"
+            raise DataError(f"{report.display_name}: {what} {where} ({error})") from None
 
     def _parse_stream(self, stream: IO[bytes], report: SourceReport, is_gzip: bool) -> Iterator[RowBlock]:
         pending = b""
         at_eof = False
         bad_lines = np.zeros(FIRST_BAD_LINES_KEPT, dtype=np.int64)
         problem = np.zeros(3, dtype=np.int64)
+        offset = 0
         while not at_eof:
-            data = self._read_chunk(stream, report, is_gzip)
+            data = self._read_chunk(stream, report, is_gzip, offset)
+            offset += len(data)
             at_eof = not data
             buf = pending + data if pending else data
             array = np.frombuffer(buf, dtype=np.uint8)

@@ -3,15 +3,19 @@ rows of value blocks with co-located optimizer slots, deterministic counter-base
 admission, eviction and a pickle-free checkpoint format; plus the optimizer kernels that dense
 parameters share with the sparse rows. See DESIGN.md section 5."""
 
-from . import _cacheguard
+import os as _os
 
-_cacheguard.check()  # before any kernel is compiled or loaded from the numba cache
+from .._numba_cache import guard as _guard
+
+# before any kernel is compiled or loaded from the numba cache: kernels inline helpers of other
+# modules of this package, which numba's per-file cache check does not see (des/_numba_cache.py)
+_guard(_os.path.dirname(_os.path.abspath(__file__)), "des_hashtable_sources.sha256")
 
 from .format import TableFormatError  # noqa: E402
-from .init import Initializer
-from .optimizers import (FTRL, SGD, AdaGrad, Adam, DenseOptimizerState, optimizer_from_dict,
-                         optimizer_from_spec)
-from .table import EMPTY_KEY, BlockSpec, EmbeddingTable
+from .init import Initializer  # noqa: E402
+from .optimizers import (  # noqa: E402
+    FTRL, SGD, AdaGrad, Adam, DenseOptimizerState, optimizer_from_dict, optimizer_from_spec)
+from .table import EMPTY_KEY, BlockSpec, EmbeddingTable  # noqa: E402
 
 __all__ = ["EmbeddingTable", "BlockSpec", "Initializer", "SGD", "AdaGrad", "Adam", "FTRL",
            "DenseOptimizerState", "optimizer_from_dict", "optimizer_from_spec", "TableFormatError",

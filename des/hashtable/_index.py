@@ -97,18 +97,20 @@ def find_slot(idx, key: np.int64) -> int:
 
 
 @njit(cache=True, nogil=True)
-def lookup_insert(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step):
+def lookup_insert(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, min_count):
     """Rows of ``keys[start:]`` into ``out``, inserting missing keys as rows ``n_rows, ...``.
 
     Every occurrence increments ``count`` (saturating) and sets ``last_seen = step``. Returns
-    ``(position, n_rows, status)``; on NEED_GROWTH the caller grows and calls again from
-    ``position`` (everything before it is done). ``max_rows`` = min(row capacity, index fill
-    bound). Two-stage prefetch: the index line of key ``i + PF``, and the meta line of key
+    ``(position, n_rows, status, admitted)``, ``admitted`` = rows whose count reached
+    ``min_count`` in this call (new rows, for ``min_count`` 0); on NEED_GROWTH the caller grows
+    and calls again from ``position`` (everything before it is done). ``max_rows`` = min(row
+    capacity, index fill bound). Two-stage prefetch: the index line of key ``i + PF``, and the meta line of key
     ``i + PF/2`` if that key is already present (its index line has arrived by then).
     """
     n = keys.shape[0]
     cap = idx.shape[0]
     half = PF // 2
+    admitted = 0
     for i in range(start, n):
         if i + PF < n:
             prefetch2(idx, home_slot(keys[i + PF], cap), 0)
@@ -120,24 +122,28 @@ def lookup_insert(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step)
                     prefetch2(meta, idx[sp, 2], 0)
         key = keys[i]
         if key == EMPTY:
-            return i, n_rows, BAD_KEY
+            return i, n_rows, BAD_KEY, admitted
         s = find_slot(idx, key)
         if is_free(idx, s):
             if n_rows >= max_rows:
-                return i, n_rows, NEED_GROWTH
+                return i, n_rows, NEED_GROWTH, admitted
             r = n_rows
             n_rows += 1
             set_slot(idx, s, key, r)
             row_keys[r] = key
             meta[r, COUNT] = 0
+            if min_count == 0:
+                admitted += 1
         else:
             r = idx[s, 2]
         c = meta[r, COUNT]
         if c < INT32_MAX:  # saturate instead of wrapping
             meta[r, COUNT] = c + 1
+            if c + 1 == min_count:
+                admitted += 1
         meta[r, LAST] = step
         out[i] = r
-    return n, n_rows, OK
+    return n, n_rows, OK, admitted
 
 
 @njit(cache=True, nogil=True)

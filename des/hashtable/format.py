@@ -18,10 +18,13 @@ The header is a JSON object::
 
     {"format": "des.hashtable", "version": 1, "field": int, "seed": int, "dtype": "float32",
      "min_count": int, "unadmitted": "init"|"zero", "max_load": float, "n_rows": n,
-     "evicted_count": int, "last_update_step": int|null,
+     "evicted_count": int, "admitted_total": int, "last_update_step": int|null,
      "blocks": [{"name": str, "dim": int, "optimizer": {...}, "init": {...}}, ...],
      "arrays": {name: {"dtype": numpy dtype str, "shape": [...]}, ...},
      "sha256": hex digest of the payload}
+
+``admitted_total`` (admissions ever made) was added without a version change: readers ignore
+header entries they do not know, and a file without it loads with the number of admitted rows.
 
 The payload digest is SHA-256 over the arrays in sorted name order, each contributing
 ``name NUL dtype.str NUL json(shape) NUL`` followed by its C-order bytes. Files are written to a

@@ -10,13 +10,18 @@ Layout (see ``_index.py`` for the kernels):
   holding the values followed by the optimizer slots of that row (co-located, so an update
   touches one or two cache lines), plus an int32 step count for Adam blocks. A row is admitted iff
   its count >= ``min_count`` (the count only grows, so no separate flag is needed).
-* growth: row arrays grow by ``ROW_GROWTH`` = 1.25x, which bounds the slack to 25% of the payload
-  (measured total: 1.25-1.36x the raw payload for an FTRL[1] + Adam[8] row, see
-  scripts/bench_hashtable.py). A grown array is a fresh buffer plus a copy of the live rows, not
-  an in-place ``realloc``: fresh large numpy buffers are backed by transparent huge pages, while
-  glibc's ``mremap`` splits them into 4 KiB pages, and at 10M rows that made gathers 3x and Adam
-  updates 2x slower (TLB misses). The price is a transient: while one array is copied, that array
-  exists 2.25 times (arrays are grown one after another).
+* growth: row arrays grow by ``ROW_GROWTH`` = 1.15x, which bounds the row slack to 15%. The two
+  slacks can peak together (a freshly grown index at load ``max_load / 1.5`` while the rows have
+  just grown), so the worst case is ``1.15 * (payload + 8 B meta) + 12 B * 1.5 / max_load`` per
+  row: for the benchmark's FTRL[1] + Adam[8] float32 row (payload 120 B: key 8 + 12 + 96 + Adam
+  step 4) that is (1.15 * 128 + 25.7) / 120 = 1.44x the raw payload at any size past the initial
+  allocation (measured over 50k..1.5M keys: 1.22-1.42x; with 1.25x row growth it reached 1.52x
+  at ~1.14M keys). A grown array is a fresh buffer plus a copy of the live rows, not an in-place
+  ``realloc``: fresh large numpy buffers are backed by transparent huge pages, while glibc's
+  ``mremap`` splits them into 4 KiB pages, and at 10M rows that made gathers 3x and Adam updates
+  2x slower (TLB misses). The price is a transient: while one array is copied, that array exists
+  2.15 times (arrays are grown one after another), and each row is copied ~1/0.15 = 7 times on
+  average over the table's growth.
 
 The reserved sentinel key is ``EMPTY_KEY = -2**63`` (int64 minimum); every other int64 is a valid
 key. Rows handed out by :meth:`EmbeddingTable.lookup` stay valid until the next :meth:`evict`
@@ -40,7 +45,7 @@ from .optimizers import FTRL, SGD, AdaGrad, Adam, Optimizer, optimizer_from_dict
 
 EMPTY_KEY: int = int(K.EMPTY)
 INDEX_GROWTH = 1.5
-ROW_GROWTH = 1.25
+ROW_GROWTH = 1.15
 MIN_CAPACITY = 16
 INITIAL_ROWS_MAX = 1 << 16
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
@@ -134,6 +139,7 @@ class EmbeddingTable:
         self.unadmitted = unadmitted
         self._bases = [Initializer.stream_base(self.seed, self.field, b.name) for b in self.blocks]
         self.evicted_count = 0
+        self.admitted_total = 0  # admissions ever (a key evicted and admitted again counts twice)
         self.last_update_step: int | None = None
         self._n = 0
         self._scratch_bufs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -229,8 +235,9 @@ class EmbeddingTable:
 
         ``insert=True`` (training): missing keys are inserted (values from the initializer, slots
         from the optimizer), every occurrence increments the key's count, ``last_seen = step``, and a
-        key whose count reaches ``min_count`` is admitted. ``insert=False`` (evaluation): nothing
-        changes; unknown keys get row -1. Raises ValueError if a key is the sentinel ``EMPTY_KEY``.
+        key whose count reaches ``min_count`` is admitted (counted in ``admitted_total``).
+        ``insert=False`` (evaluation): nothing changes; unknown keys get row -1. Raises ValueError
+        if a key is the sentinel ``EMPTY_KEY``.
         """
         keys = _as_keys(keys)
         flat = keys.reshape(-1)
@@ -241,9 +248,10 @@ class EmbeddingTable:
                 self._raise_sentinel(flat)
             n0, pos = self._n, 0
             while True:
-                pos, self._n, status = K.lookup_insert(
+                pos, self._n, status, admitted = K.lookup_insert(
                     self._idx, flat, out, pos, self._n, min(self._row_cap, self._max_fill),
-                    self._keys, self._meta, step)
+                    self._keys, self._meta, step, self.min_count)
+                self.admitted_total += admitted
                 if status == K.NEED_GROWTH:
                     self._grow()
                 elif status == K.OK:
@@ -352,7 +360,8 @@ class EmbeddingTable:
 
     @property
     def admitted_count(self) -> int:
-        """Live rows that are admitted (trained)."""
+        """Live rows that are admitted (trained). ``admitted_total`` counts admissions ever made
+        (the counterpart of ``evicted_count``; a key evicted and admitted again counts twice)."""
         return int(np.count_nonzero(self._meta[:self._n, K.COUNT] >= self.min_count))
 
     @property
@@ -386,7 +395,8 @@ class EmbeddingTable:
     def estimated_bytes(self, rows: int) -> int:
         """Memory this table takes once it holds ``rows`` keys, without growth slack: row arrays
         of exactly ``rows`` rows and an index at its load bound (or the initial allocation, if
-        larger). The real figure is at most ~1.25x (rows) and 1.5x (index) above it."""
+        larger). The real figure is at most ~``ROW_GROWTH`` = 1.15x (rows) and ``INDEX_GROWTH`` =
+        1.5x (index) above it."""
         row_bytes = (self._keys.itemsize + self._meta.itemsize * self._meta.shape[1]
                      + sum(d.itemsize * d.shape[1] for d in self._data)
                      + sum(s.itemsize for s in self._steps if s is not None))
@@ -430,6 +440,7 @@ class EmbeddingTable:
         header = {"field": self.field, "seed": self.seed, "dtype": self.dtype.name,
                   "min_count": self.min_count, "unadmitted": self.unadmitted,
                   "max_load": self.max_load, "n_rows": n, "evicted_count": self.evicted_count,
+                  "admitted_total": self.admitted_total,
                   "last_update_step": self.last_update_step,
                   "blocks": [b.to_dict() for b in self.blocks]}
         write_table_file(path, header, arrays)
@@ -453,6 +464,8 @@ class EmbeddingTable:
             last = header.get("last_update_step")
             table.last_update_step = None if last is None else int(last)
             table._fill_from(arrays, n)
+            admitted = header.get("admitted_total")  # absent in files of older versions of des
+            table.admitted_total = table.admitted_count if admitted is None else int(admitted)
         except TableFormatError:
             raise
         except (KeyError, TypeError, ValueError) as e:
