@@ -63,8 +63,10 @@ def _load_state(prefix: str, arrays: Any, state: Any) -> None:
     state.load_state_dict({k[len(tag):]: arrays[k] for k in arrays.files if k.startswith(tag)})
 
 
-def save_checkpoint(engine: Any, root: Path, *, epoch: int, next_batch: int, config: dict[str, Any], ttl: int = 0) -> Path:
-    """Write a checkpoint of ``engine`` under ``root``; collective (every rank calls it)."""
+def save_checkpoint(engine: Any, root: Path, *, epoch: int, next_batch: int, config: dict[str, Any], ttl: int = 0,
+                    data_order: dict[str, Any] | None = None) -> Path:
+    """Write a checkpoint of ``engine`` under ``root``; collective (every rank calls it).
+    ``data_order``: what fixes the batch order (data, batch size, seed...), checked on resume."""
     comm = engine.comm
     evicted = 0
     if ttl:
@@ -120,12 +122,19 @@ def save_checkpoint(engine: Any, root: Path, *, epoch: int, next_batch: int, con
             "placement": engine.placement,
             "evicted_rows": evicted,
             "config": config,
+            "data_order": data_order or {},
             "files": dict(sorted(files.items())),
         }
         _write_atomically(tmp / "manifest.json", json.dumps(manifest, indent=1))
-        shutil.rmtree(final, ignore_errors=True)
+        # A checkpoint of this step may exist (a rerun into the same folder): move it aside with
+        # one rename, put the new one in place with another, and only then delete the old one.
+        old = root / f".{name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            os.replace(final, old)
         os.replace(tmp, final)
         _write_atomically(root / "latest", name + "\n")
+        shutil.rmtree(old, ignore_errors=True)
     comm.barrier("checkpoint")
     return final
 
@@ -162,7 +171,14 @@ def read_manifest(path: str | Path) -> tuple[Path, dict[str, Any]]:
         raise CheckpointError(f"checkpoint manifest {manifest_path} is corrupt: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"{manifest_path} is not a {FORMAT} manifest")
+    for key, kind in _MANIFEST_KEYS.items():
+        if not isinstance(manifest.get(key), kind) or isinstance(manifest.get(key), bool):
+            raise CheckpointError(f"checkpoint manifest {manifest_path} is corrupt: {key!r} is missing or not a {kind.__name__}")
     return folder, manifest
+
+
+_MANIFEST_KEYS = {"model": dict, "dtype": str, "seed": int, "num_fields": int, "step": int, "epoch": int,
+                  "next_batch": int, "ranks": int, "placement": list, "config": dict, "files": dict}
 
 
 def check_compatible(manifest: dict[str, Any], engine: Any, folder: Path) -> None:
@@ -177,6 +193,15 @@ def check_compatible(manifest: dict[str, Any], engine: Any, folder: Path) -> Non
         raise CheckpointError(f"checkpoint {folder} is {manifest['dtype']}, the run is {engine.dtype.name}")
 
 
+def check_data_order(manifest: dict[str, Any], data_order: dict[str, Any], folder: Path) -> None:
+    """A resume continues at (epoch, next batch): that position only exists in the same batch order."""
+    saved = manifest.get("data_order") or {}
+    differ = [f"{k} {saved[k]!r} vs {v!r}" for k, v in data_order.items() if k in saved and saved[k] != v]
+    if differ:
+        raise CheckpointError(f"checkpoint {folder} was written with another batch order ({'; '.join(differ)}); "
+                              "resume with the same data, --batch-size, --seed and --drop-last, or start a new run")
+
+
 def _verified(folder: Path, manifest: dict[str, Any], file: str) -> Path:
     path = folder / file
     expected = manifest["files"].get(file)
@@ -189,10 +214,13 @@ def _verified(folder: Path, manifest: dict[str, Any], file: str) -> Path:
     return path
 
 
-def load_checkpoint(engine: Any, path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint into ``engine`` (any number of ranks); returns its manifest."""
+def load_checkpoint(engine: Any, path: str | Path, *, data_order: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Load a checkpoint into ``engine`` (any number of ranks); returns its manifest. With
+    ``data_order`` (a resume), the checkpoint must come from the same batch order."""
     folder, manifest = read_manifest(path)
     check_compatible(manifest, engine, folder)
+    if data_order is not None:
+        check_data_order(manifest, data_order, folder)
     for field in engine.fields:
         j = engine.field_param_index(field)
         stem = _field_stem(field)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from des.errors import ConfigError
+from des.errors import ArgumentParser, ConfigError, UsageError
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 SHIPPED_SAMPLE = PACKAGE_ROOT / "datasets" / "criteo_sample.txt.gz"
@@ -103,6 +103,25 @@ class TrainConfig:
         if self.epochs == 0 and self.max_steps == 0:
             raise ConfigError("nothing to train: --epochs and --max-steps are both 0")
         self.hidden_units()
+        self.split_fractions()
+        if self.strategy == "ps":
+            for name, why in (("resume", "a baseline without checkpoints"),
+                              ("checkpoint_every", "a baseline without checkpoints"),
+                              ("eval_every", "it validates once, at the end")):
+                if getattr(self, name):
+                    raise ConfigError(f"--{_flag(name)} is not supported with --strategy ps ({why})")
+
+    def split_fractions(self) -> tuple[float, float, float] | None:
+        """``--split`` as three fractions (``None``: empty, the data's own split)."""
+        from des.data.split import check_fractions
+        from des.errors import DesError
+
+        if not self.split:
+            return None
+        try:
+            return check_fractions(self.split)
+        except DesError as exc:
+            raise ConfigError(f"--split: {exc}") from None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -113,7 +132,7 @@ def _flag(name: str) -> str:
 
 
 def build_parser(prog: str = "des.train") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog=prog,
         description="Train a CTR model with Distributed Equivalent Substitution "
         "(run under `mpirun -n N` for N ranks; plain `python -m des.train` is one rank).",
@@ -136,15 +155,21 @@ def build_parser(prog: str = "des.train") -> argparse.ArgumentParser:
 
 
 def load_config(argv: list[str] | None = None, prog: str = "des.train") -> TrainConfig:
-    """Defaults, then the TOML file given by ``--config``, then the flags."""
-    args = vars(build_parser(prog).parse_args(argv))
-    values: dict[str, Any] = {}
-    config_file = args.pop("config", None)
-    if config_file:
-        values.update(_read_toml(Path(config_file)))
-    values.update(args)
-    config = TrainConfig(**values)
-    config.validate()
+    """Defaults, then the TOML file given by ``--config``, then the flags. Every error here is a
+    :class:`UsageError`: each rank reads the same input, so rank 0 alone reports it."""
+    try:
+        args = vars(build_parser(prog).parse_args(argv))
+        values: dict[str, Any] = {}
+        config_file = args.pop("config", None)
+        if config_file:
+            values.update(_read_toml(Path(config_file)))
+        values.update(args)
+        config = TrainConfig(**values)
+        config.validate()
+    except UsageError:
+        raise
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
     return config
 
 

@@ -11,18 +11,17 @@ their deterministic initial value, or zero, as the model was trained with ``--un
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
 from des import runtime  # noqa: F401  (quiets TensorFlow before it is imported)
 from des.collectives import Communicator, run_main
 from des.config import TrainConfig
-from des.errors import ConfigError
+from des.errors import ArgumentParser, ConfigError, UsageError
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="des.evaluate", description=__doc__.split("\n\n")[0])
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="des.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="checkpoint folder, checkpoints/ folder or run folder")
     parser.add_argument("--data", required=True, help="raw Criteo TSV/.gz file or a prepared directory")
     parser.add_argument("--split", default="all", choices=("all", "train", "validation", "test"),
@@ -37,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.batch_size < 1:
-        raise ConfigError(f"--batch-size must be at least 1, got {args.batch_size}")
+        raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     runtime.configure_threads()
     comm = Communicator()
     import numpy as np
@@ -78,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     if comm.rank == 0:
         auc = roc_auc(y, p) if 0 < y.sum() < y.size else float("nan")
         print(f"rows {y.size}  auc {auc:.6f}  logloss {logloss(y, p):.6f}")
+        skipped = store.manifest.get("bad_rows", {}).get("skipped", 0)
+        if skipped:  # --bad-rows skip: say which input rows have no prediction
+            print(f"skipped {skipped} malformed row(s) (first: {', '.join(store.manifest['bad_rows']['first_skipped'])}); "
+                  f"predictions are for the {y.size} other rows, in input order")
         if args.predictions:
             out = Path(args.predictions)
             tmp = out.with_name(out.name + ".tmp")

@@ -12,13 +12,16 @@ The loop, on every rank, in lock-step: same global batch, own fields, one AllRed
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
+import os
 
 import numpy as np
 import platform
 import resource
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -73,17 +76,29 @@ def open_data(config: TrainConfig, comm: Communicator):
     from des.data import ColumnStore, open_dataset
 
     if comm.rank == 0:
-        split = [float(x) for x in config.split.split(",")] if config.split else None
-        store = open_dataset(config.data, cache_dir=config.cache_dir or None, split=split,
+        store = open_dataset(config.data, cache_dir=config.cache_dir or None, split=config.split_fractions(),
                              seed=config.split_seed, bad_rows=config.bad_rows)
         path = str(store.path)
     path = comm.bcast_json(path if comm.rank == 0 else None, "setup")
     return store if comm.rank == 0 else ColumnStore.open(path)
 
 
-def make_run_folder(config: TrainConfig, comm: Communicator) -> Path:
+def plan_run_folder(config: TrainConfig, comm: Communicator) -> Path:
+    """The run folder's absolute path, checked to be creatable but not created yet: a run that
+    fails during setup (a bad checkpoint, say) leaves nothing behind."""
     if comm.rank == 0:
-        folder = Path(config.output or f"runs/{config.model}-{time.strftime('%Y%m%d-%H%M%S')}")
+        folder = Path(config.output or f"runs/{config.model}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+        existing = folder
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError(f"output directory {folder} is not writable: {existing} is not a writable directory")
+        name = str(folder)
+    return Path(comm.bcast_json(name if comm.rank == 0 else None, "setup"))
+
+
+def create_run_folder(folder: Path, comm: Communicator) -> None:
+    if comm.rank == 0:
         try:
             folder.mkdir(parents=True, exist_ok=True)
             probe = folder / ".write-test"
@@ -91,8 +106,42 @@ def make_run_folder(config: TrainConfig, comm: Communicator) -> Path:
             probe.unlink()
         except OSError as exc:
             raise ConfigError(f"output directory {folder} is not writable: {exc.strerror or exc}") from None
-        name = str(folder.resolve())
-    return Path(comm.bcast_json(name if comm.rank == 0 else None, "setup"))
+    comm.barrier("setup")
+
+
+def write_run_config(folder: Path, comm: Communicator, config: TrainConfig, placement: list[list[int]],
+                     model, store) -> None:
+    """``config.json``: the effective config, N, the placement, the model and the versions."""
+    if comm.rank == 0:
+        (folder / "config.json").write_text(json.dumps({
+            "config": config.to_dict(), "ranks": comm.size, "placement": placement,
+            "model": model.describe(), "data": str(store.path), "data_fingerprint": data_fingerprint(store),
+            "versions": _versions(), "python": platform.python_version(),
+        }, indent=1))
+
+
+def data_fingerprint(store) -> str:
+    """Identifies a prepared dataset by content (its manifest: sources' sha256, split, counts)."""
+    return hashlib.sha256(json.dumps(store.manifest, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def describe_config(config: TrainConfig) -> str:
+    """The effective config, every option, wrapped (also saved in ``config.json``)."""
+    items = " ".join(f"{k}={v}" for k, v in config.to_dict().items())
+    return textwrap.fill(items, width=110, initial_indent="  config: ", subsequent_indent="          ",
+                         break_long_words=False, break_on_hyphens=False)
+
+
+def describe_placement(placement: list[list[int]], distinct: list[int], names, layout=None) -> str:
+    """Fields, distinct ids and (given one of the tables) estimated table memory of every rank."""
+    lines = []
+    for r, fields in enumerate(placement):
+        # Every field's table has the same row layout, so one table can size all of them.
+        memory = "" if layout is None else \
+            f", tables ~{sum(layout.estimated_bytes(distinct[f]) for f in fields) / 2**20:7.1f} MiB"
+        lines.append(f"  rank {r}: {len(fields):2d} fields, {sum(distinct[f] for f in fields):9d} distinct ids{memory}  "
+                     f"{','.join(names[f] for f in fields)}")
+    return "\n".join(lines)
 
 
 def predict_split(engine, store, split: str, batch_size: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -161,14 +210,11 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
     if steps_per_epoch == 0:
         raise ConfigError(f"--batch-size {config.batch_size} is larger than the {train_rows} training rows of {store.path}")
     optimizers = build_optimizers(config)
-    folder = make_run_folder(config, comm)
-
-    if config.strategy == "ps" and config.resume:
-        raise ConfigError("--resume is not supported with --strategy ps (a baseline without checkpoints)")
+    folder = plan_run_folder(config, comm)
     runtime.configure_threads()
     if config.strategy == "ps":
         return train_parameter_server(config, comm, store, build_model(config, store.num_fields), optimizers,
-                                      steps_per_epoch, folder)
+                                      steps_per_epoch, folder, placement, distinct)
     from des.checkpoint import load_checkpoint, save_checkpoint
     from des.options import TableOptions
     from des.strategies import engine_class
@@ -179,31 +225,27 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
         tables=TableOptions(config.table_capacity, config.min_count, config.unadmitted),
     )
     log = Log(comm, folder)
+    # What fixes the order of the batches: a checkpoint's (epoch, next batch) only means the same
+    # position in a run with the same data, batch size, seed and drop-last.
+    data_order = {"data_fingerprint": data_fingerprint(store), "batch_size": config.batch_size,
+                  "seed": config.seed, "drop_last": config.drop_last}
 
     start_epoch, start_batch = 0, 0
     if config.resume:
-        manifest = load_checkpoint(engine, config.resume)
+        manifest = load_checkpoint(engine, config.resume, data_order=data_order)
         start_epoch, start_batch = manifest["epoch"], manifest["next_batch"]
-        log.say(f"resumed from {config.resume} at step {engine.step_count} (epoch {start_epoch}, batch {start_batch}), "
-                f"written by {manifest['ranks']} rank(s)")
-
-    if comm.rank == 0:
-        (folder / "config.json").write_text(json.dumps({
-            "config": config.to_dict(), "ranks": comm.size, "placement": placement,
-            "model": model.describe(), "data": str(store.path),
-            "versions": _versions(), "python": platform.python_version(),
-        }, indent=1))
+    create_run_folder(folder, comm)
+    write_run_config(folder, comm, config, placement, model, store)
     log.say(f"des.train: {model.name} with strategy {config.strategy} on {store.path.name} ({store.num_rows} rows, {train_rows} train), "
             f"{comm.size} rank(s), batch {config.batch_size}, {config.epochs} epoch(s), dtype {config.dtype}, "
             f"buffer {engine.buffer_width} floats/sample")
     log.say(f"  optimizers: linear {config.linear_optimizer_spec()}; embedding {config.embedding_optimizer}; "
             f"dense {config.dense_optimizer}")
-    # Every field's table has the same row layout, so rank 0's first table can size all of them.
-    layout = next(iter(engine.tables.values()), None)
-    for r, fields in enumerate(placement):
-        memory = sum(layout.estimated_bytes(distinct[f]) for f in fields) if layout is not None else 0
-        log.say(f"  rank {r}: {len(fields):2d} fields, {sum(distinct[f] for f in fields):9d} distinct ids, "
-                f"tables ~{memory / 2**20:7.1f} MiB  {','.join(store.field_names[f] for f in fields)}")
+    log.say(describe_config(config))
+    if config.resume:
+        log.say(f"  resumed from {config.resume} at step {engine.step_count} (epoch {start_epoch}, batch {start_batch}), "
+                f"written by {manifest['ranks']} rank(s)")
+    log.say(describe_placement(placement, distinct, store.field_names, next(iter(engine.tables.values()), None)))
     log.say(f"  run folder: {folder}")
 
     # Absolute step to stop at (a resumed run continues towards the same end).
@@ -216,6 +258,7 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
     train_seconds, samples, timed_samples, loss_sum, loss_count, steps_run = 0.0, 0, 0, 0.0, 0, 0
     last_validation: dict[str, Any] | None = None
     checkpoints = folder / "checkpoints"
+    saved_step = -1
 
     def validate(epoch: int) -> None:
         nonlocal last_validation, loss_sum, loss_count
@@ -255,8 +298,9 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
             if config.eval_every and engine.step_count % config.eval_every == 0:
                 validate(epoch)
             if config.checkpoint_every and engine.step_count % config.checkpoint_every == 0:
-                save_checkpoint(engine, checkpoints, epoch=epoch, next_batch=next_batch,
-                                config=config.to_dict(), ttl=config.ttl)
+                final = save_checkpoint(engine, checkpoints, epoch=epoch, next_batch=next_batch,
+                                        config=config.to_dict(), ttl=config.ttl, data_order=data_order)
+                saved_step = engine.step_count
             if engine.step_count >= total_steps:
                 break
         if next_batch >= len(reader):  # the epoch is complete
@@ -268,8 +312,9 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
     if progress is not None:
         progress.close()
 
-    final = save_checkpoint(engine, checkpoints, epoch=epoch, next_batch=next_batch, config=config.to_dict(),
-                            ttl=config.ttl)
+    if saved_step != engine.step_count:  # the periodic save may have just written this very step
+        final = save_checkpoint(engine, checkpoints, epoch=epoch, next_batch=next_batch, config=config.to_dict(),
+                                ttl=config.ttl, data_order=data_order)
     test = evaluate(engine, store, "test", config.eval_batch_size)
     # Bytes this rank sent per training step: DES's partials, or all-to-all's ids, rows, row
     # gradients and dense gradients (evaluation, setup and checkpoint traffic excluded).
@@ -310,16 +355,24 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
 
 
 def train_parameter_server(config: TrainConfig, comm: Communicator, store, model, optimizers,
-                           steps_per_epoch: int, folder: Path) -> dict[str, Any]:
+                           steps_per_epoch: int, folder: Path, placement: list[list[int]],
+                           distinct: list[int]) -> dict[str, Any]:
     """``--strategy ps``: the asynchronous baseline (see :mod:`des.strategies.ps`)."""
-    from des.strategies.ps import run_parameter_server
+    from des.strategies.ps import ps_placement, run_parameter_server
 
     log = Log(comm, folder)
     total_steps = config.epochs * steps_per_epoch if config.epochs else config.max_steps
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
-    log.say(f"des.train: {model.name} with strategy ps on {store.path.name}, {comm.size} rank(s), "
+    placement = ps_placement(store.num_fields, comm.size, config.ps_servers)
+    create_run_folder(folder, comm)
+    write_run_config(folder, comm, config, placement, model, store)
+    log.say(f"des.train: {model.name} with strategy ps on {store.path.name}, {comm.size} rank(s) "
+            f"({config.ps_servers} server(s), {comm.size - config.ps_servers} asynchronous worker(s)), "
             f"batch {config.batch_size}, {total_steps} batches, dtype {config.dtype}")
+    log.say(describe_config(config))
+    log.say(describe_placement(placement, distinct, store.field_names))
+    log.say(f"  run folder: {folder}")
     result = run_parameter_server(config, comm, store, model, optimizers, steps_per_epoch, total_steps, log)
     validation, test = result.pop("validation"), result.pop("test")
     summary = {
@@ -331,6 +384,9 @@ def train_parameter_server(config: TrainConfig, comm: Communicator, store, model
         "peak_rss_bytes_per_rank": comm.allgather(np.array([peak_rss_bytes()], np.int64), "summary")[:, 0].tolist(),
         "checkpoint": None, "run_folder": str(folder),
     }
+    log.metrics({"step": summary["steps"], "samples": summary["train_samples"],
+                 "samples_per_second": summary["samples_per_second"],
+                 **({"auc": validation["auc"], "logloss": validation["logloss"]} if validation else {})})
     if comm.rank == 0:
         (folder / "summary.json").write_text(json.dumps(summary, indent=1))
     log.say(_format_summary(summary) + f"\n  staleness of dense pushes: mean {summary['staleness_mean']:.2f}, "
@@ -339,13 +395,34 @@ def train_parameter_server(config: TrainConfig, comm: Communicator, store, model
 
 
 def _progress(enabled: bool, total: int, initial: int):
-    if not enabled:
-        return None
+    if not enabled or not user_sees_a_terminal():
+        return None  # in a log file the evaluation lines and the summary say enough
     from tqdm import tqdm
 
-    # A bar only on a terminal; in a log file the evaluation lines and the summary say enough.
-    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, file=sys.stderr, leave=True,
-                disable=not sys.stderr.isatty())
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, file=sys.stderr, leave=True)
+
+
+def user_sees_a_terminal() -> bool:
+    """Is this process's stderr shown on a terminal? Under ``mpirun`` a rank's stderr is a pipe to
+    the launcher, which copies it to *its* stderr: then that one decides (Linux ``/proc``)."""
+    if sys.stderr.isatty():
+        return True
+    import psutil
+
+    try:
+        ancestors = psutil.Process().parents()
+        for i, process in enumerate(ancestors):
+            name = process.name()
+            if name == "hydra_pmi_proxy" and i + 1 < len(ancestors):  # MPICH: proxy, then launcher
+                launcher = ancestors[i + 1]
+            elif name.startswith(("mpiexec", "mpirun", "prterun", "orterun")):
+                launcher = process
+            else:
+                continue
+            return os.readlink(f"/proc/{launcher.pid}/fd/2").startswith(("/dev/pts/", "/dev/tty"))
+    except (OSError, psutil.Error):
+        pass
+    return False
 
 
 def _format_record(record: dict[str, Any]) -> str:

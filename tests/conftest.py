@@ -47,6 +47,16 @@ def run_mpi(
     return proc
 
 
+def criteo_head(path: Path, rows: int) -> Path:
+    """The first ``rows`` rows of the shipped Criteo sample, as a plain TSV at ``path``."""
+    import gzip
+
+    with gzip.open(REPO / "datasets" / "criteo_sample.txt.gz", "rt") as src, open(path, "w") as dst:
+        for _, line in zip(range(rows), src):
+            dst.write(line)
+    return path
+
+
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO

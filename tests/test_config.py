@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from des.config import TrainConfig, build_parser, load_config
-from des.errors import ConfigError
+from des.errors import ConfigError, UsageError
 
 
 def test_flags_override_the_toml_file(tmp_path: Path) -> None:
@@ -45,10 +45,19 @@ def test_missing_toml_file(tmp_path: Path) -> None:
         (["--hidden", "400,x"], "--hidden must be comma-separated integers"),
         (["--epochs", "0", "--max-steps", "0"], "nothing to train"),
         (["--ttl", "-1"], "--ttl must not be negative"),
+        (["--split", "a,b"], "--split: split 'a,b' is not three comma-separated numbers"),
+        (["--split", "0.5,0.5"], "--split: split needs 3 fractions"),
+        (["--split", "0.9,0.2,0.1"], "must be non-negative and sum to 1"),
+        (["--strategy", "ps", "--checkpoint-every", "5"], "--checkpoint-every is not supported with --strategy ps"),
+        (["--strategy", "ps", "--eval-every", "5"], "--eval-every is not supported with --strategy ps"),
+        (["--dtype", "float16"], r"argument --dtype: invalid choice: 'float16'.*\(see --help\)"),
+        (["--batch-size", "many"], "argument --batch-size: invalid int value: 'many'"),
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     ],
 )
 def test_bad_values(flags: list[str], message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
+    # UsageError: the same on every rank, so only rank 0 prints it (see des.collectives.failure).
+    with pytest.raises(UsageError, match=message):
         load_config(flags)
 
 

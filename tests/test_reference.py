@@ -5,8 +5,6 @@ that N-rank DES training is the model as written in the papers."""
 
 from __future__ import annotations
 
-import gzip
-
 import keras
 import numpy as np
 import pytest
@@ -19,7 +17,7 @@ from des.engine import DESEngine, Optimizers
 from des.hashtable import FTRL, AdaGrad, Adam
 from des.models import get_model
 from des.placement import place_fields
-from tests.conftest import REPO
+from tests.conftest import criteo_head
 from tests.reference_models import PlainTFModel
 
 STEPS = 15
@@ -29,11 +27,7 @@ HIDDEN = (16, 8)
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     root = tmp_path_factory.mktemp("reference-data")
-    raw = root / "head.tsv"
-    with gzip.open(REPO / "datasets" / "criteo_sample.txt.gz", "rt") as src, open(raw, "w") as dst:
-        for _, line in zip(range(2000), src):
-            dst.write(line)
-    return prepare(raw, root / "store", split=(0.9, 0.1, 0.0), seed=4)
+    return prepare(criteo_head(root / "head.tsv", 2000), root / "store", split=(0.9, 0.1, 0.0), seed=4)
 
 
 def _model(name: str, num_fields: int):

@@ -6,7 +6,6 @@ other data with another rank count, and every bad input ending the whole job wit
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import signal
@@ -20,7 +19,7 @@ import psutil
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from tests.conftest import MPIEXEC, REPO, mpi_env, run_mpi
+from tests.conftest import MPIEXEC, REPO, criteo_head, mpi_env, run_mpi
 
 SMALL = ["--embedding-dim", "4", "--hidden", "16,8", "--batch-size", "256", "--eval-batch-size", "1024",
          "--no-progress", "--table-capacity", "256"]
@@ -29,9 +28,7 @@ SMALL = ["--embedding-dim", "4", "--hidden", "16,8", "--batch-size", "256", "--e
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("train")
-    with gzip.open(REPO / "datasets" / "criteo_sample.txt.gz", "rt") as src, open(root / "small.tsv", "w") as dst:
-        for _, line in zip(range(2000), src):
-            dst.write(line)
+    criteo_head(root / "small.tsv", 2000)
     return root
 
 
@@ -142,8 +139,13 @@ def test_evaluate_with_other_rank_counts(resume_runs, work: Path) -> None:
     assert p1.shape == labels.shape  # one probability per input row
     np.testing.assert_allclose(outputs[3][0], p1, rtol=1e-9)
     assert auc1 == pytest.approx(roc_auc_score(labels, p1), abs=1e-6)
-    # In input order: the straight run's test rows are a subset of these rows with the same scores.
     assert outputs[3][1] == pytest.approx(auc1, abs=1e-6)
+    # In input order: the same rows reversed give the same probabilities reversed.
+    reversed_rows = work / "reversed.tsv"
+    reversed_rows.write_text("\n".join((work / "small.tsv").read_text().splitlines()[::-1]) + "\n")
+    run_mpi(2, ["-m", "des.evaluate", "--checkpoint", checkpoint, "--data", str(reversed_rows),
+                "--cache-dir", str(work / "cache"), "--predictions", str(work / "predictions-rev.txt")])
+    np.testing.assert_allclose(np.loadtxt(work / "predictions-rev.txt"), p1[::-1], rtol=1e-9)
 
 
 @pytest.mark.mpi
@@ -182,6 +184,12 @@ def test_parameter_server_is_asynchronous(work: Path) -> None:
     assert 0.55 < s["test_auc"] < 1.0
     # Real staleness: some dense gradients were computed on weights that others updated since.
     assert s["staleness_max"] >= 1, proc.stdout
+    # The same run folder as the synchronous strategies (no checkpoints: a baseline).
+    config = json.loads((work / "ps" / "config.json").read_text())
+    assert config["ranks"] == 4 and config["config"]["strategy"] == "ps" and config["placement"][1:] == [[], [], []]
+    record = json.loads((work / "ps" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["step"] == s["steps"] and 0.5 < record["auc"] < 1.0
+    assert "1 server(s), 3 asynchronous worker(s)" in proc.stdout and "  config: model=deepfm" in proc.stdout
 
 
 # ---------------------------------------------------------------------------------------------- bad input
@@ -197,6 +205,57 @@ def test_unknown_model_and_bad_flags(work: Path) -> None:
     expect_error(train(work, 1, "bad2", "--dtype", "float16", check=False), "invalid choice: 'float16'")
     expect_error(train(work, 1, "bad3", "--batch-size", "0", check=False), "--batch-size must be at least 1")
     expect_error(train(work, 1, "bad4", "--embedding-optimizer", "adam:lr=x", check=False), "--embedding-optimizer")
+
+
+def test_a_bad_flag_on_several_ranks_is_one_line(work: Path) -> None:
+    proc = run_mpi(3, ["-m", "des.train", "--dtype", "float16"], check=False, timeout=60)
+    expect_error(proc, "[rank 0] des.train: error: argument --dtype: invalid choice: 'float16'")
+    assert len(proc.stderr.strip().splitlines()) == 1 and "usage:" not in proc.stderr, proc.stderr
+    proc = run_mpi(2, ["-m", "des.train", "--split", "a,b"], check=False, timeout=60)
+    expect_error(proc, "--split: split 'a,b' is not three comma-separated numbers")
+
+
+def test_ranks_other_than_0_and_tensorflow_stay_quiet(work: Path) -> None:
+    """Only rank 0 talks, once; TensorFlow's start-up messages are suppressed by des itself."""
+    env = {k: v for k, v in mpi_env(2).items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS")}
+    cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "des.train", "--data", str(work / "small.tsv"),
+           "--cache-dir", str(work / "cache"), "--output", str(work / "quiet"), *SMALL, "--model", "fm",
+           "--max-steps", "2"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("des.train: fm") == 1 and proc.stdout.count("done: fm") == 1, proc.stdout
+    assert proc.stderr.strip() == "", proc.stderr
+
+
+def test_progress_bar_under_mpirun_on_a_terminal(work: Path) -> None:
+    """Under mpirun a rank's stderr is a pipe; the bar still shows when the user's terminal is."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "des.train", "--data", str(work / "small.tsv"),
+           "--cache-dir", str(work / "cache"), "--output", str(work / "bar"), *SMALL, "--progress",
+           "--model", "lr", "--max-steps", "3"]
+    job = subprocess.Popen(cmd, cwd=REPO, env=mpi_env(2), stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    os.close(slave)
+    output = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: every writer has closed the terminal
+                break
+            if not chunk:
+                break
+            output += chunk
+        assert job.wait(timeout=240) == 0, output.decode(errors="replace")
+    finally:
+        os.close(master)
+        if job.poll() is None:
+            job.kill()
+    text = output.decode(errors="replace")
+    assert "3/3" in text and "loss=" in text and "sps=" in text, text  # tqdm: steps, loss, samples/s
+    assert "<00:00" in text or "<?" in text  # tqdm's ETA field
 
 
 def test_missing_and_malformed_data(work: Path) -> None:
@@ -259,6 +318,18 @@ def test_bad_checkpoints(work: Path, resume_runs) -> None:
     expect_error(proc, "field-005.table is corrupt")
     proc = train(work, 1, "bad9", "--model", "wdl", "--resume", str(work / "no-such-checkpoint"), check=False)
     expect_error(proc, "does not exist")
+    proc = train(work, 2, "bad10", *RESUME_FLAGS, "--batch-size", "128", "--resume", str(checkpoint), check=False)
+    expect_error(proc, "another batch order (batch_size 256 vs 128)")
+    unmodelled = work / "unmodelled"
+    shutil.copytree(checkpoint, unmodelled)
+    manifest_path = resolve_checkpoint(unmodelled) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["model"]
+    manifest_path.write_text(json.dumps(manifest))
+    proc = train(work, 1, "bad11", *RESUME_FLAGS, "--resume", str(unmodelled), check=False)
+    expect_error(proc, "is corrupt: 'model' is missing")
+    # A run that fails while setting up leaves no run folder behind.
+    assert not any((work / f"bad{i}").exists() for i in range(6, 12))
 
 
 @pytest.mark.mpi

@@ -8,7 +8,9 @@ a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -16,9 +18,10 @@ from typing import NoReturn
 
 from mpi4py import MPI
 
-from des.errors import DesError
+from des.errors import DesError, UsageError
 
 _ABORT_GRACE_SECONDS = 1.0
+_USAGE_ERROR_WAIT_SECONDS = 30.0
 
 
 def _world_size() -> int:
@@ -38,6 +41,8 @@ def report_and_abort(exc: BaseException, prog: str) -> NoReturn:
     elif isinstance(exc, KeyboardInterrupt):
         print(f"{_prefix()}{prog}: interrupted", file=sys.stderr)
         code = 130
+    elif isinstance(exc, UsageError) and _world_size() > 1:
+        _leave_together(f"{_prefix()}{prog}: error: {exc}")
     elif isinstance(exc, DesError):
         print(f"{_prefix()}{prog}: error: {exc}", file=sys.stderr)
         code = 2
@@ -54,6 +59,28 @@ def report_and_abort(exc: BaseException, prog: str) -> NoReturn:
         time.sleep(_ABORT_GRACE_SECONDS)
         MPI.COMM_WORLD.Abort(code)
     raise SystemExit(code)
+
+
+def _leave_together(message: str) -> NoReturn:
+    """A :class:`UsageError` comes from parsing the same command line on every rank, before any
+    communication: all ranks fail here together. Rank 0 alone prints it (one line, not one per
+    rank) and every rank leaves through ``MPI_Finalize`` (no abort banner from the launcher). A
+    watchdog ends a rank whose peers never arrive, so even a rank-dependent input cannot hang."""
+
+    def watchdog() -> None:
+        print(f"{message} (ranks disagreed; leaving alone)", file=sys.stderr, flush=True)
+        os._exit(2)
+
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        print(message, file=sys.stderr)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    timer = threading.Timer(_USAGE_ERROR_WAIT_SECONDS, watchdog)
+    timer.daemon = True
+    timer.start()
+    MPI.Finalize()
+    timer.cancel()
+    raise SystemExit(2)
 
 
 def run_main(main: Callable[[], int | None], prog: str) -> NoReturn:

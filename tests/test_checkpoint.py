@@ -1,0 +1,124 @@
+"""Checkpoint atomicity, in one process: a save that dies half-way leaves the previous checkpoint
+intact and current, and saving the same step again replaces it without a moment where ``latest``
+points at nothing loadable."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from des.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint, save_checkpoint
+from des.collectives import Communicator
+from des.data import prepare
+from des.data.batch_reader import BatchReader
+from des.engine import DESEngine, Optimizers
+from des.hashtable import FTRL, AdaGrad, Adam, EmbeddingTable
+from des.models import get_model
+from des.placement import place_fields
+from tests.conftest import criteo_head
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("checkpoint-data")
+    return prepare(criteo_head(root / "head.tsv", 600), root / "store", split=(0.9, 0.1, 0.0), seed=1)
+
+
+def make_engine(store) -> DESEngine:
+    model = get_model("fm")(num_fields=store.num_fields, embedding_dim=4)
+    optimizers = Optimizers(sparse={"linear": FTRL(0.1), "embedding": AdaGrad(0.1)}, dense=Adam(0.01))
+    return DESEngine(model, Communicator(MPI.COMM_SELF), place_fields(store.num_fields, 1), optimizers,
+                     seed=5, dtype=np.float64)
+
+
+def train(engine: DESEngine, store, steps: int) -> None:
+    batches = iter(BatchReader(store, "train", batch_size=64, seed=0, start_batch=engine.step_count,
+                               **engine.reader_options()))
+    for _ in range(steps):
+        engine.train_step(next(batches))
+
+
+def state(engine: DESEngine) -> dict[str, np.ndarray]:
+    out = {f"top/{k}": v.copy() for k, v in engine.top_params.items()}
+    out.update({f"field/{k}": v.copy() for k, v in engine.field_params.items()})
+    for field, table in engine.tables.items():
+        keys = np.sort(table.keys())
+        out[f"table{field}"] = table.gather("embedding", keys, table.lookup(keys, insert=False))
+    return out
+
+
+def save(engine: DESEngine, root) -> object:
+    return save_checkpoint(engine, root, epoch=0, next_batch=engine.step_count, config={})
+
+
+def test_a_save_that_dies_half_way_leaves_the_previous_checkpoint(store, tmp_path, monkeypatch) -> None:
+    engine = make_engine(store)
+    train(engine, store, 2)
+    save(engine, tmp_path)
+    saved = state(engine)
+    train(engine, store, 2)
+
+    real_save, calls = EmbeddingTable.save, []
+
+    def dies_on_the_third_table(table, path):
+        calls.append(path)
+        if len(calls) == 3:
+            raise OSError("disk full (simulated)")
+        real_save(table, path)
+
+    monkeypatch.setattr(EmbeddingTable, "save", dies_on_the_third_table)
+    with pytest.raises(OSError, match="simulated"):
+        save(engine, tmp_path)
+    monkeypatch.undo()
+
+    assert resolve_checkpoint(tmp_path).name == "step-00000002"  # `latest` did not move
+    assert not (tmp_path / "step-00000004").exists()  # the half-written one is not a checkpoint
+    restored = make_engine(store)
+    load_checkpoint(restored, tmp_path)
+    assert restored.step_count == 2
+    for key, value in saved.items():
+        np.testing.assert_array_equal(state(restored)[key], value, err_msg=key)
+    # The next save cleans up after the crash and works.
+    save(engine, tmp_path)
+    assert resolve_checkpoint(tmp_path).name == "step-00000004"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-00000002", "step-00000004"]
+
+
+def test_saving_the_same_step_again_replaces_it(store, tmp_path) -> None:
+    engine = make_engine(store)
+    train(engine, store, 3)
+    first = save(engine, tmp_path)
+    second = save(engine, tmp_path)
+    assert first == second and resolve_checkpoint(tmp_path) == second
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-00000003"]
+    restored = make_engine(store)
+    load_checkpoint(restored, tmp_path)
+    for key, value in state(engine).items():
+        np.testing.assert_array_equal(state(restored)[key], value, err_msg=key)
+
+
+def test_resume_needs_the_same_batch_order(store, tmp_path) -> None:
+    engine = make_engine(store)
+    train(engine, store, 1)
+    save_checkpoint(engine, tmp_path, epoch=0, next_batch=1, config={},
+                    data_order={"data_fingerprint": "abc", "batch_size": 64, "seed": 0})
+    load_checkpoint(make_engine(store), tmp_path, data_order={"data_fingerprint": "abc", "batch_size": 64, "seed": 0})
+    with pytest.raises(CheckpointError, match=r"another batch order \(batch_size 64 vs 32; seed 0 vs 1\)"):
+        load_checkpoint(make_engine(store), tmp_path,
+                        data_order={"data_fingerprint": "abc", "batch_size": 32, "seed": 1})
+    # Evaluation does not care about the order in which the model was trained.
+    load_checkpoint(make_engine(store), tmp_path)
+
+
+def test_evaluation_lookups_do_not_insert(store) -> None:
+    engine = make_engine(store)
+    train(engine, store, 2)
+    sizes = {field: len(table) for field, table in engine.tables.items()}
+    held_out = next(iter(BatchReader(store, "validation", batch_size=60, shuffle=False, drop_last=False,
+                                     **engine.reader_options())))
+    unseen = sum(int(np.count_nonzero(engine.tables[f].lookup(held_out.fields[f].keys, insert=False) < 0))
+                 for f in engine.tables)
+    assert unseen > 0  # the validation rows do hold ids training never saw
+    engine.predict(held_out)
+    assert {field: len(table) for field, table in engine.tables.items()} == sizes
