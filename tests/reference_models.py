@@ -23,6 +23,9 @@ class PlainTFModel:
         top_init: Mapping[str, np.ndarray],
         hidden: Sequence[int],
         optimizers: Mapping[str, keras.optimizers.Optimizer],
+        activation: str = "relu",
+        l2_embedding: float = 0.0,
+        l2_dense: float = 0.0,
     ) -> None:
         self.model = model
         self.vocab = [np.asarray(v) for v in vocab]
@@ -32,6 +35,8 @@ class PlainTFModel:
         self.top = {name: tf.Variable(value) for name, value in top_init.items()}
         self.depth = len(hidden)
         self.optimizers = optimizers
+        self.activation = {"relu": tf.nn.relu, "tanh": tf.tanh, "sigmoid": tf.sigmoid}[activation]
+        self.l2_embedding, self.l2_dense = l2_embedding, l2_dense
 
     def indices(self, batch) -> list[np.ndarray]:
         """Vocabulary positions of each field's id (one-hot data)."""
@@ -54,13 +59,25 @@ class PlainTFModel:
             logit += 0.5 * tf.reduce_sum(tf.square(tf.reduce_sum(e, 1)) - tf.reduce_sum(tf.square(e), 1), 1)
         if self.model in ("wdl", "deepfm"):
             h = tf.reshape(e, [e.shape[0], -1]) @ self.first_fc + self.top["deep_bias_0"]
-            h = tf.nn.relu(h)
+            h = self.activation(h)
             for i in range(1, self.depth + 1):
                 h = h @ self.top[f"deep_kernel_{i}"] + self.top[f"deep_bias_{i}"]
                 if i < self.depth:
-                    h = tf.nn.relu(h)
+                    h = self.activation(h)
             logit += h[:, 0]
         return logit
+
+    def penalty(self, idx: Sequence[np.ndarray], batch_size: int) -> tf.Tensor:
+        """l2 as des documents it: on the rows a batch looks up (every block, batch mean), and on
+        the dense kernels (the whole first FC matrix and the deep kernels, not the biases)."""
+        reg = tf.constant(0.0, dtype=self.linear[0].dtype)
+        if self.l2_embedding:
+            looked_up = [tf.gather(v, i) for v, i in zip(self.linear + self.embedding, idx + idx[: len(self.embedding)])]
+            reg += self.l2_embedding * tf.add_n([tf.reduce_sum(tf.square(r)) for r in looked_up]) / batch_size
+        if self.l2_dense and self.first_fc is not None:
+            kernels = [self.first_fc] + [self.top[f"deep_kernel_{i}"] for i in range(1, self.depth + 1)]
+            reg += self.l2_dense * tf.add_n([tf.reduce_sum(tf.square(k)) for k in kernels])
+        return reg
 
     def predict(self, batch) -> np.ndarray:
         return tf.sigmoid(self.logits(self.indices(batch))).numpy()
@@ -75,8 +92,9 @@ class PlainTFModel:
         }
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=self.logits(idx)))
+            objective = loss + self.penalty(idx, len(batch.labels))
         all_vars = [v for vs in groups.values() for v in vs]
-        grads = tape.gradient(loss, all_vars)
+        grads = tape.gradient(objective, all_vars)
         start = 0
         for name, variables in groups.items():
             if not variables:

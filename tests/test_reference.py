@@ -30,12 +30,16 @@ def store(tmp_path_factory):
     return prepare(criteo_head(root / "head.tsv", 2000), root / "store", split=(0.9, 0.1, 0.0), seed=4)
 
 
-def _model(name: str, num_fields: int):
+def _model(name: str, num_fields: int, **options):
     kwargs = {"lr": {}, "fm": {"embedding_dim": 4}}.get(name, {"embedding_dim": 4, "hidden": HIDDEN})
-    return get_model(name)(num_fields=num_fields, **kwargs)
+    return get_model(name)(num_fields=num_fields, **kwargs, **options)
 
 
-@pytest.mark.parametrize("name", ["lr", "fm", "wdl", "deepfm"])
+# The models' other constructor hyper-parameters (exactly representable l2 factors, see below).
+OPTIONS = {"tanh-l2": dict(activation="tanh", l2_embedding=2.0**-6, l2_dense=2.0**-8)}
+
+
+@pytest.mark.parametrize("name", ["lr", "fm", "wdl", "deepfm", "deepfm-tanh-l2", "fm-tanh-l2"])
 def test_engine_matches_plain_tensorflow(store, name: str) -> None:
     # Hyper-parameters exactly representable in float32: Keras rounds its hyper-parameters to
     # float32 even for float64 weights, which would otherwise show up as 1e-7..1e-5 differences.
@@ -43,7 +47,11 @@ def test_engine_matches_plain_tensorflow(store, name: str) -> None:
     ftrl = dict(alpha=2.0**-3, beta=1.0, l1=2.0**-7, l2=2.0**-10, initial_accumulator=0.125)
     adagrad = dict(lr=2.0**-4, initial_accumulator=0.125, epsilon=eps)
     adam = dict(lr=2.0**-7, beta1=0.875, beta2=1 - 2.0**-10, epsilon=eps)
-    model = _model(name, store.num_fields)
+    name, _, variant = name.partition("-")
+    options = OPTIONS.get(variant, {})
+    if name == "fm":
+        options = {k: v for k, v in options.items() if k != "activation"}  # FM has no DNN
+    model = _model(name, store.num_fields, **options)
     fields = list(range(store.num_fields))
     engine = DESEngine(
         model, Communicator(MPI.COMM_SELF), place_fields(store.num_fields, 1),
@@ -77,6 +85,7 @@ def test_engine_matches_plain_tensorflow(store, name: str) -> None:
                 learning_rate=adam["lr"], beta_1=adam["beta1"], beta_2=adam["beta2"], epsilon=eps
             ),
         },
+        **options,
     )
 
     np.testing.assert_allclose(engine.predict(held_out), reference.predict(held_out), rtol=1e-12)
