@@ -1,4 +1,4 @@
-""".venv/bin/python scripts/bench_data.py     (from the repository root; --rows N --batches N --workdir DIR)
+""".venv/bin/python scripts/bench_data.py [--rows 1000000] [--batches 100] [--workdir DIR]   (from the repository root)
 
 Prints one line per measurement, single process: wall-clock and CPU seconds, and the throughput
 by each (on a shared machine the CPU figure is the steadier one):
@@ -13,6 +13,11 @@ by each (on a shared machine the CPU figure is the steadier one):
 
 Numba kernels are compiled (or loaded from cache) on a tiny warm-up run first, so the numbers
 exclude compilation. Data go to a temporary directory (or ``--workdir``) removed at the end.
+
+Expect (2-core machine, one process; measured at 300k rows): synth tsv and synth store roughly
+150k-200k rows/s, prepare roughly 250k rows/s (about 65 MB/s of TSV), reading all 39 fields roughly
+0.9M samples/s (multi-hot about 0.7M), one field about 10M samples/s: all far above what training
+consumes (about 10k-120k samples/s), so the data path is never the bottleneck.
 """
 
 from __future__ import annotations

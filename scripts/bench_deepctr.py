@@ -17,6 +17,11 @@ What still differs (stated in the table): DeepCTR uses one Adam (lr 0.001) for e
 FTRL for the order-1 weights and Adam for embeddings and dense weights; DeepCTR's MLP starts from
 Glorot-normal kernels, des's from Glorot-uniform. DeepCTR's samples/s includes its Keras input
 pipeline. The figure shows test AUC (error bars: std over seeds) and samples/s side by side.
+
+Expect (2-core machine, defaults: 1 epoch, batch 1024, seeds 0,1,2): DeepCTR's DeepFM slightly
+ahead on AUC (about 0.736 vs des 0.728 on the same split, within about 1 AUC point: the optimizer
+and initializers differ), des N = 1 and N = 2 identical AUC (same math), and training throughput
+of the same order for both (roughly 14k-18k samples/s; des N = 2 below des N = 1 on 2 cores).
 """
 
 from __future__ import annotations

@@ -4,11 +4,21 @@ Shows the DES paper's Table 5 on this machine: training samples/s of LR, FM, W&D
 ``des``, ``alltoall`` (N = 1, 2, 4) and ``ps`` (N = 2, 4: one server, N-1 asynchronous workers),
 at the same global batch (default 4096), measured over a fixed number of steps after a warm-up
 (the first steps trace the tf.functions and fill the tables: excluded), plus the peak RSS per rank.
-Next to them the TF-only roofline: DeepFM's replicated top network alone (FM combine + the MLP
-400-400-400-1 behind the substituted first layer, on the [B, 410] buffer; forward + backward in one
-tf.function) and, for reference, all of DeepFM's dense compute on one process (local partials of
-all 39 fields + top), at 2 threads (what one rank gets) and 1 thread (what each of 2 or 4 ranks gets).
-The figure shows grouped bars (log scale) per model.
+Next to them the TF-only roofline for the models with a top network (W&D and DeepFM): the
+replicated top network alone (DeepFM: FM combine + the MLP 400-400-400-1 behind the substituted
+first layer, on the [B, 410] buffer; W&D: the same MLP on [B, 401]; forward + backward in one
+tf.function) and, for reference, all of the model's dense compute on one process (local partials
+of all 39 fields + top), at 2 threads (what one rank gets) and 1 thread (what each of 2 or 4 ranks
+gets). LR and FM have no top network (the logit is a sum of the partials): the roofline table says
+so instead of giving a number. The figure shows grouped bars (log scale) per model, the top-network
+rooflines as short gray lines.
+
+Expect (2-core machine, batch 4096): DeepFM des about 21k / 15k / 9k samples/s at N = 1 / 2 / 4
+(falling with N: every des rank runs the replicated top network on the whole batch and the ranks
+share 2 cores), alltoall about 21k / 21k / 19k (each rank runs B/N rows), ps about 14k at N = 2 (one
+worker) and 27k at N = 4 (three asynchronous workers); W&D close to DeepFM; LR des about
+120k / 100k / 100k. des at N = 1 stays below the roofline of all dense compute at 2 threads (about
+36k samples/s for DeepFM), whose top-network-only part is about 50k (2 threads) / 28k (1 thread).
 """
 
 from __future__ import annotations
@@ -24,18 +34,32 @@ import benchlib
 STRATEGY_RANKS = {"des": (1, 2, 4), "alltoall": (1, 2, 4), "ps": (2, 4)}
 
 
-def roofline_child(threads: int, batch: int, repeats: int) -> dict:
-    """Runs in its own process (TF threads must be set before the first op); prints JSON."""
+ROOFLINE_MODELS = ("wdl", "deepfm")  # the models with a top network (LR's and FM's top is a sum)
+NO_TOP_NETWORK = {
+    "lr": "LR: no top network (logit = sum of the 39 per-field partials + bias), so no TF-only roofline",
+    "fm": "FM: no top network (logit = combine of the order-1 and order-2 partials), so no TF-only roofline",
+}
+
+
+def roofline_child(threads: int, batch: int, repeats: int, models: Sequence[str] = ROOFLINE_MODELS) -> dict:
+    """Runs in its own process (TF threads must be set before the first op); prints JSON:
+    ``{model: {"top": s, "dense": s}}`` (median seconds per forward + backward call)."""
     from des import runtime  # noqa: F401  (quiet TF)
-    import numpy as np
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    from des.models import DeepFM
+    return {name: _roofline_model(name, batch, repeats) for name in models}
+
+
+def _roofline_model(name: str, batch: int, repeats: int) -> dict:
+    import numpy as np
+    import tensorflow as tf
+
+    from des.models import DeepFM, WideAndDeep
     from des.substitutions.base import draw_param
 
-    model = DeepFM(num_fields=39, embedding_dim=8, hidden=(400, 400, 400))
+    model = {"deepfm": DeepFM, "wdl": WideAndDeep}[name](num_fields=39, embedding_dim=8, hidden=(400, 400, 400))
     subs = model.substitutions()
     starts = np.concatenate([[0], np.cumsum([s.width for s in subs])]).astype(int).tolist()
     names = list(model.top_params())
@@ -76,7 +100,7 @@ def roofline_child(threads: int, batch: int, repeats: int) -> dict:
         return tape.gradient(loss, [lin, e, fparams, params])
 
     result = {}
-    for name, call in (("top", lambda: top_step(buffer, labels, top)),
+    for kind, call in (("top", lambda: top_step(buffer, labels, top)),
                        ("dense", lambda: dense_step(linear, emb, labels, field, top))):
         for _ in range(3):
             call()
@@ -86,13 +110,13 @@ def roofline_child(threads: int, batch: int, repeats: int) -> dict:
             grads = call()
             _ = float(tf.reduce_sum(grads[0]))  # results are materialised
             times.append(time.perf_counter() - start)
-        result[name] = float(np.median(times))
+        result[kind] = float(np.median(times))
     return result
 
 
-def roofline(bench: benchlib.Bench, threads: int, batch: int, repeats: int) -> dict | None:
+def roofline(bench: benchlib.Bench, threads: int, batch: int, repeats: int, models: Sequence[str]) -> dict | None:
     cmd = [str(benchlib.PYTHON), __file__, "--roofline-child", str(threads), "--batch-size", str(batch),
-           "--repeats", str(repeats)]
+           "--repeats", str(repeats), "--roofline-models", ",".join(models)]
     try:
         proc = bench.run_command(cmd, label=f"roofline ({threads} threads)", timeout=bench.timeout)
     except benchlib.BenchError as exc:
@@ -112,10 +136,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="timed steps (per worker for ps)")
     parser.add_argument("--repeats", type=int, default=20, help="roofline: timed calls (median)")
     parser.add_argument("--roofline-child", type=int, metavar="THREADS", help=argparse.SUPPRESS)
+    parser.add_argument("--roofline-models", default=",".join(ROOFLINE_MODELS), help=argparse.SUPPRESS)
     benchlib.add_common_arguments(parser)
     args = parser.parse_args(argv)
     if args.roofline_child:
-        print("ROOFLINE " + json.dumps(roofline_child(args.roofline_child, args.batch_size, args.repeats)), flush=True)
+        result = roofline_child(args.roofline_child, args.batch_size, args.repeats, args.roofline_models.split(","))
+        print("ROOFLINE " + json.dumps(result), flush=True)
         return 0
     if args.quick:
         args.models, args.ranks, args.warmup, args.steps, args.repeats = "lr,deepfm", "1,2", 2, 3, 5
@@ -150,13 +176,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             row["vs_des_n1"] = row["samples_per_second"] / base["samples_per_second"]
 
     roof_rows = []
+    roof_models = [m for m in ROOFLINE_MODELS if m in models]
     for threads in (2, 1):
-        r = roofline(bench, threads, args.batch_size, args.repeats)
-        if r:
-            roof_rows.append({"what": "DeepFM top network only (replicated in DES)", "threads": threads,
-                              "ms": 1000 * r["top"], "samples_per_second": args.batch_size / r["top"]})
-            roof_rows.append({"what": "DeepFM all dense compute (39 fields' partials + top)", "threads": threads,
-                              "ms": 1000 * r["dense"], "samples_per_second": args.batch_size / r["dense"]})
+        r = roofline(bench, threads, args.batch_size, args.repeats, roof_models) if roof_models else None
+        for model in roof_models:
+            if r and model in r:
+                title = {"wdl": "W&D", "deepfm": "DeepFM"}[model]
+                roof_rows.append({"model": model, "kind": "top", "threads": threads,
+                                  "what": f"{title} top network only (replicated in DES)", "ms": 1000 * r[model]["top"],
+                                  "samples_per_second": args.batch_size / r[model]["top"]})
+                roof_rows.append({"model": model, "kind": "dense", "threads": threads,
+                                  "what": f"{title} all dense compute (39 fields' partials + top)",
+                                  "ms": 1000 * r[model]["dense"], "samples_per_second": args.batch_size / r[model]["dense"]})
+    roof_rows += [{"model": m, "kind": "none", "what": NO_TOP_NETWORK[m]} for m in models if m in NO_TOP_NETWORK]
     columns = [("model", "model", ""), ("strategy", "strategy", ""), ("ranks", "N", "d"),
                ("samples_per_second", "samples/s", ",.0f"), ("ms_per_step", "ms/step", ",.0f"),
                ("vs_des_n1", "vs DES N=1", ".2f"), ("samples_per_second_des_train", "des.train's samples/s", ",.0f"),
@@ -193,10 +225,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             ax.bar(np.arange(len(models)) + (j - (len(configs) - 1) / 2) * width, values, width,
                    label=f"{strategy} N={n}", color=f"C{['des', 'alltoall', 'ps'].index(strategy)}",
                    alpha=0.45 + 0.55 * (n / max(ranks)), edgecolor="black", linewidth=0.4)
+        labelled = set()
         for r in roof_rows:
-            if r["what"].startswith("DeepFM top"):
-                ax.axhline(r["samples_per_second"], color="gray", linestyle=":" if r["threads"] == 1 else "--",
-                           linewidth=1, label=f"roofline: DeepFM top only, {r['threads']} thread(s)")
+            if r["kind"] == "top" and r["model"] in models:
+                x = models.index(r["model"])
+                style = ":" if r["threads"] == 1 else "--"
+                label = f"roofline: top network only, {r['threads']} thread(s)"
+                ax.hlines(r["samples_per_second"], x - 0.45, x + 0.45, color="gray", linestyle=style, linewidth=1.2,
+                          label=None if label in labelled else label)
+                labelled.add(label)
         ax.set_xticks(np.arange(len(models)), models)
         ax.set_yscale("log")
         ax.set_ylabel(f"training samples/s (batch {args.batch_size})")

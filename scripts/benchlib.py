@@ -110,7 +110,9 @@ def steady_from_metrics(first: Mapping[str, Any], summary: Mapping[str, Any]) ->
     """Samples/s after the first ``metrics.jsonl`` record (cumulative samples and samples/s at a
     validation step) up to the end of the job (the summary's totals)."""
     samples = summary["train_samples"] - first["samples"]
-    seconds = summary["train_samples"] / summary["samples_per_second"] - first["samples"] / first["samples_per_second"]
+    # des.train leaves the first step out of its timing: a record at step 1 has 0 s (and 0 samples/s)
+    first_seconds = first["samples"] / first["samples_per_second"] if first["samples_per_second"] else 0.0
+    seconds = summary["train_samples"] / summary["samples_per_second"] - first_seconds
     return {
         "samples_per_second": samples / seconds if seconds > 0 else math.nan,
         "ms_per_phase": None,
@@ -340,8 +342,9 @@ class Bench:
             import matplotlib.pyplot as plt
 
             fig = figure(plt)
-            fig.savefig(self.folder / "figure.png", dpi=110, bbox_inches="tight")
-            plt.close(fig)
+            if fig is not None:  # a figure function may have nothing to draw
+                fig.savefig(self.folder / "figure.png", dpi=110, bbox_inches="tight")
+                plt.close(fig)
         print(text, flush=True)
         return text
 

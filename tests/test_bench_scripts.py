@@ -7,19 +7,26 @@ import csv
 import io
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 import benchlib  # noqa: E402
+import bench_breakdown as breakdown  # noqa: E402
 import bench_communication as comm  # noqa: E402
+import bench_synthetic as synthetic  # noqa: E402
 
+# The paper's tables and figures (des.train jobs, with --quick); the other bench_* scripts are
+# single-process micro-benchmarks (bench_data, bench_hashtable).
 BENCH_SCRIPTS = ("bench_communication", "bench_throughput", "bench_quality", "bench_breakdown", "bench_deepctr",
                  "bench_synthetic")
+ALL_SCRIPTS = tuple(sorted(p.stem for p in SCRIPTS.glob("bench_*.py")))
 
 
 def test_model_sizes_by_hand():
@@ -86,8 +93,89 @@ def test_steady_speeds():
     assert benchlib.steady_from_phases(ps, 4096) == pytest.approx(3 * 8192.0)
 
 
-@pytest.mark.parametrize("name", BENCH_SCRIPTS)
-def test_docstrings_start_with_the_command(name):
+def docstring(name: str) -> str:
     doc = ast.get_docstring(ast.parse((SCRIPTS / f"{name}.py").read_text()))
+    assert doc, f"scripts/{name}.py has no docstring"
+    return doc
+
+
+def test_every_script_is_listed():
+    assert set(BENCH_SCRIPTS) <= set(ALL_SCRIPTS)
+    assert {"bench_data", "bench_hashtable"} <= set(ALL_SCRIPTS)
+
+
+@pytest.mark.parametrize("name", ALL_SCRIPTS)
+def test_docstrings_start_with_the_command(name):
+    doc = docstring(name)
     assert doc.startswith(f".venv/bin/python scripts/{name}.py")
-    assert "--quick" in doc.splitlines()[0]
+    if name in BENCH_SCRIPTS:
+        assert "--quick" in doc.splitlines()[0]
+
+
+@pytest.mark.parametrize("name", ALL_SCRIPTS)
+def test_docstrings_state_the_expected_result(name):
+    """Every script says what it should show: a paragraph starting with "Expect", for this 2-core
+    machine, with at least one figure to compare against."""
+    doc = docstring(name)
+    paragraphs = [p for p in re.split(r"\n\s*\n", doc) if p.lstrip().startswith("Expect")]
+    assert paragraphs, f"scripts/{name}.py: no paragraph starting with 'Expect' in the docstring"
+    expect = " ".join(paragraphs)
+    assert "2-core" in expect, f"scripts/{name}.py: the expectation does not say which machine it is for"
+    assert re.search(r"\d", expect), f"scripts/{name}.py: the expectation gives no number"
+
+
+# ------------------------------------------------------------------------------------ breakdown phases
+def timed_phases(path: Path) -> set[str]:
+    """Phase names an engine source times: ``timer("x")``, ``self.timer("x")``, ``phase("x")`` and
+    ``....seconds["x"] +=``."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            callee = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if callee in ("timer", "phase") and isinstance(node.args[0].value, str):
+                names.add(node.args[0].value)
+        elif (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute)
+              and node.value.attr == "seconds" and isinstance(node.slice, ast.Constant)):
+            names.add(node.slice.value)
+    return names
+
+
+def test_breakdown_maps_every_engine_phase():
+    des_phases = timed_phases(REPO / "des" / "engine.py")
+    alltoall_phases = timed_phases(REPO / "des" / "strategies" / "alltoall.py")
+    ps_phases = timed_phases(REPO / "des" / "strategies" / "ps.py")
+    assert des_phases == set(breakdown.CATEGORY_OF["des"])
+    assert alltoall_phases == set(breakdown.CATEGORY_OF["alltoall"])
+    assert ps_phases == set(breakdown.CATEGORY_OF["ps"]) | set(breakdown.PS_SERVER_PHASES)
+    for strategy, mapping in breakdown.CATEGORY_OF.items():
+        assert set(mapping.values()) <= set(breakdown.CATEGORIES), strategy
+    # communication holds the collectives and messages only; local work never lands there
+    communication = {s: {p for p, c in m.items() if c == "communication"} for s, m in breakdown.CATEGORY_OF.items()}
+    assert communication == {"des": {"allreduce"}, "alltoall": {"exchange_rows", "exchange_gradients", "allreduce"},
+                             "ps": {"pull", "push"}}
+
+
+def test_breakdown_categorize():
+    phases = {"lookup": 10.0, "exchange_rows": 2.0, "forward_backward": 50.0, "allreduce": 1.0,
+              "sparse_backward": 4.0, "exchange_gradients": 3.0, "update": 5.0, "mystery": 7.0}
+    out = breakdown.categorize("alltoall", phases)
+    assert out == {"lookup": 10.0, "partials": 0.0, "communication": 6.0, "top": 50.0, "backward": 4.0,
+                   "update": 5.0, "other": 7.0}
+    des = breakdown.categorize("des", {"lookup": 1.0, "partials": 2.0, "allreduce": 0.0, "top": 3.0,
+                                       "local_backward": 4.0, "update": 5.0})
+    assert des["communication"] == 0.0 and des["backward"] == 4.0 and des["other"] == 0.0
+
+
+# ------------------------------------------------------------------------------------ synthetic data
+def test_synthetic_config_scales_zipf_exponents():
+    from des.data.synth import default_config
+
+    assert synthetic.synth_config(0, 1.0, 1.0) == default_config(seed=0)  # the same data as the CLI
+    base, flat = default_config(seed=3, vocab_scale=0.5), synthetic.synth_config(3, 0.5, 0.5)
+    assert [f.zipf * 0.5 for f in base.fields] == [f.zipf for f in flat.fields]
+    assert [f.vocab for f in base.fields] == [f.vocab for f in flat.fields]
+    assert synthetic.store_name(2_000_000, 0, 1.0, 1.0) == "bench-synth-2000000-s0-v1"  # cached data stay valid
+    assert synthetic.store_name(4_000_000, 0, 1.0, 0.5) == "bench-synth-4000000-s0-v1-z0.5"
+    with pytest.raises(ValueError):
+        synthetic.synth_config(0, 1.0, 0.0)

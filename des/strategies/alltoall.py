@@ -16,11 +16,24 @@ It computes the same model with the same optimizers as DES, so it reaches the sa
 to float reassociation): a test checks that. What differs is what crosses the network: ids, rows
 and row gradients per step instead of ``B·P`` partials. Admission counts: an owner sees each id
 once per requesting rank and step (the requesters de-duplicate), not once per occurrence.
+
+Phase timers (``ms_per_phase`` of the summary; training steps only, evaluation is not timed). Each
+phase is either communication or local work, never both:
+
+* ``lookup``             local: unique ids per field, the owner's table lookups and gathers, pooling
+* ``exchange_rows``      communication: the Alltoallv of per-field counts, ids and rows (step 2-3)
+* ``forward_backward``   local: the whole model's forward and backward on this rank's rows (one
+                         tf.function, the ``reference`` of every substitution and the top network)
+* ``sparse_backward``    local: the per-id sums of the row gradients (backward through pooling)
+* ``exchange_gradients`` communication: the Alltoallv of the row gradients
+* ``allreduce``          communication: the AllReduce of the dense gradients and the loss
+* ``update``             local: the sparse optimizer on the owner's rows and the dense optimizer
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -28,6 +41,11 @@ import tensorflow as tf
 
 from des.engine import DESEngine
 from des.pooling import pool, unpool
+
+
+def _untimed(phase: str) -> nullcontext:
+    """Stands in for the phase timer outside training steps (evaluation is not timed)."""
+    return nullcontext()
 
 
 class AllToAllEngine(DESEngine):
@@ -90,84 +108,95 @@ class AllToAllEngine(DESEngine):
         the backward pass needs to route row gradients back."""
         comm, size = self.comm, batch.size
         prefix = "" if train else "eval_"  # evaluation traffic is not counted as training traffic
-        unique: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        per_owner_keys: list[list[np.ndarray]] = [[] for _ in range(comm.size)]
-        field_counts = np.zeros((comm.size, self.model.num_fields), dtype=np.int64)
-        for field in self.all_fields:
-            keys, inverse = np.unique(batch.fields[field].keys, return_inverse=True)
-            unique[field] = (keys, inverse)
-            owner = int(self.owner[field])
-            per_owner_keys[owner].append(keys)
-            field_counts[owner, field] = keys.size
-        send_keys = np.concatenate([k for parts in per_owner_keys for k in parts]) if size else np.zeros(0, np.int64)
-        send_counts = np.array([sum(k.size for k in parts) for parts in per_owner_keys], dtype=np.int64)
-        # Per-field counts first, so an owner can split what it receives by field.
-        counts_in, _ = comm.alltoallv(field_counts.reshape(-1), np.full(comm.size, self.model.num_fields),
-                                      prefix + "embedding_keys")
-        counts_in = counts_in.reshape(comm.size, self.model.num_fields)
-        keys_in, _ = comm.alltoallv(send_keys.astype(np.int64), send_counts, prefix + "embedding_keys")
-
-        # Owner side: look up every requested id, in (requester, field) order.
-        rows_in = np.empty(keys_in.size, dtype=np.int64)
-        values_out = np.empty((keys_in.size, self._row_width), dtype=self.dtype)
-        start = 0
-        served: list[tuple[int, int, int]] = []  # (field, start, stop) in keys_in
-        for requester in range(comm.size):
-            for field in self.fields:
-                n = int(counts_in[requester, field])
-                if n == 0:
-                    continue
-                keys = keys_in[start : start + n]
-                table = self.tables[field]
-                rows = table.lookup(keys, insert=train, step=self.step_count)
-                rows_in[start : start + n] = rows
-                column = 0
-                for block in self.blocks:
-                    values_out[start : start + n, column : column + block.dim] = table.gather(block.name, keys, rows)
-                    column += block.dim
-                served.append((field, start, start + n))
-                start += n
-        values_back, _ = comm.alltoallv(values_out, counts_in.sum(axis=1), prefix + "embedding_rows")
-
-        # Requester side: values arrive in the order the keys were sent.
-        pooled = self._empty_pooled(size)
-        offset = 0
-        for owner in range(comm.size):
+        phase = self.timer if train else _untimed
+        with phase("lookup"):
+            unique: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+            per_owner_keys: list[list[np.ndarray]] = [[] for _ in range(comm.size)]
+            field_counts = np.zeros((comm.size, self.model.num_fields), dtype=np.int64)
             for field in self.all_fields:
-                if self.owner[field] == owner:
-                    keys, inverse = unique[field]
-                    self._pool_field(batch, field, values_back[offset : offset + keys.size], inverse, pooled)
-                    offset += keys.size
+                keys, inverse = np.unique(batch.fields[field].keys, return_inverse=True)
+                unique[field] = (keys, inverse)
+                owner = int(self.owner[field])
+                per_owner_keys[owner].append(keys)
+                field_counts[owner, field] = keys.size
+            send_keys = (np.concatenate([k for parts in per_owner_keys for k in parts]) if size
+                         else np.zeros(0, np.int64))
+            send_counts = np.array([sum(k.size for k in parts) for parts in per_owner_keys], dtype=np.int64)
+        with phase("exchange_rows"):
+            # Per-field counts first, so an owner can split what it receives by field.
+            counts_in, _ = comm.alltoallv(field_counts.reshape(-1), np.full(comm.size, self.model.num_fields),
+                                          prefix + "embedding_keys")
+            counts_in = counts_in.reshape(comm.size, self.model.num_fields)
+            keys_in, _ = comm.alltoallv(send_keys.astype(np.int64), send_counts, prefix + "embedding_keys")
+
+        with phase("lookup"):
+            # Owner side: look up every requested id, in (requester, field) order.
+            rows_in = np.empty(keys_in.size, dtype=np.int64)
+            values_out = np.empty((keys_in.size, self._row_width), dtype=self.dtype)
+            start = 0
+            served: list[tuple[int, int, int]] = []  # (field, start, stop) in keys_in
+            for requester in range(comm.size):
+                for field in self.fields:
+                    n = int(counts_in[requester, field])
+                    if n == 0:
+                        continue
+                    keys = keys_in[start : start + n]
+                    table = self.tables[field]
+                    rows = table.lookup(keys, insert=train, step=self.step_count)
+                    rows_in[start : start + n] = rows
+                    column = 0
+                    for block in self.blocks:
+                        values_out[start : start + n, column : column + block.dim] = table.gather(
+                            block.name, keys, rows)
+                        column += block.dim
+                    served.append((field, start, start + n))
+                    start += n
+        with phase("exchange_rows"):
+            values_back, _ = comm.alltoallv(values_out, counts_in.sum(axis=1), prefix + "embedding_rows")
+
+        with phase("lookup"):
+            # Requester side: values arrive in the order the keys were sent.
+            pooled = self._empty_pooled(size)
+            offset = 0
+            for owner in range(comm.size):
+                for field in self.all_fields:
+                    if self.owner[field] == owner:
+                        keys, inverse = unique[field]
+                        self._pool_field(batch, field, values_back[offset : offset + keys.size], inverse, pooled)
+                        offset += keys.size
         route = {"unique": unique, "rows_in": rows_in, "served": served, "counts_in": counts_in}
         return pooled, route
 
     def _send_row_gradients(self, batch: Any, pooled_grads: list[np.ndarray], route: dict[str, Any]) -> None:
         """Step 5 (sparse): per-id gradient sums to the owners, who apply the sparse optimizer."""
-        comm = self.comm
+        comm, timer = self.comm, self.timer
         unique = route["unique"]
-        chunks: list[np.ndarray] = []
-        send_counts = np.zeros(comm.size, dtype=np.int64)
-        for owner in range(comm.size):
-            for field in self.all_fields:
-                if self.owner[field] == owner:
-                    chunks.append(self._sum_row_gradients(batch, field, unique[field][1], unique[field][0].size,
-                                                          pooled_grads))
-                    send_counts[owner] += unique[field][0].size
-        send = np.concatenate(chunks) if chunks else np.zeros((0, self._row_width), self.dtype)
-        grads_in, _ = comm.alltoallv(send, send_counts, "embedding_gradients")
-        rows_in = route["rows_in"]
-        for field in self.fields:
-            spans = [(a, b) for f, a, b in route["served"] if f == field]
-            if not spans:
-                continue
-            rows = np.concatenate([rows_in[a:b] for a, b in spans])
-            grads = np.concatenate([grads_in[a:b] for a, b in spans])
-            column = 0
-            for block in self.blocks:
-                self.tables[field].apply_gradients(
-                    block.name, rows, np.ascontiguousarray(grads[:, column : column + block.dim]), self.step_count
-                )
-                column += block.dim
+        with timer("sparse_backward"):
+            chunks: list[np.ndarray] = []
+            send_counts = np.zeros(comm.size, dtype=np.int64)
+            for owner in range(comm.size):
+                for field in self.all_fields:
+                    if self.owner[field] == owner:
+                        chunks.append(self._sum_row_gradients(batch, field, unique[field][1], unique[field][0].size,
+                                                              pooled_grads))
+                        send_counts[owner] += unique[field][0].size
+            send = np.concatenate(chunks) if chunks else np.zeros((0, self._row_width), self.dtype)
+        with timer("exchange_gradients"):
+            grads_in, _ = comm.alltoallv(send, send_counts, "embedding_gradients")
+        with timer("update"):
+            rows_in = route["rows_in"]
+            for field in self.fields:
+                spans = [(a, b) for f, a, b in route["served"] if f == field]
+                if not spans:
+                    continue
+                rows = np.concatenate([rows_in[a:b] for a, b in spans])
+                grads = np.concatenate([grads_in[a:b] for a, b in spans])
+                column = 0
+                for block in self.blocks:
+                    self.tables[field].apply_gradients(
+                        block.name, rows, np.ascontiguousarray(grads[:, column : column + block.dim]), self.step_count
+                    )
+                    column += block.dim
 
     # ------------------------------------------------------------------------------ shared pieces
     def _empty_pooled(self, size: int) -> list[np.ndarray]:
@@ -219,16 +248,16 @@ class AllToAllEngine(DESEngine):
     # ------------------------------------------------------------------------------ the step
     def train_step(self, batch: Any) -> float:
         timer = self.timer
-        with timer("lookup"):
-            pooled, route = self._exchange_rows(batch, train=True)
-        with timer("top"):
+        pooled, route = self._exchange_rows(batch, train=True)  # times lookup and exchange_rows
+        with timer("forward_backward"):
             loss, pooled_grads, dense = self._reference_step(pooled, batch, batch.global_size)
-        with timer("allreduce"):
-            # The dense gradients and the loss, summed over the ranks in one buffer.
+            # The dense gradients and the loss in one buffer (summed over the ranks next).
             buffer = np.concatenate([np.array([loss], self.dtype)] + [g.reshape(-1) for g in dense])
+        with timer("allreduce"):
             self.comm.allreduce_sum_(buffer, "dense_gradients")
+        # times sparse_backward, exchange_gradients and update (the owners' sparse optimizer)
+        self._send_row_gradients(batch, pooled_grads, route)
         with timer("update"):
-            self._send_row_gradients(batch, pooled_grads, route)
             offset, summed = 1, []
             for grad in dense:
                 summed.append(buffer[offset : offset + grad.size].reshape(grad.shape))

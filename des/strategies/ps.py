@@ -19,6 +19,21 @@ updated asynchronously: each push is applied to whatever the weights are by then
 averaged). So a worker computes on weights that other workers have updated since, or not yet: the
 staleness is real, and server 0 reports it (dense pushes applied between a worker's pull and its
 own push). Evaluation runs at the end on worker 0, after all workers finished, without inserting.
+
+Phase timers (training only). A worker's (``ms_per_phase`` of the summary, the first worker's, per
+step of that worker), each phase either communication or local work:
+
+* ``lookup``           local: unique ids per field, pooling of the pulled rows
+* ``pull``             communication: the row and dense-weight requests, waiting for the servers
+                       (their lookups included) and receiving the answers, copying in the weights
+* ``forward_backward`` local: the whole model's forward and backward (one tf.function)
+* ``sparse_backward``  local: the per-id sums of the row gradients
+* ``push``             communication: sending the row gradients and the dense gradients
+
+A server's (``server_ms_per_phase``, server 0's, per worker step over the whole job, warm-up
+included; idle time not counted): ``serve_rows`` (table lookups and gathers of a pull, and the
+reply), ``apply_rows`` (receiving a push and the sparse optimizer), ``serve_dense`` and
+``apply_dense`` (server 0: dense weights out, a dense push in and the dense optimizer).
 """
 
 from __future__ import annotations
@@ -33,7 +48,7 @@ from des.errors import ConfigError
 from des.models.base import Model
 from des.options import Optimizers, TableOptions
 from des.placement import place_fields
-from des.strategies.alltoall import AllToAllEngine
+from des.strategies.alltoall import AllToAllEngine, _untimed
 
 PULL_ROWS, ROWS, PUSH_ROWS, PUSH_ROW_GRADS, PULL_DENSE, DENSE, PUSH_DENSE, DONE, FLUSH, FLUSHED = range(11, 21)
 
@@ -92,6 +107,7 @@ class PSEngine(AllToAllEngine):
                 continue
             source, tag = pending
             if tag == PULL_ROWS:
+                start_time = time.perf_counter()
                 message = comm.recv(source, PULL_ROWS, np.int64, "ps_keys")
                 insert, header, keys = bool(message[0]), message[1 : 1 + len(self.fields)], message[1 + len(self.fields):]
                 values = np.empty((keys.size, self._row_width), dtype=self.dtype)
@@ -105,26 +121,34 @@ class PSEngine(AllToAllEngine):
                         column += block.dim
                 pulls += 1
                 comm.send(values, source, ROWS, "ps_rows" if insert else "eval_ps_rows")
+                if insert:  # training pulls only (evaluation pulls do not insert)
+                    self.timer.seconds["serve_rows"] += time.perf_counter() - start_time
             elif tag == PUSH_ROWS:
-                message = comm.recv(source, PUSH_ROWS, np.int64, "ps_gradients")
-                grads = comm.recv(source, PUSH_ROW_GRADS, self.dtype, "ps_gradients").reshape(-1, self._row_width)
-                header, keys = message[: len(self.fields)], message[len(self.fields):]
-                for field, field_keys, start in self._split_by_field(header, keys):
-                    table = self.tables[field]
-                    rows = table.lookup(field_keys, insert=False)
-                    column = 0
-                    for block in self.blocks:
-                        table.apply_gradients(block.name, rows, np.ascontiguousarray(
-                            grads[start : start + field_keys.size, column : column + block.dim]), pulls)
-                        column += block.dim
+                with self.timer("apply_rows"):
+                    message = comm.recv(source, PUSH_ROWS, np.int64, "ps_gradients")
+                    grads = comm.recv(source, PUSH_ROW_GRADS, self.dtype, "ps_gradients").reshape(-1, self._row_width)
+                    header, keys = message[: len(self.fields)], message[len(self.fields):]
+                    for field, field_keys, start in self._split_by_field(header, keys):
+                        table = self.tables[field]
+                        rows = table.lookup(field_keys, insert=False)
+                        column = 0
+                        for block in self.blocks:
+                            table.apply_gradients(block.name, rows, np.ascontiguousarray(
+                                grads[start : start + field_keys.size, column : column + block.dim]), pulls)
+                            column += block.dim
             elif tag == PULL_DENSE:
+                start_time = time.perf_counter()
                 training = bool(comm.recv(source, PULL_DENSE, np.int64, "ps_dense")[0])
                 comm.send(np.concatenate([[float(self.pushes_applied)], self._flat_dense()]).astype(self.dtype),
                           source, DENSE, "ps_dense" if training else "eval_ps_dense")
+                if training:
+                    self.timer.seconds["serve_dense"] += time.perf_counter() - start_time
             elif tag == PUSH_DENSE:
-                message = comm.recv(source, PUSH_DENSE, self.dtype, "ps_dense")
-                self.staleness.append(self.pushes_applied - int(message[0]))
-                self._apply_flat_dense(message[1:])
+                with self.timer("apply_dense"):
+                    message = comm.recv(source, PUSH_DENSE, self.dtype, "ps_dense")
+                    self.staleness.append(self.pushes_applied - int(message[0]))
+                    self._apply_flat_dense(message[1:])
+                self.timer.steps += 1  # server 0: one dense push per worker step
             elif tag == FLUSH:  # every earlier message of this worker has been handled (MPI keeps order)
                 comm.recv(source, FLUSH, np.int64, "ps_control")
                 comm.send(np.zeros(1, np.int64), source, FLUSHED, "ps_control")
@@ -141,49 +165,60 @@ class PSEngine(AllToAllEngine):
     def _pull(self, batch: Any, *, insert: bool) -> tuple[list[np.ndarray], dict]:
         comm = self.comm
         prefix = "" if insert else "eval_"  # evaluation traffic is not counted as training traffic
-        unique = {f: np.unique(batch.fields[f].keys, return_inverse=True) for f in self.all_fields}
+        phase = self.timer if insert else _untimed
+        with phase("lookup"):
+            unique = {f: np.unique(batch.fields[f].keys, return_inverse=True) for f in self.all_fields}
+        with phase("pull"):
+            for server in range(self.servers):
+                fields = self._server_fields(server)
+                header = [unique[f][0].size for f in fields]
+                message = np.concatenate([[int(insert)], header, *[unique[f][0] for f in fields]]).astype(np.int64)
+                comm.send(message, server, PULL_ROWS, prefix + "ps_keys")
+            comm.send(np.array([int(insert)], np.int64), 0, PULL_DENSE, prefix + "ps_dense")
+        with phase("lookup"):
+            pooled = self._empty_pooled(batch.size)
         for server in range(self.servers):
-            fields = self._server_fields(server)
-            header = [unique[f][0].size for f in fields]
-            message = np.concatenate([[int(insert)], header, *[unique[f][0] for f in fields]]).astype(np.int64)
-            comm.send(message, server, PULL_ROWS, prefix + "ps_keys")
-        comm.send(np.array([int(insert)], np.int64), 0, PULL_DENSE, prefix + "ps_dense")
-        pooled = self._empty_pooled(batch.size)
-        for server in range(self.servers):
-            values = comm.recv(server, ROWS, self.dtype, prefix + "ps_rows").reshape(-1, self._row_width)
-            offset = 0
-            for field in self._server_fields(server):
-                keys, inverse = unique[field]
-                self._pool_field(batch, field, values[offset : offset + keys.size], inverse, pooled)
-                offset += keys.size
-        dense = comm.recv(0, DENSE, self.dtype, prefix + "ps_dense")
-        self._pull_version = int(dense[0])
-        self._set_dense(dense[1:])
+            with phase("pull"):
+                values = comm.recv(server, ROWS, self.dtype, prefix + "ps_rows").reshape(-1, self._row_width)
+            with phase("lookup"):
+                offset = 0
+                for field in self._server_fields(server):
+                    keys, inverse = unique[field]
+                    self._pool_field(batch, field, values[offset : offset + keys.size], inverse, pooled)
+                    offset += keys.size
+        with phase("pull"):
+            dense = comm.recv(0, DENSE, self.dtype, prefix + "ps_dense")
+            self._pull_version = int(dense[0])
+            self._set_dense(dense[1:])
         return pooled, unique
 
     def _push(self, batch: Any, pooled_grads: list[np.ndarray], unique: dict, dense_grads: list[np.ndarray]) -> None:
-        comm = self.comm
+        comm, timer = self.comm, self.timer
         for server in range(self.servers):
-            fields = self._server_fields(server)
-            keys_parts = [unique[f][0] for f in fields]
-            grad_parts = [self._sum_row_gradients(batch, f, unique[f][1], unique[f][0].size, pooled_grads)
-                          for f in fields]
-            header = [k.size for k in keys_parts]
-            comm.send(np.concatenate([header, *keys_parts]).astype(np.int64), server, PUSH_ROWS, "ps_gradients")
-            comm.send(np.concatenate(grad_parts) if grad_parts else np.zeros((0, self._row_width), self.dtype),
-                      server, PUSH_ROW_GRADS, "ps_gradients")
-        flat = np.concatenate([[float(self._pull_version)], *[g.reshape(-1) for g in dense_grads]]).astype(self.dtype)
-        comm.send(flat, 0, PUSH_DENSE, "ps_dense")
+            with timer("sparse_backward"):
+                fields = self._server_fields(server)
+                keys_parts = [unique[f][0] for f in fields]
+                grad_parts = [self._sum_row_gradients(batch, f, unique[f][1], unique[f][0].size, pooled_grads)
+                              for f in fields]
+                header = [k.size for k in keys_parts]
+                message = np.concatenate([header, *keys_parts]).astype(np.int64)
+                grads = np.concatenate(grad_parts) if grad_parts else np.zeros((0, self._row_width), self.dtype)
+            with timer("push"):
+                comm.send(message, server, PUSH_ROWS, "ps_gradients")
+                comm.send(grads, server, PUSH_ROW_GRADS, "ps_gradients")
+        with timer("push"):
+            flat = np.concatenate([[float(self._pull_version)], *[g.reshape(-1) for g in dense_grads]]).astype(
+                self.dtype)
+            comm.send(flat, 0, PUSH_DENSE, "ps_dense")
 
     def train_step(self, batch: Any) -> float:
         timer = self.timer
-        with timer("lookup"):
-            pooled, unique = self._pull(batch, insert=True)
-        with timer("top"):
+        pooled, unique = self._pull(batch, insert=True)  # times lookup and pull
+        with timer("forward_backward"):
             loss, pooled_grads, dense = self._reference_step(pooled, batch, batch.size)
-        with timer("update"):
-            # Server 0 applies the dense push with _apply_dense, which adds l2_dense there.
-            self._push(batch, pooled_grads, unique, dense)
+        # times sparse_backward and push; server 0 applies the dense push with _apply_dense, which adds
+        # l2_dense there
+        self._push(batch, pooled_grads, unique, dense)
         self.step_count += 1
         timer.steps += 1
         return loss
@@ -263,6 +298,7 @@ def run_parameter_server(config: Any, comm: Communicator, store: Any, model: Mod
     timed_samples, total_steps_run, total_samples = int(counts[:, 0].sum()), int(counts[:, 1].sum()), int(counts[:, 3].sum())
     wall = float(counts[:, 2].max())
     phases = comm.bcast_json(engine.timer.ms_per_step(), "summary", root=first_worker)
+    server_phases = comm.bcast_json(engine.timer.ms_per_step(), "summary", root=0)
     sent = comm.allgather(np.array([sum(st["bytes_sent"] for site, st in comm.stats_dict().items()
                                         if site.startswith(("ps_keys", "ps_rows", "ps_gradients", "ps_dense")))],
                                    dtype=np.float64), "summary")[:, 0]
@@ -278,4 +314,5 @@ def run_parameter_server(config: Any, comm: Communicator, store: Any, model: Mod
         "staleness_mean": staleness["mean"],
         "staleness_max": staleness["max"],
         "ms_per_phase": phases,
+        "server_ms_per_phase": server_phases,
     }
