@@ -4,6 +4,8 @@ points at nothing loadable."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -25,8 +27,8 @@ def store(tmp_path_factory):
     return prepare(criteo_head(root / "head.tsv", 600), root / "store", split=(0.9, 0.1, 0.0), seed=1)
 
 
-def make_engine(store) -> DESEngine:
-    model = get_model("fm")(num_fields=store.num_fields, embedding_dim=4)
+def make_engine(store, model_name: str = "fm", embedding_dim: int = 4) -> DESEngine:
+    model = get_model(model_name)(num_fields=store.num_fields, embedding_dim=embedding_dim)
     optimizers = Optimizers(sparse={"linear": FTRL(0.1), "embedding": AdaGrad(0.1)}, dense=Adam(0.01))
     return DESEngine(model, Communicator(MPI.COMM_SELF), place_fields(store.num_fields, 1), optimizers,
                      seed=5, dtype=np.float64)
@@ -122,3 +124,21 @@ def test_evaluation_lookups_do_not_insert(store) -> None:
     assert unseen > 0  # the validation rows do hold ids training never saw
     engine.predict(held_out)
     assert {field: len(table) for field, table in engine.tables.items()} == sizes
+
+
+def test_checkpoints_that_do_not_fit_are_refused(store, tmp_path) -> None:
+    engine = make_engine(store)
+    train(engine, store, 1)
+    save(engine, tmp_path / "run")
+    with pytest.raises(CheckpointError, match="holds a fm model, not deepfm"):
+        load_checkpoint(make_engine(store, "deepfm"), tmp_path / "run")
+    with pytest.raises(CheckpointError, match="other model settings: embedding_dim"):
+        load_checkpoint(make_engine(store, embedding_dim=8), tmp_path / "run")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(make_engine(store), tmp_path / "no-such-checkpoint")
+    manifest_path = resolve_checkpoint(tmp_path / "run") / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["model"]  # valid JSON, but not a whole manifest
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="is corrupt: 'model' is missing"):
+        load_checkpoint(make_engine(store), tmp_path / "run")

@@ -39,7 +39,7 @@ def _model(name: str, num_fields: int, **options):
 OPTIONS = {"tanh-l2": dict(activation="tanh", l2_embedding=2.0**-6, l2_dense=2.0**-8)}
 
 
-@pytest.mark.parametrize("name", ["lr", "fm", "wdl", "deepfm", "deepfm-tanh-l2", "fm-tanh-l2"])
+@pytest.mark.parametrize("name", ["lr", "fm", "wdl", "deepfm", "deepfm-tanh-l2"])
 def test_engine_matches_plain_tensorflow(store, name: str) -> None:
     # Hyper-parameters exactly representable in float32: Keras rounds its hyper-parameters to
     # float32 even for float64 weights, which would otherwise show up as 1e-7..1e-5 differences.
@@ -49,8 +49,6 @@ def test_engine_matches_plain_tensorflow(store, name: str) -> None:
     adam = dict(lr=2.0**-7, beta1=0.875, beta2=1 - 2.0**-10, epsilon=eps)
     name, _, variant = name.partition("-")
     options = OPTIONS.get(variant, {})
-    if name == "fm":
-        options = {k: v for k, v in options.items() if k != "activation"}  # FM has no DNN
     model = _model(name, store.num_fields, **options)
     fields = list(range(store.num_fields))
     engine = DESEngine(
