@@ -98,6 +98,9 @@ def plan_run_folder(config: TrainConfig, comm: Communicator) -> Path:
 
 
 def create_run_folder(folder: Path, comm: Communicator) -> None:
+    # Every rank first finishes its set-up (a rank that fails to load its fields aborts the job
+    # here, before rank 0 has created anything).
+    comm.barrier("setup")
     if comm.rank == 0:
         try:
             folder.mkdir(parents=True, exist_ok=True)
