@@ -217,7 +217,7 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
     runtime.configure_threads()
     if config.strategy == "ps":
         return train_parameter_server(config, comm, store, build_model(config, store.num_fields), optimizers,
-                                      steps_per_epoch, folder, placement, distinct)
+                                      steps_per_epoch, folder, distinct)
     from des.checkpoint import load_checkpoint, save_checkpoint
     from des.options import TableOptions
     from des.strategies import engine_class
@@ -358,8 +358,7 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
 
 
 def train_parameter_server(config: TrainConfig, comm: Communicator, store, model, optimizers,
-                           steps_per_epoch: int, folder: Path, placement: list[list[int]],
-                           distinct: list[int]) -> dict[str, Any]:
+                           steps_per_epoch: int, folder: Path, distinct: list[int]) -> dict[str, Any]:
     """``--strategy ps``: the asynchronous baseline (see :mod:`des.strategies.ps`)."""
     from des.strategies.ps import ps_placement, run_parameter_server
 
@@ -367,7 +366,7 @@ def train_parameter_server(config: TrainConfig, comm: Communicator, store, model
     total_steps = config.epochs * steps_per_epoch if config.epochs else config.max_steps
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
-    placement = ps_placement(store.num_fields, comm.size, config.ps_servers)
+    placement = ps_placement(store.num_fields, comm.size, config.ps_servers)  # servers own fields, workers none
     create_run_folder(folder, comm)
     write_run_config(folder, comm, config, placement, model, store)
     log.say(f"des.train: {model.name} with strategy ps on {store.path.name}, {comm.size} rank(s) "
