@@ -63,16 +63,16 @@ def _load_state(prefix: str, arrays: Any, state: Any) -> None:
     state.load_state_dict({k[len(tag):]: arrays[k] for k in arrays.files if k.startswith(tag)})
 
 
-def save_checkpoint(engine: Any, root: Path, *, epoch: int, next_batch: int, config: dict[str, Any], ttl: int = 0,
+def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, config: dict[str, Any], ttl: int = 0,
                     data_order: dict[str, Any] | None = None) -> Path:
-    """Write a checkpoint of ``engine`` under ``root``; collective (every rank calls it).
+    """Write a checkpoint of ``strategy.state()`` under ``root``; collective (every rank calls it).
     ``data_order``: what fixes the batch order (data, batch size, seed...), checked on resume."""
-    comm = engine.comm
+    comm, state = strategy.comm, strategy.state()
     evicted = 0
     if ttl:
         # Eviction runs here, on every rank at the same step, so it is part of the saved state.
-        evicted = sum(table.evict(ttl, engine.step_count) for table in engine.tables.values())
-    name = f"step-{engine.step_count:08d}"
+        evicted = sum(table.evict(ttl, state.step) for table in state.tables.values())
+    name = f"step-{state.step:08d}"
     final = root / name
     tmp = root / f".{name}.tmp"
     if comm.rank == 0:
@@ -81,22 +81,23 @@ def save_checkpoint(engine: Any, root: Path, *, epoch: int, next_batch: int, con
         tmp.mkdir()
     comm.barrier("checkpoint")
 
+    dense = state.dense
     written: dict[str, str] = {}
-    for field in engine.fields:
-        j = engine.field_param_index(field)
+    for field in state.fields:  # the owner writes a field's table and its dense slices
+        j = dense.index(field)
         stem = _field_stem(field)
-        engine.tables[field].save(tmp / f"{stem}.table")
+        state.tables[field].save(tmp / f"{stem}.table")
         arrays: dict[str, np.ndarray] = {}
-        for pname, value in engine.field_params.items():
+        for pname, value in dense.field_params.items():
             arrays[f"{pname}__value"] = value[j]
-            arrays.update(_state_arrays(pname, engine.field_states[(pname, field)]))
+            arrays.update(_state_arrays(pname, dense.field_states[(pname, field)]))
         np.savez(tmp / f"{stem}.dense.npz", **arrays)
         written[f"{stem}.table"] = written[f"{stem}.dense.npz"] = ""
     if comm.rank == 0:
         arrays = {}
-        for pname, value in engine.top_params.items():
+        for pname, value in dense.top_params.items():
             arrays[f"{pname}__value"] = value
-            arrays.update(_state_arrays(pname, engine.top_states[pname]))
+            arrays.update(_state_arrays(pname, dense.top_states[pname]))
         np.savez(tmp / "dense.npz", **arrays)
         written["dense.npz"] = ""
     written = {file: _sha256(tmp / file) for file in written}
@@ -111,15 +112,15 @@ def save_checkpoint(engine: Any, root: Path, *, epoch: int, next_batch: int, con
             part.unlink()
         manifest = {
             "format": FORMAT,
-            "model": engine.model.config(),
-            "dtype": engine.dtype.name,
-            "seed": engine.seed,
-            "num_fields": engine.model.num_fields,
-            "step": engine.step_count,
+            "model": state.model.config(),
+            "dtype": state.dtype.name,
+            "seed": state.seed,
+            "num_fields": state.model.num_fields,
+            "step": state.step,
             "epoch": epoch,
             "next_batch": next_batch,
             "ranks": comm.size,
-            "placement": engine.placement,
+            "placement": state.placement,
             "evicted_rows": evicted,
             "config": config,
             "data_order": data_order or {},
@@ -181,16 +182,16 @@ _MANIFEST_KEYS = {"model": dict, "dtype": str, "seed": int, "num_fields": int, "
                   "next_batch": int, "ranks": int, "placement": list, "config": dict, "files": dict}
 
 
-def check_compatible(manifest: dict[str, Any], engine: Any, folder: Path) -> None:
-    expected = engine.model.config()
+def check_compatible(manifest: dict[str, Any], state: Any, folder: Path) -> None:
+    expected = state.model.config()
     if manifest["model"] != expected:
         saved = manifest["model"].get("model", "?")
         if saved != expected["model"]:
             raise CheckpointError(f"checkpoint {folder} holds a {saved} model, not {expected['model']}")
         diff = sorted(k for k in expected if manifest["model"].get(k) != expected[k])
         raise CheckpointError(f"checkpoint {folder} was trained with other model settings: {', '.join(diff)}")
-    if manifest["dtype"] != engine.dtype.name:
-        raise CheckpointError(f"checkpoint {folder} is {manifest['dtype']}, the run is {engine.dtype.name}")
+    if manifest["dtype"] != state.dtype.name:
+        raise CheckpointError(f"checkpoint {folder} is {manifest['dtype']}, the run is {state.dtype.name}")
 
 
 def check_data_order(manifest: dict[str, Any], data_order: dict[str, Any], folder: Path) -> None:
@@ -214,32 +215,35 @@ def _verified(folder: Path, manifest: dict[str, Any], file: str) -> Path:
     return path
 
 
-def load_checkpoint(engine: Any, path: str | Path, *, data_order: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Load a checkpoint into ``engine`` (any number of ranks); returns its manifest. With
-    ``data_order`` (a resume), the checkpoint must come from the same batch order."""
+def load_checkpoint(strategy: Any, path: str | Path, *, data_order: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Load a checkpoint into ``strategy`` (written on any number of ranks); returns its manifest.
+    With ``data_order`` (a resume), the checkpoint must come from the same batch order."""
     folder, manifest = read_manifest(path)
-    check_compatible(manifest, engine, folder)
+    state = strategy.state()
+    check_compatible(manifest, state, folder)
     if data_order is not None:
         check_data_order(manifest, data_order, folder)
-    for field in engine.fields:
-        j = engine.field_param_index(field)
-        stem = _field_stem(field)
-        table_path = _verified(folder, manifest, f"{stem}.table")
+    for field in state.fields:
+        table_path = _verified(folder, manifest, f"{_field_stem(field)}.table")
         with _as_checkpoint_error(table_path):
-            engine.tables[field] = EmbeddingTable.load(table_path)
-        dense_path = _verified(folder, manifest, f"{stem}.dense.npz")
+            state.tables[field] = EmbeddingTable.load(table_path)
+    dense = state.dense
+    for field in dense.fields:  # own fields, or every field where the strategy replicates the slices
+        j = dense.index(field)
+        dense_path = _verified(folder, manifest, f"{_field_stem(field)}.dense.npz")
         with _as_checkpoint_error(dense_path):
             arrays = np.load(dense_path, allow_pickle=False)
-            for pname, value in engine.field_params.items():
+            for pname, value in dense.field_params.items():
                 value[j] = arrays[f"{pname}__value"]
-                _load_state(pname, arrays, engine.field_states[(pname, field)])
+                _load_state(pname, arrays, dense.field_states[(pname, field)])
     dense_path = _verified(folder, manifest, "dense.npz")
     with _as_checkpoint_error(dense_path):
         arrays = np.load(dense_path, allow_pickle=False)
-        for pname, value in engine.top_params.items():
+        for pname, value in dense.top_params.items():
             value[...] = arrays[f"{pname}__value"]
-            _load_state(pname, arrays, engine.top_states[pname])
-    engine.step_count = int(manifest["step"])
+            _load_state(pname, arrays, dense.top_states[pname])
+    state.step = int(manifest["step"])
+    strategy.load_state(state)
     return manifest
 
 

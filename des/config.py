@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from des.errors import ArgumentParser, ConfigError, UsageError
+from des.strategies import default_strategy_names
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 SHIPPED_SAMPLE = PACKAGE_ROOT / "datasets" / "criteo_sample.txt.gz"
@@ -55,8 +56,11 @@ class TrainConfig:
     embedding_optimizer: str = _opt("adam:lr=0.001", "sparse embeddings")
     dense_optimizer: str = _opt("adam:lr=0.001", "dense weights (first FC slices and top network)")
 
-    strategy: str = _opt("des", "des (one AllReduce of partials), alltoall (embedding exchange) or ps (async parameter server)",
-                         choices=("des", "alltoall", "ps"))
+    strategy: str = _opt("des", f"training strategy: {', '.join(default_strategy_names())} or one registered by "
+                         "--plugins (docs/design.md)")
+    upper: str = _opt("data-parallel", "des: the layers above the substituted ones run on B/N rows per rank "
+                      "(reduce-scatter + all-gather) or replicated on the whole batch on every rank (the paper)",
+                      choices=("data-parallel", "replicated"))
     ps_servers: int = _opt(1, "with --strategy ps: how many ranks serve the tables (the rest are workers)")
     placement: str = _opt("mod", "field placement over ranks", choices=("mod", "balanced"))
     min_count: int = _opt(1, "admission: occurrences before an id gets a trained row")
@@ -104,12 +108,9 @@ class TrainConfig:
             raise ConfigError("nothing to train: --epochs and --max-steps are both 0")
         self.hidden_units()
         self.split_fractions()
-        if self.strategy == "ps":
-            for name, why in (("resume", "a baseline without checkpoints"),
-                              ("checkpoint_every", "a baseline without checkpoints"),
-                              ("eval_every", "it validates once, at the end")):
-                if getattr(self, name):
-                    raise ConfigError(f"--{_flag(name)} is not supported with --strategy ps ({why})")
+        if not self.plugins and self.strategy not in default_strategy_names():
+            raise ConfigError(f"unknown strategy {self.strategy!r} (choose one of: {', '.join(default_strategy_names())}, "
+                              "or load one with --plugins)")
 
     def split_fractions(self) -> tuple[float, float, float] | None:
         """``--split`` as three fractions (``None``: empty, the data's own split)."""

@@ -42,35 +42,24 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     from des.checkpoint import load_checkpoint, read_manifest
-    from des.data import ColumnStore, open_dataset
-    from des.options import TableOptions
-    from des.strategies import engine_class
     from des.metrics import logloss, roc_auc
-    from des.placement import place_fields
-    from des.train import build_model, build_optimizers, predict_split
+    from des.plugins import load_plugins
+    from des.runner import build_strategy, open_data, predict_split
 
     _, manifest = read_manifest(args.checkpoint)
     config = TrainConfig(**manifest["config"])
-    model = build_model(config, manifest["num_fields"])
-
-    if comm.rank == 0:
-        # A raw file is prepared with every row in the test split, in input order.
-        store = open_dataset(args.data, cache_dir=args.cache_dir or None, split=[0.0, 0.0, 1.0],
-                             bad_rows=args.bad_rows)
-        path = str(store.path)
-    path = comm.bcast_json(path if comm.rank == 0 else None, "setup")
-    store = ColumnStore.open(path)
+    load_plugins(config.plugins)
+    # A raw file is prepared with every row in the test split, in input order.
+    store = open_data(config, comm, data=args.data, split=[0.0, 0.0, 1.0], bad_rows=args.bad_rows)
     if store.num_fields != manifest["num_fields"]:
         raise ConfigError(f"{args.data} has {store.num_fields} fields, the checkpoint's model {manifest['num_fields']}")
     split = args.split if Path(args.data).is_dir() else "all"
+    # Any checkpoint (of any synchronous strategy, on any number of ranks) is evaluated with DES.
+    strategy = build_strategy(config, comm, store.num_fields, 
+                              [store.distinct_count(f) for f in range(store.num_fields)], strategy="des")
+    load_checkpoint(strategy, args.checkpoint)
 
-    placement = place_fields(store.num_fields, comm.size)
-    engine = engine_class("des")(model, comm, placement, build_optimizers(config), seed=config.seed,
-                       dtype=np.dtype(config.dtype), tables=TableOptions(config.table_capacity, config.min_count,
-                                                                         config.unadmitted))
-    load_checkpoint(engine, args.checkpoint)
-
-    result = predict_split(engine, store, split, args.batch_size)
+    result = predict_split(strategy, store, split, args.batch_size)
     if result is None:
         raise ConfigError(f"{args.data} has no rows in split {split!r}")
     p, y = result

@@ -11,24 +11,18 @@ import numpy as np
 
 
 @numba.njit(cache=True, nogil=True)
-def _pool(values, offsets, weights, has_weights, out):  # pragma: no cover - numba
+def _pool_or_unpool(src, offsets, weights, has_weights, out, adjoint):  # pragma: no cover - numba
+    """Pooling ``out[b] += w_t · src[t]`` over the ids t of sample b, or its adjoint (``adjoint``)
+    ``out[t] = w_t · src[b]``: one loop nest, so the two stay each other's transpose."""
     for b in range(offsets.shape[0] - 1):
         for t in range(offsets[b], offsets[b + 1]):
             w = weights[t] if has_weights else 1.0
-            for c in range(values.shape[1]):
-                out[b, c] += w * values[t, c]
-
-
-@numba.njit(cache=True, nogil=True)
-def _unpool(grad, offsets, weights, has_weights, out):  # pragma: no cover - numba
-    for b in range(offsets.shape[0] - 1):
-        for t in range(offsets[b], offsets[b + 1]):
-            w = weights[t] if has_weights else 1.0
-            for c in range(grad.shape[1]):
-                out[t, c] = w * grad[b, c]
-
-
-_NO_WEIGHTS = np.zeros(0, dtype=np.float32)
+            if adjoint:
+                for c in range(src.shape[1]):
+                    out[t, c] = w * src[b, c]
+            else:
+                for c in range(src.shape[1]):
+                    out[b, c] += w * src[t, c]
 
 
 def is_one_hot(offsets: np.ndarray, weights: np.ndarray | None) -> bool:
@@ -44,7 +38,7 @@ def pool(values: np.ndarray, offsets: np.ndarray, weights: np.ndarray | None, ou
         out[...] = values
         return
     tmp = np.zeros(out.shape, dtype=values.dtype)
-    _pool(values, offsets, _NO_WEIGHTS if weights is None else weights, weights is not None, tmp)
+    _pool_or_unpool(values, offsets, _NO_WEIGHTS if weights is None else weights, weights is not None, tmp, False)
     out[...] = tmp
 
 
@@ -53,7 +47,6 @@ def unpool(grad: np.ndarray, offsets: np.ndarray, weights: np.ndarray | None) ->
     if is_one_hot(offsets, weights):
         return np.ascontiguousarray(grad)
     out = np.empty((int(offsets[-1]), grad.shape[1]), dtype=grad.dtype)
-    _unpool(
-        np.ascontiguousarray(grad), offsets, _NO_WEIGHTS if weights is None else weights, weights is not None, out
-    )
+    _pool_or_unpool(np.ascontiguousarray(grad), offsets, _NO_WEIGHTS if weights is None else weights,
+                    weights is not None, out, True)
     return out

@@ -2,7 +2,8 @@
 
 TF's thread pools can only be sized before its first op (the log-level variables are set by
 ``des/__init__.py``, before TF loads). With several ranks per machine, each rank gets
-``cores // ranks_on_this_node`` intra-op threads, inter-op 1 (``ENVIRONMENT.md``).
+``cores // ranks_on_this_node`` intra-op threads, inter-op 1 (measured: more threads than cores
+per rank slow every rank down when ranks share cores).
 """
 
 from __future__ import annotations

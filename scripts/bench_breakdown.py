@@ -13,7 +13,7 @@ a millisecond, for alltoall; at N >= 2 it is mostly waiting for the other ranks 
 server), not copying.
 
 Phases come from the engines' timers (``ms_per_phase`` of summary.json, rank 0 / the first ps
-worker), each phase either communication or local work (``CATEGORY_OF`` maps them):
+worker), each phase either communication or local work (each strategy's ``phases`` declare the category):
 
 * des:      lookup, partials, allreduce (communication), top (top network fwd + bwd),
             local_backward (backward through the partials), update (incl. unpooling the gradients)
@@ -40,21 +40,24 @@ from collections.abc import Mapping, Sequence
 
 import benchlib
 
-CATEGORIES = ("lookup", "partials", "communication", "top", "backward", "update")
+from des.strategies.base import CATEGORIES  # noqa: E402  (no TensorFlow)
+
 CATEGORY_TITLES = {"lookup": "lookup", "partials": "partial compute", "communication": "communication",
                    "top": "top network fwd+bwd", "backward": "backward", "update": "update"}
-# Engine phase -> category, per strategy. Every phase the engines time must be here (a test checks the
-# engines' sources); "communication" holds only phases that are communication.
-CATEGORY_OF: dict[str, dict[str, str]] = {
-    "des": {"lookup": "lookup", "partials": "partials", "allreduce": "communication", "top": "top",
-            "local_backward": "backward", "update": "update"},
-    "alltoall": {"lookup": "lookup", "exchange_rows": "communication", "forward_backward": "top",
-                 "allreduce": "communication", "sparse_backward": "backward",
-                 "exchange_gradients": "communication", "update": "update"},
-    "ps": {"lookup": "lookup", "pull": "communication", "forward_backward": "top",
-           "sparse_backward": "backward", "push": "communication"},
-}
-PS_SERVER_PHASES = ("serve_rows", "apply_rows", "serve_dense", "apply_dense")
+
+
+def category_of(strategy: str) -> dict[str, str]:
+    """Phase -> category of the paper's Figure 7, as the strategy declares it (``Strategy.phases``;
+    its timer refuses any other phase)."""
+    from des.strategies import get_strategy  # loads TensorFlow: only when a table is made
+
+    return dict(get_strategy(benchlib.strategy_flags(strategy)["strategy"]).phases)
+
+
+def server_phases() -> tuple[str, ...]:
+    from des.strategies import get_strategy
+
+    return tuple(get_strategy("ps").server_phases)
 
 
 def categorize(strategy: str, phases: Mapping[str, float]) -> dict[str, float]:
@@ -63,14 +66,14 @@ def categorize(strategy: str, phases: Mapping[str, float]) -> dict[str, float]:
     out = {c: 0.0 for c in CATEGORIES}
     out["other"] = 0.0
     for phase, ms in phases.items():
-        out[CATEGORY_OF[strategy].get(phase, "other")] += ms
+        out[category_of(strategy).get(phase, "other")] += ms
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="deepfm,lr,wdl")
-    parser.add_argument("--strategies", default="des,alltoall,ps")
+    parser.add_argument("--strategies", default="des,des-replicated,alltoall,ps")
     parser.add_argument("--ranks", default="1,2", help="rank counts for LR and W&D")
     parser.add_argument("--deepfm-ranks", default="1,2,4", help="rank counts for DeepFM")
     parser.add_argument("--batch-size", type=int, default=4096)
@@ -91,12 +94,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if strategy == "ps" and n < 2:
                     continue
                 s = bench.steady(n, f"{model}-{strategy}-n{n}", args.warmup, args.steps,
-                                 model=model, strategy=strategy, batch_size=args.batch_size)
+                                 model=model, batch_size=args.batch_size, **benchlib.strategy_flags(strategy))
                 row = {"model": model, "strategy": strategy, "ranks": n, "batch": args.batch_size}
                 if s is not None:
                     phases = s["steady"]["ms_per_phase"]
                     row.update(categorize(strategy, phases))
-                    for category in set(CATEGORIES) - set(CATEGORY_OF[strategy].values()):
+                    for category in set(CATEGORIES) - set(category_of(strategy).values()):
                         row[category] = None  # "-": not a phase of this strategy (ps: the server updates)
                     row["phases"] = phases
                     row["engine_phases"] = " ".join(f"{p} {ms:.1f}" for p, ms in phases.items())
@@ -105,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if strategy == "ps" and s.get("server_ms_per_phase"):
                         server = s["server_ms_per_phase"]
                         row["server_phases"] = server
-                        row["server_busy_ms"] = sum(server.get(p, 0.0) for p in PS_SERVER_PHASES)
+                        row["server_busy_ms"] = sum(server.get(p, 0.0) for p in server_phases())
                     row["step_ms_wall"] = 1000 * args.batch_size / s["steady"]["samples_per_second"] * (
                         n - 1 if strategy == "ps" else 1)
                     row["load_average"] = s["load_average"]
@@ -119,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     phase_columns = [("model", "model", ""), ("strategy", "strategy", ""), ("ranks", "N", "d"),
                      ("engine_phases", "engine phases (ms/step)", "")]
     notes = [
+        benchlib.STRATEGY_NOTE,
         f"Batch {args.batch_size}; ms per step of steps {args.warmup + 1}..{args.warmup + args.steps} of one job "
         f"(timers restarted after {args.warmup} warm-up steps), rank 0's timers (ps: the first worker's, per step of "
         "that worker; N=2: one worker; N=4: three workers share 2 cores with the server).",

@@ -2,13 +2,16 @@
 
 Shows the DES paper's Table 2 on the shipped Criteo sample: for each batch size, the unique ids
 per batch (mean over the batches of epoch 0, from the data), and the bytes each rank SENDS per
-training step under ``des`` (one ring AllReduce of the [B, P] partials) and ``alltoall`` (ids,
+training step under ``des`` (default ``--upper data-parallel``: reduce-scatter of the [B, P]
+partials by rows, all-gather of their gradient, AllReduce of the top gradients), ``des-replicated``
+(``--upper replicated``, the paper's step: one ring AllReduce of the [B, P] partials) and ``alltoall`` (ids,
 rows and row gradients of remote unique ids with Alltoallv, plus the AllReduce of the dense
 gradients), both **measured** (``bytes_per_step_by_site`` of short ``des.train`` runs) and
 **analytic**, and the communication-saving ratio 1 - DES/alltoall, at N = 2 and 4 ranks.
 
 Expect (bytes do not depend on the machine; measured on the 2-core machine): measured DES bytes
-equal 2(N-1)/N·4·B·P exactly and the alltoall rank-0 check is 1.000; about 5.2k / 8.9k / 14.9k /
+equal the analytic formulas exactly (replicated 2(N-1)/N·4·B·P; data-parallel the same for the
+partials plus about 1.3 MB for the top gradients of W&D/DeepFM) and the alltoall rank-0 check is 1.000; about 5.2k / 8.9k / 14.9k /
 24.7k / 40.6k unique ids per batch for B = 512 / 1024 / 2048 / 4096 / 8192 (10 falling to 5 per
 sample); at N = 2 DES saves 83-92% vs alltoall for LR (92% at B = 512 falling to 83% at B = 8192),
 about 70% for FM (72% at B = 4096), and is NEGATIVE (alltoall cheaper) for W&D/DeepFM from
@@ -17,7 +20,8 @@ DES buffer carries 401-410 floats per sample; N = 4 shows the same pattern with 
 
 Analytic, per rank and step (8-byte keys, 4-byte floats):
 
-* DES:       2 (N-1)/N * 4 * B * P,  P = 1 (LR), 1+(k+1) (FM), 1+H1 (W&D), 1+(k+1)+H1 (DeepFM)
+* DES (data-parallel, rank 0): 2 (B - B//N) * 4 * P + 2 (N-1)/N * 4 * (1 + |θ_top|)
+* DES (replicated):   2 (N-1)/N * 4 * B * P,  P = 1 (LR), 1+(k+1) (FM), 1+H1 (W&D), 1+(k+1)+H1 (DeepFM)
 * alltoall:  U_r * (8 + 4 w)  [ids out, rows back]  +  U_r * 4 w  [row gradients]
              + 2 (N-1)/N * 4 * (1 + D)  [dense gradients and the loss, ring AllReduce]
   where U_r = (N-1)/N * (unique ids in a B/N-row shard, mean from the data) is the remote share,
@@ -78,8 +82,22 @@ def dense_params(model: str, fields: int = 39, k: int = 8, hidden: Sequence[int]
 
 # ------------------------------------------------------------------------------------ formulas
 def des_bytes(ranks: int, batch: int, width: int) -> float:
-    """Ring AllReduce of the [B, P] float32 buffer: 2 (N-1)/N * 4 * B * P bytes sent per rank."""
+    """--upper replicated: ring AllReduce of the [B, P] float32 buffer, 2 (N-1)/N * 4 * B * P bytes
+    sent per rank."""
     return 2.0 * (ranks - 1) / ranks * FLOAT_BYTES * batch * width
+
+
+def top_params(model: str, fields: int = 39, k: int = 8, hidden: Sequence[int] = (400, 400, 400)) -> int:
+    """|θ_top|: the weights above the substituted layers (all dense weights but the first FC kernel)."""
+    return dense_params(model, fields, k, hidden) - (fields * k * hidden[0] if model in ("wdl", "deepfm") else 0)
+
+
+def des_data_parallel_bytes(ranks: int, batch: int, width: int, top: int) -> float:
+    """Rank 0, --upper data-parallel: the reduce-scatter of [B, P] by rows and the all-gather of its
+    gradient (each sends all blocks but rank 0's own, B - B//N rows), plus the ring AllReduce of the
+    top gradients and the loss: 2 (B - B//N) * 4 * P + 2 (N-1)/N * 4 * (1 + |θ_top|)."""
+    own = batch // ranks  # rank 0's block: rows 0 .. B//N
+    return 2.0 * (batch - own) * FLOAT_BYTES * width + 2.0 * (ranks - 1) / ranks * FLOAT_BYTES * (1 + top)
 
 
 def sparse_exchange_bytes(remote_unique: float, width: int) -> float:
@@ -196,7 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "batch": batch, "ranks": n, "model": model, "P": p, "row_width": w, "dense_params": d,
                     "unique_ids": stats["global_unique"], "shard_unique": stats["shard_unique"][n],
                     "remote_unique_formula": remote, "remote_unique_data": stats["remote_unique"][n],
-                    "des_analytic": des_bytes(n, batch, p),
+                    "des_analytic": des_data_parallel_bytes(n, batch, p, top_params(model, fields, k, hidden)),
+                    "des_replicated_analytic": des_bytes(n, batch, p),
                     "alltoall_analytic": alltoall_bytes(n, remote, w, d),
                     "alltoall_rank0_expected": rank0_alltoall_bytes(n, fields, stats["rank0"][n]["keys"],
                                                                     stats["rank0"][n]["rows_served"], w, d),
@@ -210,16 +229,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if (batch, model, n) in measure:
                     common = dict(model=model, batch_size=batch, epochs=1, max_steps=args.steps, data=args.data,
                                   split=args.split, embedding_dim=k, hidden=args.hidden)
-                    for strategy in ("des", "alltoall"):
-                        s = bench.train(n, f"{model}-{strategy}-n{n}-b{batch}", strategy=strategy, **common)
+                    for strategy in ("des", "des-replicated", "alltoall"):
+                        s = bench.train(n, f"{model}-{strategy}-n{n}-b{batch}", **benchlib.strategy_flags(strategy),
+                                        **common)
                         if s is not None:
-                            row[f"{strategy}_measured"] = s["bytes_per_step"]
-                            row[f"{strategy}_by_site"] = s["bytes_per_step_by_site"]
-                            row[f"{strategy}_steps"] = s["steps"]
+                            key = strategy.replace("-", "_")
+                            row[f"{key}_measured"] = s["bytes_per_step_per_rank"][0]  # rank 0's
+                            row[f"{key}_by_site"] = s["bytes_per_step_by_site"]
+                            row[f"{key}_steps"] = s["steps"]
                     if "des_measured" in row and "alltoall_measured" in row:
                         row["saving_measured"] = saving(row["des_measured"], row["alltoall_measured"])
-                    if "des_measured" in row:
-                        row["des_check"] = row["des_measured"] / row["des_analytic"]
+                    for key in ("des", "des_replicated"):
+                        if f"{key}_measured" in row:
+                            row[f"{key}_check"] = row[f"{key}_measured"] / row[f"{key}_analytic"]
                     if "alltoall_measured" in row:
                         row["alltoall_check"] = row["alltoall_measured"] / row["alltoall_rank0_expected"]
                 for key in ("saving_analytic", "saving_measured", "saving_sparse_analytic"):
@@ -233,11 +255,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     id_columns += [("paper_unique", "paper uniq_feats", ",d")]
     columns = [("ranks", "N", "d"), ("batch", "B", "d"), ("model", "model", ""), ("P", "P", "d"),
                ("des_measured", "DES meas. B/step", ",.0f"), ("des_analytic", "DES analytic", ",.0f"),
+               ("des_replicated_measured", "DES repl. meas.", ",.0f"),
+               ("des_replicated_analytic", "DES repl. analytic", ",.0f"),
                ("alltoall_measured", "a2a meas. B/step", ",.0f"), ("alltoall_analytic", "a2a analytic", ",.0f"),
                ("saving_measured_pct", "saving meas. %", ".1f"), ("saving_analytic_pct", "saving analytic %", ".1f"),
-               ("saving_sparse_analytic_pct", "saving sparse-only %", ".1f"), ("paper_saving", "paper R %", ".1f"), ("alltoall_check", "a2a rank-0 check", ".3f")]
+               ("saving_sparse_analytic_pct", "saving sparse-only %", ".1f"), ("paper_saving", "paper R %", ".1f"), ("alltoall_check", "a2a rank-0 check", ".3f"),
+               ("des_check", "DES check", ".3f"), ("des_replicated_check", "DES repl. check", ".3f")]
     rows.sort(key=lambda r: (r["ranks"], r["batch"], models.index(r["model"])))
     notes = [
+        benchlib.STRATEGY_NOTE + " Savings compare des (data-parallel) with alltoall.",
         "Bytes are what one rank SENDS per training step (rank 0's counters), averaged over the first "
         f"{args.steps} steps of epoch 0 (seed 0), with split {args.split} of the shipped sample "
         f"({len(store.split_rows('train')):,} training rows; evaluation traffic goes to eval_* sites, not counted); analytic = the formulas of the module docstring with the "
@@ -270,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for model in models:
                 sel = [r for r in rows if r["ranks"] == n and r["model"] == model]
                 xs = [r["batch"] for r in sel]
-                for strategy, style, marker in (("des", "-", "o"), ("alltoall", "--", "s")):
+                for strategy, style, marker in (("des", "-", "o"), ("des_replicated", ":", "^"), ("alltoall", "--", "s")):
                     ax.plot(xs, [r[f"{strategy}_analytic"] for r in sel], style, color=colors.get(model),
                             label=f"{model} {strategy} (analytic)")
                     meas = [(r["batch"], r[f"{strategy}_measured"]) for r in sel if f"{strategy}_measured" in r]

@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for strategy in args.strategies.split(","):
         ranks = args.ps_ranks if strategy == "ps" else args.ranks
-        flags = dict(model=args.model, strategy=strategy, batch_size=args.batch_size, epochs=args.epochs, data=str(data),
+        flags = dict(model=args.model, **benchlib.strategy_flags(strategy), batch_size=args.batch_size, epochs=args.epochs, data=str(data),
                      eval_batch_size=16384)
         if args.max_steps:
             flags["max_steps"] = args.max_steps
@@ -143,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                ("job_seconds", "job s", ",.0f")]
     workers = args.ps_ranks - 1
     notes = [
+        benchlib.STRATEGY_NOTE,
         f"Synthetic Criteo-shaped data: {args.rows:,} rows (split {split_rows}), vocabulary scale {args.vocab_scale:g} "
         f"(1.0 = the Kaggle Criteo distinct counts, up to 10.1M per field), Zipf exponents x {args.zipf_scale:g} "
         f"(1.0 = the generator's Criteo-like defaults), data seed {args.data_seed}; labels from a known FM (latent "

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import benchlib
 
-STRATEGY_RANKS = {"des": (1, 2, 4), "alltoall": (1, 2, 4), "ps": (2, 4)}
+STRATEGY_RANKS = {"des": (1, 2, 4), "des-replicated": (1, 2, 4), "alltoall": (1, 2, 4), "ps": (2, 4)}
 
 
 ROOFLINE_MODELS = ("wdl", "deepfm")  # the models with a top network (LR's and FM's top is a sum)
@@ -129,7 +129,7 @@ def roofline(bench: benchlib.Bench, threads: int, batch: int, repeats: int, mode
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="lr,fm,wdl,deepfm")
-    parser.add_argument("--strategies", default="des,alltoall,ps")
+    parser.add_argument("--strategies", default="des,des-replicated,alltoall,ps")
     parser.add_argument("--ranks", default="1,2,4", help="rank counts (ps uses those >= 2)")
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--warmup", type=int, default=3, help="steps (per worker for ps) not timed")
@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if n not in STRATEGY_RANKS[strategy]:
                     continue
                 s = bench.steady(n, f"{model}-{strategy}-n{n}", args.warmup, args.steps, model=model,
-                                 strategy=strategy, batch_size=args.batch_size)
+                                 batch_size=args.batch_size, **benchlib.strategy_flags(strategy))
                 row = {"model": model, "strategy": strategy, "ranks": n, "batch": args.batch_size}
                 if s is not None:
                     rss = s["peak_rss_bytes_per_rank"]
@@ -170,10 +170,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "staleness_mean": s.get("staleness_mean"),
                     })
                 rows.append(row)
-    for row in rows:  # speed-up over DES on one rank
-        base = next((r for r in rows if r["model"] == row["model"] and r["strategy"] == "des" and r["ranks"] == 1), None)
-        if base and base.get("samples_per_second") and row.get("samples_per_second"):
-            row["vs_des_n1"] = row["samples_per_second"] / base["samples_per_second"]
+    for row in rows:  # speed-up over DES on one rank, and over alltoall at the same N
+        for key, strategy, ranks in (("vs_des_n1", "des", 1), ("vs_alltoall", "alltoall", row["ranks"])):
+            base = next((r for r in rows if r["model"] == row["model"] and r["strategy"] == strategy
+                         and r["ranks"] == ranks), None)
+            if base and base.get("samples_per_second") and row.get("samples_per_second"):
+                row[key] = row["samples_per_second"] / base["samples_per_second"]
 
     roof_rows = []
     roof_models = [m for m in ROOFLINE_MODELS if m in models]
@@ -191,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     roof_rows += [{"model": m, "kind": "none", "what": NO_TOP_NETWORK[m]} for m in models if m in NO_TOP_NETWORK]
     columns = [("model", "model", ""), ("strategy", "strategy", ""), ("ranks", "N", "d"),
                ("samples_per_second", "samples/s", ",.0f"), ("ms_per_step", "ms/step", ",.0f"),
-               ("vs_des_n1", "vs DES N=1", ".2f"), ("samples_per_second_des_train", "des.train's samples/s", ",.0f"),
+               ("vs_des_n1", "vs DES N=1", ".2f"), ("vs_alltoall", "vs alltoall same N", ".2f"), ("samples_per_second_des_train", "des.train's samples/s", ",.0f"),
                ("peak_rss_mib_max", "peak RSS MiB/rank (max)", ",.0f"), ("peak_rss_mib_per_rank", "per rank", "")]
     roof_columns = [("what", "TF-only roofline", ""), ("threads", "threads", "d"), ("ms", "ms/step", ".1f"),
                     ("samples_per_second", "samples/s", ",.0f")]
@@ -201,7 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(validation excluded); ps: workers x batch / the first worker's time per step after warm-up (its phase "
         "timers). \"des.train's samples/s\" is the summary's own figure for the whole job, which leaves out only the "
         "first step (ps: all workers' samples / the slowest worker's time).",
-        "des: every rank runs the whole batch on its fields and the replicated top network; alltoall: each rank "
+        benchlib.STRATEGY_NOTE,
+        "des: every rank computes the partials of its fields for the whole batch; alltoall: each rank "
         "takes B/N rows; ps: ranks 1..N-1 are asynchronous workers each taking every (N-1)-th batch, rank 0 serves "
         "all tables and dense weights (so N=2 is one worker).",
         "2 cores: each rank gets max(1, 2 // N) TF threads; N=4 puts 4 ranks (4 x ~0.6 GB of TF) on 2 cores, so "
@@ -223,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             values = [next((r.get("samples_per_second") or 0 for r in rows
                             if r["model"] == m and r["strategy"] == strategy and r["ranks"] == n), 0) for m in models]
             ax.bar(np.arange(len(models)) + (j - (len(configs) - 1) / 2) * width, values, width,
-                   label=f"{strategy} N={n}", color=f"C{['des', 'alltoall', 'ps'].index(strategy)}",
+                   label=f"{strategy} N={n}", color=f"C{list(benchlib.STRATEGY_FLAGS).index(strategy)}",
                    alpha=0.45 + 0.55 * (n / max(ranks)), edgecolor="black", linewidth=0.4)
         labelled = set()
         for r in roof_rows:

@@ -46,6 +46,28 @@ PAPER_SETUP = ("paper: 4 servers x 2 x 24-core Xeon E5-2670v3 (48 threads each),
                "TF 1.13 + OpenMPI 4.0.1, Criteo 45M rows")
 
 
+# ---------------------------------------------------------------------------------------- strategies
+#: The names the benchmark tables use -> des.train flags. ``des`` is the default step (upper network
+#: data-parallel over the ranks); ``des-replicated`` is the paper's step (every rank repeats it).
+STRATEGY_FLAGS: dict[str, dict[str, str]] = {
+    "des": {"strategy": "des", "upper": "data-parallel"},
+    "des-replicated": {"strategy": "des", "upper": "replicated"},
+    "alltoall": {"strategy": "alltoall"},
+    "ps": {"strategy": "ps"},
+}
+STRATEGY_NOTE = ("des = DES with the upper network data-parallel (--upper data-parallel, the default: reduce-scatter "
+                 "of the partials by rows, all-gather of their gradient, AllReduce of the top gradients); "
+                 "des-replicated = the paper's step (--upper replicated: one AllReduce, every rank runs the upper "
+                 "network on the whole batch).")
+
+
+def strategy_flags(name: str) -> dict[str, str]:
+    """des.train flags of a benchmark strategy name (see :data:`STRATEGY_FLAGS`)."""
+    if name not in STRATEGY_FLAGS:
+        raise SystemExit(f"unknown strategy {name!r} (choose from {', '.join(STRATEGY_FLAGS)})")
+    return dict(STRATEGY_FLAGS[name])
+
+
 # ---------------------------------------------------------------------------------------- writers
 Column = tuple[str, str, str]  # (key in the row dict, header, format spec or "" for str())
 
@@ -352,22 +374,20 @@ class Bench:
 # ---------------------------------------------------------------------------------------- timer restart
 def train_with_timer_restart(warmup: int, argv: Sequence[str]) -> None:
     """``mpiexec -n N python scripts/benchlib.py --restart-timers-after W <des.train flags>``:
-    des.train unchanged, except that each engine's phase timer (``engine.timer``, the source of
-    ``ms_per_phase``) restarts once the engine has trained ``W`` steps (``engine.step_count``; a ps
+    des.train unchanged, except that each strategy's phase timer (``strategy.timer``, the source of
+    ``ms_per_phase``) restarts once it has trained ``W`` steps (``strategy.step_count``; a ps
     worker counts its own steps), so ``ms_per_phase`` covers the later steps only. Training, data and everything else are des.train's own. (Only the
     reporting is affected: ``steps_this_run`` and ``bytes_per_step`` then count the later steps.)"""
     from des import train as des_train
     from des.collectives import run_main
-    from des.engine import DESEngine
-    from des.strategies.alltoall import AllToAllEngine
-    from des.strategies.ps import PSEngine
+    from des.strategies import default_strategies
 
     def wrap(cls):
-        original = cls.__dict__["train_step"]
+        original = cls.train_step
 
         def train_step(self, batch):
             loss = original(self, batch)
-            # engine.step_count counts every step trained (des.train itself restarts the timer after
+            # step_count counts every step trained (the runner itself restarts the timer after
             # the first step of a run, so timer.steps is not the step number)
             if self.step_count == warmup and not getattr(self, "_bench_timer_restarted", False):
                 self._bench_timer_restarted = True
@@ -376,9 +396,7 @@ def train_with_timer_restart(warmup: int, argv: Sequence[str]) -> None:
 
         cls.train_step = train_step
 
-    for cls in (DESEngine, AllToAllEngine, PSEngine):
-        if "train_step" not in cls.__dict__:
-            raise SystemExit(f"benchlib: {cls.__name__}.train_step not found (des changed?)")
+    for cls in default_strategies():
         wrap(cls)
     run_main(lambda: des_train.main(list(argv)), "des.train")
 

@@ -1,4 +1,4 @@
-"""The benchmark scripts' own arithmetic and writers (fast: no MPI launch, no TensorFlow)."""
+"""The benchmark scripts' own arithmetic and writers (fast: no MPI launch)."""
 
 from __future__ import annotations
 
@@ -125,35 +125,24 @@ def test_docstrings_state_the_expected_result(name):
 
 
 # ------------------------------------------------------------------------------------ breakdown phases
-def timed_phases(path: Path) -> set[str]:
-    """Phase names an engine source times: ``timer("x")``, ``self.timer("x")``, ``phase("x")`` and
-    ``....seconds["x"] +=``."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
-            func = node.func
-            callee = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-            if callee in ("timer", "phase") and isinstance(node.args[0].value, str):
-                names.add(node.args[0].value)
-        elif (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute)
-              and node.value.attr == "seconds" and isinstance(node.slice, ast.Constant)):
-            names.add(node.slice.value)
-    return names
+def test_breakdown_places_every_declared_phase():
+    """Phases come from the strategies (a strategy's timer refuses an undeclared phase); each maps
+    to one category of Figure 7, and communication holds the collectives and messages only."""
+    from des.strategies import CATEGORIES, PhaseTimer, default_strategies
 
-
-def test_breakdown_maps_every_engine_phase():
-    des_phases = timed_phases(REPO / "des" / "engine.py")
-    alltoall_phases = timed_phases(REPO / "des" / "strategies" / "alltoall.py")
-    ps_phases = timed_phases(REPO / "des" / "strategies" / "ps.py")
-    assert des_phases == set(breakdown.CATEGORY_OF["des"])
-    assert alltoall_phases == set(breakdown.CATEGORY_OF["alltoall"])
-    assert ps_phases == set(breakdown.CATEGORY_OF["ps"]) | set(breakdown.PS_SERVER_PHASES)
-    for strategy, mapping in breakdown.CATEGORY_OF.items():
-        assert set(mapping.values()) <= set(breakdown.CATEGORIES), strategy
-    # communication holds the collectives and messages only; local work never lands there
-    communication = {s: {p for p, c in m.items() if c == "communication"} for s, m in breakdown.CATEGORY_OF.items()}
-    assert communication == {"des": {"allreduce"}, "alltoall": {"exchange_rows", "exchange_gradients", "allreduce"},
+    mapping = {cls.name: breakdown.category_of(cls.name) for cls in default_strategies()}
+    for strategy, phases in mapping.items():
+        assert set(phases.values()) <= set(CATEGORIES) == set(breakdown.CATEGORIES), strategy
+    communication = {s: {p for p, c in m.items() if c == "communication"} for s, m in mapping.items()}
+    assert communication == {"des": {"allreduce", "reduce_scatter", "allgather"}, "alltoall": {"exchange_rows", "exchange_gradients", "allreduce"},
                              "ps": {"pull", "push"}}
+    assert set(breakdown.server_phases()) == {"serve_rows", "apply_rows", "serve_dense", "apply_dense"}
+    timer = PhaseTimer(mapping["des"])
+    with timer("top"):
+        pass
+    with pytest.raises(KeyError, match="phase 'mystery' is not declared"):
+        with timer("mystery"):
+            pass
 
 
 def test_breakdown_categorize():

@@ -14,7 +14,8 @@ from des.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint,
 from des.collectives import Communicator
 from des.data import prepare
 from des.data.batch_reader import BatchReader
-from des.engine import DESEngine, Optimizers
+from des.options import Optimizers
+from des.strategies.des import DES
 from des.hashtable import FTRL, AdaGrad, Adam, EmbeddingTable
 from des.models import get_model
 from des.placement import place_fields
@@ -27,30 +28,30 @@ def store(tmp_path_factory):
     return prepare(criteo_head(root / "head.tsv", 600), root / "store", split=(0.9, 0.1, 0.0), seed=1)
 
 
-def make_engine(store, model_name: str = "fm", embedding_dim: int = 4) -> DESEngine:
+def make_engine(store, model_name: str = "fm", embedding_dim: int = 4) -> DES:
     model = get_model(model_name)(num_fields=store.num_fields, embedding_dim=embedding_dim)
     optimizers = Optimizers(sparse={"linear": FTRL(0.1), "embedding": AdaGrad(0.1)}, dense=Adam(0.01))
-    return DESEngine(model, Communicator(MPI.COMM_SELF), place_fields(store.num_fields, 1), optimizers,
+    return DES.build(model, Communicator(MPI.COMM_SELF), place_fields(store.num_fields, 1), optimizers,
                      seed=5, dtype=np.float64)
 
 
-def train(engine: DESEngine, store, steps: int) -> None:
+def train(engine: DES, store, steps: int) -> None:
     batches = iter(BatchReader(store, "train", batch_size=64, seed=0, start_batch=engine.step_count,
                                **engine.reader_options()))
     for _ in range(steps):
         engine.train_step(next(batches))
 
 
-def state(engine: DESEngine) -> dict[str, np.ndarray]:
-    out = {f"top/{k}": v.copy() for k, v in engine.top_params.items()}
-    out.update({f"field/{k}": v.copy() for k, v in engine.field_params.items()})
-    for field, table in engine.tables.items():
+def state(engine: DES) -> dict[str, np.ndarray]:
+    out = {f"top/{k}": v.copy() for k, v in engine.dense.top_params.items()}
+    out.update({f"field/{k}": v.copy() for k, v in engine.dense.field_params.items()})
+    for field, table in engine.shard.tables.items():
         keys = np.sort(table.keys())
         out[f"table{field}"] = table.gather("embedding", keys, table.lookup(keys, insert=False))
     return out
 
 
-def save(engine: DESEngine, root) -> object:
+def save(engine: DES, root) -> object:
     return save_checkpoint(engine, root, epoch=0, next_batch=engine.step_count, config={})
 
 
@@ -116,14 +117,14 @@ def test_resume_needs_the_same_batch_order(store, tmp_path) -> None:
 def test_evaluation_lookups_do_not_insert(store) -> None:
     engine = make_engine(store)
     train(engine, store, 2)
-    sizes = {field: len(table) for field, table in engine.tables.items()}
+    sizes = {field: len(table) for field, table in engine.shard.tables.items()}
     held_out = next(iter(BatchReader(store, "validation", batch_size=60, shuffle=False, drop_last=False,
                                      **engine.reader_options())))
-    unseen = sum(int(np.count_nonzero(engine.tables[f].lookup(held_out.fields[f].keys, insert=False) < 0))
-                 for f in engine.tables)
+    unseen = sum(int(np.count_nonzero(engine.shard.tables[f].lookup(held_out.fields[f].keys, insert=False) < 0))
+                 for f in engine.shard.tables)
     assert unseen > 0  # the validation rows do hold ids training never saw
     engine.predict(held_out)
-    assert {field: len(table) for field, table in engine.tables.items()} == sizes
+    assert {field: len(table) for field, table in engine.shard.tables.items()} == sizes
 
 
 def test_checkpoints_that_do_not_fit_are_refused(store, tmp_path) -> None:

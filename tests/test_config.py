@@ -48,8 +48,7 @@ def test_missing_toml_file(tmp_path: Path) -> None:
         (["--split", "a,b"], "--split: split 'a,b' is not three comma-separated numbers"),
         (["--split", "0.5,0.5"], "--split: split needs 3 fractions"),
         (["--split", "0.9,0.2,0.1"], "must be non-negative and sum to 1"),
-        (["--strategy", "ps", "--checkpoint-every", "5"], "--checkpoint-every is not supported with --strategy ps"),
-        (["--strategy", "ps", "--eval-every", "5"], "--eval-every is not supported with --strategy ps"),
+        (["--strategy", "nope"], "unknown strategy 'nope' \\(choose one of: des, alltoall, ps"),
         (["--dtype", "float16"], r"argument --dtype: invalid choice: 'float16'.*\(see --help\)"),
         (["--batch-size", "many"], "argument --batch-size: invalid int value: 'many'"),
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
@@ -71,3 +70,20 @@ def test_help_documents_every_option() -> None:
     text = build_parser().format_help()
     for name in TrainConfig.__dataclass_fields__:
         assert "--" + name.replace("_", "-") in text
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--strategy", "ps", "--checkpoint-every", "5"], "--checkpoint-every is not supported with --strategy ps"),
+        (["--strategy", "ps", "--resume", "x"], "--resume is not supported with --strategy ps"),
+        (["--strategy", "ps", "--eval-every", "5"], "--eval-every is not supported with --strategy ps"),
+    ],
+)
+def test_a_strategy_refuses_what_it_cannot_do(flags: list[str], message: str) -> None:
+    """Checked after --plugins are loaded (a user strategy declares what it supports), still before
+    any communication: a UsageError, one line from rank 0."""
+    from des.runner import strategy_class
+
+    with pytest.raises(UsageError, match=message):
+        strategy_class(load_config(flags))

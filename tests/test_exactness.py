@@ -1,13 +1,15 @@
-"""The property we sell: training with N ranks is the same computation as training with 1 rank.
+"""The property we sell: training with N ranks is the same computation as training with 1 rank,
+checked through the public harness ``des.check`` (what a user runs on their own model/strategy).
 
 For LR, FM, W&D and DeepFM, K = 20 steps from the same seed with N = 1, 2, 3, 4 ranks give the same
-held-out predictions, the same table rows (every id's values), the same field slices of the first
-FC layer and the same top parameters: ≤ 1e-9 relative in float64, ≤ 1e-5 in float32 (all
-parameters with AdaGrad embeddings; predictions with Adam). "Relative" is to the largest magnitude
-of each array (floored at 1e-3), not element-wise, so near-zero entries are not held to 1e-9 of
-themselves. The multi-hot
-synthetic data (CSR fields, weighted ids) and the balanced placement go through the same check.
-A plain-TensorFlow textbook model trained from the same initial values gives the same predictions.
+held-out predictions, the same table rows (every id's values, optimizer slots and step counts), the
+same field slices of the first FC layer and the same top parameters with their optimizer states:
+≤ 1e-9 relative in float64, ≤ 1e-5 in float32 (all parameters with AdaGrad embeddings; predictions
+with Adam). "Relative" is to the largest magnitude of each array (floored at 1e-3), not
+element-wise, so near-zero entries are not held to 1e-9 of themselves. The multi-hot synthetic data
+(CSR fields, weighted ids) and the balanced placement go through the same check; alltoall on N ranks
+ends where des ends on 1 rank, and so does ps with one server and one worker. des runs its default
+data-parallel upper network (batch 64: not divisible by 3) and, for LR and DeepFM, the replicated one.
 """
 
 from __future__ import annotations
@@ -17,10 +19,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import criteo_head, run_mpi
+from des.check import Case, check
+from tests.conftest import criteo_head, mpi_env
 
 MODELS = ("lr", "fm", "wdl", "deepfm")
 RANKS = (1, 2, 3, 4)
+SMALL = ("--embedding-dim", "4", "--hidden", "16,8", "--linear-optimizer", "ftrl:alpha=0.1,l1=0.01,l2=0.001",
+         "--dense-optimizer", "adam:lr=0.01")
+ADAM = ("--embedding-optimizer", "adam:lr=0.01")
+REPLICATED = ("--upper", "replicated")
 
 
 @pytest.fixture(scope="module")
@@ -34,116 +41,104 @@ def datasets(tmp_path_factory) -> dict[str, Path]:
     synth = root / "synth"
     config = default_config(seed=2, multi_hot_fields=("C3", "C7", "C20"), max_hot=4, weighted=True, vocab_scale=0.001)
     synthesize_store(synth, 3000, config, split=(0.9, 0.1, 0.0))
-    return {"criteo": criteo, "synth": synth}
+    return {"criteo": str(criteo), "synth": str(synth)}
 
 
 @pytest.fixture(scope="module")
-def runs(datasets, tmp_path_factory) -> dict[int, Path]:
-    """One mpiexec launch per rank count; each trains every model three ways."""
-    out = {}
-    for n in RANKS:
-        folder = tmp_path_factory.mktemp(f"exactness-{n}")
-        specs = [
-            f"f64:{datasets['criteo']}:float64:mod:{','.join(MODELS)}:des:adam:lr=0.01",
-            f"multihot:{datasets['synth']}:float64:balanced:fm,deepfm:des:adam:lr=0.01",
-        ]
-        if n in (2, 3):
-            # The all-to-all baseline computes the same model (references, embedding exchange).
-            specs.append(f"alltoall:{datasets['criteo']}:float64:mod:deepfm:alltoall:adam:lr=0.01")
-            specs.append(f"alltoall-multihot:{datasets['synth']}:float64:balanced:deepfm:alltoall:adam:lr=0.01")
-        # float32 with AdaGrad embeddings: Adam's m/sqrt(v) turns float32 reassociation noise of
-        # near-zero gradients into ~1e-4 relative differences of single embedding entries
-        # (predictions still agree to ~3e-7), which would hide real bugs behind a loose bound.
-        specs.append(f"f32:{datasets['criteo']}:float32:mod:{','.join(MODELS)}:des:adagrad:lr=0.05")
-        if n in (1, 4):
-            # ... and with the default optimizers (Adam): the predictions are checked.
-            specs.append(f"f32adam:{datasets['criteo']}:float32:mod:deepfm:des:adam:lr=0.001")
-        args = ["-m", "tests.mpi_programs.exactness", "--out", str(folder)]
-        for spec in specs:
-            args += ["--run", spec]
-        proc = run_mpi(n, args, timeout=420)
-        assert f"exactness: {n} ranks ok" in proc.stdout
-        out[n] = folder
-    return out
+def results(datasets, monkeypatch_module) -> dict[tuple, object]:
+    """One ``des.check`` over every case: one mpiexec launch per rank count."""
+    criteo, synth = datasets["criteo"], datasets["synth"]
+    cases = [Case(m, "des", criteo, "float64", SMALL + ADAM) for m in MODELS]  # --upper data-parallel
+    cases += [Case(m, "des", criteo, "float64", SMALL + ADAM + REPLICATED) for m in ("lr", "deepfm")]
+    cases += [Case(m, "des", synth, "float64", SMALL + ADAM + ("--placement", "balanced")) for m in ("fm", "deepfm")]
+    # The baselines train the same model: alltoall on N ranks, ps with 1 server + 1 worker, vs des on 1 rank.
+    cases += [Case("deepfm", "alltoall", data, "float64", flags, ranks=(2, 3), reference_strategy="des")
+              for data, flags in ((criteo, SMALL + ADAM), (synth, SMALL + ADAM + ("--placement", "balanced")))]
+    cases.append(Case("deepfm", "ps", criteo, "float64", SMALL + ADAM))
+    # float32 with AdaGrad embeddings: Adam's m/sqrt(v) turns float32 reassociation noise of
+    # near-zero gradients into ~1e-4 relative differences of single embedding entries
+    # (predictions still agree to ~3e-7), which would hide real bugs behind a loose bound.
+    cases += [Case(m, "des", criteo, "float32", SMALL + ("--embedding-optimizer", "adagrad:lr=0.05"), rtol=1e-5)
+              for m in MODELS]
+    cases.append(Case("deepfm", "des", criteo, "float32", SMALL + ("--embedding-optimizer", "adam:lr=0.001"),
+                      ranks=(4,), rtol=1e-5, compare="predictions"))
+    return {(r.case.model, r.case.strategy, r.case.data, r.case.dtype, r.case.compare,
+             "replicated" in r.case.flags, r.ranks): r
+            for r in check(cases, RANKS, steps=20, batch_size=64, rtol=1e-9, timeout=600)}
 
 
-def load_state(folder: Path, model: str, ranks: int) -> dict[str, np.ndarray]:
-    """Merge the per-rank dumps: predictions and top parameters from rank 0, fields from owners."""
-    merged: dict[str, np.ndarray] = {}
-    for r in range(ranks):
-        with np.load(folder / f"{model}-rank{r}.npz") as arrays:
-            for key in arrays.files:
-                if key.startswith("field/") or r == 0:
-                    assert key not in merged, f"{key} owned by two ranks"
-                    merged[key] = arrays[key]
-    return merged
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    """The launches get the test environment (quiet TF, one BLAS thread, this checkout first)."""
+    mp = pytest.MonkeyPatch()
+    for key, value in mpi_env(4).items():
+        mp.setenv(key, value)
+    yield mp
+    mp.undo()
 
 
-def assert_same_state(reference: dict, other: dict, rtol: float, what: str) -> None:
-    assert sorted(reference) == sorted(other), f"{what}: different sets of fields/parameters"
-    for key, expected in reference.items():
-        got = other[key]
-        if key.endswith("/keys"):
-            np.testing.assert_array_equal(got, expected, err_msg=f"{what}: {key}")
-            continue
-        scale = max(float(np.max(np.abs(expected))) if expected.size else 0.0, 1e-3)
-        err = float(np.max(np.abs(got - expected))) if expected.size else 0.0
-        assert err <= rtol * scale, f"{what}: {key} differs by {err:.3e} (scale {scale:.3e})"
+def assert_ok(result) -> None:
+    assert result.arrays > 0 and not result.failures, "\n".join(result.failures)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", RANKS[1:])
 @pytest.mark.parametrize("model", MODELS)
-def test_n_ranks_equal_one_rank_float64(runs, model: str, ranks: int) -> None:
-    one = load_state(runs[1] / "f64", model, 1)
-    many = load_state(runs[ranks] / "f64", model, ranks)
-    assert_same_state(one, many, 1e-9, f"{model}, {ranks} ranks, float64")
+def test_n_ranks_equal_one_rank_float64(results, datasets, model: str, ranks: int) -> None:
+    result = results[(model, "des", datasets["criteo"], "float64", "all", False, ranks)]
+    assert_ok(result)
     # Training moved the parameters (a check that compares untrained models proves nothing).
-    assert one["losses"][-1] < one["losses"][0]
+    assert result.losses[-1] < result.losses[0]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", RANKS[1:])
+@pytest.mark.parametrize("model", ("lr", "deepfm"))
+def test_the_replicated_upper_network_too(results, datasets, model: str, ranks: int) -> None:
+    """--upper replicated (the paper's step: every rank runs the top network on the whole batch);
+    the other tests run the default, --upper data-parallel."""
+    assert_ok(results[(model, "des", datasets["criteo"], "float64", "all", True, ranks)])
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", RANKS[1:])
 @pytest.mark.parametrize("model", MODELS)
-def test_n_ranks_equal_one_rank_float32(runs, model: str, ranks: int) -> None:
-    one = load_state(runs[1] / "f32", model, 1)
-    many = load_state(runs[ranks] / "f32", model, ranks)
-    assert_same_state(one, many, 1e-5, f"{model}, {ranks} ranks, float32")
+def test_n_ranks_equal_one_rank_float32(results, datasets, model: str, ranks: int) -> None:
+    assert_ok(results[(model, "des", datasets["criteo"], "float32", "all", False, ranks)])
 
 
 @pytest.mark.mpi
-def test_float32_with_adam_gives_the_same_predictions(runs) -> None:
-    one = load_state(runs[1] / "f32adam", "deepfm", 1)
-    many = load_state(runs[4] / "f32adam", "deepfm", 4)
-    assert_same_state({"predictions": one["predictions"]}, {"predictions": many["predictions"]}, 1e-5,
-                      "deepfm, 4 ranks, float32, Adam")
+def test_float32_with_adam_gives_the_same_predictions(results, datasets) -> None:
+    result = results[("deepfm", "des", datasets["criteo"], "float32", "predictions", False, 4)]
+    assert_ok(result)
+    assert result.arrays == 1  # the predictions only
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", RANKS[1:])
 @pytest.mark.parametrize("model", ("fm", "deepfm"))
-def test_multi_hot_balanced_placement(runs, model: str, ranks: int) -> None:
-    one = load_state(runs[1] / "multihot", model, 1)
-    many = load_state(runs[ranks] / "multihot", model, ranks)
-    assert_same_state(one, many, 1e-9, f"{model}, multi-hot, {ranks} ranks")
+def test_multi_hot_balanced_placement(results, datasets, model: str, ranks: int) -> None:
+    assert_ok(results[(model, "des", datasets["synth"], "float64", "all", False, ranks)])
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", (2, 3))
-@pytest.mark.parametrize("data", ("criteo", "multihot"))
-def test_alltoall_equals_des(runs, ranks: int, data: str) -> None:
+@pytest.mark.parametrize("data", ("criteo", "synth"))
+def test_alltoall_equals_des(results, datasets, ranks: int, data: str) -> None:
     """The synchronous all-to-all baseline trains the same DeepFM as DES on one rank."""
-    des_run = "f64" if data == "criteo" else "multihot"
-    a2a_run = "alltoall" if data == "criteo" else "alltoall-multihot"
-    one = load_state(runs[1] / des_run, "deepfm", 1)
-    many = load_state(runs[ranks] / a2a_run, "deepfm", ranks)
-    assert_same_state(one, many, 1e-9, f"alltoall deepfm, {data}, {ranks} ranks")
+    assert_ok(results[("deepfm", "alltoall", datasets[data], "float64", "all", False, ranks)])
 
 
-def test_dtype_modes_really_differ(runs) -> None:
+@pytest.mark.mpi
+def test_one_server_one_worker_equals_des(results, datasets) -> None:
+    """ps with a single worker has nothing stale: it trains exactly what des trains on one rank."""
+    assert_ok(results[("deepfm", "ps", datasets["criteo"], "float64", "all", False, 2)])
+
+
+def test_dtype_modes_really_differ(results, datasets) -> None:
     """The float32 and float64 runs keep their parameters in their own precision."""
-    f64 = load_state(runs[1] / "f64", "deepfm", 1)
-    f32 = load_state(runs[1] / "f32", "deepfm", 1)
-    assert f64["field/20/embedding"].dtype == np.float64
-    assert f32["field/20/embedding"].dtype == np.float32
-    assert f32["top/deep_kernel_1"].dtype == np.float32
+    f64 = results[("deepfm", "des", datasets["criteo"], "float64", "all", False, 2)]
+    f32 = results[("deepfm", "des", datasets["criteo"], "float32", "all", False, 2)]
+    assert f64.dtypes["field-020.dense.npz/2:first_fc:kernel__value"] == np.float64
+    assert f32.dtypes["field-020.dense.npz/2:first_fc:kernel__value"] == np.float32
+    assert f32.dtypes["dense.npz/deep_kernel_1__value"] == np.float32

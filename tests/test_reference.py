@@ -13,7 +13,8 @@ from mpi4py import MPI
 from des.collectives import Communicator
 from des.data import prepare
 from des.data.batch_reader import BatchReader
-from des.engine import DESEngine, Optimizers
+from des.options import Optimizers
+from des.strategies.des import DES
 from des.hashtable import FTRL, AdaGrad, Adam
 from des.models import get_model
 from des.placement import place_fields
@@ -51,7 +52,7 @@ def test_engine_matches_plain_tensorflow(store, name: str) -> None:
     options = OPTIONS.get(variant, {})
     model = _model(name, store.num_fields, **options)
     fields = list(range(store.num_fields))
-    engine = DESEngine(
+    engine = DES.build(
         model, Communicator(MPI.COMM_SELF), place_fields(store.num_fields, 1),
         Optimizers(sparse={"linear": FTRL(**ftrl), "embedding": AdaGrad(**adagrad)}, dense=Adam(**adam)),
         seed=11, dtype=np.float64,
@@ -61,16 +62,16 @@ def test_engine_matches_plain_tensorflow(store, name: str) -> None:
 
     # The reference's vocabulary: every id it will meet; initial values read from the engine.
     vocab = [np.unique(np.concatenate([b.fields[f].keys for b in [*batches, held_out]])) for f in fields]
-    linear_init = [engine.tables[f].initial_values("linear", vocab[f]) for f in fields]
+    linear_init = [engine.shard.tables[f].initial_values("linear", vocab[f]) for f in fields]
     embedding_init = None
-    if any(b.name == "embedding" for b in engine.blocks):
-        embedding_init = [engine.tables[f].initial_values("embedding", vocab[f]) for f in fields]
-    first_fc = next((v for k, v in engine.field_params.items() if k.endswith("first_fc:kernel")), None)
+    if any(b.name == "embedding" for b in engine.model.blocks()):
+        embedding_init = [engine.shard.tables[f].initial_values("embedding", vocab[f]) for f in fields]
+    first_fc = next((v for k, v in engine.dense.field_params.items() if k.endswith("first_fc:kernel")), None)
     if first_fc is not None:
         first_fc = first_fc.reshape(-1, first_fc.shape[-1]).copy()  # [F, k, H] -> [F·k, H]
     reference = PlainTFModel(
         name, vocab, linear_init, embedding_init, first_fc,
-        {k: v.copy() for k, v in engine.top_params.items()}, HIDDEN,
+        {k: v.copy() for k, v in engine.dense.top_params.items()}, HIDDEN,
         {
             "linear": keras.optimizers.Ftrl(
                 learning_rate=ftrl["alpha"], beta=ftrl["beta"], l1_regularization_strength=ftrl["l1"],
@@ -86,12 +87,12 @@ def test_engine_matches_plain_tensorflow(store, name: str) -> None:
         **options,
     )
 
-    np.testing.assert_allclose(engine.predict(held_out), reference.predict(held_out), rtol=1e-12)
+    np.testing.assert_allclose(engine.predict(held_out)[0], reference.predict(held_out), rtol=1e-12)
     engine_losses = [engine.train_step(b) for b in batches]
     reference_losses = [reference.train_step(b) for b in batches]
     np.testing.assert_allclose(engine_losses, reference_losses, rtol=1e-9)
     after = reference.predict(held_out)
-    np.testing.assert_allclose(engine.predict(held_out), after, rtol=1e-9)
+    np.testing.assert_allclose(engine.predict(held_out)[0], after, rtol=1e-9)
     assert reference_losses[-1] < reference_losses[0]
 
 
@@ -102,4 +103,4 @@ def test_engine_refuses_a_placement_that_is_not_a_partition(store) -> None:
     optimizers = Optimizers(sparse={"linear": FTRL(0.1), "embedding": AdaGrad(0.1)}, dense=Adam(0.01))
     for placement in ([fields[1:]], [fields + [0]], [fields, []]):
         with pytest.raises(PlacementError, match="exactly one of the 1 ranks"):
-            DESEngine(_model("fm", store.num_fields), Communicator(MPI.COMM_SELF), placement, optimizers)
+            DES.build(_model("fm", store.num_fields), Communicator(MPI.COMM_SELF), placement, optimizers)

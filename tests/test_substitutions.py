@@ -84,10 +84,28 @@ class _RankDependentInit(FirstFC):
         return {"kernel": rng.normal(size=(len(fields), self.dim, self.units)).astype(dtype)}
 
 
+class _BatchCentred(FirstOrderLinear):
+    """Exact, but its combine centres over the batch: sample i's output depends on other rows, so
+    it cannot run on each rank's row block (the data-parallel upper network)."""
+
+    name = "broken_rowwise"
+
+    def combine(self, reduced: tf.Tensor) -> tf.Tensor:
+        return reduced - tf.reduce_mean(reduced, axis=0, keepdims=True)
+
+    def reference(self, emb, params):
+        return self.combine(super().reference(emb, params))
+
+
 @pytest.mark.parametrize("cls", [_MissingHalf, _NotAdditive, _RankDependentInit])
 def test_checker_rejects_inexact_substitutions(cls: type[Substitution]) -> None:
     with pytest.raises(SubstitutionConformanceError):
         check_substitution(cls)
+
+
+def test_checker_rejects_a_combine_that_is_not_row_wise() -> None:
+    with pytest.raises(SubstitutionConformanceError, match="combine must be row-wise"):
+        check_substitution(_BatchCentred)
 
 
 class _AllGatherPartials(FirstOrderLinear):

@@ -10,6 +10,8 @@ standard bandwidth-optimal algorithms; what MPICH really does for small messages
 these are the numbers the DES paper's formulas use):
 
 * ``allreduce_sum_`` (ring: reduce-scatter then all-gather): sends and receives ``2 (N-1)/N · S``.
+* ``reduce_scatter_rows_sum`` / ``allgather_rows`` (ring, row blocks of ``r·rows // N``): sends and
+  receives ``S`` minus this rank's block, ``(N-1)/N · S`` for an even split.
 * ``allgather``/``allgatherv`` (ring): receives every other rank's block, ``total - own``, and sends
   as much (each rank forwards ``N-1`` blocks around the ring).
 * ``alltoallv``: exactly the bytes addressed to / coming from the other ranks (self excluded).
@@ -110,6 +112,56 @@ class Communicator:
         moved = 2.0 * (self.size - 1) / self.size * buffer.nbytes
         self._account(site, moved, moved, time.perf_counter() - start)
         return buffer
+
+    def start_allreduce_sum_(self, buffer: np.ndarray, site: str) -> "Pending":
+        """:meth:`allreduce_sum_` started now and completed by ``.wait()``: work done in between
+        (other collectives, local compute) overlaps it. Accounted when it completes."""
+        _require_contiguous(buffer, site)
+        moved = 2.0 * (self.size - 1) / self.size * buffer.nbytes
+        request = self.comm.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM) if self.size > 1 else None
+        return Pending(self, request, site, moved, buffer)
+
+    def row_bounds(self, rows: int) -> list[int]:
+        """Rank r's row block of ``rows`` rows is ``[bounds[r], bounds[r+1])``: ``r·rows // N``, so the
+        remainder is spread evenly (the same split as a sharded batch reader's)."""
+        return [r * rows // self.size for r in range(self.size + 1)]
+
+    def reduce_scatter_rows_sum(self, buffer: np.ndarray, site: str) -> np.ndarray:
+        """This rank's row block (:meth:`row_bounds`) of the sum over ranks of ``buffer [rows, ...]``.
+        Ring cost: every rank sends and receives the blocks but its own, ``(N-1)/N · S`` when even."""
+        _require_contiguous(buffer, site)
+        bounds = self.row_bounds(buffer.shape[0])
+        row_items = int(np.prod(buffer.shape[1:], dtype=np.int64))
+        out = np.empty((bounds[self.rank + 1] - bounds[self.rank],) + buffer.shape[1:], dtype=buffer.dtype)
+        start = time.perf_counter()
+        if self.size > 1:
+            counts = np.diff(bounds).astype(np.int64) * row_items
+            self._wait(self.comm.Ireduce_scatter(buffer, out, counts, op=MPI.SUM))
+        else:
+            out[...] = buffer
+        moved = buffer.nbytes - out.nbytes
+        self._account(site, moved, moved, time.perf_counter() - start)
+        return out
+
+    def allgather_rows(self, block: np.ndarray, rows: int, site: str) -> np.ndarray:
+        """``[rows, ...]`` from every rank's row block (:meth:`row_bounds`); the inverse of
+        :meth:`reduce_scatter_rows_sum`'s split. Ring cost: ``S - own block`` sent and received."""
+        block = np.ascontiguousarray(block)
+        bounds = self.row_bounds(rows)
+        if block.shape[0] != bounds[self.rank + 1] - bounds[self.rank]:
+            raise ValueError(f"allgather_rows at {site}: {block.shape[0]} rows, expected this rank's block of {rows}")
+        out = np.empty((rows,) + block.shape[1:], dtype=block.dtype)
+        start = time.perf_counter()
+        if self.size > 1:
+            row_items = int(np.prod(block.shape[1:], dtype=np.int64))
+            counts = np.diff(bounds).astype(np.int64) * row_items
+            displs = np.asarray(bounds[:-1], dtype=np.int64) * row_items
+            self._wait(self.comm.Iallgatherv(block, [out.reshape(-1), (counts, displs)]))
+        else:
+            out[...] = block
+        moved = out.nbytes - block.nbytes
+        self._account(site, moved, moved, time.perf_counter() - start)
+        return out
 
     def allgather(self, block: np.ndarray, site: str) -> np.ndarray:
         """Every rank's equally shaped ``block``, stacked: shape ``[size, *block.shape]``."""
@@ -256,6 +308,23 @@ class Communicator:
         if self.size > 1 or MPI.COMM_WORLD.Get_size() > 1:
             MPI.COMM_WORLD.Abort(code)
         raise SystemExit(code)
+
+
+class Pending:
+    """A collective in flight (:meth:`Communicator.start_allreduce_sum_`)."""
+
+    def __init__(self, comm: Communicator, request: MPI.Request | None, site: str, moved: float,
+                 buffer: np.ndarray) -> None:
+        self.comm, self.request, self.site, self.moved, self.buffer = comm, request, site, moved, buffer
+        self.started = time.perf_counter()
+
+    def wait(self) -> np.ndarray:
+        """Complete it; returns the buffer. Accounted seconds: from the start (overlapped time included)."""
+        if self.request is not None:
+            self.comm._wait(self.request)
+            self.request = None
+        self.comm._account(self.site, self.moved, self.moved, time.perf_counter() - self.started)
+        return self.buffer
 
 
 def _require_contiguous(buffer: np.ndarray, site: str) -> None:

@@ -177,14 +177,9 @@ def _short(digests: list[str]) -> str:
     return ",".join(str(d)[:12] for d in digests)
 
 
-def existing_preparation(
-    inputs: PathLike | Sequence[PathLike],
-    output: PathLike,
-    *,
-    split: Sequence[float] | None = DEFAULT_SPLIT,
-    seed: int = 0,
-    bad_rows: str = "fail",
-) -> ColumnStore | None:
+def existing_preparation(inputs: PathLike | Sequence[PathLike], output: PathLike, *,
+                         split: Sequence[float] | None = DEFAULT_SPLIT, seed: int = 0,
+                         bad_rows: str = "fail") -> ColumnStore | None:
     """The store at ``output`` if it was prepared from the same inputs with the same options.
 
     None if ``output`` does not exist. A DataError (one line, suggesting ``--force``) if it exists

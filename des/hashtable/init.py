@@ -2,7 +2,7 @@
 
 The initial value of a key in column ``c`` of a block is a pure function of
 ``(seed, field, key, block name, c)``; it does not depend on insertion order, table capacity,
-rank or world size (DESIGN.md section 1, property 2). Construction:
+rank or world size (``docs/design.md``, section 1, property 2). Construction:
 
 * ``base = splitmix64(splitmix64(splitmix64(seed) ^ field) ^ H(block name))`` (once per block,
   ``H`` = first 8 bytes of SHA-256 of the UTF-8 name, so adding or reordering blocks changes nothing);

@@ -57,6 +57,24 @@ _ADAM_MEMO = 1024  # Adam step counts whose bias correction is memoized within o
 # --------------------------------------------------------------------------------------------
 
 
+@njit(inline="always", nogil=True)
+def _prefetch_ahead(w, slot, rows, i, n):
+    """Prefetch the weight row and the (last) slot row PF rows ahead: a row and its slots are
+    co-located, so the pair spans two cache lines."""
+    if i + _PF < n:
+        prefetch2(w, rows[i + _PF], 0)
+        prefetch2(slot, rows[i + _PF], slot.shape[1] - 1)
+
+
+@njit(inline="always", nogil=True)
+def _accumulate_square(acc, r, j, gj):
+    """``acc[r, j] += gj²`` (AdaGrad's accumulator, FTRL's ``n``); returns the old and new value."""
+    old = acc[r, j]
+    new = old + gj * gj
+    acc[r, j] = new
+    return old, new
+
+
 @njit(cache=True, nogil=True)
 def _sgd_kernel(w, rows, g, hp):
     lr = hp[0]
@@ -74,15 +92,11 @@ def _adagrad_kernel(w, acc, rows, g, hp):
     lr, eps = hp[0], hp[1]
     n = rows.shape[0]
     for i in range(n):
-        if i + _PF < n:
-            prefetch2(w, rows[i + _PF], 0)
-            prefetch2(acc, rows[i + _PF], acc.shape[1] - 1)
+        _prefetch_ahead(w, acc, rows, i, n)
         r = rows[i]
         for j in range(w.shape[1]):
-            gj = g[i, j]
-            a = acc[r, j] + gj * gj
-            acc[r, j] = a
-            w[r, j] = w[r, j] - (lr * gj) / np.sqrt(a + eps)
+            a = _accumulate_square(acc, r, j, g[i, j])[1]
+            w[r, j] = w[r, j] - (lr * g[i, j]) / np.sqrt(a + eps)
 
 
 @njit(cache=True, nogil=True)
@@ -125,21 +139,17 @@ def _ftrl_kernel(w, z, n, rows, g, hp):
     two_l2_reg = l2_reg + l2_reg
     n_rows = rows.shape[0]
     for i in range(n_rows):
-        if i + _PF < n_rows:
-            prefetch2(w, rows[i + _PF], 0)
-            prefetch2(n, rows[i + _PF], n.shape[1] - 1)
+        _prefetch_ahead(w, n, rows, i, n_rows)
         r = rows[i]
         for j in range(w.shape[1]):
             gj = g[i, j]
-            nj = n[r, j]
-            new_n = nj + gj * gj
+            nj, new_n = _accumulate_square(n, r, j, gj)
             sq_new = np.sqrt(new_n)
             zj = z[r, j] + (gj - ((sq_new - np.sqrt(nj)) / lr) * w[r, j])
             quadratic = sq_new / lr + two_l2_reg
             clipped = min(max(zj, -l1), l1)
             z[r, j] = zj
             w[r, j] = (clipped - zj) / quadratic
-            n[r, j] = new_n
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,8 +6,9 @@ distribution code (see :mod:`des.models.base`).
 
 from __future__ import annotations
 
-from des.errors import ConfigError
+from des.registry import Registry
 from des.models.base import CRITEO_NUM_FIELDS, DeepTower, EmbeddingBlock, EmbeddingModel, Model
+from des.models.conformance import ModelConformanceError, check_model
 from des.models.deepfm import DeepFM
 from des.models.fm import FM
 from des.models.lr import LR
@@ -18,27 +19,20 @@ def default_models() -> list[type[Model]]:
     return [LR, FM, WideAndDeep, DeepFM]
 
 
-_user_models: dict[str, type[Model]] = {}
+MODEL_REGISTRY: Registry[type[Model]] = Registry("model", Model, default_models)
 
 
 def register_model(cls: type[Model]) -> type[Model]:
     """Add a user model class (usable as a decorator); its ``name`` becomes a ``--model`` value."""
-    if not (isinstance(cls, type) and issubclass(cls, Model)) or not getattr(cls, "name", None):
-        raise TypeError(f"{cls!r} must be a Model subclass with a `name`")
-    _user_models[cls.name] = cls
-    return cls
+    return MODEL_REGISTRY.register(cls, replace=True)
 
 
 def registered_models() -> dict[str, type[Model]]:
-    return {**{m.name: m for m in default_models()}, **_user_models}
+    return MODEL_REGISTRY.all()
 
 
 def get_model(name: str) -> type[Model]:
-    try:
-        return registered_models()[name]
-    except KeyError:
-        known = ", ".join(registered_models())
-        raise ConfigError(f"unknown model {name!r} (choose one of: {known})") from None
+    return MODEL_REGISTRY.get(name)
 
 
 __all__ = [
@@ -50,6 +44,8 @@ __all__ = [
     "EmbeddingBlock",
     "EmbeddingModel",
     "Model",
+    "ModelConformanceError",
+    "check_model",
     "WideAndDeep",
     "default_models",
     "get_model",

@@ -1,24 +1,62 @@
-"""Training strategies in the same engine, for honest comparison (``DESIGN.md`` section 7).
+"""Training strategies behind one protocol (:class:`des.strategies.base.Strategy`), with a registry:
+an explicit default list plus user additions, as for models and substitutions.
 
-* ``des`` -- :class:`des.engine.DESEngine`: partials of the substituted operators, ONE AllReduce.
-* ``alltoall`` -- :class:`des.strategies.alltoall.AllToAllEngine`: embeddings fetched from their
-  owners and row gradients sent back (Alltoallv), dense gradients AllReduced.
-* ``ps`` -- :mod:`des.strategies.ps`: an asynchronous parameter server.
+* ``des`` -- :class:`des.strategies.des.DES`: partials of the substituted operators, ONE AllReduce.
+* ``alltoall`` -- :class:`des.strategies.alltoall.AllToAll`: embeddings fetched from their owners
+  and row gradients sent back (Alltoallv), dense gradients AllReduced.
+* ``ps`` -- :class:`des.strategies.ps.ParameterServer`: an asynchronous parameter server.
+
+A user strategy subclasses :class:`Strategy`, calls :func:`register_strategy` (e.g. in a file loaded
+with ``--plugins``) and is checked with ``python -m des.check --strategy NAME``. This module loads
+no TensorFlow: the defaults are imported on first use.
 """
 
 from __future__ import annotations
 
-STRATEGIES = ("des", "alltoall", "ps")
+import importlib
+
+from des.registry import Registry
+from des.strategies.base import CATEGORIES, PhaseTimer, ShardState, Strategy, StrategyContext
+
+# name -> (module, class) of the built-ins, in this order; imported on first use
+_DEFAULTS = {"des": ("des.strategies.des", "DES"), "alltoall": ("des.strategies.alltoall", "AllToAll"),
+             "ps": ("des.strategies.ps", "ParameterServer")}
 
 
-def engine_class(strategy: str):
-    """The engine class of a synchronous strategy."""
-    if strategy == "des":
-        from des.engine import DESEngine
+def default_strategy_names() -> tuple[str, ...]:
+    """The built-in strategies' names (without importing them)."""
+    return tuple(_DEFAULTS)
 
-        return DESEngine
-    if strategy == "alltoall":
-        from des.strategies.alltoall import AllToAllEngine
 
-        return AllToAllEngine
-    raise ValueError(f"{strategy!r} is not a synchronous engine strategy")
+def default_strategies() -> list[type[Strategy]]:
+    """The built-in strategy classes, in a fixed order."""
+    return [getattr(importlib.import_module(module), cls) for module, cls in _DEFAULTS.values()]
+
+
+def _check_categories(cls: type[Strategy]) -> None:
+    unknown = sorted(set(cls.phases.values()) - set(CATEGORIES))
+    if unknown:
+        raise ValueError(f"strategy {cls.name}: phase categories {unknown} are not among {', '.join(CATEGORIES)}")
+
+
+STRATEGY_REGISTRY: Registry[type[Strategy]] = Registry("strategy", Strategy, default_strategies,
+                                                       check=_check_categories)
+
+
+def register_strategy(cls: type[Strategy], *, replace: bool = False) -> type[Strategy]:
+    """Add a user strategy class (usable as a decorator); its ``name`` becomes a ``--strategy`` value."""
+    return STRATEGY_REGISTRY.register(cls, replace=replace)
+
+
+def registered_strategies() -> dict[str, type[Strategy]]:
+    """Name -> class for the defaults and every user addition."""
+    return STRATEGY_REGISTRY.all()
+
+
+def get_strategy(name: str) -> type[Strategy]:
+    return STRATEGY_REGISTRY.get(name)
+
+
+__all__ = ["CATEGORIES", "PhaseTimer", "ShardState", "Strategy", "StrategyContext", "default_strategies",
+           "default_strategy_names", "get_strategy", "register_strategy", "registered_strategies",
+           "STRATEGY_REGISTRY"]

@@ -1,5 +1,5 @@
 """The synchronous all-to-all baseline: model parallelism of the embeddings, data parallelism of the
-rest, as TorchRec, HugeCTR and PICASSO do it (``DESIGN.md`` section 7).
+rest, as TorchRec, HugeCTR and PICASSO do it (``docs/design.md``, "Strategies").
 
 Per step, for the same global batch as DES, on every rank:
 
@@ -32,244 +32,145 @@ phase is either communication or local work, never both:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
-from des.engine import DESEngine
-from des.pooling import pool, unpool
-
-
-def _untimed(phase: str) -> nullcontext:
-    """Stands in for the phase timer outside training steps (evaluation is not timed)."""
-    return nullcontext()
+from des.strategies.base import ShardState, Strategy, StrategyContext, untimed
+from des.strategies.components import DenseParams, FieldShard, RowLayout
+from des.strategies.forms import ModelReferenceForm
 
 
-class AllToAllEngine(DESEngine):
-    """Same state layout as :class:`DESEngine` for tables (own fields) and the top network, but
-    full replicas of the field-sliced dense weights; checkpoints are interchangeable."""
+class AllToAll(Strategy):
+    """Tables of its own fields (as DES), full replicas of every dense weight; checkpoints are
+    interchangeable with DES's."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.all_fields = list(range(self.model.num_fields))
-        self.owner = np.empty(self.model.num_fields, dtype=np.int64)
+    name = "alltoall"
+    description = "embedding rows exchanged with Alltoallv, dense gradients AllReduced (TorchRec-style)"
+    phases = {"lookup": "lookup", "exchange_rows": "communication", "forward_backward": "top",
+              "allreduce": "communication", "sparse_backward": "backward", "exchange_gradients": "communication",
+              "update": "update"}
+    traffic_sites = ("embedding_keys", "embedding_rows", "embedding_gradients", "dense_gradients")
+    allreduce_sites = ("dense_gradients",)
+
+    def __init__(self, context: StrategyContext) -> None:
+        super().__init__(context)
+        num_fields = self.model.num_fields
+        self.shard = FieldShard(self.placement[self.comm.rank], self.model.blocks(), context.optimizers,
+                                seed=self.seed, dtype=self.dtype, tables=context.tables)
+        # Field-sliced weights are replicated (data parallel), with a state per field slice as in DES.
+        self.all_fields = list(range(num_fields))
+        self.dense = DenseParams(self.model, self.all_fields, context.optimizers, seed=self.seed, dtype=self.dtype)
+        self.layout = RowLayout(self.model.blocks(), num_fields, self.dtype)
+        self.reference = ModelReferenceForm(self.model, self.dense, self.dtype)
+        self.owner = np.empty(num_fields, dtype=np.int64)
         for rank, fields in enumerate(self.placement):
             self.owner[fields] = rank
-        # Field-sliced weights are replicated (data parallel), with a state per field slice as in DES.
-        self.field_params, self.field_states = self._field_slices(self.all_fields)
-        self._row_width = int(sum(b.dim for b in self.blocks))  # all blocks of a row side by side
-        self._build_reference_functions()
+        # fields in the order their rows travel: by owner rank, then by field
+        self._by_owner = [[f for f in self.all_fields if self.owner[f] == r] for r in range(self.comm.size)]
 
-    def field_param_index(self, field: int) -> int:
-        return field
+    @property
+    def fields(self) -> list[int]:
+        return self.shard.fields
 
     def reader_options(self) -> dict[str, Any]:
         """Each rank reads only its part of every global batch, with all fields."""
         return {"fields": self.all_fields, "shard": (self.comm.rank, self.comm.size)}
 
-    def predict_with_labels(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
-        labels, _ = self.comm.allgatherv(np.asarray(batch.labels), "eval_predictions")
-        return self.predict(batch), labels
-
-    # ------------------------------------------------------------------------------ TF functions
-    def _reference_logits(self, pooled, field_params, top_params) -> tf.Tensor:
-        outputs = [sub.reference(emb, p) for sub, emb, p in self._substitution_inputs(pooled, field_params)]
-        return self.model.top(dict(zip(self.top_params, top_params)), outputs)
-
-    def _build_reference_functions(self) -> None:
-        @tf.function(reduce_retracing=True)
-        def reference_train(pooled, field_params, top_params, labels, global_size):
-            with tf.GradientTape() as tape:
-                tape.watch([pooled, field_params, top_params])
-                logits = self._reference_logits(pooled, field_params, top_params)
-                # This rank's share of the global mean loss: Σ_local l_i / B.
-                loss = tf.reduce_sum(
-                    tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
-                ) / global_size
-                if self.model.l2_embedding:
-                    loss += self.model.l2_embedding * tf.add_n([tf.reduce_sum(tf.square(p)) for p in pooled]) / global_size
-            grads = tape.gradient(loss, [pooled, field_params, top_params],
-                                  unconnected_gradients=tf.UnconnectedGradients.ZERO)
-            return loss, grads
-
-        @tf.function(reduce_retracing=True)
-        def reference_predict(pooled, field_params, top_params):
-            return tf.sigmoid(self._reference_logits(pooled, field_params, top_params))
-
-        self._reference_train = reference_train
-        self._reference_predict = reference_predict
-
     # ------------------------------------------------------------------------------ exchange
     def _exchange_rows(self, batch: Any, *, train: bool) -> tuple[list[np.ndarray], dict[str, Any]]:
         """Steps 2-3: pooled embeddings ``[b, F, dim]`` per block for this rank's rows, and what
         the backward pass needs to route row gradients back."""
-        comm, size = self.comm, batch.size
+        comm, num_fields = self.comm, self.model.num_fields
         prefix = "" if train else "eval_"  # evaluation traffic is not counted as training traffic
-        phase = self.timer if train else _untimed
+        phase = self.timer if train else untimed
         with phase("lookup"):
-            unique: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-            per_owner_keys: list[list[np.ndarray]] = [[] for _ in range(comm.size)]
-            field_counts = np.zeros((comm.size, self.model.num_fields), dtype=np.int64)
-            for field in self.all_fields:
-                keys, inverse = np.unique(batch.fields[field].keys, return_inverse=True)
-                unique[field] = (keys, inverse)
-                owner = int(self.owner[field])
-                per_owner_keys[owner].append(keys)
-                field_counts[owner, field] = keys.size
-            send_keys = (np.concatenate([k for parts in per_owner_keys for k in parts]) if size
-                         else np.zeros(0, np.int64))
-            send_counts = np.array([sum(k.size for k in parts) for parts in per_owner_keys], dtype=np.int64)
+            unique = {f: np.unique(batch.fields[f].keys, return_inverse=True) for f in self.all_fields}
+            field_counts = np.zeros((comm.size, num_fields), dtype=np.int64)
+            for f, (keys, _) in unique.items():
+                field_counts[self.owner[f], f] = keys.size
+            parts = [unique[f][0] for fields in self._by_owner for f in fields]
+            send_keys = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         with phase("exchange_rows"):
             # Per-field counts first, so an owner can split what it receives by field.
-            counts_in, _ = comm.alltoallv(field_counts.reshape(-1), np.full(comm.size, self.model.num_fields),
+            counts_in, _ = comm.alltoallv(field_counts.reshape(-1), np.full(comm.size, num_fields),
                                           prefix + "embedding_keys")
-            counts_in = counts_in.reshape(comm.size, self.model.num_fields)
-            keys_in, _ = comm.alltoallv(send_keys.astype(np.int64), send_counts, prefix + "embedding_keys")
-
+            counts_in = counts_in.reshape(comm.size, num_fields)
+            keys_in, _ = comm.alltoallv(send_keys.astype(np.int64), field_counts.sum(axis=1), prefix + "embedding_keys")
         with phase("lookup"):
             # Owner side: look up every requested id, in (requester, field) order.
             rows_in = np.empty(keys_in.size, dtype=np.int64)
-            values_out = np.empty((keys_in.size, self._row_width), dtype=self.dtype)
-            start = 0
+            values_out = np.empty((keys_in.size, self.layout.width), dtype=self.dtype)
             served: list[tuple[int, int, int]] = []  # (field, start, stop) in keys_in
+            start = 0
             for requester in range(comm.size):
                 for field in self.fields:
                     n = int(counts_in[requester, field])
-                    if n == 0:
-                        continue
-                    keys = keys_in[start : start + n]
-                    table = self.tables[field]
-                    rows = table.lookup(keys, insert=train, step=self.step_count)
-                    rows_in[start : start + n] = rows
-                    column = 0
-                    for block in self.blocks:
-                        values_out[start : start + n, column : column + block.dim] = table.gather(
-                            block.name, keys, rows)
-                        column += block.dim
-                    served.append((field, start, start + n))
-                    start += n
+                    if n:
+                        rows_in[start : start + n], values_out[start : start + n] = self.shard.rows(
+                            field, keys_in[start : start + n], insert=train, step=self.step_count)
+                        served.append((field, start, start + n))
+                        start += n
         with phase("exchange_rows"):
             values_back, _ = comm.alltoallv(values_out, counts_in.sum(axis=1), prefix + "embedding_rows")
-
         with phase("lookup"):
             # Requester side: values arrive in the order the keys were sent.
-            pooled = self._empty_pooled(size)
+            pooled = self.layout.empty_pooled(batch.size)
             offset = 0
-            for owner in range(comm.size):
-                for field in self.all_fields:
-                    if self.owner[field] == owner:
-                        keys, inverse = unique[field]
-                        self._pool_field(batch, field, values_back[offset : offset + keys.size], inverse, pooled)
-                        offset += keys.size
-        route = {"unique": unique, "rows_in": rows_in, "served": served, "counts_in": counts_in}
-        return pooled, route
+            for fields in self._by_owner:
+                for f in fields:
+                    keys, inverse = unique[f]
+                    self.layout.pool(batch.fields[f], f, values_back[offset : offset + keys.size], inverse, pooled)
+                    offset += keys.size
+        return pooled, {"unique": unique, "rows_in": rows_in, "served": served}
 
     def _send_row_gradients(self, batch: Any, pooled_grads: list[np.ndarray], route: dict[str, Any]) -> None:
         """Step 5 (sparse): per-id gradient sums to the owners, who apply the sparse optimizer."""
-        comm, timer = self.comm, self.timer
-        unique = route["unique"]
+        timer, unique = self.timer, route["unique"]
         with timer("sparse_backward"):
-            chunks: list[np.ndarray] = []
-            send_counts = np.zeros(comm.size, dtype=np.int64)
-            for owner in range(comm.size):
-                for field in self.all_fields:
-                    if self.owner[field] == owner:
-                        chunks.append(self._sum_row_gradients(batch, field, unique[field][1], unique[field][0].size,
-                                                              pooled_grads))
-                        send_counts[owner] += unique[field][0].size
-            send = np.concatenate(chunks) if chunks else np.zeros((0, self._row_width), self.dtype)
+            chunks = [self.layout.sum_gradients(batch.fields[f], f, unique[f][1], unique[f][0].size, pooled_grads)
+                      for fields in self._by_owner for f in fields]
+            send = np.concatenate(chunks) if chunks else np.zeros((0, self.layout.width), self.dtype)
+            send_counts = np.array([sum(unique[f][0].size for f in fields) for fields in self._by_owner], np.int64)
         with timer("exchange_gradients"):
-            grads_in, _ = comm.alltoallv(send, send_counts, "embedding_gradients")
+            grads_in, _ = self.comm.alltoallv(send, send_counts, "embedding_gradients")
         with timer("update"):
             rows_in = route["rows_in"]
             for field in self.fields:
                 spans = [(a, b) for f, a, b in route["served"] if f == field]
-                if not spans:
-                    continue
-                rows = np.concatenate([rows_in[a:b] for a, b in spans])
-                grads = np.concatenate([grads_in[a:b] for a, b in spans])
-                column = 0
-                for block in self.blocks:
-                    self.tables[field].apply_gradients(
-                        block.name, rows, np.ascontiguousarray(grads[:, column : column + block.dim]), self.step_count
-                    )
-                    column += block.dim
-
-    # ------------------------------------------------------------------------------ shared pieces
-    def _empty_pooled(self, size: int) -> list[np.ndarray]:
-        return [np.zeros((size, self.model.num_fields, b.dim), dtype=self.dtype) for b in self.blocks]
-
-    def _pool_field(self, batch: Any, field: int, unique_values: np.ndarray, inverse: np.ndarray,
-                    pooled: list[np.ndarray]) -> None:
-        """Pool one field's rows (``unique_values [u, Σdim]``, all blocks side by side) per sample."""
-        ids = batch.fields[field]
-        column = 0
-        for k, block in enumerate(self.blocks):
-            pool(unique_values[inverse, column : column + block.dim], ids.offsets, ids.weights, pooled[k][:, field, :])
-            column += block.dim
-
-    def _sum_row_gradients(self, batch: Any, field: int, inverse: np.ndarray, num_unique: int,
-                           pooled_grads: list[np.ndarray]) -> np.ndarray:
-        """Gradient sum per unique id of one field, all blocks side by side: ``[u, Σdim]``."""
-        ids = batch.fields[field]
-        summed = np.zeros((num_unique, self._row_width), dtype=self.dtype)
-        column = 0
-        for k, block in enumerate(self.blocks):
-            np.add.at(summed[:, column : column + block.dim], inverse,
-                      unpool(pooled_grads[k][:, field, :], ids.offsets, ids.weights))
-            column += block.dim
-        return summed
-
-    def _reference_step(self, pooled: list[np.ndarray], batch: Any, global_size: int):
-        """Forward and backward of the reference model on these rows: the loss (this rank's share of
-        the global mean), per-block pooled gradients and the dense gradients (field weights, top)."""
-        labels = np.asarray(batch.labels, dtype=self.dtype)
-        loss, (pooled_grads, field_grads, top_grads) = self._reference_train(
-            pooled, list(self.field_params.values()), list(self.top_params.values()), labels,
-            tf.constant(global_size, self.tf_dtype),
-        )
-        return float(loss), [g.numpy() for g in pooled_grads], [g.numpy() for g in (*field_grads, *top_grads)]
-
-    def _apply_dense(self, grads: Sequence[np.ndarray]) -> None:
-        """Dense optimizer on every replicated weight (``grads`` in field-weight, top order), with
-        ``l2_dense`` added here once (it is not part of the per-rank loss)."""
-        l2 = self.model.l2_dense
-        for (name, value), grad in zip(self.field_params.items(), grads[: len(self.field_params)]):
-            grad = grad + 2.0 * l2 * value if l2 else grad
-            for field in self.all_fields:
-                self.field_states[(name, field)].apply(value[field], np.ascontiguousarray(grad[field]))
-        for (name, value), grad in zip(self.top_params.items(), grads[len(self.field_params):]):
-            grad = grad + 2.0 * l2 * value if l2 and name in self._regularized_top else grad
-            self.top_states[name].apply(value, np.ascontiguousarray(grad))
+                if spans:
+                    self.shard.apply_row_gradients(field, np.concatenate([rows_in[a:b] for a, b in spans]),
+                                                   np.concatenate([grads_in[a:b] for a, b in spans]), self.step_count)
 
     # ------------------------------------------------------------------------------ the step
     def train_step(self, batch: Any) -> float:
         timer = self.timer
         pooled, route = self._exchange_rows(batch, train=True)  # times lookup and exchange_rows
         with timer("forward_backward"):
-            loss, pooled_grads, dense = self._reference_step(pooled, batch, batch.global_size)
+            loss, pooled_grads, field_grads, top_grads = self.reference.train(pooled, batch.labels, batch.global_size)
             # The dense gradients and the loss in one buffer (summed over the ranks next).
-            buffer = np.concatenate([np.array([loss], self.dtype)] + [g.reshape(-1) for g in dense])
+            buffer = np.concatenate([np.array([loss], self.dtype)] +
+                                    [g.reshape(-1) for g in (*field_grads, *top_grads)]).astype(self.dtype)
         with timer("allreduce"):
             self.comm.allreduce_sum_(buffer, "dense_gradients")
         # times sparse_backward, exchange_gradients and update (the owners' sparse optimizer)
         self._send_row_gradients(batch, pooled_grads, route)
         with timer("update"):
-            offset, summed = 1, []
-            for grad in dense:
-                summed.append(buffer[offset : offset + grad.size].reshape(grad.shape))
-                offset += grad.size
-            self._apply_dense(summed)
+            self.dense.apply_flat(buffer[1:])
         self.step_count += 1
         timer.steps += 1
         return float(buffer[0])
 
-    def predict(self, batch: Any) -> np.ndarray:
-        """Probabilities for this rank's part of the batch, gathered so every rank has them all."""
+    def predict(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Probabilities and labels of this rank's rows, gathered so every rank has them all."""
         pooled, _ = self._exchange_rows(batch, train=False)
-        local = self._reference_predict(pooled, list(self.field_params.values()), list(self.top_params.values()))
-        everything, _ = self.comm.allgatherv(np.asarray(local.numpy(), dtype=self.dtype), "eval_predictions")
-        return everything
+        local = np.asarray(self.reference.predict(pooled), dtype=self.dtype)
+        labels, _ = self.comm.allgatherv(np.asarray(batch.labels), "eval_predictions")
+        return self.comm.allgatherv(local, "eval_predictions")[0], labels
+
+    def state(self) -> ShardState:
+        return ShardState(self.model, self.dtype, self.seed, self.placement, self.step_count, self.shard.tables,
+                          self.dense)
+
+    def memory(self) -> dict[str, int]:
+        return {**self.shard.memory(), "dense_bytes": self.dense.nbytes}

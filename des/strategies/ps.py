@@ -39,58 +39,89 @@ reply), ``apply_rows`` (receiving a push and the sparse optimizer), ``serve_dens
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from des.collectives import Communicator
 from des.errors import ConfigError
-from des.models.base import Model
-from des.options import Optimizers, TableOptions
 from des.placement import place_fields
-from des.strategies.alltoall import AllToAllEngine, _untimed
+from des.strategies.base import ShardState, Strategy, StrategyContext, untimed
+from des.strategies.components import DenseParams, FieldShard, RowLayout
+from des.strategies.forms import ModelReferenceForm
 
 PULL_ROWS, ROWS, PUSH_ROWS, PUSH_ROW_GRADS, PULL_DENSE, DENSE, PUSH_DENSE, DONE, FLUSH, FLUSHED = range(11, 21)
 
 
-def ps_placement(num_fields: int, ranks: int, servers: int) -> list[list[int]]:
-    """Fields of every rank: servers own fields (``mod`` over the servers), workers none."""
-    if not 1 <= servers < ranks:
-        raise ConfigError(f"--strategy ps needs 1 <= --ps-servers < ranks, got {servers} servers of {ranks} ranks")
-    return place_fields(num_fields, servers) + [[] for _ in range(ranks - servers)]
+class ParameterServer(Strategy):
+    """One rank of the parameter-server job: a server (tables; dense weights on server 0) or a
+    worker (computes with pulled weights)."""
 
+    name = "ps"
+    description = "asynchronous parameter server (--ps-servers ranks serve, the others train)"
+    synchronous = False
+    checkpoints = False
+    phases = {"lookup": "lookup", "pull": "communication", "forward_backward": "top",
+              "sparse_backward": "backward", "push": "communication"}
+    #: what a server times (``server_ms_per_phase``)
+    server_phases = ("serve_rows", "apply_rows", "serve_dense", "apply_dense")
+    traffic_sites = ("ps_keys", "ps_rows", "ps_gradients", "ps_dense")
 
-class PSEngine(AllToAllEngine):
-    """One rank of the parameter-server job: a server (tables, dense weights on server 0) or a
-    worker (computes with pulled weights). Reuses the all-to-all engine's reference model."""
+    @classmethod
+    def place(cls, num_fields: int, ranks: int, policy: str, distinct: Sequence[int],
+              options: Mapping[str, Any]) -> list[list[int]]:
+        """Servers own fields (``mod`` over the servers), workers none."""
+        servers = int(options.get("ps_servers", 1))
+        if not 1 <= servers < ranks:
+            raise ConfigError(f"--strategy ps needs 1 <= --ps-servers < ranks, got {servers} servers of {ranks} ranks")
+        return place_fields(num_fields, servers) + [[] for _ in range(ranks - servers)]
 
-    def __init__(self, *args: Any, servers: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.servers = servers
-        self.workers = self.comm.size - servers
-        self.is_server = self.comm.rank < servers
-        self.worker_index = self.comm.rank - servers
-        self.dense_names = list(self.field_params) + list(self.top_params)
+    def __init__(self, context: StrategyContext) -> None:
+        super().__init__(context)
+        self.servers = sum(1 for fields in self.placement if fields)
+        self.workers = self.comm.size - self.servers
+        self.is_server = self.comm.rank < self.servers
+        self.worker_index = self.comm.rank - self.servers
+        if self.is_server:
+            self.timer = type(self.timer)(self.server_phases)
+        self.shard = FieldShard(self.placement[self.comm.rank], self.model.blocks(), context.optimizers,
+                                seed=self.seed, dtype=self.dtype, tables=context.tables)
+        self.all_fields = list(range(self.model.num_fields))
+        # Server 0 owns the dense weights; a worker keeps the copy it last pulled.
+        self.dense = DenseParams(self.model, self.all_fields, context.optimizers, seed=self.seed, dtype=self.dtype)
+        self.layout = RowLayout(self.model.blocks(), self.model.num_fields, self.dtype)
+        self.reference = ModelReferenceForm(self.model, self.dense, self.dtype)
+        # collective over all ranks, so made here: the workers' own communicator
+        self.worker_comm = Communicator(self.comm.comm.Split(0 if self.is_server else 1, self.comm.rank))
         self.pushes_applied = 0
         self.staleness: list[int] = []
         self._pull_version = 0
 
+    @property
+    def fields(self) -> list[int]:
+        return self.shard.fields
+
+    @property
+    def role(self) -> str:
+        return "serve" if self.is_server else "train"
+
+    @property
+    def evaluators(self) -> list[int]:
+        return [self.servers]  # the first worker, once every worker is done
+
+    @property
+    def counts_samples(self) -> bool:
+        return not self.is_server
+
+    def reader_options(self) -> dict[str, Any]:
+        return {"fields": self.all_fields, "shard": (0, 1)}
+
+    def steps(self, start: int, stop: int) -> range:
+        """Worker ``w`` takes batches ``w, w+W, ...`` of the shuffled order DES uses."""
+        return range(start + self.worker_index, stop, self.workers)
+
     # ------------------------------------------------------------------------------ server side
-    def _flat_dense(self) -> np.ndarray:
-        return np.concatenate([v.reshape(-1) for v in (*self.field_params.values(), *self.top_params.values())])
-
-    def _set_dense(self, flat: np.ndarray) -> None:
-        offset = 0
-        for value in (*self.field_params.values(), *self.top_params.values()):
-            value[...] = flat[offset : offset + value.size].reshape(value.shape)
-            offset += value.size
-
-    def _apply_flat_dense(self, flat: np.ndarray) -> None:
-        shapes = [v.shape for v in (*self.field_params.values(), *self.top_params.values())]
-        offsets = np.cumsum([0] + [int(np.prod(shape)) for shape in shapes])
-        self._apply_dense([flat[a:b].reshape(shape) for a, b, shape in zip(offsets[:-1], offsets[1:], shapes)])
-        self.pushes_applied += 1
-
     def _split_by_field(self, header: np.ndarray, keys: np.ndarray):
         start = 0
         for field, n in zip(self.fields, header):
@@ -110,15 +141,10 @@ class PSEngine(AllToAllEngine):
                 start_time = time.perf_counter()
                 message = comm.recv(source, PULL_ROWS, np.int64, "ps_keys")
                 insert, header, keys = bool(message[0]), message[1 : 1 + len(self.fields)], message[1 + len(self.fields):]
-                values = np.empty((keys.size, self._row_width), dtype=self.dtype)
+                values = np.empty((keys.size, self.layout.width), dtype=self.dtype)
                 for field, field_keys, start in self._split_by_field(header, keys):
-                    table = self.tables[field]
-                    rows = table.lookup(field_keys, insert=insert, step=pulls)
-                    column = 0
-                    for block in self.blocks:
-                        values[start : start + field_keys.size, column : column + block.dim] = table.gather(
-                            block.name, field_keys, rows)
-                        column += block.dim
+                    _, values[start : start + field_keys.size] = self.shard.rows(field, field_keys, insert=insert,
+                                                                                 step=pulls)
                 pulls += 1
                 comm.send(values, source, ROWS, "ps_rows" if insert else "eval_ps_rows")
                 if insert:  # training pulls only (evaluation pulls do not insert)
@@ -126,20 +152,15 @@ class PSEngine(AllToAllEngine):
             elif tag == PUSH_ROWS:
                 with self.timer("apply_rows"):
                     message = comm.recv(source, PUSH_ROWS, np.int64, "ps_gradients")
-                    grads = comm.recv(source, PUSH_ROW_GRADS, self.dtype, "ps_gradients").reshape(-1, self._row_width)
+                    grads = comm.recv(source, PUSH_ROW_GRADS, self.dtype, "ps_gradients").reshape(-1, self.layout.width)
                     header, keys = message[: len(self.fields)], message[len(self.fields):]
                     for field, field_keys, start in self._split_by_field(header, keys):
-                        table = self.tables[field]
-                        rows = table.lookup(field_keys, insert=False)
-                        column = 0
-                        for block in self.blocks:
-                            table.apply_gradients(block.name, rows, np.ascontiguousarray(
-                                grads[start : start + field_keys.size, column : column + block.dim]), pulls)
-                            column += block.dim
+                        rows = self.shard.tables[field].lookup(field_keys, insert=False)
+                        self.shard.apply_row_gradients(field, rows, grads[start : start + field_keys.size], pulls)
             elif tag == PULL_DENSE:
                 start_time = time.perf_counter()
                 training = bool(comm.recv(source, PULL_DENSE, np.int64, "ps_dense")[0])
-                comm.send(np.concatenate([[float(self.pushes_applied)], self._flat_dense()]).astype(self.dtype),
+                comm.send(np.concatenate([[float(self.pushes_applied)], self.dense.flat()]).astype(self.dtype),
                           source, DENSE, "ps_dense" if training else "eval_ps_dense")
                 if training:
                     self.timer.seconds["serve_dense"] += time.perf_counter() - start_time
@@ -147,7 +168,9 @@ class PSEngine(AllToAllEngine):
                 with self.timer("apply_dense"):
                     message = comm.recv(source, PUSH_DENSE, self.dtype, "ps_dense")
                     self.staleness.append(self.pushes_applied - int(message[0]))
-                    self._apply_flat_dense(message[1:])
+                    self.dense.apply_flat(message[1:])  # l2_dense is added here, once
+                    self.pushes_applied += 1
+                    self.step_count = self.pushes_applied  # server 0: batches trained by all workers
                 self.timer.steps += 1  # server 0: one dense push per worker step
             elif tag == FLUSH:  # every earlier message of this worker has been handled (MPI keeps order)
                 comm.recv(source, FLUSH, np.int64, "ps_control")
@@ -159,50 +182,46 @@ class PSEngine(AllToAllEngine):
                 raise RuntimeError(f"parameter server got an unknown message tag {tag} from rank {source}")
 
     # ------------------------------------------------------------------------------ worker side
-    def _server_fields(self, server: int) -> list[int]:
-        return self.placement[server]
-
     def _pull(self, batch: Any, *, insert: bool) -> tuple[list[np.ndarray], dict]:
         comm = self.comm
         prefix = "" if insert else "eval_"  # evaluation traffic is not counted as training traffic
-        phase = self.timer if insert else _untimed
+        phase = self.timer if insert else untimed
         with phase("lookup"):
             unique = {f: np.unique(batch.fields[f].keys, return_inverse=True) for f in self.all_fields}
         with phase("pull"):
             for server in range(self.servers):
-                fields = self._server_fields(server)
+                fields = self.placement[server]
                 header = [unique[f][0].size for f in fields]
                 message = np.concatenate([[int(insert)], header, *[unique[f][0] for f in fields]]).astype(np.int64)
                 comm.send(message, server, PULL_ROWS, prefix + "ps_keys")
             comm.send(np.array([int(insert)], np.int64), 0, PULL_DENSE, prefix + "ps_dense")
         with phase("lookup"):
-            pooled = self._empty_pooled(batch.size)
+            pooled = self.layout.empty_pooled(batch.size)
         for server in range(self.servers):
             with phase("pull"):
-                values = comm.recv(server, ROWS, self.dtype, prefix + "ps_rows").reshape(-1, self._row_width)
+                values = comm.recv(server, ROWS, self.dtype, prefix + "ps_rows").reshape(-1, self.layout.width)
             with phase("lookup"):
                 offset = 0
-                for field in self._server_fields(server):
+                for field in self.placement[server]:
                     keys, inverse = unique[field]
-                    self._pool_field(batch, field, values[offset : offset + keys.size], inverse, pooled)
+                    self.layout.pool(batch.fields[field], field, values[offset : offset + keys.size], inverse, pooled)
                     offset += keys.size
         with phase("pull"):
             dense = comm.recv(0, DENSE, self.dtype, prefix + "ps_dense")
             self._pull_version = int(dense[0])
-            self._set_dense(dense[1:])
+            self.dense.set_flat(dense[1:])
         return pooled, unique
 
     def _push(self, batch: Any, pooled_grads: list[np.ndarray], unique: dict, dense_grads: list[np.ndarray]) -> None:
         comm, timer = self.comm, self.timer
         for server in range(self.servers):
             with timer("sparse_backward"):
-                fields = self._server_fields(server)
+                fields = self.placement[server]
                 keys_parts = [unique[f][0] for f in fields]
-                grad_parts = [self._sum_row_gradients(batch, f, unique[f][1], unique[f][0].size, pooled_grads)
-                              for f in fields]
-                header = [k.size for k in keys_parts]
-                message = np.concatenate([header, *keys_parts]).astype(np.int64)
-                grads = np.concatenate(grad_parts) if grad_parts else np.zeros((0, self._row_width), self.dtype)
+                grad_parts = [self.layout.sum_gradients(batch.fields[f], f, unique[f][1], unique[f][0].size,
+                                                        pooled_grads) for f in fields]
+                message = np.concatenate([[k.size for k in keys_parts], *keys_parts]).astype(np.int64)
+                grads = np.concatenate(grad_parts) if grad_parts else np.zeros((0, self.layout.width), self.dtype)
             with timer("push"):
                 comm.send(message, server, PUSH_ROWS, "ps_gradients")
                 comm.send(grads, server, PUSH_ROW_GRADS, "ps_gradients")
@@ -212,107 +231,53 @@ class PSEngine(AllToAllEngine):
             comm.send(flat, 0, PUSH_DENSE, "ps_dense")
 
     def train_step(self, batch: Any) -> float:
-        timer = self.timer
         pooled, unique = self._pull(batch, insert=True)  # times lookup and pull
-        with timer("forward_backward"):
-            loss, pooled_grads, dense = self._reference_step(pooled, batch, batch.size)
-        # times sparse_backward and push; server 0 applies the dense push with _apply_dense, which adds
-        # l2_dense there
-        self._push(batch, pooled_grads, unique, dense)
+        with self.timer("forward_backward"):
+            loss, pooled_grads, field_grads, top_grads = self.reference.train(pooled, batch.labels, batch.size)
+        self._push(batch, pooled_grads, unique, [*field_grads, *top_grads])  # times sparse_backward and push
         self.step_count += 1
-        timer.steps += 1
+        self.timer.steps += 1
         return loss
 
-    def predict(self, batch: Any) -> np.ndarray:
+    def predict(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
         pooled, _ = self._pull(batch, insert=False)
-        return self._reference_predict(pooled, list(self.field_params.values()),
-                                       list(self.top_params.values())).numpy()
+        return self.reference.predict(pooled), np.asarray(batch.labels)
 
-    def predict_with_labels(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
-        return self.predict(batch), np.asarray(batch.labels)
-
-    def reader_options(self) -> dict[str, Any]:
-        return {"fields": self.all_fields, "shard": (0, 1)}
-
-    def flush(self) -> None:
-        """Return once every server has applied all of this worker's pushes."""
+    def end_training(self) -> None:
+        """Return once every server has applied all of this worker's pushes, and every worker is
+        there (nobody evaluates before all pushes are in)."""
         for server in range(self.servers):
             self.comm.send(np.zeros(1, np.int64), server, FLUSH, "ps_control")
         for server in range(self.servers):
             self.comm.recv(server, FLUSHED, np.int64, "ps_control")
+        self.worker_comm.barrier("ps_control")
 
-    def finish(self) -> None:
+    def close(self) -> None:
         """Tell every server this worker is done."""
         for server in range(self.servers):
             self.comm.send(np.zeros(1, np.int64), server, DONE, "ps_control")
 
+    def state(self) -> ShardState:
+        """With one server and one worker, the server's tables and dense weights are the whole model
+        once the worker has flushed, and both count the same steps: what ``des.check`` compares.
+        (With more servers, server s > 0 keeps no dense weights.)"""
+        if self.servers != 1 or self.workers != 1:
+            raise ConfigError("the parameter server's state can only be saved with one server and one worker")
+        return ShardState(self.model, self.dtype, self.seed, self.placement, self.step_count, self.shard.tables,
+                          self.dense)
 
-def run_parameter_server(config: Any, comm: Communicator, store: Any, model: Model, optimizers: Optimizers,
-                         steps_per_epoch: int, total_steps: int, log: Any) -> dict[str, Any]:
-    """Train with the asynchronous parameter server; returns the summary fields of this strategy."""
-    from des.data.batch_reader import BatchReader
-    from des.train import evaluate
+    def describe(self) -> str:
+        return (f"{self.servers} server(s), {self.workers} asynchronous worker(s): ranks 0..{self.servers - 1} serve "
+                f"the tables, worker w trains batches w, w+{self.workers}, ... without waiting")
 
-    placement = ps_placement(model.num_fields, comm.size, config.ps_servers)
-    engine = PSEngine(model, comm, placement, optimizers, servers=config.ps_servers, seed=config.seed,
-                      dtype=np.dtype(config.dtype),
-                      tables=TableOptions(config.table_capacity, config.min_count, config.unadmitted))
-    workers = Communicator(comm.comm.Split(0 if engine.is_server else 1, comm.rank))
-    log.say(f"  parameter server: ranks 0..{engine.servers - 1} serve, {engine.workers} worker(s) train "
-            f"batches w, w+{engine.workers}, ... asynchronously")
-    samples, all_samples, train_seconds, losses = 0, 0, 0.0, []
-    results: dict[str, Any] = {}
-    if engine.is_server:
-        engine.serve()
-    else:
-        readers: dict[int, Any] = {}
-        start = time.perf_counter()
-        for step in range(engine.worker_index, total_steps, engine.workers):
-            epoch, index = divmod(step, steps_per_epoch)
-            if epoch not in readers:
-                readers = {epoch: BatchReader(store, "train", batch_size=config.batch_size, seed=config.seed,
-                                              epoch=epoch, drop_last=config.drop_last, **engine.reader_options())}
-            batch = readers[epoch].batch(index)
-            losses.append(engine.train_step(batch))
-            all_samples += batch.size
-            if len(losses) == 1:  # leave compilation and tracing out of the throughput, as des.train does
-                engine.timer.reset()
-                start = time.perf_counter()
-            else:
-                samples += batch.size
-        engine.flush()
-        train_seconds = time.perf_counter() - start
-        workers.barrier("ps_control")  # every worker's pushes are applied before anyone evaluates
-        if engine.worker_index == 0:
-            validation = evaluate(engine, store, "validation", config.eval_batch_size)
-            test = evaluate(engine, store, "test", config.eval_batch_size)
-            results = {"validation": validation, "test": test}
-        engine.finish()
-    first_worker = engine.servers
-    results = comm.bcast_json(results, "summary", root=first_worker)
-    counts = comm.allgather(np.array([samples, engine.step_count, train_seconds,
-                                      all_samples], dtype=np.float64), "summary")
-    staleness = comm.bcast_json(
-        {"mean": float(np.mean(engine.staleness)) if engine.staleness else 0.0,
-         "max": int(np.max(engine.staleness)) if engine.staleness else 0}, "summary", root=0)
-    timed_samples, total_steps_run, total_samples = int(counts[:, 0].sum()), int(counts[:, 1].sum()), int(counts[:, 3].sum())
-    wall = float(counts[:, 2].max())
-    phases = comm.bcast_json(engine.timer.ms_per_step(), "summary", root=first_worker)
-    server_phases = comm.bcast_json(engine.timer.ms_per_step(), "summary", root=0)
-    sent = comm.allgather(np.array([sum(st["bytes_sent"] for site, st in comm.stats_dict().items()
-                                        if site.startswith(("ps_keys", "ps_rows", "ps_gradients", "ps_dense")))],
-                                   dtype=np.float64), "summary")[:, 0]
-    return {
-        "steps": total_steps_run,
-        "train_samples": total_samples,
-        "samples_per_second": timed_samples / max(wall, 1e-9),
-        "validation": results.get("validation"),
-        "test": results.get("test"),
-        # Per rank and per batch of B samples, like the synchronous strategies' figure.
-        "bytes_per_step": float(sent.sum()) / max(total_steps_run, 1) / comm.size,
-        "bytes_sent_per_rank": sent.tolist(),
-        "staleness_mean": staleness["mean"],
-        "staleness_max": staleness["max"],
-        "ms_per_phase": phases,
-        "server_ms_per_phase": server_phases,
-    }
+    def summary(self) -> dict[str, Any]:
+        """Staleness and the servers' busy time (collective)."""
+        staleness = self.comm.bcast_json(
+            {"mean": float(np.mean(self.staleness)) if self.staleness else 0.0,
+             "max": int(np.max(self.staleness)) if self.staleness else 0}, "summary", root=0)
+        server_phases = self.comm.bcast_json(self.timer.ms_per_step(), "summary", root=0)
+        return {"ps_servers": self.servers, "staleness_mean": staleness["mean"], "staleness_max": staleness["max"],
+                "server_ms_per_phase": server_phases}
+
+    def memory(self) -> dict[str, int]:
+        return {**self.shard.memory(), "dense_bytes": self.dense.nbytes}

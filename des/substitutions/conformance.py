@@ -5,7 +5,8 @@ For random inputs and weights, with the fields split over 1..4 virtual ranks in 
 non-contiguous groups, it checks in float64:
 
 1. shapes: each rank's partials are ``[B, width]``, the combined output is ``[B, output_dim]``;
-2. forward: ``combine(Σ_i local_i) == reference(all fields)``;
+2. forward: ``combine(Σ_i local_i) == reference(all fields)``, and ``combine`` is row-wise (its
+   output on a subset of the rows is the subset of its output on all rows);
 3. backward, the way the engine does it: ``G = ∂L/∂(reduced buffer)`` is handed to every rank
    unchanged and back-propagated through its own ``local``; the gradients of every embedding and
    every field parameter equal those of the reference operator;
@@ -99,6 +100,11 @@ def check_substitution(
             objective = tf.reduce_sum(upstream * output)
         _expect_shape(name, "combine", output, (batch_size, sub.output_dim))
         forward_err = max(forward_err, _compare(name, f"forward, {n} ranks", output, reference, rtol))
+        # Row-wise: sample i's output depends on row i only (the data-parallel upper network
+        # combines each rank's own row block).
+        rows = np.sort(rng.choice(batch_size, size=max(1, batch_size // 2), replace=False))
+        _compare(name, f"combine on rows {rows.tolist()} (combine must be row-wise)",
+                 sub.combine(tf.gather(reduced, rows)), tf.gather(output, rows), rtol)
         buffer_grad = tape.gradient(objective, reduced)
 
         emb_grad = np.zeros(emb.shape)

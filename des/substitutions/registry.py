@@ -11,7 +11,7 @@ A user adds a substitution by subclassing :class:`des.substitutions.Substitution
 
 from __future__ import annotations
 
-from des.errors import ConfigError
+from des.registry import Registry
 from des.substitutions.base import Substitution
 from des.substitutions.conformance import check_substitution
 from des.substitutions.first_fc import FirstFC
@@ -24,39 +24,26 @@ def default_substitutions() -> list[type[Substitution]]:
     return [FirstOrderLinear, FMOrder2, FirstFC]
 
 
-_user_substitutions: dict[str, type[Substitution]] = {}
+SUBSTITUTION_REGISTRY: Registry[type[Substitution]] = Registry(
+    "substitution", Substitution, default_substitutions, check=check_substitution)
 
 
 def register_substitution(
     cls: type[Substitution], *, check: bool = True, replace: bool = False
 ) -> type[Substitution]:
     """Add ``cls`` to the registry under ``cls.name`` (after it passes the conformance check)."""
-    if not (isinstance(cls, type) and issubclass(cls, Substitution)):
-        raise TypeError(f"{cls!r} is not a Substitution subclass")
-    name = getattr(cls, "name", None)
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"{cls.__name__} must set a class attribute `name`")
-    if not replace and name in registered_substitutions():
-        raise ValueError(f"a substitution named {name!r} is already registered")
-    if check:
-        check_substitution(cls)
-    _user_substitutions[name] = cls
-    return cls
+    return SUBSTITUTION_REGISTRY.register(cls, replace=replace, check=check)
 
 
 def registered_substitutions() -> dict[str, type[Substitution]]:
     """Name -> class for the defaults and every user addition."""
-    return {**{c.name: c for c in default_substitutions()}, **_user_substitutions}
+    return SUBSTITUTION_REGISTRY.all()
 
 
 def get_substitution(name: str) -> type[Substitution]:
-    try:
-        return registered_substitutions()[name]
-    except KeyError:
-        known = ", ".join(sorted(registered_substitutions()))
-        raise ConfigError(f"unknown substitution {name!r} (known: {known})") from None
+    return SUBSTITUTION_REGISTRY.get(name)
 
 
 def unregister_substitution(name: str) -> None:
     """Remove a user addition (the defaults stay)."""
-    _user_substitutions.pop(name, None)
+    SUBSTITUTION_REGISTRY.unregister(name)

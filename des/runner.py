@@ -1,0 +1,519 @@
+"""The one training loop, for every strategy (``docs/design.md``, "The runner").
+
+:func:`train` = :func:`setup` (data, placement, model, strategy, resume, run folder, start-up
+report) + :func:`loop` (batches, steps, validation and checkpoint cadence) + :func:`finish` (final
+validation, checkpoint, test) + :func:`summarize` (``summary.json``). A strategy's serving ranks
+(a parameter server) run :meth:`Strategy.serve` instead of the loop. ``python -m des.train`` and
+``python -m des.evaluate`` are thin command lines over this module; strategies never import it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import platform
+import resource
+import sys
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from des import runtime
+from des.collectives import Communicator
+from des.config import MODELS, TrainConfig
+from des.errors import ConfigError, DesError, UsageError
+
+
+# ---------------------------------------------------------------------------------------------- building
+def build_model(config: TrainConfig, num_fields: int):
+    """The model named by ``--model`` with the hyper-parameters its constructor accepts."""
+    from des.models import get_model
+
+    cls = get_model(config.model)
+    candidates = {
+        "num_fields": num_fields, "embedding_dim": config.embedding_dim, "hidden": tuple(config.hidden_units()),
+        "activation": config.activation, "init_scale": config.init_scale, "l2_embedding": config.l2_embedding,
+        "l2_dense": config.l2_dense,
+    }
+    accepted = inspect.signature(cls.__init__).parameters
+    return cls(**{k: v for k, v in candidates.items() if k in accepted})
+
+
+def build_optimizers(config: TrainConfig):
+    from des.hashtable import optimizer_from_spec
+    from des.options import Optimizers
+
+    def parse(flag: str, spec: str):
+        try:
+            return optimizer_from_spec(spec)
+        except ValueError as exc:
+            raise ConfigError(f"--{flag} {spec!r}: {exc}") from None
+
+    return Optimizers(
+        sparse={"linear": parse("linear-optimizer", config.linear_optimizer_spec()),
+                "embedding": parse("embedding-optimizer", config.embedding_optimizer)},
+        dense=parse("dense-optimizer", config.dense_optimizer),
+    )
+
+
+def strategy_class(config: TrainConfig):
+    """``--strategy``'s class (after ``--plugins`` are imported), its options checked. Every rank
+    fails here alike, before any communication: a :class:`UsageError` (one line from rank 0)."""
+    from des.plugins import load_plugins
+    from des.strategies import get_strategy
+
+    try:
+        load_plugins(config.plugins)
+        cls = get_strategy(config.strategy)
+        cls.check_options(config.to_dict())
+    except UsageError:
+        raise
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    return cls
+
+
+def build_strategy(config: TrainConfig, comm: Communicator, num_fields: int, distinct: list[int], *,
+                   cls: Any = None, strategy: str | None = None, placement: list[list[int]] | None = None):
+    """The strategy object of this rank, with its model, optimizers, placement and tables."""
+    from des.options import TableOptions
+    from des.strategies import StrategyContext, get_strategy
+
+    cls = cls or get_strategy(strategy or config.strategy)
+    options = config.to_dict()
+    if placement is None:
+        placement = cls.place(num_fields, comm.size, config.placement, distinct, options)
+    context = StrategyContext(
+        model=build_model(config, num_fields), comm=comm, optimizers=build_optimizers(config), placement=placement,
+        seed=config.seed, dtype=np.dtype(config.dtype),
+        tables=TableOptions(config.table_capacity, config.min_count, config.unadmitted), options=options)
+    return cls(context)
+
+
+def open_data(config: TrainConfig, comm: Communicator, data: str | None = None, split=None, bad_rows: str | None = None):
+    """Rank 0 prepares a raw file into the cache (once); then every rank opens the same store."""
+    from des.data import ColumnStore, open_dataset
+
+    if comm.rank == 0:
+        store = open_dataset(data or config.data, cache_dir=config.cache_dir or None,
+                             split=config.split_fractions() if split is None else split, seed=config.split_seed,
+                             bad_rows=bad_rows or config.bad_rows)
+        path = str(store.path)
+    path = comm.bcast_json(path if comm.rank == 0 else None, "setup")
+    return store if comm.rank == 0 else ColumnStore.open(path)
+
+
+def data_fingerprint(store) -> str:
+    """Identifies a prepared dataset by content (its manifest: sources' sha256, split, counts)."""
+    return hashlib.sha256(json.dumps(store.manifest, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+def predict_split(strategy, store, split: str, batch_size: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Predictions and labels of a whole split in store order (on every rank of the evaluators)."""
+    from des.data.batch_reader import BatchReader
+
+    reader = BatchReader(store, split, batch_size=batch_size, seed=0, shuffle=False, drop_last=False,
+                         **strategy.reader_options())
+    if reader.num_rows == 0:
+        return None
+    parts = [strategy.predict(batch) for batch in reader]
+    return np.concatenate([p for p, _ in parts]), np.concatenate([y for _, y in parts])
+
+
+def evaluate(strategy, store, split: str, batch_size: int) -> dict[str, Any] | None:
+    """Exact AUC and logloss over a whole split."""
+    from des.metrics import logloss, roc_auc
+
+    result = predict_split(strategy, store, split, batch_size)
+    if result is None:
+        return None
+    p, y = result
+    return {"auc": roc_auc(y, p), "logloss": logloss(y, p), "rows": int(y.size)}
+
+
+# ---------------------------------------------------------------------------------------------- the run
+class Meter:
+    """Steps, samples and mean loss of this run on this rank; throughput leaves out the run's first
+    step (it compiles the numba kernels on a fresh install and traces the TF functions: seconds)."""
+
+    def __init__(self) -> None:
+        self.steps = self.samples = self.timed_samples = 0
+        self.seconds = self.loss_sum = 0.0
+        self.loss_count = 0
+        self.losses: list[float] = []
+
+    def record(self, loss: float, samples: int, seconds: float, timer) -> None:
+        self.steps += 1
+        self.losses.append(loss)
+        self.samples += samples
+        if self.steps == 1:
+            timer.reset()
+        else:
+            self.seconds += seconds
+            self.timed_samples += samples
+        self.loss_sum, self.loss_count = self.loss_sum + loss, self.loss_count + 1
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.timed_samples / max(self.seconds, 1e-9)
+
+    def take_mean_loss(self) -> float:
+        mean = self.loss_sum / max(self.loss_count, 1)
+        self.loss_sum, self.loss_count = 0.0, 0
+        return mean
+
+
+@dataclass
+class Run:
+    config: TrainConfig
+    comm: Communicator
+    store: Any
+    strategy: Any
+    folder: Path
+    steps_per_epoch: int
+    total_steps: int
+    data_order: dict[str, Any]
+    start_step: int = 0
+    meter: Meter = field(default_factory=Meter)
+    last_validation: dict[str, Any] | None = None
+    checkpoint: Path | None = None
+    saved_step: int = -1
+    _reader: Any = None
+
+    @property
+    def talks(self) -> bool:
+        """The first evaluating rank prints and writes ``metrics.jsonl`` (rank 0 when it trains)."""
+        return self.comm.rank == self.strategy.evaluators[0]
+
+    def say(self, text: str) -> None:
+        if self.talks:
+            print(text, flush=True)
+
+    def batch(self, epoch: int, index: int):
+        """Global batch ``index`` of ``epoch`` (this rank's part of it): a pure function of (data,
+        seed, epoch, index), so a resumed or asynchronous run sees the same batches."""
+        from des.data.batch_reader import BatchReader
+
+        if self._reader is None or self._reader.epoch != epoch:
+            self._reader = BatchReader(self.store, "train", batch_size=self.config.batch_size, seed=self.config.seed,
+                                       epoch=epoch, drop_last=self.config.drop_last,
+                                       **self.strategy.reader_options())
+        return self._reader.batch(index)
+
+    def validate(self, step: int, epoch: int, progress=None) -> None:
+        """Validation AUC/logloss on the evaluating ranks; one line of ``metrics.jsonl``."""
+        result = evaluate(self.strategy, self.store, "validation", self.config.eval_batch_size)
+        record = {"step": step, "epoch": epoch, "samples": self.meter.samples, "train_loss": self.meter.take_mean_loss(),
+                  "samples_per_second": self.meter.samples_per_second}
+        if result:
+            record.update({"auc": result["auc"], "logloss": result["logloss"]})
+            self.last_validation = result
+        if self.talks:
+            with open(self.folder / "metrics.jsonl", "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+            (progress.write if progress is not None else self.say)(_format_record(record))
+
+    def save(self, epoch: int, next_batch: int) -> None:
+        from des.checkpoint import save_checkpoint
+
+        self.checkpoint = save_checkpoint(self.strategy, self.folder / "checkpoints", epoch=epoch,
+                                          next_batch=next_batch, config=self.config.to_dict(), ttl=self.config.ttl,
+                                          data_order=self.data_order)
+        self.saved_step = self.strategy.step_count
+
+
+def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
+    """Train as ``config`` says on this rank (collective: every rank of ``comm`` calls it)."""
+    run = setup(config, comm)
+    results: dict[str, Any] = {}
+    if run.strategy.role == "serve":
+        run.strategy.serve()
+    else:
+        loop(run)
+        results = finish(run)
+        run.strategy.close()
+    return summarize(run, comm.bcast_json(results, "summary", root=run.strategy.evaluators[0]))
+
+
+def loop(run: Run) -> None:
+    """Train this rank's batches from the strategy's step to the run's end, with validation and
+    checkpoints on their cadence (steps counted in global batches, the same on every rank)."""
+    strategy, config = run.strategy, run.config
+    mine = strategy.steps(strategy.step_count, run.total_steps)
+    progress = _progress(run.talks and config.progress, strategy.step_count + len(mine), strategy.step_count)
+    for step in mine:
+        epoch, index = divmod(step, run.steps_per_epoch)
+        batch = run.batch(epoch, index)
+        start = time.perf_counter()
+        loss = strategy.train_step(batch)
+        run.meter.record(loss, batch.global_size, time.perf_counter() - start, strategy.timer)
+        if progress is not None:
+            progress.update(1)
+            progress.set_postfix(loss=f"{loss:.4f}", sps=f"{run.meter.samples_per_second:,.0f}")
+        done = step + 1  # global batches trained so far
+        end_of_epoch = index + 1 == run.steps_per_epoch
+        if strategy.synchronous and (done % config.eval_every == 0 if config.eval_every else end_of_epoch):
+            run.validate(done, epoch, progress)
+        if config.checkpoint_every and done % config.checkpoint_every == 0:
+            run.save(epoch, index + 1)
+    strategy.end_training()
+    if progress is not None:
+        progress.close()
+
+
+def finish(run: Run) -> dict[str, Any]:
+    """After the last step: validation (if the loop did none), the final checkpoint, the test split."""
+    strategy, config = run.strategy, run.config
+    evaluating = run.comm.rank in strategy.evaluators
+    if run.last_validation is None and run.meter.steps and evaluating:
+        epoch = (run.total_steps - 1) // run.steps_per_epoch
+        run.validate(run.total_steps, epoch)
+    if strategy.checkpoints and run.saved_step != strategy.step_count:
+        epoch, index = divmod(strategy.step_count - 1, run.steps_per_epoch)
+        run.save(epoch, index + 1)
+    test = evaluate(strategy, run.store, "test", config.eval_batch_size) if evaluating else None
+    return {"validation": run.last_validation, "test": test,
+            "checkpoint": str(run.checkpoint) if run.checkpoint else None}
+
+
+def summarize(run: Run, results: dict[str, Any]) -> dict[str, Any]:
+    """``summary.json`` (collective): throughput over the ranks that count samples, bytes per step
+    per traffic site (mean over ranks), phases of the first training rank, memory per rank."""
+    strategy, comm, meter = run.strategy, run.comm, run.meter
+    counts = comm.allgather(np.array([meter.timed_samples, meter.seconds, meter.samples, meter.steps,
+                                      float(strategy.counts_samples)]), "summary")
+    counting = counts[counts[:, 4] > 0]
+    steps_this_run = int(counting[:, 3].sum())
+    stats = comm.stats_dict()
+    # a site's own calls and the element counts an Alltoallv sends first (the communicator's "site:counts")
+    sent = np.array([sum(stats.get(name, {}).get("bytes_sent", 0) for name in (site, site + ":counts"))
+                     for site in strategy.traffic_sites], dtype=np.float64)
+    sent_per_step = comm.allgather(sent, "summary") / max(steps_this_run, 1)  # [rank, site]
+    per_site = dict(zip(strategy.traffic_sites, sent_per_step.mean(axis=0)))
+    memory = strategy.memory()
+    per_rank = comm.allgather(np.array([peak_rss_bytes(), memory["rows"], memory["table_bytes"]], np.int64), "summary")
+    validation, test = results.get("validation"), results.get("test")
+    summary = {
+        "model": strategy.model.name,
+        "strategy": strategy.name,
+        "ranks": comm.size,
+        "steps": run.start_step + steps_this_run,
+        "steps_this_run": steps_this_run,
+        "train_samples": int(counting[:, 2].sum()),
+        "validation_auc": validation["auc"] if validation else None,
+        "validation_logloss": validation["logloss"] if validation else None,
+        "test_auc": test["auc"] if test else None,
+        "test_logloss": test["logloss"] if test else None,
+        "test_rows": test["rows"] if test else 0,
+        "samples_per_second": float(counting[:, 0].sum() / max(counting[:, 1].max(initial=0.0), 1e-9)),
+        "allreduce_bytes_per_step": float(sum(per_site[s] for s in strategy.allreduce_sites)),
+        "bytes_per_step": float(sum(per_site.values())),
+        "bytes_per_step_by_site": {k: float(v) for k, v in per_site.items()},
+        "bytes_per_step_per_rank": sent_per_step.sum(axis=1).tolist(),
+        "buffer_floats_per_sample": getattr(strategy, "buffer_width", None),
+        "ms_per_phase": comm.bcast_json(strategy.timer.ms_per_step(), "summary", root=strategy.evaluators[0]),
+        "peak_rss_bytes_per_rank": per_rank[:, 0].tolist(),
+        "table_rows_per_rank": per_rank[:, 1].tolist(),
+        "table_bytes_per_rank": per_rank[:, 2].tolist(),
+        **strategy.summary(),
+        "checkpoint": results.get("checkpoint"),
+        "run_folder": str(run.folder),
+    }
+    if comm.rank == 0:
+        (run.folder / "summary.json").write_text(json.dumps(summary, indent=1))
+    run.say(_format_summary(summary))
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------- set-up
+def setup(config: TrainConfig, comm: Communicator) -> Run:
+    """Everything before the first step; every user error is found here, before anything is written."""
+    from des.checkpoint import load_checkpoint
+
+    if not config.plugins and config.model not in MODELS:
+        raise ConfigError(f"unknown model {config.model!r} (choose one of: {', '.join(MODELS)}, or load one with --plugins)")
+    cls = strategy_class(config)
+    store = open_data(config, comm)
+    if store.num_rows == 0:
+        raise DesError(f"dataset {store.path} is empty")
+    distinct = [store.distinct_count(f) for f in range(store.num_fields)]
+    placement = cls.place(store.num_fields, comm.size, config.placement, distinct, config.to_dict())
+    train_rows = len(store.split_rows("train"))
+    steps_per_epoch = train_rows // config.batch_size if config.drop_last else -(-train_rows // config.batch_size)
+    if steps_per_epoch == 0:
+        raise ConfigError(f"--batch-size {config.batch_size} is larger than the {train_rows} training rows of {store.path}")
+    total_steps = config.epochs * steps_per_epoch if config.epochs else config.max_steps
+    if config.max_steps:
+        total_steps = min(total_steps, config.max_steps)
+    build_optimizers(config)  # a bad optimizer spec fails before TensorFlow is started
+    folder = plan_run_folder(config, comm)
+    runtime.configure_threads()
+    strategy = build_strategy(config, comm, store.num_fields, distinct, cls=cls, placement=placement)
+    # What fixes the order of the batches: a checkpoint's position only means the same batch in a
+    # run with the same data, batch size, seed and drop-last.
+    data_order = {"data_fingerprint": data_fingerprint(store), "batch_size": config.batch_size,
+                  "seed": config.seed, "drop_last": config.drop_last}
+    manifest = None
+    if config.resume:
+        manifest = load_checkpoint(strategy, config.resume, data_order=data_order)
+        if strategy.step_count != manifest["epoch"] * steps_per_epoch + manifest["next_batch"]:
+            raise ConfigError(f"checkpoint {config.resume}: step {strategy.step_count} is not epoch "
+                              f"{manifest['epoch']} batch {manifest['next_batch']} of {steps_per_epoch} per epoch")
+    create_run_folder(folder, comm)
+    run = Run(config, comm, store, strategy, folder, steps_per_epoch, total_steps, data_order,
+              start_step=strategy.step_count)
+    if comm.rank == 0:
+        (folder / "config.json").write_text(json.dumps({
+            "config": config.to_dict(), "ranks": comm.size, "placement": strategy.placement,
+            "model": strategy.model.describe(), "data": str(store.path), "data_fingerprint": data_fingerprint(store),
+            "versions": _versions(), "python": platform.python_version(),
+        }, indent=1))
+    run.say(f"des.train: {strategy.model.name} with strategy {strategy.name} on {store.path.name} ({store.num_rows} "
+            f"rows, {train_rows} train), {comm.size} rank(s), batch {config.batch_size}, {total_steps} steps "
+            f"({config.epochs} epoch(s) of {steps_per_epoch}), dtype {config.dtype}")
+    run.say(f"  strategy {strategy.name}: {strategy.describe()}")
+    run.say(f"  optimizers: linear {config.linear_optimizer_spec()}; embedding {config.embedding_optimizer}; "
+            f"dense {config.dense_optimizer}")
+    run.say(describe_config(config))
+    if manifest is not None:
+        run.say(f"  resumed from {config.resume} at step {strategy.step_count} (epoch {manifest['epoch']}, batch "
+                f"{manifest['next_batch']}), written by {manifest['ranks']} rank(s)")
+    if run.talks:
+        print(describe_placement(strategy.placement, distinct, store.field_names, _empty_table(strategy)), flush=True)
+    run.say(f"  run folder: {folder}")
+    return run
+
+
+def _empty_table(strategy):
+    """An empty table of the model's row layout (every field's table has the same): it sizes them all."""
+    from des.strategies.components import FieldShard
+
+    return FieldShard([0], strategy.model.blocks(), strategy.context.optimizers, seed=0, dtype=strategy.dtype,
+                      tables=strategy.context.tables).tables[0]
+
+
+def plan_run_folder(config: TrainConfig, comm: Communicator) -> Path:
+    """The run folder's absolute path, checked to be creatable but not created yet: a run that
+    fails during setup (a bad checkpoint, say) leaves nothing behind."""
+    if comm.rank == 0:
+        folder = Path(config.output or f"runs/{config.model}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+        existing = folder
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError(f"output directory {folder} is not writable: {existing} is not a writable directory")
+        name = str(folder)
+    return Path(comm.bcast_json(name if comm.rank == 0 else None, "setup"))
+
+
+def create_run_folder(folder: Path, comm: Communicator) -> None:
+    # Every rank first finishes its set-up (a rank that fails to load its fields aborts the job
+    # here, before rank 0 has created anything).
+    comm.barrier("setup")
+    if comm.rank == 0:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = folder / ".write-test"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError(f"output directory {folder} is not writable: {exc.strerror or exc}") from None
+    comm.barrier("setup")
+
+
+# ---------------------------------------------------------------------------------------------- reporting
+def describe_config(config: TrainConfig) -> str:
+    """The effective config, every option, wrapped (also saved in ``config.json``)."""
+    items = " ".join(f"{k}={v}" for k, v in config.to_dict().items())
+    return textwrap.fill(items, width=110, initial_indent="  config: ", subsequent_indent="          ",
+                         break_long_words=False, break_on_hyphens=False)
+
+
+def describe_placement(placement: list[list[int]], distinct: list[int], names, layout=None) -> str:
+    """Fields, distinct ids and (given one of the tables) estimated table memory of every rank."""
+    lines = []
+    for r, fields in enumerate(placement):
+        # Every field's table has the same row layout, so one table can size all of them.
+        memory = "" if layout is None else \
+            f", tables ~{sum(layout.estimated_bytes(distinct[f]) for f in fields) / 2**20:7.1f} MiB"
+        lines.append(f"  rank {r}: {len(fields):2d} fields, {sum(distinct[f] for f in fields):9d} distinct ids{memory}  "
+                     f"{','.join(names[f] for f in fields)}")
+    return "\n".join(lines)
+
+
+def peak_rss_bytes() -> int:
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _progress(enabled: bool, total: int, initial: int):
+    if not enabled or not user_sees_a_terminal():
+        return None  # in a log file the evaluation lines and the summary say enough
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, file=sys.stderr, leave=True)
+
+
+def user_sees_a_terminal() -> bool:
+    """Is this process's stderr shown on a terminal? Under ``mpirun`` a rank's stderr is a pipe to
+    the launcher, which copies it to *its* stderr: then that one decides (Linux ``/proc``)."""
+    if sys.stderr.isatty():
+        return True
+    import psutil
+
+    try:
+        ancestors = psutil.Process().parents()
+        for i, process in enumerate(ancestors):
+            name = process.name()
+            if name == "hydra_pmi_proxy" and i + 1 < len(ancestors):  # MPICH: proxy, then launcher
+                launcher = ancestors[i + 1]
+            elif name.startswith(("mpiexec", "mpirun", "prterun", "orterun")):
+                launcher = process
+            else:
+                continue
+            return os.readlink(f"/proc/{launcher.pid}/fd/2").startswith(("/dev/pts/", "/dev/tty"))
+    except (OSError, psutil.Error):
+        pass
+    return False
+
+
+def _format_record(record: dict[str, Any]) -> str:
+    text = f"step {record['step']:6d}  train loss {record['train_loss']:.4f}"
+    if "auc" in record:
+        text += f"  val auc {record['auc']:.4f}  val logloss {record['logloss']:.4f}"
+    return text + f"  {record['samples_per_second']:,.0f} samples/s"
+
+
+def _format_summary(s: dict[str, Any]) -> str:
+    def num(value: Any, fmt: str) -> str:
+        return "n/a" if value is None else format(value, fmt)
+
+    phases = "  ".join(f"{k} {v:.1f}" for k, v in s["ms_per_phase"].items())
+    text = (
+        f"done: {s['model']} on {s['ranks']} rank(s), {s['steps']} steps, {s['train_samples']} samples this run\n"
+        f"  test AUC {num(s['test_auc'], '.4f')}  test logloss {num(s['test_logloss'], '.4f')}  "
+        f"({s['test_rows']} rows)\n"
+        f"  {s['samples_per_second']:,.0f} samples/s, {s['bytes_per_step']:,.0f} bytes sent/step/rank, "
+        f"peak RSS {max(s['peak_rss_bytes_per_rank']) / 2**20:,.0f} MiB/rank\n"
+        f"  ms/step: {phases}\n"
+        f"  summary: {s['run_folder']}/summary.json"
+    )
+    if "staleness_mean" in s:
+        text += f"\n  staleness of dense pushes: mean {s['staleness_mean']:.2f}, max {s['staleness_max']}"
+    return text
+
+
+def _versions() -> dict[str, str]:
+    import mpi4py
+    import numba
+    import numpy
+    import tensorflow
+
+    return {"numpy": numpy.__version__, "numba": numba.__version__, "tensorflow": tensorflow.__version__,
+            "mpi4py": mpi4py.__version__}

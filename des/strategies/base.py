@@ -1,0 +1,246 @@
+"""The strategy protocol: what the training loop (:mod:`des.runner`) needs from a way of training,
+and nothing more (``docs/design.md``, section "Strategies").
+
+A strategy is one rank's share of a training job: the state it holds and the step it runs. The
+built-ins are ``des`` (the paper's step: partial sums, one AllReduce), ``alltoall`` (embedding
+exchange, as TorchRec/HugeCTR do it) and ``ps`` (an asynchronous parameter server); each lives in
+its own file and is assembled from the shared components of :mod:`des.strategies.components`
+(a :class:`~des.strategies.components.FieldShard` of tables, a
+:class:`~des.strategies.components.DenseParams`), not from another strategy.
+
+What the runner asks of a strategy:
+
+* ``role`` -- ``"train"`` (runs steps) or ``"serve"`` (answers other ranks, e.g. a ps server: the
+  runner calls :meth:`Strategy.serve` and nothing else);
+* :meth:`reader_options` -- what the batch reader must read on this rank (fields, row shard);
+* :meth:`steps` -- which global batches this rank trains (lock-step: all of them; a ps worker:
+  every W-th);
+* :meth:`train_step` (batch -> mean loss) and :meth:`predict` (batch -> predictions and labels
+  of the whole batch, on every rank of :attr:`evaluators`);
+* :meth:`state` / :meth:`load_state` -- the live state a checkpoint saves and restores;
+* ``phases`` (phase -> category of the paper's Figure 7) and ``traffic_sites`` (the communicator
+  sites of training traffic), read by the summary and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from des.errors import ConfigError
+
+if TYPE_CHECKING:  # the protocol itself loads no TensorFlow
+    from des.collectives import Communicator
+    from des.hashtable import EmbeddingTable
+    from des.models.base import Model
+    from des.options import Optimizers, TableOptions
+    from des.strategies.components import DenseParams
+
+#: The categories of the DES paper's Figure 7; every phase a strategy times maps to one of them.
+CATEGORIES = ("lookup", "partials", "communication", "top", "backward", "update")
+
+
+class PhaseTimer:
+    """Wall seconds per named phase, accumulated over steps. Only declared phases can be timed, so
+    the summary and the breakdown benchmark never meet a phase they cannot place."""
+
+    def __init__(self, phases: Iterable[str]) -> None:
+        self.declared = frozenset(phases)
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.steps = 0
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        if phase not in self.declared:
+            raise KeyError(f"phase {phase!r} is not declared (declared: {', '.join(sorted(self.declared))})")
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - start
+
+    def ms_per_step(self) -> dict[str, float]:
+        steps = max(self.steps, 1)
+        return {phase: 1000.0 * self.seconds[phase] / steps for phase in self.seconds}
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.steps = 0
+
+
+def untimed(phase: str) -> nullcontext:
+    """Stands in for the phase timer outside training steps (evaluation is not timed)."""
+    return nullcontext()
+
+
+@dataclass(frozen=True)
+class StrategyContext:
+    """Everything a strategy is built from (the same for every strategy)."""
+
+    model: "Model"
+    comm: "Communicator"
+    optimizers: "Optimizers"
+    placement: list[list[int]]
+    seed: int = 0
+    dtype: np.dtype = field(default_factory=lambda: np.dtype(np.float32))
+    tables: "TableOptions | None" = None
+    options: Mapping[str, Any] = field(default_factory=dict)  # strategy-specific (e.g. ps_servers)
+
+
+@dataclass
+class ShardState:
+    """The live state of one rank that a checkpoint saves and restores (``des.checkpoint``).
+
+    ``tables`` are this rank's fields (it writes and reads their files); ``dense`` holds the field
+    slices of :attr:`dense_fields` (a rank's own fields, or every field where a strategy replicates
+    them) and the top network. Arrays are the strategy's own, so loading writes into it.
+    """
+
+    model: "Model"
+    dtype: np.dtype
+    seed: int
+    placement: list[list[int]]
+    step: int
+    tables: dict[int, "EmbeddingTable"]
+    dense: "DenseParams"
+
+    @property
+    def fields(self) -> list[int]:
+        return sorted(self.tables)
+
+
+class Strategy(ABC):
+    """One rank of a training job. Subclasses set the class attributes and implement the methods."""
+
+    #: ``--strategy`` value
+    name: ClassVar[str]
+    #: one line for ``--help`` and the start-up report
+    description: ClassVar[str] = ""
+    #: every rank ends every step with the same parameters as one rank would: the public N-vs-1
+    #: checks (``python -m des.check``) apply. An asynchronous strategy validates only at the end.
+    synchronous: ClassVar[bool] = True
+    #: it can write and resume checkpoints
+    checkpoints: ClassVar[bool] = True
+    #: phase -> category (:data:`CATEGORIES`) of the phases :attr:`timer` times on training ranks
+    phases: ClassVar[Mapping[str, str]]
+    #: communicator sites of training traffic (evaluation, set-up and checkpoints use others)
+    traffic_sites: ClassVar[tuple[str, ...]]
+    #: the subset of :attr:`traffic_sites` that are AllReduces (the summary reports them apart)
+    allreduce_sites: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, context: StrategyContext) -> None:
+        self.context = context
+        self.model = context.model
+        self.comm = context.comm
+        self.placement = [list(p) for p in context.placement]
+        self.seed = context.seed
+        self.dtype = np.dtype(context.dtype)
+        self.timer = PhaseTimer(self.phases)
+        self.step_count = 0
+
+    @classmethod
+    def build(cls, model: "Model", comm: "Communicator", placement: Sequence[Sequence[int]],
+              optimizers: "Optimizers", *, seed: int = 0, dtype: Any = np.float32,
+              tables: "TableOptions | None" = None, **options: Any) -> "Strategy":
+        """Shorthand for ``cls(StrategyContext(...))`` (tests, notebooks, one-process use)."""
+        return cls(StrategyContext(model, comm, optimizers, [list(p) for p in placement], seed, np.dtype(dtype),
+                                   tables, options))
+
+    # ------------------------------------------------------------------ placement and roles
+    @classmethod
+    def place(cls, num_fields: int, ranks: int, policy: str, distinct: Sequence[int],
+              options: Mapping[str, Any]) -> list[list[int]]:
+        """Fields of every rank (default: every rank owns fields, by ``--placement``)."""
+        from des.placement import place_fields
+
+        return place_fields(num_fields, ranks, policy, distinct)
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """Refuse options this strategy cannot honour (one-line :class:`ConfigError`)."""
+        if not cls.checkpoints:
+            for flag in ("resume", "checkpoint_every"):
+                if options.get(flag):
+                    raise ConfigError(f"--{flag.replace('_', '-')} is not supported with --strategy {cls.name} "
+                                      "(it writes no checkpoints)")
+        if not cls.synchronous and options.get("eval_every"):
+            raise ConfigError(f"--eval-every is not supported with --strategy {cls.name} "
+                              "(an asynchronous strategy validates once, at the end)")
+
+    @property
+    def role(self) -> str:
+        """``"train"`` or ``"serve"``."""
+        return "train"
+
+    @property
+    def evaluators(self) -> list[int]:
+        """Ranks that take part in :meth:`predict` (all of them for a synchronous strategy)."""
+        return list(range(self.comm.size))
+
+    @property
+    def counts_samples(self) -> bool:
+        """Does this rank's training count toward throughput? A lock-step strategy: rank 0 alone
+        (every rank steps through the same global batches)."""
+        return self.comm.rank == 0
+
+    @property
+    @abstractmethod
+    def fields(self) -> list[int]:
+        """The fields whose tables this rank owns."""
+
+    # ------------------------------------------------------------------ the loop's interface
+    @abstractmethod
+    def reader_options(self) -> dict[str, Any]:
+        """Keyword arguments of :class:`des.data.batch_reader.BatchReader` for this rank."""
+
+    def steps(self, start: int, stop: int) -> range:
+        """Global batch numbers this rank trains, from ``start`` (the next untrained) to ``stop``."""
+        return range(start, stop)
+
+    @abstractmethod
+    def train_step(self, batch: Any) -> float:
+        """One training step on global batch ``batch``; returns its mean logloss."""
+
+    @abstractmethod
+    def predict(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Click probabilities and labels of the whole global batch (ids not in the tables are
+        looked up without being inserted); on every rank of :attr:`evaluators`."""
+
+    def end_training(self) -> None:
+        """Called on training ranks after their last step, before the final evaluation."""
+
+    def close(self) -> None:
+        """Called on training ranks when the job is done with this strategy (after evaluation)."""
+
+    def serve(self) -> None:
+        """Run a serving rank until the training ranks are done (``role == "serve"`` only)."""
+        raise NotImplementedError(f"strategy {self.name} has no serving ranks")
+
+    # ------------------------------------------------------------------ state
+    @abstractmethod
+    def state(self) -> ShardState:
+        """The live state a checkpoint writes (and :meth:`load_state` reads back into)."""
+
+    def load_state(self, state: ShardState) -> None:
+        """Adopt a state filled by :func:`des.checkpoint.load_checkpoint`."""
+        self.step_count = state.step
+
+    # ------------------------------------------------------------------ reporting
+    def describe(self) -> str:
+        """One line of the start-up report."""
+        return self.description
+
+    def summary(self) -> dict[str, Any]:
+        """Strategy-specific entries of ``summary.json`` (collective: every rank calls it)."""
+        return {}
+
+    @abstractmethod
+    def memory(self) -> dict[str, int]:
+        """``rows``, ``table_bytes`` and ``dense_bytes`` held by this rank."""

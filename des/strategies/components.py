@@ -1,0 +1,230 @@
+"""The pieces strategies are assembled from (composition, not inheritance):
+
+* :class:`FieldShard` -- one rank's tables (its fields), lookup + gather + pooling of a batch,
+  serving rows by key, and the sparse optimizers on the touched rows;
+* :class:`RowLayout` -- all value blocks of a row side by side (``[u, Σ dim]``), for strategies that
+  move rows: pooling fetched rows per sample and summing row gradients per unique id;
+* :class:`DenseParams` -- the field slices of substituted weights (a rank's own fields, or all of
+  them where a strategy replicates them) and the top network, their dense optimizers, ``l2_dense``
+  added exactly once, flattening for transport and a checksum.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from des.hashtable import BlockSpec, DenseOptimizerState, EmbeddingTable, Initializer
+from des.models.base import EmbeddingBlock, Model
+from des.options import Optimizers, TableOptions
+from des.pooling import pool, unpool
+from des.substitutions.base import draw_param
+
+
+class FieldShard:
+    """The hash tables of the fields one rank owns, one value block per model block."""
+
+    def __init__(self, fields: Sequence[int], blocks: Sequence[EmbeddingBlock], optimizers: Optimizers, *,
+                 seed: int, dtype: np.dtype, tables: TableOptions | None = None) -> None:
+        tables = tables or TableOptions()
+        missing = [b.name for b in blocks if b.name not in optimizers.sparse]
+        if missing:
+            raise ValueError(f"no sparse optimizer for block(s) {missing}")
+        self.fields = sorted(int(f) for f in fields)
+        self.blocks = list(blocks)
+        self.dtype = np.dtype(dtype)
+        specs = [BlockSpec(b.name, b.dim, optimizers.sparse[b.name], Initializer(b.init, b.scale)) for b in blocks]
+        self.tables: dict[int, EmbeddingTable] = {
+            f: EmbeddingTable(f, specs, seed=seed, dtype=self.dtype, capacity=tables.capacity,
+                              min_count=tables.min_count, unadmitted=tables.unadmitted)
+            for f in self.fields
+        }
+
+    # -- the owner's side of a batch (DES: every rank pools its own fields of the whole batch) --------------
+    def pooled(self, batch: Any, *, train: bool, step: int) -> tuple[list[np.ndarray], list[tuple]]:
+        """Per block, the pooled embeddings ``[B, F_i, dim]`` of this shard's fields, and what
+        :meth:`apply_pooled_gradients` needs to route gradients back to the rows."""
+        size = len(batch.labels)
+        pooled = [np.zeros((size, len(self.fields), b.dim), dtype=self.dtype) for b in self.blocks]
+        touched = []
+        for j, field in enumerate(self.fields):
+            ids = batch.fields[field]
+            table = self.tables[field]
+            rows = table.lookup(ids.keys, insert=train, step=step)
+            for k, block in enumerate(self.blocks):
+                pool(table.gather(block.name, ids.keys, rows), ids.offsets, ids.weights, pooled[k][:, j, :])
+            touched.append((table, rows, ids.offsets, ids.weights))
+        return pooled, touched
+
+    def apply_pooled_gradients(self, pooled_grads: Sequence[np.ndarray], touched: list[tuple], step: int) -> None:
+        """Un-pool ``[B, F_i, dim]`` gradients to the ids and run the sparse optimizers (the table
+        sums the gradients of an id that occurs several times)."""
+        for k, block in enumerate(self.blocks):
+            grads = np.asarray(pooled_grads[k])
+            for j, (table, rows, offsets, weights) in enumerate(touched):
+                table.apply_gradients(block.name, rows, unpool(grads[:, j, :], offsets, weights), step)
+
+    # -- serving rows by key (strategies that move rows) -------------------------------------------------
+    def rows(self, field: int, keys: np.ndarray, *, insert: bool, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """Table rows of ``keys`` and their values, all blocks side by side: ``[n, Σ dim]``."""
+        table = self.tables[field]
+        rows = table.lookup(keys, insert=insert, step=step)
+        values = np.concatenate([table.gather(b.name, keys, rows) for b in self.blocks], axis=1)
+        return rows, values
+
+    def apply_row_gradients(self, field: int, rows: np.ndarray, grads: np.ndarray, step: int) -> None:
+        """Sparse optimizers on ``rows`` of ``field`` with gradients ``[n, Σ dim]``."""
+        column = 0
+        for block in self.blocks:
+            self.tables[field].apply_gradients(block.name, rows,
+                                               np.ascontiguousarray(grads[:, column : column + block.dim]), step)
+            column += block.dim
+
+    def memory(self) -> dict[str, int]:
+        return {"rows": sum(len(t) for t in self.tables.values()),
+                "table_bytes": sum(int(t.memory()["bytes"]) for t in self.tables.values())}
+
+
+class RowLayout:
+    """All value blocks of a row side by side, as rows travel between ranks."""
+
+    def __init__(self, blocks: Sequence[EmbeddingBlock], num_fields: int, dtype: np.dtype) -> None:
+        self.blocks = list(blocks)
+        self.width = int(sum(b.dim for b in blocks))
+        self.num_fields = num_fields
+        self.dtype = np.dtype(dtype)
+
+    def empty_pooled(self, size: int) -> list[np.ndarray]:
+        """Per block, zeros ``[size, F, dim]`` for all fields."""
+        return [np.zeros((size, self.num_fields, b.dim), dtype=self.dtype) for b in self.blocks]
+
+    def pool(self, ids: Any, field: int, unique_values: np.ndarray, inverse: np.ndarray,
+             pooled: list[np.ndarray]) -> None:
+        """Pool one field's rows (``unique_values [u, width]``, ``inverse``: id -> unique) per sample."""
+        column = 0
+        for k, block in enumerate(self.blocks):
+            pool(unique_values[inverse, column : column + block.dim], ids.offsets, ids.weights, pooled[k][:, field, :])
+            column += block.dim
+
+    def sum_gradients(self, ids: Any, field: int, inverse: np.ndarray, num_unique: int,
+                      pooled_grads: Sequence[np.ndarray]) -> np.ndarray:
+        """Gradient sum per unique id of one field: ``[u, width]``."""
+        summed = np.zeros((num_unique, self.width), dtype=self.dtype)
+        column = 0
+        for k, block in enumerate(self.blocks):
+            np.add.at(summed[:, column : column + block.dim], inverse,
+                      unpool(pooled_grads[k][:, field, :], ids.offsets, ids.weights))
+            column += block.dim
+        return summed
+
+
+class DenseParams:
+    """Dense weights and their optimizer states.
+
+    Field parameters of substitution ``i`` are named ``"{i}:{substitution}:{param}"`` (the checkpoint
+    names) and held as ``[len(fields), *slice]``, one optimizer state per (weight, field): the dense
+    optimizers are elementwise, so a state per slice is the same math as one for the whole weight,
+    and a checkpoint re-shards by field. Each slice is drawn from a generator keyed by (seed,
+    substitution, parameter, field) and each top weight by (seed, model, name): never by N.
+    """
+
+    def __init__(self, model: Model, fields: Sequence[int], optimizers: Optimizers, *, seed: int,
+                 dtype: np.dtype) -> None:
+        self.fields = [int(f) for f in fields]
+        self.dtype = np.dtype(dtype)
+        self.l2 = float(model.l2_dense)
+        self._position = {f: j for j, f in enumerate(self.fields)}
+        self.field_params: dict[str, np.ndarray] = {}
+        for i, sub in enumerate(model.substitutions()):
+            for pname, value in sub.init_field_params(seed, self.fields, self.dtype).items():
+                self.field_params[f"{i}:{sub.name}:{pname}"] = value
+        self.field_states = {
+            (name, f): DenseOptimizerState(optimizers.dense, value.shape[1:], self.dtype)
+            for name, value in self.field_params.items() for f in self.fields
+        }
+        self.top_params: dict[str, np.ndarray] = {
+            name: draw_param(spec, seed, model.name, "top", name).astype(self.dtype)
+            for name, spec in model.top_params().items()
+        }
+        self.top_states = {name: DenseOptimizerState(optimizers.dense, v.shape, self.dtype)
+                           for name, v in self.top_params.items()}
+        self.regularized_top = set(model.regularized_params())
+
+    def index(self, field: int) -> int:
+        """Position of ``field``'s slice in the leading axis of the field parameters."""
+        return self._position[field]
+
+    def substitution_params(self, i: int, sub_name: str, values: Sequence[Any]) -> dict[str, Any]:
+        """Substitution ``i``'s field parameters by their own names, from ``values`` in
+        :attr:`field_params` order (arrays or tensors)."""
+        prefix = f"{i}:{sub_name}:"
+        return {k[len(prefix):]: v for k, v in zip(self.field_params, values) if k.startswith(prefix)}
+
+    # -- updates -------------------------------------------------------------------------------------
+    def apply(self, field_grads: Sequence[np.ndarray], top_grads: Sequence[np.ndarray]) -> None:
+        """One dense optimizer step; ``l2_dense`` (on every field weight and the top kernels) is
+        added here and nowhere else."""
+        for (name, value), grad in zip(self.field_params.items(), field_grads):
+            grad = np.asarray(grad)
+            if self.l2:
+                grad = grad + 2.0 * self.l2 * value
+            for j, f in enumerate(self.fields):
+                self.field_states[(name, f)].apply(value[j], np.ascontiguousarray(grad[j]))
+        for (name, value), grad in zip(self.top_params.items(), top_grads):
+            grad = np.asarray(grad)
+            if self.l2 and name in self.regularized_top:
+                grad = grad + 2.0 * self.l2 * value
+            self.top_states[name].apply(value, np.ascontiguousarray(grad))
+
+    # -- transport -----------------------------------------------------------------------------------
+    def _arrays(self) -> list[np.ndarray]:
+        return [*self.field_params.values(), *self.top_params.values()]
+
+    @property
+    def size(self) -> int:
+        return int(sum(a.size for a in self._arrays()))
+
+    def flat(self) -> np.ndarray:
+        """Every weight, field parameters first, in one vector."""
+        return np.concatenate([a.reshape(-1) for a in self._arrays()]) if self._arrays() else np.zeros(0, self.dtype)
+
+    def set_flat(self, flat: np.ndarray) -> None:
+        for value, part in zip(self._arrays(), self.split(flat)):
+            value[...] = part
+
+    def split(self, flat: np.ndarray) -> list[np.ndarray]:
+        """A vector in :meth:`flat` order -> one array per weight (views)."""
+        out, offset = [], 0
+        for value in self._arrays():
+            out.append(flat[offset : offset + value.size].reshape(value.shape))
+            offset += value.size
+        return out
+
+    def split_top(self, flat: np.ndarray) -> list[np.ndarray]:
+        """A vector of the top weights only (in :attr:`top_params` order) -> one array per weight."""
+        out, offset = [], 0
+        for value in self.top_params.values():
+            out.append(flat[offset : offset + value.size].reshape(value.shape))
+            offset += value.size
+        return out
+
+    def apply_flat(self, flat: np.ndarray) -> None:
+        """:meth:`apply` with gradients in :meth:`flat` order."""
+        parts = self.split(flat)
+        self.apply(parts[: len(self.field_params)], parts[len(self.field_params):])
+
+    # -- reporting -----------------------------------------------------------------------------------
+    def top_checksum(self) -> str:
+        """sha256 of the top parameters (a replicated top is equal on every rank, bit for bit)."""
+        digest = hashlib.sha256()
+        for name, value in self.top_params.items():
+            digest.update(name.encode())
+            digest.update(np.ascontiguousarray(value).tobytes())
+        return digest.hexdigest()
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(a.nbytes for a in self._arrays()))

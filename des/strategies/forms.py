@@ -1,0 +1,148 @@
+"""A model's two forms in TF, as the strategies run them. No state (the weights are a
+:class:`~des.strategies.components.DenseParams`), no communication.
+
+* :class:`ModelSplitForm` -- DES: each substitution's ``local`` on a rank's fields, packed into one
+  buffer; ``combine`` + the top network + the loss on the reduced buffer; the local backward;
+* :class:`ModelReferenceForm` -- strategies that move embeddings: each substitution's
+  ``reference`` on all fields, the top network and the loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from des.errors import ConfigError
+from des.strategies.components import DenseParams
+
+
+class _ModelForm:
+    def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype) -> None:
+        self.model = model
+        self.dense = dense
+        self.tf_dtype = tf.as_dtype(dtype)
+        self.blocks = [b.name for b in model.blocks()]
+        self.substitutions = model.substitutions()
+
+
+class ModelSplitForm(_ModelForm):
+    """The split form (DES): local partials into one buffer ``[B, P]``, the combine + top network
+    on the reduced buffer, and the local backward."""
+
+    def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype) -> None:
+        super().__init__(model, dense, dtype)
+        for sub in self.substitutions:
+            if sub.block not in self.blocks:
+                raise ValueError(f"substitution {sub.name} reads block {sub.block!r}, not declared by {model.name}")
+            if sub.collective != "allreduce":
+                raise ConfigError(f"substitution {sub.name} asks for collective {sub.collective!r}; "
+                                  "only 'allreduce' is supported")
+        # Buffer layout: substitution s owns columns [start_s, start_s + width_s).
+        widths = [s.width for s in self.substitutions]
+        self.starts = np.concatenate([[0], np.cumsum(widths)]).astype(int).tolist()
+        self.width = int(self.starts[-1])
+        self._build_split()
+
+    def _partials(self, pooled: Sequence[tf.Tensor], params: Sequence[tf.Tensor]) -> tf.Tensor:
+        by_block = dict(zip(self.blocks, pooled))
+        parts = [sub.local(by_block[sub.block], self.dense.substitution_params(i, sub.name, params))
+                 for i, sub in enumerate(self.substitutions)]
+        return tf.concat(parts, axis=1)
+
+    def _logits(self, buffer: tf.Tensor, top: Sequence[tf.Tensor]) -> tf.Tensor:
+        outputs = [sub.combine(buffer[:, self.starts[i] : self.starts[i + 1]])
+                   for i, sub in enumerate(self.substitutions)]
+        return self.model.top(dict(zip(self.dense.top_params, top)), outputs)
+
+    def _build_split(self) -> None:
+        model = self.model
+
+        @tf.function(reduce_retracing=True)
+        def partials(pooled, params):
+            return self._partials(pooled, params)
+
+        @tf.function(reduce_retracing=True)
+        def local_backward(pooled, params, buffer_grad):
+            with tf.GradientTape() as tape:
+                tape.watch([pooled, params])
+                out = self._partials(pooled, params)
+                # l2 on the looked-up embeddings (per sample, batch mean) belongs to their owner
+                reg = tf.zeros([], self.tf_dtype)
+                if model.l2_embedding:
+                    batch = tf.cast(tf.shape(pooled[0])[0], self.tf_dtype)
+                    reg += model.l2_embedding * tf.add_n([tf.reduce_sum(tf.square(p)) for p in pooled]) / batch
+            return tape.gradient([out, reg], [pooled, params], output_gradients=[buffer_grad, tf.ones_like(reg)],
+                                 unconnected_gradients=tf.UnconnectedGradients.ZERO)
+
+        @tf.function(reduce_retracing=True)
+        def top_train(buffer, labels, top, global_size):
+            with tf.GradientTape() as tape:
+                tape.watch([buffer, top])
+                logits = self._logits(buffer, top)
+                # these rows' share of the global batch's mean loss (all of it when they are the batch)
+                loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)) / global_size
+            buffer_grad, top_grads = tape.gradient(loss, [buffer, top],
+                                                   unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            return loss, buffer_grad, top_grads
+
+        @tf.function(reduce_retracing=True)
+        def top_predict(buffer, top):
+            return tf.sigmoid(self._logits(buffer, top))
+
+        self.partials, self.local_backward, self.top_train, self.top_predict = (
+            partials, local_backward, top_train, top_predict)
+
+
+class ModelReferenceForm(_ModelForm):
+    """The reference form (``alltoall``, ``ps``: the embeddings are brought to the rows): every
+    substitution's ``reference`` on all fields, the top network and the loss, forward and backward
+    in one ``tf.function``."""
+
+    def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype) -> None:
+        super().__init__(model, dense, dtype)
+        self._build_reference()
+
+    def _logits(self, pooled: Sequence[tf.Tensor], field_params: Sequence[tf.Tensor],
+                top: Sequence[tf.Tensor]) -> tf.Tensor:
+        by_block = dict(zip(self.blocks, pooled))
+        outputs = [sub.reference(by_block[sub.block], self.dense.substitution_params(i, sub.name, field_params))
+                   for i, sub in enumerate(self.substitutions)]
+        return self.model.top(dict(zip(self.dense.top_params, top)), outputs)
+
+    def _build_reference(self) -> None:
+        model = self.model
+
+        @tf.function(reduce_retracing=True)
+        def train(pooled, field_params, top, labels, global_size):
+            with tf.GradientTape() as tape:
+                tape.watch([pooled, field_params, top])
+                logits = self._logits(pooled, field_params, top)
+                # These rows' share of the global mean loss: Σ_local l_i / B.
+                loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)) / global_size
+                if model.l2_embedding:
+                    loss += model.l2_embedding * tf.add_n([tf.reduce_sum(tf.square(p)) for p in pooled]) / global_size
+            return loss, tape.gradient(loss, [pooled, field_params, top],
+                                       unconnected_gradients=tf.UnconnectedGradients.ZERO)
+
+        @tf.function(reduce_retracing=True)
+        def predict(pooled, field_params, top):
+            return tf.sigmoid(self._logits(pooled, field_params, top))
+
+        self._train, self._predict = train, predict
+
+    def train(self, pooled: list[np.ndarray], labels: np.ndarray, global_size: int
+              ) -> tuple[float, list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+        """Loss (this part's share of the global mean), per-block pooled gradients, field-weight
+        gradients and top gradients (``l2_dense`` not included: :class:`DenseParams` adds it)."""
+        loss, (pooled_grads, field_grads, top_grads) = self._train(
+            pooled, list(self.dense.field_params.values()), list(self.dense.top_params.values()),
+            np.asarray(labels, dtype=self.tf_dtype.as_numpy_dtype), tf.constant(global_size, self.tf_dtype))
+        as_numpy = lambda tensors: [t.numpy() for t in tensors]  # noqa: E731
+        return float(loss), as_numpy(pooled_grads), as_numpy(field_grads), as_numpy(top_grads)
+
+    def predict(self, pooled: list[np.ndarray]) -> np.ndarray:
+        return self._predict(pooled, list(self.dense.field_params.values()),
+                             list(self.dense.top_params.values())).numpy()

@@ -1,0 +1,134 @@
+"""The public conformance harnesses a third party runs on their own model or strategy:
+``check_model`` (declarations, in-process) and ``python -m des.check`` (N ranks train what 1 rank
+trains), which must pass a model defined outside the package and fail a strategy that depends on N."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+from des.models import EmbeddingBlock, Model, check_model, default_models
+from des.models.conformance import ModelConformanceError
+from des.substitutions import FirstOrderLinear, Substitution
+from tests.conftest import REPO, criteo_head, run_mpi
+
+EXAMPLE = REPO / "examples" / "field_weighted_lr.py"
+
+
+@pytest.mark.parametrize("cls", default_models(), ids=lambda c: c.name)
+def test_check_model_passes_the_built_in_models(cls) -> None:
+    report = check_model(cls)
+    assert report.name == cls.name and report.buffer_width > 0
+
+
+def test_check_model_passes_the_example_plugin() -> None:
+    from des.models import get_model
+    from des.plugins import load_plugins
+
+    load_plugins(str(EXAMPLE))
+    assert "field_weighted_linear" in str(check_model(get_model("fwlr")))
+
+
+class _Base(Model):
+    name = "broken"
+
+    def blocks(self):
+        return [EmbeddingBlock("linear", 1, init="zeros")]
+
+    def substitutions(self):
+        return [FirstOrderLinear(self.num_fields)]
+
+    def top(self, params: Mapping[str, tf.Tensor], outputs: Sequence[tf.Tensor]) -> tf.Tensor:
+        return outputs[0][:, 0] + params["bias"][0]
+
+
+class _WideLogits(_Base):
+    def top(self, params, outputs):
+        return outputs[0] + params["bias"][0]  # [B, 1], not [B]
+
+
+class _WrongBlock(_Base):
+    def blocks(self):
+        return [EmbeddingBlock("embedding", 4)]
+
+
+class _Unregistered(FirstOrderLinear):
+    name = "not_in_the_registry"
+
+
+class _UsesUnregistered(_Base):
+    def substitutions(self):
+        return [_Unregistered(self.num_fields)]
+
+
+class _IgnoresOutput(_Base):
+    def top(self, params, outputs):
+        return tf.zeros_like(outputs[0][:, 0]) + params["bias"][0]
+
+
+class _BatchNormalised(_Base):
+    def top(self, params, outputs):  # depends on the other rows of the batch: not row-wise
+        x = outputs[0][:, 0]
+        return x - tf.reduce_mean(x) + params["bias"][0]
+
+
+@pytest.mark.parametrize(("cls", "message"), [
+    (_BatchNormalised, "top\\(\\) is not row-wise"),
+    (_WideLogits, r"logits of shape \(5, 1\), expected \(5,\)"),
+    (_WrongBlock, "reads block 'linear' of dim 1, but the model declares"),
+    (_UsesUnregistered, "'not_in_the_registry' .* is not registered"),
+    (_IgnoresOutput, "top\\(\\) ignores the output of linear"),
+])
+def test_check_model_names_what_is_wrong(cls, message: str) -> None:
+    with pytest.raises(ModelConformanceError, match=message):
+        check_model(cls)
+
+
+def test_check_model_refuses_what_is_not_a_model() -> None:
+    with pytest.raises(ModelConformanceError, match="is not a des.models.Model subclass"):
+        check_model(Substitution)
+
+
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory) -> Path:
+    from des.data import prepare
+
+    root = tmp_path_factory.mktemp("check-data")
+    return prepare(criteo_head(root / "head.tsv", 1200), root / "store", split=(0.9, 0.1, 0.0), seed=1).path
+
+
+@pytest.mark.mpi
+def test_a_plugin_model_passes_under_every_synchronous_strategy(small_data: Path) -> None:
+    proc = run_mpi(1, ["-m", "des.check", "--model", "fwlr", "--plugins", str(EXAMPLE), "--strategy",
+                       "des,alltoall,ps", "--ranks", "1,2", "--steps", "4", "--data", str(small_data)], timeout=400)
+    assert "des.check: ok" in proc.stdout, proc.stdout
+    for strategy in ("des", "alltoall"):
+        assert f"fwlr {strategy} 2 ranks vs {strategy} on 1 rank, float64: max relative difference" in proc.stdout
+    # ps is asynchronous: the harness says what it checks instead, and checks it
+    assert "ps is asynchronous, so N ranks are not expected to match 1 rank" in proc.stdout
+    assert "fwlr ps 2 ranks vs des on 1 rank, float64: max relative difference" in proc.stdout
+
+
+@pytest.mark.mpi
+def test_a_strategy_whose_initialization_depends_on_n_fails(small_data: Path) -> None:
+    plugin = REPO / "tests" / "plugins" / "n_dependent_strategy.py"
+    proc = run_mpi(1, ["-m", "des.check", "--model", "wdl", "--plugins", str(plugin), "--strategy", "des_seeded_by_n",
+                       "--ranks", "2", "--steps", "3", "--data", str(small_data), "--embedding-dim", "2",
+                       "--hidden", "4,2"], timeout=400, check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    failures = [line for line in proc.stdout.splitlines() if line.startswith("des.check: FAIL wdl des_seeded_by_n 2 ranks")]
+    assert any("first_fc:kernel__value differs" in line for line in failures), proc.stdout
+    assert any(line.endswith("predictions differs by " + line.split("differs by ")[-1]) for line in failures
+               if "predictions" in line), proc.stdout
+    assert proc.stdout.strip().endswith("des.check: FAILED")
+
+
+def test_a_failing_job_is_reported_in_one_line(small_data: Path) -> None:
+    from des.check import Case, CheckFailed, check
+
+    # an unknown model fails inside the job: the harness names it, no traceback
+    with pytest.raises(CheckFailed, match="1 rank\\(s\\): the training job failed: .*unknown model 'nope'"):
+        check([Case("nope", "des", str(small_data))], (2,), steps=1, timeout=200)
