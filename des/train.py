@@ -30,6 +30,7 @@ from des import runtime  # noqa: F401  (quiets TensorFlow before it is imported)
 from des.collectives import Communicator, run_main
 from des.config import MODELS, TrainConfig, load_config
 from des.errors import ConfigError, DesError
+from des.tensorboard import learning_rates
 
 
 def build_model(config: TrainConfig, num_fields: int):
@@ -181,9 +182,12 @@ def peak_rss_bytes() -> int:
 class Log:
     """Rank 0 talks; the others stay quiet."""
 
-    def __init__(self, comm: Communicator, folder: Path) -> None:
+    def __init__(self, comm: Communicator, folder: Path, constants: dict[str, float] | None = None) -> None:
+        from des.tensorboard import ScalarWriter
+
         self.active = comm.rank == 0
         self.metrics_path = folder / "metrics.jsonl"
+        self.tensorboard = ScalarWriter(folder, self.active, constants)  # the same records, as TB scalars
 
     def say(self, text: str) -> None:
         if self.active:
@@ -193,6 +197,14 @@ class Log:
         if self.active:
             with open(self.metrics_path, "a") as fh:
                 fh.write(json.dumps(record) + "\n")
+        self.tensorboard.scalars(record["step"], record)
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        """The end-of-run scalars (test metrics, bytes per step per site) to TensorBoard."""
+        from des.tensorboard import summary_scalars
+
+        self.tensorboard.scalars(summary["steps"], summary_scalars(summary))
+        self.tensorboard.close()
 
 
 def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
@@ -227,7 +239,7 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
         model, comm, placement, optimizers, seed=config.seed, dtype=np.dtype(config.dtype),
         tables=TableOptions(config.table_capacity, config.min_count, config.unadmitted),
     )
-    log = Log(comm, folder)
+    log = Log(comm, folder, learning_rates(optimizers))
     # What fixes the order of the batches: a checkpoint's (epoch, next batch) only means the same
     # position in a run with the same data, batch size, seed and drop-last.
     data_order = {"data_fingerprint": data_fingerprint(store), "batch_size": config.batch_size,
@@ -242,6 +254,7 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
     log.say(f"des.train: {model.name} with strategy {config.strategy} on {store.path.name} ({store.num_rows} rows, {train_rows} train), "
             f"{comm.size} rank(s), batch {config.batch_size}, {config.epochs} epoch(s), dtype {config.dtype}, "
             f"buffer {engine.buffer_width} floats/sample")
+    log.say(runtime.describe_hosts(comm))
     log.say(f"  optimizers: linear {config.linear_optimizer_spec()}; embedding {config.embedding_optimizer}; "
             f"dense {config.dense_optimizer}")
     log.say(describe_config(config))
@@ -353,6 +366,7 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
     }
     if comm.rank == 0:
         (folder / "summary.json").write_text(json.dumps(summary, indent=1))
+    log.summary(summary)
     log.say(_format_summary(summary))
     return summary
 
@@ -362,7 +376,7 @@ def train_parameter_server(config: TrainConfig, comm: Communicator, store, model
     """``--strategy ps``: the asynchronous baseline (see :mod:`des.strategies.ps`)."""
     from des.strategies.ps import ps_placement, run_parameter_server
 
-    log = Log(comm, folder)
+    log = Log(comm, folder, learning_rates(optimizers))
     total_steps = config.epochs * steps_per_epoch if config.epochs else config.max_steps
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
@@ -372,6 +386,7 @@ def train_parameter_server(config: TrainConfig, comm: Communicator, store, model
     log.say(f"des.train: {model.name} with strategy ps on {store.path.name}, {comm.size} rank(s) "
             f"({config.ps_servers} server(s), {comm.size - config.ps_servers} asynchronous worker(s)), "
             f"batch {config.batch_size}, {total_steps} batches, dtype {config.dtype}")
+    log.say(runtime.describe_hosts(comm))
     log.say(describe_config(config))
     log.say(describe_placement(placement, distinct, store.field_names))
     log.say(f"  run folder: {folder}")
@@ -391,6 +406,7 @@ def train_parameter_server(config: TrainConfig, comm: Communicator, store, model
                  **({"auc": validation["auc"], "logloss": validation["logloss"]} if validation else {})})
     if comm.rank == 0:
         (folder / "summary.json").write_text(json.dumps(summary, indent=1))
+    log.summary(summary)
     log.say(_format_summary(summary) + f"\n  staleness of dense pushes: mean {summary['staleness_mean']:.2f}, "
             f"max {summary['staleness_max']}")
     return summary
