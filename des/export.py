@@ -106,31 +106,41 @@ class CriteoKeys:
         self.thresholds = tf.constant(integer_token_thresholds())
         self.hex_digits = tf.constant(_hex_digit_table(), tf.int64)
 
-    def integer(self, field: int, values: Any) -> Any:
-        """Keys of an int64 column (``MISSING_INT`` = missing)."""
+    def integer(self, fields: list[int], values: Any) -> Any:
+        """Keys ``[B, n]`` of int64 columns ``[B, n]`` of fields ``fields`` (``MISSING_INT`` = missing)."""
         import tensorflow as tf
 
-        large = 1 + tf.searchsorted(self.thresholds, values, side="right", out_type=tf.int64)
+        flat = tf.reshape(values, [1, -1])  # searchsorted wants one row of values per sequence
+        large = 1 + tf.reshape(tf.searchsorted(self.thresholds[None, :], flat, side="right", out_type=tf.int64),
+                               tf.shape(values))
         token = tf.where(values <= 2, values, large)
         u = tf.clip_by_value(token, self.token_min, self.token_max) + self.offset
         u = tf.where(values == MISSING_INT, tf.constant(self.missing, tf.int64), u)
-        return tf.bitwise.bitwise_or(tf.constant((field + 1) << self.shift, tf.int64), u)
+        return tf.bitwise.bitwise_or(self._field_bits(fields), u)
 
-    def categorical(self, field: int, name: str, values: Any) -> Any:
-        """Keys of a hex-string column (``""`` = missing); any other value than 8 hex digits fails."""
+    def categorical(self, fields: list[int], names: list[str], values: Any) -> Any:
+        """Keys ``[B, n]`` of hex-string columns ``[B, n]`` (``""`` = missing); a value other than 8
+        hex digits fails with an error naming its column."""
         import tensorflow as tf
 
         length = tf.strings.length(values)
-        digits = tf.gather(self.hex_digits, tf.cast(tf.io.decode_raw(values, tf.uint8, fixed_length=8), tf.int32))
-        valid = tf.logical_or(length == 0, tf.logical_and(length == 8, tf.reduce_all(digits >= 0, axis=1)))
-        check = tf.debugging.assert_equal(
-            valid, tf.ones_like(valid),
-            message=f"column {name}: every value must be 8 hex digits or empty (missing)")
+        raw = tf.io.decode_raw(tf.reshape(values, [-1]), tf.uint8, fixed_length=8)  # [B * n, 8], zero-padded
+        digits = tf.reshape(tf.gather(self.hex_digits, tf.cast(raw, tf.int32)), tf.concat([tf.shape(values), [8]], 0))
+        valid = tf.logical_or(length == 0, tf.logical_and(length == 8, tf.reduce_all(digits >= 0, axis=2)))
+        first_bad = tf.where(tf.logical_not(valid))[:1]  # [row, column] of the first bad value, if any
+        check = tf.debugging.Assert(tf.reduce_all(valid), [
+            "request column", tf.gather(tf.constant(names), first_bad[:, 1]),
+            "has a value that is not 8 hex digits or empty (missing):", tf.gather_nd(values, first_bad)])
         with tf.control_dependencies([check]):
             powers = tf.constant([16**i for i in range(7, -1, -1)], tf.int64)
-            u = tf.reduce_sum(tf.maximum(digits, 0) * powers, axis=1)
+            u = tf.reduce_sum(tf.maximum(digits, 0) * powers, axis=2)
         u = tf.where(length == 0, tf.constant(self.missing, tf.int64), u)
-        return tf.bitwise.bitwise_or(tf.constant((field + 1) << self.shift, tf.int64), u)
+        return tf.bitwise.bitwise_or(self._field_bits(fields), u)
+
+    def _field_bits(self, fields: list[int]) -> Any:
+        import tensorflow as tf
+
+        return tf.constant([(f + 1) << self.shift for f in fields], tf.int64)[None, :]
 
 
 # ---------------------------------------------------------------------------------- initial values
@@ -272,9 +282,9 @@ def build_module(model: Any, state: dict[str, Any]) -> Any:
                                                    for f in range(model.num_fields)], dtype=np.uint64))
                           for b in specs}
 
-        def pooled(self, keys: Any, block: str) -> Any:
-            """``[B, F, dim]`` rows of ``block`` for int64 keys ``[B, F]`` (one id per field)."""
-            rows = self.table.lookup(keys)
+        def pooled(self, keys: Any, rows: Any, block: str) -> Any:
+            """``[B, F, dim]`` values of ``block`` for int64 keys ``[B, F]`` (one id per field) and
+            their table rows (-1: unknown)."""
             dim = specs[block].dim
             flat_rows = tf.reshape(rows, [-1])
             out = tf.gather(self.values[block], tf.maximum(flat_rows, 0))
@@ -292,7 +302,8 @@ def build_module(model: Any, state: dict[str, Any]) -> Any:
             return tf.reshape(out, [tf.shape(keys)[0], model.num_fields, dim])
 
         def probability(self, keys: Any) -> Any:
-            pooled = {b: self.pooled(keys, b) for b in specs}
+            rows = self.table.lookup(keys)
+            pooled = {b: self.pooled(keys, rows, b) for b in specs}
             outputs = []
             for i, sub in enumerate(substitutions):
                 prefix = f"{i}:{sub.name}:"
@@ -313,8 +324,13 @@ def build_module(model: Any, state: dict[str, Any]) -> Any:
                                             message=f"column {name} has another number of rows than I1")
                   for name, c in zip(FIELD_NAMES, columns)]
         with tf.control_dependencies(checks):
-            keys = tf.stack([keys_op.integer(f, c) if f < NUM_INT_FIELDS else keys_op.categorical(f, FIELD_NAMES[f], c)
-                             for f, c in enumerate(columns)], axis=1)
+            integers = tf.stack(columns[:NUM_INT_FIELDS], axis=1)
+            strings = tf.stack(columns[NUM_INT_FIELDS:], axis=1)
+        # One op sequence for all integer columns and one for all hex columns (fewer ops per request).
+        fields = list(range(len(FIELD_NAMES)))
+        keys = tf.concat([keys_op.integer(fields[:NUM_INT_FIELDS], integers),
+                          keys_op.categorical(fields[NUM_INT_FIELDS:], list(FIELD_NAMES[NUM_INT_FIELDS:]), strings)],
+                         axis=1)
         return {"probability": module.probability(keys)}
 
     # A signature function takes keyword arguments: wrap so each column is its own named input.
