@@ -5,8 +5,9 @@
 The SavedModel's ``serving_default`` signature takes one batch of requests as 39 named 1-D inputs
 of equal length: ``I1`` .. ``I13`` int64 (a missing value is ``-2**63``, ``MISSING_INT``) and ``C1``
 .. ``C26`` strings (8 hex digits in either case, or ``""`` for missing), and returns
-``{"probability": [batch]}`` in the model's dtype (float32 by default). Inside it are, as plain
-TensorFlow ops and variables (loading it needs TensorFlow only, never des):
+``{"probability": [batch]}`` in the model's dtype (float32 by default). (The one integer a request
+cannot carry is -2**63 itself, which training clips like any value below -2**31.) Inside it are,
+as plain TensorFlow ops and variables (loading it needs TensorFlow only, never des):
 
 * the key transform of training (``des/data/keys.py``): ``v if v <= 2 else floor(ln(v)^2)`` for
   integers, done with a table of the exact thresholds of des's own transform so it is bit-exact,
@@ -389,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not args.output.strip():
         raise UsageError("--output must name a folder")
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.Get_size() > 1:  # every rank would write the same folder
+        raise UsageError("des.export runs on one process: start it without mpiexec")
     runtime.configure_threads()
     info = export(args.checkpoint, args.output, force=args.force)
     print(f"exported {info['model']['model']} (step {info['step']}, written by {info['ranks']} rank(s), "

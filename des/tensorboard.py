@@ -1,6 +1,7 @@
-"""TensorBoard scalars of a run, written by rank 0 next to ``metrics.jsonl``.
+"""TensorBoard scalars of a run, written by rank 0 to ``<run folder>/tensorboard`` next to
+``metrics.jsonl`` (with ``tf.summary`` ops: writing them does not need the tensorboard package).
 
-    .venv/bin/tensorboard --logdir runs/          # every run folder's tensorboard/ events
+    .venv/bin/pip install tensorboard && .venv/bin/tensorboard --logdir runs/   # to look at them
 
 Tags: ``train/loss``, ``train/samples_per_second``, ``validation/auc``, ``validation/logloss``,
 ``test/auc``, ``test/logloss``, ``bytes_per_step/<site>`` and ``learning_rate/<group>`` (the
