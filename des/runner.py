@@ -28,6 +28,7 @@ from des import runtime
 from des.collectives import Communicator
 from des.config import MODELS, TrainConfig
 from des.errors import ConfigError, DesError, UsageError
+from des.tensorboard import ScalarWriter, learning_rates, summary_scalars
 
 
 # ---------------------------------------------------------------------------------------------- building
@@ -185,6 +186,7 @@ class Run:
     last_validation: dict[str, Any] | None = None
     checkpoint: Path | None = None
     saved_step: int = -1
+    tensorboard: Any = None  # des.tensorboard.ScalarWriter: the metrics records and the summary as TB scalars
     _reader: Any = None
 
     @property
@@ -218,6 +220,7 @@ class Run:
         if self.talks:
             with open(self.folder / "metrics.jsonl", "a") as fh:
                 fh.write(json.dumps(record) + "\n")
+            self.tensorboard.scalars(step, record)
             (progress.write if progress is not None else self.say)(_format_record(record))
 
     def save(self, epoch: int, next_batch: int) -> None:
@@ -328,6 +331,8 @@ def summarize(run: Run, results: dict[str, Any]) -> dict[str, Any]:
     }
     if comm.rank == 0:
         (run.folder / "summary.json").write_text(json.dumps(summary, indent=1))
+    run.tensorboard.scalars(summary["steps"], summary_scalars(summary))
+    run.tensorboard.close()
     run.say(_format_summary(summary))
     return summary
 
@@ -369,6 +374,8 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     create_run_folder(folder, comm)
     run = Run(config, comm, store, strategy, folder, steps_per_epoch, total_steps, data_order,
               start_step=strategy.step_count)
+    run.tensorboard = ScalarWriter(folder, run.talks, learning_rates(strategy.context.optimizers))
+    hosts = runtime.describe_hosts(comm)  # collective
     if comm.rank == 0:
         (folder / "config.json").write_text(json.dumps({
             "config": config.to_dict(), "ranks": comm.size, "placement": strategy.placement,
@@ -378,6 +385,7 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     run.say(f"des.train: {strategy.model.name} with strategy {strategy.name} on {store.path.name} ({store.num_rows} "
             f"rows, {train_rows} train), {comm.size} rank(s), batch {config.batch_size}, {total_steps} steps "
             f"({config.epochs} epoch(s) of {steps_per_epoch}), dtype {config.dtype}")
+    run.say(hosts)
     run.say(f"  strategy {strategy.name}: {strategy.describe()}")
     run.say(f"  optimizers: linear {config.linear_optimizer_spec()}; embedding {config.embedding_optimizer}; "
             f"dense {config.dense_optimizer}")

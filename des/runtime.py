@@ -39,3 +39,29 @@ def configure_threads(threads: int = 0) -> int:
     except RuntimeError:
         pass  # TF already ran an op in this process (e.g. inside tests); keep its pools
     return intra
+
+
+def describe_hosts(comm) -> str:
+    """``  hosts: 2 (node1: ranks 0-3, node2: ranks 4-7)``: where the ranks run, from
+    ``MPI.Get_processor_name()`` gathered over ``comm`` (collective; fixed-width bytes, no pickle)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    name = MPI.Get_processor_name().encode()[:255]
+    names = comm.allgather(np.frombuffer(name.ljust(256, b"\0"), dtype=np.uint8), "setup")
+    hosts: dict[str, list[int]] = {}
+    for rank, raw in enumerate(names):
+        hosts.setdefault(raw.tobytes().rstrip(b"\0").decode(errors="replace"), []).append(rank)
+    parts = [f"{host}: {len(ranks)} rank(s) {_ranges(ranks)}" for host, ranks in hosts.items()]
+    return f"  hosts: {len(hosts)} ({', '.join(parts)})"
+
+
+def _ranges(ranks: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    spans: list[list[int]] = []
+    for r in ranks:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in spans)

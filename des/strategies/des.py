@@ -42,7 +42,7 @@ class DES(Strategy):
     a replica of the top network; one AllReduce of the partials per step, no gradient exchange."""
 
     name = "des"
-    description = "partial sums of the substituted operators, one AllReduce per step (the paper)"
+    description = "partial sums of the substituted operators, summed over the ranks (the paper)"
     phases = {"lookup": "lookup", "partials": "partials", "reduce_scatter": "communication", "top": "top",
               "allgather": "communication", "local_backward": "backward", "allreduce": "communication",
               "update": "update"}

@@ -1,0 +1,408 @@
+"""Export a trained checkpoint as a TensorFlow SavedModel that serves raw Criteo requests.
+
+    .venv/bin/python -m des.export --checkpoint runs/deepfm-.../checkpoints --output exported/deepfm [--force]
+
+The SavedModel's ``serving_default`` signature takes one batch of requests as 39 named 1-D inputs
+of equal length: ``I1`` .. ``I13`` int64 (a missing value is ``-2**63``, ``MISSING_INT``) and ``C1``
+.. ``C26`` strings (8 hex digits in either case, or ``""`` for missing), and returns
+``{"probability": [batch]}`` in the model's dtype (float32 by default). (The one integer a request
+cannot carry is -2**63 itself, which training clips like any value below -2**31.) Inside it are,
+as plain TensorFlow ops and variables (loading it needs TensorFlow only, never des):
+
+* the key transform of training (``des/data/keys.py``): ``v if v <= 2 else floor(ln(v)^2)`` for
+  integers, done with a table of the exact thresholds of des's own transform so it is bit-exact,
+  hex parsing, and ``key = ((field + 1) << 40) | u``;
+* one hash table from key to row and, per value block, the matrix of the trained rows of every
+  field (rows of ids not yet admitted keep what training gives them: their initial value, or zero);
+* the run's unknown-id behaviour: ``--unadmitted zero`` gives zeros, ``init`` the id's
+  deterministic initial value, recomputed with the same splitmix64 streams in uint64 ops
+  (``des/hashtable/init.py``);
+* the field-sliced weights and the top network, applied through each substitution's ``reference``
+  form (the whole-model forward, as ``des.evaluate`` computes it).
+
+A request with a missing or extra column, or a column of another type, is refused by the signature;
+a categorical value that is not 8 hex digits, or columns of unequal length, fail with an
+``InvalidArgumentError`` naming the column. The checkpoint may come from any number of ranks and any
+strategy: only its per-field files are read, one field at a time, on one process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from des import runtime  # noqa: F401  (quiets TensorFlow before it is imported)
+from des.collectives import run_main
+from des.errors import ArgumentParser, ConfigError, UsageError
+
+MISSING_INT = -(2**63)  # an integer column's "missing" in a request (int64 has no empty value)
+_GOLDEN = 0x9E3779B97F4A7C15
+_M1 = 0xBF58476D1CE4E5B9
+_M2 = 0x94D049BB133111EB
+_MAX_ATTEMPTS = 64  # truncated normal: as des.hashtable.init
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="des.export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True, help="checkpoint folder, checkpoints/ folder or run folder")
+    parser.add_argument("--output", required=True, help="SavedModel folder to create")
+    parser.add_argument("--force", action="store_true", help="replace an existing --output folder")
+    return parser
+
+
+# ---------------------------------------------------------------------------------- key transform
+def integer_token_thresholds() -> "np.ndarray":
+    """``t[i]``: the smallest int64 ``v >= 3`` whose token (des's own ``integer_token``) is at least
+    ``i + 2``. For ``v >= 3`` the token is then ``1 + #{i: t[i] <= v}``: an exact copy of training's
+    transform (float64 ``ln`` rounding included) without a logarithm in the graph."""
+    import numpy as np
+
+    from des.data.keys import integer_token
+
+    top = integer_token(2**63 - 1)
+    thresholds = []
+    lo = 3
+    for token in range(2, top + 1):
+        hi = 2**63 - 1
+        while lo < hi:  # smallest v in [lo, hi] with integer_token(v) >= token
+            mid = (lo + hi) // 2
+            if integer_token(mid) >= token:
+                hi = mid
+            else:
+                lo = mid + 1
+        thresholds.append(lo)
+    out = np.array(thresholds, dtype=np.int64)
+    # The transform must be monotone for a threshold table to be exact; check around each step.
+    for i, v in enumerate(thresholds):
+        if integer_token(v) != i + 2 or integer_token(v - 1) != i + 1:
+            raise AssertionError(f"integer transform is not a step function at {v}")
+    return out
+
+
+def _hex_digit_table() -> list[int]:
+    table = [-1] * 256
+    for text in ("0123456789abcdef", "0123456789ABCDEF"):
+        for value, char in enumerate(text):
+            table[ord(char)] = value
+    return table
+
+
+class CriteoKeys:
+    """The raw Criteo columns of a batch -> int64 keys ``[B, 39]``, in TF ops (``des/data/keys.py``)."""
+
+    def __init__(self) -> None:
+        import tensorflow as tf
+
+        from des.data.keys import (FIELD_SHIFT, INT_TOKEN_MAX, INT_TOKEN_MIN, INT_TOKEN_OFFSET, MISSING_VALUE,
+                                   NUM_CAT_FIELDS, NUM_INT_FIELDS)
+
+        self.num_int, self.num_cat = NUM_INT_FIELDS, NUM_CAT_FIELDS
+        self.shift, self.missing = FIELD_SHIFT, MISSING_VALUE
+        self.token_min, self.token_max, self.offset = INT_TOKEN_MIN, INT_TOKEN_MAX, INT_TOKEN_OFFSET
+        self.thresholds = tf.constant(integer_token_thresholds())
+        self.hex_digits = tf.constant(_hex_digit_table(), tf.int64)
+
+    def integer(self, fields: list[int], values: Any) -> Any:
+        """Keys ``[B, n]`` of int64 columns ``[B, n]`` of fields ``fields`` (``MISSING_INT`` = missing)."""
+        import tensorflow as tf
+
+        flat = tf.reshape(values, [1, -1])  # searchsorted wants one row of values per sequence
+        large = 1 + tf.reshape(tf.searchsorted(self.thresholds[None, :], flat, side="right", out_type=tf.int64),
+                               tf.shape(values))
+        token = tf.where(values <= 2, values, large)
+        u = tf.clip_by_value(token, self.token_min, self.token_max) + self.offset
+        u = tf.where(values == MISSING_INT, tf.constant(self.missing, tf.int64), u)
+        return tf.bitwise.bitwise_or(self._field_bits(fields), u)
+
+    def categorical(self, fields: list[int], names: list[str], values: Any) -> Any:
+        """Keys ``[B, n]`` of hex-string columns ``[B, n]`` (``""`` = missing); a value other than 8
+        hex digits fails with an error naming its column."""
+        import tensorflow as tf
+
+        length = tf.strings.length(values)
+        raw = tf.io.decode_raw(tf.reshape(values, [-1]), tf.uint8, fixed_length=8)  # [B * n, 8], zero-padded
+        digits = tf.reshape(tf.gather(self.hex_digits, tf.cast(raw, tf.int32)), tf.concat([tf.shape(values), [8]], 0))
+        valid = tf.logical_or(length == 0, tf.logical_and(length == 8, tf.reduce_all(digits >= 0, axis=2)))
+        first_bad = tf.where(tf.logical_not(valid))[:1]  # [row, column] of the first bad value, if any
+        check = tf.debugging.Assert(tf.reduce_all(valid), [
+            "request column", tf.gather(tf.constant(names), first_bad[:, 1]),
+            "has a value that is not 8 hex digits or empty (missing):", tf.gather_nd(values, first_bad)])
+        with tf.control_dependencies([check]):
+            powers = tf.constant([16**i for i in range(7, -1, -1)], tf.int64)
+            u = tf.reduce_sum(tf.maximum(digits, 0) * powers, axis=2)
+        u = tf.where(length == 0, tf.constant(self.missing, tf.int64), u)
+        return tf.bitwise.bitwise_or(self._field_bits(fields), u)
+
+    def _field_bits(self, fields: list[int]) -> Any:
+        import tensorflow as tf
+
+        return tf.constant([(f + 1) << self.shift for f in fields], tf.int64)[None, :]
+
+
+# ---------------------------------------------------------------------------------- initial values
+def _splitmix64(z: Any) -> Any:
+    import tensorflow as tf
+
+    def c(x: int) -> Any:
+        return tf.constant(x, tf.uint64)
+
+    z = z + c(_GOLDEN)
+    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, c(30))) * c(_M1)
+    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, c(27))) * c(_M2)
+    return tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, c(31)))
+
+
+def _unit(cs: Any, j: Any) -> Any:
+    """Draw ``j`` of stream ``cs`` in (0, 1), float64 (``des.hashtable.init._unit``)."""
+    import tensorflow as tf
+
+    u = _splitmix64(cs + tf.cast(j, tf.uint64) * tf.constant(_GOLDEN, tf.uint64))
+    return (tf.cast(tf.bitwise.right_shift(u, tf.constant(11, tf.uint64)), tf.float64) + 0.5) * 2.0**-53
+
+
+def _box_muller(cs: Any, attempt: Any) -> tuple[Any, Any]:
+    import tensorflow as tf
+
+    radius = tf.sqrt(-2.0 * tf.math.log(_unit(cs, 2 * attempt)))
+    angle = 2.0 * math.pi * _unit(cs, 2 * attempt + 1)
+    return radius * tf.cos(angle), radius * tf.sin(angle)
+
+
+def initial_values(keys: Any, bases: Any, kind: str, scale: float, dim: int) -> Any:
+    """float64 ``[n, dim]`` initial values of int64 ``keys`` with per-key stream bases (uint64), the
+    same streams as ``des.hashtable.init.init_row``."""
+    import numpy as np
+    import tensorflow as tf
+
+    n = tf.shape(keys)[0]
+    if kind == "zeros":
+        return tf.zeros([n, dim], tf.float64)
+    kh = _splitmix64(tf.bitwise.bitwise_xor(bases, tf.bitcast(keys, tf.uint64)))[:, None]
+    golden = tf.constant(_GOLDEN, tf.uint64)
+    if kind == "uniform":
+        streams = kh + tf.constant(np.arange(dim, dtype=np.uint64))[None, :] * golden
+        return scale * (2.0 * _unit(_splitmix64(streams), 0) - 1.0)
+    pairs = (dim + 1) // 2
+    cs = _splitmix64(kh + tf.constant(np.arange(pairs, dtype=np.uint64))[None, :] * golden)  # [n, pairs]
+    z0, z1 = _box_muller(cs, 0)
+    if kind == "truncated_normal":
+        # Each output takes the first attempt with |z| <= 2, clipped after 64 attempts.
+        def body(a, z0, z1):
+            n0, n1 = _box_muller(cs, a)
+            return a + 1, tf.where(tf.abs(z0) > 2.0, n0, z0), tf.where(tf.abs(z1) > 2.0, n1, z1)
+
+        def more(a, z0, z1):
+            return tf.logical_and(a < _MAX_ATTEMPTS, tf.reduce_any(tf.abs(tf.concat([z0, z1], 1)) > 2.0))
+
+        _, z0, z1 = tf.while_loop(more, body, (tf.constant(1, tf.int64), z0, z1))
+        z0, z1 = tf.clip_by_value(z0, -2.0, 2.0), tf.clip_by_value(z1, -2.0, 2.0)
+    elif kind != "normal":
+        raise ConfigError(f"initializer {kind!r} cannot be exported")
+    return scale * tf.reshape(tf.stack([z0, z1], axis=2), [n, 2 * pairs])[:, :dim]
+
+
+# ---------------------------------------------------------------------------------- checkpoint reading
+def _read_checkpoint(folder: Path, manifest: dict[str, Any], model: Any) -> dict[str, Any]:
+    """Every field's rows (values as training gathers them), field-sliced weights and top weights."""
+    import numpy as np
+
+    from des.checkpoint import _as_checkpoint_error, _verified
+    from des.hashtable import EmbeddingTable
+
+    blocks = [b.name for b in model.blocks()]
+    keys, values = [], {b: [] for b in blocks}
+    field_params: dict[str, list[np.ndarray]] = {}
+    table_specs: dict[str, Any] = {}
+    table_options: dict[str, Any] = {}
+    for field in range(model.num_fields):
+        path = _verified(folder, manifest, f"field-{field:03d}.table")
+        with _as_checkpoint_error(path):
+            table = EmbeddingTable.load(path)
+        if table.field != field or [b.name for b in table.blocks] != blocks:
+            raise ConfigError(f"{path} holds field {table.field} with blocks {[b.name for b in table.blocks]}, "
+                              f"expected field {field} with {blocks}")
+        table_specs = {b.name: b for b in table.blocks}
+        table_options = {"seed": table.seed, "min_count": table.min_count, "unadmitted": table.unadmitted,
+                         "dtype": table.dtype}
+        field_keys = table.keys()
+        rows = np.arange(field_keys.size, dtype=np.int64)
+        keys.append(field_keys)
+        for b in blocks:
+            # gather applies admission: a not-yet-admitted row gives its initial value or zero.
+            values[b].append(table.gather(b, field_keys, rows))
+        del table
+        path = _verified(folder, manifest, f"field-{field:03d}.dense.npz")
+        with _as_checkpoint_error(path), np.load(path, allow_pickle=False) as arrays:
+            for name in arrays.files:
+                if name.endswith("__value") and "__state__" not in name:
+                    field_params.setdefault(name[: -len("__value")], []).append(arrays[name])
+    path = _verified(folder, manifest, "dense.npz")
+    with _as_checkpoint_error(path), np.load(path, allow_pickle=False) as arrays:
+        top = {name: arrays[f"{name}__value"] for name in model.top_params()}
+    all_keys = np.concatenate(keys)
+    return {
+        "keys": all_keys,
+        "values": {b: np.concatenate(v) if all_keys.size else np.zeros((0, table_specs[b].dim)) for b, v in values.items()},
+        "field_params": {k: np.stack(v) for k, v in field_params.items()},
+        "top": top, "specs": table_specs, **table_options,
+    }
+
+
+# ---------------------------------------------------------------------------------- the module
+def build_module(model: Any, state: dict[str, Any]) -> Any:
+    """A ``tf.Module`` whose ``serve`` is the ``serving_default`` signature (see the module doc)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from des.data.keys import FIELD_NAMES, NUM_INT_FIELDS
+    from des.hashtable import Initializer
+
+    dtype = tf.as_dtype(state["dtype"])
+    substitutions = model.substitutions()
+    keys_op = CriteoKeys()
+    unadmitted = state["unadmitted"]
+    specs = state["specs"]
+
+    class Exported(tf.Module):
+        def __init__(self) -> None:
+            super().__init__(name="des_export")
+            self.table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1)
+            self.table.insert(tf.constant(state["keys"]), tf.range(state["keys"].size, dtype=tf.int64))
+            self.values = {b: tf.Variable(v, trainable=False, name=f"values_{b}") for b, v in state["values"].items()}
+            self.field_params = {k.replace(":", "_"): tf.Variable(v, trainable=False)
+                                 for k, v in state["field_params"].items()}
+            self.field_names = dict(zip(state["field_params"], self.field_params))
+            self.top = {k: tf.Variable(v, trainable=False, name=k) for k, v in state["top"].items()}
+            # uint64 stream bases per (block, field), as des.hashtable.init.Initializer.stream_base
+            self.bases = {b: tf.constant(np.array([Initializer.stream_base(state["seed"], f, b)
+                                                   for f in range(model.num_fields)], dtype=np.uint64))
+                          for b in specs}
+
+        def pooled(self, keys: Any, rows: Any, block: str) -> Any:
+            """``[B, F, dim]`` values of ``block`` for int64 keys ``[B, F]`` (one id per field) and
+            their table rows (-1: unknown)."""
+            dim = specs[block].dim
+            flat_rows = tf.reshape(rows, [-1])
+            out = tf.gather(self.values[block], tf.maximum(flat_rows, 0))
+            unknown = tf.where(flat_rows < 0)
+            if unadmitted == "zero" or specs[block].init.kind == "zeros":
+                fill = tf.zeros([tf.shape(unknown)[0], dim], dtype)
+            else:
+                flat_keys = tf.reshape(keys, [-1])
+                fields = tf.reshape(tf.broadcast_to(tf.range(model.num_fields)[None, :], tf.shape(keys)), [-1])
+                unknown_keys = tf.gather_nd(flat_keys, unknown)
+                bases = tf.gather(self.bases[block], tf.gather_nd(fields, unknown))
+                init = specs[block].init
+                fill = tf.cast(initial_values(unknown_keys, bases, init.kind, init.scale, dim), dtype)
+            out = tf.tensor_scatter_nd_update(out, unknown, fill)
+            return tf.reshape(out, [tf.shape(keys)[0], model.num_fields, dim])
+
+        def probability(self, keys: Any) -> Any:
+            rows = self.table.lookup(keys)
+            pooled = {b: self.pooled(keys, rows, b) for b in specs}
+            outputs = []
+            for i, sub in enumerate(substitutions):
+                prefix = f"{i}:{sub.name}:"
+                params = {k[len(prefix):]: self.field_params[v] for k, v in self.field_names.items()
+                          if k.startswith(prefix)}
+                outputs.append(sub.reference(pooled[sub.block], params))
+            return tf.sigmoid(model.top(self.top, outputs))
+
+    module = Exported()
+    signature = {name: tf.TensorSpec([None], tf.int64 if f < NUM_INT_FIELDS else tf.string, name=name)
+                 for f, name in enumerate(FIELD_NAMES)}
+
+    @tf.function(input_signature=[signature])
+    def serve(request):
+        columns = [request[name] for name in FIELD_NAMES]
+        size = tf.shape(columns[0])[0]
+        checks = [tf.debugging.assert_equal(tf.shape(c)[0], size,
+                                            message=f"column {name} has another number of rows than I1")
+                  for name, c in zip(FIELD_NAMES, columns)]
+        with tf.control_dependencies(checks):
+            integers = tf.stack(columns[:NUM_INT_FIELDS], axis=1)
+            strings = tf.stack(columns[NUM_INT_FIELDS:], axis=1)
+        # One op sequence for all integer columns and one for all hex columns (fewer ops per request).
+        fields = list(range(len(FIELD_NAMES)))
+        keys = tf.concat([keys_op.integer(fields[:NUM_INT_FIELDS], integers),
+                          keys_op.categorical(fields[NUM_INT_FIELDS:], list(FIELD_NAMES[NUM_INT_FIELDS:]), strings)],
+                         axis=1)
+        return {"probability": module.probability(keys)}
+
+    # A signature function takes keyword arguments: wrap so each column is its own named input.
+    @tf.function(input_signature=list(signature.values()))
+    def serving_default(*columns):
+        return serve(dict(zip(FIELD_NAMES, columns)))
+
+    module.serve = serve
+    module.serving_default = serving_default
+    return module
+
+
+def export(checkpoint: str | Path, output: str | Path, *, force: bool = False) -> dict[str, Any]:
+    """Write the SavedModel of ``checkpoint`` to ``output`` (atomically); returns what was written."""
+    import tensorflow as tf
+
+    from des.checkpoint import read_manifest
+    from des.config import TrainConfig
+    from des.data.keys import NUM_FIELDS
+    from des.plugins import load_plugins
+    from des.runner import build_model
+
+    start = time.perf_counter()
+    folder, manifest = read_manifest(checkpoint)
+    output = Path(output).resolve()
+    if output.exists() and not force:
+        raise ConfigError(f"output folder {output} exists (use --force to replace it)")
+    if manifest["num_fields"] != NUM_FIELDS:
+        raise ConfigError(f"checkpoint {folder} has {manifest['num_fields']} fields; the raw Criteo request "
+                          f"signature needs {NUM_FIELDS}")
+    config = TrainConfig(**manifest["config"])
+    load_plugins(config.plugins)  # a user model is rebuilt from its plugin
+    model = build_model(config, manifest["num_fields"])
+    state = _read_checkpoint(folder, manifest, model)
+    module = build_module(model, state)
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tf.saved_model.save(module, str(tmp), signatures={"serving_default": module.serving_default})
+    info = {"checkpoint": str(folder), "step": manifest["step"], "ranks": manifest["ranks"],
+            "model": manifest["model"], "dtype": manifest["dtype"], "rows": int(state["keys"].size),
+            "unadmitted": state["unadmitted"], "min_count": state["min_count"], "missing_int": MISSING_INT,
+            "inputs": "I1..I13 int64 (missing: -2**63), C1..C26 string (8 hex digits, '' = missing)",
+            "outputs": {"probability": manifest["dtype"]}}
+    (tmp / "des_export.json").write_text(json.dumps(info, indent=1))
+    # Replace an existing folder with two renames, so a crash leaves the old or the new one.
+    old = output.with_name(f".{output.name}.old-{os.getpid()}")
+    if output.exists():
+        os.replace(output, old)
+    os.replace(tmp, output)
+    shutil.rmtree(old, ignore_errors=True)
+    info["seconds"] = time.perf_counter() - start
+    info["bytes"] = sum(p.stat().st_size for p in output.rglob("*") if p.is_file())
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.output.strip():
+        raise UsageError("--output must name a folder")
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.Get_size() > 1:  # every rank would write the same folder
+        raise UsageError("des.export runs on one process: start it without mpiexec")
+    runtime.configure_threads()
+    info = export(args.checkpoint, args.output, force=args.force)
+    print(f"exported {info['model']['model']} (step {info['step']}, written by {info['ranks']} rank(s), "
+          f"{info['rows']} rows) to {args.output}: {info['bytes'] / 2**20:.1f} MiB in {info['seconds']:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main, "des.export")
