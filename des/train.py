@@ -30,6 +30,7 @@ from des import runtime  # noqa: F401  (quiets TensorFlow before it is imported)
 from des.collectives import Communicator, run_main
 from des.config import MODELS, TrainConfig, load_config
 from des.errors import ConfigError, DesError
+from des.run_folder import RunFolder
 
 
 def build_model(config: TrainConfig, num_fields: int):
@@ -83,33 +84,29 @@ def open_data(config: TrainConfig, comm: Communicator):
     return store if comm.rank == 0 else ColumnStore.open(path)
 
 
-def plan_run_folder(config: TrainConfig, comm: Communicator) -> Path:
-    """The run folder's absolute path, checked to be creatable but not created yet: a run that
-    fails during setup (a bad checkpoint, say) leaves nothing behind."""
+def plan_run_folder(config: TrainConfig, comm: Communicator) -> RunFolder:
+    """The run folder, checked (writable, not in use, no other run in it) but not created yet: a
+    run that fails during setup (a bad checkpoint, say) leaves nothing behind."""
     if comm.rank == 0:
-        folder = Path(config.output or f"runs/{config.model}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-        existing = folder
-        while not existing.exists() and existing != existing.parent:
-            existing = existing.parent
-        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-            raise ConfigError(f"output directory {folder} is not writable: {existing} is not a writable directory")
-        name = str(folder)
-    return Path(comm.bcast_json(name if comm.rank == 0 else None, "setup"))
+        plan = RunFolder.plan(config.output, model=config.model, resume=config.resume,
+                              overwrite=config.overwrite).to_json()
+    return RunFolder.from_json(comm.bcast_json(plan if comm.rank == 0 else None, "setup"))
 
 
-def create_run_folder(folder: Path, comm: Communicator) -> None:
+def create_run_folder(run: RunFolder, comm: Communicator) -> None:
     # Every rank first finishes its set-up (a rank that fails to load its fields aborts the job
-    # here, before rank 0 has created anything).
+    # here, before rank 0 has created anything). Rank 0 then holds the folder's lock until exit.
     comm.barrier("setup")
     if comm.rank == 0:
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            probe = folder / ".write-test"
-            probe.write_text("ok")
-            probe.unlink()
-        except OSError as exc:
-            raise ConfigError(f"output directory {folder} is not writable: {exc.strerror or exc}") from None
+        run.create()
     comm.barrier("setup")
+
+
+def finish_run_folder(run: RunFolder, comm: Communicator) -> None:
+    """After success: an ``--overwrite`` run replaces the old one; the lock is released."""
+    comm.barrier("summary")
+    if comm.rank == 0:
+        run.finish()
 
 
 def write_run_config(folder: Path, comm: Communicator, config: TrainConfig, placement: list[list[int]],
@@ -165,13 +162,15 @@ def predict_split(engine, store, split: str, batch_size: int) -> tuple[np.ndarra
 
 def evaluate(engine, store, split: str, batch_size: int) -> dict[str, Any] | None:
     """Exact AUC and logloss over a whole split."""
-    from des.metrics import logloss, roc_auc
+    from des.metrics import auc_or_none, logloss
 
     result = predict_split(engine, store, split, batch_size)
     if result is None:
         return None
     p, y = result
-    return {"auc": roc_auc(y, p), "logloss": logloss(y, p), "rows": int(y.size)}
+    # One class (a small split): AUC n/a (null in summary.json), warned once by rank 0.
+    auc = auc_or_none(y, p, f"the {split} split", warn=engine.comm.rank == 0)
+    return {"auc": auc, "logloss": logloss(y, p), "rows": int(y.size)}
 
 
 def peak_rss_bytes() -> int:
@@ -213,11 +212,12 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
     if steps_per_epoch == 0:
         raise ConfigError(f"--batch-size {config.batch_size} is larger than the {train_rows} training rows of {store.path}")
     optimizers = build_optimizers(config)
-    folder = plan_run_folder(config, comm)
+    run = plan_run_folder(config, comm)
+    folder = run.work  # where this job writes (a staging sibling with --overwrite)
     runtime.configure_threads()
     if config.strategy == "ps":
         return train_parameter_server(config, comm, store, build_model(config, store.num_fields), optimizers,
-                                      steps_per_epoch, folder, distinct)
+                                      steps_per_epoch, run, distinct)
     from des.checkpoint import load_checkpoint, save_checkpoint
     from des.options import TableOptions
     from des.strategies import engine_class
@@ -237,7 +237,7 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
     if config.resume:
         manifest = load_checkpoint(engine, config.resume, data_order=data_order)
         start_epoch, start_batch = manifest["epoch"], manifest["next_batch"]
-    create_run_folder(folder, comm)
+    create_run_folder(run, comm)
     write_run_config(folder, comm, config, placement, model, store)
     log.say(f"des.train: {model.name} with strategy {config.strategy} on {store.path.name} ({store.num_rows} rows, {train_rows} train), "
             f"{comm.size} rank(s), batch {config.batch_size}, {config.epochs} epoch(s), dtype {config.dtype}, "
@@ -249,7 +249,7 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
         log.say(f"  resumed from {config.resume} at step {engine.step_count} (epoch {start_epoch}, batch {start_batch}), "
                 f"written by {manifest['ranks']} rank(s)")
     log.say(describe_placement(placement, distinct, store.field_names, next(iter(engine.tables.values()), None)))
-    log.say(f"  run folder: {folder}")
+    log.say(f"  run folder: {run.path}" + (" (replaced when this run finishes)" if run.overwrite else ""))
 
     # Absolute step to stop at (a resumed run continues towards the same end).
     total_steps = config.epochs * steps_per_epoch if config.epochs else config.max_steps
@@ -348,33 +348,35 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
         "peak_rss_bytes_per_rank": per_rank[:, 0].tolist(),
         "table_rows_per_rank": per_rank[:, 1].tolist(),
         "table_bytes_per_rank": per_rank[:, 2].tolist(),
-        "checkpoint": str(final),
-        "run_folder": str(folder),
+        "checkpoint": str(run.public(final)),
+        "run_folder": str(run.path),
     }
     if comm.rank == 0:
         (folder / "summary.json").write_text(json.dumps(summary, indent=1))
+    finish_run_folder(run, comm)
     log.say(_format_summary(summary))
     return summary
 
 
 def train_parameter_server(config: TrainConfig, comm: Communicator, store, model, optimizers,
-                           steps_per_epoch: int, folder: Path, distinct: list[int]) -> dict[str, Any]:
+                           steps_per_epoch: int, run: RunFolder, distinct: list[int]) -> dict[str, Any]:
     """``--strategy ps``: the asynchronous baseline (see :mod:`des.strategies.ps`)."""
     from des.strategies.ps import ps_placement, run_parameter_server
 
+    folder = run.work
     log = Log(comm, folder)
     total_steps = config.epochs * steps_per_epoch if config.epochs else config.max_steps
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
     placement = ps_placement(store.num_fields, comm.size, config.ps_servers)  # servers own fields, workers none
-    create_run_folder(folder, comm)
+    create_run_folder(run, comm)
     write_run_config(folder, comm, config, placement, model, store)
     log.say(f"des.train: {model.name} with strategy ps on {store.path.name}, {comm.size} rank(s) "
             f"({config.ps_servers} server(s), {comm.size - config.ps_servers} asynchronous worker(s)), "
             f"batch {config.batch_size}, {total_steps} batches, dtype {config.dtype}")
     log.say(describe_config(config))
     log.say(describe_placement(placement, distinct, store.field_names))
-    log.say(f"  run folder: {folder}")
+    log.say(f"  run folder: {run.path}")
     result = run_parameter_server(config, comm, store, model, optimizers, steps_per_epoch, total_steps, log)
     validation, test = result.pop("validation"), result.pop("test")
     summary = {
@@ -384,13 +386,14 @@ def train_parameter_server(config: TrainConfig, comm: Communicator, store, model
         "test_auc": test["auc"] if test else None, "test_logloss": test["logloss"] if test else None,
         "test_rows": test["rows"] if test else 0, "allreduce_bytes_per_step": 0,
         "peak_rss_bytes_per_rank": comm.allgather(np.array([peak_rss_bytes()], np.int64), "summary")[:, 0].tolist(),
-        "checkpoint": None, "run_folder": str(folder),
+        "checkpoint": None, "run_folder": str(run.path),
     }
     log.metrics({"step": summary["steps"], "samples": summary["train_samples"],
                  "samples_per_second": summary["samples_per_second"],
                  **({"auc": validation["auc"], "logloss": validation["logloss"]} if validation else {})})
     if comm.rank == 0:
         (folder / "summary.json").write_text(json.dumps(summary, indent=1))
+    finish_run_folder(run, comm)
     log.say(_format_summary(summary) + f"\n  staleness of dense pushes: mean {summary['staleness_mean']:.2f}, "
             f"max {summary['staleness_max']}")
     return summary
@@ -430,7 +433,8 @@ def user_sees_a_terminal() -> bool:
 def _format_record(record: dict[str, Any]) -> str:
     text = f"step {record['step']:6d}  train loss {record['train_loss']:.4f}"
     if "auc" in record:
-        text += f"  val auc {record['auc']:.4f}  val logloss {record['logloss']:.4f}"
+        auc = "n/a" if record["auc"] is None else f"{record['auc']:.4f}"
+        text += f"  val auc {auc}  val logloss {record['logloss']:.4f}"
     return text + f"  {record['samples_per_second']:,.0f} samples/s"
 
 

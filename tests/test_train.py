@@ -19,7 +19,7 @@ import psutil
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from tests.conftest import MPIEXEC, REPO, criteo_head, mpi_env, run_mpi
+from tests.conftest import MPIEXEC, REPO, criteo_head, leaked_shm, mpi_env, mpich_shm, run_mpi
 
 SMALL = ["--embedding-dim", "4", "--hidden", "16,8", "--batch-size", "256", "--eval-batch-size", "1024",
          "--no-progress", "--table-capacity", "256"]
@@ -300,8 +300,14 @@ def test_bad_checkpoints(work: Path, resume_runs) -> None:
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))
+    shm_before = mpich_shm()
     proc = train(work, 2, "bad8", "--model", "wdl", "--dtype", "float64", "--resume", str(corrupt), check=False)
     expect_error(proc, "field-005.table is corrupt")
+    # One line for the job, from the rank that failed (no launcher banner), and no /dev/shm leak.
+    assert [line for line in proc.stderr.splitlines() if line.strip()] == \
+        [f"[rank 1] des.train: error: checkpoint file {resolve_checkpoint(corrupt) / 'field-005.table'} is corrupt "
+         "(sha256 mismatch)"], proc.stderr
+    assert leaked_shm(shm_before) == set()
     proc = train(work, 1, "bad10", *RESUME_FLAGS, "--batch-size", "128", "--resume", str(checkpoint), check=False)
     expect_error(proc, "another batch order (batch_size 256 vs 128)")
     # A run that fails while setting up leaves no run folder behind.
@@ -313,6 +319,7 @@ def test_killed_rank_ends_the_job(work: Path) -> None:
     cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "des.train", "--data", str(work / "small.tsv"),
            "--cache-dir", str(work / "cache"), "--output", str(work / "killed"), *SMALL, "--model", "lr",
            "--epochs", "100000"]
+    shm_before = mpich_shm()
     job = subprocess.Popen(cmd, cwd=REPO, env=mpi_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -322,11 +329,17 @@ def test_killed_rank_ends_the_job(work: Path) -> None:
             time.sleep(0.2)
         ranks = [p for p in psutil.Process(job.pid).children(recursive=True) if "des.train" in " ".join(p.cmdline())]
         assert len(ranks) == 2
+        # The job's MPICH segment: mapped by the ranks, its name already unlinked (nothing to leak
+        # when the launcher SIGKILLs the survivor, which runs no handler).
+        segments = {line.split("/dev/shm/")[1].removesuffix(" (deleted)") for line in
+                    Path(f"/proc/{ranks[0].pid}/maps").read_text().splitlines() if "/dev/shm/mpich_" in line}
+        assert segments and not segments & mpich_shm()
         killed_at = time.monotonic()
         ranks[-1].send_signal(signal.SIGKILL)
         job.wait(timeout=60)
         assert time.monotonic() - killed_at < 30
         assert job.returncode != 0
+        assert not segments & mpich_shm() and leaked_shm(shm_before) == set()
     finally:
         if job.poll() is None:
             job.kill()
