@@ -107,8 +107,7 @@ class RunFolder:
     def _check_contents(self, resume: str, overwrite: bool) -> None:
         """Refuse a folder in use or holding another run; note whether it is to be replaced."""
         if is_locked(self.path):
-            raise RunFolderError(f"run folder {self.path} is in use by another job ({read_holder(self.path)}); "
-                                 "wait for it to finish or choose another --output")
+            raise self._in_use()
         held = _contents(self.path)
         if not held:
             self.overwrite = False
@@ -128,6 +127,10 @@ class RunFolder:
         raise RunFolderError(f"run folder {self.path} already holds a run ({', '.join(held[:4])}"
                              f"{', ...' if len(held) > 4 else ''}); pass --resume {self.path} to continue it, "
                              f"--overwrite to replace it, or choose another --output{hint}")
+
+    def _in_use(self) -> RunFolderError:
+        return RunFolderError(f"run folder {self.path} is in use by another job ({read_holder(self.path)}); "
+                              "wait for it to finish or choose another --output")
 
     def create(self) -> None:
         """Rank 0, after every rank finished its set-up: create the folder, take the lock (held
@@ -153,8 +156,7 @@ class RunFolder:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 os.close(fd)
-                raise RunFolderError(f"run folder {self.path} is in use by another job ({read_holder(self.path)}); "
-                                     "wait for it to finish or choose another --output") from None
+                raise self._in_use() from None
             # A finishing job unlinks its lock file: make sure ours is still the one in the folder.
             try:
                 same = os.path.samestat(os.fstat(fd), os.stat(lock_path))

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from des import runtime  # noqa: F401  (quiets TensorFlow before it is imported)
-from des.collectives import Communicator, run_main
+from des.collectives import Communicator, describe_processes, run_main
 from des.config import MODELS, TrainConfig, load_config
 from des.errors import ConfigError, DesError
 from des.run_folder import RunFolder
@@ -250,6 +250,8 @@ def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
                 f"written by {manifest['ranks']} rank(s)")
     log.say(describe_placement(placement, distinct, store.field_names, next(iter(engine.tables.values()), None)))
     log.say(f"  run folder: {run.path}" + (" (replaced when this run finishes)" if run.overwrite else ""))
+    if describe_processes():  # which pid is which rank, for the launcher's "PID ... killed"
+        log.say(describe_processes())
 
     # Absolute step to stop at (a resumed run continues towards the same end).
     total_steps = config.epochs * steps_per_epoch if config.epochs else config.max_steps

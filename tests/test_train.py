@@ -340,6 +340,10 @@ def test_killed_rank_ends_the_job(work: Path) -> None:
         assert time.monotonic() - killed_at < 30
         assert job.returncode != 0
         assert not segments & mpich_shm() and leaked_shm(shm_before) == set()
+        # The launcher names the killed pid; des's start-up lines say which rank that was.
+        out, err = job.communicate()
+        assert re.search(rf"processes: .*rank \d pid {ranks[-1].pid} on ", out), out
+        assert f"PID {ranks[-1].pid} " in out + err, (out, err)  # hydra's banner (on stdout)
     finally:
         if job.poll() is None:
             job.kill()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import socket
 import sys
 import tempfile
 import threading
@@ -35,6 +36,15 @@ _USAGE_ERROR_WAIT_SECONDS = 30.0
 _SHM_DIR = "/dev/shm/"
 _SHM_PREFIXES = ("mpich_",)  # mpich_shm_* (the node slab) and mpich_vci_* (extra VCIs, if any)
 _first_failure_fd: int | None = None  # a tiny file shared by the ranks of a node (see _claim_report)
+_processes: list[tuple[str, int]] = []  # (host, pid) of every rank, gathered by prepare_job
+
+
+def describe_processes() -> str:
+    """``rank: host pid`` of every rank (empty on one rank): when a rank is killed, the launcher
+    names only its pid, and every other rank is killed at once without a word."""
+    if not _processes:
+        return ""
+    return "  processes: " + ", ".join(f"rank {r} pid {pid} on {host}" for r, (host, pid) in enumerate(_processes))
 
 
 def mapped_shm_segments() -> list[str]:
@@ -65,24 +75,30 @@ def prepare_job() -> None:
     of the node's MPICH segments once every rank of the node has them mapped, and opens the
     node's first-failure file; afterwards no way out of the job, including SIGKILL, leaves
     anything in ``/dev/shm``."""
-    global _first_failure_fd
+    global _first_failure_fd, _processes
     world = MPI.COMM_WORLD
     if world.Get_size() == 1:
         return
+    _processes = world.allgather((socket.gethostname(), os.getpid()))
     node = world.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         mapped = node.allgather(mapped_shm_segments())
         # After the allgather every rank of the node has mapped these: nobody opens them by name.
         common = set(mapped[0]).intersection(*map(set, mapped[1:]))
+        name = None
         if node.Get_rank() == 0:
             _unlink_quietly(sorted(common))
-            fd, name = tempfile.mkstemp(prefix="des-job-", dir=_SHM_DIR if os.path.isdir(_SHM_DIR) else None)
-            os.close(fd)
-        name = node.bcast(name if node.Get_rank() == 0 else None)
-        _first_failure_fd = os.open(name, os.O_RDWR)
-        node.Barrier()
-        if node.Get_rank() == 0:
-            _unlink_quietly([name])  # the open descriptors keep it alive for the job's lifetime
+            try:
+                fd, name = tempfile.mkstemp(prefix="des-job-", dir=_SHM_DIR if os.path.isdir(_SHM_DIR) else None)
+                os.close(fd)
+            except OSError:
+                pass  # no shared file: every failing rank reports (as before)
+        name = node.bcast(name)
+        if name is not None:
+            _first_failure_fd = os.open(name, os.O_RDWR)
+            node.Barrier()
+            if node.Get_rank() == 0:
+                _unlink_quietly([name])  # the open descriptors keep it alive for the job's lifetime
     finally:
         node.Free()
 
