@@ -168,8 +168,10 @@ def evaluate(engine, store, split: str, batch_size: int) -> dict[str, Any] | Non
     if result is None:
         return None
     p, y = result
-    # One class (a small split): AUC n/a (null in summary.json), warned once by rank 0.
-    auc = auc_or_none(y, p, f"the {split} split", warn=engine.comm.rank == 0)
+    # One class (a small split): AUC n/a (null in summary.json), warned once by rank 0 (with
+    # --strategy ps only the first worker evaluates).
+    reporter = engine.comm.rank == 0 or getattr(engine, "worker_index", None) == 0
+    auc = auc_or_none(y, p, f"the {split} split", warn=reporter)
     return {"auc": auc, "logloss": logloss(y, p), "rows": int(y.size)}
 
 

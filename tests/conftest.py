@@ -63,24 +63,8 @@ def repo() -> Path:
 
 
 def mpich_shm() -> set[str]:
-    """MPICH's shared-memory files in /dev/shm (every job's, not only this test's)."""
+    """MPICH's shared-memory files in /dev/shm: every job's on the machine, so tests compare the
+    names a job itself reports having used (other jobs may come and go meanwhile)."""
     shm = Path("/dev/shm")
     return {p.name for p in shm.glob("mpich_*")} if shm.is_dir() else set()
 
-
-def shm_mapped_by_live_processes() -> set[str]:
-    """Names in /dev/shm some running process has mapped: another job's, still in use."""
-    names = set()
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            text = maps.read_text()
-        except OSError:
-            continue
-        names.update(line.rsplit("/", 1)[-1] for line in text.splitlines() if "/dev/shm/mpich_" in line)
-    return names
-
-
-def leaked_shm(before: set[str]) -> set[str]:
-    """MPICH segments that appeared since ``before`` and that no running process uses: leaked by a
-    job that ended (robust to other jobs running on the machine at the same time)."""
-    return (mpich_shm() - before) - shm_mapped_by_live_processes()

@@ -47,16 +47,19 @@ def describe_processes() -> str:
     return "  processes: " + ", ".join(f"rank {r} pid {pid} on {host}" for r, (host, pid) in enumerate(_processes))
 
 
-def mapped_shm_segments() -> list[str]:
-    """The MPICH shared-memory segments this process has mapped whose names still exist."""
+def mapped_shm_segments(include_unlinked: bool = False) -> list[str]:
+    """The MPICH shared-memory segments this process has mapped whose names still exist (or all of
+    them, with ``include_unlinked``)."""
     found = set()
     try:
         with open("/proc/self/maps") as maps:
             for line in maps:
                 path = line.rstrip("\n").split(maxsplit=5)[-1]
-                if path.startswith(_SHM_DIR) and path[len(_SHM_DIR):].startswith(_SHM_PREFIXES) \
-                        and not path.endswith(" (deleted)"):
-                    found.add(path)
+                if path.startswith(_SHM_DIR) and path[len(_SHM_DIR):].startswith(_SHM_PREFIXES):
+                    if not path.endswith(" (deleted)"):
+                        found.add(path)
+                    elif include_unlinked:
+                        found.add(path.removesuffix(" (deleted)"))
     except OSError:  # not Linux: nothing we can see or clean
         pass
     return sorted(found)
