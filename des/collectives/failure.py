@@ -33,6 +33,7 @@ from des.errors import DesError, UsageError
 
 _ABORT_GRACE_SECONDS = 1.0
 _USAGE_ERROR_WAIT_SECONDS = 30.0
+_ABORT_WATCHDOG_SECONDS = 10.0
 _SHM_DIR = "/dev/shm/"
 _SHM_PREFIXES = ("mpich_",)  # mpich_shm_* (the node slab) and mpich_vci_* (extra VCIs, if any)
 _first_failure_fd: int | None = None  # a tiny file shared by the ranks of a node (see _claim_report)
@@ -174,6 +175,10 @@ def _abort(code: int) -> NoReturn:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
+    # Watchdog: should MPI_Abort itself hang (a launcher already gone), this rank still ends.
+    timer = threading.Timer(_ABORT_WATCHDOG_SECONDS, os._exit, (code,))
+    timer.daemon = True
+    timer.start()
     MPI.COMM_WORLD.Abort(code)
     os._exit(code)  # not reached
 
