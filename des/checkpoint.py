@@ -4,6 +4,8 @@ Layout of ``<run>/checkpoints/step-00000120/``::
 
     manifest.json           format, model config, dtype, seed, step / epoch / next batch, the
                             placement it was written with, and the sha256 of every file below
+    manifest.sha256         the sha256 of manifest.json itself (format 2; format-1 checkpoints,
+                            written before it existed, still load)
     dense.npz               the replicated top parameters and their optimizer state (rank 0)
     field-007.table         field 7's hash table: keys, values, optimizer slots, counters
     field-007.dense.npz     field 7's slices of substituted dense weights and their optimizer state
@@ -35,7 +37,10 @@ import numpy as np
 from des.errors import DesError
 from des.hashtable import EmbeddingTable
 
-FORMAT = "des-checkpoint/1"
+FORMAT = "des-checkpoint/2"
+# Format 1 had no manifest.sha256; it loads unverified (a format-2 manifest without it is refused).
+FORMATS = ("des-checkpoint/1", FORMAT)
+MANIFEST_CHECKSUM = "manifest.sha256"
 
 
 class CheckpointError(DesError):
@@ -127,6 +132,7 @@ def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, c
             "files": dict(sorted(files.items())),
         }
         _write_atomically(tmp / "manifest.json", json.dumps(manifest, indent=1))
+        _write_atomically(tmp / MANIFEST_CHECKSUM, _sha256(tmp / "manifest.json") + "\n")
         # A checkpoint of this step may exist (a rerun into the same folder): move it aside with
         # one rename, put the new one in place with another, and only then delete the old one.
         old = root / f".{name}.old"
@@ -166,16 +172,33 @@ def read_manifest(path: str | Path) -> tuple[Path, dict[str, Any]]:
     manifest_path = folder / "manifest.json"
     if not manifest_path.is_file():
         raise CheckpointError(f"{folder} is not a checkpoint (no manifest.json)")
+    if manifest_path.with_name(MANIFEST_CHECKSUM).is_file():
+        _verify_manifest(manifest_path)
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"checkpoint manifest {manifest_path} is corrupt: {exc}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{manifest_path} is not a {FORMAT} manifest")
+    if not isinstance(manifest, dict) or manifest.get("format") not in FORMATS:
+        raise CheckpointError(f"{manifest_path} is not a {' or '.join(FORMATS)} manifest")
+    if manifest["format"] != FORMATS[0] and not manifest_path.with_name(MANIFEST_CHECKSUM).is_file():
+        raise CheckpointError(f"checkpoint {folder} has no {MANIFEST_CHECKSUM} (required by its format {FORMAT})")
     for key, kind in _MANIFEST_KEYS.items():
         if not isinstance(manifest.get(key), kind) or isinstance(manifest.get(key), bool):
             raise CheckpointError(f"checkpoint manifest {manifest_path} is corrupt: {key!r} is missing or not a {kind.__name__}")
     return folder, manifest
+
+
+def _verify_manifest(manifest_path: Path) -> None:
+    """The manifest's own checksum: an edited manifest (``next_batch``, say) would silently shift
+    the data order or load other files."""
+    sidecar = manifest_path.with_name(MANIFEST_CHECKSUM)
+    try:
+        expected = sidecar.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"checkpoint file {sidecar} cannot be read: {exc}") from None
+    if _sha256(manifest_path) != expected:
+        raise CheckpointError(f"checkpoint manifest {manifest_path} was modified or is corrupt (sha256 mismatch "
+                              f"with {MANIFEST_CHECKSUM})")
 
 
 _MANIFEST_KEYS = {"model": dict, "dtype": str, "seed": int, "num_fields": int, "step": int, "epoch": int,

@@ -72,7 +72,9 @@ class TrainConfig:
     eval_batch_size: int = _opt(8192, "batch size for validation and test")
     checkpoint_every: int = _opt(0, "checkpoint every N steps (0: only at the end)")
     output: str = _opt("", "run folder (default runs/<model>-<timestamp>)")
-    resume: str = _opt("", "checkpoint directory to continue from")
+    resume: str = _opt("", "checkpoint directory to continue from (inside --output: continue that run)")
+    overwrite: bool = _opt(False, "replace the run already in --output (atomically, once this run succeeds); "
+                           "without it or --resume a non-empty run folder is refused")
     progress: bool = _opt(True, "progress bar on rank 0")
 
     def linear_optimizer_spec(self) -> str:

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     from des.checkpoint import load_checkpoint, read_manifest
-    from des.metrics import logloss, roc_auc
+    from des.metrics import auc_or_none, logloss
     from des.plugins import load_plugins
     from des.runner import build_strategy, open_data, predict_split
 
@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"{args.data} has no rows in split {split!r}")
     p, y = result
     if comm.rank == 0:
-        auc = roc_auc(y, p) if 0 < y.sum() < y.size else float("nan")
-        print(f"rows {y.size}  auc {auc:.6f}  logloss {logloss(y, p):.6f}")
+        auc = auc_or_none(y, p, f"{args.data}")
+        print(f"rows {y.size}  auc {'n/a' if auc is None else format(auc, '.6f')}  logloss {logloss(y, p):.6f}")
         skipped = store.manifest.get("bad_rows", {}).get("skipped", 0)
         if skipped:  # --bad-rows skip: say which input rows have no prediction
             print(f"skipped {skipped} malformed row(s) (first: {', '.join(store.manifest['bad_rows']['first_skipped'])}); "
@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.predictions:
             out = Path(args.predictions)
             tmp = out.with_name(out.name + ".tmp")
-            np.savetxt(tmp, p, fmt="%.8f")
+            # float64 runs keep every digit (%.17g round-trips a double); float32 as before.
+            np.savetxt(tmp, p, fmt="%.17g" if p.dtype == np.float64 else "%.8f")
             os.replace(tmp, out)
             print(f"predictions: {out}")
     comm.barrier()

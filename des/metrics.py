@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from des.errors import DesError
@@ -35,6 +37,24 @@ def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     ranks[order] = np.repeat(avg_rank, ends - starts)
     rank_sum = ranks[labels].sum()
     return float((rank_sum - positives * (positives + 1) / 2.0) / (positives * negatives))
+
+
+_warned: set[str] = set()
+
+
+def auc_or_none(labels: np.ndarray, scores: np.ndarray, what: str = "", warn: bool = True) -> float | None:
+    """:func:`roc_auc`, or ``None`` (reported as n/a, ``null`` in JSON) when the rows have only
+    one class (a small split): a warning once per ``what`` instead of failing a finished run."""
+    labels = np.asarray(labels).ravel()
+    positives = int(np.count_nonzero(labels))
+    if 0 < positives < labels.size:
+        return roc_auc(labels, scores)
+    if warn and what not in _warned:
+        _warned.add(what)
+        only = "no rows" if labels.size == 0 else f"only {'positive' if positives else 'negative'} labels"
+        print(f"warning: AUC is undefined on {what or 'the evaluated rows'} ({labels.size} rows, {only}); "
+              "reported as n/a", file=sys.stderr, flush=True)
+    return None
 
 
 def logloss(labels: np.ndarray, probabilities: np.ndarray) -> float:

@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from des import runtime
-from des.collectives import Communicator
+from des.collectives import Communicator, describe_processes
 from des.config import MODELS, TrainConfig
 from des.errors import ConfigError, DesError, UsageError
+from des.run_folder import RunFolder
 from des.tensorboard import ScalarWriter, learning_rates, summary_scalars
 
 
@@ -129,14 +130,16 @@ def predict_split(strategy, store, split: str, batch_size: int) -> tuple[np.ndar
 
 
 def evaluate(strategy, store, split: str, batch_size: int) -> dict[str, Any] | None:
-    """Exact AUC and logloss over a whole split."""
-    from des.metrics import logloss, roc_auc
+    """Exact AUC and logloss over a whole split; AUC ``None`` (n/a, ``null`` in JSON) with one
+    warning from the first evaluating rank when the split has one class."""
+    from des.metrics import auc_or_none, logloss
 
     result = predict_split(strategy, store, split, batch_size)
     if result is None:
         return None
     p, y = result
-    return {"auc": roc_auc(y, p), "logloss": logloss(y, p), "rows": int(y.size)}
+    auc = auc_or_none(y, p, f"the {split} split", warn=strategy.comm.rank == strategy.evaluators[0])
+    return {"auc": auc, "logloss": logloss(y, p), "rows": int(y.size)}
 
 
 # ---------------------------------------------------------------------------------------------- the run
@@ -177,7 +180,7 @@ class Run:
     comm: Communicator
     store: Any
     strategy: Any
-    folder: Path
+    folder: Path  # where this job writes (the run folder, or its staging sibling with --overwrite)
     steps_per_epoch: int
     total_steps: int
     data_order: dict[str, Any]
@@ -186,6 +189,7 @@ class Run:
     last_validation: dict[str, Any] | None = None
     checkpoint: Path | None = None
     saved_step: int = -1
+    run_folder: RunFolder | None = None
     tensorboard: Any = None  # des.tensorboard.ScalarWriter: the metrics records and the summary as TB scalars
     _reader: Any = None
 
@@ -326,13 +330,16 @@ def summarize(run: Run, results: dict[str, Any]) -> dict[str, Any]:
         "table_rows_per_rank": per_rank[:, 1].tolist(),
         "table_bytes_per_rank": per_rank[:, 2].tolist(),
         **strategy.summary(),
-        "checkpoint": results.get("checkpoint"),
-        "run_folder": str(run.folder),
+        "checkpoint": str(run.run_folder.public(results["checkpoint"])) if results.get("checkpoint") else None,
+        "run_folder": str(run.run_folder.path),
     }
     if comm.rank == 0:
         (run.folder / "summary.json").write_text(json.dumps(summary, indent=1))
     run.tensorboard.scalars(summary["steps"], summary_scalars(summary))
     run.tensorboard.close()
+    comm.barrier("summary")
+    if comm.rank == 0:  # after success: an --overwrite run replaces the old one; the lock is released
+        run.run_folder.finish()
     run.say(_format_summary(summary))
     return summary
 
@@ -358,7 +365,8 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
     build_optimizers(config)  # a bad optimizer spec fails before TensorFlow is started
-    folder = plan_run_folder(config, comm)
+    run_folder = plan_run_folder(config, comm)
+    folder = run_folder.work
     runtime.configure_threads()
     strategy = build_strategy(config, comm, store.num_fields, distinct, cls=cls, placement=placement)
     # What fixes the order of the batches: a checkpoint's position only means the same batch in a
@@ -371,9 +379,9 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
         if strategy.step_count != manifest["epoch"] * steps_per_epoch + manifest["next_batch"]:
             raise ConfigError(f"checkpoint {config.resume}: step {strategy.step_count} is not epoch "
                               f"{manifest['epoch']} batch {manifest['next_batch']} of {steps_per_epoch} per epoch")
-    create_run_folder(folder, comm)
+    create_run_folder(run_folder, comm)
     run = Run(config, comm, store, strategy, folder, steps_per_epoch, total_steps, data_order,
-              start_step=strategy.step_count)
+              start_step=strategy.step_count, run_folder=run_folder)
     run.tensorboard = ScalarWriter(folder, run.talks, learning_rates(strategy.context.optimizers))
     hosts = runtime.describe_hosts(comm)  # collective
     if comm.rank == 0:
@@ -395,7 +403,9 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
                 f"{manifest['next_batch']}), written by {manifest['ranks']} rank(s)")
     if run.talks:
         print(describe_placement(strategy.placement, distinct, store.field_names, _empty_table(strategy)), flush=True)
-    run.say(f"  run folder: {folder}")
+    run.say(f"  run folder: {run_folder.path}" + (" (replaced when this run finishes)" if run_folder.overwrite else ""))
+    if describe_processes():  # which pid is which rank, for the launcher's "PID ... killed"
+        run.say(describe_processes())
     return run
 
 
@@ -407,32 +417,21 @@ def _empty_table(strategy):
                       tables=strategy.context.tables).tables[0]
 
 
-def plan_run_folder(config: TrainConfig, comm: Communicator) -> Path:
-    """The run folder's absolute path, checked to be creatable but not created yet: a run that
-    fails during setup (a bad checkpoint, say) leaves nothing behind."""
+def plan_run_folder(config: TrainConfig, comm: Communicator) -> RunFolder:
+    """The run folder, checked (writable, not in use, no other run in it) but not created yet: a
+    run that fails during set-up (a bad checkpoint, say) leaves nothing behind."""
     if comm.rank == 0:
-        folder = Path(config.output or f"runs/{config.model}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-        existing = folder
-        while not existing.exists() and existing != existing.parent:
-            existing = existing.parent
-        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-            raise ConfigError(f"output directory {folder} is not writable: {existing} is not a writable directory")
-        name = str(folder)
-    return Path(comm.bcast_json(name if comm.rank == 0 else None, "setup"))
+        plan = RunFolder.plan(config.output, model=config.model, resume=config.resume,
+                              overwrite=config.overwrite).to_json()
+    return RunFolder.from_json(comm.bcast_json(plan if comm.rank == 0 else None, "setup"))
 
 
-def create_run_folder(folder: Path, comm: Communicator) -> None:
+def create_run_folder(folder: RunFolder, comm: Communicator) -> None:
     # Every rank first finishes its set-up (a rank that fails to load its fields aborts the job
-    # here, before rank 0 has created anything).
+    # here, before rank 0 has created anything). Rank 0 then holds the folder's lock until exit.
     comm.barrier("setup")
     if comm.rank == 0:
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            probe = folder / ".write-test"
-            probe.write_text("ok")
-            probe.unlink()
-        except OSError as exc:
-            raise ConfigError(f"output directory {folder} is not writable: {exc.strerror or exc}") from None
+        folder.create()
     comm.barrier("setup")
 
 
@@ -494,7 +493,8 @@ def user_sees_a_terminal() -> bool:
 def _format_record(record: dict[str, Any]) -> str:
     text = f"step {record['step']:6d}  train loss {record['train_loss']:.4f}"
     if "auc" in record:
-        text += f"  val auc {record['auc']:.4f}  val logloss {record['logloss']:.4f}"
+        auc = "n/a" if record["auc"] is None else f"{record['auc']:.4f}"
+        text += f"  val auc {auc}  val logloss {record['logloss']:.4f}"
     return text + f"  {record['samples_per_second']:,.0f} samples/s"
 
 

@@ -60,3 +60,11 @@ def criteo_head(path: Path, rows: int) -> Path:
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+def mpich_shm() -> set[str]:
+    """MPICH's shared-memory files in /dev/shm: every job's on the machine, so tests compare the
+    names a job itself reports having used (other jobs may come and go meanwhile)."""
+    shm = Path("/dev/shm")
+    return {p.name for p in shm.glob("mpich_*")} if shm.is_dir() else set()
+

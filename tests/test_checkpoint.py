@@ -4,6 +4,7 @@ points at nothing loadable."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -139,7 +140,31 @@ def test_checkpoints_that_do_not_fit_are_refused(store, tmp_path) -> None:
         load_checkpoint(make_engine(store), tmp_path / "no-such-checkpoint")
     manifest_path = resolve_checkpoint(tmp_path / "run") / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
-    del manifest["model"]  # valid JSON, but not a whole manifest
+    del manifest["model"]  # valid JSON, but not a whole manifest (its checksum made to match)
     manifest_path.write_text(json.dumps(manifest))
+    (manifest_path.parent / "manifest.sha256").write_text(hashlib.sha256(manifest_path.read_bytes()).hexdigest())
     with pytest.raises(CheckpointError, match="is corrupt: 'model' is missing"):
         load_checkpoint(make_engine(store), tmp_path / "run")
+
+
+def test_a_tampered_manifest_is_refused_and_old_format_loads(store, tmp_path) -> None:
+    engine = make_engine(store)
+    train(engine, store, 2)
+    folder = save(engine, tmp_path / "run")
+    manifest_path = folder / "manifest.json"
+    original = manifest_path.read_text()
+    manifest = json.loads(original)
+    assert manifest["format"] == "des-checkpoint/2" and (folder / "manifest.sha256").is_file()
+    manifest["next_batch"] += 1  # would silently shift the data order of a resume
+    manifest_path.write_text(json.dumps(manifest, indent=1))
+    with pytest.raises(CheckpointError, match="manifest.json was modified or is corrupt"):
+        load_checkpoint(make_engine(store), folder)
+    manifest_path.write_text(original)
+    (folder / "manifest.sha256").unlink()
+    with pytest.raises(CheckpointError, match="has no manifest.sha256 .required by its format des-checkpoint/2"):
+        load_checkpoint(make_engine(store), folder)
+    # A checkpoint written before the checksum existed (format 1, no sidecar) still loads.
+    manifest = json.loads(original)
+    manifest["format"] = "des-checkpoint/1"
+    manifest_path.write_text(json.dumps(manifest, indent=1))
+    assert load_checkpoint(make_engine(store), folder)["step"] == 2

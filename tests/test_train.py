@@ -19,7 +19,7 @@ import psutil
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from tests.conftest import MPIEXEC, REPO, criteo_head, mpi_env, run_mpi
+from tests.conftest import MPIEXEC, REPO, criteo_head, mpi_env, mpich_shm, run_mpi
 
 SMALL = ["--embedding-dim", "4", "--hidden", "16,8", "--batch-size", "256", "--eval-batch-size", "1024",
          "--no-progress", "--table-capacity", "256"]
@@ -302,6 +302,10 @@ def test_bad_checkpoints(work: Path, resume_runs) -> None:
     victim.write_bytes(bytes(data))
     proc = train(work, 2, "bad8", "--model", "wdl", "--dtype", "float64", "--resume", str(corrupt), check=False)
     expect_error(proc, "field-005.table is corrupt")
+    # One line for the job, from the rank that failed (no launcher banner).
+    assert [line for line in proc.stderr.splitlines() if line.strip()] == \
+        [f"[rank 1] des.train: error: checkpoint file {resolve_checkpoint(corrupt) / 'field-005.table'} is corrupt "
+         "(sha256 mismatch)"], proc.stderr
     proc = train(work, 1, "bad10", *RESUME_FLAGS, "--batch-size", "128", "--resume", str(checkpoint), check=False)
     expect_error(proc, "another batch order (batch_size 256 vs 128)")
     # A run that fails while setting up leaves no run folder behind.
@@ -322,11 +326,21 @@ def test_killed_rank_ends_the_job(work: Path) -> None:
             time.sleep(0.2)
         ranks = [p for p in psutil.Process(job.pid).children(recursive=True) if "des.train" in " ".join(p.cmdline())]
         assert len(ranks) == 2
+        # The job's MPICH segment: mapped by the ranks, its name already unlinked (nothing to leak
+        # when the launcher SIGKILLs the survivor, which runs no handler).
+        segments = {line.split("/dev/shm/")[1].removesuffix(" (deleted)") for line in
+                    Path(f"/proc/{ranks[0].pid}/maps").read_text().splitlines() if "/dev/shm/mpich_" in line}
+        assert segments and not segments & mpich_shm()
         killed_at = time.monotonic()
         ranks[-1].send_signal(signal.SIGKILL)
         job.wait(timeout=60)
         assert time.monotonic() - killed_at < 30
         assert job.returncode != 0
+        assert not segments & mpich_shm()  # the survivor was SIGKILLed: nothing ran, nothing leaked
+        # The launcher names the killed pid; des's start-up lines say which rank that was.
+        out, err = job.communicate()
+        assert re.search(rf"processes: .*rank \d pid {ranks[-1].pid} on ", out), out
+        assert f"PID {ranks[-1].pid} " in out + err, (out, err)  # hydra's banner (on stdout)
     finally:
         if job.poll() is None:
             job.kill()

@@ -254,6 +254,9 @@ def _describe_problem(status: int, problem: np.ndarray, buf: bytes) -> str:
     return f"column {COLUMN_NAMES[column]}: {shown} {expectation}"
 
 
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
 class _HashingReader:
     """A read-only file wrapper that feeds every byte it returns into a sha256."""
 
@@ -375,6 +378,8 @@ class CriteoTsvReader:
         offset = 0
         while not at_eof:
             data = self._read_chunk(stream, report, is_gzip, offset)
+            if offset == 0 and data.startswith(_UTF8_BOM):
+                data = data[len(_UTF8_BOM):]  # some editors save one; it is not part of the label
             offset += len(data)
             at_eof = not data
             buf = pending + data if pending else data

@@ -1,0 +1,193 @@
+"""Run folders that never clobber each other, and aborts that leave nothing behind (issue 15).
+
+The folder lock and the atomic overwrite are checked in-process (``des.run_folder``); then end to
+end: a reused folder without flags, with ``--resume`` and with ``--overwrite``, two jobs started
+together on one folder, one-class evaluation splits, and ``/dev/shm`` after failing jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from des.errors import ConfigError
+from des.run_folder import LOCK_NAME, RunFolder, RunFolderError
+from tests.conftest import REPO, criteo_head, mpi_env, mpich_shm, run_mpi
+from tests.test_train import SMALL, expect_error
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("run-folder")
+    criteo_head(root / "small.tsv", 2000)
+    return root
+
+
+def train_args(work: Path, output: str, *flags: str, data: str = "small.tsv") -> list[str]:
+    return ["-m", "des.train", "--data", str(work / data), "--cache-dir", str(work / "cache"),
+            "--output", str(work / output), *SMALL, "--model", "lr", *flags]
+
+
+# --- in-process: the lock and the overwrite ---------------------------------------------------
+
+
+def test_a_second_job_is_refused_naming_the_holder_and_stale_locks_are_taken(tmp_path: Path) -> None:
+    first = RunFolder.plan(str(tmp_path / "run"), model="lr")
+    first.create()
+    lock = json.loads((tmp_path / "run" / LOCK_NAME).read_text())
+    assert set(lock) == {"host", "pid", "started"}
+    # flock conflicts between two opens even in one process: the second "job" is refused.
+    with pytest.raises(RunFolderError, match=rf"in use by another job \(host .*, pid {lock['pid']}, started"):
+        RunFolder.plan(str(tmp_path / "run"), model="lr")
+    with pytest.raises(RunFolderError, match="in use by another job"):
+        RunFolder(tmp_path / "run", tmp_path / "run").create()
+    (tmp_path / "run" / "config.json").write_text("{}")
+    first.finish()  # success: lock released and its file removed
+    assert not (tmp_path / "run" / LOCK_NAME).exists()
+    # A job killed while holding it leaves the file but no lock (the OS drops it): not in use,
+    # but the folder now holds a run.
+    stale = RunFolder.plan(str(tmp_path / "other"), model="lr")
+    stale.create()
+    stale.release()
+    again = RunFolder.plan(str(tmp_path / "other"), model="lr")
+    again.create()
+    again.finish()
+
+
+def test_overwrite_replaces_only_after_success_and_only_run_folders(tmp_path: Path) -> None:
+    old = tmp_path / "run"
+    old.mkdir()
+    (old / "config.json").write_text('{"old": 1}')
+    (old / "metrics.jsonl").write_text("old\n")
+    with pytest.raises(RunFolderError, match="already holds a run .config.json, metrics.jsonl.; pass --resume"):
+        RunFolder.plan(str(old), model="lr")
+    folder = RunFolder.plan(str(old), model="lr", overwrite=True)
+    assert folder.overwrite and folder.work != folder.path
+    folder.create()
+    (folder.work / "config.json").write_text('{"new": 1}')
+    assert folder.public(folder.work / "checkpoints" / "step-1") == old / "checkpoints" / "step-1"
+    # Until the job finishes, the old run is untouched (a job killed now leaves it as it was).
+    assert json.loads((old / "config.json").read_text()) == {"old": 1}
+    folder.finish()
+    assert json.loads((old / "config.json").read_text()) == {"new": 1}
+    assert sorted(p.name for p in old.iterdir()) == ["config.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no staging or old copy left
+    # --overwrite never deletes a folder des did not make.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("x")
+    with pytest.raises(RunFolderError, match="not a des run folder"):
+        RunFolder.plan(str(mine), model="lr", overwrite=True)
+    # --resume continues a run only from a checkpoint inside it.
+    with pytest.raises(ConfigError, match="--resume DIR continues only a checkpoint inside it"):
+        RunFolder.plan(str(old), model="lr", resume=str(tmp_path / "elsewhere"))
+    assert RunFolder.plan(str(old), model="lr", resume=str(old)).resuming
+
+
+def test_a_utf8_bom_is_skipped(tmp_path: Path) -> None:
+    from des.data import prepare
+
+    plain = criteo_head(tmp_path / "plain.tsv", 50)
+    bom = tmp_path / "bom.tsv"
+    bom.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    a = prepare(plain, tmp_path / "a", split=(1.0, 0.0, 0.0), seed=0)
+    b = prepare(bom, tmp_path / "b", split=(1.0, 0.0, 0.0), seed=0)
+    assert a.num_rows == b.num_rows == 50
+
+
+def test_auc_of_one_class_is_none_with_one_warning(capsys) -> None:
+    from des.metrics import auc_or_none
+
+    assert auc_or_none(np.array([0, 1]), np.array([0.2, 0.7])) == 1.0
+    assert auc_or_none(np.ones(5), np.linspace(0, 1, 5), "the test split of x") is None
+    assert auc_or_none(np.ones(5), np.linspace(0, 1, 5), "the test split of x") is None
+    assert auc_or_none(np.zeros(0), np.zeros(0), "empty", warn=False) is None
+    err = capsys.readouterr().err
+    assert err.count("warning: AUC is undefined on the test split of x (5 rows, only positive labels)") == 1
+    assert "empty" not in err
+
+
+# --- end to end -------------------------------------------------------------------------------
+
+
+def test_reused_folder_needs_resume_or_overwrite(work: Path) -> None:
+    run_mpi(1, train_args(work, "x", "--max-steps", "3", "--dtype", "float64"))
+    proc = run_mpi(1, train_args(work, "x", "--max-steps", "3", "--model", "fm"), check=False)
+    expect_error(proc, "already holds a run", "--overwrite")
+    assert proc.stderr.count("error:") == 1
+    assert json.loads((work / "x" / "config.json").read_text())["config"]["model"] == "lr"
+    # --resume continues it: same folder, metrics appended, steps 3 -> 5.
+    run_mpi(1, train_args(work, "x", "--max-steps", "5", "--dtype", "float64", "--resume", str(work / "x")))
+    summary = json.loads((work / "x" / "summary.json").read_text())
+    assert summary["steps"] == 5 and summary["steps_this_run"] == 2
+    assert (work / "x" / "checkpoints" / "latest").read_text().strip() == "step-00000005"
+    # float64 predictions keep every digit.
+    preds = work / "preds.txt"
+    from des.evaluate import main as evaluate  # in-process, one rank: a launch less
+
+    assert evaluate(["--checkpoint", str(work / "x"), "--data", str(work / "small.tsv"),
+                     "--cache-dir", str(work / "cache"), "--predictions", str(preds)]) == 0
+    first = preds.read_text().split()[0]
+    assert len(first.lstrip("0.").replace(".", "").split("e")[0]) >= 15, first
+    # --overwrite replaces it: nothing of the float64 lr run is left.
+    run_mpi(1, train_args(work, "x", "--max-steps", "2", "--model", "fm", "--overwrite"))
+    config = json.loads((work / "x" / "config.json").read_text())["config"]
+    assert config["model"] == "fm" and config["dtype"] == "float32"
+    assert sorted(p.name for p in (work / "x" / "checkpoints").iterdir()) == ["latest", "step-00000002"]
+    steps = [json.loads(line)["step"] for line in (work / "x" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [2]
+    summary = json.loads((work / "x" / "summary.json").read_text())
+    assert summary["model"] == "fm" and summary["run_folder"] == str(work / "x")
+    assert summary["checkpoint"] == str(work / "x" / "checkpoints" / "step-00000002")
+    assert not [p for p in work.iterdir() if p.name.startswith(".x.")]
+
+
+def test_two_jobs_on_one_folder(work: Path) -> None:
+    """Started together: one trains, the other is refused in one line (never a traceback, never
+    both writing)."""
+    cmd = [sys.executable, *train_args(work, "both", "--max-steps", "3")]
+    jobs = [subprocess.Popen(cmd, cwd=REPO, env=mpi_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    results = [(job.wait(timeout=240), *job.communicate()) for job in jobs]
+    codes = sorted(code for code, _, _ in results)
+    assert codes[0] == 0 and codes[1] != 0, results
+    refused = next(err for code, _, err in results if code != 0)
+    assert "Traceback" not in refused and refused.count("error:") == 1, refused
+    assert re.search(r"in use by another job \(host .*, pid \d+|already holds a run|filled by another job", refused)
+    steps = [json.loads(line)["step"] for line in (work / "both" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [3]
+
+
+def test_one_class_validation_and_test_splits(work: Path) -> None:
+    """All labels 0: training works, validation and test AUC are n/a (null), the run finishes."""
+    lines = (work / "small.tsv").read_text().splitlines()
+    (work / "negatives.tsv").write_text("".join("0" + line[1:] + "\n" for line in lines))
+    proc = run_mpi(2, train_args(work, "one-class", "--max-steps", "3", data="negatives.tsv"))
+    summary = json.loads((work / "one-class" / "summary.json").read_text())
+    assert summary["validation_auc"] is None and summary["test_auc"] is None
+    assert summary["test_logloss"] > 0 and summary["steps"] == 3
+    assert "val auc n/a" in proc.stdout and "test AUC n/a" in proc.stdout
+    assert proc.stderr.count("warning: AUC is undefined on the validation split") == 1, proc.stderr
+    assert proc.stderr.count("warning: AUC is undefined on the test split") == 1, proc.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("program, ranks", [("fail_everywhere", 3), ("fail_on_rank", 2)])
+def test_a_failing_job_prints_once_and_leaves_no_shared_memory(program: str, ranks: int) -> None:
+    """Every rank failing alike, or one rank failing while the others wait in a collective: one
+    line from one rank (no copy per rank, no launcher banner), and the job's segment is gone."""
+    before = mpich_shm()
+    proc = run_mpi(ranks, ["-m", f"tests.mpi_programs.{program}", "x.npz is corrupt"], check=False, timeout=60)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and re.fullmatch(rf"\[rank \d\] {program}: error: x.npz is corrupt", errors[0]), proc.stderr
+    segments = set(re.findall(r"/dev/shm/(mpich_\S+)", proc.stdout))
+    assert segments, proc.stdout  # MPICH did use a segment (named in /dev/shm while the job ran)...
+    after = mpich_shm()
+    assert not segments & after, (sorted(before), sorted(after))  # ...and nothing of it is left
