@@ -226,7 +226,7 @@ def check_data_order(manifest: dict[str, Any], data_order: dict[str, Any], folde
                               "resume with the same data, --batch-size, --seed and --drop-last, or start a new run")
 
 
-def _verified(folder: Path, manifest: dict[str, Any], file: str) -> Path:
+def verified_file(folder: Path, manifest: dict[str, Any], file: str) -> Path:
     path = folder / file
     expected = manifest["files"].get(file)
     if expected is None:
@@ -247,20 +247,20 @@ def load_checkpoint(strategy: Any, path: str | Path, *, data_order: dict[str, An
     if data_order is not None:
         check_data_order(manifest, data_order, folder)
     for field in state.fields:
-        table_path = _verified(folder, manifest, f"{_field_stem(field)}.table")
-        with _as_checkpoint_error(table_path):
+        table_path = verified_file(folder, manifest, f"{_field_stem(field)}.table")
+        with as_checkpoint_error(table_path):
             state.tables[field] = EmbeddingTable.load(table_path)
     dense = state.dense
     for field in dense.fields:  # own fields, or every field where the strategy replicates the slices
         j = dense.index(field)
-        dense_path = _verified(folder, manifest, f"{_field_stem(field)}.dense.npz")
-        with _as_checkpoint_error(dense_path):
+        dense_path = verified_file(folder, manifest, f"{_field_stem(field)}.dense.npz")
+        with as_checkpoint_error(dense_path):
             arrays = np.load(dense_path, allow_pickle=False)
             for pname, value in dense.field_params.items():
                 value[j] = arrays[f"{pname}__value"]
                 _load_state(pname, arrays, dense.field_states[(pname, field)])
-    dense_path = _verified(folder, manifest, "dense.npz")
-    with _as_checkpoint_error(dense_path):
+    dense_path = verified_file(folder, manifest, "dense.npz")
+    with as_checkpoint_error(dense_path):
         arrays = np.load(dense_path, allow_pickle=False)
         for pname, value in dense.top_params.items():
             value[...] = arrays[f"{pname}__value"]
@@ -271,7 +271,7 @@ def load_checkpoint(strategy: Any, path: str | Path, *, data_order: dict[str, An
 
 
 @contextmanager
-def _as_checkpoint_error(path: Path) -> Iterator[None]:
+def as_checkpoint_error(path: Path) -> Iterator[None]:
     """Turn any failure to read a (checksum-verified) file into a one-line CheckpointError."""
     try:
         yield

@@ -211,7 +211,7 @@ def _read_checkpoint(folder: Path, manifest: dict[str, Any], model: Any) -> dict
     """Every field's rows (values as training gathers them), field-sliced weights and top weights."""
     import numpy as np
 
-    from des.checkpoint import _as_checkpoint_error, _verified
+    from des.checkpoint import as_checkpoint_error, verified_file
     from des.hashtable import EmbeddingTable
 
     blocks = [b.name for b in model.blocks()]
@@ -220,8 +220,8 @@ def _read_checkpoint(folder: Path, manifest: dict[str, Any], model: Any) -> dict
     table_specs: dict[str, Any] = {}
     table_options: dict[str, Any] = {}
     for field in range(model.num_fields):
-        path = _verified(folder, manifest, f"field-{field:03d}.table")
-        with _as_checkpoint_error(path):
+        path = verified_file(folder, manifest, f"field-{field:03d}.table")
+        with as_checkpoint_error(path):
             table = EmbeddingTable.load(path)
         if table.field != field or [b.name for b in table.blocks] != blocks:
             raise ConfigError(f"{path} holds field {table.field} with blocks {[b.name for b in table.blocks]}, "
@@ -236,13 +236,13 @@ def _read_checkpoint(folder: Path, manifest: dict[str, Any], model: Any) -> dict
             # gather applies admission: a not-yet-admitted row gives its initial value or zero.
             values[b].append(table.gather(b, field_keys, rows))
         del table
-        path = _verified(folder, manifest, f"field-{field:03d}.dense.npz")
-        with _as_checkpoint_error(path), np.load(path, allow_pickle=False) as arrays:
+        path = verified_file(folder, manifest, f"field-{field:03d}.dense.npz")
+        with as_checkpoint_error(path), np.load(path, allow_pickle=False) as arrays:
             for name in arrays.files:
                 if name.endswith("__value") and "__state__" not in name:
                     field_params.setdefault(name[: -len("__value")], []).append(arrays[name])
-    path = _verified(folder, manifest, "dense.npz")
-    with _as_checkpoint_error(path), np.load(path, allow_pickle=False) as arrays:
+    path = verified_file(folder, manifest, "dense.npz")
+    with as_checkpoint_error(path), np.load(path, allow_pickle=False) as arrays:
         top = {name: arrays[f"{name}__value"] for name in model.top_params()}
     all_keys = np.concatenate(keys)
     return {
