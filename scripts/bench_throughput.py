@@ -171,9 +171,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     })
                 rows.append(row)
     for row in rows:  # speed-up over DES on one rank, and over alltoall at the same N
-        for key, strategy, ranks in (("vs_des_n1", "des", 1), ("vs_alltoall", "alltoall", row["ranks"])):
+        for key, strategy, base_ranks in (("vs_des_n1", "des", 1), ("vs_alltoall", "alltoall", row["ranks"])):
             base = next((r for r in rows if r["model"] == row["model"] and r["strategy"] == strategy
-                         and r["ranks"] == ranks), None)
+                         and r["ranks"] == base_ranks), None)
             if base and base.get("samples_per_second") and row.get("samples_per_second"):
                 row[key] = row["samples_per_second"] / base["samples_per_second"]
 

@@ -101,9 +101,9 @@ class DES(Strategy):
         labels = np.asarray(batch.labels, dtype=self.dtype)
         top = list(dense.top_params.values())
         buffer, pooled, touched = self._partials(batch, train=True)
-        if self.upper == "replicated":
+        if self.upper == "replicated" or comm.size == 1:  # one rank: the row block is the batch
             with timer("allreduce"):
-                comm.allreduce_sum_(buffer, "forward_partials")
+                comm.allreduce_sum_(buffer, "forward_partials")  # (no-op on one rank)
             with timer("top"):
                 loss, buffer_grad, top_grads = form.top_train(buffer, labels, top, size)
                 loss, top_grads = float(loss), [g.numpy() for g in top_grads]
@@ -121,7 +121,7 @@ class DES(Strategy):
                 buffer_grad = comm.allgather_rows(rows_grad.numpy(), size, "gradient_allgather")
         with timer("local_backward"):
             pooled_grads, field_grads = form.local_backward(pooled, list(dense.field_params.values()), buffer_grad)
-        if self.upper != "replicated":
+        if self.upper != "replicated" and comm.size > 1:
             with timer("allreduce"):
                 pending.wait()
                 loss, top_grads = float(packed[0]), dense.split_top(packed[1:])
@@ -135,7 +135,7 @@ class DES(Strategy):
     def predict(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
         buffer, _, _ = self._partials(batch, train=False)
         top, comm = list(self.dense.top_params.values()), self.comm
-        if self.upper == "replicated":
+        if self.upper == "replicated" or comm.size == 1:
             comm.allreduce_sum_(buffer, "eval_partials")
             return self.split_form.top_predict(buffer, top).numpy(), np.asarray(batch.labels)
         rows = comm.reduce_scatter_rows_sum(buffer, "eval_partials")
@@ -148,6 +148,9 @@ class DES(Strategy):
 
     def describe(self) -> str:
         return f"{self.description}; upper network {self.upper}; buffer {self.buffer_width} floats/sample"
+
+    def summary(self) -> dict[str, Any]:
+        return {"upper": self.upper}
 
     def memory(self) -> dict[str, int]:
         return {**self.shard.memory(), "dense_bytes": self.dense.nbytes}
