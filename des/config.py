@@ -68,7 +68,15 @@ class TrainConfig:
     unadmitted: str = _opt("init", "what unknown/unadmitted ids contribute", choices=("init", "zero"))
     table_capacity: int = _opt(1 << 14, "initial hash-table slots per field (tables grow)")
 
+    sparse_schedule: str = _opt("constant", "learning-rate schedule of the sparse optimizers (embeddings and order-1 "
+                                "weights): constant, warmup:steps=W, linear:warmup=W,end=E, cosine:warmup=W,end=E "
+                                "or plateau:factor=F,patience=P,min=M (des/schedules.py)")
+    dense_schedule: str = _opt("constant", "learning-rate schedule of the dense optimizer (same specs)")
+
     eval_every: int = _opt(0, "validate every N steps (0: at the end of each epoch)")
+    early_stop: int = _opt(0, "stop after this many validations in a row without improvement of --monitor and "
+                           "restore the best checkpoint for the summary, the test split and des.evaluate (0: off)")
+    monitor: str = _opt("auc", "validation metric of --early-stop and plateau schedules", choices=("auc", "logloss"))
     eval_batch_size: int = _opt(8192, "batch size for validation and test")
     checkpoint_every: int = _opt(0, "checkpoint every N steps (0: only at the end)")
     output: str = _opt("", "run folder (default runs/<model>-<timestamp>)")
@@ -101,16 +109,24 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{_flag(name)} must be at least 1, got {getattr(self, name)}")
-        for name in ("epochs", "max_steps", "ttl", "eval_every", "checkpoint_every"):
+        for name in ("epochs", "max_steps", "ttl", "eval_every", "checkpoint_every", "early_stop"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{_flag(name)} must not be negative, got {getattr(self, name)}")
         if self.epochs == 0 and self.max_steps == 0:
             raise ConfigError("nothing to train: --epochs and --max-steps are both 0")
         self.hidden_units()
         self.split_fractions()
+        self.schedules()
         if not self.plugins and self.strategy not in default_strategy_names():
             raise ConfigError(f"unknown strategy {self.strategy!r} (choose one of: {', '.join(default_strategy_names())}, "
                               "or load one with --plugins)")
+
+    def schedules(self) -> dict[str, Any]:
+        """``{"sparse": Schedule, "dense": Schedule}`` (a one-line :class:`ConfigError` if malformed)."""
+        from des.schedules import parse_schedule
+
+        return {"sparse": parse_schedule(self.sparse_schedule, "sparse-schedule"),
+                "dense": parse_schedule(self.dense_schedule, "dense-schedule")}
 
     def split_fractions(self) -> tuple[float, float, float] | None:
         """``--split`` as three fractions (``None``: empty, the data's own split)."""

@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import sys
 import textwrap
 import time
@@ -28,6 +29,7 @@ from des import runtime
 from des.collectives import Communicator
 from des.config import MODELS, TrainConfig
 from des.errors import ConfigError, DesError, UsageError
+from des.schedules import Plateau, Schedule
 from des.tensorboard import ScalarWriter, learning_rates, summary_scalars
 
 
@@ -172,6 +174,35 @@ class Meter:
 
 
 @dataclass
+class TrainingState:
+    """What a resume needs besides the parameters and the position: the best validation so far
+    (``--monitor``), validations since it, the best checkpoint (``--early-stop``), whether the run
+    stopped, and each plateau schedule's state. Saved in every checkpoint's manifest."""
+
+    best: float | None = None
+    best_step: int = -1
+    best_validation: dict[str, Any] | None = None
+    best_checkpoint: str | None = None
+    bad: int = 0
+    stopped: bool = False
+    plateau: dict[str, Plateau] = field(default_factory=lambda: {"sparse": Plateau(), "dense": Plateau()})
+
+    def improves(self, value: float, monitor: str) -> bool:
+        return self.best is None or (value > self.best if monitor == "auc" else value < self.best)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{k: getattr(self, k) for k in ("best", "best_step", "best_validation", "best_checkpoint", "bad",
+                                                 "stopped")},
+                "plateau": {k: vars(v) for k, v in self.plateau.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "TrainingState":
+        d = dict(d or {})  # a checkpoint without one (older format): a fresh state
+        plateau = {k: Plateau(**v) for k, v in d.pop("plateau", {}).items()}
+        return cls(**d, **({"plateau": plateau} if plateau else {}))
+
+
+@dataclass
 class Run:
     config: TrainConfig
     comm: Communicator
@@ -187,6 +218,8 @@ class Run:
     checkpoint: Path | None = None
     saved_step: int = -1
     tensorboard: Any = None  # des.tensorboard.ScalarWriter: the metrics records and the summary as TB scalars
+    training: TrainingState = field(default_factory=TrainingState)
+    schedules: dict[str, Schedule] = field(default_factory=dict)
     _reader: Any = None
 
     @property
@@ -209,27 +242,87 @@ class Run:
                                        **self.strategy.reader_options())
         return self._reader.batch(index)
 
+    def set_rates(self, step: int) -> None:
+        """The schedules' factors of global step ``step`` (the same on every rank) for the optimizers."""
+        rates = self.strategy.context.optimizers.rates
+        for group, schedule in self.schedules.items():
+            setattr(rates, group, schedule.factor(step, self.total_steps, self.training.plateau[group].scale))
+
     def validate(self, step: int, epoch: int, progress=None) -> None:
-        """Validation AUC/logloss on the evaluating ranks; one line of ``metrics.jsonl``."""
+        """Validation AUC/logloss on the evaluating ranks; one line of ``metrics.jsonl``; then early
+        stopping and plateau schedules (collective on a synchronous strategy)."""
         result = evaluate(self.strategy, self.store, "validation", self.config.eval_batch_size)
+        if self.strategy.synchronous:  # every rank takes the same early-stopping decision
+            result = self.comm.bcast_json(result, "validation", root=self.strategy.evaluators[0])
         record = {"step": step, "epoch": epoch, "samples": self.meter.samples, "train_loss": self.meter.take_mean_loss(),
                   "samples_per_second": self.meter.samples_per_second}
         if result:
             record.update({"auc": result["auc"], "logloss": result["logloss"]})
             self.last_validation = result
+            if self.strategy.synchronous:
+                record.update(self.observe(step, epoch, result))
         if self.talks:
             with open(self.folder / "metrics.jsonl", "a") as fh:
                 fh.write(json.dumps(record) + "\n")
             self.tensorboard.scalars(step, record)
             (progress.write if progress is not None else self.say)(_format_record(record))
 
-    def save(self, epoch: int, next_batch: int) -> None:
+    def observe(self, step: int, epoch: int, result: dict[str, Any]) -> dict[str, Any]:
+        """Track the best validation, keep its checkpoint (``--early-stop``), count validations
+        without improvement, reduce plateau schedules; returns the entries for the metrics record."""
+        state, config = self.training, self.config
+        improved = state.improves(result[config.monitor], config.monitor)
+        if improved:
+            state.best, state.best_step, state.best_validation, state.bad = result[config.monitor], step, result, 0
+        else:
+            state.bad += 1
+        out: dict[str, Any] = {}
+        for group, schedule in self.schedules.items():
+            if state.plateau[group].update(schedule, improved):
+                out[f"lr_scale_{group}"] = state.plateau[group].scale
+        if config.early_stop:
+            state.stopped = state.bad >= config.early_stop
+            if improved:
+                state.best_checkpoint = str(self.save(epoch, step - epoch * self.steps_per_epoch, best=True))
+            out.update({"best_step": state.best_step, "stop": state.stopped})
+        return out
+
+    def save(self, epoch: int, next_batch: int, best: bool = False) -> Path:
+        """A checkpoint (collective) in ``checkpoints/``, or with ``best`` in ``checkpoints/best/``
+        (only the newest best is kept)."""
         from des.checkpoint import save_checkpoint
 
-        self.checkpoint = save_checkpoint(self.strategy, self.folder / "checkpoints", epoch=epoch,
-                                          next_batch=next_batch, config=self.config.to_dict(), ttl=self.config.ttl,
-                                          data_order=self.data_order)
-        self.saved_step = self.strategy.step_count
+        root = self.folder / "checkpoints" / ("best" if best else "")
+        path = save_checkpoint(self.strategy, root, epoch=epoch, next_batch=next_batch, config=self.config.to_dict(),
+                               ttl=0 if best else self.config.ttl, data_order=self.data_order,
+                               training_state=self.training.to_dict())
+        if best:
+            if self.comm.rank == 0:
+                for old in root.glob("step-*"):
+                    if old != path:
+                        shutil.rmtree(old, ignore_errors=True)
+            return path
+        self.checkpoint, self.saved_step = path, self.strategy.step_count
+        return path
+
+    def restore_best(self) -> None:
+        """Load the best checkpoint (collective) and make it the run's result: ``checkpoints/latest``
+        points at it, so ``des.evaluate RUN_FOLDER`` evaluates the best model."""
+        from des.checkpoint import load_checkpoint
+
+        best = Path(self.training.best_checkpoint)
+        if self.strategy.step_count != self.training.best_step:
+            load_checkpoint(self.strategy, best)
+        self.last_validation = self.training.best_validation
+        if self.comm.rank == 0:
+            root = self.folder / "checkpoints"
+            root.mkdir(parents=True, exist_ok=True)
+            target = os.path.relpath(best, root)
+            tmp = root / "latest.tmp"
+            tmp.write_text(target + "\n")
+            os.replace(tmp, root / "latest")
+        self.checkpoint, self.saved_step = best, self.strategy.step_count
+        self.comm.barrier("checkpoint")
 
 
 def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
@@ -249,11 +342,12 @@ def loop(run: Run) -> None:
     """Train this rank's batches from the strategy's step to the run's end, with validation and
     checkpoints on their cadence (steps counted in global batches, the same on every rank)."""
     strategy, config = run.strategy, run.config
-    mine = strategy.steps(strategy.step_count, run.total_steps)
+    mine = strategy.steps(strategy.step_count, run.total_steps) if not run.training.stopped else range(0)
     progress = _progress(run.talks and config.progress, strategy.step_count + len(mine), strategy.step_count)
     for step in mine:
         epoch, index = divmod(step, run.steps_per_epoch)
         batch = run.batch(epoch, index)
+        run.set_rates(step)
         start = time.perf_counter()
         loss = strategy.train_step(batch)
         run.meter.record(loss, batch.global_size, time.perf_counter() - start, strategy.timer)
@@ -266,6 +360,10 @@ def loop(run: Run) -> None:
             run.validate(done, epoch, progress)
         if config.checkpoint_every and done % config.checkpoint_every == 0:
             run.save(epoch, index + 1)
+        if run.training.stopped:  # --early-stop: validation stopped improving
+            run.say(f"early stop at step {done}: no better validation {config.monitor} since step "
+                    f"{run.training.best_step}")
+            break
     strategy.end_training()
     if progress is not None:
         progress.close()
@@ -278,7 +376,9 @@ def finish(run: Run) -> dict[str, Any]:
     if run.last_validation is None and run.meter.steps and evaluating:
         epoch = (run.total_steps - 1) // run.steps_per_epoch
         run.validate(run.total_steps, epoch)
-    if strategy.checkpoints and run.saved_step != strategy.step_count:
+    if run.training.best_checkpoint:  # --early-stop: the best model is the result
+        run.restore_best()
+    elif strategy.checkpoints and run.saved_step != strategy.step_count:
         epoch, index = divmod(strategy.step_count - 1, run.steps_per_epoch)
         run.save(epoch, index + 1)
     test = evaluate(strategy, run.store, "test", config.eval_batch_size) if evaluating else None
@@ -327,6 +427,8 @@ def summarize(run: Run, results: dict[str, Any]) -> dict[str, Any]:
         "table_bytes_per_rank": per_rank[:, 2].tolist(),
         **strategy.summary(),
         "checkpoint": results.get("checkpoint"),
+        "best_step": run.training.best_step if run.config.early_stop else None,
+        "stopped_early": run.training.stopped,
         "run_folder": str(run.folder),
     }
     if comm.rank == 0:
@@ -358,6 +460,7 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
     build_optimizers(config)  # a bad optimizer spec fails before TensorFlow is started
+    schedules = check_validation_use(config, cls, len(store.split_rows("validation")))
     folder = plan_run_folder(config, comm)
     runtime.configure_threads()
     strategy = build_strategy(config, comm, store.num_fields, distinct, cls=cls, placement=placement)
@@ -373,7 +476,8 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
                               f"{manifest['epoch']} batch {manifest['next_batch']} of {steps_per_epoch} per epoch")
     create_run_folder(folder, comm)
     run = Run(config, comm, store, strategy, folder, steps_per_epoch, total_steps, data_order,
-              start_step=strategy.step_count)
+              start_step=strategy.step_count, schedules=schedules,
+              training=TrainingState.from_dict(manifest.get("training_state") if manifest else None))
     run.tensorboard = ScalarWriter(folder, run.talks, learning_rates(strategy.context.optimizers))
     hosts = runtime.describe_hosts(comm)  # collective
     if comm.rank == 0:
@@ -397,6 +501,22 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
         print(describe_placement(strategy.placement, distinct, store.field_names, _empty_table(strategy)), flush=True)
     run.say(f"  run folder: {folder}")
     return run
+
+
+def check_validation_use(config: TrainConfig, cls: Any, validation_rows: int) -> dict[str, Schedule]:
+    """The non-constant schedules; ``--early-stop`` and plateau schedules need validation rows and a
+    synchronous strategy (an asynchronous one validates once, at the end)."""
+    schedules = {group: s for group, s in config.schedules().items() if s.kind != "constant"}
+    users = ([f"--early-stop {config.early_stop}"] if config.early_stop else []) + \
+        [f"--{group}-schedule {s.kind}" for group, s in schedules.items() if s.on_plateau]
+    if users and validation_rows == 0:
+        raise ConfigError(f"{users[0]} needs validation rows, and the data has none (give --split a validation "
+                          "fraction)")
+    if (users or schedules) and not cls.synchronous:
+        what = users[0] if users else f"--{next(iter(schedules))}-schedule"
+        raise ConfigError(f"{what} is not supported with --strategy {cls.name} (asynchronous: servers apply pushes "
+                          "on arrival and validation runs once, at the end)")
+    return schedules
 
 
 def _empty_table(strategy):

@@ -207,16 +207,21 @@ class _OptimizerBase:
         raise NotImplementedError
 
     def apply_rows(self, w: np.ndarray, slots: tuple[np.ndarray, ...], steps: np.ndarray | None,
-                   rows: np.ndarray, g: np.ndarray) -> None:
+                   rows: np.ndarray, g: np.ndarray, lr_scale: float = 1.0) -> None:
         """Update ``w[rows]`` (and its slots) in place with one gradient row per *unique* row.
 
         ``w`` and each slot are ``[R, D]`` arrays (views allowed) of one float dtype; ``steps`` is an
         int32 ``[R]`` per-row step counter when ``needs_step``; ``g`` is ``[len(rows), D]``.
+        ``lr_scale`` multiplies the learning rate (FTRL: alpha) of this update (a schedule's
+        factor): the product is formed in Python floats and rounded once to ``w``'s dtype.
         """
         if rows.shape[0] == 0:
             return
         g = np.ascontiguousarray(g, dtype=w.dtype)
-        self._kernel(w, slots, steps, rows, g, self._hp(w.dtype))
+        hp = self._hp(w.dtype)
+        if lr_scale != 1.0:  # hp[0] is every optimizer's rate (FTRL: alpha)
+            hp[0] = float(getattr(self, "lr", getattr(self, "alpha", 0.0))) * lr_scale
+        self._kernel(w, slots, steps, rows, g, hp)
 
 
 @dataclass(frozen=True)
@@ -387,8 +392,9 @@ class DenseOptimizerState:
         """Number of Adam steps applied so far (0 for optimizers without a step count)."""
         return 0 if self._steps is None else int(self._steps[0])
 
-    def apply(self, param: np.ndarray, grad: np.ndarray) -> None:
-        """Update ``param`` (C-contiguous, this state's shape and dtype) in place with ``grad``."""
+    def apply(self, param: np.ndarray, grad: np.ndarray, lr_scale: float = 1.0) -> None:
+        """Update ``param`` (C-contiguous, this state's shape and dtype) in place with ``grad``;
+        ``lr_scale`` multiplies the learning rate (a schedule's factor)."""
         if not isinstance(param, np.ndarray) or param.shape != self.shape or param.dtype != self.dtype:
             raise ValueError(f"param must be an ndarray of shape {self.shape} and dtype {self.dtype}, "
                              f"got {getattr(param, 'shape', None)} {getattr(param, 'dtype', type(param))}")
@@ -399,7 +405,7 @@ class DenseOptimizerState:
             raise ValueError(f"grad shape {grad.shape} != param shape {self.shape}")
         w = param.reshape(1, -1)
         slots = tuple(s.reshape(1, -1) for s in self._slots)
-        self.optimizer.apply_rows(w, slots, self._steps, self._rows, grad.reshape(1, -1))
+        self.optimizer.apply_rows(w, slots, self._steps, self._rows, grad.reshape(1, -1), lr_scale)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Copies of the slots (param-shaped, named by ``slot_names``) and ``step`` if any."""

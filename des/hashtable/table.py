@@ -290,13 +290,14 @@ class EmbeddingTable:
                              f"table ({self._n} rows)")
         return out
 
-    def apply_gradients(self, block: str, rows: np.ndarray, grads: np.ndarray, step: int) -> None:
+    def apply_gradients(self, block: str, rows: np.ndarray, grads: np.ndarray, step: int,
+                        lr_scale: float = 1.0) -> None:
         """Apply block ``block``'s optimizer to the rows, in place.
 
         ``grads`` is ``[n, dim]``, one row per occurrence: gradients of duplicate rows are summed
         first (in occurrence order), then the optimizer runs once per unique admitted row. Rows -1
         and unadmitted rows are skipped. ``step`` is recorded as ``last_update_step`` only (Adam's
-        step count is per row, see ``optimizers.py``).
+        step count is per row, see ``optimizers.py``). ``lr_scale``: a schedule's factor of the rate.
         """
         b = self._block(block)
         spec = self.blocks[b]
@@ -313,7 +314,7 @@ class EmbeddingTable:
                              f"this table ({self._n} rows)")
         data, dim = self._data[b], spec.dim
         slots = tuple(data[:, dim * (s + 1):dim * (s + 2)] for s in range(spec.optimizer.num_slots))
-        spec.optimizer.apply_rows(data[:, :dim], slots, self._steps[b], uniq[:u], acc[:u])
+        spec.optimizer.apply_rows(data[:, :dim], slots, self._steps[b], uniq[:u], acc[:u], lr_scale)
         self.last_update_step = int(step)
 
     def _scratch(self, n: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
