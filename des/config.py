@@ -65,7 +65,9 @@ class TrainConfig:
     placement: str = _opt("mod", "field placement over ranks", choices=("mod", "balanced"))
     min_count: int = _opt(1, "admission: occurrences before an id gets a trained row")
     ttl: int = _opt(0, "eviction: drop rows unseen for this many steps at checkpoint time (0: never)")
-    unadmitted: str = _opt("init", "what unknown/unadmitted ids contribute", choices=("init", "zero"))
+    unadmitted: str = _opt("init", "what unknown/unadmitted ids contribute: their initial value, zeros, or one "
+                           "trained out-of-vocabulary row per field that all of them share (FuxiCTR's treatment "
+                           "of ids seen fewer than --min-count times)", choices=("init", "zero", "shared"))
     table_capacity: int = _opt(1 << 14, "initial hash-table slots per field (tables grow)")
 
     sparse_schedule: str = _opt("constant", "learning-rate schedule of the sparse optimizers (embeddings and order-1 "
@@ -74,8 +76,9 @@ class TrainConfig:
     dense_schedule: str = _opt("constant", "learning-rate schedule of the dense optimizer (same specs)")
 
     eval_every: int = _opt(0, "validate every N steps (0: at the end of each epoch)")
-    early_stop: int = _opt(0, "stop after this many validations in a row without improvement of --monitor and "
-                           "restore the best checkpoint for the summary, the test split and des.evaluate (0: off)")
+    early_stop: int = _opt(-1, "stop after this many validations in a row without improvement of --monitor and "
+                           "restore the best checkpoint for the summary, the test split and des.evaluate (0: off; "
+                           "-1: auto, 2 when training by --epochs (no --max-steps) on data with validation rows)")
     monitor: str = _opt("auc", "validation metric of --early-stop and plateau schedules", choices=("auc", "logloss"))
     eval_batch_size: int = _opt(8192, "batch size for validation and test")
     checkpoint_every: int = _opt(0, "checkpoint every N steps (0: only at the end)")
@@ -109,9 +112,11 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{_flag(name)} must be at least 1, got {getattr(self, name)}")
-        for name in ("epochs", "max_steps", "ttl", "eval_every", "checkpoint_every", "early_stop"):
+        for name in ("epochs", "max_steps", "ttl", "eval_every", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{_flag(name)} must not be negative, got {getattr(self, name)}")
+        if self.early_stop < -1:
+            raise ConfigError(f"--early-stop must be -1 (auto), 0 (off) or a patience >= 1, got {self.early_stop}")
         if self.epochs == 0 and self.max_steps == 0:
             raise ConfigError("nothing to train: --epochs and --max-steps are both 0")
         self.hidden_units()
@@ -120,6 +125,12 @@ class TrainConfig:
         if not self.plugins and self.strategy not in default_strategy_names():
             raise ConfigError(f"unknown strategy {self.strategy!r} (choose one of: {', '.join(default_strategy_names())}, "
                               "or load one with --plugins)")
+
+    def early_stop_patience(self, validation_rows: int) -> int:
+        """``--early-stop`` resolved: auto (-1) is 2 for a run by --epochs with validation rows, else 0."""
+        if self.early_stop >= 0:
+            return self.early_stop
+        return 2 if validation_rows and not self.max_steps else 0
 
     def schedules(self) -> dict[str, Any]:
         """``{"sparse": Schedule, "dense": Schedule}`` (a one-line :class:`ConfigError` if malformed)."""

@@ -9,6 +9,7 @@ validation, checkpoint, test) + :func:`summarize` (``summary.json``). A strategy
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -251,6 +252,7 @@ class Run:
     def validate(self, step: int, epoch: int, progress=None) -> None:
         """Validation AUC/logloss on the evaluating ranks; one line of ``metrics.jsonl``; then early
         stopping and plateau schedules (collective on a synchronous strategy)."""
+        self.catch_up()
         result = evaluate(self.strategy, self.store, "validation", self.config.eval_batch_size)
         if self.strategy.synchronous:  # every rank takes the same early-stopping decision
             result = self.comm.bcast_json(result, "validation", root=self.strategy.evaluators[0])
@@ -266,6 +268,13 @@ class Run:
                 fh.write(json.dumps(record) + "\n")
             self.tensorboard.scalars(step, record)
             (progress.write if progress is not None else self.say)(_format_record(record))
+
+    def catch_up(self) -> None:
+        """Rows of a lazily caught-up optimizer (``adam:catchup=1``) take their deferred steps, so
+        that evaluation and checkpoints see every row at the current step."""
+        if self.strategy.role == "train":
+            for table in self.strategy.state().tables.values():
+                table.catch_up(self.strategy.step_count, self.strategy.context.optimizers.rates.sparse)
 
     def observe(self, step: int, epoch: int, result: dict[str, Any]) -> dict[str, Any]:
         """Track the best validation, keep its checkpoint (``--early-stop``), count validations
@@ -293,6 +302,7 @@ class Run:
         from des.checkpoint import save_checkpoint
 
         root = self.folder / "checkpoints" / ("best" if best else "")
+        self.catch_up()
         path = save_checkpoint(self.strategy, root, epoch=epoch, next_batch=next_batch, config=self.config.to_dict(),
                                ttl=0 if best else self.config.ttl, data_order=self.data_order,
                                training_state=self.training.to_dict())
@@ -381,6 +391,7 @@ def finish(run: Run) -> dict[str, Any]:
     elif strategy.checkpoints and run.saved_step != strategy.step_count:
         epoch, index = divmod(strategy.step_count - 1, run.steps_per_epoch)
         run.save(epoch, index + 1)
+    run.catch_up()
     test = evaluate(strategy, run.store, "test", config.eval_batch_size) if evaluating else None
     return {"validation": run.last_validation, "test": test,
             "checkpoint": str(run.checkpoint) if run.checkpoint else None}
@@ -460,7 +471,11 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
     build_optimizers(config)  # a bad optimizer spec fails before TensorFlow is started
-    schedules = check_validation_use(config, cls, len(store.split_rows("validation")))
+    validation_rows = len(store.split_rows("validation"))
+    if config.early_stop == -1:  # auto: a plain value from here on (config.json, checkpoints)
+        auto = config.early_stop_patience(validation_rows) if cls.synchronous else 0
+        config = dataclasses.replace(config, early_stop=auto)
+    schedules = check_validation_use(config, cls, validation_rows)
     folder = plan_run_folder(config, comm)
     runtime.configure_threads()
     strategy = build_strategy(config, comm, store.num_fields, distinct, cls=cls, placement=placement)

@@ -3,7 +3,8 @@
 One training that overfits fast (large embedding rate) stops ``--early-stop`` validations after
 its best one; the summary, the test split and ``des.evaluate`` use the best checkpoint; a run
 resumed from a mid-run checkpoint on another rank count keeps the early-stopping and plateau state
-(it logs the same validations and stops at the same step).
+and the fields' shared rows (``--unadmitted shared``): it logs the same validations and stops at
+the same step.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ FLAGS = ["--model", "deepfm", "--embedding-dim", "4", "--hidden", "16,8", "--bat
          "--eval-batch-size", "1024", "--no-progress", "--table-capacity", "256", "--epochs", "20",
          "--eval-every", "5", "--early-stop", "2", "--checkpoint-every", "10", "--embedding-optimizer", "adam:lr=0.05",
          "--dense-optimizer", "adam:lr=0.01", "--sparse-schedule", "cosine:warmup=3,end=0.2",
-         "--dense-schedule", "plateau:factor=0.5,patience=1"]
+         "--dense-schedule", "plateau:factor=0.5,patience=1", "--unadmitted", "shared", "--min-count", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +102,7 @@ def test_schedule_factors_are_a_function_of_the_step() -> None:
     (["--dense-schedule", "plateau:factor=2"], "factor must be in (0, 1]"),
     (["--dense-schedule", "step:every=3"], "unknown schedule 'step'"),
     (["--monitor", "accuracy"], "--monitor"),
-    (["--early-stop", "-1"], "--early-stop must not be negative"),
+    (["--early-stop", "-2"], "--early-stop must be -1 (auto), 0 (off) or a patience >= 1, got -2"),
 ])
 def test_bad_schedules_and_monitors_are_one_line(flags: list[str], message: str) -> None:
     with pytest.raises(UsageError) as err:
