@@ -45,15 +45,18 @@ class TrainConfig:
     l2_dense: float = _opt(0.0, "l2 on dense kernels (first FC layer and the top network)")
 
     batch_size: int = _opt(1024, "global batch size (every rank processes the whole batch, its own fields)")
-    epochs: int = _opt(2, "passes over the training split")
+    epochs: int = _opt(20, "passes over the training split (at most: early stopping usually ends sooner)")
     max_steps: int = _opt(0, "stop after this many steps (0: no limit)")
     drop_last: bool = _opt(True, "drop the last partial batch of an epoch")
     seed: int = _opt(0, "seed of initialization and batch order")
     dtype: str = _opt("float32", "float type of parameters and compute", choices=("float32", "float64"))
 
-    linear_optimizer: str = _opt("auto", "sparse order-1 weights (name:key=value,...); auto: ftrl alpha 0.5 for "
-                                 "lr/fm, 0.05 for wdl/deepfm and user models (tuned on the shipped sample)")
-    embedding_optimizer: str = _opt("adam:lr=0.001", "sparse embeddings")
+    linear_optimizer: str = _opt("auto", "sparse order-1 weights (name:key=value,...); auto: ftrl alpha 1.0 for lr, "
+                                 "0.5 for fm, 0.05 for wdl/deepfm and user models (tuned on the shipped sample)")
+    embedding_optimizer: str = _opt("auto", "sparse embeddings (name:key=value,...); auto: adam lr 0.001 for fm, "
+                                    "adam lr 0.003 with catchup=1 (TensorFlow's dense Adam semantics) for wdl/deepfm "
+                                    "and user models (chosen on the sample's validation split: "
+                                    "scripts/select_defaults.py)")
     dense_optimizer: str = _opt("adam:lr=0.001", "dense weights (first FC slices and top network)")
 
     strategy: str = _opt("des", f"training strategy: {', '.join(default_strategy_names())} or one registered by "
@@ -89,8 +92,13 @@ class TrainConfig:
     def linear_optimizer_spec(self) -> str:
         if self.linear_optimizer != "auto":
             return self.linear_optimizer
-        alpha = 0.5 if self.model in ("lr", "fm") else 0.05
+        alpha = {"lr": 1.0, "fm": 0.5}.get(self.model, 0.05)
         return f"ftrl:alpha={alpha},beta=1.0,l1=0.0,l2=0.0"
+
+    def embedding_optimizer_spec(self) -> str:
+        if self.embedding_optimizer != "auto":
+            return self.embedding_optimizer
+        return "adam:lr=0.001" if self.model in ("lr", "fm") else "adam:lr=0.003,catchup=1"
 
     def hidden_units(self) -> list[int]:
         try:

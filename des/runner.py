@@ -61,7 +61,7 @@ def build_optimizers(config: TrainConfig):
 
     return Optimizers(
         sparse={"linear": parse("linear-optimizer", config.linear_optimizer_spec()),
-                "embedding": parse("embedding-optimizer", config.embedding_optimizer)},
+                "embedding": parse("embedding-optimizer", config.embedding_optimizer_spec())},
         dense=parse("dense-optimizer", config.dense_optimizer),
     )
 
@@ -506,7 +506,7 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
             f"({config.epochs} epoch(s) of {steps_per_epoch}), dtype {config.dtype}")
     run.say(hosts)
     run.say(f"  strategy {strategy.name}: {strategy.describe()}")
-    run.say(f"  optimizers: linear {config.linear_optimizer_spec()}; embedding {config.embedding_optimizer}; "
+    run.say(f"  optimizers: linear {config.linear_optimizer_spec()}; embedding {config.embedding_optimizer_spec()}; "
             f"dense {config.dense_optimizer}")
     run.say(describe_config(config))
     if manifest is not None:

@@ -1,11 +1,14 @@
-""".venv/bin/python scripts/bench_deepctr.py [--quick] [--seeds 0,1,2] [--epochs 1] [--batch-size 1024] [--des-ranks 1,2]
+""".venv/bin/python scripts/bench_deepctr.py [--quick] [--seeds 0,1,2] [--models lr,fm,wdl,deepfm] [--systems des,deepctr,sklearn] [--des-flags "..."]
 
-Shows DeepCTR's DeepFM (0.9.4, a popular Keras implementation) as an outside reference next to
-des's DeepFM on the same data: the shipped Criteo sample's split (90/5/5, split seed 0), the same
-39 categorical ids per row (des's keys, re-indexed per field), embedding size 8, MLP 400-400-400,
-ReLU, no dropout/BN/l2, the same batch size and the same batches in the same order (des's epoch
-permutation, last partial batch dropped); test AUC and logloss (mean +- std over seeds) and
-training samples/s after a warm-up of a few steps, both at 2 TF threads, one process.
+Model quality of des's *default command* next to outside references on the same split of the shipped
+Criteo sample (90/5/5, split seed 0): every model trained with ``python -m des.train --model M
+--seed S`` (its defaults, early stopping on the validation split, the best checkpoint restored),
+DeepCTR's DeepFM (0.9.4) with DeepCTR's defaults (one Adam lr 0.001 for everything, embeddings
+N(0, 1e-4), l2 1e-5 on the embedding and linear tables, batch 512; up to ``--epochs`` 3 epochs in
+des's batch order, the epoch with the best validation AUC), and scikit-learn's LogisticRegression on
+one-hot ids of the training rows with C chosen by 3-fold cross-validation on them. Test AUC and
+logloss, mean +- std over seeds (scikit-learn: deterministic, one run). ``--des-flags`` adds flags
+to every des run (ablations).
 
 DeepCTR does not work with Keras 3 and is NOT installed into the main venv: this script creates (once)
 ``.venv-deepctr`` next to ``.venv`` with ``tensorflow-cpu==2.21.*``, numpy/pandas/scikit-learn/numba,
@@ -13,15 +16,8 @@ DeepCTR does not work with Keras 3 and is NOT installed into the main venv: this
 (for des's data reader), and runs the DeepCTR part in that interpreter as a subprocess with
 ``TF_USE_LEGACY_KERAS=1``. ``--skip-install`` uses the venv as it is.
 
-What still differs (stated in the table): DeepCTR uses one Adam (lr 0.001) for everything, des uses
-FTRL for the order-1 weights and Adam for embeddings and dense weights; DeepCTR's MLP starts from
-Glorot-normal kernels, des's from Glorot-uniform. DeepCTR's samples/s includes its Keras input
-pipeline. The figure shows test AUC (error bars: std over seeds) and samples/s side by side.
-
-Expect (2-core machine, defaults: 1 epoch, batch 1024, seeds 0,1,2): DeepCTR's DeepFM slightly
-ahead on AUC (about 0.736 vs des 0.728 on the same split, within about 1 AUC point: the optimizer
-and initializers differ), des N = 1 and N = 2 identical AUC (same math), and training throughput
-of the same order for both (roughly 14k-18k samples/s; des N = 2 below des N = 1 on 2 cores).
+Expect (2-core machine, seeds 0,1,2): the numbers of the README's "Model quality" table: des DeepFM
+at or above DeepCTR's DeepFM and des LR at or above scikit-learn's LR on the test split.
 """
 
 from __future__ import annotations
@@ -180,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", default="lr,fm,wdl,deepfm", help="des models, each with its default command")
     parser.add_argument("--des-flags", default="", help="extra des.train flags for every des run (ablations)")
     parser.add_argument("--des-ranks", default="1")
+    parser.add_argument("--systems", default="des,deepctr,sklearn", help="which of des, deepctr, sklearn to run")
     parser.add_argument("--epochs", type=int, default=3, help="DeepCTR epochs; the best on validation is reported")
     parser.add_argument("--batch-size", type=int, default=512, help="DeepCTR batch size")
     parser.add_argument("--init-std", type=float, default=1e-4, help="DeepCTR embedding init std (its default)")
@@ -209,20 +206,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     store = open_dataset(args.data, split=[0.9, 0.05, 0.05], seed=0)  # the store des.train uses
     runs = []
     try:
-        ensure_venv(bench, args.skip_install)
+        if "deepctr" in args.systems.split(","):
+            ensure_venv(bench, args.skip_install)
         installed = True
     except benchlib.BenchError as exc:
         bench.failures.append(f"DeepCTR venv: {exc}")
         bench.log(f"FAILED DeepCTR venv: {exc}")
         installed = False
-    if "lr" in args.models.split(","):
+    systems = args.systems.split(",")
+    if "lr" in args.models.split(",") and "sklearn" in systems:
         result = sklearn_lr(store, [float(c) for c in args.sklearn_cs.split(",")])
         runs.append({"system": f"scikit-learn LogisticRegression (C={result['C']:g} by 3-fold CV)", "model": "lr",
                      "ranks": 1, "seed": 0, **result})
         bench.log(f"  scikit-learn LR: C {result['C']:g}, test AUC {result['test_auc']:.4f}")
     extra = des_flags(args.des_flags)
     for seed in seeds:
-        if installed and "deepfm" in args.models.split(","):
+        if installed and "deepfm" in args.models.split(",") and "deepctr" in systems:
             cmd = [str(DEEPCTR_PYTHON), __file__, "--child", str(store.path), "--seed", str(seed), "--epochs",
                    str(args.epochs), "--batch-size", str(args.batch_size), "--warmup", str(args.warmup),
                    "--hidden", args.hidden, "--embedding-dim", str(args.embedding_dim), "--init-std", str(args.init_std),
@@ -236,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bench.log(f"  deepctr seed {seed}: AUC {result['test_auc']:.4f} (epoch {result['best_epoch']})")
             except (benchlib.BenchError, IndexError, ValueError) as exc:
                 bench.failures.append(f"deepctr seed {seed}: {exc}")
-        for model in args.models.split(","):
+        for model in args.models.split(",") if "des" in systems else ():
             for n in [int(x) for x in args.des_ranks.split(",")]:
                 tag = f"des-{model}-n{n}-s{seed}"
                 s = bench.train(n, tag, model=model, seed=seed, data=args.data, **extra)

@@ -18,6 +18,9 @@ Notation: ``w`` parameter, ``g`` gradient, ``lr`` learning rate, ``t`` step coun
   ``alpha = lr * sqrt(1 - b2^t) / (1 - b1^t)``;  ``w <- w - m * alpha / (sqrt(v) + eps)``
   (Kingma & Ba 2015, "epsilon-hat" form as in Keras). Sparse rows are *lazy*: ``t`` is a per-row
   counter that advances only when the row gets a gradient, as if each row had its own Keras Adam.
+  With ``catchup=1`` sparse rows follow Keras' dense semantics instead (every row of the table
+  steps every step, ``t`` global): a row takes the zero-gradient steps it skipped when it is next
+  touched, and :meth:`Adam.catch_up` brings all rows to the current step before evaluation.
 * FTRL-proximal (McMahan et al. 2013, "Ad Click Prediction: a View from the Trenches", Alg. 1,
   with Keras' parametrization and learning_rate_power = -1/2): slots ``z`` (Keras "linear") and
   ``n`` (Keras "accumulator", starts at ``initial_accumulator``),
