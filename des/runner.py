@@ -271,8 +271,9 @@ class Run:
 
     def catch_up(self) -> None:
         """Rows of a lazily caught-up optimizer (``adam:catchup=1``) take their deferred steps, so
-        that evaluation and checkpoints see every row at the current step."""
-        if self.strategy.role == "train":
+        that evaluation and checkpoints see every row at the current step. (An asynchronous
+        strategy's tables live on its servers: there rows catch up when next touched only.)"""
+        if self.strategy.role == "train" and self.strategy.synchronous:
             for table in self.strategy.state().tables.values():
                 table.catch_up(self.strategy.step_count, self.strategy.context.optimizers.rates.sparse)
 
