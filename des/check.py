@@ -149,7 +149,7 @@ def _worker(out: Path, steps: int, batch_size: int) -> None:
                               "--dtype", case.dtype, "--plugins", case.plugins, "--batch-size", str(batch_size),
                               "--epochs", "0", "--max-steps", str(steps), "--seed", "3", "--table-capacity", "64",
                               "--output", str(folder / "run"), "--no-progress", "--eval-batch-size", "512",
-                              *case.flags])
+                              "--early-stop", "0", *case.flags])
         run = setup(config, comm)
         strategy = run.strategy
         predictions = None

@@ -69,9 +69,11 @@ def _load_state(prefix: str, arrays: Any, state: Any) -> None:
 
 
 def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, config: dict[str, Any], ttl: int = 0,
-                    data_order: dict[str, Any] | None = None) -> Path:
+                    data_order: dict[str, Any] | None = None, training_state: dict[str, Any] | None = None) -> Path:
     """Write a checkpoint of ``strategy.state()`` under ``root``; collective (every rank calls it).
-    ``data_order``: what fixes the batch order (data, batch size, seed...), checked on resume."""
+    ``data_order``: what fixes the batch order (data, batch size, seed...), checked on resume;
+    ``training_state``: the runner's state besides the parameters (early stopping, plateau
+    schedules), JSON, kept in the manifest (older checkpoints have none: a fresh state)."""
     comm, state = strategy.comm, strategy.state()
     evicted = 0
     if ttl:
@@ -129,6 +131,7 @@ def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, c
             "evicted_rows": evicted,
             "config": config,
             "data_order": data_order or {},
+            "training_state": training_state or {},
             "files": dict(sorted(files.items())),
         }
         _write_atomically(tmp / "manifest.json", json.dumps(manifest, indent=1))

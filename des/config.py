@@ -45,15 +45,18 @@ class TrainConfig:
     l2_dense: float = _opt(0.0, "l2 on dense kernels (first FC layer and the top network)")
 
     batch_size: int = _opt(1024, "global batch size (every rank processes the whole batch, its own fields)")
-    epochs: int = _opt(2, "passes over the training split")
+    epochs: int = _opt(20, "passes over the training split (at most: early stopping usually ends sooner)")
     max_steps: int = _opt(0, "stop after this many steps (0: no limit)")
     drop_last: bool = _opt(True, "drop the last partial batch of an epoch")
     seed: int = _opt(0, "seed of initialization and batch order")
     dtype: str = _opt("float32", "float type of parameters and compute", choices=("float32", "float64"))
 
-    linear_optimizer: str = _opt("auto", "sparse order-1 weights (name:key=value,...); auto: ftrl alpha 0.5 for "
-                                 "lr/fm, 0.05 for wdl/deepfm and user models (tuned on the shipped sample)")
-    embedding_optimizer: str = _opt("adam:lr=0.001", "sparse embeddings")
+    linear_optimizer: str = _opt("auto", "sparse order-1 weights (name:key=value,...); auto: ftrl alpha 1.0 for lr, "
+                                 "0.5 for fm, 0.05 for wdl/deepfm and user models (tuned on the shipped sample)")
+    embedding_optimizer: str = _opt("auto", "sparse embeddings (name:key=value,...); auto: adam lr 0.001 for fm, "
+                                    "adam lr 0.003 with catchup=1 (TensorFlow's dense Adam semantics) for wdl/deepfm "
+                                    "and user models (chosen on the sample's validation split: "
+                                    "scripts/select_defaults.py)")
     dense_optimizer: str = _opt("adam:lr=0.001", "dense weights (first FC slices and top network)")
 
     strategy: str = _opt("des", f"training strategy: {', '.join(default_strategy_names())} or one registered by "
@@ -65,10 +68,21 @@ class TrainConfig:
     placement: str = _opt("mod", "field placement over ranks", choices=("mod", "balanced"))
     min_count: int = _opt(1, "admission: occurrences before an id gets a trained row")
     ttl: int = _opt(0, "eviction: drop rows unseen for this many steps at checkpoint time (0: never)")
-    unadmitted: str = _opt("init", "what unknown/unadmitted ids contribute", choices=("init", "zero"))
+    unadmitted: str = _opt("init", "what unknown/unadmitted ids contribute: their initial value, zeros, or one "
+                           "trained out-of-vocabulary row per field that all of them share (FuxiCTR's treatment "
+                           "of ids seen fewer than --min-count times)", choices=("init", "zero", "shared"))
     table_capacity: int = _opt(1 << 14, "initial hash-table slots per field (tables grow)")
 
+    sparse_schedule: str = _opt("constant", "learning-rate schedule of the sparse optimizers (embeddings and order-1 "
+                                "weights): constant, warmup:steps=W, linear:warmup=W,end=E, cosine:warmup=W,end=E "
+                                "or plateau:factor=F,patience=P,min=M (des/schedules.py)")
+    dense_schedule: str = _opt("constant", "learning-rate schedule of the dense optimizer (same specs)")
+
     eval_every: int = _opt(0, "validate every N steps (0: at the end of each epoch)")
+    early_stop: int = _opt(-1, "stop after this many validations in a row without improvement of --monitor and "
+                           "restore the best checkpoint for the summary, the test split and des.evaluate (0: off; "
+                           "-1: auto, 2 when training by --epochs (no --max-steps) on data with validation rows)")
+    monitor: str = _opt("auc", "validation metric of --early-stop and plateau schedules", choices=("auc", "logloss"))
     eval_batch_size: int = _opt(8192, "batch size for validation and test")
     checkpoint_every: int = _opt(0, "checkpoint every N steps (0: only at the end)")
     output: str = _opt("", "run folder (default runs/<model>-<timestamp>)")
@@ -80,8 +94,13 @@ class TrainConfig:
     def linear_optimizer_spec(self) -> str:
         if self.linear_optimizer != "auto":
             return self.linear_optimizer
-        alpha = 0.5 if self.model in ("lr", "fm") else 0.05
+        alpha = {"lr": 1.0, "fm": 0.5}.get(self.model, 0.05)
         return f"ftrl:alpha={alpha},beta=1.0,l1=0.0,l2=0.0"
+
+    def embedding_optimizer_spec(self) -> str:
+        if self.embedding_optimizer != "auto":
+            return self.embedding_optimizer
+        return "adam:lr=0.001" if self.model in ("lr", "fm") else "adam:lr=0.003,catchup=1"
 
     def hidden_units(self) -> list[int]:
         try:
@@ -106,13 +125,29 @@ class TrainConfig:
         for name in ("epochs", "max_steps", "ttl", "eval_every", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{_flag(name)} must not be negative, got {getattr(self, name)}")
+        if self.early_stop < -1:
+            raise ConfigError(f"--early-stop must be -1 (auto), 0 (off) or a patience >= 1, got {self.early_stop}")
         if self.epochs == 0 and self.max_steps == 0:
             raise ConfigError("nothing to train: --epochs and --max-steps are both 0")
         self.hidden_units()
         self.split_fractions()
+        self.schedules()
         if not self.plugins and self.strategy not in default_strategy_names():
             raise ConfigError(f"unknown strategy {self.strategy!r} (choose one of: {', '.join(default_strategy_names())}, "
                               "or load one with --plugins)")
+
+    def early_stop_patience(self, validation_rows: int) -> int:
+        """``--early-stop`` resolved: auto (-1) is 2 for a run by --epochs with validation rows, else 0."""
+        if self.early_stop >= 0:
+            return self.early_stop
+        return 2 if validation_rows and not self.max_steps else 0
+
+    def schedules(self) -> dict[str, Any]:
+        """``{"sparse": Schedule, "dense": Schedule}`` (a one-line :class:`ConfigError` if malformed)."""
+        from des.schedules import parse_schedule
+
+        return {"sparse": parse_schedule(self.sparse_schedule, "sparse-schedule"),
+                "dense": parse_schedule(self.dense_schedule, "dense-schedule")}
 
     def split_fractions(self) -> tuple[float, float, float] | None:
         """``--split`` as three fractions (``None``: empty, the data's own split)."""

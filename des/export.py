@@ -266,6 +266,8 @@ def build_module(model: Any, state: dict[str, Any]) -> Any:
     substitutions = model.substitutions()
     keys_op = CriteoKeys()
     unadmitted = state["unadmitted"]
+    if unadmitted == "shared":
+        raise ConfigError("des.export does not support models trained with --unadmitted shared yet")
     specs = state["specs"]
 
     class Exported(tf.Module):

@@ -9,12 +9,14 @@ validation, checkpoint, test) + :func:`summarize` (``summary.json``). A strategy
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import json
 import os
 import platform
 import resource
+import shutil
 import sys
 import textwrap
 import time
@@ -29,6 +31,7 @@ from des.collectives import Communicator, describe_processes
 from des.config import MODELS, TrainConfig
 from des.errors import ConfigError, DesError, UsageError
 from des.run_folder import RunFolder
+from des.schedules import Plateau, Schedule
 from des.tensorboard import ScalarWriter, learning_rates, summary_scalars
 
 
@@ -59,7 +62,7 @@ def build_optimizers(config: TrainConfig):
 
     return Optimizers(
         sparse={"linear": parse("linear-optimizer", config.linear_optimizer_spec()),
-                "embedding": parse("embedding-optimizer", config.embedding_optimizer)},
+                "embedding": parse("embedding-optimizer", config.embedding_optimizer_spec())},
         dense=parse("dense-optimizer", config.dense_optimizer),
     )
 
@@ -175,6 +178,35 @@ class Meter:
 
 
 @dataclass
+class TrainingState:
+    """What a resume needs besides the parameters and the position: the best validation so far
+    (``--monitor``), validations since it, the best checkpoint (``--early-stop``), whether the run
+    stopped, and each plateau schedule's state. Saved in every checkpoint's manifest."""
+
+    best: float | None = None
+    best_step: int = -1
+    best_validation: dict[str, Any] | None = None
+    best_checkpoint: str | None = None
+    bad: int = 0
+    stopped: bool = False
+    plateau: dict[str, Plateau] = field(default_factory=lambda: {"sparse": Plateau(), "dense": Plateau()})
+
+    def improves(self, value: float, monitor: str) -> bool:
+        return self.best is None or (value > self.best if monitor == "auc" else value < self.best)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{k: getattr(self, k) for k in ("best", "best_step", "best_validation", "best_checkpoint", "bad",
+                                                 "stopped")},
+                "plateau": {k: vars(v) for k, v in self.plateau.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "TrainingState":
+        d = dict(d or {})  # a checkpoint without one (older format): a fresh state
+        plateau = {k: Plateau(**v) for k, v in d.pop("plateau", {}).items()}
+        return cls(**d, **({"plateau": plateau} if plateau else {}))
+
+
+@dataclass
 class Run:
     config: TrainConfig
     comm: Communicator
@@ -191,6 +223,8 @@ class Run:
     saved_step: int = -1
     run_folder: RunFolder | None = None
     tensorboard: Any = None  # des.tensorboard.ScalarWriter: the metrics records and the summary as TB scalars
+    training: TrainingState = field(default_factory=TrainingState)
+    schedules: dict[str, Schedule] = field(default_factory=dict)
     _reader: Any = None
 
     @property
@@ -213,27 +247,97 @@ class Run:
                                        **self.strategy.reader_options())
         return self._reader.batch(index)
 
+    def set_rates(self, step: int) -> None:
+        """The schedules' factors of global step ``step`` (the same on every rank) for the optimizers."""
+        rates = self.strategy.context.optimizers.rates
+        for group, schedule in self.schedules.items():
+            setattr(rates, group, schedule.factor(step, self.total_steps, self.training.plateau[group].scale))
+
     def validate(self, step: int, epoch: int, progress=None) -> None:
-        """Validation AUC/logloss on the evaluating ranks; one line of ``metrics.jsonl``."""
+        """Validation AUC/logloss on the evaluating ranks; one line of ``metrics.jsonl``; then early
+        stopping and plateau schedules (collective on a synchronous strategy)."""
+        self.catch_up()
         result = evaluate(self.strategy, self.store, "validation", self.config.eval_batch_size)
+        if self.strategy.synchronous:  # every rank takes the same early-stopping decision
+            result = self.comm.bcast_json(result, "validation", root=self.strategy.evaluators[0])
         record = {"step": step, "epoch": epoch, "samples": self.meter.samples, "train_loss": self.meter.take_mean_loss(),
                   "samples_per_second": self.meter.samples_per_second}
         if result:
             record.update({"auc": result["auc"], "logloss": result["logloss"]})
             self.last_validation = result
+            if self.strategy.synchronous:
+                record.update(self.observe(step, epoch, result))
         if self.talks:
             with open(self.folder / "metrics.jsonl", "a") as fh:
                 fh.write(json.dumps(record) + "\n")
             self.tensorboard.scalars(step, record)
             (progress.write if progress is not None else self.say)(_format_record(record))
 
-    def save(self, epoch: int, next_batch: int) -> None:
+    def catch_up(self) -> None:
+        """Rows of a lazily caught-up optimizer (``adam:catchup=1``) take their deferred steps, so
+        that evaluation and checkpoints see every row at the current step. (An asynchronous
+        strategy's tables live on its servers: there rows catch up when next touched only.)"""
+        if self.strategy.role == "train" and self.strategy.synchronous:
+            for table in self.strategy.state().tables.values():
+                table.catch_up(self.strategy.step_count, self.strategy.context.optimizers.rates.sparse)
+
+    def observe(self, step: int, epoch: int, result: dict[str, Any]) -> dict[str, Any]:
+        """Track the best validation, keep its checkpoint (``--early-stop``), count validations
+        without improvement, reduce plateau schedules; returns the entries for the metrics record."""
+        state, config = self.training, self.config
+        improved = state.improves(result[config.monitor], config.monitor)
+        if improved:
+            state.best, state.best_step, state.best_validation, state.bad = result[config.monitor], step, result, 0
+        else:
+            state.bad += 1
+        out: dict[str, Any] = {}
+        for group, schedule in self.schedules.items():
+            if state.plateau[group].update(schedule, improved):
+                out[f"lr_scale_{group}"] = state.plateau[group].scale
+        if config.early_stop:
+            state.stopped = state.bad >= config.early_stop
+            if improved:
+                state.best_checkpoint = str(self.save(epoch, step - epoch * self.steps_per_epoch, best=True))
+            out.update({"best_step": state.best_step, "stop": state.stopped})
+        return out
+
+    def save(self, epoch: int, next_batch: int, best: bool = False) -> Path:
+        """A checkpoint (collective) in ``checkpoints/``, or with ``best`` in ``checkpoints/best/``
+        (only the newest best is kept)."""
         from des.checkpoint import save_checkpoint
 
-        self.checkpoint = save_checkpoint(self.strategy, self.folder / "checkpoints", epoch=epoch,
-                                          next_batch=next_batch, config=self.config.to_dict(), ttl=self.config.ttl,
-                                          data_order=self.data_order)
-        self.saved_step = self.strategy.step_count
+        root = self.folder / "checkpoints" / ("best" if best else "")
+        self.catch_up()
+        path = save_checkpoint(self.strategy, root, epoch=epoch, next_batch=next_batch, config=self.config.to_dict(),
+                               ttl=0 if best else self.config.ttl, data_order=self.data_order,
+                               training_state=self.training.to_dict())
+        if best:
+            if self.comm.rank == 0:
+                for old in root.glob("step-*"):
+                    if old != path:
+                        shutil.rmtree(old, ignore_errors=True)
+            return path
+        self.checkpoint, self.saved_step = path, self.strategy.step_count
+        return path
+
+    def restore_best(self) -> None:
+        """Load the best checkpoint (collective) and make it the run's result: ``checkpoints/latest``
+        points at it, so ``des.evaluate RUN_FOLDER`` evaluates the best model."""
+        from des.checkpoint import load_checkpoint
+
+        best = Path(self.training.best_checkpoint)
+        if self.strategy.step_count != self.training.best_step:
+            load_checkpoint(self.strategy, best)
+        self.last_validation = self.training.best_validation
+        if self.comm.rank == 0:
+            root = self.folder / "checkpoints"
+            root.mkdir(parents=True, exist_ok=True)
+            target = os.path.relpath(best, root)
+            tmp = root / "latest.tmp"
+            tmp.write_text(target + "\n")
+            os.replace(tmp, root / "latest")
+        self.checkpoint, self.saved_step = best, self.strategy.step_count
+        self.comm.barrier("checkpoint")
 
 
 def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
@@ -253,11 +357,12 @@ def loop(run: Run) -> None:
     """Train this rank's batches from the strategy's step to the run's end, with validation and
     checkpoints on their cadence (steps counted in global batches, the same on every rank)."""
     strategy, config = run.strategy, run.config
-    mine = strategy.steps(strategy.step_count, run.total_steps)
+    mine = strategy.steps(strategy.step_count, run.total_steps) if not run.training.stopped else range(0)
     progress = _progress(run.talks and config.progress, strategy.step_count + len(mine), strategy.step_count)
     for step in mine:
         epoch, index = divmod(step, run.steps_per_epoch)
         batch = run.batch(epoch, index)
+        run.set_rates(step)
         start = time.perf_counter()
         loss = strategy.train_step(batch)
         run.meter.record(loss, batch.global_size, time.perf_counter() - start, strategy.timer)
@@ -270,6 +375,10 @@ def loop(run: Run) -> None:
             run.validate(done, epoch, progress)
         if config.checkpoint_every and done % config.checkpoint_every == 0:
             run.save(epoch, index + 1)
+        if run.training.stopped:  # --early-stop: validation stopped improving
+            run.say(f"early stop at step {done}: no better validation {config.monitor} since step "
+                    f"{run.training.best_step}")
+            break
     strategy.end_training()
     if progress is not None:
         progress.close()
@@ -282,9 +391,12 @@ def finish(run: Run) -> dict[str, Any]:
     if run.last_validation is None and run.meter.steps and evaluating:
         epoch = (run.total_steps - 1) // run.steps_per_epoch
         run.validate(run.total_steps, epoch)
-    if strategy.checkpoints and run.saved_step != strategy.step_count:
+    if run.training.best_checkpoint:  # --early-stop: the best model is the result
+        run.restore_best()
+    elif strategy.checkpoints and run.saved_step != strategy.step_count:
         epoch, index = divmod(strategy.step_count - 1, run.steps_per_epoch)
         run.save(epoch, index + 1)
+    run.catch_up()
     test = evaluate(strategy, run.store, "test", config.eval_batch_size) if evaluating else None
     return {"validation": run.last_validation, "test": test,
             "checkpoint": str(run.checkpoint) if run.checkpoint else None}
@@ -331,6 +443,8 @@ def summarize(run: Run, results: dict[str, Any]) -> dict[str, Any]:
         "table_bytes_per_rank": per_rank[:, 2].tolist(),
         **strategy.summary(),
         "checkpoint": str(run.run_folder.public(results["checkpoint"])) if results.get("checkpoint") else None,
+        "best_step": run.training.best_step if run.config.early_stop else None,
+        "stopped_early": run.training.stopped,
         "run_folder": str(run.run_folder.path),
     }
     if comm.rank == 0:
@@ -365,6 +479,11 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
     build_optimizers(config)  # a bad optimizer spec fails before TensorFlow is started
+    validation_rows = len(store.split_rows("validation"))
+    if config.early_stop == -1:  # auto: a plain value from here on (config.json, checkpoints)
+        auto = config.early_stop_patience(validation_rows) if cls.synchronous else 0
+        config = dataclasses.replace(config, early_stop=auto)
+    schedules = check_validation_use(config, cls, validation_rows)
     run_folder = plan_run_folder(config, comm)
     folder = run_folder.work
     runtime.configure_threads()
@@ -381,7 +500,8 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
                               f"{manifest['epoch']} batch {manifest['next_batch']} of {steps_per_epoch} per epoch")
     create_run_folder(run_folder, comm)
     run = Run(config, comm, store, strategy, folder, steps_per_epoch, total_steps, data_order,
-              start_step=strategy.step_count, run_folder=run_folder)
+              start_step=strategy.step_count, run_folder=run_folder, schedules=schedules,
+              training=TrainingState.from_dict(manifest.get("training_state") if manifest else None))
     run.tensorboard = ScalarWriter(folder, run.talks, learning_rates(strategy.context.optimizers))
     hosts = runtime.describe_hosts(comm)  # collective
     if comm.rank == 0:
@@ -395,7 +515,7 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
             f"({config.epochs} epoch(s) of {steps_per_epoch}), dtype {config.dtype}")
     run.say(hosts)
     run.say(f"  strategy {strategy.name}: {strategy.describe()}")
-    run.say(f"  optimizers: linear {config.linear_optimizer_spec()}; embedding {config.embedding_optimizer}; "
+    run.say(f"  optimizers: linear {config.linear_optimizer_spec()}; embedding {config.embedding_optimizer_spec()}; "
             f"dense {config.dense_optimizer}")
     run.say(describe_config(config))
     if manifest is not None:
@@ -407,6 +527,22 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     if describe_processes():  # which pid is which rank, for the launcher's "PID ... killed"
         run.say(describe_processes())
     return run
+
+
+def check_validation_use(config: TrainConfig, cls: Any, validation_rows: int) -> dict[str, Schedule]:
+    """The non-constant schedules; ``--early-stop`` and plateau schedules need validation rows and a
+    synchronous strategy (an asynchronous one validates once, at the end)."""
+    schedules = {group: s for group, s in config.schedules().items() if s.kind != "constant"}
+    users = ([f"--early-stop {config.early_stop}"] if config.early_stop else []) + \
+        [f"--{group}-schedule {s.kind}" for group, s in schedules.items() if s.on_plateau]
+    if users and validation_rows == 0:
+        raise ConfigError(f"{users[0]} needs validation rows, and the data has none (give --split a validation "
+                          "fraction)")
+    if (users or schedules) and not cls.synchronous:
+        what = users[0] if users else f"--{next(iter(schedules))}-schedule"
+        raise ConfigError(f"{what} is not supported with --strategy {cls.name} (asynchronous: servers apply pushes "
+                          "on arrival and validation runs once, at the end)")
+    return schedules
 
 
 def _empty_table(strategy):

@@ -28,6 +28,9 @@ SMALL = ("--embedding-dim", "4", "--hidden", "16,8", "--linear-optimizer", "ftrl
          "--dense-optimizer", "adam:lr=0.01")
 ADAM = ("--embedding-optimizer", "adam:lr=0.01")
 REPLICATED = ("--upper", "replicated")
+CATCHUP = ("--embedding-optimizer", "adam:lr=0.01,catchup=1", "--unadmitted", "shared", "--min-count", "2")
+SCHEDULES = ("--sparse-schedule", "cosine:warmup=3,end=0.1", "--dense-schedule", "plateau:factor=0.5,patience=1",
+             "--eval-every", "4", "--monitor", "logloss")
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +58,10 @@ def results(datasets, monkeypatch_module) -> dict[tuple, object]:
     cases += [Case("deepfm", "alltoall", data, "float64", flags, ranks=(2, 3), reference_strategy="des")
               for data, flags in ((criteo, SMALL + ADAM), (synth, SMALL + ADAM + ("--placement", "balanced")))]
     cases.append(Case("deepfm", "ps", criteo, "float64", SMALL + ADAM))
+    # Learning-rate schedules (a factor of the global step; plateau: of the validation history) and
+    # Adam with TF's dense semantics caught up lazily (adam:catchup=1), one shared row per field for
+    # the ids seen fewer than --min-count times (--unadmitted shared).
+    cases.append(Case("deepfm", "des", criteo, "float64", SMALL + CATCHUP + SCHEDULES, ranks=(2, 3)))
     # float32 with AdaGrad embeddings: Adam's m/sqrt(v) turns float32 reassociation noise of
     # near-zero gradients into ~1e-4 relative differences of single embedding entries
     # (predictions still agree to ~3e-7), which would hide real bugs behind a loose bound.
@@ -133,6 +140,15 @@ def test_alltoall_equals_des(results, datasets, ranks: int, data: str) -> None:
 def test_one_server_one_worker_equals_des(results, datasets) -> None:
     """ps with a single worker has nothing stale: it trains exactly what des trains on one rank."""
     assert_ok(results[("deepfm", "ps", datasets["criteo"], "float64", "all", False, 2)])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", (2, 3))
+def test_schedules_are_exact(results, datasets, ranks: int) -> None:
+    """Warm-up + cosine decay of the sparse rates and reduce-on-plateau of the dense rate, with
+    catch-up Adam on the embeddings and --unadmitted shared."""
+    result = next(r for key, r in results.items() if "--sparse-schedule" in r.case.flags and r.ranks == ranks)
+    assert_ok(result)
 
 
 def test_dtype_modes_really_differ(results, datasets) -> None:

@@ -173,3 +173,32 @@ def test_from_spec() -> None:
                 "adam:lr=0.1,beta1=1"]:
         with pytest.raises((ValueError, TypeError)):
             optimizer_from_spec(bad)
+
+
+def test_catchup_adam_equals_dense_adam_on_sparse_gradients() -> None:
+    """``adam:catchup=1``: rows touched now and then, caught up lazily (on their next touch and by
+    ``catch_up`` at the end), end where TensorFlow's dense Adam puts every row of the table after the
+    same steps (a row without a gradient gets a zero gradient; float64)."""
+    rng = np.random.default_rng(0)
+    opt = Adam(0.01, catchup=1)
+    R, D, T = 12, 3, 40
+    w0 = rng.normal(size=(R, D))
+    w, m, v, last = w0.copy(), np.zeros((R, D)), np.zeros((R, D)), np.zeros(R, np.int32)
+    dw, dm, dv = w0.copy(), np.zeros((R, D)), np.zeros((R, D))
+    seen = np.zeros(R, bool)
+    for t in range(1, T + 1):
+        rows = np.sort(rng.choice(R, size=3, replace=False)).astype(np.int64)
+        g = rng.normal(size=(3, D))
+        opt.apply_rows(w, (m, v), last, rows, g, step=t)
+        seen[rows] = True
+        full = np.zeros((R, D))
+        full[rows] = g
+        dm = dm + (full - dm) * 0.1
+        dv = dv + (full * full - dv) * (1 - 0.999)
+        alpha = 0.01 * np.sqrt(1 - 0.999 ** t) / (1 - 0.9 ** t)
+        moved = seen[:, None]  # a row never touched has m = v = 0 in both
+        dw = np.where(moved, dw - dm * alpha / (np.sqrt(dv) + 1e-7), dw)
+    opt.catch_up(w, (m, v), last, R, T)
+    np.testing.assert_allclose(w, dw, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(m, dm, rtol=1e-12, atol=1e-15)
+    assert optimizer_from_spec("adam:lr=0.001,catchup=1") == Adam(0.001, catchup=1)

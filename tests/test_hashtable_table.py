@@ -221,3 +221,25 @@ def test_error_paths() -> None:
     for bad in ({"max_load": 0.99}, {"min_count": -1}, {"unadmitted": "maybe"}):
         with pytest.raises(ValueError):
             make(**bad)
+
+
+def test_unadmitted_shared_row_is_trained_and_saved(tmp_path) -> None:
+    """``unadmitted="shared"``: unknown and not-yet-admitted keys all use the field's one shared row,
+    which their gradients train and which a checkpoint keeps (then unknown keys at evaluation use it)."""
+    from des.hashtable.table import SHARED_KEY
+
+    t = make(min_count=2, unadmitted="shared")
+    rows = t.lookup(np.array([5, 6, 5]), insert=True, step=1)  # 5 reaches its count, 6 does not
+    shared = t.lookup(np.array([SHARED_KEY]), insert=False)[0]
+    assert rows[0] == rows[2] != shared and rows[1] == shared
+    before = t.gather("embedding", np.array([SHARED_KEY]), np.array([shared])).copy()
+    t.apply_gradients("embedding", rows, np.ones((3, 4)), step=1)
+    after = t.gather("embedding", np.array([SHARED_KEY]), np.array([shared]))
+    assert not np.allclose(before, after)  # id 6's gradient went to the shared row
+    unknown = t.lookup(np.array([99, 6]), insert=False)
+    assert list(unknown) == [shared, shared]
+    np.testing.assert_array_equal(t.gather("embedding", np.array([99, 6]), unknown), np.repeat(after, 2, axis=0))
+    t.save(tmp_path / "t.table")
+    loaded = EmbeddingTable.load(tmp_path / "t.table")
+    r = loaded.lookup(np.array([12345]), insert=False)
+    np.testing.assert_array_equal(loaded.gather("embedding", np.array([12345]), r), after)

@@ -316,7 +316,7 @@ def test_bad_checkpoints(work: Path, resume_runs) -> None:
 def test_killed_rank_ends_the_job(work: Path) -> None:
     cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "des.train", "--data", str(work / "small.tsv"),
            "--cache-dir", str(work / "cache"), "--output", str(work / "killed"), *SMALL, "--model", "lr",
-           "--epochs", "100000"]
+           "--epochs", "100000", "--early-stop", "0"]
     job = subprocess.Popen(cmd, cwd=REPO, env=mpi_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120

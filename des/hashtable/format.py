@@ -17,7 +17,7 @@ A table file is an *uncompressed* ``.npz`` archive (a zip of ``.npy`` arrays, as
 The header is a JSON object::
 
     {"format": "des.hashtable", "version": 1, "field": int, "seed": int, "dtype": "float32",
-     "min_count": int, "unadmitted": "init"|"zero", "max_load": float, "n_rows": n,
+     "min_count": int, "unadmitted": "init"|"zero"|"shared", "max_load": float, "n_rows": n,
      "evicted_count": int, "admitted_total": int, "last_update_step": int|null,
      "blocks": [{"name": str, "dim": int, "optimizer": {...}, "init": {...}}, ...],
      "arrays": {name: {"dtype": numpy dtype str, "shape": [...]}, ...},

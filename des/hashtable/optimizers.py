@@ -18,6 +18,9 @@ Notation: ``w`` parameter, ``g`` gradient, ``lr`` learning rate, ``t`` step coun
   ``alpha = lr * sqrt(1 - b2^t) / (1 - b1^t)``;  ``w <- w - m * alpha / (sqrt(v) + eps)``
   (Kingma & Ba 2015, "epsilon-hat" form as in Keras). Sparse rows are *lazy*: ``t`` is a per-row
   counter that advances only when the row gets a gradient, as if each row had its own Keras Adam.
+  With ``catchup=1`` sparse rows follow Keras' dense semantics instead (every row of the table
+  steps every step, ``t`` global): a row takes the zero-gradient steps it skipped when it is next
+  touched, and :meth:`Adam.catch_up` brings all rows to the current step before evaluation.
 * FTRL-proximal (McMahan et al. 2013, "Ad Click Prediction: a View from the Trenches", Alg. 1,
   with Keras' parametrization and learning_rate_power = -1/2): slots ``z`` (Keras "linear") and
   ``n`` (Keras "accumulator", starts at ``initial_accumulator``),
@@ -50,6 +53,7 @@ from ._prefetch import prefetch1, prefetch2
 
 _PF = 16  # rows prefetched ahead: a sparse update touches random rows of a large table
 _ADAM_MEMO = 1024  # Adam step counts whose bias correction is memoized within one call
+_ALPHA_CACHE: dict[tuple, np.ndarray] = {}  # catch-up Adam: bias corrections by global step
 
 # --------------------------------------------------------------------------------------------
 # kernels: w[R, D] (any strides), slot arrays shaped like w, rows[n] int64 (unique, >= 0),
@@ -123,13 +127,65 @@ def _adam_kernel(w, m, v, steps, rows, g, hp):
             alpha = lr * np.sqrt(one - b2 ** tf) / (one - b1 ** tf)
             if t < _ADAM_MEMO:
                 alphas[t] = alpha
-        for j in range(w.shape[1]):
-            gj = g[i, j]
-            mj = m[r, j] + (gj - m[r, j]) * omb1
-            vj = v[r, j] + (gj * gj - v[r, j]) * omb2
-            m[r, j] = mj
-            v[r, j] = vj
-            w[r, j] = w[r, j] - (mj * alpha) / (np.sqrt(vj) + eps)
+        _adam_row(w, m, v, r, g, i, alpha, omb1, omb2, eps)
+
+
+@njit(inline="always", nogil=True)
+def _adam_row(w, m, v, r, g, i, alpha, omb1, omb2, eps):
+    """Row ``r``'s Adam update with gradient ``g[i]`` and bias-corrected rate ``alpha``."""
+    for j in range(w.shape[1]):
+        gj = g[i, j]
+        mj = m[r, j] + (gj - m[r, j]) * omb1
+        vj = v[r, j] + (gj * gj - v[r, j]) * omb2
+        m[r, j] = mj
+        v[r, j] = vj
+        w[r, j] = w[r, j] - (mj * alpha) / (np.sqrt(vj) + eps)
+
+
+@njit(cache=True, nogil=True)
+def _adam_catchup_kernel(w, m, v, last, rows, g, hp, alphas, t, horizon):
+    """Adam with TensorFlow's dense semantics on sparse rows, lazily: ``last[r]`` is the global step
+    of row r's last update. Before its update at global step ``t`` a row first takes the zero-
+    gradient steps it skipped (``last[r]+1 .. t-1``: moments decay, the row keeps moving with its
+    momentum), as ``tf.keras`` Adam moves every row of an embedding table on every step. Steps
+    more than ``horizon`` after the last gradient move a row by < 1e-16 of its update and only
+    decay the moments. ``alphas[s] = sqrt(1 - b2^s) / (1 - b1^s)`` (global bias correction)."""
+    lr, b1, b2, omb1, omb2, eps = hp[0], hp[1], hp[2], hp[3], hp[4], hp[5]
+    n = rows.shape[0]
+    for i in range(n):
+        r = rows[i]
+        _adam_skip(w, m, v, r, last[r], t - 1, lr, b1, b2, eps, alphas, horizon)
+        last[r] = t
+        _adam_row(w, m, v, r, g, i, lr * alphas[t], omb1, omb2, eps)
+
+
+@njit(cache=True, nogil=True)
+def _adam_flush_kernel(w, m, v, last, n_rows, hp, alphas, t, horizon):
+    """Every row of ``[0, n_rows)`` takes its skipped zero-gradient steps up to ``t`` (before
+    evaluation or a checkpoint: the table then holds what dense Adam holds after step ``t``)."""
+    lr, b1, b2, eps = hp[0], hp[1], hp[2], hp[5]
+    for r in range(n_rows):
+        if last[r] > 0 and last[r] < t:
+            _adam_skip(w, m, v, r, last[r], t, lr, b1, b2, eps, alphas, horizon)
+            last[r] = t
+
+
+@njit(inline="always", nogil=True)
+def _adam_skip(w, m, v, r, last, upto, lr, b1, b2, eps, alphas, horizon):
+    if last == 0 or upto <= last:  # never updated (m = v = 0: nothing moves) or nothing skipped
+        return
+    moving = min(upto, last + horizon)
+    for j in range(w.shape[1]):
+        mj, vj, wj = m[r, j], v[r, j], w[r, j]
+        for s in range(last + 1, moving + 1):
+            mj = mj * b1
+            vj = vj * b2
+            wj = wj - (mj * (lr * alphas[s])) / (np.sqrt(vj) + eps)
+        rest = upto - moving
+        if rest > 0:
+            mj = mj * b1 ** rest
+            vj = vj * b2 ** rest
+        m[r, j], v[r, j], w[r, j] = mj, vj, wj
 
 
 @njit(cache=True, nogil=True)
@@ -203,20 +259,30 @@ class _OptimizerBase:
         raise NotImplementedError
 
     def _kernel(self, w: np.ndarray, slots: tuple[np.ndarray, ...], steps: np.ndarray | None,
-                rows: np.ndarray, g: np.ndarray, hp: np.ndarray) -> None:
+                rows: np.ndarray, g: np.ndarray, hp: np.ndarray, step: int = 0) -> None:
         raise NotImplementedError
 
     def apply_rows(self, w: np.ndarray, slots: tuple[np.ndarray, ...], steps: np.ndarray | None,
-                   rows: np.ndarray, g: np.ndarray) -> None:
+                   rows: np.ndarray, g: np.ndarray, lr_scale: float = 1.0, step: int = 0) -> None:
         """Update ``w[rows]`` (and its slots) in place with one gradient row per *unique* row.
 
         ``w`` and each slot are ``[R, D]`` arrays (views allowed) of one float dtype; ``steps`` is an
         int32 ``[R]`` per-row step counter when ``needs_step``; ``g`` is ``[len(rows), D]``.
+        ``lr_scale`` multiplies the learning rate (FTRL: alpha) of this update (a schedule's
+        factor): the product is formed in Python floats and rounded once to ``w``'s dtype.
+        ``step``: the 1-based global step of this update (Adam with ``catchup``; 0: unknown).
         """
         if rows.shape[0] == 0:
             return
         g = np.ascontiguousarray(g, dtype=w.dtype)
-        self._kernel(w, slots, steps, rows, g, self._hp(w.dtype))
+        hp = self._hp(w.dtype)
+        if lr_scale != 1.0:  # hp[0] is every optimizer's rate (FTRL: alpha)
+            hp[0] = float(getattr(self, "lr", getattr(self, "alpha", 0.0))) * lr_scale
+        self._kernel(w, slots, steps, rows, g, hp, step)
+
+    def catch_up(self, w: np.ndarray, slots: tuple[np.ndarray, ...], steps: np.ndarray | None, n_rows: int,
+                 step: int, lr_scale: float = 1.0) -> None:
+        """Bring rows ``[0, n_rows)`` up to global step ``step`` (only Adam with ``catchup`` defers work)."""
 
 
 @dataclass(frozen=True)
@@ -232,7 +298,7 @@ class SGD(_OptimizerBase):
     def _hp(self, dtype: np.dtype) -> np.ndarray:
         return np.array([self.lr], dtype=dtype)
 
-    def _kernel(self, w, slots, steps, rows, g, hp):
+    def _kernel(self, w, slots, steps, rows, g, hp, step=0):
         _sgd_kernel(w, rows, g, hp)
 
 
@@ -258,7 +324,7 @@ class AdaGrad(_OptimizerBase):
     def _hp(self, dtype: np.dtype) -> np.ndarray:
         return np.array([self.lr, self.epsilon], dtype=dtype)
 
-    def _kernel(self, w, slots, steps, rows, g, hp):
+    def _kernel(self, w, slots, steps, rows, g, hp, step=0):
         _adagrad_kernel(w, slots[0], rows, g, hp)
 
 
@@ -274,6 +340,10 @@ class Adam(_OptimizerBase):
     beta1: float = 0.9
     beta2: float = 0.999
     epsilon: float = 1e-7
+    #: 1: sparse rows follow TensorFlow's dense Adam (global step; rows without a gradient keep
+    #: moving with their momentum), caught up lazily when next touched and before evaluation;
+    #: 0: each row is its own Adam (per-row step count, rows without a gradient stay put)
+    catchup: float = 0.0
     kind: ClassVar[str] = "adam"
     slot_names: ClassVar[tuple[str, ...]] = ("m", "v")
     needs_step: ClassVar[bool] = True
@@ -285,14 +355,44 @@ class Adam(_OptimizerBase):
             _check(0.0 <= b < 1.0, f"{name} must be in [0, 1), got {b!r}")
             object.__setattr__(self, name, b)
         object.__setattr__(self, "epsilon", _finite_nonneg("epsilon", self.epsilon))
+        _check(self.catchup in (0.0, 1.0), f"catchup must be 0 or 1, got {self.catchup!r}")
+        object.__setattr__(self, "catchup", float(self.catchup))
+
+    def alphas(self, t: int, dtype: np.dtype) -> np.ndarray:
+        """``sqrt(1 - b2^s) / (1 - b1^s)`` for s = 0..t (entry 0 unused), cached and grown."""
+        key = np.dtype(dtype).name
+        cache = _ALPHA_CACHE.setdefault((self.beta1, self.beta2, key), np.zeros(1, dtype))
+        if cache.size <= t:
+            s = np.arange(max(2 * cache.size, t + 1), dtype=np.float64)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                cache = (np.sqrt(1.0 - self.beta2 ** s) / (1.0 - self.beta1 ** s)).astype(dtype)
+            cache[0] = 0
+            _ALPHA_CACHE[(self.beta1, self.beta2, key)] = cache
+        return cache
+
+    def horizon(self) -> int:
+        """Skipped steps after which a row moves by < 1e-16 of an update: (b1 / sqrt(b2))^k < 1e-16."""
+        q = self.beta1 / math.sqrt(self.beta2)
+        return 1 << 30 if q >= 1.0 else max(1, math.ceil(math.log(1e-16) / math.log(q))) if q > 0 else 1
 
     def _hp(self, dtype: np.dtype) -> np.ndarray:
         # (1 - beta) is formed in Python floats and rounded once, as Keras does.
         return np.array([self.lr, self.beta1, self.beta2, 1.0 - self.beta1, 1.0 - self.beta2,
                          self.epsilon, 1.0], dtype=dtype)
 
-    def _kernel(self, w, slots, steps, rows, g, hp):
-        _adam_kernel(w, slots[0], slots[1], steps, rows, g, hp)
+    def _kernel(self, w, slots, steps, rows, g, hp, step=0):
+        if self.catchup and step > 0:  # sparse rows (a dense parameter is one row, updated every step)
+            _adam_catchup_kernel(w, slots[0], slots[1], steps, rows, g, hp, self.alphas(step, w.dtype), step,
+                                 self.horizon())
+        else:
+            _adam_kernel(w, slots[0], slots[1], steps, rows, g, hp)
+
+    def catch_up(self, w, slots, steps, n_rows, step, lr_scale=1.0):
+        if self.catchup and step > 0 and n_rows > 0:
+            hp = self._hp(w.dtype)
+            hp[0] = self.lr * lr_scale
+            _adam_flush_kernel(w, slots[0], slots[1], steps, n_rows, hp, self.alphas(step, w.dtype), step,
+                               self.horizon())
 
 
 @dataclass(frozen=True)
@@ -323,7 +423,7 @@ class FTRL(_OptimizerBase):
     def _hp(self, dtype: np.dtype) -> np.ndarray:
         return np.array([self.alpha, self.l1, self.l2, self.beta], dtype=dtype)
 
-    def _kernel(self, w, slots, steps, rows, g, hp):
+    def _kernel(self, w, slots, steps, rows, g, hp, step=0):
         _ftrl_kernel(w, slots[0], slots[1], rows, g, hp)
 
 
@@ -387,8 +487,9 @@ class DenseOptimizerState:
         """Number of Adam steps applied so far (0 for optimizers without a step count)."""
         return 0 if self._steps is None else int(self._steps[0])
 
-    def apply(self, param: np.ndarray, grad: np.ndarray) -> None:
-        """Update ``param`` (C-contiguous, this state's shape and dtype) in place with ``grad``."""
+    def apply(self, param: np.ndarray, grad: np.ndarray, lr_scale: float = 1.0) -> None:
+        """Update ``param`` (C-contiguous, this state's shape and dtype) in place with ``grad``;
+        ``lr_scale`` multiplies the learning rate (a schedule's factor)."""
         if not isinstance(param, np.ndarray) or param.shape != self.shape or param.dtype != self.dtype:
             raise ValueError(f"param must be an ndarray of shape {self.shape} and dtype {self.dtype}, "
                              f"got {getattr(param, 'shape', None)} {getattr(param, 'dtype', type(param))}")
@@ -399,7 +500,7 @@ class DenseOptimizerState:
             raise ValueError(f"grad shape {grad.shape} != param shape {self.shape}")
         w = param.reshape(1, -1)
         slots = tuple(s.reshape(1, -1) for s in self._slots)
-        self.optimizer.apply_rows(w, slots, self._steps, self._rows, grad.reshape(1, -1))
+        self.optimizer.apply_rows(w, slots, self._steps, self._rows, grad.reshape(1, -1), lr_scale)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Copies of the slots (param-shaped, named by ``slot_names``) and ``step`` if any."""

@@ -44,6 +44,7 @@ from .init import Initializer, init_rows
 from .optimizers import FTRL, SGD, AdaGrad, Adam, Optimizer, optimizer_from_dict
 
 EMPTY_KEY: int = int(K.EMPTY)
+SHARED_KEY: int = EMPTY_KEY + 1  # unadmitted="shared": the field's out-of-vocabulary row
 INDEX_GROWTH = 1.5
 ROW_GROWTH = 1.15
 MIN_CAPACITY = 16
@@ -110,7 +111,8 @@ class EmbeddingTable:
     ``capacity`` is the initial number of index slots (the table grows as needed);
     ``min_count``: a key gets a trained ("admitted") row after ``min_count`` occurrences at
     ``lookup(insert=True)``; ``unadmitted``: what a not-yet-admitted or unknown key contributes in
-    :meth:`gather`, its deterministic initial value (``"init"``) or zeros (``"zero"``).
+    :meth:`gather`, its deterministic initial value (``"init"``), zeros (``"zero"``) or the
+    field's trained shared row (``"shared"``: :meth:`lookup` maps such keys to it).
     """
 
     def __init__(self, field: int, blocks: Sequence[BlockSpec], seed: int, dtype: Any = np.float32,
@@ -134,8 +136,8 @@ class EmbeddingTable:
         if int(min_count) < 0:
             raise ValueError(f"min_count must be >= 0, got {min_count!r}")
         self.min_count = int(min_count)
-        if unadmitted not in ("init", "zero"):
-            raise ValueError(f"unadmitted must be 'init' or 'zero', got {unadmitted!r}")
+        if unadmitted not in ("init", "zero", "shared"):
+            raise ValueError(f"unadmitted must be 'init', 'zero' or 'shared', got {unadmitted!r}")
         self.unadmitted = unadmitted
         self._bases = [Initializer.stream_base(self.seed, self.field, b.name) for b in self.blocks]
         self.evicted_count = 0
@@ -237,8 +239,33 @@ class EmbeddingTable:
         from the optimizer), every occurrence increments the key's count, ``last_seen = step``, and a
         key whose count reaches ``min_count`` is admitted (counted in ``admitted_total``).
         ``insert=False`` (evaluation): nothing changes; unknown keys get row -1. Raises ValueError
-        if a key is the sentinel ``EMPTY_KEY``.
+        if a key is the sentinel ``EMPTY_KEY``. With ``unadmitted="shared"`` unknown and
+        not-yet-admitted keys get the field's shared row instead (key ``SHARED_KEY``: a row like
+        any other, trained by their gradients, checkpointed and resharded with the field).
         """
+        rows = self._lookup(keys, insert=insert, step=step)
+        if self.unadmitted == "shared":
+            flat = rows.reshape(-1)
+            known = flat >= 0
+            outside = ~known
+            outside[known] = self._meta[flat[known], K.COUNT] < self.min_count
+            if outside.any() or insert:
+                flat[outside] = self._shared_row(step if insert else None)
+        return rows
+
+    def _shared_row(self, step: int | None) -> int:
+        """Row of the shared out-of-vocabulary key (inserted, admitted, on first use); a training
+        lookup refreshes its ``last_seen`` so that eviction keeps it."""
+        row = np.empty(1, dtype=np.int64)
+        K.lookup_only(self._idx, np.array([SHARED_KEY], dtype=np.int64), row)
+        if row[0] < 0:
+            row = self._lookup(np.array([SHARED_KEY], dtype=np.int64), insert=True, step=step or 0)
+        self._meta[row[0], K.COUNT] = max(self.min_count, self._meta[row[0], K.COUNT], 1)
+        if step is not None:
+            self._meta[row[0], K.LAST] = step
+        return int(row[0])
+
+    def _lookup(self, keys: np.ndarray, *, insert: bool, step: int = 0) -> np.ndarray:
         keys = _as_keys(keys)
         flat = keys.reshape(-1)
         out = np.empty(flat.shape[0], dtype=np.int64)
@@ -290,13 +317,14 @@ class EmbeddingTable:
                              f"table ({self._n} rows)")
         return out
 
-    def apply_gradients(self, block: str, rows: np.ndarray, grads: np.ndarray, step: int) -> None:
+    def apply_gradients(self, block: str, rows: np.ndarray, grads: np.ndarray, step: int,
+                        lr_scale: float = 1.0) -> None:
         """Apply block ``block``'s optimizer to the rows, in place.
 
         ``grads`` is ``[n, dim]``, one row per occurrence: gradients of duplicate rows are summed
         first (in occurrence order), then the optimizer runs once per unique admitted row. Rows -1
         and unadmitted rows are skipped. ``step`` is recorded as ``last_update_step`` only (Adam's
-        step count is per row, see ``optimizers.py``).
+        step count is per row, see ``optimizers.py``). ``lr_scale``: a schedule's factor of the rate.
         """
         b = self._block(block)
         spec = self.blocks[b]
@@ -313,8 +341,16 @@ class EmbeddingTable:
                              f"this table ({self._n} rows)")
         data, dim = self._data[b], spec.dim
         slots = tuple(data[:, dim * (s + 1):dim * (s + 2)] for s in range(spec.optimizer.num_slots))
-        spec.optimizer.apply_rows(data[:, :dim], slots, self._steps[b], uniq[:u], acc[:u])
+        spec.optimizer.apply_rows(data[:, :dim], slots, self._steps[b], uniq[:u], acc[:u], lr_scale, int(step) + 1)
         self.last_update_step = int(step)
+
+    def catch_up(self, steps_done: int, lr_scale: float = 1.0) -> None:
+        """Rows whose optimizer defers work (Adam with ``catchup``) take it up to ``steps_done``
+        global steps: before evaluation and checkpoints."""
+        for b, spec in enumerate(self.blocks):
+            data, dim = self._data[b], spec.dim
+            slots = tuple(data[:, dim * (s + 1):dim * (s + 2)] for s in range(spec.optimizer.num_slots))
+            spec.optimizer.catch_up(data[:, :dim], slots, self._steps[b], self._n, int(steps_done), lr_scale)
 
     def _scratch(self, n: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
         """Reused buffers for the unique rows and summed gradients of one batch (fresh arrays of

@@ -35,6 +35,7 @@ class FieldShard:
             raise ValueError(f"no sparse optimizer for block(s) {missing}")
         self.fields = sorted(int(f) for f in fields)
         self.blocks = list(blocks)
+        self.rates = optimizers.rates  # the schedule's factor of the next step (set by the runner)
         self.dtype = np.dtype(dtype)
         specs = [BlockSpec(b.name, b.dim, optimizers.sparse[b.name], Initializer(b.init, b.scale)) for b in blocks]
         self.tables: dict[int, EmbeddingTable] = {
@@ -65,7 +66,8 @@ class FieldShard:
         for k, block in enumerate(self.blocks):
             grads = np.asarray(pooled_grads[k])
             for j, (table, rows, offsets, weights) in enumerate(touched):
-                table.apply_gradients(block.name, rows, unpool(grads[:, j, :], offsets, weights), step)
+                table.apply_gradients(block.name, rows, unpool(grads[:, j, :], offsets, weights), step,
+                                      self.rates.sparse)
 
     # -- serving rows by key (strategies that move rows) -------------------------------------------------
     def rows(self, field: int, keys: np.ndarray, *, insert: bool, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -80,7 +82,8 @@ class FieldShard:
         column = 0
         for block in self.blocks:
             self.tables[field].apply_gradients(block.name, rows,
-                                               np.ascontiguousarray(grads[:, column : column + block.dim]), step)
+                                               np.ascontiguousarray(grads[:, column : column + block.dim]), step,
+                                               self.rates.sparse)
             column += block.dim
 
     def memory(self) -> dict[str, int]:
@@ -136,6 +139,7 @@ class DenseParams:
         self.fields = [int(f) for f in fields]
         self.dtype = np.dtype(dtype)
         self.l2 = float(model.l2_dense)
+        self.rates = optimizers.rates
         self._position = {f: j for j, f in enumerate(self.fields)}
         self.field_params: dict[str, np.ndarray] = {}
         for i, sub in enumerate(model.substitutions()):
@@ -172,12 +176,12 @@ class DenseParams:
             if self.l2:
                 grad = grad + 2.0 * self.l2 * value
             for j, f in enumerate(self.fields):
-                self.field_states[(name, f)].apply(value[j], np.ascontiguousarray(grad[j]))
+                self.field_states[(name, f)].apply(value[j], np.ascontiguousarray(grad[j]), self.rates.dense)
         for (name, value), grad in zip(self.top_params.items(), top_grads):
             grad = np.asarray(grad)
             if self.l2 and name in self.regularized_top:
                 grad = grad + 2.0 * self.l2 * value
-            self.top_states[name].apply(value, np.ascontiguousarray(grad))
+            self.top_states[name].apply(value, np.ascontiguousarray(grad), self.rates.dense)
 
     # -- transport -----------------------------------------------------------------------------------
     def _arrays(self) -> list[np.ndarray]:
