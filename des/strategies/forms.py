@@ -52,30 +52,40 @@ class ModelSplitForm(_ModelForm):
                  for i, sub in enumerate(self.substitutions)]
         return tf.concat(parts, axis=1)
 
+    def _local_backward(self, pooled: Sequence[tf.Tensor], params: Sequence[tf.Tensor], buffer_grad: tf.Tensor
+                        ) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
+        """``G`` back through each substitution's ``local_backward`` (closed form where it has one:
+        no forward is recomputed); gradients of the blocks two substitutions read are summed."""
+        by_block = dict(zip(self.blocks, pooled))
+        block_grads: dict[str, list[tf.Tensor]] = {name: [] for name in self.blocks}
+        param_grads: dict[str, tf.Tensor] = {}
+        for i, sub in enumerate(self.substitutions):
+            emb_grad, grads = sub.local_backward(by_block[sub.block], self.dense.substitution_params(i, sub.name, params),
+                                                 buffer_grad[:, self.starts[i] : self.starts[i + 1]])
+            block_grads[sub.block].append(emb_grad)
+            param_grads.update({f"{i}:{sub.name}:{name}": g for name, g in grads.items()})
+        l2 = self.model.l2_embedding
+        if l2:  # l2 on the looked-up embeddings (per sample, batch mean) belongs to their owner
+            batch = tf.cast(tf.shape(pooled[0])[0], self.tf_dtype)
+            for name, p in by_block.items():
+                block_grads[name].append((2.0 * l2 / batch) * p)
+        pooled_grads = [tf.add_n(block_grads[name]) if block_grads[name] else tf.zeros_like(by_block[name])
+                        for name in self.blocks]
+        return pooled_grads, [param_grads[name] for name in self.dense.field_params]
+
     def _logits(self, buffer: tf.Tensor, top: Sequence[tf.Tensor]) -> tf.Tensor:
         outputs = [sub.combine(buffer[:, self.starts[i] : self.starts[i + 1]])
                    for i, sub in enumerate(self.substitutions)]
         return self.model.top(dict(zip(self.dense.top_params, top)), outputs)
 
     def _build_split(self) -> None:
-        model = self.model
-
         @tf.function(reduce_retracing=True)
         def partials(pooled, params):
             return self._partials(pooled, params)
 
         @tf.function(reduce_retracing=True)
         def local_backward(pooled, params, buffer_grad):
-            with tf.GradientTape() as tape:
-                tape.watch([pooled, params])
-                out = self._partials(pooled, params)
-                # l2 on the looked-up embeddings (per sample, batch mean) belongs to their owner
-                reg = tf.zeros([], self.tf_dtype)
-                if model.l2_embedding:
-                    batch = tf.cast(tf.shape(pooled[0])[0], self.tf_dtype)
-                    reg += model.l2_embedding * tf.add_n([tf.reduce_sum(tf.square(p)) for p in pooled]) / batch
-            return tape.gradient([out, reg], [pooled, params], output_gradients=[buffer_grad, tf.ones_like(reg)],
-                                 unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            return self._local_backward(pooled, params, buffer_grad)
 
         @tf.function(reduce_retracing=True)
         def top_train(buffer, labels, top, global_size):
