@@ -50,6 +50,7 @@ class TrainConfig:
     drop_last: bool = _opt(True, "drop the last partial batch of an epoch")
     seed: int = _opt(0, "seed of initialization and batch order")
     dtype: str = _opt("float32", "float type of parameters and compute", choices=("float32", "float64"))
+    threads: int = _opt(0, "TF intra-op and numba threads per rank (0: cores // ranks on this machine)")
 
     linear_optimizer: str = _opt("auto", "sparse order-1 weights (name:key=value,...); auto: ftrl alpha 1.0 for lr, "
                                  "0.5 for fm, 0.05 for wdl/deepfm and user models (tuned on the shipped sample)")
@@ -122,7 +123,7 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{_flag(name)} must be at least 1, got {getattr(self, name)}")
-        for name in ("epochs", "max_steps", "ttl", "eval_every", "checkpoint_every"):
+        for name in ("epochs", "max_steps", "ttl", "eval_every", "checkpoint_every", "threads"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{_flag(name)} must not be negative, got {getattr(self, name)}")
         if self.early_stop < -1:

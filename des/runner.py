@@ -486,7 +486,7 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     schedules = check_validation_use(config, cls, validation_rows)
     run_folder = plan_run_folder(config, comm)
     folder = run_folder.work
-    runtime.configure_threads()
+    threads = runtime.configure_threads(config.threads)
     strategy = build_strategy(config, comm, store.num_fields, distinct, cls=cls, placement=placement)
     # What fixes the order of the batches: a checkpoint's position only means the same batch in a
     # run with the same data, batch size, seed and drop-last.
@@ -514,6 +514,7 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
             f"rows, {train_rows} train), {comm.size} rank(s), batch {config.batch_size}, {total_steps} steps "
             f"({config.epochs} epoch(s) of {steps_per_epoch}), dtype {config.dtype}")
     run.say(hosts)
+    run.say(threads.describe())
     run.say(f"  strategy {strategy.name}: {strategy.describe()}")
     run.say(f"  optimizers: linear {config.linear_optimizer_spec()}; embedding {config.embedding_optimizer_spec()}; "
             f"dense {config.dense_optimizer}")
