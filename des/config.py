@@ -51,6 +51,8 @@ class TrainConfig:
     seed: int = _opt(0, "seed of initialization and batch order")
     dtype: str = _opt("float32", "float type of parameters and compute", choices=("float32", "float64"))
     threads: int = _opt(0, "TF intra-op and numba threads per rank (0: cores // ranks on this machine)")
+    pipeline: str = _opt("on", "read and look up the next batch on a background thread while this step computes "
+                         "(same results either way)", choices=("on", "off"))
 
     linear_optimizer: str = _opt("auto", "sparse order-1 weights (name:key=value,...); auto: ftrl alpha 1.0 for lr, "
                                  "0.5 for fm, 0.05 for wdl/deepfm and user models (tuned on the shipped sample)")

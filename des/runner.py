@@ -359,9 +359,19 @@ def loop(run: Run) -> None:
     strategy, config = run.strategy, run.config
     mine = strategy.steps(strategy.step_count, run.total_steps) if not run.training.stopped else range(0)
     progress = _progress(run.talks and config.progress, strategy.step_count + len(mine), strategy.step_count)
-    for step in mine:
+    following = None  # the next batch, prefetched (--pipeline on)
+    for i, step in enumerate(mine):
         epoch, index = divmod(step, run.steps_per_epoch)
-        batch = run.batch(epoch, index)
+        batch = following.batch() if following is not None else run.batch(epoch, index)
+        done = step + 1  # global batches trained so far
+        validates = strategy.synchronous and (done % config.eval_every == 0 if config.eval_every
+                                              else index + 1 == run.steps_per_epoch)
+        saves = bool(config.checkpoint_every) and done % config.checkpoint_every == 0
+        following = None
+        if config.pipeline == "on" and i + 1 < len(mine) and not (validates or saves):
+            # nothing between this step and the next reads or saves the tables: overlap them
+            following = strategy.prefetch(lambda after=mine[i + 1]: run.batch(*divmod(after, run.steps_per_epoch)),
+                                          mine[i + 1])
         run.set_rates(step)
         start = time.perf_counter()
         loss = strategy.train_step(batch)
@@ -369,11 +379,9 @@ def loop(run: Run) -> None:
         if progress is not None:
             progress.update(1)
             progress.set_postfix(loss=f"{loss:.4f}", sps=f"{run.meter.samples_per_second:,.0f}")
-        done = step + 1  # global batches trained so far
-        end_of_epoch = index + 1 == run.steps_per_epoch
-        if strategy.synchronous and (done % config.eval_every == 0 if config.eval_every else end_of_epoch):
+        if validates:
             run.validate(done, epoch, progress)
-        if config.checkpoint_every and done % config.checkpoint_every == 0:
+        if saves:
             run.save(epoch, index + 1)
         if run.training.stopped:  # --early-stop: validation stopped improving
             run.say(f"early stop at step {done}: no better validation {config.monitor} since step "
@@ -438,6 +446,7 @@ def summarize(run: Run, results: dict[str, Any]) -> dict[str, Any]:
         "bytes_per_step_per_rank": sent_per_step.sum(axis=1).tolist(),
         "buffer_floats_per_sample": getattr(strategy, "buffer_width", None),
         "ms_per_phase": comm.bcast_json(strategy.timer.ms_per_step(), "summary", root=strategy.evaluators[0]),
+        "overlapped_steps": strategy.overlapped_steps,  # --pipeline: steps that looked up the next batch meanwhile
         "peak_rss_bytes_per_rank": per_rank[:, 0].tolist(),
         "table_rows_per_rank": per_rank[:, 1].tolist(),
         "table_bytes_per_rank": per_rank[:, 2].tolist(),

@@ -48,17 +48,33 @@ class FieldShard:
     def pooled(self, batch: Any, *, train: bool, step: int) -> tuple[list[np.ndarray], list[tuple]]:
         """Per block, the pooled embeddings ``[B, F_i, dim]`` of this shard's fields, and what
         :meth:`apply_pooled_gradients` needs to route gradients back to the rows."""
-        size = len(batch.labels)
-        pooled = [np.zeros((size, len(self.fields), b.dim), dtype=self.dtype) for b in self.blocks]
+        touched = self.lookup(batch, train=train, step=step)
+        return self.gather_pooled(batch, touched), touched
+
+    def lookup(self, batch: Any, *, train: bool, step: int) -> list[tuple]:
+        """Key -> row of every field (training: insert-on-miss, admission counts). Reads no values,
+        so it may run while TF computes the previous step, but not while its update runs (a
+        table may grow)."""
         touched = []
-        for j, field in enumerate(self.fields):
+        for field in self.fields:
             ids = batch.fields[field]
             table = self.tables[field]
             rows = table.lookup(ids.keys, insert=train, step=step)
-            for k, block in enumerate(self.blocks):
-                pool(table.gather(block.name, ids.keys, rows), ids.offsets, ids.weights, pooled[k][:, j, :])
+            if train and table.min_count > 1 and table.unadmitted != "shared":
+                # Admission as of this lookup: the next batch's lookup (pipelined) may admit an id
+                # before this step's update runs; row -1 reads like an unadmitted row and is skipped.
+                rows = np.where(table.metadata(rows)["admitted"], rows, -1)
             touched.append((table, rows, ids.offsets, ids.weights))
-        return pooled, touched
+        return touched
+
+    def gather_pooled(self, batch: Any, touched: list[tuple]) -> list[np.ndarray]:
+        """Per block, the pooled values ``[B, F_i, dim]`` of the rows :meth:`lookup` found."""
+        size = len(batch.labels)
+        pooled = [np.zeros((size, len(self.fields), b.dim), dtype=self.dtype) for b in self.blocks]
+        for j, (field, (table, rows, offsets, weights)) in enumerate(zip(self.fields, touched)):
+            for k, block in enumerate(self.blocks):
+                pool(table.gather(block.name, batch.fields[field].keys, rows), offsets, weights, pooled[k][:, j, :])
+        return pooled
 
     def apply_pooled_gradients(self, pooled_grads: Sequence[np.ndarray], touched: list[tuple], step: int) -> None:
         """Un-pool ``[B, F_i, dim]`` gradients to the ids and run the sparse optimizers (the table

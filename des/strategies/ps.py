@@ -256,6 +256,7 @@ class ParameterServer(Strategy):
         """Tell every server this worker is done."""
         for server in range(self.servers):
             self.comm.send(np.zeros(1, np.int64), server, DONE, "ps_control")
+        super().close()
 
     def state(self) -> ShardState:
         """With one server and one worker, the server's tables and dense weights are the whole model
