@@ -50,6 +50,8 @@ class TrainConfig:
     drop_last: bool = _opt(True, "drop the last partial batch of an epoch")
     seed: int = _opt(0, "seed of initialization and batch order")
     dtype: str = _opt("float32", "float type of parameters and compute", choices=("float32", "float64"))
+    compute_dtype: str = _opt("auto", "dtype of the top network's compute: auto (= --dtype) or bfloat16 (float32 "
+                              "master weights and optimizer state; needs --dtype float32)", choices=("auto", "bfloat16"))
     threads: int = _opt(0, "TF intra-op and numba threads per rank (0: cores // ranks on this machine)")
     pipeline: str = _opt("on", "read and look up the next batch on a background thread while this step computes "
                          "(same results either way)", choices=("on", "off"))
@@ -128,6 +130,8 @@ class TrainConfig:
         for name in ("epochs", "max_steps", "ttl", "eval_every", "checkpoint_every", "threads"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{_flag(name)} must not be negative, got {getattr(self, name)}")
+        if self.compute_dtype == "bfloat16" and self.dtype != "float32":
+            raise ConfigError(f"--compute-dtype bfloat16 needs --dtype float32 (its master weights), got {self.dtype}")
         if self.early_stop < -1:
             raise ConfigError(f"--early-stop must be -1 (auto), 0 (off) or a patience >= 1, got {self.early_stop}")
         if self.epochs == 0 and self.max_steps == 0:

@@ -97,7 +97,8 @@ def build_strategy(config: TrainConfig, comm: Communicator, num_fields: int, dis
     context = StrategyContext(
         model=build_model(config, num_fields), comm=comm, optimizers=build_optimizers(config), placement=placement,
         seed=config.seed, dtype=np.dtype(config.dtype),
-        tables=TableOptions(config.table_capacity, config.min_count, config.unadmitted), options=options)
+        tables=TableOptions(config.table_capacity, config.min_count, config.unadmitted), options=options,
+        compute_dtype=None if config.compute_dtype == "auto" else config.compute_dtype)
     return cls(context)
 
 

@@ -93,6 +93,8 @@ class StrategyContext:
     dtype: np.dtype = field(default_factory=lambda: np.dtype(np.float32))
     tables: "TableOptions | None" = None
     options: Mapping[str, Any] = field(default_factory=dict)  # strategy-specific (e.g. ps_servers)
+    #: dtype of the top network's compute ("bfloat16"), or None: :attr:`dtype`
+    compute_dtype: str | None = None
 
 
 @dataclass

@@ -70,7 +70,7 @@ class DES(Strategy):
         self.shard = FieldShard(mine, self.model.blocks(), context.optimizers, seed=self.seed, dtype=self.dtype,
                                 tables=context.tables)
         self.dense = DenseParams(self.model, self.shard.fields, context.optimizers, seed=self.seed, dtype=self.dtype)
-        self.split_form = ModelSplitForm(self.model, self.dense, self.dtype)
+        self.split_form = ModelSplitForm(self.model, self.dense, self.dtype, context.compute_dtype)
         self.upper = context.options.get("upper", "data-parallel")
 
     @property

@@ -20,20 +20,31 @@ from des.strategies.components import DenseParams
 
 
 class _ModelForm:
-    def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype) -> None:
+    def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype, compute_dtype: str | None = None) -> None:
         self.model = model
         self.dense = dense
         self.tf_dtype = tf.as_dtype(dtype)
+        # --compute-dtype bfloat16: the top network runs in bf16 on casts of the fp32 master weights
+        # (their gradients come back in fp32 through the casts; the optimizers never see bf16)
+        self.compute_dtype = tf.as_dtype(compute_dtype) if compute_dtype else self.tf_dtype
         self.blocks = [b.name for b in model.blocks()]
         self.substitutions = model.substitutions()
+
+    def _top(self, top: Sequence[tf.Tensor], outputs: Sequence[tf.Tensor]) -> tf.Tensor:
+        """The model's top network on the substituted operators' outputs -> logits (in :attr:`tf_dtype`)."""
+        if self.compute_dtype == self.tf_dtype:
+            return self._top(top, outputs)
+        cast = lambda t: tf.cast(t, self.compute_dtype)  # noqa: E731
+        logits = self.model.top({name: cast(v) for name, v in zip(self.dense.top_params, top)}, [cast(o) for o in outputs])
+        return tf.cast(logits, self.tf_dtype)
 
 
 class ModelSplitForm(_ModelForm):
     """The split form (DES): local partials into one buffer ``[B, P]``, the combine + top network
     on the reduced buffer, and the local backward."""
 
-    def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype) -> None:
-        super().__init__(model, dense, dtype)
+    def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype, compute_dtype: str | None = None) -> None:
+        super().__init__(model, dense, dtype, compute_dtype)
         for sub in self.substitutions:
             if sub.block not in self.blocks:
                 raise ValueError(f"substitution {sub.name} reads block {sub.block!r}, not declared by {model.name}")
@@ -76,7 +87,7 @@ class ModelSplitForm(_ModelForm):
     def _logits(self, buffer: tf.Tensor, top: Sequence[tf.Tensor]) -> tf.Tensor:
         outputs = [sub.combine(buffer[:, self.starts[i] : self.starts[i + 1]])
                    for i, sub in enumerate(self.substitutions)]
-        return self.model.top(dict(zip(self.dense.top_params, top)), outputs)
+        return self._top(top, outputs)
 
     def _build_split(self) -> None:
         @tf.function(reduce_retracing=True)
@@ -111,8 +122,8 @@ class ModelReferenceForm(_ModelForm):
     substitution's ``reference`` on all fields, the top network and the loss, forward and backward
     in one ``tf.function``."""
 
-    def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype) -> None:
-        super().__init__(model, dense, dtype)
+    def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype, compute_dtype: str | None = None) -> None:
+        super().__init__(model, dense, dtype, compute_dtype)
         self._build_reference()
 
     def _logits(self, pooled: Sequence[tf.Tensor], field_params: Sequence[tf.Tensor],
@@ -120,7 +131,7 @@ class ModelReferenceForm(_ModelForm):
         by_block = dict(zip(self.blocks, pooled))
         outputs = [sub.reference(by_block[sub.block], self.dense.substitution_params(i, sub.name, field_params))
                    for i, sub in enumerate(self.substitutions)]
-        return self.model.top(dict(zip(self.dense.top_params, top)), outputs)
+        return self._top(top, outputs)
 
     def _build_reference(self) -> None:
         model = self.model

@@ -91,7 +91,7 @@ class ParameterServer(Strategy):
         # Server 0 owns the dense weights; a worker keeps the copy it last pulled.
         self.dense = DenseParams(self.model, self.all_fields, context.optimizers, seed=self.seed, dtype=self.dtype)
         self.layout = RowLayout(self.model.blocks(), self.model.num_fields, self.dtype)
-        self.reference = ModelReferenceForm(self.model, self.dense, self.dtype)
+        self.reference = ModelReferenceForm(self.model, self.dense, self.dtype, context.compute_dtype)
         # collective over all ranks, so made here: the workers' own communicator
         self.worker_comm = Communicator(self.comm.comm.Split(0 if self.is_server else 1, self.comm.rank))
         self.pushes_applied = 0
