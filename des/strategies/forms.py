@@ -33,7 +33,7 @@ class _ModelForm:
     def _top(self, top: Sequence[tf.Tensor], outputs: Sequence[tf.Tensor]) -> tf.Tensor:
         """The model's top network on the substituted operators' outputs -> logits (in :attr:`tf_dtype`)."""
         if self.compute_dtype == self.tf_dtype:
-            return self._top(top, outputs)
+            return self.model.top(dict(zip(self.dense.top_params, top)), outputs)
         cast = lambda t: tf.cast(t, self.compute_dtype)  # noqa: E731
         logits = self.model.top({name: cast(v) for name, v in zip(self.dense.top_params, top)}, [cast(o) for o in outputs])
         return tf.cast(logits, self.tf_dtype)
