@@ -106,7 +106,9 @@ class DES(Strategy):
             self.overlap_next()  # the next batch is read and looked up while TF computes this step
         with phase("partials"):
             field_params = list(self.dense.field_params.values())
-            buffer = np.array(self.split_form.partials(pooled, field_params), dtype=self.dtype, order="C", copy=True)
+            buffer = self.split_form.partials(pooled, field_params).numpy()
+            if self.upper == "replicated" and self.comm.size > 1:
+                buffer = np.array(buffer, order="C", copy=True)  # the AllReduce sums in place: TF's memory is not ours
         return buffer, pooled, touched
 
     def train_step(self, batch: Any) -> float:
