@@ -31,7 +31,13 @@ class TrainConfig:
 
     model: str = _opt("deepfm", f"model to train: {', '.join(MODELS)} or a registered user model")
     plugins: str = _opt("", "comma-separated modules or .py files to import first (user models/substitutions)")
-    data: str = _opt(str(SHIPPED_SAMPLE), "raw Criteo TSV/.gz file or a prepared directory")
+    data: str = _opt(str(SHIPPED_SAMPLE), "raw Criteo TSV/.gz file or a prepared directory, split by --split")
+    train_data: str = _opt("", "separate training input instead of --data/--split: one or more raw Criteo TSV/.gz "
+                           "files, directories prepared by des.data prepare (all their rows) or globs (matches in "
+                           "natural order: day_2 before day_10), read in order as one stream", nargs="+")
+    validation_data: str = _opt("", "validation input with --train-data (the same forms); without it nothing is "
+                                "validated and --early-stop auto is off", nargs="+")
+    test_data: str = _opt("", "test input with --train-data (the same forms), evaluated at the end", nargs="+")
     cache_dir: str = _opt("", "where raw files are prepared (default ~/.cache/des)")
     split: str = _opt("0.9,0.05,0.05", "train,validation,test fractions of a raw file")
     split_seed: int = _opt(0, "seed of the train/validation/test split")
@@ -143,6 +149,34 @@ class TrainConfig:
             raise ConfigError(f"unknown strategy {self.strategy!r} (choose one of: {', '.join(default_strategy_names())}, "
                               "or load one with --plugins)")
 
+    def check_inputs(self, given: set[str]) -> "TrainConfig":
+        """``--train-data`` replaces ``--data``/``--split`` (``given``: the options set by the TOML file
+        or a flag); the effective config then records no --data or --split."""
+        separate = [name for name in ("validation_data", "test_data") if getattr(self, name)]
+        if not self.train_data:
+            if separate:
+                raise ConfigError(f"--{_flag(separate[0])} needs --train-data (with --data, --split makes the "
+                                  "validation and test rows)")
+            return self
+        clash = [name for name in ("data", "split", "split_seed") if name in given]
+        if clash:
+            raise ConfigError(f"--train-data and --{_flag(clash[0])} do not go together (--data/--split split one "
+                              "input; --train-data, --validation-data and --test-data name each split's own)")
+        if not self.validation_data:  # known before any input is read
+            self.check_validation_rows(0)
+        return dataclasses.replace(self, data="", split="")
+
+    def validation_users(self) -> list[str]:
+        """The options set that need validation rows: ``--early-stop P`` and plateau schedules."""
+        return ([f"--early-stop {self.early_stop}"] if self.early_stop > 0 else []) + \
+            [f"--{group}-schedule plateau" for group, s in self.schedules().items() if s.on_plateau]
+
+    def check_validation_rows(self, rows: int) -> None:
+        users = self.validation_users()
+        if users and rows == 0:
+            remedy = "give --validation-data" if self.train_data else "give --split a validation fraction"
+            raise ConfigError(f"{users[0]} needs validation rows, and the data has none ({remedy})")
+
     def early_stop_patience(self, validation_rows: int) -> int:
         """``--early-stop`` resolved: auto (-1) is 2 for a run by --epochs with validation rows, else 0."""
         if self.early_stop >= 0:
@@ -189,6 +223,8 @@ def build_parser(prog: str = "des.train") -> argparse.ArgumentParser:
         kwargs: dict[str, Any] = {"help": f.metadata["help"], "default": argparse.SUPPRESS}
         if f.type in ("bool", bool):
             kwargs["action"] = argparse.BooleanOptionalAction
+        elif f.metadata.get("nargs"):  # several values, kept joined by commas (as a TOML list is)
+            kwargs.update(nargs=f.metadata["nargs"], metavar="PATH")
         else:
             kwargs["type"] = {"int": int, "float": float, "str": str}[str(f.type)]
             kwargs["metavar"] = f.name.upper() if not f.metadata.get("choices") else None
@@ -208,9 +244,10 @@ def load_config(argv: list[str] | None = None, prog: str = "des.train") -> Train
         config_file = args.pop("config", None)
         if config_file:
             values.update(_read_toml(Path(config_file)))
-        values.update(args)
+        values.update({k: ",".join(v) if isinstance(v, list) else v for k, v in args.items()})
         config = TrainConfig(**values)
         config.validate()
+        config = config.check_inputs(set(values))
     except UsageError:
         raise
     except ConfigError as exc:

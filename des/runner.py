@@ -10,7 +10,6 @@ validation, checkpoint, test) + :func:`summarize` (``summary.json``). A strategy
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import inspect
 import json
 import os
@@ -103,21 +102,32 @@ def build_strategy(config: TrainConfig, comm: Communicator, num_fields: int, dis
 
 
 def open_data(config: TrainConfig, comm: Communicator, data: str | None = None, split=None, bad_rows: str | None = None):
-    """Rank 0 prepares a raw file into the cache (once); then every rank opens the same store."""
-    from des.data import ColumnStore, open_dataset
+    """Rank 0 prepares raw files into the cache (once); then every rank opens the same store: the
+    one of ``--data`` (split by ``--split``), or, with ``--train-data``, the separate inputs of each
+    split read as one (``des.data.inputs``; ``data`` given: that one, as ``des.evaluate`` does)."""
+    from des.data import ColumnStore, ConcatStore, open_dataset, open_inputs
 
+    separate = config.train_data and data is None
     if comm.rank == 0:
-        store = open_dataset(data or config.data, cache_dir=config.cache_dir or None,
-                             split=config.split_fractions() if split is None else split, seed=config.split_seed,
-                             bad_rows=bad_rows or config.bad_rows)
-        path = str(store.path)
-    path = comm.bcast_json(path if comm.rank == 0 else None, "setup")
-    return store if comm.rank == 0 else ColumnStore.open(path)
+        cache_dir, bad_rows = config.cache_dir or None, bad_rows or config.bad_rows
+        if separate:
+            store = open_inputs({"train": config.train_data, "validation": config.validation_data,
+                                 "test": config.test_data}, cache_dir=cache_dir, bad_rows=bad_rows)
+        else:
+            store = open_dataset(data or config.data, cache_dir=cache_dir,
+                                 split=config.split_fractions() if split is None else split, seed=config.split_seed,
+                                 bad_rows=bad_rows)
+        opened = store.to_json() if separate else str(store.path)
+    opened = comm.bcast_json(opened if comm.rank == 0 else None, "setup")
+    if comm.rank == 0:
+        return store
+    return ConcatStore.from_json(opened) if separate else ColumnStore.open(opened)
 
 
 def data_fingerprint(store) -> str:
-    """Identifies a prepared dataset by content (its manifest: sources' sha256, split, counts)."""
-    return hashlib.sha256(json.dumps(store.manifest, sort_keys=True).encode()).hexdigest()[:16]
+    """Identifies the data by content (a store's manifest: sources' sha256, split, counts; separate
+    inputs: those of the training and validation inputs, in order)."""
+    return store.fingerprint
 
 
 # ---------------------------------------------------------------------------------------------- evaluation
@@ -478,13 +488,14 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     cls = strategy_class(config)
     store = open_data(config, comm)
     if store.num_rows == 0:
-        raise DesError(f"dataset {store.path} is empty")
+        raise DesError(f"dataset {store.source} is empty")
     distinct = [store.distinct_count(f) for f in range(store.num_fields)]
     placement = cls.place(store.num_fields, comm.size, config.placement, distinct, config.to_dict())
     train_rows = len(store.split_rows("train"))
     steps_per_epoch = train_rows // config.batch_size if config.drop_last else -(-train_rows // config.batch_size)
     if steps_per_epoch == 0:
-        raise ConfigError(f"--batch-size {config.batch_size} is larger than the {train_rows} training rows of {store.path}")
+        raise ConfigError(f"--batch-size {config.batch_size} is larger than the {train_rows} training rows of "
+                          f"{store.display_name}")
     total_steps = config.epochs * steps_per_epoch if config.epochs else config.max_steps
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
@@ -502,6 +513,8 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     # run with the same data, batch size, seed and drop-last.
     data_order = {"data_fingerprint": data_fingerprint(store), "batch_size": config.batch_size,
                   "seed": config.seed, "drop_last": config.drop_last}
+    if config.train_data:  # a resume with other training or validation files names them
+        data_order["inputs"] = store.input_names()
     manifest = None
     if config.resume:
         manifest = load_checkpoint(strategy, config.resume, data_order=data_order)
@@ -517,12 +530,12 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     if comm.rank == 0:
         (folder / "config.json").write_text(json.dumps({
             "config": config.to_dict(), "ranks": comm.size, "placement": strategy.placement,
-            "model": strategy.model.describe(), "data": str(store.path), "data_fingerprint": data_fingerprint(store),
+            "model": strategy.model.describe(), "data": store.source, "data_fingerprint": data_fingerprint(store),
             "versions": _versions(), "python": platform.python_version(),
         }, indent=1))
-    run.say(f"des.train: {strategy.model.name} with strategy {strategy.name} on {store.path.name} ({store.num_rows} "
-            f"rows, {train_rows} train), {comm.size} rank(s), batch {config.batch_size}, {total_steps} steps "
-            f"({config.epochs} epoch(s) of {steps_per_epoch}), dtype {config.dtype}")
+    run.say(f"des.train: {strategy.model.name} with strategy {strategy.name} on {store.display_name} "
+            f"({store.num_rows} rows, {train_rows} train, {validation_rows} validation), {comm.size} rank(s), batch "
+            f"{config.batch_size}, {total_steps} steps ({config.epochs} epoch(s) of {steps_per_epoch}), dtype {config.dtype}")
     run.say(hosts)
     run.say(threads.describe())
     run.say(f"  strategy {strategy.name}: {strategy.describe()}")
@@ -544,11 +557,8 @@ def check_validation_use(config: TrainConfig, cls: Any, validation_rows: int) ->
     """The non-constant schedules; ``--early-stop`` and plateau schedules need validation rows and a
     synchronous strategy (an asynchronous one validates once, at the end)."""
     schedules = {group: s for group, s in config.schedules().items() if s.kind != "constant"}
-    users = ([f"--early-stop {config.early_stop}"] if config.early_stop else []) + \
-        [f"--{group}-schedule {s.kind}" for group, s in schedules.items() if s.on_plateau]
-    if users and validation_rows == 0:
-        raise ConfigError(f"{users[0]} needs validation rows, and the data has none (give --split a validation "
-                          "fraction)")
+    users = config.validation_users()
+    config.check_validation_rows(validation_rows)
     if (users or schedules) and not cls.synchronous:
         what = users[0] if users else f"--{next(iter(schedules))}-schedule"
         raise ConfigError(f"{what} is not supported with --strategy {cls.name} (asynchronous: servers apply pushes "
