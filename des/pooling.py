@@ -9,6 +9,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+_NO_WEIGHTS = np.zeros(0, dtype=np.float32)  # stands in for a field without weights (never read)
+
 
 @numba.njit(cache=True, nogil=True)
 def _pool_or_unpool(src, offsets, weights, has_weights, out, adjoint):  # pragma: no cover - numba
