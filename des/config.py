@@ -31,7 +31,13 @@ class TrainConfig:
 
     model: str = _opt("deepfm", f"model to train: {', '.join(MODELS)} or a registered user model")
     plugins: str = _opt("", "comma-separated modules or .py files to import first (user models/substitutions)")
-    data: str = _opt(str(SHIPPED_SAMPLE), "raw Criteo TSV/.gz file or a prepared directory")
+    data: str = _opt(str(SHIPPED_SAMPLE), "raw Criteo TSV/.gz file or a prepared directory, split by --split")
+    train_data: str = _opt("", "separate training input instead of --data/--split: one or more raw Criteo TSV/.gz "
+                           "files, directories prepared by des.data prepare (all their rows) or globs (matches in "
+                           "natural order: day_2 before day_10), read in order as one stream", nargs="+")
+    validation_data: str = _opt("", "validation input with --train-data (the same forms); without it nothing is "
+                                "validated and --early-stop auto is off", nargs="+")
+    test_data: str = _opt("", "test input with --train-data (the same forms), evaluated at the end", nargs="+")
     cache_dir: str = _opt("", "where raw files are prepared (default ~/.cache/des)")
     split: str = _opt("0.9,0.05,0.05", "train,validation,test fractions of a raw file")
     split_seed: int = _opt(0, "seed of the train/validation/test split")
@@ -50,6 +56,11 @@ class TrainConfig:
     drop_last: bool = _opt(True, "drop the last partial batch of an epoch")
     seed: int = _opt(0, "seed of initialization and batch order")
     dtype: str = _opt("float32", "float type of parameters and compute", choices=("float32", "float64"))
+    compute_dtype: str = _opt("auto", "dtype of the top network's compute: auto (= --dtype) or bfloat16 (float32 "
+                              "master weights and optimizer state; needs --dtype float32)", choices=("auto", "bfloat16"))
+    threads: int = _opt(0, "TF intra-op and numba threads per rank (0: cores // ranks on this machine)")
+    pipeline: str = _opt("on", "read and look up the next batch on a background thread while this step computes "
+                         "(same results either way)", choices=("on", "off"))
 
     linear_optimizer: str = _opt("auto", "sparse order-1 weights (name:key=value,...); auto: ftrl alpha 1.0 for lr, "
                                  "0.5 for fm, 0.05 for wdl/deepfm and user models (tuned on the shipped sample)")
@@ -122,9 +133,11 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{_flag(name)} must be at least 1, got {getattr(self, name)}")
-        for name in ("epochs", "max_steps", "ttl", "eval_every", "checkpoint_every"):
+        for name in ("epochs", "max_steps", "ttl", "eval_every", "checkpoint_every", "threads"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{_flag(name)} must not be negative, got {getattr(self, name)}")
+        if self.compute_dtype == "bfloat16" and self.dtype != "float32":
+            raise ConfigError(f"--compute-dtype bfloat16 needs --dtype float32 (its master weights), got {self.dtype}")
         if self.early_stop < -1:
             raise ConfigError(f"--early-stop must be -1 (auto), 0 (off) or a patience >= 1, got {self.early_stop}")
         if self.epochs == 0 and self.max_steps == 0:
@@ -135,6 +148,34 @@ class TrainConfig:
         if not self.plugins and self.strategy not in default_strategy_names():
             raise ConfigError(f"unknown strategy {self.strategy!r} (choose one of: {', '.join(default_strategy_names())}, "
                               "or load one with --plugins)")
+
+    def check_inputs(self, given: set[str]) -> "TrainConfig":
+        """``--train-data`` replaces ``--data``/``--split`` (``given``: the options set by the TOML file
+        or a flag); the effective config then records no --data or --split."""
+        separate = [name for name in ("validation_data", "test_data") if getattr(self, name)]
+        if not self.train_data:
+            if separate:
+                raise ConfigError(f"--{_flag(separate[0])} needs --train-data (with --data, --split makes the "
+                                  "validation and test rows)")
+            return self
+        clash = [name for name in ("data", "split", "split_seed") if name in given]
+        if clash:
+            raise ConfigError(f"--train-data and --{_flag(clash[0])} do not go together (--data/--split split one "
+                              "input; --train-data, --validation-data and --test-data name each split's own)")
+        if not self.validation_data:  # known before any input is read
+            self.check_validation_rows(0)
+        return dataclasses.replace(self, data="", split="")
+
+    def validation_users(self) -> list[str]:
+        """The options set that need validation rows: ``--early-stop P`` and plateau schedules."""
+        return ([f"--early-stop {self.early_stop}"] if self.early_stop > 0 else []) + \
+            [f"--{group}-schedule plateau" for group, s in self.schedules().items() if s.on_plateau]
+
+    def check_validation_rows(self, rows: int) -> None:
+        users = self.validation_users()
+        if users and rows == 0:
+            remedy = "give --validation-data" if self.train_data else "give --split a validation fraction"
+            raise ConfigError(f"{users[0]} needs validation rows, and the data has none ({remedy})")
 
     def early_stop_patience(self, validation_rows: int) -> int:
         """``--early-stop`` resolved: auto (-1) is 2 for a run by --epochs with validation rows, else 0."""
@@ -182,6 +223,8 @@ def build_parser(prog: str = "des.train") -> argparse.ArgumentParser:
         kwargs: dict[str, Any] = {"help": f.metadata["help"], "default": argparse.SUPPRESS}
         if f.type in ("bool", bool):
             kwargs["action"] = argparse.BooleanOptionalAction
+        elif f.metadata.get("nargs"):  # several values, kept joined by commas (as a TOML list is)
+            kwargs.update(nargs=f.metadata["nargs"], metavar="PATH")
         else:
             kwargs["type"] = {"int": int, "float": float, "str": str}[str(f.type)]
             kwargs["metavar"] = f.name.upper() if not f.metadata.get("choices") else None
@@ -201,9 +244,10 @@ def load_config(argv: list[str] | None = None, prog: str = "des.train") -> Train
         config_file = args.pop("config", None)
         if config_file:
             values.update(_read_toml(Path(config_file)))
-        values.update(args)
+        values.update({k: ",".join(v) if isinstance(v, list) else v for k, v in args.items()})
         config = TrainConfig(**values)
         config.validate()
+        config = config.check_inputs(set(values))
     except UsageError:
         raise
     except ConfigError as exc:

@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     from des.checkpoint import load_checkpoint, read_manifest
+    from des.data.inputs import WHOLE_FILE
     from des.metrics import auc_or_none, logloss
     from des.plugins import load_plugins
     from des.runner import build_strategy, open_data, predict_split
@@ -49,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     _, manifest = read_manifest(args.checkpoint)
     config = TrainConfig(**manifest["config"])
     load_plugins(config.plugins)
-    # A raw file is prepared with every row in the test split, in input order.
-    store = open_data(config, comm, data=args.data, split=[0.0, 0.0, 1.0], bad_rows=args.bad_rows)
+    # A raw file is prepared whole (every row in the test split, in input order): the cache entry
+    # that --train-data, --validation-data and --test-data use for the same file.
+    store = open_data(config, comm, data=args.data, split=WHOLE_FILE, bad_rows=args.bad_rows)
     if store.num_fields != manifest["num_fields"]:
         raise ConfigError(f"{args.data} has {store.num_fields} fields, the checkpoint's model {manifest['num_fields']}")
     split = args.split if Path(args.data).is_dir() else "all"

@@ -10,7 +10,6 @@ validation, checkpoint, test) + :func:`summarize` (``summary.json``). A strategy
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import inspect
 import json
 import os
@@ -97,26 +96,38 @@ def build_strategy(config: TrainConfig, comm: Communicator, num_fields: int, dis
     context = StrategyContext(
         model=build_model(config, num_fields), comm=comm, optimizers=build_optimizers(config), placement=placement,
         seed=config.seed, dtype=np.dtype(config.dtype),
-        tables=TableOptions(config.table_capacity, config.min_count, config.unadmitted), options=options)
+        tables=TableOptions(config.table_capacity, config.min_count, config.unadmitted), options=options,
+        compute_dtype=None if config.compute_dtype == "auto" else config.compute_dtype)
     return cls(context)
 
 
 def open_data(config: TrainConfig, comm: Communicator, data: str | None = None, split=None, bad_rows: str | None = None):
-    """Rank 0 prepares a raw file into the cache (once); then every rank opens the same store."""
-    from des.data import ColumnStore, open_dataset
+    """Rank 0 prepares raw files into the cache (once); then every rank opens the same store: the
+    one of ``--data`` (split by ``--split``), or, with ``--train-data``, the separate inputs of each
+    split read as one (``des.data.inputs``; ``data`` given: that one, as ``des.evaluate`` does)."""
+    from des.data import ColumnStore, ConcatStore, open_dataset, open_inputs
 
+    separate = config.train_data and data is None
     if comm.rank == 0:
-        store = open_dataset(data or config.data, cache_dir=config.cache_dir or None,
-                             split=config.split_fractions() if split is None else split, seed=config.split_seed,
-                             bad_rows=bad_rows or config.bad_rows)
-        path = str(store.path)
-    path = comm.bcast_json(path if comm.rank == 0 else None, "setup")
-    return store if comm.rank == 0 else ColumnStore.open(path)
+        cache_dir, bad_rows = config.cache_dir or None, bad_rows or config.bad_rows
+        if separate:
+            store = open_inputs({"train": config.train_data, "validation": config.validation_data,
+                                 "test": config.test_data}, cache_dir=cache_dir, bad_rows=bad_rows)
+        else:
+            store = open_dataset(data or config.data, cache_dir=cache_dir,
+                                 split=config.split_fractions() if split is None else split, seed=config.split_seed,
+                                 bad_rows=bad_rows)
+        opened = store.to_json() if separate else str(store.path)
+    opened = comm.bcast_json(opened if comm.rank == 0 else None, "setup")
+    if comm.rank == 0:
+        return store
+    return ConcatStore.from_json(opened) if separate else ColumnStore.open(opened)
 
 
 def data_fingerprint(store) -> str:
-    """Identifies a prepared dataset by content (its manifest: sources' sha256, split, counts)."""
-    return hashlib.sha256(json.dumps(store.manifest, sort_keys=True).encode()).hexdigest()[:16]
+    """Identifies the data by content (a store's manifest: sources' sha256, split, counts; separate
+    inputs: those of the training and validation inputs, in order)."""
+    return store.fingerprint
 
 
 # ---------------------------------------------------------------------------------------------- evaluation
@@ -359,9 +370,19 @@ def loop(run: Run) -> None:
     strategy, config = run.strategy, run.config
     mine = strategy.steps(strategy.step_count, run.total_steps) if not run.training.stopped else range(0)
     progress = _progress(run.talks and config.progress, strategy.step_count + len(mine), strategy.step_count)
-    for step in mine:
+    following = None  # the next batch, prefetched (--pipeline on)
+    for i, step in enumerate(mine):
         epoch, index = divmod(step, run.steps_per_epoch)
-        batch = run.batch(epoch, index)
+        batch = following.batch() if following is not None else run.batch(epoch, index)
+        done = step + 1  # global batches trained so far
+        validates = strategy.synchronous and (done % config.eval_every == 0 if config.eval_every
+                                              else index + 1 == run.steps_per_epoch)
+        saves = bool(config.checkpoint_every) and done % config.checkpoint_every == 0
+        following = None
+        if config.pipeline == "on" and i + 1 < len(mine) and not (validates or saves):
+            # nothing between this step and the next reads or saves the tables: overlap them
+            following = strategy.prefetch(lambda after=mine[i + 1]: run.batch(*divmod(after, run.steps_per_epoch)),
+                                          mine[i + 1])
         run.set_rates(step)
         start = time.perf_counter()
         loss = strategy.train_step(batch)
@@ -369,11 +390,9 @@ def loop(run: Run) -> None:
         if progress is not None:
             progress.update(1)
             progress.set_postfix(loss=f"{loss:.4f}", sps=f"{run.meter.samples_per_second:,.0f}")
-        done = step + 1  # global batches trained so far
-        end_of_epoch = index + 1 == run.steps_per_epoch
-        if strategy.synchronous and (done % config.eval_every == 0 if config.eval_every else end_of_epoch):
+        if validates:
             run.validate(done, epoch, progress)
-        if config.checkpoint_every and done % config.checkpoint_every == 0:
+        if saves:
             run.save(epoch, index + 1)
         if run.training.stopped:  # --early-stop: validation stopped improving
             run.say(f"early stop at step {done}: no better validation {config.monitor} since step "
@@ -438,6 +457,7 @@ def summarize(run: Run, results: dict[str, Any]) -> dict[str, Any]:
         "bytes_per_step_per_rank": sent_per_step.sum(axis=1).tolist(),
         "buffer_floats_per_sample": getattr(strategy, "buffer_width", None),
         "ms_per_phase": comm.bcast_json(strategy.timer.ms_per_step(), "summary", root=strategy.evaluators[0]),
+        "overlapped_steps": strategy.overlapped_steps,  # --pipeline: steps that looked up the next batch meanwhile
         "peak_rss_bytes_per_rank": per_rank[:, 0].tolist(),
         "table_rows_per_rank": per_rank[:, 1].tolist(),
         "table_bytes_per_rank": per_rank[:, 2].tolist(),
@@ -468,13 +488,14 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     cls = strategy_class(config)
     store = open_data(config, comm)
     if store.num_rows == 0:
-        raise DesError(f"dataset {store.path} is empty")
+        raise DesError(f"dataset {store.source} is empty")
     distinct = [store.distinct_count(f) for f in range(store.num_fields)]
     placement = cls.place(store.num_fields, comm.size, config.placement, distinct, config.to_dict())
     train_rows = len(store.split_rows("train"))
     steps_per_epoch = train_rows // config.batch_size if config.drop_last else -(-train_rows // config.batch_size)
     if steps_per_epoch == 0:
-        raise ConfigError(f"--batch-size {config.batch_size} is larger than the {train_rows} training rows of {store.path}")
+        raise ConfigError(f"--batch-size {config.batch_size} is larger than the {train_rows} training rows of "
+                          f"{store.display_name}")
     total_steps = config.epochs * steps_per_epoch if config.epochs else config.max_steps
     if config.max_steps:
         total_steps = min(total_steps, config.max_steps)
@@ -486,12 +507,14 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     schedules = check_validation_use(config, cls, validation_rows)
     run_folder = plan_run_folder(config, comm)
     folder = run_folder.work
-    runtime.configure_threads()
+    threads = runtime.configure_threads(config.threads)
     strategy = build_strategy(config, comm, store.num_fields, distinct, cls=cls, placement=placement)
     # What fixes the order of the batches: a checkpoint's position only means the same batch in a
     # run with the same data, batch size, seed and drop-last.
     data_order = {"data_fingerprint": data_fingerprint(store), "batch_size": config.batch_size,
                   "seed": config.seed, "drop_last": config.drop_last}
+    if config.train_data:  # a resume with other training or validation files names them
+        data_order["inputs"] = store.input_names()
     manifest = None
     if config.resume:
         manifest = load_checkpoint(strategy, config.resume, data_order=data_order)
@@ -507,13 +530,14 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     if comm.rank == 0:
         (folder / "config.json").write_text(json.dumps({
             "config": config.to_dict(), "ranks": comm.size, "placement": strategy.placement,
-            "model": strategy.model.describe(), "data": str(store.path), "data_fingerprint": data_fingerprint(store),
+            "model": strategy.model.describe(), "data": store.source, "data_fingerprint": data_fingerprint(store),
             "versions": _versions(), "python": platform.python_version(),
         }, indent=1))
-    run.say(f"des.train: {strategy.model.name} with strategy {strategy.name} on {store.path.name} ({store.num_rows} "
-            f"rows, {train_rows} train), {comm.size} rank(s), batch {config.batch_size}, {total_steps} steps "
-            f"({config.epochs} epoch(s) of {steps_per_epoch}), dtype {config.dtype}")
+    run.say(f"des.train: {strategy.model.name} with strategy {strategy.name} on {store.display_name} "
+            f"({store.num_rows} rows, {train_rows} train, {validation_rows} validation), {comm.size} rank(s), batch "
+            f"{config.batch_size}, {total_steps} steps ({config.epochs} epoch(s) of {steps_per_epoch}), dtype {config.dtype}")
     run.say(hosts)
+    run.say(threads.describe())
     run.say(f"  strategy {strategy.name}: {strategy.describe()}")
     run.say(f"  optimizers: linear {config.linear_optimizer_spec()}; embedding {config.embedding_optimizer_spec()}; "
             f"dense {config.dense_optimizer}")
@@ -533,11 +557,8 @@ def check_validation_use(config: TrainConfig, cls: Any, validation_rows: int) ->
     """The non-constant schedules; ``--early-stop`` and plateau schedules need validation rows and a
     synchronous strategy (an asynchronous one validates once, at the end)."""
     schedules = {group: s for group, s in config.schedules().items() if s.kind != "constant"}
-    users = ([f"--early-stop {config.early_stop}"] if config.early_stop else []) + \
-        [f"--{group}-schedule {s.kind}" for group, s in schedules.items() if s.on_plateau]
-    if users and validation_rows == 0:
-        raise ConfigError(f"{users[0]} needs validation rows, and the data has none (give --split a validation "
-                          "fraction)")
+    users = config.validation_users()
+    config.check_validation_rows(validation_rows)
     if (users or schedules) and not cls.synchronous:
         what = users[0] if users else f"--{next(iter(schedules))}-schedule"
         raise ConfigError(f"{what} is not supported with --strategy {cls.name} (asynchronous: servers apply pushes "

@@ -2,13 +2,15 @@
 
 TF's thread pools can only be sized before its first op (the log-level variables are set by
 ``des/__init__.py``, before TF loads). With several ranks per machine, each rank gets
-``cores // ranks_on_this_node`` intra-op threads, inter-op 1 (measured: more threads than cores
-per rank slow every rank down when ranks share cores).
+``cores // ranks_on_this_node`` intra-op threads (and as many numba threads), inter-op 1
+(measured: more threads than cores per rank slow every rank down when ranks share cores);
+``--threads`` overrides it.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 
 def local_ranks() -> int:
@@ -22,23 +24,46 @@ def local_ranks() -> int:
         node.Free()
 
 
-def configure_threads(threads: int = 0) -> int:
-    """Size TF's thread pools (``threads`` = 0: cores // local ranks); returns the intra-op count."""
+@dataclass(frozen=True)
+class Threads:
+    """The thread pools of one rank: TF intra-op and inter-op, numba's parallel kernels."""
+
+    intra_op: int
+    inter_op: int
+    numba: int
+    cores: int
+    local_ranks: int
+    chosen: str  # "auto" (cores // local ranks) or "--threads"
+
+    def describe(self) -> str:
+        return (f"  threads per rank: TF intra-op {self.intra_op}, inter-op {self.inter_op}, numba {self.numba} "
+                f"({self.chosen}: {self.cores} cores, {self.local_ranks} rank(s) on this machine)")
+
+
+def configure_threads(threads: int = 0) -> Threads:
+    """Size TF's and numba's thread pools: ``threads`` per rank, or (0) ``cores // local ranks``
+    (at least 1). Oversubscribed (more ranks than cores): BLAS gets 1 thread, so no library starts
+    a pool on top of TF's."""
     ranks = local_ranks()
     cores = os.cpu_count() or 1
     intra = threads or max(1, cores // ranks)
     if ranks >= cores:
-        # Oversubscribed: numba and BLAS must not start their own pools on top of TF's.
-        os.environ.setdefault("NUMBA_NUM_THREADS", "1")
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("NUMBA_NUM_THREADS", str(intra))  # read when numba first starts its pool
+    import numba
     import tensorflow as tf
 
+    numba_threads = max(1, min(intra, numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(numba_threads)
     try:
         tf.config.threading.set_intra_op_parallelism_threads(intra)
         tf.config.threading.set_inter_op_parallelism_threads(1)
     except RuntimeError:
         pass  # TF already ran an op in this process (e.g. inside tests); keep its pools
-    return intra
+    # what TF really has (0: its own default, one thread per core)
+    return Threads(tf.config.threading.get_intra_op_parallelism_threads() or cores,
+                   tf.config.threading.get_inter_op_parallelism_threads() or cores, numba_threads, cores, ranks,
+                   "--threads" if threads else "auto")
 
 
 def describe_hosts(comm) -> str:

@@ -36,9 +36,14 @@ DEEPCTR_PYTHON = DEEPCTR_VENV / "bin" / "python"
 
 
 # ------------------------------------------------------------------------------------ child (.venv-deepctr)
-def deepctr_child(store_path: str, seed: int, epochs: int, batch: int, warmup: int, hidden: Sequence[int],
-                  dim: int, init_std: float = 0.01, l2: float = 0.0) -> dict:
-    """Train DeepCTR's DeepFM in this process (.venv-deepctr, TF_USE_LEGACY_KERAS=1); returns metrics."""
+DEFAULT_INIT_STD, DEFAULT_L2 = 1e-4, 1e-5  # DeepCTR's own defaults (embedding init std; l2 on the tables)
+
+
+def _deepfm(store_path: str, seed: int, hidden: Sequence[int], dim: int, init_std: float, l2: float):
+    """DeepCTR's DeepFM over the store's 39 one-hot fields, compiled with Adam (lr 0.001), in this
+    process (.venv-deepctr, TF_USE_LEGACY_KERAS=1). Returns ``(store, names, inputs, labels, model,
+    timer)``: ``inputs[name]`` are the field's ids re-indexed 0..V-1; ``timer`` is a Keras callback
+    recording the end time of every training batch of a ``fit`` (``timer.ends``; ``timer.steady(warmup)``)."""
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
@@ -49,9 +54,8 @@ def deepctr_child(store_path: str, seed: int, epochs: int, batch: int, warmup: i
     tf.config.threading.set_inter_op_parallelism_threads(1)
     from deepctr.feature_column import SparseFeat
     from deepctr.models import DeepFM
-    from sklearn.metrics import log_loss, roc_auc_score
 
-    from des.data import BatchReader, ColumnStore
+    from des.data import ColumnStore
 
     store = ColumnStore.open(store_path)
     rows = np.arange(store.num_rows)
@@ -75,10 +79,47 @@ def deepctr_child(store_path: str, seed: int, epochs: int, batch: int, warmup: i
     class StepTimer(tf.keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
-            self.ends: list[float] = []
+            self.begin, self.ends = 0.0, []
+
+        def on_train_begin(self, logs=None):
+            self.begin, self.ends = time.perf_counter(), []
 
         def on_train_batch_end(self, batch_index, logs=None):
             self.ends.append(time.perf_counter())
+
+        def steady(self, warmup: int) -> tuple[int, float]:
+            """(steps, seconds) of this ``fit``'s steps after its first ``warmup`` (tracing)."""
+            if len(self.ends) <= warmup:
+                return 0, 0.0
+            return len(self.ends) - warmup, self.ends[-1] - ([self.begin] + self.ends)[warmup]
+
+    return store, names, inputs, labels, model, StepTimer()
+
+
+def batch_order(store, batch: int, seed: int, epoch: int, batches: int | None = None):
+    """des's training rows in des's batch order from ``epoch`` on (the last partial batch of every
+    epoch dropped): one epoch, or ``batches`` whole batches over as many epochs as they need."""
+    import numpy as np
+
+    from des.data import BatchReader
+
+    parts, count = [], 0
+    while True:
+        reader = BatchReader(store, "train", batch_size=batch, seed=seed, epoch=epoch)
+        take = len(reader) if batches is None else min(len(reader), batches - count)
+        parts.append(reader.row_order[: take * batch])
+        count, epoch = count + take, epoch + 1
+        if batches is None or count >= batches or not len(reader):
+            return np.concatenate(parts)
+
+
+def deepctr_child(store_path: str, seed: int, epochs: int, batch: int, warmup: int, hidden: Sequence[int],
+                  dim: int, init_std: float = 0.01, l2: float = 0.0) -> dict:
+    """Train DeepCTR's DeepFM in this process (.venv-deepctr, TF_USE_LEGACY_KERAS=1); returns metrics."""
+    store, names, inputs, labels, model, timer = _deepfm(store_path, seed, hidden, dim, init_std, l2)
+    import numpy as np
+    import tensorflow as tf
+    from sklearn.metrics import log_loss, roc_auc_score
 
     def metrics(split: str) -> tuple[float, float]:
         rows = store.split_rows(split)
@@ -87,19 +128,16 @@ def deepctr_child(store_path: str, seed: int, epochs: int, batch: int, warmup: i
         return float(roc_auc_score(y, p)), float(log_loss(y, np.clip(p.astype(np.float64), 1e-7, 1 - 1e-7)))
 
     best: dict = {}  # the epoch with the best validation AUC (DeepCTR has no early stopping of its own)
-    timer, steady_samples, steady_seconds, total_seconds, steps = StepTimer(), 0, 0.0, 0.0, 0
+    steady_samples, steady_seconds, total_seconds, steps = 0, 0.0, 0.0, 0
     for epoch in range(epochs):
-        reader = BatchReader(store, "train", batch_size=batch, seed=seed, epoch=epoch)
-        order = reader.row_order[: len(reader) * batch]  # des's batches, last partial batch dropped
+        order = batch_order(store, batch, seed, epoch)
         x = {n: inputs[n][order] for n in names}
-        timer.ends.clear()
         start = time.perf_counter()
         model.fit(x, labels[order], batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=[timer])
         total_seconds += time.perf_counter() - start
         steps += len(timer.ends)
-        if len(timer.ends) > warmup:  # steps after the warm-up ones (tracing) of this epoch
-            steady_seconds += timer.ends[-1] - timer.ends[warmup - 1]
-            steady_samples += (len(timer.ends) - warmup) * batch
+        timed_steps, seconds = timer.steady(warmup)  # steps after the warm-up ones (tracing) of this epoch
+        steady_samples, steady_seconds = steady_samples + timed_steps * batch, steady_seconds + seconds
         val_auc, val_ll = metrics("validation")
         if not best or val_auc > best["validation_auc"]:
             test_auc, test_ll = metrics("test")
@@ -108,6 +146,23 @@ def deepctr_child(store_path: str, seed: int, epochs: int, batch: int, warmup: i
     return {**best, "steps": steps, "samples_per_second": steady_samples / steady_seconds if steady_seconds else None,
             "samples_per_second_incl_warmup": steps * batch / total_seconds, "params": int(model.count_params()),
             "tensorflow": tf.__version__}
+
+
+def deepctr_throughput_child(store_path: str, seed: int, batch: int, warmup: int, steps: int, hidden: Sequence[int],
+                             dim: int, init_std: float = DEFAULT_INIT_STD, l2: float = DEFAULT_L2) -> dict:
+    """Throughput only: one ``model.fit`` over ``warmup + steps`` batches in des's batch order (as
+    many epochs of the training split as that takes), no validation; samples/s of the last ``steps``."""
+    store, names, inputs, labels, model, timer = _deepfm(store_path, seed, hidden, dim, init_std, l2)
+    import tensorflow as tf
+
+    order = batch_order(store, batch, seed, 0, warmup + steps)
+    model.fit({n: inputs[n][order] for n in names}, labels[order], batch_size=batch, epochs=1, shuffle=False,
+              verbose=0, callbacks=[timer])
+    timed_steps, seconds = timer.steady(warmup)
+    return {"batch": batch, "steps": len(timer.ends), "measured_steps": timed_steps,
+            "samples_per_second": timed_steps * batch / seconds if seconds else None,
+            "ms_per_step": 1000 * seconds / timed_steps if timed_steps else None,
+            "params": int(model.count_params()), "tensorflow": tf.__version__}
 
 
 # ------------------------------------------------------------------------------------ parent
@@ -132,6 +187,30 @@ def ensure_venv(bench: benchlib.Bench, skip: bool) -> None:
                                "import tensorflow as tf, tf_keras, deepctr; print('PROBE', tf.__version__, "
                                "tf.keras.__name__, deepctr.__version__)"], label="import probe", timeout=300)
     bench.log(" ".join(line for line in probe.stdout.splitlines() if line.startswith("PROBE")))
+
+
+def open_store(data: str | os.PathLike = benchlib.SAMPLE):
+    """The column store des.train trains on (split 90/5/5, split seed 0); DeepCTR reads the same."""
+    from des.data import open_dataset
+
+    return open_dataset(data, split=[0.9, 0.05, 0.05], seed=0)
+
+
+def run_deepctr(bench: benchlib.Bench, store_path: str, *, label: str, seed: int, batch: int, warmup: int,
+                hidden: Sequence[int], dim: int, init_std: float = DEFAULT_INIT_STD, l2: float = DEFAULT_L2,
+                epochs: int = 1, throughput_steps: int = 0) -> dict:
+    """Run this script's child in .venv-deepctr (:func:`ensure_venv` first): the quality run
+    (:func:`deepctr_child`, ``epochs``) or, with ``throughput_steps``, :func:`deepctr_throughput_child`.
+    Returns the child's result; raises :class:`benchlib.BenchError` (or ValueError on bad output)."""
+    cmd = [str(DEEPCTR_PYTHON), __file__, "--child", str(store_path), "--seed", str(seed), "--epochs", str(epochs),
+           "--batch-size", str(batch), "--warmup", str(warmup), "--hidden", ",".join(map(str, hidden)),
+           "--embedding-dim", str(dim), "--init-std", str(init_std), "--l2", str(l2),
+           "--throughput-steps", str(throughput_steps)]
+    out = bench.run_command(cmd, label=label, env={"TF_USE_LEGACY_KERAS": "1"}).stdout
+    lines = [line for line in out.splitlines() if line.startswith("DEEPCTR ")]
+    if not lines:
+        raise benchlib.BenchError(f"{label}: no DEEPCTR line in the output")
+    return json.loads(lines[-1][len("DEEPCTR "):])
 
 
 def sklearn_lr(store, cs: Sequence[float]) -> dict:
@@ -179,8 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--systems", default="des,deepctr,sklearn", help="which of des, deepctr, sklearn to run")
     parser.add_argument("--epochs", type=int, default=3, help="DeepCTR epochs; the best on validation is reported")
     parser.add_argument("--batch-size", type=int, default=512, help="DeepCTR batch size")
-    parser.add_argument("--init-std", type=float, default=1e-4, help="DeepCTR embedding init std (its default)")
-    parser.add_argument("--l2", type=float, default=1e-5, help="DeepCTR l2 on embedding and linear tables (its default)")
+    parser.add_argument("--init-std", type=float, default=DEFAULT_INIT_STD, help="DeepCTR embedding init std (its default)")
+    parser.add_argument("--l2", type=float, default=DEFAULT_L2, help="DeepCTR l2 on embedding and linear tables (its default)")
     parser.add_argument("--warmup", type=int, default=3, help="steps per epoch not timed (tracing)")
     parser.add_argument("--hidden", default="400,400,400")
     parser.add_argument("--embedding-dim", type=int, default=8)
@@ -189,9 +268,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--skip-install", action="store_true", help="use .venv-deepctr as it is")
     parser.add_argument("--child", metavar="STORE", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--throughput-steps", type=int, default=0, help=argparse.SUPPRESS)
     benchlib.add_common_arguments(parser)
     args = parser.parse_args(argv)
     hidden = [int(h) for h in args.hidden.split(",")]
+    if args.child and args.throughput_steps:
+        result = deepctr_throughput_child(args.child, args.seed, args.batch_size, args.warmup, args.throughput_steps,
+                                          hidden, args.embedding_dim, args.init_std, args.l2)
+        print("DEEPCTR " + json.dumps(result), flush=True)
+        return 0
     if args.child:
         result = deepctr_child(args.child, args.seed, args.epochs, args.batch_size, args.warmup, hidden,
                                args.embedding_dim, args.init_std, args.l2)
@@ -201,9 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.seeds, args.models, args.epochs = "0", "lr,deepfm", 1
     seeds = [int(s) for s in args.seeds.split(",")]
     bench = benchlib.Bench(__file__, args)
-    from des.data import open_dataset
-
-    store = open_dataset(args.data, split=[0.9, 0.05, 0.05], seed=0)  # the store des.train uses
+    store = open_store(args.data)
     runs = []
     try:
         if "deepctr" in args.systems.split(","):
@@ -222,18 +305,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     extra = des_flags(args.des_flags)
     for seed in seeds:
         if installed and "deepfm" in args.models.split(",") and "deepctr" in systems:
-            cmd = [str(DEEPCTR_PYTHON), __file__, "--child", str(store.path), "--seed", str(seed), "--epochs",
-                   str(args.epochs), "--batch-size", str(args.batch_size), "--warmup", str(args.warmup),
-                   "--hidden", args.hidden, "--embedding-dim", str(args.embedding_dim), "--init-std", str(args.init_std),
-                   "--l2", str(args.l2)]
             try:
-                out = bench.run_command(cmd, label=f"deepctr seed {seed}", env={"TF_USE_LEGACY_KERAS": "1"}).stdout
-                lines = [line for line in out.splitlines() if line.startswith("DEEPCTR ")]
-                result = json.loads(lines[-1][len("DEEPCTR "):])
+                result = run_deepctr(bench, str(store.path), label=f"deepctr seed {seed}", seed=seed,
+                                     batch=args.batch_size, warmup=args.warmup, hidden=hidden, dim=args.embedding_dim,
+                                     init_std=args.init_std, l2=args.l2, epochs=args.epochs)
                 runs.append({"system": "DeepCTR 0.9.4 DeepFM (its defaults, best epoch on validation)", "model": "deepfm",
                              "ranks": 1, "seed": seed, **result})
                 bench.log(f"  deepctr seed {seed}: AUC {result['test_auc']:.4f} (epoch {result['best_epoch']})")
-            except (benchlib.BenchError, IndexError, ValueError) as exc:
+            except (benchlib.BenchError, ValueError) as exc:
                 bench.failures.append(f"deepctr seed {seed}: {exc}")
         for model in args.models.split(",") if "des" in systems else ():
             for n in [int(x) for x in args.des_ranks.split(",")]:

@@ -1,129 +1,263 @@
-""".venv/bin/python scripts/bench_throughput.py [--quick] [--models lr,fm,wdl,deepfm] [--ranks 1,2,4] [--batch-size 4096] [--warmup 3] [--steps 10]
+""".venv/bin/python scripts/bench_throughput.py [--quick] [--models lr,fm,wdl,deepfm] [--ranks 1,2,4] [--batch-size 4096,512] [--deepctr] [--warmup 3] [--steps 10]
 
-Shows the DES paper's Table 5 on this machine: training samples/s of LR, FM, W&D and DeepFM under
-``des``, ``alltoall`` (N = 1, 2, 4) and ``ps`` (N = 2, 4: one server, N-1 asynchronous workers),
-at the same global batch (default 4096), measured over a fixed number of steps after a warm-up
-(the first steps trace the tf.functions and fill the tables: excluded), plus the peak RSS per rank.
-Next to them the TF-only roofline for the models with a top network (W&D and DeepFM): the
-replicated top network alone (DeepFM: FM combine + the MLP 400-400-400-1 behind the substituted
-first layer, on the [B, 410] buffer; W&D: the same MLP on [B, 401]; forward + backward in one
-tf.function) and, for reference, all of the model's dense compute on one process (local partials
-of all 39 fields + top), at 2 threads (what one rank gets) and 1 thread (what each of 2 or 4 ranks
-gets). LR and FM have no top network (the logit is a sum of the partials): the roofline table says
-so instead of giving a number. The figure shows grouped bars (log scale) per model, the top-network
-rooflines as short gray lines.
+Shows the DES paper's Table 5 on this machine, and des on one process against what a dense TF
+program and DeepCTR reach, all measured in one run, for every batch size of ``--batch-size`` (a
+comma-separated list, default 4096):
 
-Expect (2-core machine, batch 4096): DeepFM des about 21k / 15k / 9k samples/s at N = 1 / 2 / 4
-(falling with N: every des rank runs the replicated top network on the whole batch and the ranks
-share 2 cores), alltoall about 21k / 21k / 19k (each rank runs B/N rows), ps about 14k at N = 2 (one
-worker) and 27k at N = 4 (three asynchronous workers); W&D close to DeepFM; LR des about
-120k / 100k / 100k. des at N = 1 stays below the roofline of all dense compute at 2 threads (about
-36k samples/s for DeepFM), whose top-network-only part is about 50k (2 threads) / 28k (1 thread).
+* **Training throughput**: samples/s of LR, FM, W&D and DeepFM under ``des``, ``des-replicated``,
+  ``alltoall`` (N = 1, 2, 4) and ``ps`` (N = 2, 4: one server, N-1 asynchronous workers) at the
+  same global batch, over ``--steps`` timed steps after ``--warmup`` steps (the first steps trace
+  the tf.functions and fill the tables: excluded), plus the peak RSS per rank. ``--steps`` counts
+  at the largest batch; a smaller batch runs proportionally more steps (the same samples timed).
+* **TF-only roofline** (W&D and DeepFM; LR's and FM's logit is a sum of the partials, no top
+  network), at 2 threads (what one rank gets) and 1 thread (what each of 2 or 4 ranks gets):
+  "top network only" = the top network every ``des-replicated`` rank repeats on the whole batch
+  (DeepFM: FM combine + the MLP 400-400-400-1 behind the substituted first layer, on the [B, 410]
+  buffer; forward + backward); "dense roofline" = the same model as a plain TF program: order-1
+  sum of [B, 39, 1] + FM of [B, 39, 8] + the MLP 312-400-400-400-1 as dense matmuls, forward,
+  backward (with the gradients of both inputs) and Adam (``ResourceApplyAdam``) on its 446,402
+  dense parameters in one ``tf.function``; the embeddings are given as dense inputs: no hash
+  tables, lookups, pooling or sparse updates.
+* **des vs the roofline and DeepCTR** (one process): per model and batch, the dense roofline at
+  2 threads, DeepCTR 0.9.4's DeepFM (``model.fit`` over ``--warmup`` + the timed steps of the
+  shipped sample in des's batch order, same batch size and network, its defaults: Adam on
+  everything, l2 1e-5 on the tables; 2 TF threads), des at N = 1, des / roofline and des / DeepCTR.
+  DeepCTR runs in ``.venv-deepctr`` (see ``scripts/bench_deepctr.py``): ``--deepctr`` runs it and
+  creates that venv if it is missing (a few minutes, from PyPI); by default it runs only when the
+  venv exists and the run is not ``--quick``; ``--no-deepctr`` never.
+
+The figure shows grouped bars (log scale) per model and batch, with the rooflines and DeepCTR as
+short lines. All children run with ``TF_ENABLE_ONEDNN_OPTS=0`` (as des sets it).
+
+Expect (2-core machine, ``--models deepfm --strategies des --ranks 1 --batch-size 4096,512
+--deepctr``, nothing else running; issue 12's measurement before its work): at B=4096 the dense
+roofline about 63k samples/s, DeepCTR about 51k, des N=1 about 38k (0.6x the roofline, 0.75x
+DeepCTR); at B=512 about 45k / 27k / 22k (des 0.85x DeepCTR); the top network alone about 50k
+(2 threads) / 28k (1 thread) at B=4096. With other jobs on the 2 cores (load average 5-8) every
+figure falls 3-7x and the ratios move by 0.2 or more between runs (2026-11-26, load ~7: des / roofline
+0.60 and 0.47, des / DeepCTR 0.57 and 1.15 at B=4096 and 512). For the full table (batch 4096):
+DeepFM des about 21k / 15k / 9k samples/s at N = 1 / 2 / 4 (the ranks share 2 cores), alltoall
+about 21k / 21k / 19k, ps about 14k at N = 2 and 27k at N = 4; W&D close to DeepFM; LR des about
+120k / 100k / 100k.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
 
+import bench_deepctr
 import benchlib
 
 STRATEGY_RANKS = {"des": (1, 2, 4), "des-replicated": (1, 2, 4), "alltoall": (1, 2, 4), "ps": (2, 4)}
-
+FIELDS, EMBEDDING_DIM, HIDDEN = 39, 8, (400, 400, 400)  # des.train's defaults: the network measured
+TITLES = {"lr": "LR", "fm": "FM", "wdl": "W&D", "deepfm": "DeepFM"}
 
 ROOFLINE_MODELS = ("wdl", "deepfm")  # the models with a top network (LR's and FM's top is a sum)
+ROOFLINE_THREADS = (2, 1)  # what one rank gets on 2 cores, and what each of 2 or 4 ranks gets
 NO_TOP_NETWORK = {
     "lr": "LR: no top network (logit = sum of the 39 per-field partials + bias), so no TF-only roofline",
     "fm": "FM: no top network (logit = combine of the order-1 and order-2 partials), so no TF-only roofline",
 }
+DEEPCTR_MODEL = "deepfm"  # the model bench_deepctr trains with DeepCTR
 
 
-def roofline_child(threads: int, batch: int, repeats: int, models: Sequence[str] = ROOFLINE_MODELS) -> dict:
+def batch_sizes(text: str) -> list[int]:
+    """``"4096,512"`` -> ``[4096, 512]`` (``--batch-size``)."""
+    try:
+        sizes = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--batch-size must be comma-separated integers, not {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise SystemExit(f"--batch-size must be positive integers, not {text!r}")
+    return sizes
+
+
+def scaled_steps(steps: int, batch: int, batches: Sequence[int]) -> int:
+    """``steps`` counts at the largest batch; a smaller batch runs proportionally more, so every
+    batch size is timed over about the same number of samples."""
+    return max(steps, round(steps * max(batches) / batch))
+
+
+# ------------------------------------------------------------------------------------ roofline child
+def roofline_child(threads: int, batches: Sequence[int], repeats: int, models: Sequence[str] = ROOFLINE_MODELS) -> dict:
     """Runs in its own process (TF threads must be set before the first op); prints JSON:
-    ``{model: {"top": s, "dense": s}}`` (median seconds per forward + backward call)."""
+    ``{batch: {model: {"top": s, "plain": s, "top_median": s, "plain_median": s}}}`` (seconds per
+    call, see :func:`_roofline_model`)."""
     from des import runtime  # noqa: F401  (quiet TF)
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    return {name: _roofline_model(name, batch, repeats) for name in models}
+    return {str(b): {name: _roofline_model(name, b, repeats) for name in models} for b in batches}
+
+
+def plain_network(name: str, fields: int = FIELDS, dim: int = EMBEDDING_DIM, hidden: Sequence[int] = HIDDEN):
+    """W&D or DeepFM as a plain TF program (no substitution, no tables): ``(variables, logits)`` with
+    ``logits(linear [B, F, 1], embedding [B, F, d]) -> [B]`` = bias + the order-1 sum (+ DeepFM's
+    FM second order) + the MLP ``F*d - hidden - 1`` on the flattened embeddings, relu. The variables
+    are the model's dense parameters (446,402 for 39 x 8 and 400-400-400, as des's top + first FC)."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    sizes = [fields * dim, *hidden, 1]
+    variables = [tf.Variable(np.zeros(1, np.float32), name="bias")]
+    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        limit = np.sqrt(6.0 / (fan_in + fan_out))  # glorot uniform
+        variables.append(tf.Variable(rng.uniform(-limit, limit, (fan_in, fan_out)).astype(np.float32), name=f"kernel_{i}"))
+        variables.append(tf.Variable(np.zeros(fan_out, np.float32), name=f"bias_{i}"))
+
+    def logits(linear, embedding):
+        out = variables[0][0] + tf.reduce_sum(linear, axis=[1, 2])
+        if name == "deepfm":
+            total = tf.reduce_sum(embedding, axis=1)
+            out += 0.5 * tf.reduce_sum(total * total - tf.reduce_sum(embedding * embedding, axis=1), axis=1)
+        h = tf.reshape(embedding, [-1, fields * dim])
+        for i in range(len(sizes) - 1):
+            h = tf.matmul(h, variables[1 + 2 * i]) + variables[2 + 2 * i]
+            if i < len(sizes) - 2:
+                h = tf.nn.relu(h)
+        return out + h[:, 0]
+
+    return variables, logits
 
 
 def _roofline_model(name: str, batch: int, repeats: int) -> dict:
+    """Seconds per call of ``top`` (des's top network on the [B, P] buffer, forward + backward) and
+    ``plain`` (:func:`plain_network`, forward + backward + Adam): the wall time of ``repeats`` calls
+    after 3 untimed ones over ``repeats`` (as des's and DeepCTR's samples/s), and the median call."""
     import numpy as np
     import tensorflow as tf
 
     from des.models import DeepFM, WideAndDeep
     from des.substitutions.base import draw_param
 
-    model = {"deepfm": DeepFM, "wdl": WideAndDeep}[name](num_fields=39, embedding_dim=8, hidden=(400, 400, 400))
+    model = {"deepfm": DeepFM, "wdl": WideAndDeep}[name](num_fields=FIELDS, embedding_dim=EMBEDDING_DIM, hidden=HIDDEN)
     subs = model.substitutions()
     starts = np.concatenate([[0], np.cumsum([s.width for s in subs])]).astype(int).tolist()
     names = list(model.top_params())
     top = [tf.constant(draw_param(spec, 0, model.name, "top", n).astype(np.float32))
            for n, spec in model.top_params().items()]
-    field = [tf.constant(v) for i, s in enumerate(subs) for v in s.init_field_params(0, range(39)).values()]
     rng = np.random.default_rng(0)
     buffer = tf.constant(rng.normal(0, 0.1, (batch, starts[-1])).astype(np.float32))
     labels = tf.constant((rng.random(batch) < 0.25).astype(np.float32))
-    linear = tf.constant(rng.normal(0, 0.01, (batch, 39, 1)).astype(np.float32))
-    emb = tf.constant(rng.normal(0, 0.01, (batch, 39, 8)).astype(np.float32))
-
-    def logits_from(buf, params):
-        outputs = [s.combine(buf[:, starts[i]:starts[i + 1]]) for i, s in enumerate(subs)]
-        return model.top(dict(zip(names, params)), outputs)
+    linear = tf.constant(rng.normal(0, 0.01, (batch, FIELDS, 1)).astype(np.float32))
+    emb = tf.constant(rng.normal(0, 0.01, (batch, FIELDS, EMBEDDING_DIM)).astype(np.float32))
 
     @tf.function
     def top_step(buf, y, params):
         with tf.GradientTape() as tape:
             tape.watch([buf, params])
-            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits_from(buf, params)))
+            outputs = [s.combine(buf[:, starts[i]:starts[i + 1]]) for i, s in enumerate(subs)]
+            logits = model.top(dict(zip(names, params)), outputs)
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits))
         return tape.gradient(loss, [buf, params])
 
+    variables, plain_logits = plain_network(name)
+    slots = [(tf.Variable(tf.zeros_like(v)), tf.Variable(tf.zeros_like(v))) for v in variables]
+    adam_step = tf.Variable(0.0)
+    lr, beta1, beta2, epsilon = 0.001, 0.9, 0.999, 1e-7  # Keras's Adam defaults
+
     @tf.function
-    def dense_step(lin, e, y, fparams, params):
+    def plain_step(lin, e, y):
         with tf.GradientTape() as tape:
-            tape.watch([lin, e, fparams, params])
-            inputs = {"linear": lin, "embedding": e}
-            parts, j = [], 0
-            for s in subs:
-                p = {}
-                for pname in s.field_params():
-                    p[pname] = fparams[j]
-                    j += 1
-                parts.append(s.local(inputs[s.block], p))
-            buf = tf.concat(parts, axis=1)
-            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits_from(buf, params)))
-        return tape.gradient(loss, [lin, e, fparams, params])
+            tape.watch([lin, e])
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=plain_logits(lin, e)))
+        grads = tape.gradient(loss, [lin, e, *variables])
+        t = adam_step.assign_add(1.0)
+        for var, (m, v), g in zip(variables, slots, grads[2:]):
+            tf.raw_ops.ResourceApplyAdam(var=var.handle, m=m.handle, v=v.handle, beta1_power=tf.pow(beta1, t),
+                                         beta2_power=tf.pow(beta2, t), lr=lr, beta1=beta1, beta2=beta2,
+                                         epsilon=epsilon, grad=g)
+        return grads[0], grads[1], loss  # the inputs' gradients: what the tables would receive
 
     result = {}
-    for kind, call in (("top", lambda: top_step(buffer, labels, top)),
-                       ("dense", lambda: dense_step(linear, emb, labels, field, top))):
+    for kind, call in (("top", lambda: top_step(buffer, labels, top)), ("plain", lambda: plain_step(linear, emb, labels))):
         for _ in range(3):
             call()
-        times = []
+        times = [time.perf_counter()]
         for _ in range(repeats):
-            start = time.perf_counter()
-            grads = call()
-            _ = float(tf.reduce_sum(grads[0]))  # results are materialised
-            times.append(time.perf_counter() - start)
-        result[kind] = float(np.median(times))
+            out = call()
+            _ = float(tf.reduce_sum(out[0]))  # results are materialised
+            times.append(time.perf_counter())
+        result[kind] = (times[-1] - times[0]) / repeats
+        result[f"{kind}_median"] = float(np.median(np.diff(times)))
     return result
 
 
-def roofline(bench: benchlib.Bench, threads: int, batch: int, repeats: int, models: Sequence[str]) -> dict | None:
+# ------------------------------------------------------------------------------------ parent
+def roofline_rows(bench: benchlib.Bench, threads: int, batch: int, repeats: int, models: Sequence[str]) -> list[dict]:
+    """The TF-only rooflines of ``models`` at one batch size and thread count (a child process)."""
     cmd = [str(benchlib.PYTHON), __file__, "--roofline-child", str(threads), "--batch-size", str(batch),
            "--repeats", str(repeats), "--roofline-models", ",".join(models)]
     try:
-        proc = bench.run_command(cmd, label=f"roofline ({threads} threads)", timeout=bench.timeout)
+        proc = bench.run_command(cmd, label=f"roofline b{batch} ({threads} threads)", timeout=bench.timeout)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("ROOFLINE ")]
+        result = json.loads(lines[-1][len("ROOFLINE "):])[str(batch)]
+    except (benchlib.BenchError, IndexError, KeyError, ValueError) as exc:
+        bench.failures.append(f"roofline b{batch} ({threads} threads): {exc}")
+        return []
+    rows, load = [], os.getloadavg()[0]
+    for model in models:
+        for kind, what in (("top", "top network only (replicated in DES)"),
+                           ("plain", "dense roofline: plain TF fwd + bwd + Adam")):
+            seconds = result[model][kind]
+            rows.append({"model": model, "kind": kind, "threads": threads, "batch": batch, "what": f"{TITLES[model]} {what}",
+                         "ms": 1000 * seconds, "ms_median": 1000 * result[model][f"{kind}_median"], "calls": repeats,
+                         "samples_per_second": batch / seconds, "load_average": load})
+    return rows
+
+
+def deepctr_store(bench: benchlib.Bench):
+    """bench_deepctr's venv (created if missing, else used as it is) and the store DeepCTR reads;
+    None (a failure noted) if the venv cannot be made."""
+    try:
+        bench_deepctr.ensure_venv(bench, skip=bench_deepctr.DEEPCTR_PYTHON.exists())
     except benchlib.BenchError as exc:
-        bench.failures.append(str(exc))
+        bench.failures.append(f"DeepCTR venv: {exc}")
+        bench.log(f"FAILED DeepCTR venv: {exc}")
         return None
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("ROOFLINE ")]
-    return json.loads(lines[-1][len("ROOFLINE "):]) if lines else None
+    return bench_deepctr.open_store()
+
+
+def deepctr_rows(bench: benchlib.Bench, store, batch: int, warmup: int, steps: int) -> list[dict]:
+    """DeepCTR's DeepFM, throughput only, at one batch size (bench_deepctr's child)."""
+    label = f"deepctr b{batch}"
+    try:
+        r = bench_deepctr.run_deepctr(bench, str(store.path), label=label, seed=0, batch=batch, warmup=warmup,
+                                      hidden=HIDDEN, dim=EMBEDDING_DIM, throughput_steps=steps)
+    except (benchlib.BenchError, ValueError) as exc:
+        bench.failures.append(f"{label}: {exc}")
+        return []
+    bench.log(f"  {label}: {r['samples_per_second']:,.0f} samples/s over {r['measured_steps']} steps "
+              f"(TF {r['tensorflow']}, {r['params']:,} parameters)")
+    return [{"kind": "deepctr", "model": DEEPCTR_MODEL, "batch": batch, "load_average": os.getloadavg()[0],
+             **{k: r[k] for k in ("samples_per_second", "ms_per_step", "measured_steps", "params", "tensorflow")}}]
+
+
+def compare_rows(models: Sequence[str], batches: Sequence[int], rows: Sequence[dict], roof_rows: Sequence[dict],
+                 deepctr: Sequence[dict]) -> list[dict]:
+    """Per model with a top network and batch: the dense roofline at 2 threads, DeepCTR, des N=1
+    (samples/s) and des's ratios to them."""
+    def find(table, **keys):
+        return next((r.get("samples_per_second") for r in table if all(r.get(k) == v for k, v in keys.items())), None)
+
+    out = []
+    for model in (m for m in models if m in ROOFLINE_MODELS):
+        for batch in batches:
+            row = {"kind": "compare", "model": model, "batch": batch,
+                   "roofline": find(roof_rows, model=model, batch=batch, kind="plain", threads=ROOFLINE_THREADS[0]),
+                   "deepctr": find(deepctr, model=model, batch=batch),
+                   "des": find(rows, model=model, batch=batch, strategy="des", ranks=1)}
+            for key in ("roofline", "deepctr"):
+                row[f"des_vs_{key}"] = row["des"] / row[key] if row["des"] and row[key] else None
+            out.append(row)
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -131,78 +265,90 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", default="lr,fm,wdl,deepfm")
     parser.add_argument("--strategies", default="des,des-replicated,alltoall,ps")
     parser.add_argument("--ranks", default="1,2,4", help="rank counts (ps uses those >= 2)")
-    parser.add_argument("--batch-size", type=int, default=4096)
+    parser.add_argument("--batch-size", default="4096", help="global batch size(s), comma-separated (e.g. 4096,512)")
     parser.add_argument("--warmup", type=int, default=3, help="steps (per worker for ps) not timed")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps (per worker for ps)")
-    parser.add_argument("--repeats", type=int, default=20, help="roofline: timed calls (median)")
+    parser.add_argument("--steps", type=int, default=10,
+                        help="timed steps (per worker for ps) at the largest batch; smaller batches run proportionally more")
+    parser.add_argument("--repeats", type=int, default=20, help="roofline: timed calls at the largest batch (more at a smaller one)")
+    parser.add_argument("--deepctr", action=argparse.BooleanOptionalAction, default=None,
+                        help="DeepCTR's DeepFM in .venv-deepctr (created if missing); default: only if that venv "
+                             "exists and not --quick")
     parser.add_argument("--roofline-child", type=int, metavar="THREADS", help=argparse.SUPPRESS)
     parser.add_argument("--roofline-models", default=",".join(ROOFLINE_MODELS), help=argparse.SUPPRESS)
     benchlib.add_common_arguments(parser)
     args = parser.parse_args(argv)
+    batches = batch_sizes(args.batch_size)
     if args.roofline_child:
-        result = roofline_child(args.roofline_child, args.batch_size, args.repeats, args.roofline_models.split(","))
+        result = roofline_child(args.roofline_child, batches, args.repeats, args.roofline_models.split(","))
         print("ROOFLINE " + json.dumps(result), flush=True)
         return 0
     if args.quick:
         args.models, args.ranks, args.warmup, args.steps, args.repeats = "lr,deepfm", "1,2", 2, 3, 5
     models, strategies = args.models.split(","), args.strategies.split(",")
     ranks = [int(x) for x in args.ranks.split(",")]
+    with_deepctr = DEEPCTR_MODEL in models and (
+        args.deepctr if args.deepctr is not None else not args.quick and bench_deepctr.DEEPCTR_PYTHON.exists())
     bench = benchlib.Bench(__file__, args)
 
-    rows = []
-    for model in models:
-        for strategy in strategies:
-            for n in ranks:
-                if n not in STRATEGY_RANKS[strategy]:
-                    continue
-                s = bench.steady(n, f"{model}-{strategy}-n{n}", args.warmup, args.steps, model=model,
-                                 batch_size=args.batch_size, **benchlib.strategy_flags(strategy))
-                row = {"model": model, "strategy": strategy, "ranks": n, "batch": args.batch_size}
-                if s is not None:
-                    rss = s["peak_rss_bytes_per_rank"]
-                    row.update({
-                        "samples_per_second": s["steady"]["samples_per_second"],
-                        "samples_per_second_des_train": s["samples_per_second"],
-                        "timed_steps": s["steady"]["measured_steps"],
-                        "ms_per_step": 1000 * args.batch_size / s["steady"]["samples_per_second"],
-                        "peak_rss_mib_max": max(rss) / 2**20, "peak_rss_mib_per_rank": [round(r / 2**20) for r in rss],
-                        "load_average": s["load_average"],
-                        "staleness_mean": s.get("staleness_mean"),
-                    })
-                rows.append(row)
-    for row in rows:  # speed-up over DES on one rank, and over alltoall at the same N
+    rows, roof_rows, deepctr = [], [], []
+    roof_models = [m for m in ROOFLINE_MODELS if m in models]
+    store = deepctr_store(bench) if with_deepctr else None
+    for batch in batches:  # des, the rooflines and DeepCTR of one batch size back to back (the load drifts)
+        steps = scaled_steps(args.steps, batch, batches)
+        for model in models:
+            for strategy in strategies:
+                for n in ranks:
+                    if n not in STRATEGY_RANKS[strategy]:
+                        continue
+                    s = bench.steady(n, f"{model}-{strategy}-n{n}-b{batch}", args.warmup, steps, model=model,
+                                     batch_size=batch, **benchlib.strategy_flags(strategy))
+                    row = {"model": model, "strategy": strategy, "ranks": n, "batch": batch}
+                    if s is not None:
+                        rss = s["peak_rss_bytes_per_rank"]
+                        row.update({
+                            "samples_per_second": s["steady"]["samples_per_second"],
+                            "samples_per_second_des_train": s["samples_per_second"],
+                            "timed_steps": s["steady"]["measured_steps"],
+                            "ms_per_step": 1000 * batch / s["steady"]["samples_per_second"],
+                            "ms_per_phase": s["steady"]["ms_per_phase"],
+                            "peak_rss_mib_max": max(rss) / 2**20,
+                            "peak_rss_mib_per_rank": [round(r / 2**20) for r in rss],
+                            "load_average": s["load_average"],
+                            "staleness_mean": s.get("staleness_mean"),
+                        })
+                    rows.append(row)
+        for threads in ROOFLINE_THREADS if roof_models else ():
+            roof_rows += roofline_rows(bench, threads, batch, scaled_steps(args.repeats, batch, batches), roof_models)
+        if store is not None:
+            deepctr += deepctr_rows(bench, store, batch, args.warmup, steps)
+    for row in rows:  # speed-up over DES on one rank, and over alltoall at the same N (same model and batch)
         for key, strategy, base_ranks in (("vs_des_n1", "des", 1), ("vs_alltoall", "alltoall", row["ranks"])):
-            base = next((r for r in rows if r["model"] == row["model"] and r["strategy"] == strategy
-                         and r["ranks"] == base_ranks), None)
+            base = next((r for r in rows if (r["model"], r["batch"]) == (row["model"], row["batch"])
+                         and r["strategy"] == strategy and r["ranks"] == base_ranks), None)
             if base and base.get("samples_per_second") and row.get("samples_per_second"):
                 row[key] = row["samples_per_second"] / base["samples_per_second"]
 
-    roof_rows = []
-    roof_models = [m for m in ROOFLINE_MODELS if m in models]
-    for threads in (2, 1):
-        r = roofline(bench, threads, args.batch_size, args.repeats, roof_models) if roof_models else None
-        for model in roof_models:
-            if r and model in r:
-                title = {"wdl": "W&D", "deepfm": "DeepFM"}[model]
-                roof_rows.append({"model": model, "kind": "top", "threads": threads,
-                                  "what": f"{title} top network only (replicated in DES)", "ms": 1000 * r[model]["top"],
-                                  "samples_per_second": args.batch_size / r[model]["top"]})
-                roof_rows.append({"model": model, "kind": "dense", "threads": threads,
-                                  "what": f"{title} all dense compute (39 fields' partials + top)",
-                                  "ms": 1000 * r[model]["dense"], "samples_per_second": args.batch_size / r[model]["dense"]})
     roof_rows += [{"model": m, "kind": "none", "what": NO_TOP_NETWORK[m]} for m in models if m in NO_TOP_NETWORK]
-    columns = [("model", "model", ""), ("strategy", "strategy", ""), ("ranks", "N", "d"),
+    compare = compare_rows(models, batches, rows, roof_rows, deepctr)
+
+    columns = [("model", "model", ""), ("strategy", "strategy", ""), ("ranks", "N", "d"), ("batch", "batch", "d"),
                ("samples_per_second", "samples/s", ",.0f"), ("ms_per_step", "ms/step", ",.0f"),
-               ("vs_des_n1", "vs DES N=1", ".2f"), ("vs_alltoall", "vs alltoall same N", ".2f"), ("samples_per_second_des_train", "des.train's samples/s", ",.0f"),
+               ("vs_des_n1", "vs DES N=1", ".2f"), ("vs_alltoall", "vs alltoall same N", ".2f"),
+               ("samples_per_second_des_train", "des.train's samples/s", ",.0f"),
                ("peak_rss_mib_max", "peak RSS MiB/rank (max)", ",.0f"), ("peak_rss_mib_per_rank", "per rank", "")]
-    roof_columns = [("what", "TF-only roofline", ""), ("threads", "threads", "d"), ("ms", "ms/step", ".1f"),
-                    ("samples_per_second", "samples/s", ",.0f")]
+    roof_columns = [("what", "TF-only roofline", ""), ("threads", "threads", "d"), ("batch", "batch", "d"),
+                    ("ms", "ms/step", ".1f"), ("ms_median", "median ms", ".1f"), ("samples_per_second", "samples/s", ",.0f")]
+    compare_columns = [("model", "model", ""), ("batch", "batch", "d"),
+                       ("roofline", f"dense roofline ({ROOFLINE_THREADS[0]} threads) samples/s", ",.0f"),
+                       ("deepctr", "DeepCTR 0.9.4 samples/s", ",.0f"), ("des", "des N=1 samples/s", ",.0f"),
+                       ("des_vs_roofline", "des / roofline", ".2f"), ("des_vs_deepctr", "des / DeepCTR", ".2f")]
     notes = [
-        f"Global batch {args.batch_size}; samples/s over {args.steps} timed steps after {args.warmup} warm-up steps "
-        "(ps: per worker). des/alltoall: training samples over rank 0's training wall time after the warm-up steps "
-        "(validation excluded); ps: workers x batch / the first worker's time per step after warm-up (its phase "
-        "timers). \"des.train's samples/s\" is the summary's own figure for the whole job, which leaves out only the "
-        "first step (ps: all workers' samples / the slowest worker's time).",
+        f"Global batch {', '.join(map(str, batches))}; samples/s over "
+        f"{', '.join(str(scaled_steps(args.steps, b, batches)) for b in batches)} timed steps respectively after "
+        f"{args.warmup} warm-up steps (ps: per worker). des/alltoall: training samples over rank 0's training wall "
+        "time after the warm-up steps (validation excluded); ps: workers x batch / the first worker's time per step "
+        "after warm-up (its phase timers). \"des.train's samples/s\" is the summary's own figure for the whole job, "
+        "which leaves out only the first step (ps: all workers' samples / the slowest worker's time).",
         benchlib.STRATEGY_NOTE,
         "des: every rank computes the partials of its fields for the whole batch; alltoall: each rank "
         "takes B/N rows; ps: ranks 1..N-1 are asynchronous workers each taking every (N-1)-th batch, rank 0 serves "
@@ -211,41 +357,62 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ranks time-share cores and N=4 is correct but slow; nothing here can show scaling beyond 2 cores. "
         "The paper's Table 5 (4 nodes x 48 threads, 10 GbE; PS = DiFacto): LR 50,397 vs 78,205 samples/s, "
         "W&D 11,024 vs 49,837, DeepFM 10,560 vs 41,296 (PS vs DES).",
-        "Roofline: the top network is what every DES rank repeats on the whole batch (DES samples/s <= it at the "
-        "threads a rank has); 'all dense compute' is DES on one rank minus hash tables and pooling.",
-        "Another engineer's tests may have shared the 2 cores during these runs (load average per job in results.csv).",
+        f"Roofline: one tf.function call per step, samples/s = batch over the wall time of {args.repeats} calls "
+        "(more at a smaller batch, as the steps) after 3 untimed ones, as for des and DeepCTR (the median call is "
+        "given too: it hides time lost to other processes); 'top network only' is what every "
+        "des-replicated rank repeats on the whole batch (forward + backward on the [B, P] buffer, no optimizer); "
+        f"'dense roofline' is the same model as a plain TF program on dense inputs [B, {FIELDS}, {EMBEDDING_DIM}] "
+        f"and [B, {FIELDS}, 1] (MLP {FIELDS * EMBEDDING_DIM}-{'-'.join(map(str, HIDDEN))}-1 as dense matmuls, "
+        "DeepFM's FM term), forward + backward (incl. the inputs' gradients) + Adam on the dense parameters: des "
+        "on one process minus its hash tables (lookup, pooling, sparse update).",
+        "DeepCTR: " + (f"DeepCTR 0.9.4 DeepFM in {bench_deepctr.DEEPCTR_VENV.name} (TF 2.21 + tf-keras), k="
+                       f"{EMBEDDING_DIM}, MLP {'-'.join(map(str, HIDDEN))}, its defaults (one Adam lr 0.001 for "
+                       f"everything, embeddings N(0, {bench_deepctr.DEFAULT_INIT_STD:g}), l2 "
+                       f"{bench_deepctr.DEFAULT_L2:g} on the tables), one model.fit over the warm-up + timed steps "
+                       "of the shipped sample's training split in des's batch order; samples/s of the steps after "
+                       "the warm-up from per-batch callbacks; 2 TF threads."
+                       if with_deepctr else f"not run ({TITLES[DEEPCTR_MODEL]} only; --deepctr runs it, by default "
+                       "only when .venv-deepctr exists and not --quick)."),
+        "Other engineers' jobs may have shared the 2 cores during these runs (load average per job in results.csv): "
+        "compare ratios within the run, not absolute numbers across runs.",
     ]
 
     def figure(plt):
         import numpy as np
 
+        groups = [(m, b) for b in batches for m in models]
         configs = [(s, n) for s in strategies for n in ranks if n in STRATEGY_RANKS[s]]
-        fig, ax = plt.subplots(figsize=(max(8, 2.4 * len(models)), 4.8))
+        fig, ax = plt.subplots(figsize=(max(8, 2.4 * len(groups)), 4.8))
         width = 0.8 / max(len(configs), 1)
         for j, (strategy, n) in enumerate(configs):
-            values = [next((r.get("samples_per_second") or 0 for r in rows
-                            if r["model"] == m and r["strategy"] == strategy and r["ranks"] == n), 0) for m in models]
-            ax.bar(np.arange(len(models)) + (j - (len(configs) - 1) / 2) * width, values, width,
+            values = [next((r.get("samples_per_second") or 0 for r in rows if (r["model"], r["batch"]) == g
+                            and r["strategy"] == strategy and r["ranks"] == n), 0) for g in groups]
+            ax.bar(np.arange(len(groups)) + (j - (len(configs) - 1) / 2) * width, values, width,
                    label=f"{strategy} N={n}", color=f"C{list(benchlib.STRATEGY_FLAGS).index(strategy)}",
                    alpha=0.45 + 0.55 * (n / max(ranks)), edgecolor="black", linewidth=0.4)
         labelled = set()
-        for r in roof_rows:
-            if r["kind"] == "top" and r["model"] in models:
-                x = models.index(r["model"])
-                style = ":" if r["threads"] == 1 else "--"
-                label = f"roofline: top network only, {r['threads']} thread(s)"
-                ax.hlines(r["samples_per_second"], x - 0.45, x + 0.45, color="gray", linestyle=style, linewidth=1.2,
+        lines = [(r, f"roofline: {'top network only' if r['kind'] == 'top' else 'dense'}, {r['threads']} thread(s)")
+                 for r in roof_rows if r["kind"] in ("top", "plain")] + [(r, "DeepCTR DeepFM") for r in deepctr]
+        for r, label in lines:
+            if (r["model"], r["batch"]) in groups:
+                x = groups.index((r["model"], r["batch"]))
+                color = "red" if r["kind"] == "deepctr" else "black" if r["kind"] == "plain" else "gray"
+                ax.hlines(r["samples_per_second"], x - 0.45, x + 0.45, color=color, linewidth=1.2,
+                          linestyle=":" if r.get("threads") == 1 else "--" if r["kind"] == "top" else "-",
                           label=None if label in labelled else label)
                 labelled.add(label)
-        ax.set_xticks(np.arange(len(models)), models)
+        ax.set_xticks(np.arange(len(groups)), [f"{m}\nB={b}" for m, b in groups])
         ax.set_yscale("log")
-        ax.set_ylabel(f"training samples/s (batch {args.batch_size})")
+        ax.set_ylabel("training samples/s")
         ax.set_title("Throughput after warm-up, 2-core machine")
         ax.legend(fontsize=7, ncol=3)
         ax.grid(True, axis="y", which="both", alpha=0.3)
         return fig
 
-    bench.finish(rows + roof_rows, [("Training throughput", columns, rows), ("", roof_columns, roof_rows)], notes, figure)
+    tables = [("Training throughput", columns, rows), ("", roof_columns, roof_rows)]
+    if compare:
+        tables.insert(0, ("des on one process vs the dense roofline and DeepCTR", compare_columns, compare))
+    bench.finish(rows + roof_rows + deepctr + compare, tables, notes, figure)
     return 1 if bench.failures else 0
 
 

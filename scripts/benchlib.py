@@ -128,13 +128,19 @@ def steady_from_phases(summary: Mapping[str, Any], batch_size: int) -> float:
     return workers * batch_size * 1000.0 / step_ms if step_ms > 0 else math.nan
 
 
+def _timed_seconds(samples: float, steps: int, samples_per_second: float) -> float:
+    """Training seconds behind des.train's samples/s after ``steps`` steps of ``samples`` in all:
+    its throughput leaves out the run's first step, its samples as well as its time (so a record at
+    step 1 has 0 s and 0 samples/s); every step trains the same batch."""
+    return samples * (steps - 1) / steps / samples_per_second if samples_per_second and steps > 1 else 0.0
+
+
 def steady_from_metrics(first: Mapping[str, Any], summary: Mapping[str, Any]) -> dict[str, Any]:
     """Samples/s after the first ``metrics.jsonl`` record (cumulative samples and samples/s at a
-    validation step) up to the end of the job (the summary's totals)."""
+    validation step) up to the end of the job (the summary's totals; des/alltoall: rank 0's)."""
     samples = summary["train_samples"] - first["samples"]
-    # des.train leaves the first step out of its timing: a record at step 1 has 0 s (and 0 samples/s)
-    first_seconds = first["samples"] / first["samples_per_second"] if first["samples_per_second"] else 0.0
-    seconds = summary["train_samples"] / summary["samples_per_second"] - first_seconds
+    seconds = (_timed_seconds(summary["train_samples"], summary["steps"], summary["samples_per_second"])
+               - _timed_seconds(first["samples"], first["step"], first["samples_per_second"]))
     return {
         "samples_per_second": samples / seconds if seconds > 0 else math.nan,
         "ms_per_phase": None,

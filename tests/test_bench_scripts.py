@@ -20,7 +20,9 @@ sys.path.insert(0, str(SCRIPTS))
 import benchlib  # noqa: E402
 import bench_breakdown as breakdown  # noqa: E402
 import bench_communication as comm  # noqa: E402
+import bench_deepctr as deepctr  # noqa: E402
 import bench_synthetic as synthetic  # noqa: E402
+import bench_throughput as throughput  # noqa: E402
 
 # The paper's tables and figures (des.train jobs, with --quick); the other bench_* scripts are
 # single-process micro-benchmarks (bench_data, bench_hashtable).
@@ -80,12 +82,16 @@ def test_mean_std():
 
 
 def test_steady_speeds():
-    # 13 steps took 8 s of training time; the validation record after the 3 warm-up steps says 3 s.
+    # des.train's samples/s leaves out the first step (its samples and its time): steps 2..13 took
+    # 8 s of training time; the validation record after the 3 warm-up steps says steps 2..3 took 3 s.
     summary = {"strategy": "des", "ranks": 2, "steps": 13, "train_samples": 13 * 4096,
-               "samples_per_second": 13 * 4096 / 8.0, "ms_per_phase": {"top": 400.0, "allreduce": 100.0}}
-    first = {"step": 3, "samples": 3 * 4096, "samples_per_second": 4096.0}
+               "samples_per_second": 12 * 4096 / 8.0, "ms_per_phase": {"top": 400.0, "allreduce": 100.0}}
+    first = {"step": 3, "samples": 3 * 4096, "samples_per_second": 2 * 4096 / 3.0}
     steady = benchlib.steady_from_metrics(first, summary)
     assert steady["samples_per_second"] == pytest.approx(10 * 4096 / 5.0)
+    assert steady["measured_seconds"] == pytest.approx(5.0)
+    one = {"step": 1, "samples": 4096, "samples_per_second": 0.0}  # a record at step 1: 0 s
+    assert benchlib.steady_from_metrics(one, summary)["samples_per_second"] == pytest.approx(12 * 4096 / 8.0)
     assert steady["measured_steps"] == 10
     # phases sum to 500 ms per step: 4096 samples per 0.5 s; ps: 3 workers each train a batch per step
     assert benchlib.steady_from_phases(summary, 4096) == pytest.approx(8192.0)
@@ -168,3 +174,62 @@ def test_synthetic_config_scales_zipf_exponents():
     assert synthetic.store_name(4_000_000, 0, 1.0, 0.5) == "bench-synth-4000000-s0-v1-z0.5"
     with pytest.raises(ValueError):
         synthetic.synth_config(0, 1.0, 0.0)
+
+
+# ------------------------------------------------------------------------------------ throughput vs roofline / DeepCTR
+def test_throughput_batch_sizes_and_steps():
+    assert throughput.batch_sizes("4096,512") == [4096, 512] and throughput.batch_sizes("1024") == [1024]
+    for bad in ("0", "4096,x", ""):
+        with pytest.raises(SystemExit):
+            throughput.batch_sizes(bad)
+    # --steps counts at the largest batch; smaller batches time about as many samples
+    assert [throughput.scaled_steps(10, b, [4096, 512]) for b in (4096, 512)] == [10, 80]
+    assert throughput.scaled_steps(10, 3000, [4096, 3000]) == 14
+    assert throughput.scaled_steps(3, 4096, [4096]) == 3
+
+
+def test_throughput_compare_rows():
+    rows = [{"model": "deepfm", "strategy": "des", "ranks": 1, "batch": 512, "samples_per_second": 20.0},
+            {"model": "deepfm", "strategy": "des", "ranks": 2, "batch": 512, "samples_per_second": 99.0},
+            {"model": "deepfm", "strategy": "alltoall", "ranks": 1, "batch": 512, "samples_per_second": 99.0},
+            {"model": "wdl", "strategy": "des", "ranks": 1, "batch": 512}]  # a failed job: no samples/s
+    roof = [{"model": "deepfm", "kind": "plain", "threads": 2, "batch": 512, "samples_per_second": 40.0},
+            {"model": "deepfm", "kind": "plain", "threads": 1, "batch": 512, "samples_per_second": 25.0},
+            {"model": "deepfm", "kind": "top", "threads": 2, "batch": 512, "samples_per_second": 50.0},
+            {"model": "wdl", "kind": "plain", "threads": 2, "batch": 512, "samples_per_second": 30.0}]
+    dctr = [{"kind": "deepctr", "model": "deepfm", "batch": 512, "samples_per_second": 16.0}]
+    out = throughput.compare_rows(["lr", "wdl", "deepfm"], [512], rows, roof, dctr)
+    assert [(r["model"], r["batch"]) for r in out] == [("wdl", 512), ("deepfm", 512)]  # LR: no top network
+    assert out[1] == {"kind": "compare", "model": "deepfm", "batch": 512, "roofline": 40.0, "deepctr": 16.0,
+                      "des": 20.0, "des_vs_roofline": 0.5, "des_vs_deepctr": 1.25}
+    assert out[0]["roofline"] == 30.0 and out[0]["des"] is None and out[0]["des_vs_roofline"] is None
+    assert out[0]["deepctr"] is None and out[0]["des_vs_deepctr"] is None
+
+
+def test_plain_roofline_network_is_the_model():
+    """The dense roofline's network has des's dense parameters (top + first FC) and DeepFM = W&D + FM."""
+    import numpy as np
+
+    for model in ("wdl", "deepfm"):
+        variables, _ = throughput.plain_network(model)
+        assert sum(v.shape.num_elements() for v in variables) == comm.dense_params(model)
+    rng = np.random.default_rng(1)
+    linear = rng.normal(size=(5, 3, 1)).astype(np.float32)
+    emb = rng.normal(size=(5, 3, 2)).astype(np.float32)
+    (_, wdl), (_, dfm) = (throughput.plain_network(m, fields=3, dim=2, hidden=(4, 3)) for m in ("wdl", "deepfm"))
+    fm = 0.5 * ((emb.sum(1) ** 2) - (emb ** 2).sum(1)).sum(1)
+    np.testing.assert_allclose(dfm(linear, emb).numpy() - wdl(linear, emb).numpy(), fm, rtol=1e-4, atol=1e-5)
+
+
+def test_deepctr_batch_order(tmp_path):
+    """DeepCTR trains des's batches: one epoch (last partial batch dropped), or N batches over epochs."""
+    from des.data import BatchReader, open_dataset
+
+    from tests.conftest import criteo_head
+
+    store = open_dataset(criteo_head(tmp_path / "head.tsv", 200), cache_dir=tmp_path / "cache", split=[0.9, 0.05, 0.05])
+    epoch = [BatchReader(store, "train", batch_size=32, seed=3, epoch=e).row_order for e in (0, 1, 2)]
+    per_epoch = len(BatchReader(store, "train", batch_size=32)) * 32
+    assert list(deepctr.batch_order(store, 32, 3, 1)) == list(epoch[1][:per_epoch])
+    order = deepctr.batch_order(store, 32, 3, 0, batches=2 * per_epoch // 32 + 1)
+    assert list(order) == list(epoch[0][:per_epoch]) + list(epoch[1][:per_epoch]) + list(epoch[2][:32])

@@ -136,6 +136,8 @@ def test_registry_defaults_and_user_addition() -> None:
     try:
         added = registered_substitutions()["field_weighted_linear"]
         assert added.__module__ == "des_plugin_field_weighted_lr"
+        # it subclasses the linear term with a new ``local``: it gets autodiff, not the parent's
+        # closed-form gradient (which ignores its importance weights)
         report = check_substitution(added)
         assert report.width == 1 and report.max_gradient_error < 1e-12
         with pytest.raises(ValueError, match="already registered"):
@@ -159,3 +161,42 @@ def test_field_param_init_is_placement_independent() -> None:
     np.testing.assert_array_equal(part, whole[[9, 2, 5]])
     limit = np.sqrt(6.0 / (10 * 4 + 6))
     assert np.abs(whole).max() <= limit
+
+
+class _WrongClosedForm(FirstFC):
+    """Its own closed-form gradient is off by a factor: the checker must catch it."""
+
+    name = "broken_gradient"
+
+    def local_gradient(self, emb, params, grad):
+        emb_grad, grads = super().local_gradient(emb, params, grad)
+        return 1.5 * emb_grad, grads
+
+
+def test_checker_rejects_a_wrong_closed_form_gradient() -> None:
+    with pytest.raises(SubstitutionConformanceError, match="embedding gradient"):
+        check_substitution(_WrongClosedForm)
+
+
+@pytest.mark.parametrize("cls", default_substitutions(), ids=lambda c: c.name)
+def test_builtins_backpropagate_without_recomputing_the_forward(cls: type[Substitution]) -> None:
+    """The local backward of a built-in never calls ``local`` (its closed form), and equals autodiff."""
+    sub = cls.example(5)
+    rng = np.random.default_rng(0)
+    emb = tf.constant(rng.normal(size=(4, 3, sub.dim)))
+    params = {k: tf.constant(v) for k, v in sub.init_field_params(0, [0, 2, 4], np.float64).items()}
+    grad = tf.constant(rng.normal(size=(4, sub.width)))
+    with tf.GradientTape() as tape:
+        tape.watch([emb, *params.values()])
+        out = sub.local(emb, params)
+    expected = tape.gradient(out, [emb, *params.values()], output_gradients=grad, unconnected_gradients="zero")
+
+    def forbidden(*args):
+        raise AssertionError("local_backward re-ran the forward")
+
+    sub.local = forbidden  # an instance attribute: the class's closed form must not need it
+    emb_grad, param_grads = sub.local_backward(emb, params, grad)
+    np.testing.assert_allclose(emb_grad.numpy(), expected[0].numpy(), rtol=1e-12)
+    for (name, g), e in zip(param_grads.items(), expected[1:]):
+        np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-12, err_msg=name)
+

@@ -5,6 +5,7 @@ TensorBoard scalars next to ``metrics.jsonl``."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 from tests.conftest import MPIEXEC, REPO, criteo_head, mpi_env
 
 FLAGS = ["--model", "lr", "--embedding-dim", "4", "--batch-size", "256", "--eval-batch-size", "1024",
-         "--no-progress", "--table-capacity", "256", "--max-steps", "4", "--eval-every", "2"]
+         "--no-progress", "--table-capacity", "256", "--max-steps", "4", "--eval-every", "2", "--threads", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +36,9 @@ def test_hostfile_launch_reports_hosts_and_ranks(run: dict) -> None:
 
     host = MPI.Get_processor_name() or socket.gethostname()
     assert f"  hosts: 1 ({host}: 4 rank(s) 0-3)" in run["stdout"]
+    cores = os.cpu_count()
+    assert (f"  threads per rank: TF intra-op 1, inter-op 1, numba 1 (--threads: {cores} cores, 4 rank(s) on this "
+            "machine)") in run["stdout"]
     assert json.loads((run["folder"] / "summary.json").read_text())["ranks"] == 4
 
 

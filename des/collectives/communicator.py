@@ -24,6 +24,10 @@ Waiting: a rank that reaches a collective early (its peers are still evaluating 
 spin at a full CPU share inside a blocking MPI call and slow the working ranks when ranks share
 cores. So every collective is issued non-blocking and completed by :meth:`Communicator._wait`, which
 polls ``Test()`` and sleeps briefly between polls once a short spin budget is used up.
+
+Ranks on one machine: the row-block collectives of the DES step (``reduce_scatter_rows_sum``,
+``allgather_rows``) run as loads and stores in shared memory with one barrier each
+(:mod:`des.collectives.node_memory`); the bytes accounted are those above either way.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from typing import Any
 
 import numpy as np
 from mpi4py import MPI
+
+from des.collectives.node_memory import NodeBuffers
 
 
 @dataclass
@@ -69,6 +75,7 @@ class Communicator:
         *,
         spin_seconds: float = 5e-4,
         poll_sleep_seconds: float = 2e-4,
+        node_memory: bool = True,
     ) -> None:
         self.comm: MPI.Comm = MPI.COMM_WORLD if comm is None else comm
         self.rank: int = self.comm.Get_rank()
@@ -76,6 +83,17 @@ class Communicator:
         self.spin_seconds = spin_seconds
         self.poll_sleep_seconds = poll_sleep_seconds
         self.stats: dict[str, CallStats] = defaultdict(CallStats)
+        # the row-block collectives in shared memory when all ranks share one machine (decided at
+        # their first call, which every rank makes): des/collectives/node_memory.py
+        self._node_memory: NodeBuffers | bool | None = None if node_memory and self.size > 1 else False
+
+    def _node(self) -> NodeBuffers | None:
+        if self._node_memory is None:
+            self._node_memory = NodeBuffers(self.comm, self._quiet_barrier) if NodeBuffers.available(self.comm) else False
+        return self._node_memory or None
+
+    def _quiet_barrier(self) -> None:
+        self._wait(self.comm.Ibarrier())
 
     # ----------------------------------------------------------------------------- accounting
     def _account(self, site: str, sent: float, received: float, seconds: float) -> None:
@@ -134,7 +152,9 @@ class Communicator:
         row_items = int(np.prod(buffer.shape[1:], dtype=np.int64))
         out = np.empty((bounds[self.rank + 1] - bounds[self.rank],) + buffer.shape[1:], dtype=buffer.dtype)
         start = time.perf_counter()
-        if self.size > 1:
+        if self.size > 1 and self._node() is not None:
+            out = self._node().reduce_scatter_rows_sum(buffer, bounds)
+        elif self.size > 1:
             counts = np.diff(bounds).astype(np.int64) * row_items
             self._wait(self.comm.Ireduce_scatter(buffer, out, counts, op=MPI.SUM))
         else:
@@ -152,7 +172,9 @@ class Communicator:
             raise ValueError(f"allgather_rows at {site}: {block.shape[0]} rows, expected this rank's block of {rows}")
         out = np.empty((rows,) + block.shape[1:], dtype=block.dtype)
         start = time.perf_counter()
-        if self.size > 1:
+        if self.size > 1 and self._node() is not None:
+            out = self._node().allgather_rows(block, bounds, rows)
+        elif self.size > 1:
             row_items = int(np.prod(block.shape[1:], dtype=np.int64))
             counts = np.diff(bounds).astype(np.int64) * row_items
             displs = np.asarray(bounds[:-1], dtype=np.int64) * row_items

@@ -35,7 +35,8 @@ _ABORT_GRACE_SECONDS = 1.0
 _USAGE_ERROR_WAIT_SECONDS = 30.0
 _ABORT_WATCHDOG_SECONDS = 10.0
 _SHM_DIR = "/dev/shm/"
-_SHM_PREFIXES = ("mpich_",)  # mpich_shm_* (the node slab) and mpich_vci_* (extra VCIs, if any)
+_SHM_PREFIXES = ("mpich_", "des-")  # mpich_shm_* (the node slab), mpich_vci_* (extra VCIs, if any) and
+# des-* (des/collectives/node_memory.py: unlinked once mapped; named only for an instant)
 _first_failure_fd: int | None = None  # a tiny file shared by the ranks of a node (see _claim_report)
 _processes: list[tuple[str, int]] = []  # (host, pid) of every rank, gathered by prepare_job
 

@@ -4,8 +4,10 @@
     for batch in BatchReader(store, "train", fields=[0, 13], batch_size=4096, seed=0, epoch=0):
         batch.fields[13].keys, batch.fields[13].offsets, batch.labels, batch.rows
 
-Command line: ``python -m des.data {prepare,synth,inspect} --help``. The key scheme is defined in
-``des/data/keys.py`` (also described in ``datasets/README.md``).
+Separate train/validation/test inputs (several files or globs each) are read as one store by
+``open_inputs`` (``des/data/inputs.py``). Command line: ``python -m des.data
+{prepare,synth,inspect} --help``. The key scheme is defined in ``des/data/keys.py`` (also
+described in ``datasets/README.md``).
 """
 
 import os as _os
@@ -21,6 +23,7 @@ from .batch import Batch, FieldBatch  # noqa: E402
 from .batch_reader import BatchReader  # noqa: E402
 from .build import atomic_directory, open_dataset, prepare  # noqa: E402
 from .errors import DataError  # noqa: E402
+from .inputs import ConcatStore, open_inputs  # noqa: E402
 from .keys import (  # noqa: E402
     FIELD_NAMES,
     KEY_SCHEME,
@@ -46,6 +49,8 @@ __all__ = [
     "SPLIT_NAMES",
     "DataError",
     "ColumnStore",
+    "ConcatStore",
+    "open_inputs",
     "open_dataset",
     "prepare",
     "atomic_directory",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -41,6 +42,9 @@ class Batch:
     labels: np.ndarray  # float32 [B]
     fields: dict[int, FieldBatch]  # only the requested fields
     global_size: int = -1  # rows of the whole global batch this is a part of (-1: this batch)
+    #: what a strategy computed for this batch ahead of its step (``Strategy.prepare``, e.g. DES's
+    #: key->row lookup on a background thread), or None
+    prepared: Any = None
 
     def __post_init__(self) -> None:
         if self.global_size < 0:

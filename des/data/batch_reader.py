@@ -1,4 +1,5 @@
-"""Deterministic batches over a split of a column store."""
+"""Deterministic batches over a split of a column store (or of several read as one,
+:class:`des.data.inputs.ConcatStore`)."""
 
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ class BatchReader:
         global_size = rows.shape[0]
         part, parts = self.shard
         rows = rows[part * global_size // parts : (part + 1) * global_size // parts]
-        labels = np.asarray(self.store.labels).take(rows).astype(np.float32)
+        labels = self.store.take_labels(rows).astype(np.float32)
         fields = {field: self.store.gather(field, rows) for field in self.fields}
         return Batch(self.epoch, index, rows, labels, fields, global_size)
 

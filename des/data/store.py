@@ -17,6 +17,7 @@ such a field is ``keys[r]``. ``StoreWriter`` appends chunk by chunk, so no input
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -318,6 +319,26 @@ class ColumnStore:
     def __repr__(self) -> str:
         return f"ColumnStore({str(self.path)!r}, rows={self.num_rows}, fields={self.num_fields})"
 
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the prepared data by content: its manifest (sources' sha256, split, counts)."""
+        return hashlib.sha256(json.dumps(self.manifest, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def display_name(self) -> str:
+        """How reports name the data (the store folder's name)."""
+        return self.path.name
+
+    @property
+    def source(self) -> str:
+        """Where the data is, as recorded in a run's ``config.json``."""
+        return str(self.path)
+
+    def layout(self) -> list[tuple[str, str, str, bool]]:
+        """The column layout: (name, kind, hotness, weighted) of every field. Stores of the same
+        layout can be read side by side (:class:`des.data.inputs.ConcatStore`)."""
+        return [(f["name"], f["kind"], f["hotness"], f.get("weights") is not None) for f in self.manifest["fields"]]
+
     def field_index(self, field: int | str) -> int:
         """The number of a field given by number or name."""
         if isinstance(field, str):
@@ -363,6 +384,10 @@ class ColumnStore:
             rows.flags.writeable = False
             self._split_rows[name] = rows
         return self._split_rows[name]
+
+    def take_labels(self, rows: np.ndarray) -> np.ndarray:
+        """The 0/1 labels (uint8) of ``rows``, in that order."""
+        return np.asarray(self.labels).take(rows)
 
     def gather(self, field: int | str, rows: np.ndarray) -> FieldBatch:
         """The field's ids for ``rows`` (in that order) as a CSR block."""

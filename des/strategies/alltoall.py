@@ -62,7 +62,7 @@ class AllToAll(Strategy):
         self.all_fields = list(range(num_fields))
         self.dense = DenseParams(self.model, self.all_fields, context.optimizers, seed=self.seed, dtype=self.dtype)
         self.layout = RowLayout(self.model.blocks(), num_fields, self.dtype)
-        self.reference = ModelReferenceForm(self.model, self.dense, self.dtype)
+        self.reference = ModelReferenceForm(self.model, self.dense, self.dtype, context.compute_dtype)
         self.owner = np.empty(num_fields, dtype=np.int64)
         for rank, fields in enumerate(self.placement):
             self.owner[fields] = rank

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -92,6 +93,8 @@ class StrategyContext:
     dtype: np.dtype = field(default_factory=lambda: np.dtype(np.float32))
     tables: "TableOptions | None" = None
     options: Mapping[str, Any] = field(default_factory=dict)  # strategy-specific (e.g. ps_servers)
+    #: dtype of the top network's compute ("bfloat16"), or None: :attr:`dtype`
+    compute_dtype: str | None = None
 
 
 @dataclass
@@ -114,6 +117,35 @@ class ShardState:
     @property
     def fields(self) -> list[int]:
         return sorted(self.tables)
+
+
+class Prefetch:
+    """The next step's batch, read and :meth:`Strategy.prepare`-d (parameter-free work, e.g. DES's
+    key->row lookup) on a background thread (PICASSO's pipelining). The strategy starts it where
+    its step allows (:meth:`Strategy.overlap_next`: after it has read the tables' values) and waits
+    for it before it updates them (:meth:`Strategy.await_next`); never started, :meth:`batch` does
+    the work in the caller's thread, so results never depend on whether the step overlapped."""
+
+    def __init__(self, read: Callable[[], Any], prepare: Callable[[Any], Any]) -> None:
+        self._work = lambda: prepare(read())
+        self._future: Future | None = None
+
+    def start(self, executor: ThreadPoolExecutor) -> None:
+        if self._future is None:
+            self._future = executor.submit(self._work)
+
+    def wait(self) -> None:
+        """Block until the background work is done (re-raises its error here)."""
+        if self._future is not None:
+            self._future.result()
+
+    def batch(self) -> Any:
+        """The prepared batch (doing the work now if it was never started)."""
+        if self._future is None:
+            future: Future = Future()
+            future.set_result(self._work())
+            self._future = future
+        return self._future.result()
 
 
 class Strategy(ABC):
@@ -144,6 +176,9 @@ class Strategy(ABC):
         self.dtype = np.dtype(context.dtype)
         self.timer = PhaseTimer(self.phases)
         self.step_count = 0
+        self._next: Prefetch | None = None
+        self._background: ThreadPoolExecutor | None = None
+        self.overlapped_steps = 0  # steps whose next batch was prepared in the background
 
     @classmethod
     def build(cls, model: "Model", comm: "Communicator", placement: Sequence[Sequence[int]],
@@ -204,6 +239,34 @@ class Strategy(ABC):
         """Global batch numbers this rank trains, from ``start`` (the next untrained) to ``stop``."""
         return range(start, stop)
 
+    # ------------------------------------------------------------------ the pipelined step
+    def prefetch(self, read: Callable[[], Any], step: int) -> Prefetch:
+        """The batch of global step ``step``, trained right after the coming :meth:`train_step`
+        (``--pipeline on``; nothing such as a validation or checkpoint in between): ``read()`` it
+        and :meth:`prepare` it, in the background where this strategy's step overlaps it."""
+        self._next = Prefetch(read, lambda batch: self.prepare(batch, step))
+        return self._next
+
+    def prepare(self, batch: Any, step: int) -> Any:
+        """Parameter-free work on ``batch`` before its step ``step`` (default: none). It may run
+        while the previous step computes, so it must not read or write parameter values."""
+        return batch
+
+    def overlap_next(self) -> None:
+        """Start the prefetched batch's work on the background thread (called by the step once it
+        no longer reads the tables' values)."""
+        if self._next is not None:
+            if self._background is None:
+                self._background = ThreadPoolExecutor(1, thread_name_prefix="des-prefetch")
+            self._next.start(self._background)
+            self.overlapped_steps += 1
+
+    def await_next(self) -> None:
+        """Wait for the prefetched batch's work (called by the step before it updates the tables)."""
+        if self._next is not None:
+            next_batch, self._next = self._next, None
+            next_batch.wait()
+
     @abstractmethod
     def train_step(self, batch: Any) -> float:
         """One training step on global batch ``batch``; returns its mean logloss."""
@@ -218,6 +281,9 @@ class Strategy(ABC):
 
     def close(self) -> None:
         """Called on training ranks when the job is done with this strategy (after evaluation)."""
+        if self._background is not None:
+            self._background.shutdown(wait=True)
+            self._background = None
 
     def serve(self) -> None:
         """Run a serving rank until the training ranks are done (``role == "serve"`` only)."""

@@ -70,7 +70,7 @@ class DES(Strategy):
         self.shard = FieldShard(mine, self.model.blocks(), context.optimizers, seed=self.seed, dtype=self.dtype,
                                 tables=context.tables)
         self.dense = DenseParams(self.model, self.shard.fields, context.optimizers, seed=self.seed, dtype=self.dtype)
-        self.split_form = ModelSplitForm(self.model, self.dense, self.dtype)
+        self.split_form = ModelSplitForm(self.model, self.dense, self.dtype, context.compute_dtype)
         self.upper = context.options.get("upper", "data-parallel")
 
     @property
@@ -85,14 +85,30 @@ class DES(Strategy):
         """The whole global batch, this rank's fields only."""
         return {"fields": self.fields, "shard": (0, 1)}
 
+    def prepare(self, batch: Any, step: int) -> Any:
+        """The key->row lookup of step ``step`` (inserts and admission counts only, no values): on
+        the background thread while the previous step computes (``--pipeline on``)."""
+        batch.prepared = (step, self.shard.lookup(batch, train=True, step=step))
+        return batch
+
     def _partials(self, batch: Any, *, train: bool) -> tuple[np.ndarray, list, list]:
         """Steps 1-2: this rank's partials ``[B, P]`` of the whole global batch."""
         phase = self.timer if train else untimed  # evaluation is not timed
         with phase("lookup"):
-            pooled, touched = self.shard.pooled(batch, train=train, step=self.step_count)
+            if train and batch.prepared is not None:
+                step, touched = batch.prepared
+                if step != self.step_count:
+                    raise RuntimeError(f"batch prepared for step {step} trained at step {self.step_count}")
+            else:
+                touched = self.shard.lookup(batch, train=train, step=self.step_count)
+            pooled = self.shard.gather_pooled(batch, touched)
+        if train:
+            self.overlap_next()  # the next batch is read and looked up while TF computes this step
         with phase("partials"):
             field_params = list(self.dense.field_params.values())
-            buffer = np.array(self.split_form.partials(pooled, field_params), dtype=self.dtype, order="C", copy=True)
+            buffer = self.split_form.partials(pooled, field_params).numpy()
+            if self.upper == "replicated" and self.comm.size > 1:
+                buffer = np.array(buffer, order="C", copy=True)  # the AllReduce sums in place: TF's memory is not ours
         return buffer, pooled, touched
 
     def train_step(self, batch: Any) -> float:
@@ -125,6 +141,8 @@ class DES(Strategy):
             with timer("allreduce"):
                 pending.wait()
                 loss, top_grads = float(packed[0]), dense.split_top(packed[1:])
+        with timer("lookup"):
+            self.await_next()  # the next batch's lookup may grow the tables: done before they change
         with timer("update"):
             self.shard.apply_pooled_gradients([g.numpy() for g in pooled_grads], touched, self.step_count)
             dense.apply([g.numpy() for g in field_grads], top_grads)

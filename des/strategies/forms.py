@@ -20,20 +20,31 @@ from des.strategies.components import DenseParams
 
 
 class _ModelForm:
-    def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype) -> None:
+    def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype, compute_dtype: str | None = None) -> None:
         self.model = model
         self.dense = dense
         self.tf_dtype = tf.as_dtype(dtype)
+        # --compute-dtype bfloat16: the top network runs in bf16 on casts of the fp32 master weights
+        # (their gradients come back in fp32 through the casts; the optimizers never see bf16)
+        self.compute_dtype = tf.as_dtype(compute_dtype) if compute_dtype else self.tf_dtype
         self.blocks = [b.name for b in model.blocks()]
         self.substitutions = model.substitutions()
+
+    def _top(self, top: Sequence[tf.Tensor], outputs: Sequence[tf.Tensor]) -> tf.Tensor:
+        """The model's top network on the substituted operators' outputs -> logits (in :attr:`tf_dtype`)."""
+        if self.compute_dtype == self.tf_dtype:
+            return self.model.top(dict(zip(self.dense.top_params, top)), outputs)
+        cast = lambda t: tf.cast(t, self.compute_dtype)  # noqa: E731
+        logits = self.model.top({name: cast(v) for name, v in zip(self.dense.top_params, top)}, [cast(o) for o in outputs])
+        return tf.cast(logits, self.tf_dtype)
 
 
 class ModelSplitForm(_ModelForm):
     """The split form (DES): local partials into one buffer ``[B, P]``, the combine + top network
     on the reduced buffer, and the local backward."""
 
-    def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype) -> None:
-        super().__init__(model, dense, dtype)
+    def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype, compute_dtype: str | None = None) -> None:
+        super().__init__(model, dense, dtype, compute_dtype)
         for sub in self.substitutions:
             if sub.block not in self.blocks:
                 raise ValueError(f"substitution {sub.name} reads block {sub.block!r}, not declared by {model.name}")
@@ -52,30 +63,40 @@ class ModelSplitForm(_ModelForm):
                  for i, sub in enumerate(self.substitutions)]
         return tf.concat(parts, axis=1)
 
+    def _local_backward(self, pooled: Sequence[tf.Tensor], params: Sequence[tf.Tensor], buffer_grad: tf.Tensor
+                        ) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
+        """``G`` back through each substitution's ``local_backward`` (closed form where it has one:
+        no forward is recomputed); gradients of the blocks two substitutions read are summed."""
+        by_block = dict(zip(self.blocks, pooled))
+        block_grads: dict[str, list[tf.Tensor]] = {name: [] for name in self.blocks}
+        param_grads: dict[str, tf.Tensor] = {}
+        for i, sub in enumerate(self.substitutions):
+            emb_grad, grads = sub.local_backward(by_block[sub.block], self.dense.substitution_params(i, sub.name, params),
+                                                 buffer_grad[:, self.starts[i] : self.starts[i + 1]])
+            block_grads[sub.block].append(emb_grad)
+            param_grads.update({f"{i}:{sub.name}:{name}": g for name, g in grads.items()})
+        l2 = self.model.l2_embedding
+        if l2:  # l2 on the looked-up embeddings (per sample, batch mean) belongs to their owner
+            batch = tf.cast(tf.shape(pooled[0])[0], self.tf_dtype)
+            for name, p in by_block.items():
+                block_grads[name].append((2.0 * l2 / batch) * p)
+        pooled_grads = [tf.add_n(block_grads[name]) if block_grads[name] else tf.zeros_like(by_block[name])
+                        for name in self.blocks]
+        return pooled_grads, [param_grads[name] for name in self.dense.field_params]
+
     def _logits(self, buffer: tf.Tensor, top: Sequence[tf.Tensor]) -> tf.Tensor:
         outputs = [sub.combine(buffer[:, self.starts[i] : self.starts[i + 1]])
                    for i, sub in enumerate(self.substitutions)]
-        return self.model.top(dict(zip(self.dense.top_params, top)), outputs)
+        return self._top(top, outputs)
 
     def _build_split(self) -> None:
-        model = self.model
-
         @tf.function(reduce_retracing=True)
         def partials(pooled, params):
             return self._partials(pooled, params)
 
         @tf.function(reduce_retracing=True)
         def local_backward(pooled, params, buffer_grad):
-            with tf.GradientTape() as tape:
-                tape.watch([pooled, params])
-                out = self._partials(pooled, params)
-                # l2 on the looked-up embeddings (per sample, batch mean) belongs to their owner
-                reg = tf.zeros([], self.tf_dtype)
-                if model.l2_embedding:
-                    batch = tf.cast(tf.shape(pooled[0])[0], self.tf_dtype)
-                    reg += model.l2_embedding * tf.add_n([tf.reduce_sum(tf.square(p)) for p in pooled]) / batch
-            return tape.gradient([out, reg], [pooled, params], output_gradients=[buffer_grad, tf.ones_like(reg)],
-                                 unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            return self._local_backward(pooled, params, buffer_grad)
 
         @tf.function(reduce_retracing=True)
         def top_train(buffer, labels, top, global_size):
@@ -101,8 +122,8 @@ class ModelReferenceForm(_ModelForm):
     substitution's ``reference`` on all fields, the top network and the loss, forward and backward
     in one ``tf.function``."""
 
-    def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype) -> None:
-        super().__init__(model, dense, dtype)
+    def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype, compute_dtype: str | None = None) -> None:
+        super().__init__(model, dense, dtype, compute_dtype)
         self._build_reference()
 
     def _logits(self, pooled: Sequence[tf.Tensor], field_params: Sequence[tf.Tensor],
@@ -110,7 +131,7 @@ class ModelReferenceForm(_ModelForm):
         by_block = dict(zip(self.blocks, pooled))
         outputs = [sub.reference(by_block[sub.block], self.dense.substitution_params(i, sub.name, field_params))
                    for i, sub in enumerate(self.substitutions)]
-        return self.model.top(dict(zip(self.dense.top_params, top)), outputs)
+        return self._top(top, outputs)
 
     def _build_reference(self) -> None:
         model = self.model

@@ -91,7 +91,7 @@ class ParameterServer(Strategy):
         # Server 0 owns the dense weights; a worker keeps the copy it last pulled.
         self.dense = DenseParams(self.model, self.all_fields, context.optimizers, seed=self.seed, dtype=self.dtype)
         self.layout = RowLayout(self.model.blocks(), self.model.num_fields, self.dtype)
-        self.reference = ModelReferenceForm(self.model, self.dense, self.dtype)
+        self.reference = ModelReferenceForm(self.model, self.dense, self.dtype, context.compute_dtype)
         # collective over all ranks, so made here: the workers' own communicator
         self.worker_comm = Communicator(self.comm.comm.Split(0 if self.is_server else 1, self.comm.rank))
         self.pushes_applied = 0
@@ -256,6 +256,7 @@ class ParameterServer(Strategy):
         """Tell every server this worker is done."""
         for server in range(self.servers):
             self.comm.send(np.zeros(1, np.int64), server, DONE, "ps_control")
+        super().close()
 
     def state(self) -> ShardState:
         """With one server and one worker, the server's tables and dense weights are the whole model

@@ -69,6 +69,16 @@ def draw_param(spec: ParamSpec, seed: int, *key: object) -> np.ndarray:
     raise ValueError(f"unknown parameter initializer {spec.init!r}")
 
 
+def _closed_form_applies(cls: type) -> bool:
+    """Whether ``cls.local_gradient`` was written for the ``local`` in effect: it is defined by the
+    class that defines ``local`` or by a subclass of it."""
+    def owner(name: str) -> type | None:
+        return next((c for c in cls.__mro__ if name in vars(c)), None)
+
+    local, gradient = owner("local"), owner("local_gradient")
+    return gradient is not None and local is not None and issubclass(gradient, local)
+
+
 def stable_id(*parts: object) -> int:
     """A 63-bit id of ``parts`` that is the same in every process and Python run."""
     digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
@@ -120,6 +130,24 @@ class Substitution(ABC):
     def local(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
         """Partials of this rank's fields: ``emb [B, F_i, dim]``, ``params[p] [F_i, ...]`` ->
         ``[B, width]``. Must be a sum over fields, so partials of disjoint field sets add up."""
+
+    def local_backward(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor], grad: tf.Tensor
+                       ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        """``∂L/∂emb`` and ``∂L/∂params`` of this rank's fields, given ``grad = ∂L/∂local [B, width]``
+        (= ∂L/∂ of the reduced buffer, since ⊕ is a sum: section 3.2.2).
+
+        Uses the substitution's closed form ``local_gradient(emb, params, grad)`` when it was written
+        for the ``local`` in effect (defined by the class that defines ``local``, or a subclass: a
+        subclass that changes ``local`` is never handed its parent's formula); otherwise differentiates :meth:`local`, which re-runs its
+        forward. ``check_substitution`` compares the result with the reference operator's gradients."""
+        if _closed_form_applies(type(self)):
+            return self.local_gradient(emb, params, grad)  # type: ignore[attr-defined]
+        with tf.GradientTape() as tape:
+            tape.watch([emb, *params.values()])
+            out = self.local(emb, params)
+        grads = tape.gradient(out, [emb, *params.values()], output_gradients=grad,
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return grads[0], dict(zip(params, grads[1:]))
 
     @abstractmethod
     def combine(self, reduced: tf.Tensor) -> tf.Tensor:

@@ -8,8 +8,9 @@ non-contiguous groups, it checks in float64:
 2. forward: ``combine(Σ_i local_i) == reference(all fields)``, and ``combine`` is row-wise (its
    output on a subset of the rows is the subset of its output on all rows);
 3. backward, the way the engine does it: ``G = ∂L/∂(reduced buffer)`` is handed to every rank
-   unchanged and back-propagated through its own ``local``; the gradients of every embedding and
-   every field parameter equal those of the reference operator;
+   unchanged and back-propagated through its own fields by ``local_backward`` (autodiff of
+   ``local``, or the substitution's closed form); the gradients of every embedding and every field
+   parameter equal those of the reference operator;
 4. initialization: a rank's slices of the field parameters equal the slices of the whole, so they
    do not depend on the number of ranks or the placement.
 
@@ -112,17 +113,17 @@ def check_substitution(
         for group in groups:
             local_emb = tf.gather(emb, group, axis=1)
             local_params = _slice(params, group)
-            with tf.GradientTape() as tape:
-                tape.watch([local_emb, *local_params.values()])
-                local = sub.local(local_emb, local_params)
-            grads = tape.gradient(
-                local,
-                [local_emb, *local_params.values()],
-                output_gradients=buffer_grad,
-                unconnected_gradients="zero",
-            )
-            emb_grad[:, group] = grads[0].numpy()
-            for key, g in zip(local_params, grads[1:]):
+            local_emb_grad, local_param_grads = sub.local_backward(local_emb, local_params, buffer_grad)
+            _expect_shape(name, f"local_backward's embedding gradient (fields {group})", local_emb_grad,
+                          tuple(local_emb.shape))
+            if set(local_param_grads) != set(local_params):
+                raise SubstitutionConformanceError(
+                    f"{name}: local_backward returns gradients of {sorted(local_param_grads)}, "
+                    f"expected {sorted(local_params)}")
+            emb_grad[:, group] = local_emb_grad.numpy()
+            for key, g in local_param_grads.items():
+                _expect_shape(name, f"local_backward's gradient of {key} (fields {group})", g,
+                              tuple(local_params[key].shape))
                 param_grads[key][group] = g.numpy()
         grad_err = max(grad_err, _compare(name, f"embedding gradient, {n} ranks", emb_grad, ref_grads[0], rtol))
         for (key, g), ref in zip(param_grads.items(), ref_grads[1:]):

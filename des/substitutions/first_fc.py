@@ -54,6 +54,17 @@ class FirstFC(Substitution):
     def local(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
         return tf.einsum("bfk,fkh->bh", emb, params["kernel"])
 
+    def local_gradient(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor], grad: tf.Tensor
+                       ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        # eq. (9) differentiated: ∂L/∂V_i = G W_iᵀ and ∂L/∂W_i = V_iᵀ G, two matmuls over the
+        # rank's fields flattened to [B, F_i·k] (no forward recomputation).
+        shape, kernel_shape = tf.shape(emb), tf.shape(params["kernel"])
+        flat = tf.reshape(emb, [shape[0], shape[1] * shape[2]])
+        kernel = tf.reshape(params["kernel"], [kernel_shape[0] * kernel_shape[1], kernel_shape[2]])
+        emb_grad = tf.reshape(tf.matmul(grad, kernel, transpose_b=True), shape)
+        kernel_grad = tf.reshape(tf.matmul(flat, grad, transpose_a=True), kernel_shape)
+        return emb_grad, {"kernel": kernel_grad}
+
     def combine(self, reduced: tf.Tensor) -> tf.Tensor:
         return reduced
 

@@ -44,6 +44,11 @@ class FMOrder2(Substitution):
         sum_of_squares = tf.reduce_sum(tf.square(emb), axis=[1, 2])[:, None]  # M_2: [B, 1]
         return tf.concat([sum_of_vectors, sum_of_squares], axis=1)
 
+    def local_gradient(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor], grad: tf.Tensor
+                       ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        # eq. (5): ∂M_1/∂v_f = I (each field gets G_1) and ∂M_2/∂v_f = 2 v_f (scaled by G_2).
+        return grad[:, None, : self.dim] + 2.0 * emb * grad[:, None, self.dim :], {}
+
     def combine(self, reduced: tf.Tensor) -> tf.Tensor:
         sum_of_vectors, sum_of_squares = reduced[:, : self.dim], reduced[:, self.dim :]
         return 0.5 * (tf.reduce_sum(tf.square(sum_of_vectors), axis=1, keepdims=True) - sum_of_squares)

@@ -35,6 +35,11 @@ class FirstOrderLinear(Substitution):
     def local(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
         return tf.reduce_sum(emb[:, :, 0], axis=1, keepdims=True)
 
+    def local_gradient(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor], grad: tf.Tensor
+                       ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        # ∂M_1/∂w_f = 1 for every field: each field's pooled weight gets the sample's gradient.
+        return tf.broadcast_to(grad[:, None, :], tf.shape(emb)), {}
+
     def combine(self, reduced: tf.Tensor) -> tf.Tensor:
         return reduced
 
