@@ -21,6 +21,7 @@ stale view can never point into freed memory.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import sys
 
@@ -32,6 +33,11 @@ _LINUX = sys.platform.startswith("linux")
 _MAP_NORESERVE = 0x4000  # Linux value; not exported by Python's mmap module before 3.13
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14
 _PAGE = mmap.PAGESIZE
+# madvise through ctypes: it releases the GIL (mmap.madvise does not), and committing a growth step
+# can take a second, e.g. in a lookup on a background thread
+_LIBC = ctypes.CDLL(None, use_errno=True) if _LINUX else None
+if _LIBC is not None:
+    _LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 
 def _mapping(nbytes: int, reserve: bool) -> mmap.mmap | None:
@@ -50,15 +56,13 @@ def _mapping(nbytes: int, reserve: bool) -> mmap.mmap | None:
     return m
 
 
-def _populate(m: mmap.mmap, start: int, stop: int) -> None:
-    """Commit bytes ``[start, stop)`` of ``m`` in one call (best effort: untouched pages fault later)."""
+def _populate(a: np.ndarray, m: mmap.mmap, start: int, stop: int) -> None:
+    """Commit bytes ``[start, stop)`` of mapping ``m``, which starts at ``a``'s first byte, in one
+    call (best effort: an old kernel refuses it, and the pages fault in when first written)."""
     start -= start % _PAGE
     stop = min(len(m), -(-stop // _PAGE) * _PAGE)
-    if stop > start:
-        try:
-            m.madvise(_MADV_POPULATE_WRITE, start, stop - start)
-        except (OSError, ValueError):
-            pass
+    if stop > start and _LIBC is not None:
+        _LIBC.madvise(a.ctypes.data + start, stop - start, _MADV_POPULATE_WRITE)
 
 
 def _owner(a: np.ndarray) -> mmap.mmap | None:
@@ -83,17 +87,19 @@ def row_array(rows: int, tail: tuple[int, ...], dtype: np.dtype | type, *, reser
     m = _mapping(reserved * row_bytes, reserve)
     if m is None:
         return np.zeros((rows, *tail), dtype=dtype)
-    _populate(m, 0, rows * row_bytes)
-    return np.frombuffer(m, dtype=dtype, count=reserved * row_bytes // dtype.itemsize).reshape(reserved, *tail)
+    a = np.frombuffer(m, dtype=dtype, count=reserved * row_bytes // dtype.itemsize).reshape(reserved, *tail)
+    _populate(a, m, 0, rows * row_bytes)
+    return a
 
 
 def grow_in_place(a: np.ndarray, committed: int, rows: int) -> bool:
-    """Make rows ``[committed, rows)`` of ``a`` usable without moving it; False if ``a`` has fewer
-    than ``rows`` rows (then the caller allocates and copies). Commits them when ``a`` is mapped."""
+    """Make rows ``[committed, rows)`` of ``a`` (an array from :func:`row_array`, whole) usable
+    without moving it; False if ``a`` has fewer than ``rows`` rows (then the caller allocates and
+    copies). Commits them when ``a`` is mapped."""
     if rows > a.shape[0]:
         return False
     m = _owner(a)
     if m is not None and rows > committed:
         row_bytes = a.strides[0]
-        _populate(m, committed * row_bytes, rows * row_bytes)
+        _populate(a, m, committed * row_bytes, rows * row_bytes)
     return True
