@@ -6,25 +6,11 @@ weight 1) pools to its rows unchanged, which the callers short-cut.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
-_NO_WEIGHTS = np.zeros(0, dtype=np.float32)  # stands in for a field without weights (never read)
+from des.hashtable._pooling import pool_or_unpool as _pool_or_unpool
 
-
-@numba.njit(cache=True, nogil=True)
-def _pool_or_unpool(src, offsets, weights, has_weights, out, adjoint):  # pragma: no cover - numba
-    """Pooling ``out[b] += w_t · src[t]`` over the ids t of sample b, or its adjoint (``adjoint``)
-    ``out[t] = w_t · src[b]``: one loop nest, so the two stay each other's transpose."""
-    for b in range(offsets.shape[0] - 1):
-        for t in range(offsets[b], offsets[b + 1]):
-            w = weights[t] if has_weights else 1.0
-            if adjoint:
-                for c in range(src.shape[1]):
-                    out[t, c] = w * src[b, c]
-            else:
-                for c in range(src.shape[1]):
-                    out[b, c] += w * src[t, c]
+_NO_WEIGHTS = np.zeros(0, dtype=np.float32)  # placeholder when a field has no weights (never read)
 
 
 def is_one_hot(offsets: np.ndarray, weights: np.ndarray | None) -> bool:

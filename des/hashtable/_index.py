@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ._memory import row_array
 from ._mix import GOLDEN, splitmix64
 from ._prefetch import prefetch2
 from .init import init_row
@@ -42,8 +43,8 @@ OK, BAD_KEY, NEED_GROWTH = 0, 1, 2
 
 
 def new_index(capacity: int) -> np.ndarray:
-    """An empty index of ``capacity`` slots."""
-    idx = np.zeros((capacity, 3), dtype=np.int32)
+    """An empty index of ``capacity`` slots (committed in bulk, see ``_memory.py``)."""
+    idx = row_array(capacity, (3,), np.int32, reserve=False)
     idx[:, 1] = EMPTY_HI
     return idx
 
@@ -96,8 +97,8 @@ def find_slot(idx, key: np.int64) -> int:
             s = 0
 
 
-@njit(cache=True, nogil=True)
-def lookup_insert(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, min_count):
+@njit(nogil=True)
+def insert_keys(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, min_count):
     """Rows of ``keys[start:]`` into ``out``, inserting missing keys as rows ``n_rows, ...``.
 
     Every occurrence increments ``count`` (saturating) and sets ``last_seen = step``. Returns
@@ -147,7 +148,13 @@ def lookup_insert(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step,
 
 
 @njit(cache=True, nogil=True)
-def lookup_only(idx, keys, out):
+def lookup_insert(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, min_count):
+    """:func:`insert_keys` on one table."""
+    return insert_keys(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, min_count)
+
+
+@njit(nogil=True)
+def find_keys(idx, keys, out):
     """Rows of ``keys`` (-1 when absent); read-only. Returns the first sentinel position or -1."""
     n = keys.shape[0]
     cap = idx.shape[0]
@@ -160,6 +167,44 @@ def lookup_only(idx, keys, out):
         s = find_slot(idx, key)
         out[i] = -1 if is_free(idx, s) else idx[s, 2]
     return -1
+
+
+@njit(cache=True, nogil=True)
+def lookup_only(idx, keys, out):
+    """:func:`find_keys` on one table."""
+    return find_keys(idx, keys, out)
+
+
+@njit(nogil=True)
+def first_sentinel(keys) -> int:
+    """Position of the first ``EMPTY`` key, or -1 (checked before inserting: no partial update)."""
+    for i in range(keys.shape[0]):
+        if keys[i] == EMPTY:
+            return i
+    return -1
+
+
+@njit(nogil=True)
+def admit(rows, adm, meta, min_count, shared) -> bool:
+    """``adm[i]``: row ``rows[i]`` is present and admitted (count >= ``min_count``, read once the
+    whole batch is counted). With a shared row (``shared >= 0``), the other keys are mapped to it
+    (and count as admitted). Returns whether some key is neither admitted nor mapped."""
+    outside = False
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        a = r >= 0 and (min_count <= 1 or meta[r, COUNT] >= min_count)
+        if not a and shared >= 0:
+            rows[i] = shared
+            a = True
+        adm[i] = a
+        outside |= not a
+    return outside
+
+
+@njit(cache=True, nogil=True)
+def admit_rows(rows, adm, meta, min_count, shared) -> bool:
+    """:func:`admit` on one table."""
+    return admit(rows, adm, meta, min_count, shared)
 
 
 @njit(cache=True, nogil=True)
@@ -248,15 +293,26 @@ def evict_plan(idx, row_keys, meta, n_rows, ttl, step):
     return src, dst, n_live
 
 
+@njit(nogil=True, inline="always")
+def gather_row(data, dim, r, stored, zero, key, base, kind, scale, out, i) -> None:
+    """``out[i, :dim]``: row ``r``'s stored values when ``stored``, else zeros (``zero``) or the
+    key's initial value. An unadmitted row's stored value is its initial value (written at
+    insertion and never trained), so callers store-copy it unless unadmitted rows read as zeros."""
+    if stored:
+        for c in range(dim):
+            out[i, c] = data[r, c]
+    elif zero:
+        for c in range(dim):
+            out[i, c] = 0
+    else:
+        init_row(out, i, dim, key, base, kind, scale)
+
+
 @njit(cache=True, nogil=True)
 def gather_rows(data, dim, rows, keys, n_rows, meta, min_count, zero_unadmitted, base, kind,
                 scale, out):
     """``out[i] = data[rows[i], :dim]``; absent rows (-1), and unadmitted rows when
-    ``zero_unadmitted``, get the key's initial value or zeros. Returns a bad position or -1.
-
-    An unadmitted row's stored value is its initial value (it was written at insertion and is
-    never trained), so ``"init"`` mode copies it like any other row.
-    """
+    ``zero_unadmitted``, get the key's initial value or zeros. Returns a bad position or -1."""
     n = rows.shape[0]
     for i in range(n):
         if i + PF < n:
@@ -268,28 +324,18 @@ def gather_rows(data, dim, rows, keys, n_rows, meta, min_count, zero_unadmitted,
         r = rows[i]
         if r >= n_rows or r < -1:
             return i
-        if r >= 0 and (not zero_unadmitted or min_count <= 1 or meta[r, COUNT] >= min_count):
-            for c in range(dim):
-                out[i, c] = data[r, c]
-        elif zero_unadmitted:
-            for c in range(dim):
-                out[i, c] = 0
-        else:
-            init_row(out, i, keys[i], base, kind, scale)
+        stored = r >= 0 and (not zero_unadmitted or min_count <= 1 or meta[r, COUNT] >= min_count)
+        gather_row(data, dim, r, stored, zero_unadmitted, keys[i], base, kind, scale, out, i)
     return -1
 
 
-@njit(cache=True, nogil=True)
-def sum_duplicates(rows, grads, n_rows, meta, min_count, uniq, acc):
-    """Unique admitted rows in first-occurrence order into ``uniq[:u]`` and their summed gradients
-    into ``acc[:u]`` (summed in occurrence order). Returns ``(u, bad position or -1)``.
-
-    Admission is checked once per unique row, after deduplication, and not at all when
-    ``min_count <= 1`` (every present row has count >= 1): the count lives in a large random-access
-    array, the batch-local hash set is small.
-    """
+@njit(nogil=True)
+def dedup_rows(rows, grads, adm, use_adm, n_rows, uniq, acc):
+    """Unique rows in first-occurrence order into ``uniq[:u]`` and their summed gradients into
+    ``acc[:u]`` (summed in occurrence order, in acc's dtype). Rows -1, and with ``use_adm``
+    positions whose ``adm`` is False, are skipped. Returns ``(u, bad position or -1)``."""
     n = rows.shape[0]
-    dim = grads.shape[1]
+    dim = acc.shape[1]
     bits = 4
     while (1 << bits) < 2 * n:
         bits += 1
@@ -299,7 +345,7 @@ def sum_duplicates(rows, grads, n_rows, meta, min_count, uniq, acc):
     u = 0
     for i in range(n):
         r = rows[i]
-        if r == -1:
+        if r == -1 or (use_adm and not adm[i]):
             continue
         if r < -1 or r >= n_rows:
             return u, i
@@ -318,9 +364,25 @@ def sum_duplicates(rows, grads, n_rows, meta, min_count, uniq, acc):
                     acc[p, c] += grads[i, c]
                 break
             s = (s + 1) & mask
-    if min_count <= 1:
-        return u, -1
+    return u, -1
+
+
+_NO_ADM = np.zeros(0, dtype=np.bool_)
+
+
+@njit(cache=True, nogil=True)
+def sum_duplicates(rows, grads, n_rows, meta, min_count, uniq, acc):
+    """:func:`dedup_rows`, then only admitted rows kept. Returns ``(u, bad position or -1)``.
+
+    Admission is checked once per unique row, after deduplication, and not at all when
+    ``min_count <= 1`` (every present row has count >= 1): the count lives in a large random-access
+    array, the batch-local hash set is small.
+    """
+    u, bad = dedup_rows(rows, grads, _NO_ADM, False, n_rows, uniq, acc)
+    if bad >= 0 or min_count <= 1:
+        return u, bad
     kept = 0
+    dim = acc.shape[1]
     for j in range(u):
         if j + PF < u:
             prefetch2(meta, uniq[j + PF], 0)

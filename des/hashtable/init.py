@@ -75,9 +75,8 @@ def key_hash(base: np.uint64, key: np.int64) -> np.uint64:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def init_row(out, i: int, key: np.int64, base: np.uint64, kind: int, scale: float) -> None:
-    """Write the initial vector of ``key`` into ``out[i, :]`` (rounded to out's dtype)."""
-    dim = out.shape[1]
+def init_row(out, i: int, dim: int, key: np.int64, base: np.uint64, kind: int, scale: float) -> None:
+    """Write the initial vector of ``key`` into ``out[i, :dim]`` (rounded to out's dtype)."""
     if kind == _ZEROS:
         for c in range(dim):
             out[i, c] = 0.0
@@ -102,7 +101,27 @@ def init_row(out, i: int, key: np.int64, base: np.uint64, kind: int, scale: floa
 def init_rows(out, keys, base: np.uint64, kind: int, scale: float) -> None:
     """``out[i, :] = init(keys[i])`` for every i; ``out`` may be a strided view."""
     for i in range(keys.shape[0]):
-        init_row(out, i, keys[i], base, kind, scale)
+        init_row(out, i, out.shape[1], keys[i], base, kind, scale)
+
+
+@njit(nogil=True)
+def init_block_rows(data, dim, steps, keys, start, stop, base, kind, scale, slot_init) -> None:
+    """New rows ``[start, stop)`` of a block's co-located array ``data[R, dim * (1 + slots)]``:
+    initial values of ``keys[r]``, slot ``s`` = ``slot_init[s]``, ``steps[r]`` = 0 (``steps`` is
+    empty for optimizers without a step count). One pass: each new row's line is written once."""
+    for r in range(start, stop):
+        init_row(data, r, dim, keys[r], base, kind, scale)
+        for s in range(slot_init.shape[0]):
+            for c in range(dim):
+                data[r, dim * (s + 1) + c] = slot_init[s]
+        if steps.shape[0] > 0:
+            steps[r] = 0
+
+
+@njit(cache=True, nogil=True)
+def init_new_rows(data, dim, steps, keys, start, stop, base, kind, scale, slot_init) -> None:
+    """:func:`init_block_rows` of one table (a kernel: callable from Python)."""
+    init_block_rows(data, dim, steps, keys, start, stop, base, kind, scale, slot_init)
 
 
 @dataclass(frozen=True)

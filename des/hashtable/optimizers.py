@@ -1,10 +1,11 @@
-"""Optimizers for sparse embedding rows and for dense parameters, one numba kernel each.
+"""Optimizers for sparse embedding rows and for dense parameters, one row loop each.
 
-Every optimizer is a frozen dataclass (its hyperparameters) plus one kernel that updates a set of
-rows of a 2-D parameter ``w[R, D]`` in place, given one (already summed) gradient row per updated
-row. The sparse :class:`~des.hashtable.table.EmbeddingTable` calls the kernel with the unique rows
-of a batch; :class:`DenseOptimizerState` calls the same kernel with the flattened parameter as a
-single row ``w[1, P]``, so the update math exists exactly once.
+Every optimizer is a frozen dataclass (its hyperparameters) plus one inlined row loop that updates
+a set of rows of a 2-D parameter ``w[R, D]`` in place, given one (already summed) gradient row per
+updated row; :func:`update_rows` dispatches on the optimizer's code. The sparse
+:class:`~des.hashtable.table.EmbeddingTable` runs it on the unique rows of a batch, the fused shard
+kernels (``fused.py``) on those of every field, and :class:`DenseOptimizerState` on the flattened
+parameter as a single row ``w[1, P]``, so the update math exists exactly once.
 
 The kernels reproduce Keras 3 (``keras/src/optimizers/{sgd,adagrad,adam,ftrl}.py``) operation by
 operation, in the parameter's dtype (float32 arithmetic for float32 parameters, like TensorFlow),
@@ -79,8 +80,12 @@ def _accumulate_square(acc, r, j, gj):
     return old, new
 
 
-@njit(cache=True, nogil=True)
-def _sgd_kernel(w, rows, g, hp):
+# Row loops, inlined into the one update kernel below (dense parameters, one table's rows) and into
+# the fused per-shard kernel (``fused.py``): the math of each optimizer exists once.
+
+
+@njit(inline="always", nogil=True)
+def _sgd_rows(w, rows, g, hp):
     lr = hp[0]
     n = rows.shape[0]
     for i in range(n):
@@ -91,8 +96,8 @@ def _sgd_kernel(w, rows, g, hp):
             w[r, j] = w[r, j] - g[i, j] * lr
 
 
-@njit(cache=True, nogil=True)
-def _adagrad_kernel(w, acc, rows, g, hp):
+@njit(inline="always", nogil=True)
+def _adagrad_rows(w, acc, rows, g, hp):
     lr, eps = hp[0], hp[1]
     n = rows.shape[0]
     for i in range(n):
@@ -103,8 +108,8 @@ def _adagrad_kernel(w, acc, rows, g, hp):
             w[r, j] = w[r, j] - (lr * g[i, j]) / np.sqrt(a + eps)
 
 
-@njit(cache=True, nogil=True)
-def _adam_kernel(w, m, v, steps, rows, g, hp):
+@njit(inline="always", nogil=True)
+def _adam_rows(w, m, v, steps, rows, g, hp):
     lr, b1, b2, omb1, omb2, eps, one = hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6]
     tmp = np.empty(1, w.dtype)  # int -> parameter dtype without a float64 detour
     # alpha(t) memoized per call for small t: two pow() per row dominate otherwise (same values)
@@ -142,8 +147,8 @@ def _adam_row(w, m, v, r, g, i, alpha, omb1, omb2, eps):
         w[r, j] = w[r, j] - (mj * alpha) / (np.sqrt(vj) + eps)
 
 
-@njit(cache=True, nogil=True)
-def _adam_catchup_kernel(w, m, v, last, rows, g, hp, alphas, t, horizon):
+@njit(inline="always", nogil=True)
+def _adam_catchup_rows(w, m, v, last, rows, g, hp, alphas, t, horizon):
     """Adam with TensorFlow's dense semantics on sparse rows, lazily: ``last[r]`` is the global step
     of row r's last update. Before its update at global step ``t`` a row first takes the zero-
     gradient steps it skipped (``last[r]+1 .. t-1``: moments decay, the row keeps moving with its
@@ -188,8 +193,8 @@ def _adam_skip(w, m, v, r, last, upto, lr, b1, b2, eps, alphas, horizon):
         m[r, j], v[r, j], w[r, j] = mj, vj, wj
 
 
-@njit(cache=True, nogil=True)
-def _ftrl_kernel(w, z, n, rows, g, hp):
+@njit(inline="always", nogil=True)
+def _ftrl_rows(w, z, n, rows, g, hp):
     lr, l1, l2, beta = hp[0], hp[1], hp[2], hp[3]
     l2_reg = l2 + beta / (lr + lr)  # Keras: l2 + beta / (2.0 * lr)
     two_l2_reg = l2_reg + l2_reg
@@ -206,6 +211,35 @@ def _ftrl_kernel(w, z, n, rows, g, hp):
             clipped = min(max(zj, -l1), l1)
             z[r, j] = zj
             w[r, j] = (clipped - zj) / quadratic
+
+
+# kernel codes (``_OptimizerBase.kernel_args``)
+SGD_ROWS, ADAGRAD_ROWS, ADAM_ROWS, ADAM_CATCHUP_ROWS, FTRL_ROWS = 0, 1, 2, 3, 4
+
+
+@njit(nogil=True)
+def update_rows(code, w, s0, s1, steps, rows, g, hp, alphas, t, horizon):
+    """Optimizer ``code`` on ``w[rows]`` with gradients ``g``; ``s0``/``s1`` its slots (unused
+    ones: any array of w's type), ``steps`` Adam's per-row counter (else any int32 array)."""
+    if code == SGD_ROWS:
+        _sgd_rows(w, rows, g, hp)
+    elif code == ADAGRAD_ROWS:
+        _adagrad_rows(w, s0, rows, g, hp)
+    elif code == ADAM_ROWS:
+        _adam_rows(w, s0, s1, steps, rows, g, hp)
+    elif code == ADAM_CATCHUP_ROWS:
+        _adam_catchup_rows(w, s0, s1, steps, rows, g, hp, alphas, t, horizon)
+    else:
+        _ftrl_rows(w, s0, s1, rows, g, hp)
+
+
+@njit(cache=True, nogil=True)
+def _update_rows_kernel(code, w, s0, s1, steps, rows, g, hp, alphas, t, horizon):
+    update_rows(code, w, s0, s1, steps, rows, g, hp, alphas, t, horizon)
+
+
+_NO_STEPS = np.zeros(0, dtype=np.int32)
+_NO_ALPHAS = {np.dtype(np.float32): np.zeros(1, np.float32), np.dtype(np.float64): np.zeros(1, np.float64)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -258,9 +292,18 @@ class _OptimizerBase:
     def _hp(self, dtype: np.dtype) -> np.ndarray:
         raise NotImplementedError
 
-    def _kernel(self, w: np.ndarray, slots: tuple[np.ndarray, ...], steps: np.ndarray | None,
-                rows: np.ndarray, g: np.ndarray, hp: np.ndarray, step: int = 0) -> None:
+    def _code(self, step: int) -> int:
         raise NotImplementedError
+
+    def kernel_args(self, dtype: np.dtype, lr_scale: float = 1.0,
+                    step: int = 0) -> tuple[int, np.ndarray, np.ndarray, int, int]:
+        """``(code, hp, alphas, t, horizon)`` of one update for :func:`update_rows`: ``lr_scale``
+        multiplies the learning rate (FTRL: alpha), formed in Python floats and rounded once to
+        ``dtype``; ``step`` the 1-based global step (Adam with ``catchup``; 0: unknown)."""
+        hp = self._hp(np.dtype(dtype))
+        if lr_scale != 1.0:  # hp[0] is every optimizer's rate (FTRL: alpha)
+            hp[0] = float(getattr(self, "lr", getattr(self, "alpha", 0.0))) * lr_scale
+        return self._code(step), hp, _NO_ALPHAS[np.dtype(dtype)], 0, 0
 
     def apply_rows(self, w: np.ndarray, slots: tuple[np.ndarray, ...], steps: np.ndarray | None,
                    rows: np.ndarray, g: np.ndarray, lr_scale: float = 1.0, step: int = 0) -> None:
@@ -275,10 +318,11 @@ class _OptimizerBase:
         if rows.shape[0] == 0:
             return
         g = np.ascontiguousarray(g, dtype=w.dtype)
-        hp = self._hp(w.dtype)
-        if lr_scale != 1.0:  # hp[0] is every optimizer's rate (FTRL: alpha)
-            hp[0] = float(getattr(self, "lr", getattr(self, "alpha", 0.0))) * lr_scale
-        self._kernel(w, slots, steps, rows, g, hp, step)
+        code, hp, alphas, t, horizon = self.kernel_args(w.dtype, lr_scale, step)
+        s0 = slots[0] if slots else w
+        s1 = slots[1] if len(slots) > 1 else s0
+        _update_rows_kernel(code, w, s0, s1, _NO_STEPS if steps is None else steps, rows, g, hp, alphas, t,
+                            horizon)
 
     def catch_up(self, w: np.ndarray, slots: tuple[np.ndarray, ...], steps: np.ndarray | None, n_rows: int,
                  step: int, lr_scale: float = 1.0) -> None:
@@ -298,8 +342,8 @@ class SGD(_OptimizerBase):
     def _hp(self, dtype: np.dtype) -> np.ndarray:
         return np.array([self.lr], dtype=dtype)
 
-    def _kernel(self, w, slots, steps, rows, g, hp, step=0):
-        _sgd_kernel(w, rows, g, hp)
+    def _code(self, step: int) -> int:
+        return SGD_ROWS
 
 
 @dataclass(frozen=True)
@@ -324,8 +368,8 @@ class AdaGrad(_OptimizerBase):
     def _hp(self, dtype: np.dtype) -> np.ndarray:
         return np.array([self.lr, self.epsilon], dtype=dtype)
 
-    def _kernel(self, w, slots, steps, rows, g, hp, step=0):
-        _adagrad_kernel(w, slots[0], rows, g, hp)
+    def _code(self, step: int) -> int:
+        return ADAGRAD_ROWS
 
 
 @dataclass(frozen=True)
@@ -380,12 +424,16 @@ class Adam(_OptimizerBase):
         return np.array([self.lr, self.beta1, self.beta2, 1.0 - self.beta1, 1.0 - self.beta2,
                          self.epsilon, 1.0], dtype=dtype)
 
-    def _kernel(self, w, slots, steps, rows, g, hp, step=0):
-        if self.catchup and step > 0:  # sparse rows (a dense parameter is one row, updated every step)
-            _adam_catchup_kernel(w, slots[0], slots[1], steps, rows, g, hp, self.alphas(step, w.dtype), step,
-                                 self.horizon())
-        else:
-            _adam_kernel(w, slots[0], slots[1], steps, rows, g, hp)
+    def _code(self, step: int) -> int:
+        # sparse rows at a known step; a dense parameter is one row, updated every step
+        return ADAM_CATCHUP_ROWS if self.catchup and step > 0 else ADAM_ROWS
+
+    def kernel_args(self, dtype: np.dtype, lr_scale: float = 1.0,
+                    step: int = 0) -> tuple[int, np.ndarray, np.ndarray, int, int]:
+        code, hp, alphas, _, _ = super().kernel_args(dtype, lr_scale, step)
+        if code == ADAM_CATCHUP_ROWS:
+            return code, hp, self.alphas(step, np.dtype(dtype)), int(step), self.horizon()
+        return code, hp, alphas, 0, 0
 
     def catch_up(self, w, slots, steps, n_rows, step, lr_scale=1.0):
         if self.catchup and step > 0 and n_rows > 0:
@@ -423,8 +471,8 @@ class FTRL(_OptimizerBase):
     def _hp(self, dtype: np.dtype) -> np.ndarray:
         return np.array([self.alpha, self.l1, self.l2, self.beta], dtype=dtype)
 
-    def _kernel(self, w, slots, steps, rows, g, hp, step=0):
-        _ftrl_kernel(w, slots[0], slots[1], rows, g, hp)
+    def _code(self, step: int) -> int:
+        return FTRL_ROWS
 
 
 Optimizer = Union[SGD, AdaGrad, Adam, FTRL]

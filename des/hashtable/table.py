@@ -10,23 +10,24 @@ Layout (see ``_index.py`` for the kernels):
   holding the values followed by the optimizer slots of that row (co-located, so an update
   touches one or two cache lines), plus an int32 step count for Adam blocks. A row is admitted iff
   its count >= ``min_count`` (the count only grows, so no separate flag is needed).
-* growth: row arrays grow by ``ROW_GROWTH`` = 1.15x, which bounds the row slack to 15%. The two
-  slacks can peak together (a freshly grown index at load ``max_load / 1.5`` while the rows have
-  just grown), so the worst case is ``1.15 * (payload + 8 B meta) + 12 B * 1.5 / max_load`` per
-  row: for the benchmark's FTRL[1] + Adam[8] float32 row (payload 120 B: key 8 + 12 + 96 + Adam
-  step 4) that is (1.15 * 128 + 25.7) / 120 = 1.44x the raw payload at any size past the initial
-  allocation (measured over 50k..1.5M keys: 1.22-1.42x; with 1.25x row growth it reached 1.52x
-  at ~1.14M keys). A grown array is a fresh buffer plus a copy of the live rows, not an in-place
-  ``realloc``: fresh large numpy buffers are backed by transparent huge pages, while glibc's
-  ``mremap`` splits them into 4 KiB pages, and at 10M rows that made gathers 3x and Adam updates
-  2x slower (TLB misses). The price is a transient: while one array is copied, that array exists
-  2.15 times (arrays are grown one after another), and each row is copied ~1/0.15 = 7 times on
-  average over the table's growth.
+* growth: the row capacity grows by ``ROW_GROWTH`` = 1.15x, which bounds the row slack to 15%.
+  The two slacks can peak together (a freshly grown index at load ``max_load / 1.5`` while the
+  rows have just grown), so the worst case is ``1.15 * (payload + 8 B meta) + 12 B * 1.5 /
+  max_load`` per row: for the benchmark's FTRL[1] + Adam[8] float32 row (payload 120 B: key 8 +
+  12 + 96 + Adam step 4) that is (1.15 * 128 + 25.7) / 120 = 1.44x the raw payload at any size
+  past the initial allocation (measured over 50k..1.5M keys: 1.22-1.42x; with 1.25x row growth it
+  reached 1.52x at ~1.14M keys). Large row arrays live in address-space reservations of 8x
+  (``_memory.py``): growing inside a reservation commits the new rows in bulk and moves nothing;
+  outgrowing it copies the live rows into a new reservation (each row is copied ~1/7 times on
+  average; it was ~7 times when every growth step copied). The memory figures count the row
+  capacity, never the reserved address space (which holds no memory until used).
 
 The reserved sentinel key is ``EMPTY_KEY = -2**63`` (int64 minimum); every other int64 is a valid
 key. Rows handed out by :meth:`EmbeddingTable.lookup` stay valid until the next :meth:`evict`
 (eviction compacts rows) or until the table is replaced by :meth:`load`. Not thread-safe; all
-kernels release the GIL, so *different* tables may be used from different threads.
+kernels release the GIL, so *different* tables may be used from different threads. ``_version``
+changes whenever an array of the table is replaced (the fused shard kernels, ``fused.py``, hold
+their addresses).
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import _index as K
+from . import _threads
+from ._memory import grow_in_place, row_array
 from .format import TableFormatError, read_table_file, write_table_file
-from .init import Initializer, init_rows
+from .init import Initializer, init_new_rows
 from .optimizers import FTRL, SGD, AdaGrad, Adam, Optimizer, optimizer_from_dict
 
 EMPTY_KEY: int = int(K.EMPTY)
@@ -52,6 +55,9 @@ INITIAL_ROWS_MAX = 1 << 16
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _MAX_CAPACITY = 2**32  # fastrange uses 32 hash bits
 _MAX_ROWS = 2**31 - 1  # row numbers are int32 in the index
+_NO_STEPS = np.zeros(0, dtype=np.int32)  # a block without a step count
+_MIN_PARALLEL_ROWS = 4096  # new rows below which one thread initializes them all
+_MIN_PARALLEL_KEYS = 1 << 15  # keys below which one thread looks them all up (read-only)
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,9 @@ class EmbeddingTable:
         self.admitted_total = 0  # admissions ever (a key evicted and admitted again counts twice)
         self.last_update_step: int | None = None
         self._n = 0
+        self._version = 0  # bumped whenever an array is replaced (see the module docstring)
+        self._shared = -1  # row of SHARED_KEY once known (unadmitted="shared"); rows move on evict
+        self._slot_init = [np.array(b.optimizer.slot_initial_values(), dtype=np.float64) for b in self.blocks]
         self._scratch_bufs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._alloc_index(self._clamp_capacity(capacity))
         # rows for the initial index, but a huge `capacity` does not commit memory up front
@@ -163,36 +172,44 @@ class EmbeddingTable:
         self._idx = K.new_index(capacity)
         # keep one slot free at least, so probing always terminates
         self._max_fill = min(capacity - 1, int(capacity * self.max_load))
+        self._version += 1
 
     def _alloc_rows(self, row_cap: int) -> None:
-        self._keys = np.zeros(row_cap, dtype=np.int64)
-        self._meta = np.zeros((row_cap, 2), dtype=np.int32)  # (count, last_seen)
-        self._data = [np.zeros((row_cap, b.width), dtype=self.dtype) for b in self.blocks]
-        self._steps = [np.zeros(row_cap, dtype=np.int32) if b.optimizer.needs_step else None
+        # row arrays may be longer than the capacity (address space reserved for growth)
+        self._keys = row_array(row_cap, (), np.int64, reserve=True)
+        self._meta = row_array(row_cap, (2,), np.int32, reserve=True)  # (count, last_seen)
+        self._data = [row_array(row_cap, (b.width,), self.dtype, reserve=True) for b in self.blocks]
+        self._steps = [row_array(row_cap, (), np.int32, reserve=True) if b.optimizer.needs_step else None
                        for b in self.blocks]
+        self._row_cap = row_cap
+        self._version += 1
 
     def _row_arrays(self) -> list[np.ndarray]:
         arrays = [self._keys, self._meta, *self._data]
         return arrays + [s for s in self._steps if s is not None]
 
-    @property
-    def _row_cap(self) -> int:
-        return self._keys.shape[0]
-
     def _resize_rows(self, row_cap: int) -> None:
-        """New row buffers of ``row_cap`` rows holding the live rows (the rest is uninitialized:
-        every field of a row is written when the row is inserted)."""
+        """Row capacity ``row_cap`` holding the live rows: in place where an array's reservation
+        allows (growing), else a new array and a copy of the live rows. Rows past the live ones
+        are uninitialized: every field of a row is written when the row is inserted."""
         n = min(self._n, row_cap)
+        moved_any = False
 
-        def moved(a: np.ndarray) -> np.ndarray:
-            b = np.empty((row_cap,) + a.shape[1:], dtype=a.dtype)
+        def resized(a: np.ndarray) -> np.ndarray:
+            nonlocal moved_any
+            if row_cap >= self._row_cap and grow_in_place(a, self._row_cap, row_cap):
+                return a
+            b = row_array(row_cap, a.shape[1:], a.dtype, reserve=row_cap >= self._row_cap)
             b[:n] = a[:n]
+            moved_any = True
             return b
 
-        self._keys = moved(self._keys)
-        self._meta = moved(self._meta)
-        self._data = [moved(d) for d in self._data]
-        self._steps = [None if s is None else moved(s) for s in self._steps]
+        self._keys = resized(self._keys)
+        self._meta = resized(self._meta)
+        self._data = [resized(d) for d in self._data]
+        self._steps = [None if s is None else resized(s) for s in self._steps]
+        self._row_cap = row_cap
+        self._version += moved_any
 
     def _rehash(self, capacity: int) -> None:
         old = self._idx
@@ -212,17 +229,16 @@ class EmbeddingTable:
         """Values from the initializers and slots from the optimizers for rows [start, stop)."""
         if stop <= start:
             return
-        keys = self._keys[start:stop]
         for b, spec in enumerate(self.blocks):
-            data, dim = self._data[b], spec.dim
-            if spec.init.kind == "zeros":
-                data[start:stop, :dim] = 0
-            else:
-                init_rows(data[start:stop, :dim], keys, self._bases[b], spec.init.code, spec.init.scale)
-            for s, v in enumerate(spec.optimizer.slot_initial_values()):
-                data[start:stop, dim * (s + 1):dim * (s + 2)] = v
-            if self._steps[b] is not None:
-                self._steps[b][start:stop] = 0
+            args = (self._data[b], spec.dim, self._steps_or_empty(b), self._keys)
+            init = (self._bases[b], spec.init.code, spec.init.scale, self._slot_init[b])
+            # the rows in parts on numba's thread count (a normal row costs ~0.1-0.3 µs)
+            _threads.run(lambda lo, hi: init_new_rows(*args, start + lo, start + hi, *init), stop - start,
+                         _MIN_PARALLEL_ROWS)
+
+    def _steps_or_empty(self, b: int) -> np.ndarray:
+        steps = self._steps[b]
+        return _NO_STEPS if steps is None else steps
 
     def _block(self, name: str) -> int:
         try:
@@ -243,27 +259,39 @@ class EmbeddingTable:
         not-yet-admitted keys get the field's shared row instead (key ``SHARED_KEY``: a row like
         any other, trained by their gradients, checkpointed and resharded with the field).
         """
+        shared = self.shared_row(step if insert else None)
         rows = self._lookup(keys, insert=insert, step=step)
         if self.unadmitted == "shared":
             flat = rows.reshape(-1)
-            known = flat >= 0
-            outside = ~known
-            outside[known] = self._meta[flat[known], K.COUNT] < self.min_count
-            if outside.any() or insert:
-                flat[outside] = self._shared_row(step if insert else None)
+            if K.admit_rows(flat, np.empty(flat.shape[0], dtype=np.bool_), self._meta, self.min_count, shared):
+                # evaluation before the shared row exists: it is made now (as training would)
+                K.admit_rows(flat, np.empty(flat.shape[0], dtype=np.bool_), self._meta, self.min_count,
+                             self._make_shared_row(None))
         return rows
 
-    def _shared_row(self, step: int | None) -> int:
-        """Row of the shared out-of-vocabulary key (inserted, admitted, on first use); a training
-        lookup refreshes its ``last_seen`` so that eviction keeps it."""
-        row = np.empty(1, dtype=np.int64)
-        K.lookup_only(self._idx, np.array([SHARED_KEY], dtype=np.int64), row)
-        if row[0] < 0:
-            row = self._lookup(np.array([SHARED_KEY], dtype=np.int64), insert=True, step=step or 0)
-        self._meta[row[0], K.COUNT] = max(self.min_count, self._meta[row[0], K.COUNT], 1)
+    def shared_row(self, step: int | None) -> int:
+        """Row of the shared out-of-vocabulary key (``unadmitted="shared"``; else -1). A training
+        lookup (``step`` given) inserts it on first use and refreshes its ``last_seen`` so that
+        eviction keeps it; an evaluation lookup only finds it (-1 while it does not exist)."""
+        if self.unadmitted != "shared":
+            return -1
+        if self._shared < 0:
+            row = np.empty(1, dtype=np.int64)
+            K.lookup_only(self._idx, np.array([SHARED_KEY], dtype=np.int64), row)
+            self._shared = int(row[0])
+        if step is None:
+            return self._shared
+        return self._make_shared_row(step)
+
+    def _make_shared_row(self, step: int | None) -> int:
+        """The shared row, inserted (and admitted) if missing; ``last_seen = step`` if given."""
+        if self._shared < 0:
+            self._shared = int(self._lookup(np.array([SHARED_KEY], dtype=np.int64), insert=True, step=step or 0)[0])
+        row = self._shared
+        self._meta[row, K.COUNT] = max(self.min_count, self._meta[row, K.COUNT], 1)
         if step is not None:
-            self._meta[row[0], K.LAST] = step
-        return int(row[0])
+            self._meta[row, K.LAST] = step
+        return row
 
     def _lookup(self, keys: np.ndarray, *, insert: bool, step: int = 0) -> np.ndarray:
         keys = _as_keys(keys)
@@ -287,8 +315,12 @@ class EmbeddingTable:
                     self._init_rows(n0, self._n)
                     self._raise_sentinel(flat)
             self._init_rows(n0, self._n)
-        elif K.lookup_only(self._idx, flat, out) >= 0:
-            self._raise_sentinel(flat)
+        else:  # read-only: ranges of keys on numba's thread count
+            bad: list[int] = []
+            _threads.run(lambda lo, hi: bad.append(K.lookup_only(self._idx, flat[lo:hi], out[lo:hi])),
+                         flat.shape[0], _MIN_PARALLEL_KEYS)
+            if max(bad) >= 0:
+                self._raise_sentinel(flat)
         return out.reshape(keys.shape)
 
     @staticmethod
@@ -378,6 +410,7 @@ class EmbeddingTable:
             for a in self._row_arrays():
                 a[dst] = a[src]
         self._n = n_live
+        self._shared = -1  # rows moved (or the shared key expired)
         self.evicted_count += n_dead
         self._maybe_shrink()
         return n_dead
@@ -443,8 +476,10 @@ class EmbeddingTable:
     def memory(self) -> dict[str, Any]:
         """Allocated bytes by part, rows, capacity, load factor and the raw payload for comparison."""
         index = self._idx.nbytes
-        values = sum(d.nbytes for d in self._data) + sum(s.nbytes for s in self._steps if s is not None)
-        meta = self._keys.nbytes + self._meta.nbytes
+        cap = self._row_cap  # the arrays may reserve more address space; only capacity is memory
+        values = cap * (sum(d.itemsize * d.shape[1] for d in self._data)
+                        + sum(s.itemsize for s in self._steps if s is not None))
+        meta = cap * (self._keys.itemsize + self._meta.itemsize * self._meta.shape[1])
         total = index + values + meta
         payload = self._n * self.payload_bytes_per_row()
         return {"bytes": total, "index_bytes": index, "values_bytes": values,
@@ -539,3 +574,4 @@ class EmbeddingTable:
         if bad >= 0:
             raise ValueError(f"key {self._keys[bad]} (row {bad}) is duplicated or the sentinel")
         self._n = n
+        self._shared = -1

@@ -1,7 +1,8 @@
 """The pieces strategies are assembled from (composition, not inheritance):
 
-* :class:`FieldShard` -- one rank's tables (its fields), lookup + gather + pooling of a batch,
-  serving rows by key, and the sparse optimizers on the touched rows;
+* :class:`FieldShard` -- one rank's tables (its fields): lookup, then gather + pooling of a batch
+  (fused kernels over all its fields), serving rows by key, and the sparse optimizers on the
+  touched rows;
 * :class:`RowLayout` -- all value blocks of a row side by side (``[u, Σ dim]``), for strategies that
   move rows: pooling fetched rows per sample and summing row gradients per unique id;
 * :class:`DenseParams` -- the field slices of substituted weights (a rank's own fields, or all of
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from des.hashtable import BlockSpec, DenseOptimizerState, EmbeddingTable, Initializer
+from des.hashtable.fused import ShardTables, Touched
 from des.models.base import EmbeddingBlock, Model
 from des.options import Optimizers, TableOptions
 from des.pooling import pool, unpool
@@ -25,7 +27,14 @@ from des.substitutions.base import draw_param
 
 
 class FieldShard:
-    """The hash tables of the fields one rank owns, one value block per model block."""
+    """The hash tables of the fields one rank owns, one value block per model block.
+
+    A DES step drives all the fields at once through fused kernels (``des/hashtable/fused.py``):
+    :meth:`lookup` (key -> row of every field, inserts, admission counts), :meth:`gather_pooled`
+    (one call per block: values gathered and pooled into ``[B, F_i, dim]``) and
+    :meth:`apply_pooled_gradients` (one call per block: un-pooling, duplicate sums, the sparse
+    optimizer). The tables stay one per field (``tables``), checkpointed and re-sharded by field.
+    """
 
     def __init__(self, fields: Sequence[int], blocks: Sequence[EmbeddingBlock], optimizers: Optimizers, *,
                  seed: int, dtype: np.dtype, tables: TableOptions | None = None) -> None:
@@ -43,47 +52,47 @@ class FieldShard:
                               min_count=tables.min_count, unadmitted=tables.unadmitted)
             for f in self.fields
         }
+        # reads self.tables at every call: a checkpoint load replaces tables in that dict
+        self._fused = ShardTables(self.tables, self.fields, [b.name for b in self.blocks])
 
     # -- the owner's side of a batch (DES: every rank pools its own fields of the whole batch) --------------
-    def pooled(self, batch: Any, *, train: bool, step: int) -> tuple[list[np.ndarray], list[tuple]]:
-        """Per block, the pooled embeddings ``[B, F_i, dim]`` of this shard's fields, and what
+    def lookup(self, batch: Any, *, train: bool, step: int) -> Touched:
+        """Rows of this shard's ids in ``batch`` (all fields, one kernel call): with ``train``,
+        missing keys are inserted with their initial values, counts and ``last_seen`` updated and
+        admission decided; else read-only (unknown ids: row -1). Reads no embedding value.
+
+        Thread safety: the kernels release the GIL, so the lookup of step t+1 may run on another
+        thread while TensorFlow computes step t, and while :meth:`gather_pooled` of step t has
+        returned. It must NOT run concurrently with :meth:`apply_pooled_gradients` (or
+        :meth:`gather_pooled`, or anything else) on this shard: a table may grow, rehash or move
+        its arrays during a lookup. Between a lookup and the gather/update of its result no
+        eviction or checkpoint load may happen (rows would move). The kernels use the calling
+        thread's numba thread count (``numba.set_num_threads``); the results do not depend on it.
+        """
+        return self._fused.lookup([batch.fields[f] for f in self.fields], train=train, step=step)
+
+    def gather_pooled(self, batch: Any, touched: Touched) -> list[np.ndarray]:
+        """Per block, the pooled embeddings ``[B, F_i, dim]`` of the ids ``touched`` (from
+        :meth:`lookup` of this ``batch``), with the values as they are now: run it after the
+        previous step's :meth:`apply_pooled_gradients`."""
+        if len(batch.labels) != touched.size:
+            raise ValueError(f"gather_pooled: batch of {len(batch.labels)} rows, lookup of {touched.size}")
+        pooled = [np.empty((touched.size, len(self.fields), b.dim), dtype=self.dtype) for b in self.blocks]
+        for k, out in enumerate(pooled):
+            self._fused.gather_pooled(touched, k, out)
+        return pooled
+
+    def pooled(self, batch: Any, *, train: bool, step: int) -> tuple[list[np.ndarray], Touched]:
+        """:meth:`lookup` then :meth:`gather_pooled`: the pooled embeddings per block and what
         :meth:`apply_pooled_gradients` needs to route gradients back to the rows."""
         touched = self.lookup(batch, train=train, step=step)
         return self.gather_pooled(batch, touched), touched
 
-    def lookup(self, batch: Any, *, train: bool, step: int) -> list[tuple]:
-        """Key -> row of every field (training: insert-on-miss, admission counts). Reads no values,
-        so it may run while TF computes the previous step, but not while its update runs (a
-        table may grow)."""
-        touched = []
-        for field in self.fields:
-            ids = batch.fields[field]
-            table = self.tables[field]
-            rows = table.lookup(ids.keys, insert=train, step=step)
-            if train and table.min_count > 1 and table.unadmitted != "shared":
-                # Admission as of this lookup: the next batch's lookup (pipelined) may admit an id
-                # before this step's update runs; row -1 reads like an unadmitted row and is skipped.
-                rows = np.where(table.metadata(rows)["admitted"], rows, -1)
-            touched.append((table, rows, ids.offsets, ids.weights))
-        return touched
-
-    def gather_pooled(self, batch: Any, touched: list[tuple]) -> list[np.ndarray]:
-        """Per block, the pooled values ``[B, F_i, dim]`` of the rows :meth:`lookup` found."""
-        size = len(batch.labels)
-        pooled = [np.zeros((size, len(self.fields), b.dim), dtype=self.dtype) for b in self.blocks]
-        for j, (field, (table, rows, offsets, weights)) in enumerate(zip(self.fields, touched)):
-            for k, block in enumerate(self.blocks):
-                pool(table.gather(block.name, batch.fields[field].keys, rows), offsets, weights, pooled[k][:, j, :])
-        return pooled
-
-    def apply_pooled_gradients(self, pooled_grads: Sequence[np.ndarray], touched: list[tuple], step: int) -> None:
-        """Un-pool ``[B, F_i, dim]`` gradients to the ids and run the sparse optimizers (the table
-        sums the gradients of an id that occurs several times)."""
-        for k, block in enumerate(self.blocks):
-            grads = np.asarray(pooled_grads[k])
-            for j, (table, rows, offsets, weights) in enumerate(touched):
-                table.apply_gradients(block.name, rows, unpool(grads[:, j, :], offsets, weights), step,
-                                      self.rates.sparse)
+    def apply_pooled_gradients(self, pooled_grads: Sequence[np.ndarray], touched: Touched, step: int) -> None:
+        """Un-pool ``[B, F_i, dim]`` gradients to the ids and run the sparse optimizers (the
+        gradients of an id that occurs several times are summed first), one call per block."""
+        for k, grads in enumerate(pooled_grads):
+            self._fused.apply_pooled(touched, k, np.asarray(grads), step, self.rates.sparse)
 
     # -- serving rows by key (strategies that move rows) -------------------------------------------------
     def rows(self, field: int, keys: np.ndarray, *, insert: bool, step: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,421 @@
+"""All the tables of one rank's fields driven together: one kernel call per step for the key->row
+lookup of every field, and one per value block for the initialization of new rows, for the gather
+and pooling into ``[B, F, dim]``, and for un-pooling + duplicate sums + the sparse optimizer.
+
+Each field keeps its own :class:`~des.hashtable.table.EmbeddingTable` (checkpointed and re-sharded
+by field, grown and evicted on its own); :class:`ShardTables` holds the addresses of the tables'
+arrays in one ``int64`` table (``_views.py``), pins those arrays, and refreshes a field's row when
+its table replaced an array (``EmbeddingTable._version``) or was itself replaced (a checkpoint load
+puts new tables into the shard's dict). The kernels release the GIL and run ranges of fields on
+numba's thread count of the calling thread (``_threads.py``: ``NUMBA_NUM_THREADS`` /
+``numba.set_num_threads``); each field writes only its own rows and its own column of the output,
+so the result does not depend on the thread count.
+
+The per-field work is the same inlined code as one table's methods (``_index.py``, ``init.py``,
+``_pooling.py``, ``optimizers.py``), in the same order, so the results are bit-identical to
+calling ``lookup``/``gather``/``pool``/``unpool``/``apply_gradients`` field by field. One
+difference by design: admission is decided at lookup (``Touched.admitted``: count >= min_count once
+the whole batch is counted) and the later gather and update use that decision instead of reading
+the counts again, so a lookup of the next batch in between (a pipelined step) cannot admit a key
+retroactively.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from . import _index as K
+from . import _threads
+from ._pooling import one_hot, pool_or_unpool
+from ._prefetch import prefetch2
+from ._views import view1, view2
+from .init import init_block_rows
+from .optimizers import update_rows
+from .table import EmbeddingTable, _as_keys, _check_step
+
+# columns of the address table: index, row keys, meta, then per block its values+slots and steps
+_IDX, _KEYS, _META, _BLOCKS = 0, 1, 2, 3
+PENDING = -1  # a field's lookup status before (and, after growth, again until) it completes
+_MAX_SLOTS = 2  # optimizer slots per value column at most (Adam: m, v; FTRL: z, n)
+_MIN_PARALLEL = 20_000  # ids of work below which one thread does it all (a thread hand-off costs ~50 µs)
+
+
+@dataclass
+class Touched:
+    """What :meth:`ShardTables.lookup` found for a batch, fields in shard order: all a later
+    :meth:`ShardTables.gather_pooled` and :meth:`ShardTables.apply_pooled` need."""
+
+    keys: np.ndarray  # int64 [nnz]: every field's ids, field after field
+    key_offsets: np.ndarray  # int64 [F + 1]: field j's ids are keys[key_offsets[j]:key_offsets[j + 1]]
+    offsets: np.ndarray  # int64 [F, B + 1]: per field, CSR row pointers into its ids
+    weights: np.ndarray  # float64 [nnz]: the ids' weights where ``weighted`` (empty if no field is)
+    weighted: np.ndarray  # bool [F]: the field has weights
+    rows: np.ndarray  # int64 [nnz]: table rows (-1: unknown at evaluation)
+    admitted: np.ndarray  # bool [nnz]: the row is trained (see the module docstring)
+    train: bool
+    step: int
+
+    @property
+    def size(self) -> int:
+        """Samples in the batch."""
+        return int(self.offsets.shape[1] - 1)
+
+
+def _pack(ids: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Concatenate per-field CSR ids (objects with ``keys``, ``offsets``, ``weights``)."""
+    sizes = [int(f.keys.shape[0]) for f in ids]
+    key_offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=key_offsets[1:])
+    keys = np.concatenate([_as_keys(f.keys) for f in ids]) if ids else np.zeros(0, np.int64)
+    batch = {int(f.offsets.shape[0]) for f in ids}
+    if len(batch) > 1:
+        raise ValueError(f"fields disagree on the batch size: offsets of lengths {sorted(batch)}")
+    offsets = (np.stack([np.asarray(f.offsets, dtype=np.int64) for f in ids]) if ids
+               else np.zeros((0, 1), np.int64))
+    bad = _bad_offsets(offsets, key_offsets)
+    if bad >= 0:  # the kernels index with them unchecked
+        raise ValueError(f"field at position {bad}: offsets are not CSR row pointers into its {sizes[bad]} ids")
+    weighted = np.array([f.weights is not None for f in ids], dtype=np.bool_)
+    weights = np.ones(keys.shape[0] if weighted.any() else 0, dtype=np.float64)  # read only where weighted
+    for j, f in enumerate(ids):
+        if f.weights is not None:
+            weights[key_offsets[j]:key_offsets[j + 1]] = f.weights
+    return keys, key_offsets, offsets, weights, weighted
+
+
+class ShardTables:
+    """The tables of ``fields`` (looked up in the live mapping ``tables`` at every call), with
+    value blocks ``blocks`` (the same names and dims in every table), driven by fused kernels.
+
+    Not thread-safe: one call at a time per shard (see ``FieldShard`` for the pipelining contract).
+    """
+
+    def __init__(self, tables: Mapping[int, EmbeddingTable], fields: Sequence[int], blocks: Sequence[str]) -> None:
+        self.tables = tables
+        self.fields = [int(f) for f in fields]
+        self.blocks = list(blocks)
+        n, cols = len(self.fields), _BLOCKS + 2 * len(self.blocks)
+        self._addr = np.zeros((n, cols), dtype=np.int64)  # array addresses
+        self._len = np.zeros((n, cols), dtype=np.int64)  # their first dimension (the views' rows)
+        self._width = np.zeros((n, cols), dtype=np.int64)  # their second dimension (1 for vectors)
+        self._seen: list[tuple[EmbeddingTable, int] | None] = [None] * n  # (table, _version) held
+        self._pinned: list[list[np.ndarray]] = [[] for _ in range(n)]
+        # per block and field, what the kernels need of the specs (refreshed with the addresses)
+        nb = len(self.blocks)
+        self._dims = np.zeros((nb, n), dtype=np.int64)
+        self._bases = np.zeros((nb, n), dtype=np.uint64)
+        self._kinds = np.zeros((nb, n), dtype=np.int64)
+        self._scales = np.zeros((nb, n), dtype=np.float64)
+        self._slot_init = np.zeros((nb, n, _MAX_SLOTS), dtype=np.float64)
+        self._n_slots = np.zeros((nb, n), dtype=np.int64)
+        self._zero = np.zeros(n, dtype=np.bool_)  # unadmitted="zero"
+        self._min_count = np.zeros(n, dtype=np.int64)
+
+    # ---------------------------------------------------------------- addresses
+
+    def _sync(self) -> list[EmbeddingTable]:
+        """The current tables, with the address table up to date."""
+        tables = [self.tables[f] for f in self.fields]
+        for j, t in enumerate(tables):
+            seen = self._seen[j]
+            if seen is None or seen[0] is not t or seen[1] != t._version:
+                self._refresh(j, t)
+        return tables
+
+    def _refresh(self, j: int, t: EmbeddingTable) -> None:
+        names = [b.name for b in t.blocks]
+        if names != self.blocks:
+            raise ValueError(f"table of field {t.field} has blocks {names}, the shard expects {self.blocks}")
+        arrays = [t._idx, t._keys, t._meta]
+        for b in range(len(self.blocks)):
+            arrays += [t._data[b], t._steps_or_empty(b)]
+        for c, a in enumerate(arrays):
+            if not a.flags.c_contiguous:
+                raise ValueError(f"table of field {t.field}: array {c} is not C-contiguous")
+            self._addr[j, c] = a.ctypes.data
+            self._len[j, c] = a.shape[0]
+            self._width[j, c] = a.shape[1] if a.ndim == 2 else 1
+        self._pinned[j] = arrays  # keeps the memory behind the addresses alive
+        for b, spec in enumerate(t.blocks):
+            k = spec.optimizer.num_slots
+            self._dims[b, j], self._bases[b, j], self._n_slots[b, j] = spec.dim, t._bases[b], k
+            self._kinds[b, j], self._scales[b, j] = spec.init.code, spec.init.scale
+            self._slot_init[b, j, :k] = t._slot_init[b]
+        self._zero[j], self._min_count[j] = t.unadmitted == "zero", t.min_count
+        self._seen[j] = (t, t._version)
+
+    # ---------------------------------------------------------------- lookup
+
+    def lookup(self, ids: Sequence[Any], *, train: bool, step: int) -> Touched:
+        """Rows of every field's ids (``ids[j]``: field ``fields[j]``'s CSR ids, objects with
+        ``keys``, ``offsets`` and ``weights``). ``train``: missing keys are inserted (initialized
+        here, one kernel call per block), counts and ``last_seen`` updated, admissions counted,
+        as :meth:`EmbeddingTable.lookup` does; else read-only. Never reads embedding values."""
+        if len(ids) != len(self.fields):
+            raise ValueError(f"{len(ids)} fields of ids for a shard of {len(self.fields)} fields")
+        keys, key_offsets, offsets, weights, weighted = _pack(ids)
+        step = _check_step(step) if train else int(step)
+        # a training lookup inserts a missing shared row first (a table call: before the addresses)
+        shared = np.array([self.tables[f].shared_row(step if train else None) for f in self.fields], dtype=np.int64)
+        tables = self._sync()
+        n = len(tables)
+        rows = np.empty(keys.shape[0], dtype=np.int64)
+        admitted = np.empty(keys.shape[0], dtype=np.bool_)
+        n0 = np.array([t._n for t in tables], dtype=np.int64)
+        n_rows = n0.copy()
+        status = np.full(n, PENDING, dtype=np.int64)
+        pos = np.zeros(n, dtype=np.int64)
+        admissions = np.zeros(n, dtype=np.int64)
+        outside = np.zeros(n, dtype=np.bool_)
+        while True:
+            max_rows = np.array([min(t._row_cap, t._max_fill) for t in tables], dtype=np.int64)
+            work = np.where(status == PENDING, np.diff(key_offsets) - pos, 0)
+            _threads.run(lambda j0, j1: _lookup_fields(
+                j0, j1, self._addr, self._len, keys, key_offsets, rows, admitted, pos, n_rows, max_rows,
+                self._min_count, shared, step, train, status, admissions, outside), work, _MIN_PARALLEL)
+            for j, t in enumerate(tables):
+                t._n = int(n_rows[j])
+            bad = np.flatnonzero(status == K.BAD_KEY)
+            if bad.size:
+                j = int(bad[0])
+                self._init_new_rows(tables, n0)
+                EmbeddingTable._raise_sentinel(keys[key_offsets[j]:key_offsets[j + 1]])
+            grow = np.flatnonzero(status == K.NEED_GROWTH)
+            if not grow.size:
+                break
+            for j in grow:
+                tables[j]._grow()
+                status[j] = PENDING
+            tables = self._sync()
+        if train:
+            self._init_new_rows(tables, n0)
+            for j, t in enumerate(tables):
+                t.admitted_total += int(admissions[j])
+        for j in np.flatnonzero(outside & (shared < 0)):
+            t, lo, hi = tables[j], key_offsets[j], key_offsets[j + 1]
+            if t.unadmitted != "shared":
+                continue
+            # evaluation before the shared row exists: made now, as EmbeddingTable.lookup does
+            K.admit_rows(rows[lo:hi], admitted[lo:hi], t._meta, t.min_count, t._make_shared_row(None))
+        return Touched(keys, key_offsets, offsets, weights, weighted, rows, admitted, bool(train), step)
+
+    def _init_new_rows(self, tables: list[EmbeddingTable], n0: np.ndarray) -> None:
+        """Values and slots of the rows inserted since ``n0`` (per field), one call per block."""
+        n1 = np.array([t._n for t in tables], dtype=np.int64)
+        if not (n1 > n0).any():
+            return
+        tables = self._sync()  # a field may have grown
+        for b in range(len(self.blocks)):
+            args = (self._addr, self._len, self._width, _BLOCKS + 2 * b, n0, n1, self._dims[b], self._bases[b],
+                    self._kinds[b], self._scales[b], self._slot_init[b], self._n_slots[b],
+                    np.empty((0, 0), dtype=tables[0].dtype))
+            # a new row costs ~10x a looked-up id (the normal draws)
+            _threads.run(lambda j0, j1: _init_fields(j0, j1, *args), 10 * (n1 - n0), _MIN_PARALLEL)
+
+    # ---------------------------------------------------------------- gather + pool
+
+    def gather_pooled(self, touched: Touched, block: int, out: np.ndarray) -> None:
+        """Block ``block``'s values of the touched ids pooled per sample into ``out[B, F, dim]``
+        (C-contiguous, the tables' dtype): rows not admitted give their key's initial value or
+        zeros (``unadmitted``), as :meth:`EmbeddingTable.gather` + ``des.pooling.pool``."""
+        tables = self._sync()
+        if out.shape[:2] != (touched.size, len(tables)) or not out.flags.c_contiguous:
+            raise ValueError(f"gather_pooled: out must be C-contiguous [{touched.size}, {len(tables)}, dim]")
+        if (self._dims[block] != out.shape[2]).any() or any(t.dtype != out.dtype for t in tables):
+            raise ValueError(f"gather_pooled: out {out.dtype}{out.shape} does not fit block {self.blocks[block]!r}")
+        bad = np.full(len(tables), -1, dtype=np.int64)
+        args = (self._addr, self._len, self._width, _BLOCKS + 2 * block, out.shape[2], touched.keys, touched.rows,
+                touched.admitted, touched.key_offsets, touched.offsets, touched.weights, touched.weighted,
+                np.array([t._n for t in tables], dtype=np.int64), self._zero, self._bases[block], self._kinds[block],
+                self._scales[block], out, bad)
+        _threads.run(lambda j0, j1: _gather_pool_fields(j0, j1, *args), np.diff(touched.key_offsets), _MIN_PARALLEL)
+        self._check_rows(tables, touched, bad)
+
+    # ---------------------------------------------------------------- un-pool + optimizer
+
+    def apply_pooled(self, touched: Touched, block: int, grads: np.ndarray, step: int, lr_scale: float = 1.0) -> None:
+        """Block ``block``'s optimizer on the admitted touched rows, from pooled gradients
+        ``grads[B, F, dim]`` (the tables' dtype): un-pooled to the ids, summed per row in
+        occurrence order, as ``des.pooling.unpool`` + :meth:`EmbeddingTable.apply_gradients`."""
+        tables = self._sync()
+        if grads.shape[:2] != (touched.size, len(tables)):
+            raise ValueError(f"apply_pooled: grads {grads.shape}, expected [{touched.size}, {len(tables)}, dim]")
+        dtype = tables[0].dtype if tables else grads.dtype
+        grads = np.ascontiguousarray(grads, dtype=dtype)
+        n_rows = np.array([t._n for t in tables], dtype=np.int64)
+        bad = np.full(len(tables), -1, dtype=np.int64)
+        groups: dict[Any, list[int]] = {}  # fields with the same optimizer: one kernel call
+        if (self._dims[block] != grads.shape[2]).any():
+            raise ValueError(f"apply_pooled: grads {grads.shape} do not fit block {self.blocks[block]!r}")
+        for j, t in enumerate(tables):
+            groups.setdefault(t.blocks[block].optimizer, []).append(j)
+        for optimizer, members in groups.items():
+            code, hp, alphas, t_step, horizon = optimizer.kernel_args(dtype, lr_scale, int(step) + 1)
+            sel = np.array(members, dtype=np.int64)
+            args = (code, self._addr, self._len, self._width, _BLOCKS + 2 * block, grads.shape[2], touched.rows,
+                    touched.admitted, touched.key_offsets, touched.offsets, touched.weights, touched.weighted, grads,
+                    sel, n_rows, hp, alphas, t_step, horizon, bad)
+            # an updated row costs ~4x a gathered id (optimizer state, Adam's catch-up)
+            _threads.run(lambda q0, q1: _update_fields(q0, q1, *args), 4 * np.diff(touched.key_offsets)[sel],
+                         _MIN_PARALLEL)
+        self._check_rows(tables, touched, bad)
+        for t in tables:
+            t.last_update_step = int(step)
+
+    def _check_rows(self, tables: list[EmbeddingTable], touched: Touched, bad: np.ndarray) -> None:
+        for j in np.flatnonzero(bad >= 0):
+            i = touched.key_offsets[j] + bad[j]
+            raise ValueError(f"row {touched.rows[i]} at position {bad[j]} of field {tables[j].field} is not a row "
+                             f"of its table ({tables[j]._n} rows): a table changed (evict, load) since the lookup")
+
+
+# -------------------------------------------------------------------- kernels
+
+
+@njit(cache=True, nogil=True)
+def _bad_offsets(offsets, key_offsets) -> int:
+    """First field whose offsets do not run from 0 to its id count without decreasing, or -1."""
+    for j in range(offsets.shape[0]):
+        if offsets[j, 0] != 0 or offsets[j, offsets.shape[1] - 1] != key_offsets[j + 1] - key_offsets[j]:
+            return j
+        for b in range(offsets.shape[1] - 1):
+            if offsets[j, b + 1] < offsets[j, b]:
+                return j
+    return -1
+
+
+# Each kernel runs the fields [j0, j1); ``_threads.run`` gives each thread one such range.
+
+
+@njit(cache=True, nogil=True)
+def _lookup_fields(j0, j1, addr, lens, keys, key_offsets, rows, admitted, pos, n_rows, max_rows, min_count, shared,
+                   step, insert, status, admissions, outside):
+    for j in range(j0, j1):
+        if status[j] == PENDING:
+            _lookup_field(addr, lens, j, keys, key_offsets, rows, admitted, pos, n_rows, max_rows, min_count, shared,
+                          step, insert, status, admissions, outside)
+
+
+@njit(nogil=True)
+def _lookup_field(addr, lens, j, keys, key_offsets, rows, admitted, pos, n_rows, max_rows, min_count, shared, step,
+                  insert, status, admissions, outside):
+    """Field j: insert or find its keys from ``pos[j]`` on (``insert_keys``/``find_keys``), then,
+    once complete, the admission of every occurrence (``admit``)."""
+    lo, hi = key_offsets[j], key_offsets[j + 1]
+    idx = view2(addr[j, _IDX], lens[j, _IDX], 3, np.int32)
+    meta = view2(addr[j, _META], lens[j, _META], 2, np.int32)
+    field_keys, field_rows = keys[lo:hi], rows[lo:hi]
+    if insert:
+        if pos[j] == 0:  # no partial update of a field with a bad key
+            bad = K.first_sentinel(field_keys)
+            if bad >= 0:
+                pos[j], status[j] = bad, K.BAD_KEY
+                return
+        row_keys = view1(addr[j, _KEYS], lens[j, _KEYS], np.int64)
+        p, n, st, a = K.insert_keys(idx, field_keys, field_rows, pos[j], n_rows[j], max_rows[j], row_keys, meta,
+                                    step, min_count[j])
+        pos[j], n_rows[j] = p, n
+        admissions[j] += a
+        if st != K.OK:
+            status[j] = st
+            return
+    else:
+        bad = K.find_keys(idx, field_keys, field_rows)
+        if bad >= 0:
+            pos[j], status[j] = bad, K.BAD_KEY
+            return
+    status[j] = K.OK
+    outside[j] = K.admit(field_rows, admitted[lo:hi], meta, min_count[j], shared[j])
+
+
+@njit(cache=True, nogil=True)
+def _init_fields(j0, j1, addr, lens, widths, col, n0, n1, dims, bases, kinds, scales, slots, n_slots, like):
+    """Per field, ``init_block_rows`` of its new rows ``[n0, n1)`` in the block at column ``col``."""
+    for j in range(j0, j1):
+        if n1[j] > n0[j]:
+            _init_field(addr, lens, widths, col, j, n0[j], n1[j], dims[j], bases[j], kinds[j], scales[j],
+                        slots[j, :n_slots[j]], like)
+
+
+@njit(nogil=True)
+def _init_field(addr, lens, widths, col, j, start, stop, dim, base, kind, scale, slot_init, like):
+    data = view2(addr[j, col], lens[j, col], widths[j, col], like)
+    steps = view1(addr[j, col + 1], lens[j, col + 1], np.int32)
+    row_keys = view1(addr[j, _KEYS], lens[j, _KEYS], np.int64)
+    init_block_rows(data, dim, steps, row_keys, start, stop, base, kind, scale, slot_init)
+
+
+@njit(cache=True, nogil=True)
+def _gather_pool_fields(j0, j1, addr, lens, widths, col, dim, keys, rows, admitted, key_offsets, offsets, weights,
+                        weighted, n_rows, zero, bases, kinds, scales, out, bad):
+    for j in range(j0, j1):
+        _gather_pool_field(addr, lens, widths, col, dim, j, keys, rows, admitted, key_offsets, offsets, weights,
+                           weighted, n_rows, zero, bases, kinds, scales, out, bad)
+
+
+@njit(nogil=True)
+def _gather_pool_field(addr, lens, widths, col, dim, j, keys, rows, admitted, key_offsets, offsets, weights,
+                       weighted, n_rows, zero, bases, kinds, scales, out, bad):
+    """Field j: ``gather_row`` of each id (``stored`` = present and admitted or not read as zero),
+    straight into ``out[:, j]`` for a one-hot field, else into a scratch pooled into it."""
+    lo, hi = key_offsets[j], key_offsets[j + 1]
+    data = view2(addr[j, col], lens[j, col], widths[j, col], out)
+    dst = out[:, j, :]
+    copy = one_hot(offsets[j], weighted[j])
+    values = dst if copy else np.empty((hi - lo, dim), dtype=out.dtype)
+    n = hi - lo
+    for i in range(n):
+        if i + K.PF < n:
+            rp = rows[lo + i + K.PF]
+            if rp >= 0 and rp < n_rows[j]:
+                prefetch2(data, rp, 0)
+        r = rows[lo + i]
+        if r >= n_rows[j] or r < -1:
+            bad[j] = i
+            return
+        stored = r >= 0 and (admitted[lo + i] or not zero[j])
+        K.gather_row(data, dim, r, stored, zero[j], keys[lo + i], bases[j], kinds[j], scales[j], values, i)
+    if not copy:
+        for b in range(dst.shape[0]):
+            for c in range(dim):
+                dst[b, c] = 0
+        pool_or_unpool(values, offsets[j], weights[lo:hi], weighted[j], dst, False)
+
+
+@njit(cache=True, nogil=True)
+def _update_fields(q0, q1, code, addr, lens, widths, col, dim, rows, admitted, key_offsets, offsets, weights,
+                   weighted, grads, members, n_rows, hp, alphas, t, horizon, bad):
+    for q in range(q0, q1):
+        _update_field(code, addr, lens, widths, col, dim, members[q], rows, admitted, key_offsets, offsets, weights,
+                      weighted, grads, n_rows, hp, alphas, t, horizon, bad)
+
+
+@njit(nogil=True)
+def _update_field(code, addr, lens, widths, col, dim, j, rows, admitted, key_offsets, offsets, weights, weighted,
+                  grads, n_rows, hp, alphas, t, horizon, bad):
+    """Field j: per-id gradients (``grads[:, j]`` itself for a one-hot field, else un-pooled),
+    summed per admitted row (``dedup_rows``), then optimizer ``code`` (``update_rows``)."""
+    lo, hi = key_offsets[j], key_offsets[j + 1]
+    data = view2(addr[j, col], lens[j, col], widths[j, col], grads)
+    steps = view1(addr[j, col + 1], lens[j, col + 1], np.int32)
+    uniq = np.empty(hi - lo, dtype=np.int64)
+    acc = np.empty((hi - lo, dim), dtype=grads.dtype)
+    pooled = grads[:, j, :]
+    per_id = np.empty((hi - lo, dim), dtype=grads.dtype)
+    if one_hot(offsets[j], weighted[j]):  # explicit loops: numba's slice assignment compiles for seconds
+        for i in range(hi - lo):
+            for c in range(dim):
+                per_id[i, c] = pooled[i, c]
+    else:
+        pool_or_unpool(pooled, offsets[j], weights[lo:hi], weighted[j], per_id, True)
+    u, b = K.dedup_rows(rows[lo:hi], per_id, admitted[lo:hi], True, n_rows[j], uniq, acc)
+    if b >= 0:
+        bad[j] = b
+        return
+    update_rows(code, data[:, :dim], data[:, dim:2 * dim], data[:, 2 * dim:3 * dim], steps, uniq[:u], acc[:u], hp,
+                alphas, t, horizon)

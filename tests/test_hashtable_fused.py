@@ -1,0 +1,240 @@
+"""The fused shard kernels (des/hashtable/fused.py, FieldShard) against the per-table path they
+replace (EmbeddingTable.lookup/gather + des.pooling.pool, unpool + EmbeddingTable.apply_gradients,
+field by field): bit-identical pooled values and table states; plus growth inside a lookup, the
+pipelined order (lookup of the next batch before this batch's update), thread counts, errors, a
+table replaced by a checkpoint load, and the reserved row storage (des/hashtable/_memory.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from des.hashtable import FTRL, SGD, AdaGrad, Adam, BlockSpec, EmbeddingTable, Initializer
+from des.hashtable import _threads
+from des.hashtable._memory import RESERVE, grow_in_place, row_array
+from des.hashtable.fused import ShardTables
+from des.pooling import pool, unpool
+
+
+@dataclass
+class Ids:
+    offsets: np.ndarray
+    keys: np.ndarray
+    weights: np.ndarray | None
+
+
+def make_tables(fields, dtype, *, optimizer, min_count=1, unadmitted="init", capacity=64):
+    blocks = [BlockSpec("linear", 1, FTRL(0.05, l1=0.01), Initializer("zeros")),
+              BlockSpec("embedding", 4, optimizer, Initializer("normal", 0.1)),
+              BlockSpec("extra", 3, AdaGrad(0.1), Initializer("truncated_normal", 0.5))]
+    return {f: EmbeddingTable(f, blocks, seed=11, dtype=dtype, capacity=capacity, min_count=min_count,
+                              unadmitted=unadmitted) for f in fields}
+
+
+def make_ids(rng, fields, size, vocab, step):
+    """Field 0 one-hot, field 1 multi-hot (0-3 ids), field 2 weighted multi-hot, others one-hot."""
+    out = []
+    for j, f in enumerate(fields):
+        counts = np.ones(size, np.int64) if j % 3 == 0 else rng.integers(0, 4, size)
+        offsets = np.zeros(size + 1, np.int64)
+        offsets[1:] = np.cumsum(counts)
+        ranks = np.minimum(rng.zipf(1.3, int(offsets[-1])), vocab + 5 * step)
+        keys = (np.int64(f + 1) << 40) | ranks.astype(np.int64)
+        weights = rng.uniform(0.5, 2.0, keys.size).astype(np.float32) if j % 3 == 2 else None
+        out.append(Ids(offsets, keys, weights))
+    return out
+
+
+def reference_step(tables, fields, ids, *, train, step, grads=None, lr_scale=1.0):
+    """The per-field path (FieldShard before the fused kernels)."""
+    blocks = tables[fields[0]].blocks
+    size = ids[0].offsets.shape[0] - 1
+    dtype = tables[fields[0]].dtype
+    pooled = [np.zeros((size, len(fields), b.dim), dtype) for b in blocks]
+    touched = []
+    for j, f in enumerate(fields):
+        t = tables[f]
+        rows = t.lookup(ids[j].keys, insert=train, step=step)
+        for k, b in enumerate(blocks):
+            pool(t.gather(b.name, ids[j].keys, rows), ids[j].offsets, ids[j].weights, pooled[k][:, j, :])
+        touched.append(rows)
+    if grads is not None:
+        for k, b in enumerate(blocks):
+            for j, f in enumerate(fields):
+                tables[f].apply_gradients(b.name, touched[j], unpool(grads[k][:, j, :], ids[j].offsets,
+                                                                    ids[j].weights), step, lr_scale)
+    return pooled
+
+
+def fused_step(shard, ids, *, train, step, grads=None, lr_scale=1.0):
+    touched = shard.lookup(ids, train=train, step=step)
+    pooled = []
+    for k, b in enumerate(shard.tables[shard.fields[0]].blocks):
+        out = np.empty((touched.size, len(shard.fields), b.dim), shard.tables[shard.fields[0]].dtype)
+        shard.gather_pooled(touched, k, out)
+        pooled.append(out)
+    if grads is not None:
+        for k, g in enumerate(grads):
+            shard.apply_pooled(touched, k, g, step, lr_scale)
+    return pooled
+
+
+def assert_same_tables(a: EmbeddingTable, b: EmbeddingTable) -> None:
+    n = len(a)
+    assert len(b) == n and a.admitted_total == b.admitted_total and a.last_update_step == b.last_update_step
+    np.testing.assert_array_equal(a._keys[:n], b._keys[:n])
+    np.testing.assert_array_equal(a._meta[:n], b._meta[:n])
+    for x, y in zip(a._data, b._data):
+        assert x[:n].tobytes() == y[:n].tobytes()
+    for x, y in zip(a._steps, b._steps):
+        if x is not None:
+            np.testing.assert_array_equal(x[:n], y[:n])
+
+
+OPTIMIZERS = {"sgd": SGD(0.1), "adagrad": AdaGrad(0.05), "adam": Adam(0.01),
+              "adam-catchup": Adam(0.01, catchup=1), "ftrl": FTRL(0.1, l1=0.01)}
+
+
+@pytest.mark.parametrize("dtype,optimizer,min_count,unadmitted", [
+    (np.float64, "adam-catchup", 1, "init"),
+    (np.float32, "adam", 3, "zero"),
+    (np.float64, "sgd", 2, "shared"),
+    (np.float32, "ftrl", 2, "init"),
+    (np.float64, "adagrad", 0, "shared"),
+])
+def test_fused_equals_the_per_table_path(dtype, optimizer, min_count, unadmitted) -> None:
+    fields = [0, 3, 5, 7]
+    ref = make_tables(fields, dtype, optimizer=OPTIMIZERS[optimizer], min_count=min_count, unadmitted=unadmitted)
+    new = make_tables(fields, dtype, optimizer=OPTIMIZERS[optimizer], min_count=min_count, unadmitted=unadmitted)
+    shard = ShardTables(new, fields, ["linear", "embedding", "extra"])
+    rng = np.random.default_rng(3)
+    for step in range(8):
+        ids = make_ids(rng, fields, 64, 300, step)
+        grads = [rng.normal(size=(64, len(fields), d)).astype(dtype) for d in (1, 4, 3)]
+        expected = reference_step(ref, fields, ids, train=True, step=step, grads=grads, lr_scale=0.5 + step / 8)
+        got = fused_step(shard, ids, train=True, step=step, grads=grads, lr_scale=0.5 + step / 8)
+        for e, g in zip(expected, got):
+            assert e.tobytes() == g.tobytes()
+        if step % 3 == 2:  # evaluation: unknown keys read as init/zero/shared, nothing inserted
+            eval_ids = make_ids(rng, fields, 32, 600, step)
+            expected = reference_step(ref, fields, eval_ids, train=False, step=step)
+            got = fused_step(shard, eval_ids, train=False, step=step)
+            for e, g in zip(expected, got):
+                assert e.tobytes() == g.tobytes()
+    for f in fields:
+        assert_same_tables(ref[f], new[f])
+        assert new[f].capacity > 64  # the lookups grew the tables (inside the fused lookup)
+
+
+def test_growth_inside_one_lookup_and_thread_counts(monkeypatch) -> None:
+    """One batch far larger than the tables: every field grows (rows and index) in the middle of
+    the fused lookup; 1, 2 and 3 threads (ranges of fields, rows of a table) give the same bytes."""
+    fields = list(range(6))
+    results = []
+    for n_threads in (1, 2, 3):
+        monkeypatch.setattr(_threads, "threads", lambda n=n_threads: n)  # conftest pins numba to 1
+        tables = make_tables(fields, np.float32, optimizer=Adam(0.01), capacity=16)
+        shard = ShardTables(tables, fields, ["linear", "embedding", "extra"])
+        ids = make_ids(np.random.default_rng(5), fields, 5000, 10**6, 0)
+        grads = [np.random.default_rng(6).normal(size=(5000, 6, d)).astype(np.float32) for d in (1, 4, 3)]
+        pooled = fused_step(shard, ids, train=True, step=0, grads=grads)
+        reference = make_tables(fields, np.float32, optimizer=Adam(0.01), capacity=16)
+        expected = reference_step(reference, fields, ids, train=True, step=0, grads=grads)
+        for e, g in zip(expected, pooled):
+            assert e.tobytes() == g.tobytes()
+        for f in fields:
+            assert_same_tables(reference[f], tables[f])
+        results.append([p.tobytes() for p in pooled])
+    assert results[0] == results[1] == results[2]
+    assert _threads.split(np.array([5, 0, 0, 9, 1]), 2) == [(0, 3), (3, 5)] and _threads.split(7, 3) == [(0, 2), (2, 4), (4, 7)]
+
+
+def test_pipelined_order_gives_the_same_result() -> None:
+    """lookup(t+1) between gather(t) and update(t) (the pipelined step) changes nothing, with
+    admission (min_count 2): the update of t uses the admission decided at lookup t."""
+    fields = [1, 2, 4]
+    states = []
+    for pipelined in (False, True):
+        tables = make_tables(fields, np.float64, optimizer=Adam(0.01, catchup=1), min_count=2, capacity=16)
+        shard = ShardTables(tables, fields, ["linear", "embedding", "extra"])
+        rng = np.random.default_rng(9)
+        batches = [make_ids(rng, fields, 128, 400, s) for s in range(6)]
+        grads = [[rng.normal(size=(128, 3, d)) for d in (1, 4, 3)] for _ in range(6)]
+        pooled_all = []
+        touched = shard.lookup(batches[0], train=True, step=0)
+        for step in range(6):
+            pooled = [np.empty((128, 3, d)) for d in (1, 4, 3)]
+            for k in range(3):
+                shard.gather_pooled(touched, k, pooled[k])
+            pooled_all.append(pooled)
+            if pipelined and step + 1 < 6:
+                following = shard.lookup(batches[step + 1], train=True, step=step + 1)
+            for k in range(3):
+                shard.apply_pooled(touched, k, grads[step][k], step)
+            if not pipelined and step + 1 < 6:
+                following = shard.lookup(batches[step + 1], train=True, step=step + 1)
+            touched = following
+        states.append((tables, pooled_all))
+    (a, pa), (b, pb) = states
+    for x, y in zip(pa, pb):
+        for u, v in zip(x, y):
+            assert u.tobytes() == v.tobytes()
+    for f in fields:
+        assert_same_tables(a[f], b[f])
+
+
+def test_table_replaced_by_a_load_is_picked_up(tmp_path) -> None:
+    fields = [0, 1]
+    tables = make_tables(fields, np.float32, optimizer=SGD(0.1))
+    shard = ShardTables(tables, fields, ["linear", "embedding", "extra"])
+    rng = np.random.default_rng(1)
+    ids = make_ids(rng, fields, 50, 100, 0)
+    fused_step(shard, ids, train=True, step=0, grads=[np.ones((50, 2, d), np.float32) for d in (1, 4, 3)])
+    tables[1].save(tmp_path / "f1.table")
+    expected = fused_step(shard, ids, train=False, step=1)
+    tables[1] = EmbeddingTable.load(tmp_path / "f1.table", capacity=1 << 12)  # new arrays, new object
+    got = fused_step(shard, ids, train=False, step=1)
+    for e, g in zip(expected, got):
+        assert e.tobytes() == g.tobytes()
+
+
+def test_errors() -> None:
+    fields = [0, 1]
+    tables = make_tables(fields, np.float32, optimizer=SGD(0.1))
+    shard = ShardTables(tables, fields, ["linear", "embedding", "extra"])
+    good = Ids(np.arange(4, dtype=np.int64), np.arange(1, 4, dtype=np.int64), None)
+    bad = Ids(np.arange(4, dtype=np.int64), np.array([5, -2**63, 6], dtype=np.int64), None)
+    with pytest.raises(ValueError, match="position 1 is the reserved sentinel"):
+        shard.lookup([good, bad], train=True, step=0)
+    assert len(tables[1]) == 0  # no partial update of the field with the bad key
+    with pytest.raises(ValueError, match="offsets"):
+        shard.lookup([good, Ids(np.array([0, 2, 1, 3]), np.arange(3, dtype=np.int64), None)], train=True, step=0)
+    touched = shard.lookup([good, good], train=True, step=0)
+    tables[0].evict(-1, 5)  # every row expires: the touched rows are stale
+    with pytest.raises(ValueError, match="changed .evict, load. since the lookup"):
+        shard.gather_pooled(touched, 1, np.empty((3, 2, 4), np.float32))
+    with pytest.raises(ValueError, match="blocks"):
+        ShardTables({0: EmbeddingTable(0, [BlockSpec("other", 1, SGD(0.1), Initializer())], seed=1)}, [0],
+                    ["linear"]).lookup([good], train=False, step=0)
+
+
+def test_reserved_rows_grow_in_place_and_keep_their_values() -> None:
+    a = row_array(10_000, (3,), np.float32, reserve=True)  # 8 x 120 kB: below the mapped size
+    assert a.shape == (10_000, 3) and not grow_in_place(a, 10_000, 10_001)
+    big = row_array(300_000, (4,), np.float64, reserve=True)  # 9.6 MB: reserved
+    big[:300_000] = 1.5
+    address = big.ctypes.data
+    if big.shape[0] == RESERVE * 300_000:  # Linux: a reservation
+        assert grow_in_place(big, 300_000, 2_000_000)
+        big[300_000:2_000_000] = 2.5
+        assert big.ctypes.data == address and (big[:300_000] == 1.5).all() and (big[1_999_999] == 2.5).all()
+    assert not grow_in_place(big, big.shape[0], big.shape[0] + 1)
+    t = EmbeddingTable(0, [BlockSpec("e", 8, Adam(0.01), Initializer("normal", 0.1))], seed=1, capacity=16)
+    keys = np.arange(1, 400_001, dtype=np.int64)
+    t.lookup(keys, insert=True)
+    m = t.memory()
+    assert m["row_capacity"] >= len(t) and m["overhead"] < 1.5
+    np.testing.assert_array_equal(t.gather("e", keys[::997], t.lookup(keys[::997], insert=False)),
+                                  t.initial_values("e", keys[::997]))
