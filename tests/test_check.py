@@ -4,6 +4,7 @@ trains), which must pass a model defined outside the package and fail a strategy
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import tensorflow as tf
 from des.models import EmbeddingBlock, Model, check_model, default_models
 from des.models.conformance import ModelConformanceError
 from des.substitutions import FirstOrderLinear, Substitution
-from tests.conftest import REPO, criteo_head, run_mpi
+from tests.conftest import REPO, criteo_head, mpi_env, run_here
 
 EXAMPLE = REPO / "examples" / "field_weighted_lr.py"
 
@@ -100,11 +101,19 @@ def small_data(tmp_path_factory) -> Path:
     return prepare(criteo_head(root / "head.tsv", 1200), root / "store", split=(0.9, 0.1, 0.0), seed=1).path
 
 
+def des_check(monkeypatch, *args: str) -> subprocess.CompletedProcess:
+    """``python -m des.check ARGS`` (its driver in this process; it launches the mpiexec jobs,
+    each with a timeout) in the test environment."""
+    for key, value in mpi_env(2).items():
+        monkeypatch.setenv(key, value)
+    return run_here(["-m", "des.check", "--timeout", "300", *args], check=False)
+
+
 @pytest.mark.mpi
-def test_a_plugin_model_passes_under_every_synchronous_strategy(small_data: Path) -> None:
-    proc = run_mpi(1, ["-m", "des.check", "--model", "fwlr", "--plugins", str(EXAMPLE), "--strategy",
-                       "des,alltoall,ps", "--ranks", "1,2", "--steps", "4", "--data", str(small_data)], timeout=400)
-    assert "des.check: ok" in proc.stdout, proc.stdout
+def test_a_plugin_model_passes_under_every_synchronous_strategy(small_data: Path, monkeypatch) -> None:
+    proc = des_check(monkeypatch, "--model", "fwlr", "--plugins", str(EXAMPLE), "--strategy", "des,alltoall,ps",
+                     "--ranks", "1,2", "--steps", "4", "--data", str(small_data))
+    assert proc.returncode == 0 and "des.check: ok" in proc.stdout, proc.stdout + proc.stderr
     for strategy in ("des", "alltoall"):
         assert f"fwlr {strategy} 2 ranks vs {strategy} on 1 rank, float64: max relative difference" in proc.stdout
     # ps is asynchronous: the harness says what it checks instead, and checks it
@@ -113,11 +122,11 @@ def test_a_plugin_model_passes_under_every_synchronous_strategy(small_data: Path
 
 
 @pytest.mark.mpi
-def test_a_strategy_whose_initialization_depends_on_n_fails(small_data: Path) -> None:
+def test_a_strategy_whose_initialization_depends_on_n_fails(small_data: Path, monkeypatch) -> None:
     plugin = REPO / "tests" / "plugins" / "n_dependent_strategy.py"
-    proc = run_mpi(1, ["-m", "des.check", "--model", "wdl", "--plugins", str(plugin), "--strategy", "des_seeded_by_n",
-                       "--ranks", "2", "--steps", "3", "--data", str(small_data), "--embedding-dim", "2",
-                       "--hidden", "4,2"], timeout=400, check=False)
+    proc = des_check(monkeypatch, "--model", "wdl", "--plugins", str(plugin), "--strategy", "des_seeded_by_n",
+                     "--ranks", "2", "--steps", "3", "--data", str(small_data), "--embedding-dim", "2",
+                     "--hidden", "4,2")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     failures = [line for line in proc.stdout.splitlines() if line.startswith("des.check: FAIL wdl des_seeded_by_n 2 ranks")]
     assert any("first_fc:kernel__value differs" in line for line in failures), proc.stdout

@@ -18,7 +18,7 @@ import pytest
 from des.config import load_config
 from des.errors import UsageError
 from des.schedules import Plateau, parse_schedule
-from tests.conftest import criteo_head, run_mpi
+from tests.conftest import criteo_head, run_here, run_job
 
 FLAGS = ["--model", "deepfm", "--embedding-dim", "4", "--hidden", "16,8", "--batch-size", "64", "--dtype", "float64",
          "--eval-batch-size", "1024", "--no-progress", "--table-capacity", "256", "--epochs", "20",
@@ -35,7 +35,7 @@ def work(tmp_path_factory) -> Path:
 
 
 def train(work: Path, ranks: int, output: str, *flags: str, check: bool = True):
-    return run_mpi(ranks, ["-m", "des.train", "--data", str(work / "small.tsv"), "--cache-dir", str(work / "cache"),
+    return run_job(ranks, ["-m", "des.train", "--data", str(work / "small.tsv"), "--cache-dir", str(work / "cache"),
                            "--output", str(work / output), *FLAGS, *flags], check=check)
 
 
@@ -59,8 +59,8 @@ def test_stops_at_the_best_step_and_restores_it(work: Path, straight: list[dict]
     assert summary["validation_auc"] == best["auc"]
     assert summary["checkpoint"].endswith(f"best/step-{best['step']:08d}")
     # des.evaluate on the run folder evaluates the best model: its validation AUC is the logged one
-    proc = run_mpi(1, ["-m", "des.evaluate", "--checkpoint", str(work / "straight"), "--data",
-                       summary_data(work), "--split", "validation"])
+    proc = run_here(["-m", "des.evaluate", "--checkpoint", str(work / "straight"), "--data",
+                     summary_data(work), "--split", "validation"])
     auc = float(proc.stdout.split("auc ")[1].split()[0])
     assert math.isclose(auc, best["auc"], abs_tol=1e-6)
     assert any("lr_scale_dense" in r for r in straight)  # the plateau schedule reduced the dense rate

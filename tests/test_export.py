@@ -1,5 +1,5 @@
 """``python -m des.export``: a SavedModel that a process without des loads and that predicts what
-``des.evaluate --predictions`` predicts, for every built-in model, from 1-rank and 3-rank checkpoints,
+``des.evaluate --predictions`` predicts, for every built-in model, from 1-rank and 2-rank checkpoints,
 with unknown ids and missing values; the key transform and initial values as TF ops; bad input."""
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ from tests.conftest import REPO, criteo_head, mpi_env, run_mpi
 
 SMALL = ["--embedding-dim", "4", "--hidden", "16,8", "--batch-size", "256", "--eval-batch-size", "1024",
          "--no-progress", "--table-capacity", "256", "--max-steps", "6"]
-# (name, model, ranks, flags): one run per model, 1 and 3 ranks, both strategies that checkpoint,
-# both unknown-id behaviours, with admission.
+# (name, model, ranks, flags): one run per model, 1 and 2 ranks, both strategies that checkpoint,
+# both unknown-id behaviours, with admission. (Checkpoints hold one file per field whatever the
+# rank count; one multi-rank run shows the export reads what several ranks wrote.)
 RUNS = [
-    ("deepfm-3", "deepfm", 3, ["--strategy", "alltoall"]),
+    ("deepfm-2", "deepfm", 2, ["--strategy", "alltoall"]),
     ("wdl-1", "wdl", 1, ["--min-count", "2"]),
-    ("fm-3", "fm", 3, ["--unadmitted", "zero", "--min-count", "2"]),
+    ("fm-1", "fm", 1, ["--unadmitted", "zero", "--min-count", "2"]),
     ("lr-1", "lr", 1, []),
 ]
 
@@ -84,7 +85,7 @@ def test_served_probabilities_equal_evaluate(exported: dict, name: str) -> None:
 
 def test_unknown_ids_and_missing_values_matter(exported: dict) -> None:
     """The edited rows are not all predicted alike: unknown ids take their init (or zero) values."""
-    served = exported["served"]["deepfm-3"]
+    served = exported["served"]["deepfm-2"]
     assert len(set(np.round(served[-3:], 7))) == 3
 
 
@@ -169,13 +170,12 @@ def test_bad_input(exported: dict, tmp_path: Path) -> None:
         serve(**{**request, "I5": tf.constant([1, 2, 3], tf.int64)})
 
 
-def test_saved_model_cli_lists_named_inputs(exported: dict) -> None:
-    cli = Path(sys.executable).parent / "saved_model_cli"
-    if not cli.exists():
-        pytest.skip("saved_model_cli is not installed next to this python")
-    proc = subprocess.run([str(cli), "show", "--dir", str(exported["root"] / "fm-3.savedmodel"), "--all"],
-                          capture_output=True, text=True, timeout=120, env=mpi_env(1))
-    assert proc.returncode == 0, proc.stderr
-    assert "signature_def['serving_default']" in proc.stdout
-    for name in ("inputs['I1']", "inputs['I13']", "inputs['C1']", "inputs['C26']", "outputs['probability']"):
-        assert name in proc.stdout
+def test_signature_lists_named_inputs(exported: dict) -> None:
+    """The SignatureDef that ``saved_model_cli show --all`` prints and a model server reads (read
+    here with the function saved_model_cli uses, without starting another TensorFlow)."""
+    from tensorflow.python.tools import saved_model_utils
+
+    meta_graph = saved_model_utils.get_meta_graph_def(str(exported["root"] / "fm-1.savedmodel"), "serve")
+    signature = meta_graph.signature_def["serving_default"]
+    assert set(signature.inputs) == {f"I{i}" for i in range(1, 14)} | {f"C{i}" for i in range(1, 27)}
+    assert set(signature.outputs) == {"probability"}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.conftest import REPO, run_mpi
+from tests.conftest import REPO, run_here
 
 PACKAGE = REPO / "des"
 
@@ -71,13 +71,14 @@ def test_lower_floors_never_import_upward() -> None:
 
 def test_a_checkpoint_of_the_previous_version_still_loads(tmp_path: Path) -> None:
     """tests/data/checkpoint-v1: DeepFM, 3 synthetic fields, trained 4 steps on 2 ranks by des before the
-    strategy protocol; its des.evaluate predictions on the test split were recorded then."""
+    strategy protocol; its des.evaluate predictions on the test split were recorded then. Loaded
+    here on one rank (in this process): every field's files, written by either rank."""
     from des.data.synth import default_config, synthesize_store
 
     config = default_config(seed=0, vocab_scale=0.001)
     synthesize_store(tmp_path / "narrow", 400, type(config)(fields=config.fields[:3], seed=0), split=(0.8, 0.1, 0.1))
     out = tmp_path / "predictions.txt"
-    run_mpi(2, ["-m", "des.evaluate", "--checkpoint", str(REPO / "tests" / "data" / "checkpoint-v1"), "--data",
-                str(tmp_path / "narrow"), "--split", "test", "--predictions", str(out)])
+    run_here(["-m", "des.evaluate", "--checkpoint", str(REPO / "tests" / "data" / "checkpoint-v1"), "--data",
+              str(tmp_path / "narrow"), "--split", "test", "--predictions", str(out)])
     expected = np.loadtxt(REPO / "tests" / "data" / "checkpoint-v1-predictions.txt")
     np.testing.assert_allclose(np.loadtxt(out), expected, rtol=1e-7)  # written as %.8f then

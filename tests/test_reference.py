@@ -21,7 +21,7 @@ from des.placement import place_fields
 from tests.conftest import criteo_head
 from tests.reference_models import PlainTFModel
 
-STEPS = 15
+STEPS = 6
 HIDDEN = (16, 8)
 
 

@@ -2,7 +2,8 @@
 
 The folder lock and the atomic overwrite are checked in-process (``des.run_folder``); then end to
 end: a reused folder without flags, with ``--resume`` and with ``--overwrite``, two jobs started
-together on one folder, one-class evaluation splits, and ``/dev/shm`` after failing jobs.
+together on one folder, and ``/dev/shm`` after failing jobs. One-class evaluation splits on two
+ranks are checked by the progress-bar job of tests/test_train.py (one launch for both).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 
 from des.errors import ConfigError
 from des.run_folder import LOCK_NAME, RunFolder, RunFolderError
-from tests.conftest import REPO, criteo_head, mpi_env, mpich_shm, run_mpi
+from tests.conftest import REPO, criteo_head, mpi_env, mpich_shm, run_here, run_mpi
 from tests.test_train import SMALL, expect_error
 
 
@@ -29,8 +30,8 @@ def work(tmp_path_factory) -> Path:
     return root
 
 
-def train_args(work: Path, output: str, *flags: str, data: str = "small.tsv") -> list[str]:
-    return ["-m", "des.train", "--data", str(work / data), "--cache-dir", str(work / "cache"),
+def train_args(work: Path, output: str, *flags: str) -> list[str]:
+    return ["-m", "des.train", "--data", str(work / "small.tsv"), "--cache-dir", str(work / "cache"),
             "--output", str(work / output), *SMALL, "--model", "lr", *flags]
 
 
@@ -117,26 +118,25 @@ def test_auc_of_one_class_is_none_with_one_warning(capsys) -> None:
 
 
 def test_reused_folder_needs_resume_or_overwrite(work: Path) -> None:
-    run_mpi(1, train_args(work, "x", "--max-steps", "3", "--dtype", "float64"))
-    proc = run_mpi(1, train_args(work, "x", "--max-steps", "3", "--model", "fm"), check=False)
+    # One rank, in this process (run_here: the entry point as launched, without a start-up).
+    run_here(train_args(work, "x", "--max-steps", "3", "--dtype", "float64"))
+    proc = run_here(train_args(work, "x", "--max-steps", "3", "--model", "fm"), check=False)
     expect_error(proc, "already holds a run", "--overwrite")
     assert proc.stderr.count("error:") == 1
     assert json.loads((work / "x" / "config.json").read_text())["config"]["model"] == "lr"
     # --resume continues it: same folder, metrics appended, steps 3 -> 5.
-    run_mpi(1, train_args(work, "x", "--max-steps", "5", "--dtype", "float64", "--resume", str(work / "x")))
+    run_here(train_args(work, "x", "--max-steps", "5", "--dtype", "float64", "--resume", str(work / "x")))
     summary = json.loads((work / "x" / "summary.json").read_text())
     assert summary["steps"] == 5 and summary["steps_this_run"] == 2
     assert (work / "x" / "checkpoints" / "latest").read_text().strip() == "step-00000005"
     # float64 predictions keep every digit.
     preds = work / "preds.txt"
-    from des.evaluate import main as evaluate  # in-process, one rank: a launch less
-
-    assert evaluate(["--checkpoint", str(work / "x"), "--data", str(work / "small.tsv"),
-                     "--cache-dir", str(work / "cache"), "--predictions", str(preds)]) == 0
+    run_here(["-m", "des.evaluate", "--checkpoint", str(work / "x"), "--data", str(work / "small.tsv"),
+              "--cache-dir", str(work / "cache"), "--predictions", str(preds)])
     first = preds.read_text().split()[0]
     assert len(first.lstrip("0.").replace(".", "").split("e")[0]) >= 15, first
     # --overwrite replaces it: nothing of the float64 lr run is left.
-    run_mpi(1, train_args(work, "x", "--max-steps", "2", "--model", "fm", "--overwrite"))
+    run_here(train_args(work, "x", "--max-steps", "2", "--model", "fm", "--overwrite"))
     config = json.loads((work / "x" / "config.json").read_text())["config"]
     assert config["model"] == "fm" and config["dtype"] == "float32"
     assert sorted(p.name for p in (work / "x" / "checkpoints").iterdir()) == ["latest", "step-00000002"]
@@ -162,19 +162,6 @@ def test_two_jobs_on_one_folder(work: Path) -> None:
     assert re.search(r"in use by another job \(host .*, pid \d+|already holds a run|filled by another job", refused)
     steps = [json.loads(line)["step"] for line in (work / "both" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [3]
-
-
-def test_one_class_validation_and_test_splits(work: Path) -> None:
-    """All labels 0: training works, validation and test AUC are n/a (null), the run finishes."""
-    lines = (work / "small.tsv").read_text().splitlines()
-    (work / "negatives.tsv").write_text("".join("0" + line[1:] + "\n" for line in lines))
-    proc = run_mpi(2, train_args(work, "one-class", "--max-steps", "3", data="negatives.tsv"))
-    summary = json.loads((work / "one-class" / "summary.json").read_text())
-    assert summary["validation_auc"] is None and summary["test_auc"] is None
-    assert summary["test_logloss"] > 0 and summary["steps"] == 3
-    assert "val auc n/a" in proc.stdout and "test AUC n/a" in proc.stdout
-    assert proc.stderr.count("warning: AUC is undefined on the validation split") == 1, proc.stderr
-    assert proc.stderr.count("warning: AUC is undefined on the test split") == 1, proc.stderr
 
 
 @pytest.mark.mpi

@@ -2,6 +2,8 @@
 
 Run folder contents, checkpoint/resume equivalence (same and changed rank counts), evaluation on
 other data with another rank count, and every bad input ending the whole job with one clear line.
+One-rank runs go through the same entry points in this process (``run_here``: no second
+TensorFlow start-up); every multi-rank run is a real ``mpiexec`` job.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import psutil
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from tests.conftest import MPIEXEC, REPO, criteo_head, mpi_env, mpich_shm, run_mpi
+from tests.conftest import MPIEXEC, REPO, criteo_head, mpi_env, mpich_shm, run_here, run_job, run_mpi
 
 SMALL = ["--embedding-dim", "4", "--hidden", "16,8", "--batch-size", "256", "--eval-batch-size", "1024",
          "--no-progress", "--table-capacity", "256"]
@@ -35,7 +37,7 @@ def work(tmp_path_factory) -> Path:
 def train(work: Path, ranks: int, output: str, *flags: str, check: bool = True, timeout: float = 240):
     args = ["-m", "des.train", "--data", str(work / "small.tsv"), "--cache-dir", str(work / "cache"),
             "--output", str(work / output), *SMALL, *flags]
-    return run_mpi(ranks, args, check=check, timeout=timeout)
+    return run_job(ranks, args, check=check, timeout=timeout)
 
 
 def summary(work: Path, output: str) -> dict:
@@ -96,31 +98,31 @@ def test_run_folder_and_summary(work: Path) -> None:
     assert (checkpoints / "step-00000004" / "manifest.json").is_file()
 
 
-RESUME_FLAGS = ["--model", "wdl", "--dtype", "float64", "--checkpoint-every", "6", "--ttl", "4"]
+RESUME_FLAGS = ["--model", "wdl", "--dtype", "float64", "--checkpoint-every", "4", "--ttl", "4"]
+# (ranks, run it resumes, at step): the same rank count, fewer -> more, more -> fewer; each resumes
+# a periodic checkpoint of another run and goes on to step 12.
+RESUMES = {"1to1": (1, "straight", 4), "1to2": (2, "straight", 4), "2to1": (1, "1to2", 8)}
 
 
 @pytest.fixture(scope="module")
 def resume_runs(work: Path) -> dict[str, Path]:
-    """12 steps straight on 2 ranks, and 6 + 6 with a checkpoint between, on (2,2), (4,2), (2,4)."""
-    common = RESUME_FLAGS
-    runs = {}
-    train(work, 2, "straight", *common, "--max-steps", "12")
-    runs["straight"] = work / "straight" / "checkpoints"
-    for first, second in ((2, 2), (4, 2), (2, 4)):
-        head, tail = f"head-{first}", f"tail-{first}-{second}"
-        if not (work / head).exists():
-            train(work, first, head, *common, "--max-steps", "6")
-        train(work, second, tail, *common, "--max-steps", "12", "--resume", str(work / head / "checkpoints"))
-        runs[(first, second)] = work / tail / "checkpoints"
+    """12 steps straight on 1 rank (checkpoints at 4, 8, 12), and the resumed runs of RESUMES."""
+    train(work, 1, "straight", *RESUME_FLAGS, "--max-steps", "12")
+    runs = {"straight": work / "straight" / "checkpoints"}
+    for name, (ranks, source, step) in RESUMES.items():
+        train(work, ranks, name, *RESUME_FLAGS, "--max-steps", "12",
+              "--resume", str(runs[source] / f"step-{step:08d}"))
+        runs[name] = work / name / "checkpoints"
     return runs
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks", [(2, 2), (4, 2), (2, 4)], ids=lambda r: f"{r[0]}to{r[1]}")
-def test_resume_equals_straight_run(resume_runs, work: Path, ranks) -> None:
-    assert_checkpoints_equal(resume_runs["straight"], resume_runs[ranks])
-    tail = summary(work, f"tail-{ranks[0]}-{ranks[1]}")
-    assert tail["steps"] == 12 and tail["steps_this_run"] == 6
+@pytest.mark.parametrize("name", list(RESUMES))
+def test_resume_equals_straight_run(resume_runs, work: Path, name: str) -> None:
+    assert_checkpoints_equal(resume_runs["straight"], resume_runs[name])
+    tail = summary(work, name)
+    assert tail["ranks"] == RESUMES[name][0]
+    assert tail["steps"] == 12 and tail["steps_this_run"] == 12 - RESUMES[name][2]
     assert tail["test_logloss"] == pytest.approx(summary(work, "straight")["test_logloss"], rel=1e-9)
 
 
@@ -130,31 +132,30 @@ def test_evaluate_with_other_rank_counts(resume_runs, work: Path) -> None:
     rows = (work / "small.tsv").read_text().splitlines()
     (work / "reversed.tsv").write_text("\n".join(rows[::-1]) + "\n")
     outputs = {}
-    # 1 rank on the rows, 3 ranks on the same rows reversed: rank count and input order at once.
-    for ranks, data in ((1, "small.tsv"), (3, "reversed.tsv")):
+    # 1 rank on the rows, 2 ranks on the same rows reversed: rank count and input order at once.
+    for ranks, data in ((1, "small.tsv"), (2, "reversed.tsv")):
         predictions = work / f"predictions-{ranks}.txt"
-        proc = run_mpi(ranks, ["-m", "des.evaluate", "--checkpoint", checkpoint, "--data", str(work / data),
+        proc = run_job(ranks, ["-m", "des.evaluate", "--checkpoint", checkpoint, "--data", str(work / data),
                                "--cache-dir", str(work / "cache"), "--predictions", str(predictions)])
         auc = float(proc.stdout.split("auc ")[1].split()[0])
         outputs[ranks] = (np.loadtxt(predictions), auc)
     labels = np.array([int(line.split("\t", 1)[0]) for line in rows])
     p1, auc1 = outputs[1]
     assert p1.shape == labels.shape  # one probability per input row
-    np.testing.assert_allclose(outputs[3][0], p1[::-1], rtol=1e-9)  # in input order, on any N
+    np.testing.assert_allclose(outputs[2][0], p1[::-1], rtol=1e-9)  # in input order, on any N
     assert auc1 == pytest.approx(roc_auc_score(labels, p1), abs=1e-6)
-    assert outputs[3][1] == pytest.approx(auc1, abs=1e-6)
+    assert outputs[2][1] == pytest.approx(auc1, abs=1e-6)
 
 
-@pytest.mark.mpi
-def test_user_model_from_a_plugin_trains_exactly_on_two_ranks(work: Path) -> None:
-    """The README's example: a substitution and a model defined outside the package."""
+def test_user_model_from_a_plugin_trains(work: Path) -> None:
+    """The README's example: a substitution and a model defined outside the package, trained by
+    des.train. (That it trains exactly on 2 ranks, under des, alltoall and ps, is
+    tests/test_check.py's python -m des.check on it.)"""
     flags = ["--plugins", str(REPO / "examples" / "field_weighted_lr.py"), "--model", "fwlr",
              "--dtype", "float64", "--max-steps", "6"]
-    train(work, 1, "fwlr-1", *flags)
-    proc = train(work, 2, "fwlr-2", *flags)
-    assert "done: fwlr on 2 rank(s)" in proc.stdout
-    assert_checkpoints_equal(work / "fwlr-1" / "checkpoints", work / "fwlr-2" / "checkpoints")
-    importance = checkpoint_arrays(work / "fwlr-2" / "checkpoints")["field-020.dense.npz/0:field_weighted_linear:importance__value"]
+    proc = train(work, 1, "fwlr-1", *flags)
+    assert "done: fwlr on 1 rank(s)" in proc.stdout
+    importance = checkpoint_arrays(work / "fwlr-1" / "checkpoints")["field-020.dense.npz/0:field_weighted_linear:importance__value"]
     assert importance.shape == (1,) and importance[0] != 1.0  # the field weight was trained
 
 
@@ -173,8 +174,8 @@ def test_alltoall_strategy_trains_the_same_model(resume_runs, work: Path) -> Non
 
 @pytest.mark.mpi
 def test_parameter_server_is_asynchronous(work: Path) -> None:
-    """--strategy ps: one server, three workers that do not wait for each other."""
-    proc = train(work, 4, "ps", "--model", "deepfm", "--strategy", "ps", "--epochs", "3")
+    """--strategy ps: one server, two workers that do not wait for each other."""
+    proc = train(work, 3, "ps", "--model", "deepfm", "--strategy", "ps", "--epochs", "3")
     s = summary(work, "ps")
     assert s["strategy"] == "ps" and s["steps"] == 3 * (1800 // 256)
     assert s["train_samples"] == s["steps"] * 256
@@ -183,10 +184,10 @@ def test_parameter_server_is_asynchronous(work: Path) -> None:
     assert s["staleness_max"] >= 1, proc.stdout
     # The same run folder as the synchronous strategies (no checkpoints: a baseline).
     config = json.loads((work / "ps" / "config.json").read_text())
-    assert config["ranks"] == 4 and config["config"]["strategy"] == "ps" and config["placement"][1:] == [[], [], []]
+    assert config["ranks"] == 3 and config["config"]["strategy"] == "ps" and config["placement"][1:] == [[], []]
     record = json.loads((work / "ps" / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["step"] == s["steps"] and 0.5 < record["auc"] < 1.0
-    assert "1 server(s), 3 asynchronous worker(s)" in proc.stdout and "  config: model=deepfm" in proc.stdout
+    assert "1 server(s), 2 asynchronous worker(s)" in proc.stdout and "  config: model=deepfm" in proc.stdout
 
 
 # ---------------------------------------------------------------------------------------------- bad input
@@ -211,16 +212,20 @@ def test_a_bad_flag_on_several_ranks_is_one_line(work: Path) -> None:
     expect_error(proc, "--split: split 'a,b' is not three comma-separated numbers")
 
 
-def test_progress_bar_on_a_terminal_and_quiet_ranks(work: Path) -> None:
+def test_progress_bar_quiet_ranks_and_one_class_splits(work: Path) -> None:
     """Under mpirun a rank's stderr is a pipe; the bar still shows when the user's terminal is.
     Only rank 0 talks, once, and TensorFlow's start-up messages are suppressed by des itself
-    (the TF_* variables the other tests set are removed here)."""
+    (the TF_* variables the other tests set are removed here). The labels are all 0 (issue 15's
+    one-class splits): training works, validation and test AUC are n/a (null in the summary), and
+    each split's warning comes once, from one rank."""
     import os
     import pty
 
+    lines = (work / "small.tsv").read_text().splitlines()
+    (work / "negatives.tsv").write_text("".join("0" + line[1:] + "\n" for line in lines))
     env = {k: v for k, v in mpi_env(2).items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS")}
     master, slave = pty.openpty()
-    cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "des.train", "--data", str(work / "small.tsv"),
+    cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "des.train", "--data", str(work / "negatives.tsv"),
            "--cache-dir", str(work / "cache"), "--output", str(work / "bar"), *SMALL, "--progress",
            "--model", "lr", "--max-steps", "3"]
     job = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
@@ -245,23 +250,31 @@ def test_progress_bar_on_a_terminal_and_quiet_ranks(work: Path) -> None:
     assert "<00:00" in text or "<?" in text  # tqdm's ETA field
     assert text.count("des.train: lr") == 1 and text.count("done: lr") == 1, text
     assert not re.search(r"tensorflow|oneDNN|cuda|absl|^[IWE]0000", text, re.IGNORECASE | re.MULTILINE), text
+    s = summary(work, "bar")
+    assert s["validation_auc"] is None and s["test_auc"] is None
+    assert s["test_logloss"] > 0 and s["steps"] == 3
+    assert "val auc n/a" in text and "test AUC n/a" in text
+    assert text.count("warning: AUC is undefined on the validation split") == 1, text
+    assert text.count("warning: AUC is undefined on the test split") == 1, text
 
 
 def test_missing_and_malformed_data(work: Path) -> None:
-    proc = run_mpi(2, ["-m", "des.train", "--data", str(work / "nope.tsv"), "--no-progress"], check=False)
+    # One rank, in this process: reading the data is rank 0's alone (a rank failing while the
+    # others wait ends the job: test_bad_checkpoints, tests/test_run_folder.py).
+    proc = run_here(["-m", "des.train", "--data", str(work / "nope.tsv"), "--no-progress"], check=False)
     expect_error(proc, "nope.tsv", "no such file")
     bad = work / "bad.tsv"
     lines = (work / "small.tsv").read_text().splitlines()[:50]
     lines[16] = lines[16].replace("\t", "\tx", 1)  # label column ok, I1 gets a non-integer
     bad.write_text("\n".join(lines) + "\n")
-    proc = run_mpi(2, ["-m", "des.train", "--data", str(bad), "--cache-dir", str(work / "cache"), "--no-progress"],
-                   check=False)
+    proc = run_here(["-m", "des.train", "--data", str(bad), "--cache-dir", str(work / "cache"), "--no-progress"],
+                    check=False)
     expect_error(proc, "bad.tsv:17", "I1")
     assert not list((work / "cache").glob("bad*"))  # nothing half-written in the cache
     empty = work / "empty.tsv"
     empty.write_text("")
-    proc = run_mpi(1, ["-m", "des.train", "--data", str(empty), "--cache-dir", str(work / "cache"), "--no-progress"],
-                   check=False)
+    proc = run_here(["-m", "des.train", "--data", str(empty), "--cache-dir", str(work / "cache"), "--no-progress"],
+                    check=False)
     expect_error(proc, "empty")
 
 
@@ -273,16 +286,16 @@ def test_more_ranks_than_fields(work: Path) -> None:
     from des.data.synth import default_config, synthesize_store
 
     config = default_config(seed=0, vocab_scale=0.001)
-    narrow = type(config)(fields=config.fields[:3], seed=0)
+    narrow = type(config)(fields=config.fields[:1], seed=0)
     synthesize_store(work / "narrow", 500, narrow)
-    proc = run_mpi(4, ["-m", "des.train", "--data", str(work / "narrow"), "--no-progress"], check=False)
-    expect_error(proc, "4 ranks but the data has only 3 fields")
+    proc = run_mpi(2, ["-m", "des.train", "--data", str(work / "narrow"), "--no-progress"], check=False)
+    expect_error(proc, "2 ranks but the data has only 1 fields")
 
 
 def test_unwritable_output(work: Path) -> None:
     (work / "a-file").write_text("x")
-    proc = run_mpi(1, ["-m", "des.train", "--data", str(work / "small.tsv"), "--cache-dir", str(work / "cache"),
-                       "--output", str(work / "a-file" / "run"), "--no-progress"], check=False)
+    proc = run_here(["-m", "des.train", "--data", str(work / "small.tsv"), "--cache-dir", str(work / "cache"),
+                     "--output", str(work / "a-file" / "run"), "--no-progress"], check=False)
     expect_error(proc, "is not writable")
 
 
