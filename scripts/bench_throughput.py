@@ -1,4 +1,4 @@
-""".venv/bin/python scripts/bench_throughput.py [--quick] [--models lr,fm,wdl,deepfm] [--ranks 1,2,4] [--batch-size 4096,512] [--deepctr] [--warmup 3] [--steps 10]
+""".venv/bin/python scripts/bench_throughput.py [--quick] [--models lr,fm,wdl,deepfm] [--ranks 1,2,4] [--batch-size 4096,512] [--deepctr] [--warmup 3] [--steps 10] [--rounds 1]
 
 Shows the DES paper's Table 5 on this machine, and des on one process against what a dense TF
 program and DeepCTR reach, all measured in one run, for every batch size of ``--batch-size`` (a
@@ -18,6 +18,11 @@ comma-separated list, default 4096):
   backward (with the gradients of both inputs) and Adam (``ResourceApplyAdam``) on its 446,402
   dense parameters in one ``tf.function``; the embeddings are given as dense inputs: no hash
   tables, lookups, pooling or sparse updates.
+* **Rounds** (``--rounds R``): every des/alltoall/ps job and DeepCTR run R times, round-robin over the
+  configurations of a batch size (so a drift in the machine's load hits all of them alike); a row is
+  the median job (its phases and memory with it) and shows the min-max over the rounds. On this
+  machine one job's samples/s moves by 10-20 % between otherwise identical runs: ratios of single
+  jobs below ~1.2 are not readable without rounds.
 * **des vs the roofline and DeepCTR** (one process): per model and batch, the dense roofline at
   2 threads, DeepCTR 0.9.4's DeepFM (``model.fit`` over ``--warmup`` + the timed steps of the
   shipped sample in des's batch order, same batch size and network, its defaults: Adam on
@@ -240,6 +245,42 @@ def deepctr_rows(bench: benchlib.Bench, store, batch: int, warmup: int, steps: i
              **{k: r[k] for k in ("samples_per_second", "ms_per_step", "measured_steps", "params", "tensorflow")}}]
 
 
+def throughput_row(model: str, strategy: str, n: int, batch: int, runs: Sequence[dict]) -> dict:
+    """One table row from the ``--rounds`` jobs of a configuration: the median job's samples/s
+    (its phases and memory with it) and the spread (min-max) over the rounds."""
+    row: dict = {"model": model, "strategy": strategy, "ranks": n, "batch": batch}
+    if not runs:
+        return row
+    ordered = sorted(runs, key=lambda s: s["steady"]["samples_per_second"])
+    s = ordered[(len(ordered) - 1) // 2]  # the median job (the lower one of an even count)
+    rss = s["peak_rss_bytes_per_rank"]
+    row.update({
+        "samples_per_second": s["steady"]["samples_per_second"],
+        "samples_per_second_rounds": [round(r["steady"]["samples_per_second"]) for r in runs],
+        "spread": (f"{ordered[0]['steady']['samples_per_second']:,.0f}-{ordered[-1]['steady']['samples_per_second']:,.0f}"
+                   if len(runs) > 1 else ""),
+        "samples_per_second_des_train": s["samples_per_second"],
+        "timed_steps": s["steady"]["measured_steps"],
+        "ms_per_step": 1000 * batch / s["steady"]["samples_per_second"],
+        "ms_per_phase": s["steady"]["ms_per_phase"],
+        "peak_rss_mib_max": max(rss) / 2**20,
+        "peak_rss_mib_per_rank": [round(r / 2**20) for r in rss],
+        "load_average": s["load_average"],
+        "staleness_mean": s.get("staleness_mean"),
+    })
+    return row
+
+
+def median_of_rounds(rounds: Sequence[Sequence[dict]]) -> list[dict]:
+    """The median (lower of an even count) of one configuration's rows over the rounds, by samples/s."""
+    found = sorted((r[0] for r in rounds if r), key=lambda r: r["samples_per_second"])
+    if not found:
+        return []
+    row = dict(found[(len(found) - 1) // 2])
+    row["samples_per_second_rounds"] = [round(r["samples_per_second"]) for r in found]
+    return [row]
+
+
 def compare_rows(models: Sequence[str], batches: Sequence[int], rows: Sequence[dict], roof_rows: Sequence[dict],
                  deepctr: Sequence[dict]) -> list[dict]:
     """Per model with a top network and batch: the dense roofline at 2 threads, DeepCTR, des N=1
@@ -267,6 +308,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ranks", default="1,2,4", help="rank counts (ps uses those >= 2)")
     parser.add_argument("--batch-size", default="4096", help="global batch size(s), comma-separated (e.g. 4096,512)")
     parser.add_argument("--warmup", type=int, default=3, help="steps (per worker for ps) not timed")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every des/alltoall/ps job and DeepCTR this many times, round-robin, and report the "
+                             "median (with the min-max spread): one job's samples/s moves by 10-20%% between runs here")
     parser.add_argument("--steps", type=int, default=10,
                         help="timed steps (per worker for ps) at the largest batch; smaller batches run proportionally more")
     parser.add_argument("--repeats", type=int, default=20, help="roofline: timed calls at the largest batch (more at a smaller one)")
@@ -282,6 +326,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = roofline_child(args.roofline_child, batches, args.repeats, args.roofline_models.split(","))
         print("ROOFLINE " + json.dumps(result), flush=True)
         return 0
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be >= 1, not {args.rounds}")
     if args.quick:
         args.models, args.ranks, args.warmup, args.steps, args.repeats = "lr,deepfm", "1,2", 2, 3, 5
     models, strategies = args.models.split(","), args.strategies.split(",")
@@ -295,32 +341,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     store = deepctr_store(bench) if with_deepctr else None
     for batch in batches:  # des, the rooflines and DeepCTR of one batch size back to back (the load drifts)
         steps = scaled_steps(args.steps, batch, batches)
-        for model in models:
-            for strategy in strategies:
-                for n in ranks:
-                    if n not in STRATEGY_RANKS[strategy]:
-                        continue
-                    s = bench.steady(n, f"{model}-{strategy}-n{n}-b{batch}", args.warmup, steps, model=model,
-                                     batch_size=batch, **benchlib.strategy_flags(strategy))
-                    row = {"model": model, "strategy": strategy, "ranks": n, "batch": batch}
-                    if s is not None:
-                        rss = s["peak_rss_bytes_per_rank"]
-                        row.update({
-                            "samples_per_second": s["steady"]["samples_per_second"],
-                            "samples_per_second_des_train": s["samples_per_second"],
-                            "timed_steps": s["steady"]["measured_steps"],
-                            "ms_per_step": 1000 * batch / s["steady"]["samples_per_second"],
-                            "ms_per_phase": s["steady"]["ms_per_phase"],
-                            "peak_rss_mib_max": max(rss) / 2**20,
-                            "peak_rss_mib_per_rank": [round(r / 2**20) for r in rss],
-                            "load_average": s["load_average"],
-                            "staleness_mean": s.get("staleness_mean"),
-                        })
-                    rows.append(row)
+        configs = [(model, strategy, n) for model in models for strategy in strategies for n in ranks
+                   if n in STRATEGY_RANKS[strategy]]
+        runs: dict[tuple, list[dict]] = {c: [] for c in configs}
+        for round_ in range(args.rounds):  # round-robin: a drift in the machine's load hits every config alike
+            for model, strategy, n in configs:
+                tag = f"{model}-{strategy}-n{n}-b{batch}" + (f"-r{round_}" if args.rounds > 1 else "")
+                s = bench.steady(n, tag, args.warmup, steps, model=model, batch_size=batch,
+                                 **benchlib.strategy_flags(strategy))
+                if s is not None:
+                    runs[(model, strategy, n)].append(s)
+        rows += [throughput_row(model, strategy, n, batch, runs[(model, strategy, n)])
+                 for model, strategy, n in configs]
         for threads in ROOFLINE_THREADS if roof_models else ():
             roof_rows += roofline_rows(bench, threads, batch, scaled_steps(args.repeats, batch, batches), roof_models)
         if store is not None:
-            deepctr += deepctr_rows(bench, store, batch, args.warmup, steps)
+            deepctr += median_of_rounds([deepctr_rows(bench, store, batch, args.warmup, steps)
+                                         for _ in range(args.rounds)])
     for row in rows:  # speed-up over DES on one rank, and over alltoall at the same N (same model and batch)
         for key, strategy, base_ranks in (("vs_des_n1", "des", 1), ("vs_alltoall", "alltoall", row["ranks"])):
             base = next((r for r in rows if (r["model"], r["batch"]) == (row["model"], row["batch"])
@@ -332,8 +369,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     compare = compare_rows(models, batches, rows, roof_rows, deepctr)
 
     columns = [("model", "model", ""), ("strategy", "strategy", ""), ("ranks", "N", "d"), ("batch", "batch", "d"),
-               ("samples_per_second", "samples/s", ",.0f"), ("ms_per_step", "ms/step", ",.0f"),
-               ("vs_des_n1", "vs DES N=1", ".2f"), ("vs_alltoall", "vs alltoall same N", ".2f"),
+               ("samples_per_second", "samples/s", ",.0f"), ("spread", "min-max over rounds", ""),
+               ("ms_per_step", "ms/step", ",.0f"), ("vs_des_n1", "vs DES N=1", ".2f"), ("vs_alltoall", "vs alltoall same N", ".2f"),
                ("samples_per_second_des_train", "des.train's samples/s", ",.0f"),
                ("peak_rss_mib_max", "peak RSS MiB/rank (max)", ",.0f"), ("peak_rss_mib_per_rank", "per rank", "")]
     roof_columns = [("what", "TF-only roofline", ""), ("threads", "threads", "d"), ("batch", "batch", "d"),

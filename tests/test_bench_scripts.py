@@ -206,6 +206,24 @@ def test_throughput_compare_rows():
     assert out[0]["deepctr"] is None and out[0]["des_vs_deepctr"] is None
 
 
+
+def test_throughput_rounds_take_the_median_job():
+    def job(samples_per_second: float, top_ms: float) -> dict:
+        return {"steady": {"samples_per_second": samples_per_second, "measured_steps": 10,
+                           "ms_per_phase": {"top": top_ms}},
+                "samples_per_second": samples_per_second, "peak_rss_bytes_per_rank": [2**20], "load_average": 1.0}
+
+    row = throughput.throughput_row("deepfm", "des", 2, 4096, [job(30.0, 1), job(10.0, 2), job(20.0, 3)])
+    assert (row["samples_per_second"], row["ms_per_phase"], row["spread"]) == (20.0, {"top": 3}, "10-30")
+    assert row["samples_per_second_rounds"] == [30, 10, 20]
+    assert throughput.throughput_row("deepfm", "des", 2, 4096, [job(30.0, 1), job(10.0, 2)])["samples_per_second"] == 10.0
+    one = throughput.throughput_row("lr", "des", 1, 512, [job(5.0, 1)])
+    assert (one["samples_per_second"], one["spread"]) == (5.0, "")
+    assert "samples_per_second" not in throughput.throughput_row("lr", "des", 1, 512, [])  # every job failed
+    dctr = [[{"samples_per_second": 3.0}], [], [{"samples_per_second": 1.0}], [{"samples_per_second": 2.0}]]
+    assert throughput.median_of_rounds(dctr) == [{"samples_per_second": 2.0, "samples_per_second_rounds": [1, 2, 3]}]
+    assert throughput.median_of_rounds([[], []]) == []
+
 def test_plain_roofline_network_is_the_model():
     """The dense roofline's network has des's dense parameters (top + first FC) and DeepFM = W&D + FM."""
     import numpy as np
