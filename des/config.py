@@ -59,8 +59,10 @@ class TrainConfig:
     compute_dtype: str = _opt("auto", "dtype of the top network's compute: auto (= --dtype) or bfloat16 (float32 "
                               "master weights and optimizer state; needs --dtype float32)", choices=("auto", "bfloat16"))
     threads: int = _opt(0, "TF intra-op and numba threads per rank (0: cores // ranks on this machine)")
-    pipeline: str = _opt("on", "read and look up the next batch on a background thread while this step computes "
-                         "(same results either way)", choices=("on", "off"))
+    pipeline: str = _opt("auto", "read and look up the next batch on a background thread while this step computes "
+                         "(same results either way); auto: on when a rank has 2 or more threads (--threads), off "
+                         "when ranks get one core each, where the extra thread slows the step down",
+                         choices=("auto", "on", "off"))
 
     linear_optimizer: str = _opt("auto", "sparse order-1 weights (name:key=value,...); auto: ftrl alpha 1.0 for lr, "
                                  "0.5 for fm, 0.05 for wdl/deepfm and user models (tuned on the shipped sample)")

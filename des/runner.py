@@ -508,6 +508,9 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     run_folder = plan_run_folder(config, comm)
     folder = run_folder.work
     threads = runtime.configure_threads(config.threads)
+    pipeline_chosen = config.pipeline
+    if config.pipeline == "auto":  # per rank (never changes results): the overlap needs a spare core
+        config = dataclasses.replace(config, pipeline="on" if threads.intra_op >= 2 else "off")
     strategy = build_strategy(config, comm, store.num_fields, distinct, cls=cls, placement=placement)
     # What fixes the order of the batches: a checkpoint's position only means the same batch in a
     # run with the same data, batch size, seed and drop-last.
@@ -538,6 +541,8 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
             f"{config.batch_size}, {total_steps} steps ({config.epochs} epoch(s) of {steps_per_epoch}), dtype {config.dtype}")
     run.say(hosts)
     run.say(threads.describe())
+    run.say(f"  pipeline {config.pipeline}" + (f" (auto: {threads.intra_op} thread(s) per rank)"
+                                              if pipeline_chosen == "auto" else ""))
     run.say(f"  strategy {strategy.name}: {strategy.describe()}")
     run.say(f"  optimizers: linear {config.linear_optimizer_spec()}; embedding {config.embedding_optimizer_spec()}; "
             f"dense {config.dense_optimizer}")
