@@ -130,7 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "+ exchange_gradients + allreduce; ps pull + push. Every other phase is local work. 'top network fwd+bwd' is "
         "des's replicated top network (forward and backward) and, for alltoall/ps, the whole model's forward and "
         "backward on the local rows (one tf.function: it includes the first layer that des computes as partials); "
-        "'backward' = des local_backward, alltoall/ps per-id gradient sums (des does its unpooling in 'update').",
+        "'backward' = des local_backward, alltoall/ps per-id gradient sums (des does its unpooling in 'update'). "
+        "des on ONE rank runs partials, top and local backward as one TF call (phase fused_step), counted as 'top' "
+        "(its partial compute and backward are inside it).",
         "On one machine 'communication' is shared-memory copying plus waiting for the slowest rank (ps: for the "
         "server): with ranks time-sharing 2 cores, most of it is waiting. 'ps server busy' = server 0's lookups, "
         "optimizers and dense-weight traffic per worker step over the whole job (warm-up included, idle time not).",

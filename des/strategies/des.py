@@ -21,6 +21,9 @@ or, with ``--upper replicated`` (the paper's step):
 4. top       TF: ``combine`` + top network + loss on the whole batch, replicated on every rank
 6. local_backward, 8. update as above (no gradient exchange at all)
 
+On one rank nothing is reduced and the row block is the batch: steps 2, 4 and 6 run as one TF call
+(phase ``fused_step``; the same graph pieces, no buffer round trip through numpy).
+
 Both need ``combine`` and ``Model.top`` to be row-wise (``check_substitution``/``check_model``).
 """
 
@@ -45,7 +48,7 @@ class DES(Strategy):
     description = "partial sums of the substituted operators, summed over the ranks (the paper)"
     phases = {"lookup": "lookup", "partials": "partials", "reduce_scatter": "communication", "top": "top",
               "allgather": "communication", "local_backward": "backward", "allreduce": "communication",
-              "update": "update"}
+              "update": "update", "fused_step": "top"}
     #: replicated: the partials' AllReduce; data-parallel: the row blocks of the partials, the
     #: gathered buffer gradient and the top gradients' AllReduce
     traffic_sites = ("forward_partials", "partials_reduce_scatter", "gradient_allgather", "top_gradients")
@@ -91,8 +94,8 @@ class DES(Strategy):
         batch.prepared = (step, self.shard.lookup(batch, train=True, step=step))
         return batch
 
-    def _partials(self, batch: Any, *, train: bool) -> tuple[np.ndarray, list, list]:
-        """Steps 1-2: this rank's partials ``[B, P]`` of the whole global batch."""
+    def _pooled(self, batch: Any, *, train: bool) -> tuple[list, Any]:
+        """Step 1: this rank's fields of the whole global batch, looked up, gathered and pooled."""
         phase = self.timer if train else untimed  # evaluation is not timed
         with phase("lookup"):
             if train and batch.prepared is not None:
@@ -104,43 +107,53 @@ class DES(Strategy):
             pooled = self.shard.gather_pooled(batch, touched)
         if train:
             self.overlap_next()  # the next batch is read and looked up while TF computes this step
-        with phase("partials"):
+        return pooled, touched
+
+    def _partials(self, pooled: list, *, train: bool) -> np.ndarray:
+        """Step 2: this rank's partials ``[B, P]`` of the whole global batch."""
+        with (self.timer if train else untimed)("partials"):
             field_params = list(self.dense.field_params.values())
             buffer = self.split_form.partials(pooled, field_params).numpy()
             if self.upper == "replicated" and self.comm.size > 1:
                 buffer = np.array(buffer, order="C", copy=True)  # the AllReduce sums in place: TF's memory is not ours
-        return buffer, pooled, touched
+        return buffer
 
     def train_step(self, batch: Any) -> float:
         timer, form, dense, comm = self.timer, self.split_form, self.dense, self.comm
         size = len(batch.labels)
         labels = np.asarray(batch.labels, dtype=self.dtype)
-        top = list(dense.top_params.values())
-        buffer, pooled, touched = self._partials(batch, train=True)
-        if self.upper == "replicated" or comm.size == 1:  # one rank: the row block is the batch
-            with timer("allreduce"):
-                comm.allreduce_sum_(buffer, "forward_partials")  # (no-op on one rank)
-            with timer("top"):
-                loss, buffer_grad, top_grads = form.top_train(buffer, labels, top, size)
+        top, field_params = list(dense.top_params.values()), list(dense.field_params.values())
+        pooled, touched = self._pooled(batch, train=True)
+        if comm.size == 1:  # the row block is the batch and nothing is reduced: steps 2-6 in one TF call
+            with timer("fused_step"):
+                loss, pooled_grads, field_grads, top_grads = form.train_whole(pooled, field_params, top, labels, size)
                 loss, top_grads = float(loss), [g.numpy() for g in top_grads]
         else:
-            lo, hi = comm.row_bounds(size)[comm.rank : comm.rank + 2]
-            with timer("reduce_scatter"):
-                rows = comm.reduce_scatter_rows_sum(buffer, "partials_reduce_scatter")
-            with timer("top"):
-                loss, rows_grad, top_grads = form.top_train(rows, labels[lo:hi], top, size)
-                # this rank's loss share and top gradients, summed over the ranks while G travels
-                packed = np.concatenate([[float(loss)], *[g.numpy().reshape(-1) for g in top_grads]]).astype(self.dtype)
-            with timer("allreduce"):
-                pending = comm.start_allreduce_sum_(packed, "top_gradients")
-            with timer("allgather"):
-                buffer_grad = comm.allgather_rows(rows_grad.numpy(), size, "gradient_allgather")
-        with timer("local_backward"):
-            pooled_grads, field_grads = form.local_backward(pooled, list(dense.field_params.values()), buffer_grad)
-        if self.upper != "replicated" and comm.size > 1:
-            with timer("allreduce"):
-                pending.wait()
-                loss, top_grads = float(packed[0]), dense.split_top(packed[1:])
+            buffer = self._partials(pooled, train=True)
+            if self.upper == "replicated":
+                with timer("allreduce"):
+                    comm.allreduce_sum_(buffer, "forward_partials")
+                with timer("top"):
+                    loss, buffer_grad, top_grads = form.top_train(buffer, labels, top, size)
+                    loss, top_grads = float(loss), [g.numpy() for g in top_grads]
+            else:
+                lo, hi = comm.row_bounds(size)[comm.rank : comm.rank + 2]
+                with timer("reduce_scatter"):
+                    rows = comm.reduce_scatter_rows_sum(buffer, "partials_reduce_scatter")
+                with timer("top"):
+                    loss, rows_grad, top_grads = form.top_train(rows, labels[lo:hi], top, size)
+                    # this rank's loss share and top gradients, summed over the ranks while G travels
+                    packed = np.concatenate([[float(loss)], *[g.numpy().reshape(-1) for g in top_grads]]).astype(self.dtype)
+                with timer("allreduce"):
+                    pending = comm.start_allreduce_sum_(packed, "top_gradients")
+                with timer("allgather"):
+                    buffer_grad = comm.allgather_rows(rows_grad.numpy(), size, "gradient_allgather")
+            with timer("local_backward"):
+                pooled_grads, field_grads = form.local_backward(pooled, field_params, buffer_grad)
+            if self.upper != "replicated":
+                with timer("allreduce"):
+                    pending.wait()
+                    loss, top_grads = float(packed[0]), dense.split_top(packed[1:])
         with timer("lookup"):
             self.await_next()  # the next batch's lookup may grow the tables: done before they change
         with timer("update"):
@@ -151,7 +164,7 @@ class DES(Strategy):
         return loss
 
     def predict(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
-        buffer, _, _ = self._partials(batch, train=False)
+        buffer = self._partials(self._pooled(batch, train=False)[0], train=False)
         top, comm = list(self.dense.top_params.values()), self.comm
         if self.upper == "replicated" or comm.size == 1:
             comm.allreduce_sum_(buffer, "eval_partials")

@@ -99,22 +99,32 @@ class ModelSplitForm(_ModelForm):
             return self._local_backward(pooled, params, buffer_grad)
 
         @tf.function(reduce_retracing=True)
-        def top_train(buffer, labels, top, global_size):
-            with tf.GradientTape() as tape:
-                tape.watch([buffer, top])
-                logits = self._logits(buffer, top)
-                # these rows' share of the global batch's mean loss (all of it when they are the batch)
-                loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)) / global_size
-            buffer_grad, top_grads = tape.gradient(loss, [buffer, top],
-                                                   unconnected_gradients=tf.UnconnectedGradients.ZERO)
-            return loss, buffer_grad, top_grads
-
-        @tf.function(reduce_retracing=True)
         def top_predict(buffer, top):
             return tf.sigmoid(self._logits(buffer, top))
 
-        self.partials, self.local_backward, self.top_train, self.top_predict = (
-            partials, local_backward, top_train, top_predict)
+        @tf.function(reduce_retracing=True)
+        def train_whole(pooled, params, top, labels, global_size):
+            # one rank: nothing is reduced between the partials and the top network, so the three run
+            # as one graph (one call instead of three, no buffer round trip through numpy)
+            buffer = self._partials(pooled, params)
+            loss, buffer_grad, top_grads = self._top_train(buffer, labels, top, global_size)
+            pooled_grads, field_grads = self._local_backward(pooled, params, buffer_grad)
+            return loss, pooled_grads, field_grads, top_grads
+
+        self.partials, self.local_backward, self.top_predict, self.train_whole = (
+            partials, local_backward, top_predict, train_whole)
+        self.top_train = tf.function(self._top_train, reduce_retracing=True)
+
+    def _top_train(self, buffer: tf.Tensor, labels: tf.Tensor, top: Sequence[tf.Tensor], global_size: Any
+                   ) -> tuple[tf.Tensor, tf.Tensor, list[tf.Tensor]]:
+        """Loss of these rows (their share of the global batch's mean: all of it when they are the
+        batch), ``G = ∂L/∂buffer`` and the top network's gradients."""
+        with tf.GradientTape() as tape:
+            tape.watch([buffer, top])
+            logits = self._logits(buffer, top)
+            loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)) / global_size
+        buffer_grad, top_grads = tape.gradient(loss, [buffer, top], unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return loss, buffer_grad, top_grads
 
 
 class ModelReferenceForm(_ModelForm):
