@@ -130,8 +130,7 @@ def test_a_strategy_whose_initialization_depends_on_n_fails(small_data: Path, mo
     assert proc.returncode == 1, proc.stdout + proc.stderr
     failures = [line for line in proc.stdout.splitlines() if line.startswith("des.check: FAIL wdl des_seeded_by_n 2 ranks")]
     assert any("first_fc:kernel__value differs" in line for line in failures), proc.stdout
-    assert any(line.endswith("predictions differs by " + line.split("differs by ")[-1]) for line in failures
-               if "predictions" in line), proc.stdout
+    assert any("predictions differs by" in line for line in failures), proc.stdout
     assert proc.stdout.strip().endswith("des.check: FAILED")
 
 
