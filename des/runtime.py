@@ -10,6 +10,7 @@ TF's thread pools can only be sized before its first op (the log-level variables
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 
@@ -49,7 +50,10 @@ def configure_threads(threads: int = 0) -> Threads:
     intra = threads or max(1, cores // ranks)
     if ranks >= cores:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    os.environ.setdefault("NUMBA_NUM_THREADS", str(intra))  # read when numba first starts its pool
+    if "numba" not in sys.modules:
+        # numba reads it at import and re-reads it before every compilation: set after the import,
+        # a different value makes the next compilation (a cold cache) fail once its pool runs
+        os.environ.setdefault("NUMBA_NUM_THREADS", str(intra))
     import numba
     import tensorflow as tf
 

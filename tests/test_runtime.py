@@ -1,0 +1,37 @@
+"""Thread set-up per rank (``des.runtime.configure_threads``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.conftest import REPO
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs a thread count other than numba's default")
+def test_numba_compiles_after_threads_are_set_with_several_ranks_per_machine(tmp_path) -> None:
+    """A rank that imported numba (the data reader does) and then had its threads sized for
+    several ranks on the machine must still compile kernels: numba re-reads NUMBA_NUM_THREADS
+    before every compilation and refuses a value other than its running pool's. Regression: every
+    multi-rank job on a cold numba cache (a fresh install) died with "Cannot set
+    NUMBA_NUM_THREADS to a different value once the threads have been launched"."""
+    program = textwrap.dedent("""
+        import os
+        import numba  # imported first, as des.train's data reader does
+        from des import runtime
+        runtime.local_ranks = lambda: (os.cpu_count() or 1) + 1  # more ranks than cores: 1 thread each
+        threads = runtime.configure_threads()
+        assert threads.numba == 1, threads
+        add_one = numba.njit(lambda x: x + 1)  # a compilation after the pool started
+        assert add_one(1) == 2
+        print("compiled")
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_NUM_THREADS"}
+    env["NUMBA_CACHE_DIR"] = str(tmp_path / "numba-cache")
+    proc = subprocess.run([sys.executable, "-c", program], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stdout + proc.stderr
