@@ -1,4 +1,4 @@
-""".venv/bin/python scripts/bench_communication.py [--quick] [--batch-sizes 512,1024,2048,4096,8192] [--ranks 2,4] [--measure SPEC] [--steps 3]
+""".venv/bin/python scripts/bench_communication.py [--quick] [--batch-sizes 512,1024,2048,4096,8192] [--ranks 2,4] [--measure SPEC] [--steps 3] [--strategies des,des-replicated,alltoall] [--one-launch]
 
 Shows the DES paper's Table 2 on the shipped Criteo sample: for each batch size, the unique ids
 per batch (mean over the batches of epoch 0, from the data), and the bytes each rank SENDS per
@@ -13,10 +13,14 @@ Expect (bytes do not depend on the machine; measured on the 2-core machine): the
 des, des-replicated and alltoall equal the planner's prediction for the same batches exactly
 ('meas./pred.' 1.0000, every site); about 5.2k / 8.9k / 14.9k / 24.7k / 40.6k unique ids per
 batch for B = 512 / 1024 / 2048 / 4096 / 8192 (10 falling to 5 per sample); at N = 2 DES saves
-83-92% vs alltoall for LR (92% at B = 512 falling to 83% at B = 8192), about 70% for FM (72% at
-B = 4096), and is NEGATIVE (alltoall cheaper) for W&D/DeepFM from B = 2048 on (DeepFM about -180%
-at B = 4096), because a Criteo sample has at most 39 ids while the DES buffer carries 401-410
-floats per sample; N = 4 shows the same pattern with smaller savings.
+83-92% vs alltoall for LR (92% at B = 512, 86% at B = 4096, 83% at B = 8192), about 70% for FM
+(72% at B = 4096), and is NEGATIVE (alltoall cheaper) for W&D/DeepFM at every batch size (DeepFM
+-11% at B = 512, -236% at B = 4096), because a Criteo sample has at most 39 ids (about 6 distinct
+per sample in a batch of 4096) while the DES buffer carries 401-410 floats per sample; N = 4 shows
+the same pattern (LR 87% / 77%, FM 72% / 54%, DeepFM -14% / -274% at B = 512 / 4096). (With the
+paper's replicated upper network, des-replicated, DeepFM at B = 4096 is about -180%: no top
+gradients to AllReduce.) The planner's table per operator (logged for W&D and DeepFM) says which
+operator causes it: the first FC layer.
 
 Analytic and predicted bytes come from ``des/planner.py`` (its module docstring has the formulas,
 per rank, per term): des = the plan "all partials" (data-parallel upper network), des-replicated =
@@ -27,7 +31,9 @@ ids of all batches of epoch 0, for every batch size, rank count and model; predi
 unique ids of exactly the batches the ``des.train`` runs of ``--measure`` train
 ("B,B:model,model:N,N;..."; default: all four models at B=4096 on 2 and 4 ranks, LR and DeepFM at
 the other batch sizes on 2 ranks: each run costs 15-35 s of start-up here; ``--strategies`` picks
-which of des, des-replicated, alltoall run). The figure plots bytes/step against B (log).
+which of des, des-replicated, alltoall run; ``--one-launch`` trains all the runs of one rank count
+in a single mpiexec launch, same bytes, start-up paid once: 16 runs in about 90 s here). The
+figure plots bytes/step against B (log).
 
 The whole sample is used as training data (``--split 1,0,0``), so the unique-id statistics and
 the measured batches cover all 32,852 rows and the short jobs spend no time evaluating. The split
