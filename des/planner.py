@@ -347,7 +347,9 @@ def best_plan(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[i
               dtype_size: int = 4) -> PlanCost:
     """The plan with the fewest bytes (mean over ranks), by trying all 2^ops plans: operators
     interact (a shared block, keys and counts are paid once), so the per-operator choice alone
-    is not always the best. Ties go to partials (no replicated weights, no exchange)."""
+    is not always the best (DeepFM on Criteo: once the first FC layer exchanges the embedding
+    block, FM rides along for free). Plans are tried all-partials first and a later one must be
+    strictly cheaper, so a tie keeps the earlier, more-partials plan."""
     names = [op.name for op in shape.operators]
     choices = [(PARTIALS,) * len(names)] if unique is None else itertools.product(MODES, repeat=len(names))
     best: PlanCost | None = None
