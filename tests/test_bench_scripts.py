@@ -246,3 +246,11 @@ def test_deepctr_batch_order(tmp_path):
     assert list(deepctr.batch_order(store, 32, 3, 1)) == list(epoch[1][:per_epoch])
     order = deepctr.batch_order(store, 32, 3, 0, batches=2 * per_epoch // 32 + 1)
     assert list(order) == list(epoch[0][:per_epoch]) + list(epoch[1][:per_epoch]) + list(epoch[2][:32])
+
+
+def test_train_flags_command_line(tmp_path):
+    """benchlib.train_flags: des.train's command line, shared by Bench.train and Bench.train_many."""
+    argv = benchlib.train_flags(tmp_path / "run", {"batch_size": 512, "strategy": "des", "pipeline": False,
+                                                   "overwrite": True})
+    assert argv == ["--no-progress", "--output", str(tmp_path / "run"), "--batch-size", "512", "--strategy", "des",
+                    "--no-pipeline", "--overwrite"]
