@@ -1,4 +1,4 @@
-""".venv/bin/python scripts/bench_communication.py [--quick] [--batch-sizes 512,1024,2048,4096,8192] [--ranks 2,4] [--measure SPEC] [--steps 3]
+""".venv/bin/python scripts/bench_communication.py [--quick] [--batch-sizes 512,1024,2048,4096,8192] [--ranks 2,4] [--measure SPEC] [--steps 3] [--strategies des,des-replicated,alltoall] [--one-launch]
 
 Shows the DES paper's Table 2 on the shipped Criteo sample: for each batch size, the unique ids
 per batch (mean over the batches of epoch 0, from the data), and the bytes each rank SENDS per
@@ -9,30 +9,31 @@ rows and row gradients of remote unique ids with Alltoallv, plus the AllReduce o
 gradients), both **measured** (``bytes_per_step_by_site`` of short ``des.train`` runs) and
 **analytic**, and the communication-saving ratio 1 - DES/alltoall, at N = 2 and 4 ranks.
 
-Expect (bytes do not depend on the machine; measured on the 2-core machine): measured DES bytes
-equal the analytic formulas exactly (replicated 2(N-1)/N·4·B·P; data-parallel the same for the
-partials plus about 1.3 MB for the top gradients of W&D/DeepFM) and the alltoall rank-0 check is 1.000; about 5.2k / 8.9k / 14.9k /
-24.7k / 40.6k unique ids per batch for B = 512 / 1024 / 2048 / 4096 / 8192 (10 falling to 5 per
-sample); at N = 2 DES saves 83-92% vs alltoall for LR (92% at B = 512 falling to 83% at B = 8192),
-about 70% for FM (72% at B = 4096), and is NEGATIVE (alltoall cheaper) for W&D/DeepFM from
-B = 2048 on (DeepFM about -180% at B = 4096), because a Criteo sample has at most 39 ids while the
-DES buffer carries 401-410 floats per sample; N = 4 shows the same pattern with smaller savings.
+Expect (bytes do not depend on the machine; measured on the 2-core machine): the measured bytes of
+des, des-replicated and alltoall equal the planner's prediction for the same batches exactly
+('meas./pred.' 1.0000, every site); about 5.2k / 8.9k / 14.9k / 24.7k / 40.6k unique ids per
+batch for B = 512 / 1024 / 2048 / 4096 / 8192 (10 falling to 5 per sample); at N = 2 DES saves
+83-92% vs alltoall for LR (92% at B = 512, 86% at B = 4096, 83% at B = 8192), about 70% for FM
+(72% at B = 4096), and is NEGATIVE (alltoall cheaper) for W&D/DeepFM at every batch size (DeepFM
+-11% at B = 512, -236% at B = 4096), because a Criteo sample has at most 39 ids (about 6 distinct
+per sample in a batch of 4096) while the DES buffer carries 401-410 floats per sample; N = 4 shows
+the same pattern (LR 87% / 77%, FM 72% / 54%, DeepFM -14% / -274% at B = 512 / 4096). (With the
+paper's replicated upper network, des-replicated, DeepFM at B = 4096 is about -180%: no top
+gradients to AllReduce.) The planner's table per operator (logged for W&D and DeepFM) says which
+operator causes it: the first FC layer.
 
-Analytic, per rank and step (8-byte keys, 4-byte floats):
-
-* DES (data-parallel, rank 0): 2 (B - B//N) * 4 * P + 2 (N-1)/N * 4 * (1 + |θ_top|)
-* DES (replicated):   2 (N-1)/N * 4 * B * P,  P = 1 (LR), 1+(k+1) (FM), 1+H1 (W&D), 1+(k+1)+H1 (DeepFM)
-* alltoall:  U_r * (8 + 4 w)  [ids out, rows back]  +  U_r * 4 w  [row gradients]
-             + 2 (N-1)/N * 4 * (1 + D)  [dense gradients and the loss, ring AllReduce]
-  where U_r = (N-1)/N * (unique ids in a B/N-row shard, mean from the data) is the remote share,
-  w the floats per table row (1 for LR, 1+k otherwise) and D the replicated dense parameters.
-
-Analytic values are given for every batch size, rank count and model; ``des.train`` runs measure
-the grid of ``--measure`` ("B,B:model,model:N,N;..."; default: all four models at B=4096 on 2 and 4
-ranks, LR and DeepFM at the other batch sizes on 2 ranks: each run costs 15-35 s of start-up here).
-A rank-0 check column divides the measured bytes by what rank 0 must send for exactly these
-batches (counted from the data with the field placement, incl. the small count messages): 1.000
-means the Communicator's counters match the data. The figure plots bytes/step against B (log).
+Analytic and predicted bytes come from ``des/planner.py`` (its module docstring has the formulas,
+per rank, per term): des = the plan "all partials" (data-parallel upper network), des-replicated =
+all partials with ``upper="replicated"`` (one ring AllReduce of [B, P]), alltoall = the plan
+"all exchange" (keys, rows and row gradients of remote unique ids, the AllReduce of the replicated
+dense weights and the top gradients, the Alltoallv count messages). Analytic values use the unique
+ids of all batches of epoch 0, for every batch size, rank count and model; predicted values use the
+unique ids of exactly the batches the ``des.train`` runs of ``--measure`` train
+("B,B:model,model:N,N;..."; default: all four models at B=4096 on 2 and 4 ranks, LR and DeepFM at
+the other batch sizes on 2 ranks: each run costs 15-35 s of start-up here; ``--strategies`` picks
+which of des, des-replicated, alltoall run; ``--one-launch`` trains all the runs of one rank count
+in a single mpiexec launch, same bytes, start-up paid once: 16 runs in about 90 s here). The
+figure plots bytes/step against B (log).
 
 The whole sample is used as training data (``--split 1,0,0``), so the unique-id statistics and
 the measured batches cover all 32,852 rows and the short jobs spend no time evaluating. The split
@@ -47,120 +48,60 @@ import argparse
 import math
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-import numpy as np
 
 import benchlib
 
-KEY_BYTES, FLOAT_BYTES = 8, 4
 # The paper's Table 2 (Company* dataset, 4 nodes): batch -> (uniq feats, R_lr, R_fm(2), R_dnn) in %.
 PAPER_TABLE2 = {512: (147_664, 99.769, 99.376, 90.310), 1024: (257_757, 99.735, 99.285, 86.226),
                 2048: (448_814, 99.696, 99.179, 81.658), 4096: (789_511, 99.654, 99.066, 77.015),
                 8192: (1_389_353, 99.607, 98.939, 72.264)}
 
 
-# ------------------------------------------------------------------------------------ model sizes
-def buffer_width(model: str, k: int = 8, h1: int = 400) -> int:
-    """P: floats per sample in the DES step buffer."""
-    return {"lr": 1, "fm": 1 + (k + 1), "wdl": 1 + h1, "deepfm": 1 + (k + 1) + h1}[model]
+# ------------------------------------------------------------------------------------ the planner
+def build_shape(model: str, fields: int, k: int = 8, hidden: Sequence[int] = (400, 400, 400)):
+    """The planner's :class:`des.planner.ModelShape` of a built-in model with these sizes."""
+    from des.models import get_model
+    from des.planner import model_shape
+
+    sizes = {"num_fields": fields} if model == "lr" else {"num_fields": fields, "embedding_dim": k}
+    if model in ("wdl", "deepfm"):
+        sizes["hidden"] = tuple(hidden)
+    return model_shape(get_model(model)(**sizes))
 
 
-def row_width(model: str, k: int = 8) -> int:
-    """w: floats per table row that alltoall moves (the linear weight, plus the k-vector)."""
-    return 1 if model == "lr" else 1 + k
-
-
-def dense_params(model: str, fields: int = 39, k: int = 8, hidden: Sequence[int] = (400, 400, 400)) -> int:
-    """D: dense parameters alltoall replicates and AllReduces (output bias; for W&D/DeepFM the
-    first FC kernel F*k*H1, its bias and the upper layers down to one unit)."""
-    if model in ("lr", "fm"):
-        return 1
-    sizes = list(hidden) + [1]
-    tower = hidden[0] + sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
-    return 1 + fields * k * hidden[0] + tower
-
-
-# ------------------------------------------------------------------------------------ formulas
-def des_bytes(ranks: int, batch: int, width: int) -> float:
-    """--upper replicated: ring AllReduce of the [B, P] float32 buffer, 2 (N-1)/N * 4 * B * P bytes
-    sent per rank."""
-    return 2.0 * (ranks - 1) / ranks * FLOAT_BYTES * batch * width
-
-
-def top_params(model: str, fields: int = 39, k: int = 8, hidden: Sequence[int] = (400, 400, 400)) -> int:
-    """|θ_top|: the weights above the substituted layers (all dense weights but the first FC kernel)."""
-    return dense_params(model, fields, k, hidden) - (fields * k * hidden[0] if model in ("wdl", "deepfm") else 0)
-
-
-def des_data_parallel_bytes(ranks: int, batch: int, width: int, top: int) -> float:
-    """Rank 0, --upper data-parallel: the reduce-scatter of [B, P] by rows and the all-gather of its
-    gradient (each sends all blocks but rank 0's own, B - B//N rows), plus the ring AllReduce of the
-    top gradients and the loss: 2 (B - B//N) * 4 * P + 2 (N-1)/N * 4 * (1 + |θ_top|)."""
-    own = batch // ranks  # rank 0's block: rows 0 .. B//N
-    return 2.0 * (batch - own) * FLOAT_BYTES * width + 2.0 * (ranks - 1) / ranks * FLOAT_BYTES * (1 + top)
-
-
-def sparse_exchange_bytes(remote_unique: float, width: int) -> float:
-    """Ids (8 B) and rows (4w B) of the remote unique ids, and their row gradients (4w B)."""
-    return remote_unique * (KEY_BYTES + FLOAT_BYTES * width) + remote_unique * FLOAT_BYTES * width
-
-
-def alltoall_bytes(ranks: int, remote_unique: float, width: int, dense: int) -> float:
-    """The sparse exchange plus the ring AllReduce of the dense gradients and the loss (1 + D floats)."""
-    return sparse_exchange_bytes(remote_unique, width) + 2.0 * (ranks - 1) / ranks * FLOAT_BYTES * (1 + dense)
+def dense_params(shape) -> int:
+    """D: the dense parameters alltoall replicates (top network + every operator's field weights)."""
+    return shape.top_params + sum(op.field_params for op in shape.operators)
 
 
 def saving(des: float, alltoall: float) -> float:
     return 1.0 - des / alltoall if alltoall else math.nan
 
 
-# ------------------------------------------------------------------------------------ data
-def id_statistics(store, batch_size: int, ranks: Sequence[int], first: int) -> dict:
-    """Unique ids per global batch and per B/N-row shard, the remote share, and what rank 0 sends
-    in exactly the first ``first`` batches (keys it requests, rows it serves), under ``mod``."""
-    from des.data import BatchReader
+def predictions(shape, batch: int, ranks: int, unique, fields: int) -> dict:
+    """des (data-parallel), des-replicated and alltoall as the planner's pure plans: the
+    :class:`des.planner.PlanCost` of each (bytes per rank, per term and per Communicator site)."""
     from des.placement import place_fields
+    from des.planner import EXCHANGE, PARTIALS, plan_cost
 
-    reader = BatchReader(store, "train", batch_size=batch_size, seed=0, epoch=0)
-    fields = list(range(store.num_fields))
-    owner = {n: np.empty(len(fields), np.int64) for n in ranks}
-    for n in ranks:
-        for r, owned in enumerate(place_fields(len(fields), n, "mod")):
-            owner[n][owned] = r
-    global_unique, shard_unique, remote_unique = [], {n: [] for n in ranks}, {n: [] for n in ranks}
-    rank0 = {n: {"keys": 0, "rows_served": 0} for n in ranks}
-    for index in range(len(reader)):
-        batch = reader.batch(index)
-        global_unique.append(sum(np.unique(batch.fields[f].keys).size for f in fields))
-        for n in ranks:
-            per = np.zeros((n, len(fields)), np.int64)  # unique ids of field f in rank r's shard
-            for r in range(n):
-                shard = batch.take(r * batch.size // n, (r + 1) * batch.size // n)
-                per[r] = [np.unique(shard.fields[f].keys).size for f in fields]
-            remote = np.array([per[r][owner[n] != r].sum() for r in range(n)])
-            shard_unique[n].append(per.sum(axis=1).mean())
-            remote_unique[n].append(remote.mean())
-            if index < first:
-                rank0[n]["keys"] += int(remote[0])
-                rank0[n]["rows_served"] += int(sum(per[r][owner[n] == 0].sum() for r in range(1, n)))
-    return {
-        "batches": len(reader),
-        "global_unique": float(np.mean(global_unique)),
-        "global_unique_first": float(np.mean(global_unique[:first])),
-        "shard_unique": {n: float(np.mean(v)) for n, v in shard_unique.items()},
-        "remote_unique": {n: float(np.mean(v)) for n, v in remote_unique.items()},
-        "rank0": {n: {k: v / min(first, len(reader)) for k, v in d.items()} for n, d in rank0.items()},
-    }
+    placement = place_fields(fields, ranks, "mod")  # des.train's default --placement
+    return {"des": plan_cost(shape, PARTIALS, batch, placement, unique),
+            "des_replicated": plan_cost(shape, PARTIALS, batch, placement, unique, upper="replicated"),
+            "alltoall": plan_cost(shape, EXCHANGE, batch, placement, unique)}
 
 
-def rank0_alltoall_bytes(ranks: int, fields: int, keys: float, rows_served: float, width: int, dense: int) -> float:
-    """What rank 0 sends per step under alltoall, count messages included (see the engine)."""
-    counts = (ranks - 1) * KEY_BYTES  # one per Alltoallv: the per-destination element counts
-    field_counts = (ranks - 1) * fields * KEY_BYTES + counts  # per-field id counts, sent first
-    return (field_counts + KEY_BYTES * keys + counts              # embedding_keys (+ :counts)
-            + FLOAT_BYTES * width * rows_served + counts           # embedding_rows
-            + FLOAT_BYTES * width * keys + counts                  # embedding_gradients
-            + 2.0 * (ranks - 1) / ranks * FLOAT_BYTES * (1 + dense))  # dense_gradients
+def measured_check(summary: dict, cost) -> dict:
+    """Measured over predicted: rank 0, the mean over ranks, and the worst Communicator site."""
+    measured_sites = summary["bytes_per_step_by_site"]
+    predicted_sites = {site: sum(v) / len(v) for site, v in cost.sites().items()}
+    worst = 0.0  # over every site either side names (a site the planner does not predict counts as 0)
+    for site in set(measured_sites) | set(predicted_sites):
+        measured, predicted = measured_sites.get(site, 0.0), predicted_sites.get(site, 0.0)
+        worst = max(worst, abs(measured / predicted - 1.0) if predicted else (math.inf if measured else 0.0))
+    return {"rank0": summary["bytes_per_step_per_rank"][0] / cost.per_rank()[0] if cost.per_rank()[0] else math.nan,
+            "mean": summary["bytes_per_step"] / cost.mean if cost.mean else math.nan, "worst_site": worst}
 
 
 # ------------------------------------------------------------------------------------ main
@@ -174,6 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hidden", default="400,400,400")
     parser.add_argument("--data", default=str(benchlib.SAMPLE))
     parser.add_argument("--split", default="1,0,0", help="train,validation,test fractions (see the docstring)")
+    parser.add_argument("--strategies", default="des,des-replicated,alltoall",
+                        help="strategies of the measured runs (default des,des-replicated,alltoall)")
+    parser.add_argument("--one-launch", action="store_true",
+                        help="all measured runs of a rank count in one mpiexec launch (start-up paid once)")
     parser.add_argument("--measure", default="4096:lr,fm,wdl,deepfm:2,4;512,1024,2048,8192:lr,deepfm:2",
                         help="B,..:model,..:N,.. groups separated by ';' to measure with des.train ('' = none)")
     benchlib.add_common_arguments(parser)
@@ -188,66 +133,89 @@ def main(argv: Sequence[str] | None = None) -> int:
     batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
     ranks = [int(x) for x in args.ranks.split(",")]
     models = args.models.split(",")
+    strategies = args.strategies.split(",")
     hidden = [int(x) for x in args.hidden.split(",")]
     k = args.embedding_dim
     bench = benchlib.Bench(__file__, args)
 
-    from des.data import open_dataset
+    from des.data import BatchReader, open_dataset
+    from des.placement import place_fields
+    from des.planner import estimate_unique_ids
+    from des.planner import report as planner_report
 
     split = [float(x) for x in args.split.split(",")]
     store = open_dataset(args.data, split=split, seed=0)  # the store des.train --split makes
     fields = store.num_fields
     rows, id_rows = [], []
+    runs: dict[int, list] = {n: [] for n in ranks}  # (tag, strategy, row, predicted, flags) per rank count
     for batch in batch_sizes:
-        stats = id_statistics(store, batch, ranks, args.steps)
+        epoch = len(BatchReader(store, "train", batch_size=batch))
+        # U_{q,f}: over all batches of epoch 0 (the analytic columns) and over the measured steps
+        # (the planner's prediction for exactly the batches the des.train runs send)
+        whole = {n: estimate_unique_ids(store, batch, n, batches=epoch) for n in [1, *ranks]}
+        first = {n: estimate_unique_ids(store, batch, n, batches=args.steps) for n in ranks}
+        global_unique = float(whole[1].per_block.sum())
         paper = PAPER_TABLE2.get(batch)
-        id_rows.append({"batch": batch, "batches": stats["batches"], "unique_ids": stats["global_unique"],
-                        "unique_per_sample": stats["global_unique"] / batch,
-                        **{f"shard_unique_n{n}": stats["shard_unique"][n] for n in ranks},
+        id_rows.append({"batch": batch, "batches": epoch, "unique_ids": global_unique,
+                        "unique_per_sample": global_unique / batch,
+                        **{f"shard_unique_n{n}": float(whole[n].per_block.sum()) / n for n in ranks},
                         "paper_unique": paper[0] if paper else None})
-        bench.log(f"B={batch}: {stats['global_unique']:,.0f} unique ids per batch")
+        bench.log(f"B={batch}: {global_unique:,.0f} unique ids per batch")
         for n in ranks:
             for model in models:
-                p, w, d = buffer_width(model, k, hidden[0]), row_width(model, k), dense_params(model, fields, k, hidden)
-                remote = (n - 1) / n * stats["shard_unique"][n]
+                shape = build_shape(model, fields, k, hidden)
+                analytic = predictions(shape, batch, n, whole[n], fields)
+                predicted = predictions(shape, batch, n, first[n], fields)
                 row = {
-                    "batch": batch, "ranks": n, "model": model, "P": p, "row_width": w, "dense_params": d,
-                    "unique_ids": stats["global_unique"], "shard_unique": stats["shard_unique"][n],
-                    "remote_unique_formula": remote, "remote_unique_data": stats["remote_unique"][n],
-                    "des_analytic": des_data_parallel_bytes(n, batch, p, top_params(model, fields, k, hidden)),
-                    "des_replicated_analytic": des_bytes(n, batch, p),
-                    "alltoall_analytic": alltoall_bytes(n, remote, w, d),
-                    "alltoall_rank0_expected": rank0_alltoall_bytes(n, fields, stats["rank0"][n]["keys"],
-                                                                    stats["rank0"][n]["rows_served"], w, d),
+                    "batch": batch, "ranks": n, "model": model, "P": shape.buffer_width,
+                    "row_width": sum(shape.blocks.values()), "dense_params": dense_params(shape),
+                    "unique_ids": global_unique, "shard_unique": float(whole[n].per_block.sum()) / n,
+                    **{f"{key}_analytic": cost.mean for key, cost in analytic.items()},
+                    **{f"{key}_predicted": cost.mean for key, cost in predicted.items()},
+                    **{f"{key}_predicted_rank0": cost.per_rank()[0] for key, cost in predicted.items()},
+                    "alltoall_sparse_analytic": sum(analytic["alltoall"].term_mean(t) for t in
+                                                    ("keys", "rows", "row_gradients")),
                 }
                 row["saving_analytic"] = saving(row["des_analytic"], row["alltoall_analytic"])
                 # The paper's R counts the sparse exchange only (no dense-gradient AllReduce).
-                row["alltoall_sparse_analytic"] = sparse_exchange_bytes(remote, w)
                 row["saving_sparse_analytic"] = saving(row["des_analytic"], row["alltoall_sparse_analytic"])
                 if paper:
                     row["paper_saving"] = {"lr": paper[1], "fm": paper[2], "wdl": paper[3]}.get(model)
+                if model in ("wdl", "deepfm"):  # the planner's start-up table, per operator
+                    bench.log(planner_report(shape, batch, place_fields(fields, n, "mod"), whole[n],
+                                             title=f"{model}, {Path(args.data).name}"))
                 if (batch, model, n) in measure:
                     common = dict(model=model, batch_size=batch, epochs=1, max_steps=args.steps, data=args.data,
                                   split=args.split, embedding_dim=k, hidden=args.hidden)
-                    for strategy in ("des", "des-replicated", "alltoall"):
-                        s = bench.train(n, f"{model}-{strategy}-n{n}-b{batch}", **benchlib.strategy_flags(strategy),
-                                        **common)
-                        if s is not None:
-                            key = strategy.replace("-", "_")
-                            row[f"{key}_measured"] = s["bytes_per_step_per_rank"][0]  # rank 0's
-                            row[f"{key}_by_site"] = s["bytes_per_step_by_site"]
-                            row[f"{key}_steps"] = s["steps"]
-                    if "des_measured" in row and "alltoall_measured" in row:
-                        row["saving_measured"] = saving(row["des_measured"], row["alltoall_measured"])
-                    for key in ("des", "des_replicated"):
-                        if f"{key}_measured" in row:
-                            row[f"{key}_check"] = row[f"{key}_measured"] / row[f"{key}_analytic"]
-                    if "alltoall_measured" in row:
-                        row["alltoall_check"] = row["alltoall_measured"] / row["alltoall_rank0_expected"]
-                for key in ("saving_analytic", "saving_measured", "saving_sparse_analytic"):
-                    if key in row:
-                        row[key + "_pct"] = 100.0 * row[key]
+                    for strategy in strategies:
+                        runs[n].append((f"{model}-{strategy}-n{n}-b{batch}", strategy, row, predicted,
+                                        {**benchlib.strategy_flags(strategy), **common}))
                 rows.append(row)
+
+    # the des.train runs: one launch each, or (--one-launch) all runs of a rank count in one launch
+    for n, group in runs.items():
+        if args.one_launch:
+            summaries = bench.train_many(n, [(tag, flags) for tag, _, _, _, flags in group])
+        else:
+            summaries = {tag: bench.train(n, tag, **flags) for tag, _, _, _, flags in group}
+        for tag, strategy, row, predicted, _ in group:
+            s = summaries.get(tag)
+            if s is None:
+                continue
+            key = strategy.replace("-", "_")
+            row[f"{key}_measured"] = s["bytes_per_step"]  # mean over ranks
+            row[f"{key}_measured_rank0"] = s["bytes_per_step_per_rank"][0]
+            row[f"{key}_by_site"] = s["bytes_per_step_by_site"]
+            row[f"{key}_steps"] = s["steps"]
+            check = measured_check(s, predicted[key])
+            row[f"{key}_check"], row[f"{key}_check_rank0"] = check["mean"], check["rank0"]
+            row[f"{key}_worst_site_pct"] = 100.0 * check["worst_site"]
+    for row in rows:
+        if "des_measured" in row and "alltoall_measured" in row:
+            row["saving_measured"] = saving(row["des_measured"], row["alltoall_measured"])
+        for key in ("saving_analytic", "saving_measured", "saving_sparse_analytic"):
+            if key in row:
+                row[key + "_pct"] = 100.0 * row[key]
 
     id_columns = [("batch", "B", "d"), ("batches", "batches/epoch", "d"), ("unique_ids", "unique ids/batch", ",.0f"),
                   ("unique_per_sample", "per sample", ".1f")]
@@ -259,20 +227,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                ("des_replicated_analytic", "DES repl. analytic", ",.0f"),
                ("alltoall_measured", "a2a meas. B/step", ",.0f"), ("alltoall_analytic", "a2a analytic", ",.0f"),
                ("saving_measured_pct", "saving meas. %", ".1f"), ("saving_analytic_pct", "saving analytic %", ".1f"),
-               ("saving_sparse_analytic_pct", "saving sparse-only %", ".1f"), ("paper_saving", "paper R %", ".1f"), ("alltoall_check", "a2a rank-0 check", ".3f"),
-               ("des_check", "DES check", ".3f"), ("des_replicated_check", "DES repl. check", ".3f")]
+               ("saving_sparse_analytic_pct", "saving sparse-only %", ".1f"), ("paper_saving", "paper R %", ".1f")]
+    check_columns = [("ranks", "N", "d"), ("batch", "B", "d"), ("model", "model", "")]
+    for key, title in (("des", "DES"), ("des_replicated", "DES repl."), ("alltoall", "a2a")):
+        if key.replace("_", "-") in strategies:
+            check_columns += [(f"{key}_predicted", f"{title} predicted", ",.0f"), (f"{key}_measured", f"{title} measured", ",.0f"),
+                              (f"{key}_check", "meas./pred.", ".4f"), (f"{key}_check_rank0", "rank 0", ".4f"),
+                              (f"{key}_worst_site_pct", "worst site %", ".2f")]
     rows.sort(key=lambda r: (r["ranks"], r["batch"], models.index(r["model"])))
+    measured_rows = [r for r in rows if any(f"{key}_measured" in r for key in ("des", "des_replicated", "alltoall"))]
+    shapes = {m: build_shape(m, fields, k, hidden) for m in ("fm", "wdl", "deepfm")}
     notes = [
         benchlib.STRATEGY_NOTE + " Savings compare des (data-parallel) with alltoall.",
-        "Bytes are what one rank SENDS per training step (rank 0's counters), averaged over the first "
-        f"{args.steps} steps of epoch 0 (seed 0), with split {args.split} of the shipped sample "
-        f"({len(store.split_rows('train')):,} training rows; evaluation traffic goes to eval_* sites, not counted); analytic = the formulas of the module docstring with the "
-        "unique-id counts of the data (mean over all batches of epoch 0, so they can differ from the measured "
-        "first steps by a few %). 'a2a rank-0 check' = measured / exact rank-0 bytes for the same batches.",
-        f"DES: P = 1 / {buffer_width('fm', k)} / {buffer_width('wdl', k, hidden[0])} / "
-        f"{buffer_width('deepfm', k, hidden[0])} floats per sample (LR / FM / W&D / DeepFM; k={k}, H1={hidden[0]}). "
+        "Bytes are what a rank SENDS per training step, mean over the ranks (summary.json's bytes_per_step), "
+        f"over the first {args.steps} steps of epoch 0 (seed 0), with split {args.split} of the data "
+        f"({len(store.split_rows('train')):,} training rows; evaluation traffic goes to eval_* sites, not counted). "
+        "analytic = des/planner.py's pure plans (all partials = des, all exchange = alltoall) with the unique ids "
+        "of all batches of epoch 0; predicted = the same with the unique ids of the measured batches (the first "
+        f"{args.steps}): 'meas./pred.' should be 1.0000 (mean over ranks), 'rank 0' the same for rank 0 alone, "
+        "'worst site %' the largest deviation of one Communicator site.",
+        f"DES: P = 1 / {shapes['fm'].buffer_width} / {shapes['wdl'].buffer_width} / "
+        f"{shapes['deepfm'].buffer_width} floats per sample (LR / FM / W&D / DeepFM; k={k}, H1={hidden[0]}). "
         f"alltoall: w = 1 (LR) or {1 + k} floats per row; dense params D = 1 (LR, FM) or "
-        f"{dense_params('wdl', fields, k, hidden):,} (W&D, DeepFM: first FC {fields}x{k}x{hidden[0]} + upper layers).",
+        f"{dense_params(shapes['wdl']):,} (W&D, DeepFM: first FC {fields}x{k}x{hidden[0]} + upper layers).",
         "'saving sparse-only' is the paper's definition of R: DES bytes vs the id/row/gradient exchange alone "
         "(alltoall without its dense-gradient AllReduce).",
         "Paper Table 2 is on Tencent's Company* data (about 950 unique feature values per sample, 147k-1.4M unique "
@@ -312,7 +289,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fig
 
     bench.finish(rows, [("Unique ids per batch (train split, epoch 0)", id_columns, id_rows),
-                        ("Bytes sent per step per rank, and the saving 1 - DES/alltoall", columns, rows)],
+                        ("Bytes sent per step per rank, and the saving 1 - DES/alltoall", columns, rows),
+                        ("The planner's prediction vs the Communicator's measured bytes (same batches)",
+                         check_columns, measured_rows)],
                  notes, figure, extra={"unique_ids": id_rows})
     return 1 if bench.failures else 0
 

@@ -278,13 +278,7 @@ class Bench:
         output = self.jobs / tag
         entry = ["-m", "des.train"] if not restart_timers_after else [
             __file__, "--restart-timers-after", str(restart_timers_after)]
-        argv = [str(MPIEXEC), "-n", str(ranks), str(PYTHON), *entry, "--no-progress", "--output", str(output)]
-        for key, value in flags.items():
-            flag = "--" + key.replace("_", "-")
-            if isinstance(value, bool):
-                argv.append(flag if value else "--no-" + flag[2:])
-            else:
-                argv += [flag, str(value)]
+        argv = [str(MPIEXEC), "-n", str(ranks), str(PYTHON), *entry, *train_flags(output, flags)]
         start = time.perf_counter()
         try:
             self.run_command(argv, label=f"{tag} ({ranks} ranks)")
@@ -307,6 +301,31 @@ class Bench:
                  f"{summary['bytes_per_step'] or 0:,.0f} B/step, test AUC {summary.get('test_auc') or float('nan'):.4f}, "
                  f"ms {phases} ({summary['job_seconds']:.0f} s; {self.elapsed():.0f} s so far)")
         return summary
+
+    def train_many(self, ranks: int, runs: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any] | None]:
+        """Several ``des.train`` runs ``(tag, flags)`` in ONE ``mpiexec`` launch (this file run with
+        ``--train-many SPEC``, see :func:`train_many`): a rank's start-up (TensorFlow's import,
+        numba's kernels) is paid once. Each run has its own Communicator, run folder and
+        summary.json, so bytes and results are those of separate launches; wall times are not (the
+        later runs start warm). Returns tag -> summary (None for a run that did not finish)."""
+        spec = self.jobs / f"launch-n{ranks}-{len(runs)}-runs.json"
+        spec.parent.mkdir(parents=True, exist_ok=True)
+        spec.write_text(json.dumps([train_flags(self.jobs / tag, flags) for tag, flags in runs], indent=1))
+        try:
+            self.run_command([str(MPIEXEC), "-n", str(ranks), str(PYTHON), __file__, "--train-many", str(spec)],
+                             label=f"{len(runs)} runs ({ranks} ranks)")
+        except BenchError as exc:
+            self.failures.append(str(exc))
+            self.log(f"FAILED {exc}")
+        out: dict[str, dict[str, Any] | None] = {}
+        for tag, _ in runs:
+            try:
+                out[tag] = json.loads((self.jobs / tag / "summary.json").read_text())
+                self.log(f"  {tag}: {out[tag]['steps']} steps, {out[tag]['bytes_per_step']:,.0f} B/step")
+            except (OSError, ValueError):
+                out[tag] = None
+            shutil.rmtree(self.jobs / tag / "checkpoints", ignore_errors=True)
+        return out
 
     def steady(self, ranks: int, tag: str, warmup: int, steps: int, **flags: Any) -> dict[str, Any] | None:
         """One job of ``warmup + steps`` steps (``--epochs 0``; per worker for ``ps``, whose
@@ -377,6 +396,36 @@ class Bench:
         return text
 
 
+def train_flags(output: Path, flags: Mapping[str, Any]) -> list[str]:
+    """des.train's command line for ``output`` and ``flags`` (``batch_size=512`` -> ``--batch-size
+    512``; booleans as ``--flag`` / ``--no-flag``)."""
+    argv = ["--no-progress", "--output", str(output)]
+    for key, value in flags.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + flag[2:])
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def train_many(spec: str) -> None:
+    """``mpiexec -n N python scripts/benchlib.py --train-many SPEC``: ``des.train`` once per
+    command line of the JSON list in SPEC, one after the other in this launch (each
+    ``des.train.main`` builds its own Communicator: byte counters start at zero)."""
+    from des import train as des_train
+    from des.collectives import run_main
+
+    runs = json.loads(Path(spec).read_text())
+
+    def main() -> int:
+        for argv in runs:
+            des_train.main(list(argv))
+        return 0
+
+    run_main(main, "des.train")
+
+
 # ---------------------------------------------------------------------------------------- timer restart
 def train_with_timer_restart(warmup: int, argv: Sequence[str]) -> None:
     """``mpiexec -n N python scripts/benchlib.py --restart-timers-after W <des.train flags>``:
@@ -410,5 +459,7 @@ def train_with_timer_restart(warmup: int, argv: Sequence[str]) -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--restart-timers-after":
         train_with_timer_restart(int(sys.argv[2]), sys.argv[3:])
+    elif len(sys.argv) == 3 and sys.argv[1] == "--train-many":
+        train_many(sys.argv[2])
     else:
         raise SystemExit("benchlib is a library; the benchmarks are scripts/bench_*.py")

@@ -32,28 +32,41 @@ ALL_SCRIPTS = tuple(sorted(p.stem for p in SCRIPTS.glob("bench_*.py")))
 
 
 def test_model_sizes_by_hand():
-    assert [comm.buffer_width(m) for m in ("lr", "fm", "wdl", "deepfm")] == [1, 10, 401, 410]
-    assert [comm.row_width(m) for m in ("lr", "fm", "wdl", "deepfm")] == [1, 9, 9, 9]
+    shapes = {m: comm.build_shape(m, 39) for m in ("lr", "fm", "wdl", "deepfm")}
+    assert [shapes[m].buffer_width for m in ("lr", "fm", "wdl", "deepfm")] == [1, 10, 401, 410]
+    assert [sum(shapes[m].blocks.values()) for m in ("lr", "fm", "wdl", "deepfm")] == [1, 9, 9, 9]
     # W&D / DeepFM: output bias 1, first FC 39*8*400 = 124,800, its bias 400,
     # 400x400+400 twice, 400x1+1  ->  1 + 124,800 + 400 + 160,400 + 160,400 + 401
-    assert comm.dense_params("wdl") == comm.dense_params("deepfm") == 446_402
-    assert comm.dense_params("lr") == comm.dense_params("fm") == 1
-    assert comm.dense_params("wdl", fields=2, k=3, hidden=(4,)) == 1 + 2 * 3 * 4 + 4 + (4 * 1 + 1)
+    assert comm.dense_params(shapes["wdl"]) == comm.dense_params(shapes["deepfm"]) == 446_402
+    assert comm.dense_params(shapes["lr"]) == comm.dense_params(shapes["fm"]) == 1
+    assert comm.dense_params(comm.build_shape("wdl", 2, 3, (4,))) == 1 + 2 * 3 * 4 + 4 + (4 * 1 + 1)
 
 
-def test_byte_formulas_by_hand():
-    # DES: ring AllReduce of [B, P] float32: 2 (N-1)/N * 4 * B * P
-    assert comm.des_bytes(2, 4096, 410) == 6_717_440  # = 4096 * 410 * 4: what des.train reports for DeepFM
-    assert comm.des_bytes(4, 512, 1) == 3_072
-    assert comm.des_bytes(1, 4096, 410) == 0
-    # alltoall: 100 remote ids, rows of 9 floats, D = 1 on 2 ranks:
-    # ids 100*8 + rows 100*36 + row grads 100*36 + AllReduce of (1 + 1) floats = 800 + 3600 + 3600 + 8
-    assert comm.sparse_exchange_bytes(100, 9) == 8_000
-    assert comm.alltoall_bytes(2, 100, 9, 1) == 8_008
+def test_bench_bytes_are_the_planners_pure_plans():
+    """des, des-replicated and alltoall columns: des/planner.py's all-partials (data-parallel and
+    replicated upper network) and all-exchange plans, checked by hand for DeepFM at B=4096, N=2."""
+    import numpy as np
+
+    from des.planner import UniqueIds
+
+    # 100 distinct ids per field and row block; mod placement: rank 0 owns 20 fields, rank 1 19
+    unique = UniqueIds(4096, 2, np.full((2, 39), 100.0))
+    p = comm.predictions(comm.build_shape("deepfm", 39), 4096, 2, unique, 39)
+    assert p["des_replicated"].per_rank() == [6_717_440] * 2  # 2 (N-1)/N * 4 * B * P = 4096 * 410 * 4
+    # reduce-scatter + all-gather of the other block (2048 rows x 410 floats), top gradients + loss
+    assert p["des"].per_rank() == [2 * 2048 * 410 * 4 + 4 * (321_602 + 1)] * 2
+    # rank 0: keys of 19 remote fields, rows of its 20 fields to rank 1, row gradients of the 19;
+    # the AllReduce of every dense weight and the loss; field counts and 4 Alltoallv counts
+    dense = 4 * (446_402 + 1) + 8 * (39 + 4)
+    assert p["alltoall"].per_rank() == [1900 * 8 + 2000 * 36 + 1900 * 36 + dense,
+                                        2000 * 8 + 1900 * 36 + 2000 * 36 + dense]
     assert comm.saving(8_008 / 4, 8_008) == pytest.approx(0.75)
-    # rank 0, 2 ranks, 3 fields, 10 ids requested, 5 served, w = 1, D = 1:
-    # field counts 1*3*8 + 8, ids 80 + 8, rows 4*5 + 8, row grads 4*10 + 8, dense 8
-    assert comm.rank0_alltoall_bytes(2, 3, keys=10, rows_served=5, width=1, dense=1) == 32 + 88 + 28 + 48 + 8
+    # measured / predicted, per rank 0, mean and worst site
+    sites = {k: float(np.mean(v)) for k, v in p["des"].sites().items()}
+    summary = {"bytes_per_step_by_site": {**sites, "top_gradients": sites["top_gradients"] * 1.01},
+               "bytes_per_step_per_rank": p["des"].per_rank(), "bytes_per_step": p["des"].mean}
+    check = comm.measured_check(summary, p["des"])
+    assert check["rank0"] == check["mean"] == 1.0 and check["worst_site"] == pytest.approx(0.01)
 
 
 def test_markdown_table_and_csv():
@@ -230,7 +243,7 @@ def test_plain_roofline_network_is_the_model():
 
     for model in ("wdl", "deepfm"):
         variables, _ = throughput.plain_network(model)
-        assert sum(v.shape.num_elements() for v in variables) == comm.dense_params(model)
+        assert sum(v.shape.num_elements() for v in variables) == comm.dense_params(comm.build_shape(model, 39))
     rng = np.random.default_rng(1)
     linear = rng.normal(size=(5, 3, 1)).astype(np.float32)
     emb = rng.normal(size=(5, 3, 2)).astype(np.float32)
@@ -251,3 +264,11 @@ def test_deepctr_batch_order(tmp_path):
     assert list(deepctr.batch_order(store, 32, 3, 1)) == list(epoch[1][:per_epoch])
     order = deepctr.batch_order(store, 32, 3, 0, batches=2 * per_epoch // 32 + 1)
     assert list(order) == list(epoch[0][:per_epoch]) + list(epoch[1][:per_epoch]) + list(epoch[2][:32])
+
+
+def test_train_flags_command_line(tmp_path):
+    """benchlib.train_flags: des.train's command line, shared by Bench.train and Bench.train_many."""
+    argv = benchlib.train_flags(tmp_path / "run", {"batch_size": 512, "strategy": "des", "pipeline": False,
+                                                   "overwrite": True})
+    assert argv == ["--no-progress", "--output", str(tmp_path / "run"), "--batch-size", "512", "--strategy", "des",
+                    "--no-pipeline", "--overwrite"]

@@ -1,0 +1,406 @@
+"""The per-operator communication cost model of issue 11: bytes sent per training step and rank
+when each substitution (operator) of a model runs as **partials** (DES) or as an **exchange** of
+its pooled inputs, with the data-parallel upper network (rows split over the ranks).
+
+Pure arithmetic on counts (no MPI, no TensorFlow): the inputs are the model's shape
+(:class:`ModelShape`, from :func:`model_shape`), the batch size, the field placement, the float
+size and the distinct ids per field per row block (:class:`UniqueIds`, estimated from the first
+batches of the training order by :func:`estimate_unique_ids`). The counts are those the
+Communicator accounts (``des/collectives/communicator.py``): ring collectives, Alltoallv bytes
+addressed to other ranks, bytes SENT by each rank.
+
+Notation (the DES paper's where it applies):
+
+* ``B`` global batch, ``N`` ranks; rank ``r`` owns the rows ``⌊rB/N⌋ .. ⌊(r+1)B/N⌋`` of the batch
+  (``b_r`` of them, the Communicator's ``row_bounds``) and the fields ``F_r`` (the placement);
+* ``s`` bytes per float (4 for float32, 8 for float64), ``κ = 8`` bytes per key or count (int64);
+* operator ``j``: ``S_M = w_j`` columns of the ``[B, P]`` buffer (``P = Σ_j w_j``), the block
+  ``k(j)`` it reads (``d_k`` floats per id) and ``|W_j|`` field parameters over all fields (e.g. the
+  first FC kernel, ``F·k·H_1``);
+* ``U_{q,f}``: distinct ids of field ``f`` in row block ``q`` (mean over the sampled batches);
+* ``|θ_top|``: parameters of the top network.
+
+Bytes rank ``r`` sends per step:
+
+**partials** (operator ``j``; the hybrid DES step, ``des/strategies/des.py``)::
+
+    reduce-scatter of its w_j columns by rows   (B - b_r) · s · w_j
+    all-gather of their gradient G              (B - b_r) · s · w_j
+    mean over ranks: 2 (N-1)/N · s · B · w_j    (the paper's 2 (N-1)/N · S_M per sample, ring)
+
+**exchange** (the set ``E`` of exchanged operators; ``K(E)`` the blocks they read, each ONCE: two
+operators reading one block, FM and the first FC layer of DeepFM, exchange its rows once and
+route the sum of their input gradients back once)::
+
+    keys        κ · Σ_{f∉F_r} U_{r,f}                     row owner r names its remote ids
+    rows        s · Σ_{k∈K} d_k · Σ_{q≠r} Σ_{f∈F_r} U_{q,f}  owner r sends its fields' rows
+    row grads   s · Σ_{k∈K} d_k · Σ_{f∉F_r} U_{r,f}        row owner r returns per-id gradient sums
+    weights     2 (N-1)/N · s · Σ_{j∈E} |W_j|               ring AllReduce of the replicated W_j
+    counts      κ (N-1) (F + 4)                              per-field id counts, and the element
+                                                             counts of the 4 Alltoallv calls
+
+Keys and counts are paid once per step whatever the number of exchanged blocks (a key fetches
+all of them). The keys go from row owners to owners here, as ``--strategy alltoall`` does today;
+pushing them with the rows instead (owner -> row owner) moves the same bytes in total, so the
+mean over ranks is the same.
+
+**shared** by every plan (the data-parallel upper network)::
+
+    top gradients  2 (N-1)/N · s · |θ_top|       ring AllReduce, one packed buffer with the loss
+    loss           2 (N-1)/N · s
+
+With ``N = 1`` every term is 0. The two pure plans are the engine's strategies today:
+all-partials = ``--strategy des`` (``--upper data-parallel``), all-exchange = ``--strategy
+alltoall``; :meth:`PlanCost.sites` maps the terms onto their Communicator sites.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+KEY_BYTES = 8  # int64 keys and counts
+PARTIALS, EXCHANGE = "partials", "exchange"
+MODES = (PARTIALS, EXCHANGE)
+
+
+# ---------------------------------------------------------------------------------------- inputs
+@dataclass(frozen=True)
+class Operator:
+    """One substitution as the cost model sees it."""
+
+    name: str
+    block: str
+    block_dim: int
+    width: int  # w_j = S_M / s: columns of the [B, P] buffer
+    field_params: int  # |W_j|: its field parameters over ALL fields (replicated when exchanged)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the cost model needs of a model: its operators in buffer order, the dims of the blocks
+    and the size of the top network."""
+
+    operators: tuple[Operator, ...]
+    blocks: Mapping[str, int]  # block name -> d_k
+    top_params: int  # |θ_top|
+    num_fields: int
+
+    @property
+    def buffer_width(self) -> int:
+        """P = Σ_j w_j."""
+        return sum(op.width for op in self.operators)
+
+    def operator(self, name: str) -> Operator:
+        for op in self.operators:
+            if op.name == name:
+                return op
+        raise KeyError(f"no operator {name!r} (the model has {', '.join(o.name for o in self.operators)})")
+
+
+def _size(shape: Sequence[int]) -> int:
+    return int(math.prod(int(d) for d in shape))
+
+
+def model_shape(model: Any) -> ModelShape:
+    """The :class:`ModelShape` of a ``des.models`` model (read from its declarations only: blocks,
+    substitutions, top parameter specs). Operators are named by their substitution; a name used
+    twice gets its buffer position appended (``linear@2``)."""
+    subs = list(model.substitutions())
+    names = [s.name for s in subs]
+    operators = tuple(
+        Operator(name=s.name if names.count(s.name) == 1 else f"{s.name}@{i}", block=s.block, block_dim=int(s.dim),
+                 width=int(s.width),
+                 field_params=int(model.num_fields) * sum(_size(p.shape) for p in s.field_params().values()))
+        for i, s in enumerate(subs))
+    blocks = {b.name: int(b.dim) for b in model.blocks()}
+    top = sum(_size(spec.shape) for spec in model.top_params().values())
+    return ModelShape(operators, blocks, top, int(model.num_fields))
+
+
+@dataclass(frozen=True)
+class UniqueIds:
+    """``per_block[q][f]`` = U_{q,f}: distinct ids of field f in row block q of a global batch of
+    ``batch_size`` rows split over ``ranks`` (mean over ``batches`` sampled batches)."""
+
+    batch_size: int
+    ranks: int
+    per_block: np.ndarray  # [N, F] float
+    batches: int = 1
+
+    def __post_init__(self) -> None:
+        per_block = np.asarray(self.per_block, dtype=np.float64)
+        if per_block.ndim != 2 or per_block.shape[0] != self.ranks:
+            raise ValueError(f"UniqueIds: per_block must be [ranks={self.ranks}, fields], not {per_block.shape}")
+        object.__setattr__(self, "per_block", per_block)
+
+    @property
+    def per_sample(self) -> float:
+        """Distinct ids per sample, summed over the fields and the row blocks (an id seen in two
+        row blocks counts twice: it travels to both)."""
+        return float(self.per_block.sum()) / self.batch_size
+
+
+def row_blocks(batch_size: int, ranks: int) -> list[int]:
+    """b_r: rows of rank r's block, ``⌊(r+1)B/N⌋ - ⌊rB/N⌋`` (the Communicator's ``row_bounds``)."""
+    return [(r + 1) * batch_size // ranks - r * batch_size // ranks for r in range(ranks)]
+
+
+def unique_ids_of_batches(batches: Iterable[Any], ranks: int, num_fields: int) -> UniqueIds:
+    """U_{q,f} averaged over ``batches`` (``des.data`` Batches of a global batch, all fields)."""
+    total, count, size = None, 0, None
+    for batch in batches:
+        if size is not None and batch.size != size:
+            raise ValueError(f"batches of {size} and {batch.size} rows: the statistics are per batch size")
+        size = batch.size
+        bounds = [r * batch.size // ranks for r in range(ranks + 1)]
+        counts = np.zeros((ranks, num_fields))
+        for q in range(ranks):
+            block = batch.take(bounds[q], bounds[q + 1])
+            for f in range(num_fields):
+                counts[q, f] = np.unique(block.fields[f].keys).size  # what alltoall requests (np.unique)
+        total = counts if total is None else total + counts
+        count += 1
+    if not count:
+        raise ValueError("unique_ids_of_batches: no batch")
+    return UniqueIds(int(size), ranks, total / count, count)
+
+
+def estimate_unique_ids(store: Any, batch_size: int, ranks: int, *, batches: int = 4, seed: int = 0,
+                        split: str = "train", drop_last: bool = True) -> UniqueIds:
+    """U_{q,f} from the first ``batches`` batches of epoch 0 in the training order (``--seed``), as
+    the run will see them: exact for those steps, an estimate for the rest. (The store's per-field
+    ``distinct`` counts are over all rows; what travels is distinct per row block, which depends on
+    B and N, so it is counted on the batches themselves.)"""
+    from des.data import BatchReader
+
+    reader = BatchReader(store, split, batch_size=batch_size, seed=seed, epoch=0, drop_last=drop_last)
+    taken = range(min(batches, len(reader)))
+    return unique_ids_of_batches((reader.batch(i) for i in taken), ranks, store.num_fields)
+
+
+# ---------------------------------------------------------------------------------------- costs
+@dataclass
+class PlanCost:
+    """Bytes each rank sends per step, term by term (``terms[name][r]``), for one plan."""
+
+    plan: dict[str, str]
+    batch_size: int
+    ranks: int
+    terms: dict[str, list[float]] = field(default_factory=dict)
+
+    def per_rank(self) -> list[float]:
+        return [sum(values[r] for values in self.terms.values()) for r in range(self.ranks)]
+
+    @property
+    def mean(self) -> float:
+        """Mean over ranks of the bytes sent per step (what ``summary.json``'s bytes_per_step is)."""
+        return float(np.mean(self.per_rank())) if self.ranks else 0.0
+
+    def term_mean(self, name: str) -> float:
+        return float(np.mean(self.terms.get(name, [0.0])))
+
+    def sites(self) -> dict[str, list[float]]:
+        """The terms as the Communicator sites of the engine's strategy for this plan (per rank):
+        all-partials = ``des`` (data-parallel upper), all-exchange = ``alltoall``. Mixed plans have
+        no engine yet: ValueError."""
+        t, n = self.terms, self.ranks
+        modes = set(self.plan.values())
+        if "forward_partials" in t:  # the replicated upper network
+            return {"forward_partials": t["forward_partials"]}
+        if modes <= {PARTIALS}:
+            return {"partials_reduce_scatter": t["partials_reduce_scatter"], "gradient_allgather": t["gradient_allgather"],
+                    "top_gradients": _add(t["top_gradients"], t["loss"])}
+        if modes == {EXCHANGE}:
+            # the counts term κ(N-1)(F+4), split as alltoall sends it: the per-field id counts (F per
+            # peer) and the element counts of two Alltoallv calls go with the keys, one each with
+            # the rows and the row gradients
+            one = [KEY_BYTES * (n - 1.0)] * n
+            with_keys = [c - 2 * one[0] for c in t["counts"]]
+            return {"embedding_keys": _add(t["keys"], with_keys),
+                    "embedding_rows": _add(t["rows"], one),
+                    "embedding_gradients": _add(t["row_gradients"], one),
+                    "dense_gradients": _add(t["field_weight_gradients"], t["top_gradients"], t["loss"])}
+        raise ValueError(f"no strategy runs the mixed plan {self.plan} yet (issue 11, item 3)")
+
+
+def _add(*lists: Sequence[float]) -> list[float]:
+    return [float(sum(values)) for values in zip(*lists)]
+
+
+def _check(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[int]], dtype_size: int) -> None:
+    owned = sorted(f for fields in placement for f in fields)
+    if owned != list(range(shape.num_fields)):
+        raise ValueError(f"placement {placement} does not give each of the {shape.num_fields} fields to one rank")
+    if batch_size < 1 or dtype_size < 1:
+        raise ValueError(f"batch size {batch_size} and dtype size {dtype_size} must be positive")
+
+
+def normalize_plan(shape: ModelShape, plan: str | Mapping[str, str]) -> dict[str, str]:
+    """``"partials"``/``"exchange"`` (every operator) or ``{operator: mode}`` (the rest: partials)."""
+    if isinstance(plan, str):
+        if plan not in MODES:
+            raise ValueError(f"plan {plan!r}: not one of {', '.join(MODES)}")
+        return {op.name: plan for op in shape.operators}
+    unknown = set(plan) - {op.name for op in shape.operators}
+    bad = {m for m in plan.values() if m not in MODES}
+    if unknown or bad:
+        raise ValueError(f"plan {dict(plan)}: unknown operators {sorted(unknown)} or modes {sorted(bad)}")
+    return {op.name: plan.get(op.name, PARTIALS) for op in shape.operators}
+
+
+def plan_cost(shape: ModelShape, plan: str | Mapping[str, str], batch_size: int,
+              placement: Sequence[Sequence[int]], unique: UniqueIds | None, dtype_size: int = 4,
+              upper: str = "data-parallel") -> PlanCost:
+    """Bytes per step per rank of ``plan`` (see the module docstring for the formulas).
+    ``unique`` (U_{q,f} for this B and N) is needed only when an operator is exchanged.
+
+    ``upper="replicated"`` is the paper's step (``des --upper replicated``), all partials only:
+    ONE ring AllReduce of the whole ``[B, P]`` buffer, ``2 (N-1)/N · s · B · P``, and nothing else
+    (every rank runs the top network on the whole batch: no gradient leaves a rank)."""
+    _check(shape, batch_size, placement, dtype_size)
+    plan = normalize_plan(shape, plan)
+    n, s = len(placement), dtype_size
+    ring = 2.0 * (n - 1) / n * s  # ring AllReduce: bytes sent per float of the payload
+    cost = PlanCost(plan, batch_size, n)
+    if upper == "replicated":
+        if set(plan.values()) != {PARTIALS}:
+            raise ValueError("the replicated upper network runs the all-partials plan only")
+        cost.terms["forward_partials"] = [ring * batch_size * shape.buffer_width] * n
+        return cost
+    if upper != "data-parallel":
+        raise ValueError(f"upper {upper!r}: not data-parallel or replicated")
+    partial_width = sum(op.width for op in shape.operators if plan[op.name] == PARTIALS)
+    if partial_width:
+        # one reduce-scatter of the partials operators' columns and one all-gather of G (B - b_r rows each)
+        cost.terms["partials_reduce_scatter"] = [b / 2 for b in partials_bytes(partial_width, batch_size, n, s)]
+        cost.terms["gradient_allgather"] = list(cost.terms["partials_reduce_scatter"])
+    exchanged = [op for op in shape.operators if plan[op.name] == EXCHANGE]
+    if exchanged:
+        if unique is None or unique.ranks != n or unique.batch_size != batch_size:
+            raise ValueError(f"exchange needs the unique ids of B={batch_size} on {n} row blocks")
+        u = unique.per_block  # [N, F]
+        owner = np.empty(shape.num_fields, dtype=np.int64)
+        for r, fields in enumerate(placement):
+            owner[list(fields)] = r
+        # each block once, whatever the number of operators reading it
+        row_floats = sum(shape.blocks[b] for b in {op.block for op in exchanged})
+        remote = [float(u[r][owner != r].sum()) for r in range(n)]  # ids row owner r fetches
+        served = [float(sum(u[q][owner == r].sum() for q in range(n) if q != r)) for r in range(n)]
+        cost.terms["keys"] = [KEY_BYTES * remote[r] for r in range(n)]
+        cost.terms["rows"] = [s * row_floats * served[r] for r in range(n)]
+        cost.terms["row_gradients"] = [s * row_floats * remote[r] for r in range(n)]
+        cost.terms["field_weight_gradients"] = [ring * sum(op.field_params for op in exchanged)] * n
+        cost.terms["counts"] = [KEY_BYTES * (n - 1) * (shape.num_fields + 4)] * n
+    cost.terms["top_gradients"] = [ring * shape.top_params] * n
+    cost.terms["loss"] = [ring] * n
+    return cost
+
+
+@dataclass(frozen=True)
+class OperatorCost:
+    """One operator alone in each mode (mean bytes/step/rank over ranks, shared terms excluded;
+    exchange alone includes the keys and counts it would have to pay by itself)."""
+
+    operator: Operator
+    partials: float
+    exchange: float
+    detail: dict[str, float]
+
+    @property
+    def cheaper(self) -> str:
+        return PARTIALS if self.partials <= self.exchange else EXCHANGE
+
+
+def partials_bytes(width: int, batch_size: int, ranks: int, dtype_size: int = 4) -> list[float]:
+    """Per rank: the reduce-scatter of ``width`` columns by rows plus the all-gather of their
+    gradient, ``2 (B - b_r) · s · width``."""
+    return [2.0 * (batch_size - b) * dtype_size * width for b in row_blocks(batch_size, ranks)]
+
+
+def operator_costs(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[int]], unique: UniqueIds | None,
+                   dtype_size: int = 4) -> list[OperatorCost]:
+    """Per operator: the bytes of its own terms as partials, and exchanged alone (every other
+    operator partials): its block's keys, rows and row gradients, its weights' AllReduce, the counts."""
+    n = len(placement)
+    out = []
+    for op in shape.operators:
+        partials = float(np.mean(partials_bytes(op.width, batch_size, n, dtype_size)))
+        detail: dict[str, float] = {"partials": partials}
+        exchange = math.inf
+        if unique is not None:
+            ex = plan_cost(shape, {op.name: EXCHANGE}, batch_size, placement, unique, dtype_size)
+            own = ("keys", "rows", "row_gradients", "field_weight_gradients", "counts")
+            detail.update({t: ex.term_mean(t) for t in own})
+            detail["remote_ids"] = ex.term_mean("keys") / KEY_BYTES
+            exchange = sum(detail[t] for t in own)
+        out.append(OperatorCost(op, partials, exchange, detail))
+    return out
+
+
+def best_plan(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[int]], unique: UniqueIds | None,
+              dtype_size: int = 4) -> PlanCost:
+    """The plan with the fewest bytes (mean over ranks), by trying all 2^ops plans: operators
+    interact (a shared block, keys and counts are paid once), so the per-operator choice alone
+    is not always the best (DeepFM on Criteo: once the first FC layer exchanges the embedding
+    block, FM rides along for free). Plans are tried all-partials first and a later one must be
+    strictly cheaper, so a tie keeps the earlier, more-partials plan."""
+    names = [op.name for op in shape.operators]
+    choices = [(PARTIALS,) * len(names)] if unique is None else itertools.product(MODES, repeat=len(names))
+    best: PlanCost | None = None
+    for modes in choices:
+        cost = plan_cost(shape, dict(zip(names, modes)), batch_size, placement, unique, dtype_size)
+        if best is None or cost.mean < best.mean - 1e-9:
+            best = cost
+    assert best is not None
+    return best
+
+
+# ---------------------------------------------------------------------------------------- report
+def _bytes(value: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value:.0f} B"
+
+
+def report(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[int]], unique: UniqueIds | None,
+           dtype_size: int = 4, title: str = "") -> str:
+    """The start-up table: per operator, predicted bytes/step/rank (mean over ranks) as partials and
+    exchanged alone, which is cheaper and why; then the shared terms and the pure and best plans."""
+    n = len(placement)
+    lines = [f"planner{' (' + title + ')' if title else ''}: B={batch_size}, N={n}, {dtype_size}-byte floats; "
+             "bytes sent per step per rank (mean over ranks)"]
+    header = f"  {'operator':<12} {'width':>5} {'block':<14} {'partials':>10} {'exchange':>10}  {'cheaper':<8} why"
+    lines.append(header)
+    for c in operator_costs(shape, batch_size, placement, unique, dtype_size):
+        op = c.operator
+        per_sample = c.partials / batch_size
+        if unique is None or n == 1:
+            why = "one rank: nothing moves" if n == 1 else "no id statistics: exchange not estimated"
+        else:
+            # per sample of the global batch, so the two sides compare directly
+            distinct = unique.per_sample
+            moved = (c.exchange - c.detail["field_weight_gradients"] - c.detail["counts"]) / batch_size
+            why = (f"{op.width} floats/sample -> {per_sample:,.0f} B/sample; exchange: {distinct:.1f} distinct "
+                   f"ids/sample (per row block), (N-1)/N remote, x {KEY_BYTES}+2x{dtype_size}x{op.block_dim} B "
+                   f"-> {moved:,.0f} B/sample")
+            if op.field_params:
+                why += f" + {_bytes(c.detail['field_weight_gradients'])} AllReduce of {op.field_params:,} weights"
+        lines.append(f"  {op.name:<12} {op.width:>5} {op.block + '(' + str(op.block_dim) + ')':<14} "
+                     f"{_bytes(c.partials):>10} {_bytes(c.exchange):>10}  {c.cheaper if n > 1 else '-':<8} {why}")
+    pure = {mode: plan_cost(shape, mode, batch_size, placement, unique, dtype_size)
+            for mode in (MODES if unique is not None else (PARTIALS,))}
+    shared = pure[PARTIALS].term_mean("top_gradients") + pure[PARTIALS].term_mean("loss")
+    lines.append(f"  shared by every plan: top gradients + loss {_bytes(shared)} ({shape.top_params:,} + 1 floats); "
+                 "exchanged blocks travel once per step even when several operators read them")
+    best = best_plan(shape, batch_size, placement, unique, dtype_size)
+    totals = ", ".join(f"all {mode} {_bytes(c.mean)}" for mode, c in pure.items())
+    chosen = ", ".join(f"{k}={v}" for k, v in best.plan.items())
+    lines.append(f"  plans: {totals}; cheapest {chosen} {_bytes(best.mean)}")
+    return "\n".join(lines)

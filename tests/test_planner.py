@@ -1,0 +1,207 @@
+"""des/planner.py: the per-operator byte cost model (issue 11) -- its formulas on hand-computed
+cases, and on one 2-rank job the Communicator's measured bytes of des and alltoall equal its
+prediction exactly, site by site and rank by rank."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from des.planner import (EXCHANGE, PARTIALS, ModelShape, Operator, UniqueIds, best_plan, estimate_unique_ids,
+                         model_shape, operator_costs, partials_bytes, plan_cost, report, row_blocks,
+                         unique_ids_of_batches)
+
+# A 3-field model: a 1-wide linear operator and a 3-wide "fc" on a 2-float block (6 weights per
+# field, 18 in all), a 5-parameter top. Rank 0 owns fields 0 and 2, rank 1 field 1.
+TINY = ModelShape(operators=(Operator("linear", "linear", 1, 1, 0), Operator("fc", "emb", 2, 3, 18)),
+                  blocks={"linear": 1, "emb": 2}, top_params=5, num_fields=3)
+PLACEMENT = [[0, 2], [1]]
+# U_{q,f}: distinct ids of field f in row block q (B = 5: rank 0 has rows 0-1, rank 1 rows 2-4)
+UNIQUE = UniqueIds(5, 2, np.array([[2, 1, 2], [3, 2, 1]]))
+
+
+def test_row_blocks_split_the_remainder_like_the_communicator() -> None:
+    assert row_blocks(5, 2) == [2, 3]
+    assert row_blocks(10, 3) == [3, 3, 4] and row_blocks(4096, 4) == [1024] * 4
+    assert row_blocks(7, 1) == [7]
+
+
+def test_partials_by_hand() -> None:
+    cost = plan_cost(TINY, PARTIALS, 5, PLACEMENT, None)
+    # reduce-scatter and all-gather of (1 + 3) float32 columns, all rows but the rank's own block
+    assert cost.terms["partials_reduce_scatter"] == [3 * 4 * 4, 2 * 4 * 4]
+    assert cost.terms["gradient_allgather"] == [48, 32]
+    # ring AllReduce, 2 (N-1)/N = 1 float sent per float: 5 top gradients and the loss
+    assert cost.terms["top_gradients"] == [20, 20] and cost.terms["loss"] == [4, 4]
+    assert cost.per_rank() == [120, 88] and cost.mean == 104
+    assert cost.sites() == {"partials_reduce_scatter": [48, 32], "gradient_allgather": [48, 32],
+                            "top_gradients": [24, 24]}
+    # float64 doubles every float, and an even split gives the paper's 2 (N-1)/N · s · B · w
+    assert plan_cost(TINY, PARTIALS, 5, PLACEMENT, None, dtype_size=8).per_rank() == [240, 176]
+    assert np.mean(partials_bytes(400, 4096, 4)) == 2 * 3 / 4 * 4 * 4096 * 400
+    assert partials_bytes(1, 10, 3) == [2 * 7 * 4, 2 * 7 * 4, 2 * 6 * 4]
+
+
+def test_replicated_upper_is_one_allreduce_of_the_buffer() -> None:
+    cost = plan_cost(TINY, PARTIALS, 5, PLACEMENT, None, upper="replicated")
+    assert cost.terms == {"forward_partials": [5 * 4 * 4, 5 * 4 * 4]}  # 2 (N-1)/N · 4 · B · P, P = 4
+    assert cost.sites() == {"forward_partials": [80, 80]}
+    with pytest.raises(ValueError, match="all-partials"):
+        plan_cost(TINY, EXCHANGE, 5, PLACEMENT, UNIQUE, upper="replicated")
+
+
+def test_exchange_by_hand() -> None:
+    cost = plan_cost(TINY, EXCHANGE, 5, PLACEMENT, UNIQUE)
+    # rank 0 fetches the ids of field 1 in its rows (1), serves fields 0 and 2 to rank 1 (3 + 1);
+    # rank 1 fetches fields 0 and 2 of its rows (3 + 1), serves field 1 to rank 0 (1); rows are
+    # both blocks, 1 + 2 floats
+    assert cost.terms["keys"] == [8 * 1, 8 * 4]
+    assert cost.terms["rows"] == [4 * 3 * 4, 4 * 3 * 1]
+    assert cost.terms["row_gradients"] == [4 * 3 * 1, 4 * 3 * 4]
+    assert cost.terms["field_weight_gradients"] == [18 * 4, 18 * 4]
+    assert cost.terms["counts"] == [8 * (3 + 4)] * 2  # F field counts + 4 Alltoallv element counts
+    assert cost.per_rank() == [8 + 48 + 12 + 72 + 56 + 24, 32 + 12 + 48 + 72 + 56 + 24]
+    sites = cost.sites()
+    assert sites["embedding_keys"] == [8 + 3 * 8 + 2 * 8, 32 + 3 * 8 + 2 * 8]
+    assert sites["embedding_rows"] == [48 + 8, 12 + 8] and sites["embedding_gradients"] == [12 + 8, 48 + 8]
+    assert sites["dense_gradients"] == [72 + 24, 72 + 24]
+    assert sum(map(sum, sites.values())) == sum(cost.per_rank())
+
+
+def test_a_block_read_by_two_exchanged_operators_travels_once() -> None:
+    shape = ModelShape((Operator("fm", "emb", 2, 3, 0), Operator("fc", "emb", 2, 4, 10)), {"emb": 2}, 0, 3)
+    one = plan_cost(shape, {"fc": EXCHANGE}, 5, PLACEMENT, UNIQUE)
+    both = plan_cost(shape, EXCHANGE, 5, PLACEMENT, UNIQUE)
+    for term in ("keys", "rows", "row_gradients", "counts"):
+        assert both.terms[term] == one.terms[term], term
+    # what exchanging fm too changes: its partials go, no weights come (it has none)
+    assert both.mean == one.mean - np.mean(partials_bytes(3, 5, 2))
+    assert best_plan(shape, 5, PLACEMENT, UNIQUE).mean <= min(both.mean, one.mean)
+
+
+def test_mixed_plan_and_its_operator_costs() -> None:
+    mixed = plan_cost(TINY, {"fc": EXCHANGE}, 5, PLACEMENT, UNIQUE)
+    assert mixed.plan == {"linear": PARTIALS, "fc": EXCHANGE}
+    assert mixed.terms["partials_reduce_scatter"] == [3 * 4 * 1, 2 * 4 * 1]  # linear's column only
+    assert mixed.terms["rows"] == [4 * 2 * 4, 4 * 2 * 1]  # the emb block only
+    with pytest.raises(ValueError, match="mixed plan"):
+        mixed.sites()
+    costs = {c.operator.name: c for c in operator_costs(TINY, 5, PLACEMENT, UNIQUE)}
+    assert costs["fc"].partials == np.mean([2 * 3 * 4 * 3, 2 * 2 * 4 * 3])
+    assert costs["fc"].exchange == pytest.approx(np.mean([8 + 32 + 8 + 72 + 56, 32 + 8 + 32 + 72 + 56]))
+    assert costs["fc"].cheaper == PARTIALS  # 5 rows, 18 weights: nothing to win
+    best = best_plan(TINY, 5, PLACEMENT, UNIQUE)
+    pure = [plan_cost(TINY, m, 5, PLACEMENT, UNIQUE).mean for m in (PARTIALS, EXCHANGE)]
+    assert best.mean <= min(pure)
+
+
+def test_one_rank_sends_nothing() -> None:
+    shape = ModelShape((Operator("linear", "linear", 1, 1, 0), Operator("fm2", "emb", 8, 9, 0),
+                        Operator("first_fc", "emb", 8, 400, 124_800)), {"linear": 1, "emb": 8}, 321_602, 39)
+    unique = UniqueIds(4096, 1, np.full((1, 39), 100.0))
+    for plan in (PARTIALS, EXCHANGE, {"first_fc": EXCHANGE}):
+        cost = plan_cost(shape, plan, 4096, [list(range(39))], unique)
+        assert cost.per_rank() == [0.0], plan
+    assert "one rank: nothing moves" in report(shape, 4096, [list(range(39))], unique)
+
+
+def test_bad_inputs() -> None:
+    with pytest.raises(ValueError, match="placement"):
+        plan_cost(TINY, PARTIALS, 5, [[0], [1]], None)
+    with pytest.raises(ValueError, match="unknown operators"):
+        plan_cost(TINY, {"nope": EXCHANGE}, 5, PLACEMENT, UNIQUE)
+    with pytest.raises(ValueError, match="unique ids"):
+        plan_cost(TINY, EXCHANGE, 5, PLACEMENT, None)
+    with pytest.raises(ValueError, match="unique ids"):
+        plan_cost(TINY, EXCHANGE, 6, PLACEMENT, UNIQUE)  # statistics of another batch size
+    with pytest.raises(ValueError, match="per_block"):
+        UniqueIds(5, 3, np.zeros((2, 3)))
+
+
+def test_model_shapes_of_the_built_in_models() -> None:
+    from des.models import get_model
+
+    deepfm = model_shape(get_model("deepfm")())
+    assert [(o.name, o.block, o.block_dim, o.width) for o in deepfm.operators] == [
+        ("linear", "linear", 1, 1), ("fm2", "embedding", 8, 9), ("first_fc", "embedding", 8, 400)]
+    assert deepfm.buffer_width == 410 and deepfm.operators[2].field_params == 39 * 8 * 400
+    # the top: output bias, first-layer bias, 400x400+400 twice, 400x1+1
+    assert deepfm.top_params == 1 + 400 + 2 * 160_400 + 401
+    assert [model_shape(get_model(m)()).buffer_width for m in ("lr", "fm", "wdl")] == [1, 10, 401]
+    assert model_shape(get_model("lr")()).blocks == {"linear": 1}
+
+
+def _batch(columns: list[list[list[int]]]) -> SimpleNamespace:
+    """A stand-in for des.data.Batch: columns[f][row] = the ids of field f in that row."""
+    rows = len(columns[0])
+
+    def take(lo: int, hi: int) -> SimpleNamespace:
+        fields = [SimpleNamespace(keys=np.array([k for row in col[lo:hi] for k in row], dtype=np.int64))
+                  for col in columns]
+        return SimpleNamespace(size=hi - lo, fields=fields)
+
+    return SimpleNamespace(size=rows, take=take)
+
+
+def test_unique_ids_are_counted_per_row_block() -> None:
+    # 5 rows, 2 fields; field 1 multi-hot. Row blocks of 2 ranks: rows 0-1 and 2-4.
+    first = _batch([[[1], [1], [2], [3], [2]], [[7, 8], [8], [], [9, 9], [7]]])
+    second = _batch([[[1], [2], [3], [4], [5]], [[7], [7], [7], [7], [7]]])
+    u = unique_ids_of_batches([first, second], 2, 2)
+    np.testing.assert_array_equal(u.per_block, [[(1 + 2) / 2, (2 + 1) / 2], [(2 + 3) / 2, (2 + 1) / 2]])
+    assert u.batches == 2 and u.per_sample == pytest.approx(u.per_block.sum() / 5)
+    with pytest.raises(ValueError, match="no batch"):
+        unique_ids_of_batches([], 2, 2)
+
+
+def test_report_explains_the_choice() -> None:
+    from des.models import get_model
+
+    shape = model_shape(get_model("deepfm")())
+    placement = [list(range(0, 39, 2)), list(range(1, 39, 2))]
+    # Criteo-like: about 3.6 distinct ids per sample and field block -> the first FC exchanges;
+    # the paper's data, ~950 per sample -> partials everywhere
+    for per_field, expected in ((3.6 * 2048 / 39, EXCHANGE), (950 * 2048 / 39, PARTIALS)):
+        unique = UniqueIds(4096, 2, np.full((2, 39), per_field))
+        text = report(shape, 4096, placement, unique)
+        line = next(l for l in text.splitlines() if l.strip().startswith("first_fc"))
+        assert re.search(r"B  (\w+) ", line)[1] == expected, text
+        assert "AllReduce of 124,800 weights" in line and "1,600 B/sample" in line
+        assert "cheapest" in text and "top gradients + loss" in text
+
+
+# ------------------------------------------------------------------------------ measured bytes
+@pytest.mark.mpi
+def test_measured_bytes_equal_the_prediction(tmp_path: Path) -> None:
+    """DeepFM in float64 on 2 ranks, 3 steps of 63 rows (row blocks 31 + 32), des and alltoall in
+    one launch: summary.json's bytes per site (mean over ranks) and per rank are the planner's."""
+    from des.data import open_dataset
+    from des.models import get_model
+    from des.placement import place_fields
+    from tests.conftest import criteo_head, run_mpi
+
+    data = criteo_head(tmp_path / "head.tsv", 400)
+    flags = ["--model", "deepfm", "--embedding-dim", "4", "--hidden", "16,8", "--dtype", "float64",
+             "--batch-size", "63", "--max-steps", "3", "--split", "1,0,0", "--data", str(data),
+             "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
+    run_mpi(2, ["-m", "tests.mpi_programs.train_strategies", str(tmp_path / "runs"), "des,alltoall", "--", *flags],
+            timeout=120)
+    store = open_dataset(data, cache_dir=tmp_path / "cache", split=[1, 0, 0], seed=0)
+    shape = model_shape(get_model("deepfm")(num_fields=store.num_fields, embedding_dim=4, hidden=(16, 8)))
+    unique = estimate_unique_ids(store, 63, 2, batches=3, seed=0)
+    placement = place_fields(store.num_fields, 2, "mod")
+    for strategy, plan in (("des", PARTIALS), ("alltoall", EXCHANGE)):
+        summary = json.loads((tmp_path / "runs" / strategy / "summary.json").read_text())
+        assert summary["steps"] == 3
+        cost = plan_cost(shape, plan, 63, placement, unique, dtype_size=8)
+        predicted = {site: float(np.mean(v)) for site, v in cost.sites().items()}
+        measured = summary["bytes_per_step_by_site"]  # every declared site (des: forward_partials = 0 here)
+        assert set(predicted) <= set(measured), (strategy, measured)
+        assert measured == pytest.approx({site: predicted.get(site, 0.0) for site in measured}, rel=1e-12), strategy
+        assert summary["bytes_per_step_per_rank"] == pytest.approx(cost.per_rank(), rel=1e-12), strategy
+        assert cost.per_rank()[0] != cost.per_rank()[1]  # uneven rows and fields: per rank, not only the mean
