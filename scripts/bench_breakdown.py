@@ -136,8 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "On one machine 'communication' is shared-memory copying plus waiting for the slowest rank (ps: for the "
         "server): with ranks time-sharing 2 cores, most of it is waiting. 'ps server busy' = server 0's lookups, "
         "optimizers and dense-weight traffic per worker step over the whole job (warm-up included, idle time not).",
-        "des at N ranks: each rank does lookup/partials/local_backward/update for 1/N of the fields but the top "
-        "network for the whole batch (replicated), so 'top' does not shrink with N; alltoall at N: each rank does the "
+        "des at N ranks: each rank does lookup/partials/local_backward/update for 1/N of the fields and the top "
+        "network for B/N rows (des-replicated: for the whole batch, so 'top' does not shrink with N); alltoall at N: "
+        "each rank does the "
         "whole model on B/N rows. The paper's Figure 7 (4 nodes x 48 threads, 10 GbE, DiFacto as the mesh/PS "
         "baseline) splits only computation vs communication.",
     ]
