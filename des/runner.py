@@ -236,6 +236,7 @@ class Run:
     tensorboard: Any = None  # des.tensorboard.ScalarWriter: the metrics records and the summary as TB scalars
     training: TrainingState = field(default_factory=TrainingState)
     schedules: dict[str, Schedule] = field(default_factory=dict)
+    planner: dict[str, Any] | None = None  # communication_plan()'s record for summary.json
     _reader: Any = None
 
     @property
@@ -421,6 +422,30 @@ def finish(run: Run) -> dict[str, Any]:
             "checkpoint": str(run.checkpoint) if run.checkpoint else None}
 
 
+def communication_plan(config: TrainConfig, strategy: Any, store: Any, ranks: int) -> tuple[str, dict[str, Any]] | None:
+    """The planner's view of this run (``des/planner.py``), for a strategy whose traffic is one of
+    its pure plans on several ranks: the start-up table (per operator, predicted bytes/step/rank as
+    partials and as an exchange, which is cheaper and why) and what ``summary.json`` records next
+    to the measured bytes. Distinct ids are counted on the first 4 batches of the training order."""
+    mode = strategy.communication_plan
+    if mode is None or ranks == 1:
+        return None
+    from des import planner
+
+    shape = planner.model_shape(strategy.model)
+    unique = planner.estimate_unique_ids(store, config.batch_size, ranks, seed=config.seed, drop_last=config.drop_last)
+    size = np.dtype(config.dtype).itemsize
+    upper = getattr(strategy, "upper", "data-parallel")
+    cost = planner.plan_cost(shape, mode, config.batch_size, strategy.placement, unique, size, upper=upper)
+    best = planner.best_plan(shape, config.batch_size, strategy.placement, unique, size)
+    record = {"plan": cost.plan, "upper": upper, "predicted_bytes_per_step": cost.mean,
+              "cheapest_plan": best.plan, "cheapest_bytes_per_step": best.mean, "batches_sampled": unique.batches}
+    text = planner.report(shape, config.batch_size, strategy.placement, unique, size)
+    text += (f"\n  this run: {mode}" + (f" (upper {upper})" if upper != "data-parallel" else "")
+             + f", predicted {cost.mean:,.0f} bytes/step/rank (summary.json: planner)")
+    return text, record
+
+
 def summarize(run: Run, results: dict[str, Any]) -> dict[str, Any]:
     """``summary.json`` (collective): throughput over the ranks that count samples, bytes per step
     per traffic site (mean over ranks), phases of the first training rank, memory per rank."""
@@ -455,6 +480,7 @@ def summarize(run: Run, results: dict[str, Any]) -> dict[str, Any]:
         "bytes_per_step": float(sum(per_site.values())),
         "bytes_per_step_by_site": {k: float(v) for k, v in per_site.items()},
         "bytes_per_step_per_rank": sent_per_step.sum(axis=1).tolist(),
+        "planner": run.planner,
         "buffer_floats_per_sample": getattr(strategy, "buffer_width", None),
         "ms_per_phase": comm.bcast_json(strategy.timer.ms_per_step(), "summary", root=strategy.evaluators[0]),
         "overlapped_steps": strategy.overlapped_steps,  # --pipeline: steps that looked up the next batch meanwhile
@@ -544,6 +570,10 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     run.say(f"  pipeline {config.pipeline}" + (f" (auto: {threads.intra_op} thread(s) per rank)"
                                               if pipeline_chosen == "auto" else ""))
     run.say(f"  strategy {strategy.name}: {strategy.describe()}")
+    plan = communication_plan(config, strategy, store, comm.size)
+    if plan is not None:
+        run.say(textwrap.indent(plan[0], "  "))
+        run.planner = plan[1]
     run.say(f"  optimizers: linear {config.linear_optimizer_spec()}; embedding {config.embedding_optimizer_spec()}; "
             f"dense {config.dense_optimizer}")
     run.say(describe_config(config))

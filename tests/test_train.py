@@ -85,6 +85,7 @@ def test_run_folder_and_summary(work: Path) -> None:
     assert s["model"] == "lr" and s["ranks"] == 1 and s["steps"] == 8 and s["train_samples"] == 8 * 256
     assert 0.5 < s["test_auc"] < 1.0
     assert s["allreduce_bytes_per_step"] == 0  # one rank sends nothing
+    assert s["planner"] is None and "planner:" not in proc.stdout  # nor does it plan traffic
     # The placement report estimates each rank's table memory from the distinct ids of the data.
     estimate_mib = float(re.search(r"rank 0: 39 fields, +\d+ distinct ids, tables ~ *([\d.]+) MiB", proc.stdout)[1])
     assert 0.5 < estimate_mib * 2**20 / s["table_bytes_per_rank"][0] < 2, (estimate_mib, s["table_bytes_per_rank"])
@@ -123,6 +124,9 @@ def test_resume_equals_straight_run(resume_runs, work: Path, name: str) -> None:
     tail = summary(work, name)
     assert tail["ranks"] == RESUMES[name][0]
     assert tail["steps"] == 12 and tail["steps_this_run"] == 12 - RESUMES[name][2]
+    if tail["ranks"] > 1:  # des/planner.py's prediction, printed at start-up, is what des sends
+        assert tail["planner"]["plan"] == {"linear": "partials", "first_fc": "partials"}
+        assert tail["planner"]["predicted_bytes_per_step"] == tail["bytes_per_step"]
     assert tail["test_logloss"] == pytest.approx(summary(work, "straight")["test_logloss"], rel=1e-9)
 
 
@@ -169,6 +173,10 @@ def test_alltoall_strategy_trains_the_same_model(resume_runs, work: Path) -> Non
     assert s["strategy"] == "alltoall"
     assert set(s["bytes_per_step_by_site"]) >= {"dense_gradients", "embedding_keys", "embedding_rows",
                                                 "embedding_gradients"}
+    # predicted from the distinct ids of the first 4 batches; the run's 12 batches differ a little
+    assert s["planner"]["plan"] == {"linear": "exchange", "first_fc": "exchange"}
+    assert s["planner"]["predicted_bytes_per_step"] == pytest.approx(s["bytes_per_step"], rel=0.05)
+    assert "this run: exchange, predicted" in proc.stdout
     assert s["test_logloss"] == pytest.approx(summary(work, "straight")["test_logloss"], rel=1e-9)
 
 

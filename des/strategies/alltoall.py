@@ -52,6 +52,7 @@ class AllToAll(Strategy):
               "update": "update"}
     traffic_sites = ("embedding_keys", "embedding_rows", "embedding_gradients", "dense_gradients")
     allreduce_sites = ("dense_gradients",)
+    communication_plan = "exchange"
 
     def __init__(self, context: StrategyContext) -> None:
         super().__init__(context)

@@ -166,6 +166,10 @@ class Strategy(ABC):
     traffic_sites: ClassVar[tuple[str, ...]]
     #: the subset of :attr:`traffic_sites` that are AllReduces (the summary reports them apart)
     allreduce_sites: ClassVar[tuple[str, ...]] = ()
+    #: which of ``des/planner.py``'s pure plans this strategy's traffic is ("partials": every
+    #: operator's partial sums, "exchange": every operator's pooled inputs), or None (not modelled):
+    #: the start-up report prints the planner's table for it and ``summary.json`` its prediction
+    communication_plan: ClassVar[str | None] = None
 
     def __init__(self, context: StrategyContext) -> None:
         self.context = context

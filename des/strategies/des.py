@@ -53,6 +53,7 @@ class DES(Strategy):
     #: gathered buffer gradient and the top gradients' AllReduce
     traffic_sites = ("forward_partials", "partials_reduce_scatter", "gradient_allgather", "top_gradients")
     allreduce_sites = ("forward_partials", "top_gradients")
+    communication_plan = "partials"
     UPPER = ("data-parallel", "replicated")
 
     @classmethod
