@@ -80,10 +80,9 @@ class TrainConfig:
                       choices=("data-parallel", "replicated"))
     ps_servers: int = _opt(1, "with --strategy ps: how many ranks serve the tables (the rest are workers)")
     placement: str = _opt("mod", "field placement over ranks", choices=("mod", "balanced"))
-    min_count: int = _opt(2, "admission: occurrences before an id gets a trained row of its own (2, with "
-                          "--unadmitted shared, was chosen on the shipped sample's validation split)")
+    min_count: int = _opt(1, "admission: occurrences before an id gets a trained row")
     ttl: int = _opt(0, "eviction: drop rows unseen for this many steps at checkpoint time (0: never)")
-    unadmitted: str = _opt("shared", "what unknown/unadmitted ids contribute: their initial value, zeros, or one "
+    unadmitted: str = _opt("init", "what unknown/unadmitted ids contribute: their initial value, zeros, or one "
                            "trained out-of-vocabulary row per field that all of them share (FuxiCTR's treatment "
                            "of ids seen fewer than --min-count times)", choices=("init", "zero", "shared"))
     table_capacity: int = _opt(1 << 14, "initial hash-table slots per field (tables grow)")
