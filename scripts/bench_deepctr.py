@@ -18,8 +18,8 @@ DeepCTR does not work with Keras 3 and is NOT installed into the main venv: this
 
 Expect (2-core machine, seeds 0,1,2, about 7 min for ``--models lr,deepfm``): the numbers of the
 README's "Model quality" table: test AUC des DeepFM ~0.763 +- 0.005 vs DeepCTR's ~0.761 +- 0.004
-(at or above it), des LR ~0.759 +- 0.002 vs scikit-learn's 0.7618 (C = 0.03; below it on test,
-above it on validation), des FM ~0.762, W&D ~0.763.
+(at or above it), des LR ~0.7585 +- 0.002 vs scikit-learn's 0.7618 (C = 0.03; below it on test,
+above it on validation), des W&D ~0.763, FM ~0.753.
 """
 
 from __future__ import annotations
