@@ -19,7 +19,8 @@ batch 1024 N(0, 0.01)); smaller batches help most (1024 -> 512 -> 256: ~0.769 ->
 ~0.778; 128: ~0.780); ``--min-count 2 --unadmitted shared`` on top is best (~0.785) but not
 eligible. LR (run with ``--models lr --epochs 20``) picks AdaGrad lr 0.1, batch 256 (~0.7795;
 every batch-256 candidate is within 0.001 of it, the shared row too, ~0.780, not eligible; FTRL
-l2 1 or 3 is worse, ~0.776 / ~0.766), best after ~8 epochs.
+l2 1 or 3 is worse, ~0.776 / ~0.766), best after ~8 epochs. FM: a tie (0.772 to 0.774), the best
+lazy Adam 1e-3, batch 256, N(0, 1e-4).
 """
 
 from __future__ import annotations
