@@ -46,11 +46,13 @@ class TrainConfig:
     embedding_dim: int = _opt(8, "embedding size k")
     hidden: str = _opt("400,400,400", "DNN layer widths, the first is the substituted FC layer")
     activation: str = _opt("relu", "DNN activation", choices=("relu", "tanh", "sigmoid"))
-    init_scale: float = _opt(0.01, "std of the normal initializer of embeddings")
+    init_scale: float = _opt(1e-4, "std of the normal initializer of embeddings (DeepCTR's default; chosen on the "
+                             "sample's validation split: scripts/select_defaults.py)")
     l2_embedding: float = _opt(0.0, "l2 on looked-up embeddings (per sample, batch mean)")
     l2_dense: float = _opt(0.0, "l2 on dense kernels (first FC layer and the top network)")
 
-    batch_size: int = _opt(1024, "global batch size (every rank processes the whole batch, its own fields)")
+    batch_size: int = _opt(256, "global batch size (every rank processes the whole batch, its own fields; 256 was "
+                           "chosen on the shipped sample's validation split, larger data trains faster with more)")
     epochs: int = _opt(20, "passes over the training split (at most: early stopping usually ends sooner)")
     max_steps: int = _opt(0, "stop after this many steps (0: no limit)")
     drop_last: bool = _opt(True, "drop the last partial batch of an epoch")
@@ -64,10 +66,11 @@ class TrainConfig:
                          "when ranks get one core each, where the extra thread slows the step down",
                          choices=("auto", "on", "off"))
 
-    linear_optimizer: str = _opt("auto", "sparse order-1 weights (name:key=value,...); auto: ftrl alpha 1.0 for lr, "
-                                 "0.5 for fm, 0.05 for wdl/deepfm and user models (tuned on the shipped sample)")
+    linear_optimizer: str = _opt("auto", "sparse order-1 weights (name:key=value,...); auto: adagrad lr 0.1 for lr, "
+                                 "ftrl alpha 0.5 for fm, 0.05 for wdl/deepfm and user models (chosen on the shipped "
+                                 "sample's validation split: scripts/select_defaults.py)")
     embedding_optimizer: str = _opt("auto", "sparse embeddings (name:key=value,...); auto: adam lr 0.001 for fm, "
-                                    "adam lr 0.003 with catchup=1 (TensorFlow's dense Adam semantics) for wdl/deepfm "
+                                    "adam lr 0.001 with catchup=1 (TensorFlow's dense Adam semantics) for wdl/deepfm "
                                     "and user models (chosen on the sample's validation split: "
                                     "scripts/select_defaults.py)")
     dense_optimizer: str = _opt("adam:lr=0.001", "dense weights (first FC slices and top network)")
@@ -107,13 +110,15 @@ class TrainConfig:
     def linear_optimizer_spec(self) -> str:
         if self.linear_optimizer != "auto":
             return self.linear_optimizer
-        alpha = {"lr": 1.0, "fm": 0.5}.get(self.model, 0.05)
+        if self.model == "lr":
+            return "adagrad:lr=0.1"
+        alpha = {"fm": 0.5}.get(self.model, 0.05)
         return f"ftrl:alpha={alpha},beta=1.0,l1=0.0,l2=0.0"
 
     def embedding_optimizer_spec(self) -> str:
         if self.embedding_optimizer != "auto":
             return self.embedding_optimizer
-        return "adam:lr=0.001" if self.model in ("lr", "fm") else "adam:lr=0.003,catchup=1"
+        return "adam:lr=0.001" if self.model in ("lr", "fm") else "adam:lr=0.001,catchup=1"
 
     def hidden_units(self) -> list[int]:
         try:

@@ -61,11 +61,11 @@ def test_bad_values(flags: list[str], message: str) -> None:
 
 
 def test_auto_linear_optimizer_depends_on_the_model() -> None:
-    assert "alpha=1.0" in load_config(["--model", "lr"]).linear_optimizer_spec()
+    assert load_config(["--model", "lr"]).linear_optimizer_spec() == "adagrad:lr=0.1"
     assert "alpha=0.5" in load_config(["--model", "fm"]).linear_optimizer_spec()
     assert "alpha=0.05" in load_config(["--model", "deepfm"]).linear_optimizer_spec()
     assert load_config(["--model", "fm"]).embedding_optimizer_spec() == "adam:lr=0.001"
-    assert load_config(["--model", "deepfm"]).embedding_optimizer_spec() == "adam:lr=0.003,catchup=1"
+    assert load_config(["--model", "deepfm"]).embedding_optimizer_spec() == "adam:lr=0.001,catchup=1"
     assert load_config(["--linear-optimizer", "sgd:lr=0.1"]).linear_optimizer_spec() == "sgd:lr=0.1"
 
 
