@@ -55,6 +55,6 @@ def test_tensorboard_scalars_of_a_short_run(run: dict) -> None:
                 "learning_rate/dense", "learning_rate/sparse_linear", "bytes_per_step/forward_partials"):
         assert tag in scalars, sorted(scalars)
     assert scalars["learning_rate/dense"][0][1] == pytest.approx(0.001)
-    assert scalars["learning_rate/sparse_linear"][0][1] == pytest.approx(1.0)  # LR's FTRL alpha (auto)
+    assert scalars["learning_rate/sparse_linear"][0][1] == pytest.approx(0.1)  # LR's AdaGrad lr (auto)
     summary = json.loads((run["folder"] / "summary.json").read_text())
     assert scalars["test/auc"] == [(4, pytest.approx(summary["test_auc"], rel=1e-6))]
