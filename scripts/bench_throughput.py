@@ -34,16 +34,15 @@ comma-separated list, default 4096):
 The figure shows grouped bars (log scale) per model and batch, with the rooflines and DeepCTR as
 short lines. All children run with ``TF_ENABLE_ONEDNN_OPTS=0`` (as des sets it).
 
-Expect (2-core machine, ``--models deepfm --strategies des --ranks 1 --batch-size 4096,512
---deepctr``, nothing else running; issue 12's measurement before its work): at B=4096 the dense
-roofline about 63k samples/s, DeepCTR about 51k, des N=1 about 38k (0.6x the roofline, 0.75x
-DeepCTR); at B=512 about 45k / 27k / 22k (des 0.85x DeepCTR); the top network alone about 50k
-(2 threads) / 28k (1 thread) at B=4096. With other jobs on the 2 cores (load average 5-8) every
-figure falls 3-7x and the ratios move by 0.2 or more between runs (2026-11-26, load ~7: des / roofline
-0.60 and 0.47, des / DeepCTR 0.57 and 1.15 at B=4096 and 512). For the full table (batch 4096):
-DeepFM des about 21k / 15k / 9k samples/s at N = 1 / 2 / 4 (the ranks share 2 cores), alltoall
-about 21k / 21k / 19k, ps about 14k at N = 2 and 27k at N = 4; W&D close to DeepFM; LR des about
-120k / 100k / 100k.
+Expect (2-core machine, ``--models deepfm --strategies des,alltoall --ranks 1,2,4 --batch-size
+4096,512 --deepctr --steps 20 --rounds 3``, nothing else running, 15 min; 2026-11-26, median of 3
+rounds): at B=4096 the dense roofline about 54k samples/s, DeepCTR about 33k, des N=1 about 26k
+(rounds 25-36k: this machine's speed moves 30-40 % between identical jobs), des N=2 / N=4 about
+22k / 23k, alltoall about 18k / 26k / 22k at N = 1 / 2 / 4; at B=512 the roofline about 38k,
+DeepCTR about 15k, des about 22k / 19k / 12k (1.4x DeepCTR on one process), alltoall about
+16k / 16k / 8k. The top network alone runs about 62k (2 threads) / 32k (1 thread) at B=4096. With
+other jobs on the 2 cores every figure falls 2-7x and single-job ratios move by 0.2 or more: use
+``--rounds``.
 """
 
 from __future__ import annotations
