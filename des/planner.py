@@ -64,6 +64,8 @@ from typing import Any
 
 import numpy as np
 
+from des.data.batch_reader import row_bounds
+
 KEY_BYTES = 8  # int64 keys and counts
 PARTIALS, EXCHANGE = "partials", "exchange"
 MODES = (PARTIALS, EXCHANGE)
@@ -148,7 +150,8 @@ class UniqueIds:
 
 def row_blocks(batch_size: int, ranks: int) -> list[int]:
     """b_r: rows of rank r's block, ``⌊(r+1)B/N⌋ - ⌊rB/N⌋`` (the Communicator's ``row_bounds``)."""
-    return [(r + 1) * batch_size // ranks - r * batch_size // ranks for r in range(ranks)]
+    bounds = row_bounds(batch_size, ranks)
+    return [hi - lo for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
 def unique_ids_of_batches(batches: Iterable[Any], ranks: int, num_fields: int) -> UniqueIds:
@@ -158,7 +161,7 @@ def unique_ids_of_batches(batches: Iterable[Any], ranks: int, num_fields: int) -
         if size is not None and batch.size != size:
             raise ValueError(f"batches of {size} and {batch.size} rows: the statistics are per batch size")
         size = batch.size
-        bounds = [r * batch.size // ranks for r in range(ranks + 1)]
+        bounds = row_bounds(batch.size, ranks)
         counts = np.zeros((ranks, num_fields))
         for q in range(ranks):
             block = batch.take(bounds[q], bounds[q + 1])

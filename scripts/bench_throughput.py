@@ -244,20 +244,24 @@ def deepctr_rows(bench: benchlib.Bench, store, batch: int, warmup: int, steps: i
              **{k: r[k] for k in ("samples_per_second", "ms_per_step", "measured_steps", "params", "tensorflow")}}]
 
 
+def median_job(items: Sequence[dict], samples_per_second) -> dict:
+    """The median of ``items`` by ``samples_per_second(item)`` (the lower one of an even count)."""
+    return sorted(items, key=samples_per_second)[(len(items) - 1) // 2]
+
+
 def throughput_row(model: str, strategy: str, n: int, batch: int, runs: Sequence[dict]) -> dict:
     """One table row from the ``--rounds`` jobs of a configuration: the median job's samples/s
     (its phases and memory with it) and the spread (min-max) over the rounds."""
     row: dict = {"model": model, "strategy": strategy, "ranks": n, "batch": batch}
     if not runs:
         return row
-    ordered = sorted(runs, key=lambda s: s["steady"]["samples_per_second"])
-    s = ordered[(len(ordered) - 1) // 2]  # the median job (the lower one of an even count)
+    rates = [r["steady"]["samples_per_second"] for r in runs]
+    s = median_job(runs, lambda r: r["steady"]["samples_per_second"])
     rss = s["peak_rss_bytes_per_rank"]
     row.update({
         "samples_per_second": s["steady"]["samples_per_second"],
-        "samples_per_second_rounds": [round(r["steady"]["samples_per_second"]) for r in runs],
-        "spread": (f"{ordered[0]['steady']['samples_per_second']:,.0f}-{ordered[-1]['steady']['samples_per_second']:,.0f}"
-                   if len(runs) > 1 else ""),
+        "samples_per_second_rounds": [round(r) for r in rates],
+        "spread": f"{min(rates):,.0f}-{max(rates):,.0f}" if len(runs) > 1 else "",
         "samples_per_second_des_train": s["samples_per_second"],
         "timed_steps": s["steady"]["measured_steps"],
         "ms_per_step": 1000 * batch / s["steady"]["samples_per_second"],
@@ -272,10 +276,10 @@ def throughput_row(model: str, strategy: str, n: int, batch: int, runs: Sequence
 
 def median_of_rounds(rounds: Sequence[Sequence[dict]]) -> list[dict]:
     """The median (lower of an even count) of one configuration's rows over the rounds, by samples/s."""
-    found = sorted((r[0] for r in rounds if r), key=lambda r: r["samples_per_second"])
+    found = [r[0] for r in rounds if r]
     if not found:
         return []
-    row = dict(found[(len(found) - 1) // 2])
+    row = dict(median_job(found, lambda r: r["samples_per_second"]))
     row["samples_per_second_rounds"] = [round(r["samples_per_second"]) for r in found]
     return [row]
 

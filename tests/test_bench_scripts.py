@@ -246,7 +246,7 @@ def test_throughput_rounds_take_the_median_job():
     assert (one["samples_per_second"], one["spread"]) == (5.0, "")
     assert "samples_per_second" not in throughput.throughput_row("lr", "des", 1, 512, [])  # every job failed
     dctr = [[{"samples_per_second": 3.0}], [], [{"samples_per_second": 1.0}], [{"samples_per_second": 2.0}]]
-    assert throughput.median_of_rounds(dctr) == [{"samples_per_second": 2.0, "samples_per_second_rounds": [1, 2, 3]}]
+    assert throughput.median_of_rounds(dctr) == [{"samples_per_second": 2.0, "samples_per_second_rounds": [3, 1, 2]}]
     assert throughput.median_of_rounds([[], []]) == []
 
 def test_plain_roofline_network_is_the_model():

@@ -12,6 +12,14 @@ from .errors import DataError
 from .store import ColumnStore, resolve_fields
 
 
+def row_bounds(rows: int, parts: int) -> list[int]:
+    """Part ``p`` of ``rows`` rows split into ``parts`` is ``[bounds[p], bounds[p+1])``, ``bounds[p] =
+    p·rows // parts`` (the remainder spread evenly). The one definition of a global batch's row
+    blocks: a sharded reader's part, the Communicator's row-block collectives and the planner's
+    counts must agree row for row (alltoall's rows are DES's row blocks)."""
+    return [p * rows // parts for p in range(parts + 1)]
+
+
 class BatchReader:
     """Batches of ``batch_size`` rows of one split, reading only the requested fields.
 
@@ -84,7 +92,8 @@ class BatchReader:
         rows = self.row_order[index * self.batch_size : (index + 1) * self.batch_size]
         global_size = rows.shape[0]
         part, parts = self.shard
-        rows = rows[part * global_size // parts : (part + 1) * global_size // parts]
+        lo, hi = row_bounds(global_size, parts)[part : part + 2]
+        rows = rows[lo:hi]
         labels = self.store.take_labels(rows).astype(np.float32)
         fields = {field: self.store.gather(field, rows) for field in self.fields}
         return Batch(self.epoch, index, rows, labels, fields, global_size)
