@@ -10,8 +10,8 @@ trains K steps (``--steps``, default 20) in float64 on the shipped Criteo sample
 and compares with the 1-rank run: every validation prediction, every table row (keys, values,
 optimizer slots, Adam's per-row step counts) and every dense weight and its optimizer state must
 agree to ``--rtol`` (1e-9) relative to the largest magnitude of each array. Admission counts and
-last-seen steps are bookkeeping, not parameters, and are not compared (``alltoall`` counts an id
-once per requesting rank). It exits 1 with one line per failure.
+last-seen steps are bookkeeping, not parameters, and are not compared. It exits 1 with one line
+per failure.
 
 An asynchronous strategy (``ps``) is not expected to match across N; for it the check says so and
 checks instead that one server and one worker (2 ranks) train exactly what ``des`` trains on one

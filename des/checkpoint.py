@@ -91,12 +91,11 @@ def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, c
     dense = state.dense
     written: dict[str, str] = {}
     for field in state.fields:  # the owner writes a field's table and its dense slices
-        j = dense.index(field)
         stem = _field_stem(field)
         state.tables[field].save(tmp / f"{stem}.table")
         arrays: dict[str, np.ndarray] = {}
-        for pname, value in dense.field_params.items():
-            arrays[f"{pname}__value"] = value[j]
+        for pname, value in dense.field_params.items():  # an owner holds every slice of its fields
+            arrays[f"{pname}__value"] = value[dense.index(pname, field)]
             arrays.update(_state_arrays(pname, dense.field_states[(pname, field)]))
         np.savez(tmp / f"{stem}.dense.npz", **arrays)
         written[f"{stem}.table"] = written[f"{stem}.dense.npz"] = ""
@@ -254,12 +253,14 @@ def load_checkpoint(strategy: Any, path: str | Path, *, data_order: dict[str, An
         with as_checkpoint_error(table_path):
             state.tables[field] = EmbeddingTable.load(table_path)
     dense = state.dense
-    for field in dense.fields:  # own fields, or every field where the strategy replicates the slices
-        j = dense.index(field)
+    for field in dense.fields:  # own fields, and every field of a weight the strategy replicates
         dense_path = verified_file(folder, manifest, f"{_field_stem(field)}.dense.npz")
         with as_checkpoint_error(dense_path):
             arrays = np.load(dense_path, allow_pickle=False)
             for pname, value in dense.field_params.items():
+                j = dense.index(pname, field)
+                if j is None:
+                    continue
                 value[j] = arrays[f"{pname}__value"]
                 _load_state(pname, arrays, dense.field_states[(pname, field)])
     dense_path = verified_file(folder, manifest, "dense.npz")

@@ -80,6 +80,9 @@ class TrainConfig:
     upper: str = _opt("data-parallel", "des: the layers above the substituted ones run on B/N rows per rank "
                       "(reduce-scatter + all-gather) or replicated on the whole batch on every rank (the paper)",
                       choices=("data-parallel", "replicated"))
+    plan: str = _opt("auto", "des, per substituted operator: its partial sums travel (partials, the paper) or its "
+                     "pooled inputs per distinct id (exchange); auto: the planner's cost model picks the plan with the "
+                     "fewest bytes from the first batches; or OP=MODE,... (docs/design.md, Planner)")
     ps_servers: int = _opt(1, "with --strategy ps: how many ranks serve the tables (the rest are workers)")
     placement: str = _opt("mod", "field placement over ranks", choices=("mod", "balanced"))
     min_count: int = _opt(1, "admission: occurrences before an id gets a trained row")

@@ -13,7 +13,7 @@ Notation (the DES paper's where it applies):
 
 * ``B`` global batch, ``N`` ranks; rank ``r`` owns the rows ``⌊rB/N⌋ .. ⌊(r+1)B/N⌋`` of the batch
   (``b_r`` of them, the Communicator's ``row_bounds``) and the fields ``F_r`` (the placement);
-* ``s`` bytes per float (4 for float32, 8 for float64), ``κ = 8`` bytes per key or count (int64);
+* ``s`` bytes per float (4 for float32, 8 for float64);
 * operator ``j``: ``S_M = w_j`` columns of the ``[B, P]`` buffer (``P = Σ_j w_j``), the block
   ``k(j)`` it reads (``d_k`` floats per id) and ``|W_j|`` field parameters over all fields (e.g. the
   first FC kernel, ``F·k·H_1``);
@@ -30,28 +30,23 @@ Bytes rank ``r`` sends per step:
 
 **exchange** (the set ``E`` of exchanged operators; ``K(E)`` the blocks they read, each ONCE: two
 operators reading one block, FM and the first FC layer of DeepFM, exchange its rows once and
-route the sum of their input gradients back once)::
+route the sum of their input gradients back once; ``des/strategies/exchange.py``)::
 
-    keys        κ · Σ_{f∉F_r} U_{r,f}                     row owner r names its remote ids
-    rows        s · Σ_{k∈K} d_k · Σ_{q≠r} Σ_{f∈F_r} U_{q,f}  owner r sends its fields' rows
+    rows        s · Σ_{k∈K} d_k · Σ_{q≠r} Σ_{f∈F_r} U_{q,f}  owner r sends its fields' distinct ids' values
     row grads   s · Σ_{k∈K} d_k · Σ_{f∉F_r} U_{r,f}        row owner r returns per-id gradient sums
-    weights     2 (N-1)/N · s · Σ_{j∈E} |W_j|               ring AllReduce of the replicated W_j
-    counts      κ (N-1) (F + 4)                              per-field id counts, and the element
-                                                             counts of the 4 Alltoallv calls
+    weights     2 (N-1)/N · s · Σ_{j∈E} |W_j|               the replicated W_j's gradients, in the top AllReduce
 
-Keys and counts are paid once per step whatever the number of exchanged blocks (a key fetches
-all of them). The keys go from row owners to owners here, as ``--strategy alltoall`` does today;
-pushing them with the rows instead (owner -> row owner) moves the same bytes in total, so the
-mean over ranks is the same.
+No keys and no counts travel: every rank reads the whole batch, so owner and row owner both know
+the distinct ids of a field in a row block (sorted, ``np.unique``) and how many there are.
 
 **shared** by every plan (the data-parallel upper network)::
 
     top gradients  2 (N-1)/N · s · |θ_top|       ring AllReduce, one packed buffer with the loss
     loss           2 (N-1)/N · s
 
-With ``N = 1`` every term is 0. The two pure plans are the engine's strategies today:
-all-partials = ``--strategy des`` (``--upper data-parallel``), all-exchange = ``--strategy
-alltoall``; :meth:`PlanCost.sites` maps the terms onto their Communicator sites.
+With ``N = 1`` every term is 0. Every plan is ``--strategy des --plan ...`` (``--strategy
+alltoall`` is ``--plan exchange``); :meth:`PlanCost.sites` maps the terms onto their Communicator
+sites.
 """
 
 from __future__ import annotations
@@ -66,7 +61,6 @@ import numpy as np
 
 from des.data.batch_reader import row_bounds
 
-KEY_BYTES = 8  # int64 keys and counts
 PARTIALS, EXCHANGE = "partials", "exchange"
 MODES = (PARTIALS, EXCHANGE)
 
@@ -166,7 +160,7 @@ def unique_ids_of_batches(batches: Iterable[Any], ranks: int, num_fields: int) -
         for q in range(ranks):
             block = batch.take(bounds[q], bounds[q + 1])
             for f in range(num_fields):
-                counts[q, f] = np.unique(block.fields[f].keys).size  # what alltoall requests (np.unique)
+                counts[q, f] = np.unique(block.fields[f].keys).size  # what the exchange moves (np.unique)
         total = counts if total is None else total + counts
         count += 1
     if not count:
@@ -209,27 +203,15 @@ class PlanCost:
         return float(np.mean(self.terms.get(name, [0.0])))
 
     def sites(self) -> dict[str, list[float]]:
-        """The terms as the Communicator sites of the engine's strategy for this plan (per rank):
-        all-partials = ``des`` (data-parallel upper), all-exchange = ``alltoall``. Mixed plans have
-        no engine yet: ValueError."""
+        """The terms as the Communicator sites of ``--strategy des --plan`` (per rank)."""
         t, n = self.terms, self.ranks
-        modes = set(self.plan.values())
         if "forward_partials" in t:  # the replicated upper network
             return {"forward_partials": t["forward_partials"]}
-        if modes <= {PARTIALS}:
-            return {"partials_reduce_scatter": t["partials_reduce_scatter"], "gradient_allgather": t["gradient_allgather"],
-                    "top_gradients": _add(t["top_gradients"], t["loss"])}
-        if modes == {EXCHANGE}:
-            # the counts term κ(N-1)(F+4), split as alltoall sends it: the per-field id counts (F per
-            # peer) and the element counts of two Alltoallv calls go with the keys, one each with
-            # the rows and the row gradients
-            one = [KEY_BYTES * (n - 1.0)] * n
-            with_keys = [c - 2 * one[0] for c in t["counts"]]
-            return {"embedding_keys": _add(t["keys"], with_keys),
-                    "embedding_rows": _add(t["rows"], one),
-                    "embedding_gradients": _add(t["row_gradients"], one),
-                    "dense_gradients": _add(t["field_weight_gradients"], t["top_gradients"], t["loss"])}
-        raise ValueError(f"no strategy runs the mixed plan {self.plan} yet (issue 11, item 3)")
+        sites = {"partials_reduce_scatter": "partials_reduce_scatter", "gradient_allgather": "gradient_allgather",
+                 "exchange_values": "rows", "exchange_gradients": "row_gradients"}
+        out = {site: t[term] for site, term in sites.items() if term in t}
+        out["top_gradients"] = _add(t.get("field_weight_gradients", [0.0] * n), t["top_gradients"], t["loss"])
+        return out
 
 
 def _add(*lists: Sequence[float]) -> list[float]:
@@ -255,6 +237,36 @@ def normalize_plan(shape: ModelShape, plan: str | Mapping[str, str]) -> dict[str
     if unknown or bad:
         raise ValueError(f"plan {dict(plan)}: unknown operators {sorted(unknown)} or modes {sorted(bad)}")
     return {op.name: plan.get(op.name, PARTIALS) for op in shape.operators}
+
+
+AUTO = "auto"
+
+
+def parse_plan(text: str, shape: ModelShape) -> str | dict[str, str]:
+    """``--plan``: ``auto``, ``partials``, ``exchange`` or ``OP=MODE,...`` (operators not named:
+    partials) -> ``"auto"`` or ``{operator: mode}`` for every operator. ValueError, one line."""
+    text = text.strip()
+    if text == AUTO:
+        return AUTO
+    if text in MODES:
+        return normalize_plan(shape, text)
+    plan: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, mode = (x.strip() for x in item.partition("="))
+        if not sep:
+            raise ValueError(f"--plan {text!r}: {item!r} is not OP=MODE (or use auto, partials, exchange)")
+        plan[name] = mode
+    try:
+        return normalize_plan(shape, plan)
+    except ValueError:
+        ops = ", ".join(op.name for op in shape.operators)
+        raise ValueError(f"--plan {text!r}: operators are {ops}; modes {', '.join(MODES)}") from None
+
+
+def format_plan(plan: Mapping[str, str]) -> str:
+    """``{operator: mode}`` -> the ``--plan`` text that gives it."""
+    modes = set(plan.values())
+    return next(iter(modes)) if len(modes) == 1 else ",".join(f"{k}={v}" for k, v in plan.items())
 
 
 def plan_cost(shape: ModelShape, plan: str | Mapping[str, str], batch_size: int,
@@ -295,11 +307,9 @@ def plan_cost(shape: ModelShape, plan: str | Mapping[str, str], batch_size: int,
         row_floats = sum(shape.blocks[b] for b in {op.block for op in exchanged})
         remote = [float(u[r][owner != r].sum()) for r in range(n)]  # ids row owner r fetches
         served = [float(sum(u[q][owner == r].sum() for q in range(n) if q != r)) for r in range(n)]
-        cost.terms["keys"] = [KEY_BYTES * remote[r] for r in range(n)]
         cost.terms["rows"] = [s * row_floats * served[r] for r in range(n)]
         cost.terms["row_gradients"] = [s * row_floats * remote[r] for r in range(n)]
         cost.terms["field_weight_gradients"] = [ring * sum(op.field_params for op in exchanged)] * n
-        cost.terms["counts"] = [KEY_BYTES * (n - 1) * (shape.num_fields + 4)] * n
     cost.terms["top_gradients"] = [ring * shape.top_params] * n
     cost.terms["loss"] = [ring] * n
     return cost
@@ -308,7 +318,7 @@ def plan_cost(shape: ModelShape, plan: str | Mapping[str, str], batch_size: int,
 @dataclass(frozen=True)
 class OperatorCost:
     """One operator alone in each mode (mean bytes/step/rank over ranks, shared terms excluded;
-    exchange alone includes the keys and counts it would have to pay by itself)."""
+    exchanged alone: its block's values and gradients and its weights' AllReduce)."""
 
     operator: Operator
     partials: float
@@ -329,7 +339,7 @@ def partials_bytes(width: int, batch_size: int, ranks: int, dtype_size: int = 4)
 def operator_costs(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[int]], unique: UniqueIds | None,
                    dtype_size: int = 4) -> list[OperatorCost]:
     """Per operator: the bytes of its own terms as partials, and exchanged alone (every other
-    operator partials): its block's keys, rows and row gradients, its weights' AllReduce, the counts."""
+    operator partials): its block's values and gradients, its weights' AllReduce."""
     n = len(placement)
     out = []
     for op in shape.operators:
@@ -338,9 +348,8 @@ def operator_costs(shape: ModelShape, batch_size: int, placement: Sequence[Seque
         exchange = math.inf
         if unique is not None:
             ex = plan_cost(shape, {op.name: EXCHANGE}, batch_size, placement, unique, dtype_size)
-            own = ("keys", "rows", "row_gradients", "field_weight_gradients", "counts")
+            own = ("rows", "row_gradients", "field_weight_gradients")
             detail.update({t: ex.term_mean(t) for t in own})
-            detail["remote_ids"] = ex.term_mean("keys") / KEY_BYTES
             exchange = sum(detail[t] for t in own)
         out.append(OperatorCost(op, partials, exchange, detail))
     return out
@@ -349,7 +358,7 @@ def operator_costs(shape: ModelShape, batch_size: int, placement: Sequence[Seque
 def best_plan(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[int]], unique: UniqueIds | None,
               dtype_size: int = 4) -> PlanCost:
     """The plan with the fewest bytes (mean over ranks), by trying all 2^ops plans: operators
-    interact (a shared block, keys and counts are paid once), so the per-operator choice alone
+    interact (a block two exchanged operators read travels once), so the per-operator choice alone
     is not always the best (DeepFM on Criteo: once the first FC layer exchanges the embedding
     block, FM rides along for free). Plans are tried all-partials first and a later one must be
     strictly cheaper, so a tie keeps the earlier, more-partials plan."""
@@ -389,9 +398,9 @@ def report(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[int]
         else:
             # per sample of the global batch, so the two sides compare directly
             distinct = unique.per_sample
-            moved = (c.exchange - c.detail["field_weight_gradients"] - c.detail["counts"]) / batch_size
+            moved = (c.exchange - c.detail["field_weight_gradients"]) / batch_size
             why = (f"{op.width} floats/sample -> {per_sample:,.0f} B/sample; exchange: {distinct:.1f} distinct "
-                   f"ids/sample (per row block), (N-1)/N remote, x {KEY_BYTES}+2x{dtype_size}x{op.block_dim} B "
+                   f"ids/sample (per row block), (N-1)/N remote, x 2x{dtype_size}x{op.block_dim} B "
                    f"-> {moved:,.0f} B/sample")
             if op.field_params:
                 why += f" + {_bytes(c.detail['field_weight_gradients'])} AllReduce of {op.field_params:,} weights"

@@ -422,26 +422,52 @@ def finish(run: Run) -> dict[str, Any]:
             "checkpoint": str(run.checkpoint) if run.checkpoint else None}
 
 
-def communication_plan(config: TrainConfig, strategy: Any, store: Any, ranks: int) -> tuple[str, dict[str, Any]] | None:
-    """The planner's view of this run (``des/planner.py``), for a strategy whose traffic is one of
-    its pure plans on several ranks: the start-up table (per operator, predicted bytes/step/rank as
-    partials and as an exchange, which is cheaper and why) and what ``summary.json`` records next
-    to the measured bytes. Distinct ids are counted on the first 4 batches of the training order."""
-    mode = strategy.communication_plan
-    if mode is None or ranks == 1:
+def resolve_plan(config: TrainConfig, cls: Any, store: Any, placement: list[list[int]]) -> tuple[TrainConfig, Any]:
+    """``--plan auto`` -> the planner's cheapest plan for this data, batch size and placement
+    (``des/planner.py``: distinct ids counted on the first 4 batches of the training order, the
+    same on every rank), written into the config (``config.json`` says what ran). Returns the
+    config and the id statistics (None on one rank or for a strategy the planner does not model)."""
+    ranks = len(placement)
+    if cls.communication_plan is None or ranks == 1:
+        if config.plan == "auto":  # one rank: nothing travels, every plan is the same step
+            config = dataclasses.replace(config, plan="partials")
+        return config, None
+    from des import planner
+
+    unique = planner.estimate_unique_ids(store, config.batch_size, ranks, seed=config.seed, drop_last=config.drop_last)
+    if config.plan == "auto" and getattr(cls, "fixed_plan", None) is None:
+        if config.upper == "replicated":
+            best = "partials"
+        else:
+            shape = planner.model_shape(build_model(config, store.num_fields))
+            best = planner.format_plan(planner.best_plan(shape, config.batch_size, placement, unique,
+                                                         np.dtype(config.dtype).itemsize).plan)
+        config = dataclasses.replace(config, plan=best)
+    return config, unique
+
+
+def communication_plan(config: TrainConfig, strategy: Any, store: Any, ranks: int, unique: Any = None
+                       ) -> tuple[str, dict[str, Any]] | None:
+    """The planner's view of this run (``des/planner.py``), for a strategy whose traffic it models,
+    on several ranks: the start-up table (per operator, predicted bytes/step/rank as partials and
+    as an exchange, which is cheaper and why) and what ``summary.json`` records next to the
+    measured bytes (``unique``: :func:`resolve_plan`'s id statistics)."""
+    if strategy.communication_plan is None or ranks == 1 or unique is None:
         return None
     from des import planner
 
     shape = planner.model_shape(strategy.model)
-    unique = planner.estimate_unique_ids(store, config.batch_size, ranks, seed=config.seed, drop_last=config.drop_last)
+    plan = getattr(strategy, "plan", strategy.communication_plan)
     size = np.dtype(config.dtype).itemsize
     upper = getattr(strategy, "upper", "data-parallel")
-    cost = planner.plan_cost(shape, mode, config.batch_size, strategy.placement, unique, size, upper=upper)
+    cost = planner.plan_cost(shape, plan, config.batch_size, strategy.placement, unique, size, upper=upper)
     best = planner.best_plan(shape, config.batch_size, strategy.placement, unique, size)
     record = {"plan": cost.plan, "upper": upper, "predicted_bytes_per_step": cost.mean,
+              "predicted_sites": {site: float(np.mean(v)) for site, v in cost.sites().items()},
               "cheapest_plan": best.plan, "cheapest_bytes_per_step": best.mean, "batches_sampled": unique.batches}
     text = planner.report(shape, config.batch_size, strategy.placement, unique, size)
-    text += (f"\n  this run: {mode}" + (f" (upper {upper})" if upper != "data-parallel" else "")
+    text += (f"\n  this run: --plan {planner.format_plan(cost.plan)}"
+             + (f" (upper {upper})" if upper != "data-parallel" else "")
              + f", predicted {cost.mean:,.0f} bytes/step/rank (summary.json: planner)")
     return text, record
 
@@ -537,6 +563,7 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     pipeline_chosen = config.pipeline
     if config.pipeline == "auto":  # per rank (never changes results): the overlap needs a spare core
         config = dataclasses.replace(config, pipeline="on" if threads.intra_op >= 2 else "off")
+    config, unique = resolve_plan(config, cls, store, placement)
     strategy = build_strategy(config, comm, store.num_fields, distinct, cls=cls, placement=placement)
     # What fixes the order of the batches: a checkpoint's position only means the same batch in a
     # run with the same data, batch size, seed and drop-last.
@@ -570,7 +597,7 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     run.say(f"  pipeline {config.pipeline}" + (f" (auto: {threads.intra_op} thread(s) per rank)"
                                               if pipeline_chosen == "auto" else ""))
     run.say(f"  strategy {strategy.name}: {strategy.describe()}")
-    plan = communication_plan(config, strategy, store, comm.size)
+    plan = communication_plan(config, strategy, store, comm.size, unique)
     if plan is not None:
         run.say(textwrap.indent(plan[0], "  "))
         run.planner = plan[1]

@@ -17,10 +17,11 @@ worker), each phase either communication or local work (each strategy's ``phases
 
 * des:      lookup, partials, allreduce (communication), top (top network fwd + bwd),
             local_backward (backward through the partials), update (incl. unpooling the gradients)
-* alltoall: lookup (unique ids, owners' lookups/gathers, pooling), exchange_rows (Alltoallv of
-            ids and rows), forward_backward (the whole model on B/N rows, one tf.function: counted as
-            "top network"), allreduce (dense gradients), sparse_backward (per-id gradient sums),
-            exchange_gradients (Alltoallv of row gradients), update (sparse and dense optimizers)
+* alltoall: (= des --plan exchange) lookup (the owners' lookups, distinct ids per row block, gathers,
+            pooling), exchange_values (Alltoallv of the distinct ids' values), top (the whole model on
+            B/N rows, one tf.function: every operator's reference and the top network), allreduce
+            (dense gradients), sparse_backward (per-id gradient sums), exchange_gradients (Alltoallv
+            of the row gradients), update (sparse and dense optimizers)
 * ps:       lookup (unique ids, pooling), pull (row and weight requests and answers, incl. waiting
             for the server), forward_backward (whole model, "top network"), sparse_backward, push;
             no update on a worker: the server applies it, shown as "ps server busy" (server 0's
@@ -126,8 +127,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Batch {args.batch_size}; ms per step of steps {args.warmup + 1}..{args.warmup + args.steps} of one job "
         f"(timers restarted after {args.warmup} warm-up steps), rank 0's timers (ps: the first worker's, per step of "
         "that worker; N=2: one worker; N=4: three workers share 2 cores with the server).",
-        "Categories from the engines' phases (second table): communication = des allreduce; alltoall exchange_rows "
-        "+ exchange_gradients + allreduce; ps pull + push. Every other phase is local work. 'top network fwd+bwd' is "
+        "Categories from the engines' phases (second table): communication = des allreduce, reduce_scatter, "
+        "allgather, exchange_values, exchange_gradients (alltoall: the same step with every operator exchanged); "
+        "ps pull + push. Every other phase is local work. 'top network fwd+bwd' is "
         "des's replicated top network (forward and backward) and, for alltoall/ps, the whole model's forward and "
         "backward on the local rows (one tf.function: it includes the first layer that des computes as partials); "
         "'backward' = des local_backward, alltoall/ps per-id gradient sums (des does its unpooling in 'update'). "

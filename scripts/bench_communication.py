@@ -84,10 +84,11 @@ def predictions(shape, batch: int, ranks: int, unique, fields: int) -> dict:
     """des (data-parallel), des-replicated and alltoall as the planner's pure plans: the
     :class:`des.planner.PlanCost` of each (bytes per rank, per term and per Communicator site)."""
     from des.placement import place_fields
-    from des.planner import EXCHANGE, PARTIALS, plan_cost
+    from des.planner import EXCHANGE, PARTIALS, best_plan, plan_cost
 
     placement = place_fields(fields, ranks, "mod")  # des.train's default --placement
-    return {"des": plan_cost(shape, PARTIALS, batch, placement, unique),
+    return {"des": best_plan(shape, batch, placement, unique),  # --plan auto, the default
+            "des_partials": plan_cost(shape, PARTIALS, batch, placement, unique),
             "des_replicated": plan_cost(shape, PARTIALS, batch, placement, unique, upper="replicated"),
             "alltoall": plan_cost(shape, EXCHANGE, batch, placement, unique)}
 
@@ -115,8 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hidden", default="400,400,400")
     parser.add_argument("--data", default=str(benchlib.SAMPLE))
     parser.add_argument("--split", default="1,0,0", help="train,validation,test fractions (see the docstring)")
-    parser.add_argument("--strategies", default="des,des-replicated,alltoall",
-                        help="strategies of the measured runs (default des,des-replicated,alltoall)")
+    parser.add_argument("--strategies", default="des,des-partials,des-replicated,alltoall",
+                        help="strategies of the measured runs (default des,des-partials,des-replicated,alltoall)")
     parser.add_argument("--one-launch", action="store_true",
                         help="all measured runs of a rank count in one mpiexec launch (start-up paid once)")
     parser.add_argument("--measure", default="4096:lr,fm,wdl,deepfm:2,4;512,1024,2048,8192:lr,deepfm:2",
@@ -174,11 +175,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     **{f"{key}_predicted": cost.mean for key, cost in predicted.items()},
                     **{f"{key}_predicted_rank0": cost.per_rank()[0] for key, cost in predicted.items()},
                     "alltoall_sparse_analytic": sum(analytic["alltoall"].term_mean(t) for t in
-                                                    ("keys", "rows", "row_gradients")),
+                                                    ("rows", "row_gradients")),
                 }
-                row["saving_analytic"] = saving(row["des_analytic"], row["alltoall_analytic"])
+                row["saving_analytic"] = saving(row["des_partials_analytic"], row["alltoall_analytic"])
                 # The paper's R counts the sparse exchange only (no dense-gradient AllReduce).
-                row["saving_sparse_analytic"] = saving(row["des_analytic"], row["alltoall_sparse_analytic"])
+                row["saving_sparse_analytic"] = saving(row["des_partials_analytic"], row["alltoall_sparse_analytic"])
                 if paper:
                     row["paper_saving"] = {"lr": paper[1], "fm": paper[2], "wdl": paper[3]}.get(model)
                 if model in ("wdl", "deepfm"):  # the planner's start-up table, per operator
@@ -211,8 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             row[f"{key}_check"], row[f"{key}_check_rank0"] = check["mean"], check["rank0"]
             row[f"{key}_worst_site_pct"] = 100.0 * check["worst_site"]
     for row in rows:
-        if "des_measured" in row and "alltoall_measured" in row:
-            row["saving_measured"] = saving(row["des_measured"], row["alltoall_measured"])
+        if "des_partials_measured" in row and "alltoall_measured" in row:
+            row["saving_measured"] = saving(row["des_partials_measured"], row["alltoall_measured"])
         for key in ("saving_analytic", "saving_measured", "saving_sparse_analytic"):
             if key in row:
                 row[key + "_pct"] = 100.0 * row[key]
@@ -222,23 +223,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     id_columns += [(f"shard_unique_n{n}", f"per B/{n} shard", ",.0f") for n in ranks]
     id_columns += [("paper_unique", "paper uniq_feats", ",d")]
     columns = [("ranks", "N", "d"), ("batch", "B", "d"), ("model", "model", ""), ("P", "P", "d"),
-               ("des_measured", "DES meas. B/step", ",.0f"), ("des_analytic", "DES analytic", ",.0f"),
+               ("des_partials_measured", "DES partials meas. B/step", ",.0f"),
+               ("des_partials_analytic", "DES partials analytic", ",.0f"),
+               ("des_measured", "DES auto meas.", ",.0f"), ("des_analytic", "DES auto analytic", ",.0f"),
                ("des_replicated_measured", "DES repl. meas.", ",.0f"),
                ("des_replicated_analytic", "DES repl. analytic", ",.0f"),
                ("alltoall_measured", "a2a meas. B/step", ",.0f"), ("alltoall_analytic", "a2a analytic", ",.0f"),
                ("saving_measured_pct", "saving meas. %", ".1f"), ("saving_analytic_pct", "saving analytic %", ".1f"),
                ("saving_sparse_analytic_pct", "saving sparse-only %", ".1f"), ("paper_saving", "paper R %", ".1f")]
     check_columns = [("ranks", "N", "d"), ("batch", "B", "d"), ("model", "model", "")]
-    for key, title in (("des", "DES"), ("des_replicated", "DES repl."), ("alltoall", "a2a")):
+    for key, title in (("des", "DES auto"), ("des_partials", "DES partials"), ("des_replicated", "DES repl."),
+                       ("alltoall", "a2a")):
         if key.replace("_", "-") in strategies:
             check_columns += [(f"{key}_predicted", f"{title} predicted", ",.0f"), (f"{key}_measured", f"{title} measured", ",.0f"),
                               (f"{key}_check", "meas./pred.", ".4f"), (f"{key}_check_rank0", "rank 0", ".4f"),
                               (f"{key}_worst_site_pct", "worst site %", ".2f")]
     rows.sort(key=lambda r: (r["ranks"], r["batch"], models.index(r["model"])))
-    measured_rows = [r for r in rows if any(f"{key}_measured" in r for key in ("des", "des_replicated", "alltoall"))]
+    measured_rows = [r for r in rows if any(f"{key}_measured" in r for key in
+                                            ("des", "des_partials", "des_replicated", "alltoall"))]
     shapes = {m: build_shape(m, fields, k, hidden) for m in ("fm", "wdl", "deepfm")}
     notes = [
-        benchlib.STRATEGY_NOTE + " Savings compare des (data-parallel) with alltoall.",
+        benchlib.STRATEGY_NOTE + " Savings compare des-partials (data-parallel) with alltoall, as the paper's R.",
         "Bytes are what a rank SENDS per training step, mean over the ranks (summary.json's bytes_per_step), "
         f"over the first {args.steps} steps of epoch 0 (seed 0), with split {args.split} of the data "
         f"({len(store.split_rows('train')):,} training rows; evaluation traffic goes to eval_* sites, not counted). "
@@ -273,7 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for model in models:
                 sel = [r for r in rows if r["ranks"] == n and r["model"] == model]
                 xs = [r["batch"] for r in sel]
-                for strategy, style, marker in (("des", "-", "o"), ("des_replicated", ":", "^"), ("alltoall", "--", "s")):
+                for strategy, style, marker in (("des", "-", "o"), ("des_partials", "-.", "v"), ("des_replicated", ":", "^"),
+                                                ("alltoall", "--", "s")):
                     ax.plot(xs, [r[f"{strategy}_analytic"] for r in sel], style, color=colors.get(model),
                             label=f"{model} {strategy} (analytic)")
                     meas = [(r["batch"], r[f"{strategy}_measured"]) for r in sel if f"{strategy}_measured" in r]

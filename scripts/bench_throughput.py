@@ -57,7 +57,8 @@ from collections.abc import Sequence
 import bench_deepctr
 import benchlib
 
-STRATEGY_RANKS = {"des": (1, 2, 4), "des-replicated": (1, 2, 4), "alltoall": (1, 2, 4), "ps": (2, 4)}
+STRATEGY_RANKS = {"des": (1, 2, 4), "des-partials": (2, 4), "des-replicated": (1, 2, 4), "alltoall": (1, 2, 4),
+                  "ps": (2, 4)}
 FIELDS, EMBEDDING_DIM, HIDDEN = 39, 8, (400, 400, 400)  # des.train's defaults: the network measured
 TITLES = {"lr": "LR", "fm": "FM", "wdl": "W&D", "deepfm": "DeepFM"}
 

@@ -47,18 +47,20 @@ PAPER_SETUP = ("paper: 4 servers x 2 x 24-core Xeon E5-2670v3 (48 threads each),
 
 
 # ---------------------------------------------------------------------------------------- strategies
-#: The names the benchmark tables use -> des.train flags. ``des`` is the default step (upper network
-#: data-parallel over the ranks); ``des-replicated`` is the paper's step (every rank repeats it).
+#: The names the benchmark tables use -> des.train flags (:data:`STRATEGY_NOTE` says what each is).
 STRATEGY_FLAGS: dict[str, dict[str, str]] = {
-    "des": {"strategy": "des", "upper": "data-parallel"},
-    "des-replicated": {"strategy": "des", "upper": "replicated"},
+    "des": {"strategy": "des", "upper": "data-parallel", "plan": "auto"},
+    "des-partials": {"strategy": "des", "upper": "data-parallel", "plan": "partials"},
+    "des-replicated": {"strategy": "des", "upper": "replicated", "plan": "partials"},
     "alltoall": {"strategy": "alltoall"},
     "ps": {"strategy": "ps"},
 }
-STRATEGY_NOTE = ("des = DES with the upper network data-parallel (--upper data-parallel, the default: reduce-scatter "
-                 "of the partials by rows, all-gather of their gradient, AllReduce of the top gradients); "
-                 "des-replicated = the paper's step (--upper replicated: one AllReduce, every rank runs the upper "
-                 "network on the whole batch).")
+STRATEGY_NOTE = ("des = the default command: the upper network data-parallel (reduce-scatter of the partials by "
+                 "rows, all-gather of their gradient, AllReduce of the top gradients) and --plan auto (the planner "
+                 "exchanges an operator's inputs where that moves fewer bytes: on Criteo the first FC layer and FM); "
+                 "des-partials = every operator as partial sums (--plan partials); des-replicated = the paper's step "
+                 "(--upper replicated: one AllReduce, every rank runs the upper network on the whole batch); alltoall "
+                 "= every operator exchanged (--plan exchange, TorchRec-style).")
 
 
 def strategy_flags(name: str) -> dict[str, str]:

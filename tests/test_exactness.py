@@ -9,7 +9,9 @@ with Adam). "Relative" is to the largest magnitude of each array (floored at 1e-
 element-wise, so near-zero entries are not held to 1e-9 of themselves. The multi-hot synthetic data
 (CSR fields, weighted ids) and the balanced placement go through the same check; alltoall on N ranks
 ends where des ends on 1 rank, and so does ps with one server and one worker. des runs its default
-data-parallel upper network (batch 64: not divisible by 3) and, for LR and DeepFM, the replicated one.
+data-parallel upper network (batch 64: not divisible by 3) and, for LR and DeepFM, the replicated one;
+the planner's plans (``--plan``: all exchange = alltoall, a mixed plan, auto) are held to the same
+bound.
 
 Every rank count costs one mpiexec launch for all cases (a rank's start-up is seconds), and every
 case costs its set-up and trace on each rank of each launch. So the four models in float64 run on
@@ -42,6 +44,13 @@ SCHEDULES = ("--sparse-schedule", "cosine:warmup=3,end=0.1", "--dense-schedule",
 REPLICATED_RANKS = {"lr": (4,), "deepfm": RANKS[1:]}
 MULTI_HOT_RANKS = {"fm": (3,), "deepfm": RANKS[1:]}
 FLOAT32_RANKS = {"lr": (4,), "fm": (4,), "wdl": (4,), "deepfm": RANKS[1:]}
+# Plans (issue 11): all exchange (alltoall), a mixed one where FM's block is exchanged while the
+# first FC layer (reading the same block) stays partials (one optimizer step on both gradients),
+# and auto (the planner's choice for this data, batch and N).
+MIXED_PLAN = "fm2=exchange"
+SYNTH_PLAN = "linear=exchange,first_fc=exchange"
+EXCHANGE_RANKS = {"lr": (3,), "fm": (3,), "wdl": (4,), "deepfm": RANKS[1:]}
+PLAN_RANKS = {MIXED_PLAN: {"deepfm": RANKS[1:]}, "auto": {"lr": (4,), "fm": (2,), "wdl": (3,), "deepfm": RANKS[1:]}}
 
 
 def variant_params(ranks_by_model: dict[str, tuple[int, ...]]) -> list[tuple[str, int]]:
@@ -70,17 +79,25 @@ def results(datasets, monkeypatch_module) -> dict[tuple, object]:
     cases += [Case(m, "des", criteo, "float64", SMALL + ADAM + REPLICATED, ranks=n) for m, n in REPLICATED_RANKS.items()]
     cases += [Case(m, "des", synth, "float64", SMALL + ADAM + ("--placement", "balanced"), ranks=n)
               for m, n in MULTI_HOT_RANKS.items()]
-    # The baselines train the same model: alltoall on N ranks, ps with 1 server + 1 worker, vs des on 1 rank.
-    cases += [Case("deepfm", "alltoall", data, "float64", flags, ranks=(2, 3), reference_strategy="des")
-              for data, flags in ((criteo, SMALL + ADAM), (synth, SMALL + ADAM + ("--placement", "balanced")))]
+    # Every plan trains the same model: alltoall (= des --plan exchange) and ps with 1 server + 1
+    # worker vs des on 1 rank (all partials); a mixed plan, and auto, vs the same plan on 1 rank.
+    cases += [Case(m, "alltoall", criteo, "float64", SMALL + ADAM, ranks=n, reference_strategy="des")
+              for m, n in EXCHANGE_RANKS.items()]
+    cases.append(Case("deepfm", "alltoall", synth, "float64", SMALL + ADAM + ("--placement", "balanced"),
+                      ranks=(2, 3), reference_strategy="des"))
+    cases += [Case(m, "des", criteo, "float64", SMALL + ADAM + ("--plan", plan), ranks=n)
+              for plan, ranks_by_model in PLAN_RANKS.items() for m, n in ranks_by_model.items()]
+    cases.append(Case("deepfm", "des", synth, "float64", SMALL + ADAM + ("--placement", "balanced", "--plan", SYNTH_PLAN),
+                      ranks=(3,)))
     cases.append(Case("deepfm", "ps", criteo, "float64", SMALL + ADAM))
     # Learning-rate schedules (a factor of the global step; plateau: of the validation history) and
     # Adam with TF's dense semantics caught up lazily (adam:catchup=1), one shared row per field for
     # the ids seen fewer than --min-count times (--unadmitted shared).
     # With the pipelined step forced on: --pipeline auto turns it off when a rank has one core, as
     # every N > 1 launch here does, and admission (--min-count 2) is what the overlap could break.
-    cases.append(Case("deepfm", "des", criteo, "float64", SMALL + CATCHUP + SCHEDULES + ("--pipeline", "on"),
-                      ranks=(2, 3)))
+    # The mixed plan's exchange routes the next batch on the background thread too.
+    cases.append(Case("deepfm", "des", criteo, "float64",
+                      SMALL + CATCHUP + SCHEDULES + ("--pipeline", "on", "--plan", MIXED_PLAN), ranks=(2, 3)))
     # float32 with AdaGrad embeddings: Adam's m/sqrt(v) turns float32 reassociation noise of
     # near-zero gradients into ~1e-4 relative differences of single embedding entries
     # (predictions still agree to ~3e-7), which would hide real bugs behind a loose bound.
@@ -89,8 +106,13 @@ def results(datasets, monkeypatch_module) -> dict[tuple, object]:
     cases.append(Case("deepfm", "des", criteo, "float32", SMALL + ("--embedding-optimizer", "adam:lr=0.001"),
                       ranks=(4,), rtol=1e-5, compare="predictions"))
     return {(r.case.model, r.case.strategy, r.case.data, r.case.dtype, r.case.compare,
-             "replicated" in r.case.flags, r.ranks): r
+             "replicated" in r.case.flags, r.ranks) + plan_of(r.case.flags): r
             for r in check(cases, RANKS, steps=12, batch_size=64, rtol=1e-9, timeout=600)}
+
+
+def plan_of(flags: tuple[str, ...]) -> tuple[str, ...]:
+    """``(plan,)`` for a case run with ``--plan``, else ``()`` (the default, all partials)."""
+    return (flags[flags.index("--plan") + 1],) if "--plan" in flags else ()
 
 
 @pytest.fixture(scope="module")
@@ -145,11 +167,22 @@ def test_multi_hot_balanced_placement(results, datasets, model: str, ranks: int)
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks", (2, 3))
-@pytest.mark.parametrize("data", ("criteo", "synth"))
-def test_alltoall_equals_des(results, datasets, ranks: int, data: str) -> None:
-    """The synchronous all-to-all baseline trains the same DeepFM as DES on one rank."""
-    assert_ok(results[("deepfm", "alltoall", datasets[data], "float64", "all", False, ranks)])
+@pytest.mark.parametrize(("model", "ranks"), variant_params(EXCHANGE_RANKS) + [("deepfm-synth", 2), ("deepfm-synth", 3)])
+def test_alltoall_equals_des(results, datasets, model: str, ranks: int) -> None:
+    """The all-exchange plan (alltoall, the TorchRec-style baseline) trains the same model as DES's
+    partials on one rank."""
+    data = datasets["synth" if model.endswith("-synth") else "criteo"]
+    assert_ok(results[(model.removesuffix("-synth"), "alltoall", data, "float64", "all", False, ranks)])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("plan", "model", "ranks"),
+                         [(plan, m, n) for plan, by_model in PLAN_RANKS.items() for m, n in variant_params(by_model)]
+                         + [(SYNTH_PLAN, "deepfm-synth", 3)])
+def test_every_plan_is_exact(results, datasets, plan: str, model: str, ranks: int) -> None:
+    """--plan with a mixed plan (multi-hot data and balanced placement too) and auto."""
+    data = datasets["synth" if model.endswith("-synth") else "criteo"]
+    assert_ok(results[(model.removesuffix("-synth"), "des", data, "float64", "all", False, ranks, plan)])
 
 
 @pytest.mark.mpi

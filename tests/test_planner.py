@@ -1,6 +1,7 @@
 """des/planner.py: the per-operator byte cost model (issue 11) -- its formulas on hand-computed
-cases, and on one 2-rank job the Communicator's measured bytes of des and alltoall equal its
-prediction exactly, site by site and rank by rank."""
+cases, the ``--plan`` text, and on one 2-rank job the Communicator's measured bytes of every plan
+(all partials, all exchange = alltoall, a mixed one, auto) equal its prediction exactly, site by
+site and rank by rank."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from des.planner import (EXCHANGE, PARTIALS, ModelShape, Operator, UniqueIds, best_plan, estimate_unique_ids,
-                         model_shape, operator_costs, partials_bytes, plan_cost, report, row_blocks,
+                         model_shape, normalize_plan, operator_costs, partials_bytes, plan_cost, report, row_blocks,
                          unique_ids_of_batches)
 
 # A 3-field model: a 1-wide linear operator and a 3-wide "fc" on a 2-float block (6 weights per
@@ -57,19 +58,15 @@ def test_replicated_upper_is_one_allreduce_of_the_buffer() -> None:
 
 def test_exchange_by_hand() -> None:
     cost = plan_cost(TINY, EXCHANGE, 5, PLACEMENT, UNIQUE)
-    # rank 0 fetches the ids of field 1 in its rows (1), serves fields 0 and 2 to rank 1 (3 + 1);
-    # rank 1 fetches fields 0 and 2 of its rows (3 + 1), serves field 1 to rank 0 (1); rows are
-    # both blocks, 1 + 2 floats
-    assert cost.terms["keys"] == [8 * 1, 8 * 4]
+    # rank 0 serves fields 0 and 2 of rank 1's rows (3 + 1 distinct ids) and returns the gradients
+    # of field 1 in its own rows (1); rank 1 serves field 1 of rank 0's rows (1) and returns fields
+    # 0 and 2 of its rows (3 + 1); values are both blocks, 1 + 2 floats; no keys, no counts
     assert cost.terms["rows"] == [4 * 3 * 4, 4 * 3 * 1]
     assert cost.terms["row_gradients"] == [4 * 3 * 1, 4 * 3 * 4]
     assert cost.terms["field_weight_gradients"] == [18 * 4, 18 * 4]
-    assert cost.terms["counts"] == [8 * (3 + 4)] * 2  # F field counts + 4 Alltoallv element counts
-    assert cost.per_rank() == [8 + 48 + 12 + 72 + 56 + 24, 32 + 12 + 48 + 72 + 56 + 24]
+    assert cost.per_rank() == [48 + 12 + 72 + 24, 12 + 48 + 72 + 24]
     sites = cost.sites()
-    assert sites["embedding_keys"] == [8 + 3 * 8 + 2 * 8, 32 + 3 * 8 + 2 * 8]
-    assert sites["embedding_rows"] == [48 + 8, 12 + 8] and sites["embedding_gradients"] == [12 + 8, 48 + 8]
-    assert sites["dense_gradients"] == [72 + 24, 72 + 24]
+    assert sites == {"exchange_values": [48, 12], "exchange_gradients": [12, 48], "top_gradients": [72 + 24] * 2}
     assert sum(map(sum, sites.values())) == sum(cost.per_rank())
 
 
@@ -77,7 +74,7 @@ def test_a_block_read_by_two_exchanged_operators_travels_once() -> None:
     shape = ModelShape((Operator("fm", "emb", 2, 3, 0), Operator("fc", "emb", 2, 4, 10)), {"emb": 2}, 0, 3)
     one = plan_cost(shape, {"fc": EXCHANGE}, 5, PLACEMENT, UNIQUE)
     both = plan_cost(shape, EXCHANGE, 5, PLACEMENT, UNIQUE)
-    for term in ("keys", "rows", "row_gradients", "counts"):
+    for term in ("rows", "row_gradients"):
         assert both.terms[term] == one.terms[term], term
     # what exchanging fm too changes: its partials go, no weights come (it has none)
     assert both.mean == one.mean - np.mean(partials_bytes(3, 5, 2))
@@ -89,15 +86,28 @@ def test_mixed_plan_and_its_operator_costs() -> None:
     assert mixed.plan == {"linear": PARTIALS, "fc": EXCHANGE}
     assert mixed.terms["partials_reduce_scatter"] == [3 * 4 * 1, 2 * 4 * 1]  # linear's column only
     assert mixed.terms["rows"] == [4 * 2 * 4, 4 * 2 * 1]  # the emb block only
-    with pytest.raises(ValueError, match="mixed plan"):
-        mixed.sites()
+    assert mixed.sites() == {"partials_reduce_scatter": [12, 8], "gradient_allgather": [12, 8],
+                             "exchange_values": [32, 8], "exchange_gradients": [8, 32], "top_gradients": [96, 96]}
     costs = {c.operator.name: c for c in operator_costs(TINY, 5, PLACEMENT, UNIQUE)}
     assert costs["fc"].partials == np.mean([2 * 3 * 4 * 3, 2 * 2 * 4 * 3])
-    assert costs["fc"].exchange == pytest.approx(np.mean([8 + 32 + 8 + 72 + 56, 32 + 8 + 32 + 72 + 56]))
+    assert costs["fc"].exchange == pytest.approx(np.mean([32 + 8 + 72, 8 + 32 + 72]))
     assert costs["fc"].cheaper == PARTIALS  # 5 rows, 18 weights: nothing to win
     best = best_plan(TINY, 5, PLACEMENT, UNIQUE)
     pure = [plan_cost(TINY, m, 5, PLACEMENT, UNIQUE).mean for m in (PARTIALS, EXCHANGE)]
     assert best.mean <= min(pure)
+
+
+def test_plan_option_text() -> None:
+    from des.planner import AUTO, format_plan, parse_plan
+
+    assert parse_plan("auto", TINY) == AUTO
+    assert parse_plan("exchange", TINY) == {"linear": EXCHANGE, "fc": EXCHANGE}
+    assert parse_plan(" fc=exchange ", TINY) == {"linear": PARTIALS, "fc": EXCHANGE}
+    assert format_plan({"linear": PARTIALS, "fc": EXCHANGE}) == "linear=partials,fc=exchange"
+    assert format_plan({"linear": EXCHANGE, "fc": EXCHANGE}) == EXCHANGE
+    for bad in ("fc", "fc=both", "nope=exchange", "sometimes"):
+        with pytest.raises(ValueError, match="--plan"):
+            parse_plan(bad, TINY)
 
 
 def test_one_rank_sends_nothing() -> None:
@@ -189,19 +199,24 @@ def test_measured_bytes_equal_the_prediction(tmp_path: Path) -> None:
     flags = ["--model", "deepfm", "--embedding-dim", "4", "--hidden", "16,8", "--dtype", "float64",
              "--batch-size", "63", "--max-steps", "3", "--split", "1,0,0", "--data", str(data),
              "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
-    run_mpi(2, ["-m", "tests.mpi_programs.train_strategies", str(tmp_path / "runs"), "des,alltoall", "--", *flags],
-            timeout=120)
+    mixed = "first_fc=exchange,linear=exchange"  # FM's partials and the embedding block's exchange
+    run_mpi(2, ["-m", "tests.mpi_programs.train_strategies", str(tmp_path / "runs"), "des", "alltoall",
+                f"mixed:des:{mixed}", "auto:des:auto", "--", *flags], timeout=180)
     store = open_dataset(data, cache_dir=tmp_path / "cache", split=[1, 0, 0], seed=0)
     shape = model_shape(get_model("deepfm")(num_fields=store.num_fields, embedding_dim=4, hidden=(16, 8)))
     unique = estimate_unique_ids(store, 63, 2, batches=3, seed=0)
     placement = place_fields(store.num_fields, 2, "mod")
-    for strategy, plan in (("des", PARTIALS), ("alltoall", EXCHANGE)):
+    best = best_plan(shape, 63, placement, estimate_unique_ids(store, 63, 2, batches=4, seed=0), dtype_size=8).plan
+    runs = (("des", PARTIALS), ("alltoall", EXCHANGE), ("mixed", {"first_fc": EXCHANGE, "linear": EXCHANGE}),
+            ("auto", best))
+    for strategy, plan in runs:
         summary = json.loads((tmp_path / "runs" / strategy / "summary.json").read_text())
-        assert summary["steps"] == 3
+        assert summary["steps"] == 3 and summary["planner"]["plan"] == normalize_plan(shape, plan), strategy
         cost = plan_cost(shape, plan, 63, placement, unique, dtype_size=8)
         predicted = {site: float(np.mean(v)) for site, v in cost.sites().items()}
         measured = summary["bytes_per_step_by_site"]  # every declared site (des: forward_partials = 0 here)
         assert set(predicted) <= set(measured), (strategy, measured)
         assert measured == pytest.approx({site: predicted.get(site, 0.0) for site in measured}, rel=1e-12), strategy
         assert summary["bytes_per_step_per_rank"] == pytest.approx(cost.per_rank(), rel=1e-12), strategy
-        assert cost.per_rank()[0] != cost.per_rank()[1]  # uneven rows and fields: per rank, not only the mean
+        if strategy == "des":  # uneven rows and fields: per rank, not only the mean (an exchange on 2 ranks is
+            assert cost.per_rank()[0] != cost.per_rank()[1]  # symmetric: each sends served + returned = the same)

@@ -215,19 +215,23 @@ class Communicator:
         return out, counts
 
     def alltoallv(
-        self, send: np.ndarray, send_counts: np.ndarray, site: str
+        self, send: np.ndarray, send_counts: np.ndarray, site: str, recv_counts: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """Send ``send[displ_j : displ_j + send_counts[j]]`` to rank ``j``; returns what arrived,
         concatenated in rank order, and the per-rank receive counts (in elements of dim 0).
 
-        ``send`` may be 2-D (rows of a table); counts are in rows.
+        ``send`` may be 2-D (rows of a table); counts are in rows. ``recv_counts``: when the
+        receiver already knows them, nothing else travels (else an Alltoall of the counts first,
+        accounted at ``site:counts``).
         """
         send = np.ascontiguousarray(send)
         send_counts = np.asarray(send_counts, dtype=np.int64)
         if send_counts.shape != (self.size,) or send_counts.sum() != send.shape[0]:
             raise ValueError(f"alltoallv at {site}: send_counts do not match the buffer")
         row_items = int(np.prod(send.shape[1:], dtype=np.int64))
-        recv_counts = self._exchange_counts(send_counts, site)
+        if recv_counts is None:
+            recv_counts = self._exchange_counts(send_counts, site)
+        recv_counts = np.asarray(recv_counts, dtype=np.int64)
         out = np.empty((int(recv_counts.sum()),) + send.shape[1:], dtype=send.dtype)
         start = time.perf_counter()
         if self.size > 1:

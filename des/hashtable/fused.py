@@ -236,6 +236,21 @@ class ShardTables:
         _threads.run(lambda j0, j1: _gather_pool_fields(j0, j1, *args), np.diff(touched.key_offsets), _MIN_PARALLEL)
         self._check_rows(tables, touched, bad)
 
+    def gather_ids(self, touched: Touched, block: int, out: np.ndarray) -> None:
+        """Block ``block``'s values of every touched id, not pooled: ``out[nnz, dim]`` in the order of
+        ``touched.keys`` (C-contiguous, the tables' dtype), each as :meth:`gather_pooled` reads it."""
+        tables = self._sync()
+        if out.shape[0] != touched.keys.shape[0] or not out.flags.c_contiguous:
+            raise ValueError(f"gather_ids: out must be C-contiguous [{touched.keys.shape[0]}, dim]")
+        if (self._dims[block] != out.shape[1]).any() or any(t.dtype != out.dtype for t in tables):
+            raise ValueError(f"gather_ids: out {out.dtype}{out.shape} does not fit block {self.blocks[block]!r}")
+        bad = np.full(len(tables), -1, dtype=np.int64)
+        args = (self._addr, self._len, self._width, _BLOCKS + 2 * block, out.shape[1], touched.keys, touched.rows,
+                touched.admitted, touched.key_offsets, np.array([t._n for t in tables], dtype=np.int64), self._zero,
+                self._bases[block], self._kinds[block], self._scales[block], out, bad)
+        _threads.run(lambda j0, j1: _gather_ids_fields(j0, j1, *args), np.diff(touched.key_offsets), _MIN_PARALLEL)
+        self._check_rows(tables, touched, bad)
+
     # ---------------------------------------------------------------- un-pool + optimizer
 
     def apply_pooled(self, touched: Touched, block: int, grads: np.ndarray, step: int, lr_scale: float = 1.0) -> None:
@@ -368,6 +383,20 @@ def _gather_pool_field(addr, lens, widths, col, dim, j, keys, rows, admitted, ke
     dst = out[:, j, :]
     copy = one_hot(offsets[j], weighted[j])
     values = dst if copy else np.empty((hi - lo, dim), dtype=out.dtype)
+    if not _gather_field_ids(data, dim, j, lo, hi, keys, rows, admitted, n_rows, zero, bases, kinds, scales, values,
+                             bad):
+        return
+    if not copy:
+        for b in range(dst.shape[0]):
+            for c in range(dim):
+                dst[b, c] = 0
+        pool_or_unpool(values, offsets[j], weights[lo:hi], weighted[j], dst, False)
+
+
+@njit(nogil=True)
+def _gather_field_ids(data, dim, j, lo, hi, keys, rows, admitted, n_rows, zero, bases, kinds, scales, values, bad):
+    """Field j's ids ``lo..hi``: ``gather_row`` of each (``stored`` = present and admitted or not
+    read as zero) into ``values[i]``; False (and ``bad[j]``) at a row that is not the table's."""
     n = hi - lo
     for i in range(n):
         if i + K.PF < n:
@@ -377,14 +406,21 @@ def _gather_pool_field(addr, lens, widths, col, dim, j, keys, rows, admitted, ke
         r = rows[lo + i]
         if r >= n_rows[j] or r < -1:
             bad[j] = i
-            return
+            return False
         stored = r >= 0 and (admitted[lo + i] or not zero[j])
         K.gather_row(data, dim, r, stored, zero[j], keys[lo + i], bases[j], kinds[j], scales[j], values, i)
-    if not copy:
-        for b in range(dst.shape[0]):
-            for c in range(dim):
-                dst[b, c] = 0
-        pool_or_unpool(values, offsets[j], weights[lo:hi], weighted[j], dst, False)
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _gather_ids_fields(j0, j1, addr, lens, widths, col, dim, keys, rows, admitted, key_offsets, n_rows, zero, bases,
+                       kinds, scales, out, bad):
+    """Fields [j0, j1): ``gather_row`` of each id into its own row of ``out`` (no pooling)."""
+    for j in range(j0, j1):
+        lo, hi = key_offsets[j], key_offsets[j + 1]
+        data = view2(addr[j, col], lens[j, col], widths[j, col], out)
+        _gather_field_ids(data, dim, j, lo, hi, keys, rows, admitted, n_rows, zero, bases, kinds, scales, out[lo:hi],
+                          bad)
 
 
 @njit(cache=True, nogil=True)

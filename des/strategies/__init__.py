@@ -1,9 +1,10 @@
 """Training strategies behind one protocol (:class:`des.strategies.base.Strategy`), with a registry:
 an explicit default list plus user additions, as for models and substitutions.
 
-* ``des`` -- :class:`des.strategies.des.DES`: partials of the substituted operators, ONE AllReduce.
-* ``alltoall`` -- :class:`des.strategies.alltoall.AllToAll`: embeddings fetched from their owners
-  and row gradients sent back (Alltoallv), dense gradients AllReduced.
+* ``des`` -- :class:`des.strategies.des.DES`: partials of the substituted operators reduced over
+  the ranks, or (``--plan``) their pooled inputs exchanged, per operator.
+* ``alltoall`` -- :class:`des.strategies.alltoall.AllToAll`: ``des --plan exchange``: embeddings
+  sent to the row owners and their gradients back (Alltoallv), dense gradients AllReduced.
 * ``ps`` -- :class:`des.strategies.ps.ParameterServer`: an asynchronous parameter server.
 
 A user strategy subclasses :class:`Strategy`, calls :func:`register_strategy` (e.g. in a file loaded

@@ -71,15 +71,17 @@ class FieldShard:
         """
         return self._fused.lookup([batch.fields[f] for f in self.fields], train=train, step=step)
 
-    def gather_pooled(self, batch: Any, touched: Touched) -> list[np.ndarray]:
-        """Per block, the pooled embeddings ``[B, F_i, dim]`` of the ids ``touched`` (from
-        :meth:`lookup` of this ``batch``), with the values as they are now: run it after the
-        previous step's :meth:`apply_pooled_gradients`."""
-        if len(batch.labels) != touched.size:
+    def gather_pooled(self, batch: Any, touched: Touched, blocks: Sequence[str] | None = None) -> list[np.ndarray]:
+        """Per block (of ``blocks``, default all), the pooled embeddings ``[B, F_i, dim]`` of the ids
+        ``touched`` (from :meth:`lookup` of this ``batch``), with the values as they are now: run it
+        after the previous step's :meth:`apply_pooled_gradients`."""
+        if batch is not None and len(batch.labels) != touched.size:
             raise ValueError(f"gather_pooled: batch of {len(batch.labels)} rows, lookup of {touched.size}")
-        pooled = [np.empty((touched.size, len(self.fields), b.dim), dtype=self.dtype) for b in self.blocks]
-        for k, out in enumerate(pooled):
-            self._fused.gather_pooled(touched, k, out)
+        pooled = []
+        for k, b in enumerate(self.blocks):
+            if blocks is None or b.name in blocks:
+                pooled.append(np.empty((touched.size, len(self.fields), b.dim), dtype=self.dtype))
+                self._fused.gather_pooled(touched, k, pooled[-1])
         return pooled
 
     def pooled(self, batch: Any, *, train: bool, step: int) -> tuple[list[np.ndarray], Touched]:
@@ -88,11 +90,19 @@ class FieldShard:
         touched = self.lookup(batch, train=train, step=step)
         return self.gather_pooled(batch, touched), touched
 
+    def gather_ids(self, block: int, touched: Touched, out: np.ndarray) -> None:
+        """One block's values of every id of ``touched``, not pooled, into ``out [nnz, dim]``."""
+        self._fused.gather_ids(touched, block, out)
+
     def apply_pooled_gradients(self, pooled_grads: Sequence[np.ndarray], touched: Touched, step: int) -> None:
         """Un-pool ``[B, F_i, dim]`` gradients to the ids and run the sparse optimizers (the
         gradients of an id that occurs several times are summed first), one call per block."""
         for k, grads in enumerate(pooled_grads):
-            self._fused.apply_pooled(touched, k, np.asarray(grads), step, self.rates.sparse)
+            self.apply_block_gradients(k, np.asarray(grads), touched, step)
+
+    def apply_block_gradients(self, block: int, grads: np.ndarray, touched: Touched, step: int) -> None:
+        """:meth:`apply_pooled_gradients` of one block (its position in the model's blocks)."""
+        self._fused.apply_pooled(touched, block, grads, step, self.rates.sparse)
 
     # -- serving rows by key (strategies that move rows) -------------------------------------------------
     def rows(self, field: int, keys: np.ndarray, *, insert: bool, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -157,22 +167,33 @@ class DenseParams:
     optimizers are elementwise, so a state per slice is the same math as one for the whole weight,
     and a checkpoint re-shards by field. Each slice is drawn from a generator keyed by (seed,
     substitution, parameter, field) and each top weight by (seed, model, name): never by N.
+
+    ``fields`` are the fields whose slices this rank holds; the substitutions in ``replicated``
+    (indices) hold the slices of every field instead (an operator the planner exchanges runs on
+    the row owner, which needs all of them; their gradients are summed over the ranks).
     """
 
     def __init__(self, model: Model, fields: Sequence[int], optimizers: Optimizers, *, seed: int,
-                 dtype: np.dtype) -> None:
-        self.fields = [int(f) for f in fields]
+                 dtype: np.dtype, replicated: Sequence[int] = ()) -> None:
+        own = [int(f) for f in fields]
+        every = list(range(model.num_fields))
         self.dtype = np.dtype(dtype)
         self.l2 = float(model.l2_dense)
         self.rates = optimizers.rates
-        self._position = {f: j for j, f in enumerate(self.fields)}
         self.field_params: dict[str, np.ndarray] = {}
+        #: name -> the fields of its leading axis, in order
+        self.param_fields: dict[str, list[int]] = {}
         for i, sub in enumerate(model.substitutions()):
-            for pname, value in sub.init_field_params(seed, self.fields, self.dtype).items():
+            held = every if i in replicated else own
+            for pname, value in sub.init_field_params(seed, held, self.dtype).items():
                 self.field_params[f"{i}:{sub.name}:{pname}"] = value
+                self.param_fields[f"{i}:{sub.name}:{pname}"] = held
+        #: every field some slice is held of (a checkpoint reads their files)
+        self.fields = sorted(set(own).union(*self.param_fields.values()))
+        self._position = {name: {f: j for j, f in enumerate(held)} for name, held in self.param_fields.items()}
         self.field_states = {
             (name, f): DenseOptimizerState(optimizers.dense, value.shape[1:], self.dtype)
-            for name, value in self.field_params.items() for f in self.fields
+            for name, value in self.field_params.items() for f in self.param_fields[name]
         }
         self.top_params: dict[str, np.ndarray] = {
             name: draw_param(spec, seed, model.name, "top", name).astype(self.dtype)
@@ -182,9 +203,9 @@ class DenseParams:
                            for name, v in self.top_params.items()}
         self.regularized_top = set(model.regularized_params())
 
-    def index(self, field: int) -> int:
-        """Position of ``field``'s slice in the leading axis of the field parameters."""
-        return self._position[field]
+    def index(self, name: str, field: int) -> int | None:
+        """Position of ``field``'s slice in the leading axis of field parameter ``name`` (None: not held)."""
+        return self._position[name].get(field)
 
     def substitution_params(self, i: int, sub_name: str, values: Sequence[Any]) -> dict[str, Any]:
         """Substitution ``i``'s field parameters by their own names, from ``values`` in
@@ -200,7 +221,7 @@ class DenseParams:
             grad = np.asarray(grad)
             if self.l2:
                 grad = grad + 2.0 * self.l2 * value
-            for j, f in enumerate(self.fields):
+            for j, f in enumerate(self.param_fields[name]):
                 self.field_states[(name, f)].apply(value[j], np.ascontiguousarray(grad[j]), self.rates.dense)
         for (name, value), grad in zip(self.top_params.items(), top_grads):
             grad = np.asarray(grad)

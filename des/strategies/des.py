@@ -30,7 +30,7 @@ Both need ``combine`` and ``Model.top`` to be row-wise (``check_substitution``/`
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -42,18 +42,28 @@ from des.strategies.forms import ModelSplitForm
 
 class DES(Strategy):
     """Distributed Equivalent Substitution: each rank holds its fields' tables and field slices and
-    a replica of the top network; one AllReduce of the partials per step, no gradient exchange."""
+    a replica of the top network; one AllReduce of the partials per step, no gradient exchange.
+
+    ``--plan`` (issue 11, ``des/planner.py``): an operator may instead be *exchanged*: its pooled
+    inputs travel to the row owners per distinct id (``des/strategies/exchange.py``) and it runs
+    there on its rows, with its field weights replicated (their gradients summed over the ranks
+    with the top network's). ``auto`` lets the planner's cost model choose per operator."""
 
     name = "des"
     description = "partial sums of the substituted operators, summed over the ranks (the paper)"
     phases = {"lookup": "lookup", "partials": "partials", "reduce_scatter": "communication", "top": "top",
               "allgather": "communication", "local_backward": "backward", "allreduce": "communication",
-              "update": "update", "fused_step": "top"}
+              "update": "update", "fused_step": "top", "exchange_values": "communication",
+              "exchange_gradients": "communication", "sparse_backward": "backward"}
     #: replicated: the partials' AllReduce; data-parallel: the row blocks of the partials, the
-    #: gathered buffer gradient and the top gradients' AllReduce
-    traffic_sites = ("forward_partials", "partials_reduce_scatter", "gradient_allgather", "top_gradients")
+    #: gathered buffer gradient and the top gradients' AllReduce; exchanged operators: their values
+    #: and gradients per distinct id
+    traffic_sites = ("forward_partials", "partials_reduce_scatter", "gradient_allgather", "top_gradients",
+                     "exchange_values", "exchange_gradients")
     allreduce_sites = ("forward_partials", "top_gradients")
     communication_plan = "partials"
+    #: a plan this strategy always runs, whatever ``--plan`` says (``alltoall``: exchange)
+    fixed_plan: ClassVar[str | None] = None
     UPPER = ("data-parallel", "replicated")
 
     @classmethod
@@ -61,6 +71,10 @@ class DES(Strategy):
         super().check_options(options)
         if options.get("upper", "data-parallel") not in cls.UPPER:
             raise ConfigError(f"--upper: {options.get('upper')!r} is not one of {', '.join(cls.UPPER)}")
+        plan = options.get("plan", "partials")
+        if options.get("upper") == "replicated" and plan not in ("partials", "auto"):
+            raise ConfigError(f"--plan {plan}: the replicated upper network (--upper replicated) runs every operator "
+                              "as partials")
 
     def __init__(self, context: StrategyContext) -> None:
         super().__init__(context)
@@ -70,12 +84,34 @@ class DES(Strategy):
 
             raise PlacementError(f"placement {self.placement} does not give each of the {self.model.num_fields} "
                                  f"fields to exactly one of the {self.comm.size} ranks")
+        self.upper = context.options.get("upper", "data-parallel")
+        self.plan = self._resolve_plan(context.options.get("plan", "partials"))
+        exchanged = [i for i, mode in enumerate(self.plan.values()) if mode == "exchange"]
         mine = self.placement[self.comm.rank]
         self.shard = FieldShard(mine, self.model.blocks(), context.optimizers, seed=self.seed, dtype=self.dtype,
                                 tables=context.tables)
-        self.dense = DenseParams(self.model, self.shard.fields, context.optimizers, seed=self.seed, dtype=self.dtype)
-        self.split_form = ModelSplitForm(self.model, self.dense, self.dtype, context.compute_dtype)
-        self.upper = context.options.get("upper", "data-parallel")
+        self.dense = DenseParams(self.model, self.shard.fields, context.optimizers, seed=self.seed, dtype=self.dtype,
+                                 replicated=exchanged)
+        self.split_form = ModelSplitForm(self.model, self.dense, self.dtype, context.compute_dtype, exchanged)
+        self.exchange = None
+        if exchanged:
+            from des.strategies.exchange import BlockExchange
+
+            self.exchange = BlockExchange(self.shard, self.comm, self.placement, self.model.blocks(),
+                                          self.split_form.exchange_blocks, self.dtype)
+
+    def _resolve_plan(self, text: str) -> dict[str, str]:
+        """``--plan`` as ``{operator: mode}``; ``auto`` unresolved (the runner resolves it from the
+        data before building a training strategy) means every operator partials: the plan changes
+        what travels, never the model, so evaluation and export may use any."""
+        from des import planner
+
+        shape = planner.model_shape(self.model)
+        try:
+            plan = planner.parse_plan(text, shape)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        return planner.normalize_plan(shape, "partials" if plan == planner.AUTO else plan)
 
     @property
     def fields(self) -> list[int]:
@@ -86,104 +122,196 @@ class DES(Strategy):
         return self.split_form.width
 
     def reader_options(self) -> dict[str, Any]:
-        """The whole global batch, this rank's fields only."""
-        return {"fields": self.fields, "shard": (0, 1)}
+        """The whole global batch: this rank's fields, or all of them when an operator is exchanged
+        (a row owner pools the ids of its rows, an owner finds the distinct ids of every row block)."""
+        fields = list(range(self.model.num_fields)) if self.exchange else self.fields
+        return {"fields": fields, "shard": (0, 1)}
 
     def prepare(self, batch: Any, step: int) -> Any:
-        """The key->row lookup of step ``step`` (inserts and admission counts only, no values): on
-        the background thread while the previous step computes (``--pipeline on``)."""
-        batch.prepared = (step, self.shard.lookup(batch, train=True, step=step))
+        """The key->row lookup of step ``step`` (inserts and admission counts only, no values) and
+        the exchange's routing: on the background thread while the previous step computes
+        (``--pipeline on``)."""
+        touched = self.shard.lookup(batch, train=True, step=step)
+        batch.prepared = (step, touched, self.exchange.route(batch, touched) if self.exchange else None)
         return batch
 
-    def _pooled(self, batch: Any, *, train: bool) -> tuple[list, Any]:
-        """Step 1: this rank's fields of the whole global batch, looked up, gathered and pooled."""
+    def _pooled(self, batch: Any, *, train: bool) -> tuple[list, Any, Any]:
+        """Step 1: this rank's fields of the whole global batch, looked up, gathered and pooled
+        (the blocks a split operator reads), and the exchange's route."""
         phase = self.timer if train else untimed  # evaluation is not timed
         with phase("lookup"):
             if train and batch.prepared is not None:
-                step, touched = batch.prepared
+                step, touched, route = batch.prepared
                 if step != self.step_count:
                     raise RuntimeError(f"batch prepared for step {step} trained at step {self.step_count}")
             else:
                 touched = self.shard.lookup(batch, train=train, step=self.step_count)
-            pooled = self.shard.gather_pooled(batch, touched)
+                route = self.exchange.route(batch, touched) if self.exchange else None
+            pooled = self.shard.gather_pooled(batch, touched, self.split_form.split_blocks)
+            xpooled = self.exchange.gather(route) if self.exchange else None
         if train:
             self.overlap_next()  # the next batch is read and looked up while TF computes this step
-        return pooled, touched
+        return pooled, touched, (route, xpooled)
 
-    def _partials(self, pooled: list, *, train: bool) -> np.ndarray:
+    def _partials(self, pooled: list, rows: int, *, train: bool) -> np.ndarray:
         """Step 2: this rank's partials ``[B, P]`` of the whole global batch."""
         with (self.timer if train else untimed)("partials"):
+            if not self.split_form.width:  # every operator exchanged
+                return np.zeros((rows, 0), dtype=self.dtype)
             field_params = list(self.dense.field_params.values())
-            buffer = self.split_form.partials(pooled, field_params).numpy()
+            split = [p for n, p in zip(self.dense.field_params, field_params) if n in self.split_form.split_params]
+            buffer = self.split_form.partials(pooled, split).numpy()
             if self.upper == "replicated" and self.comm.size > 1:
                 buffer = np.array(buffer, order="C", copy=True)  # the AllReduce sums in place: TF's memory is not ours
         return buffer
+
+    def _exchanged_inputs(self, route_values: Any, *, train: bool) -> tuple[list, list]:
+        """The row owner's pooled values of the exchanged blocks (after the values' Alltoallv) and
+        the exchanged operators' field weights (every field)."""
+        form = self.split_form
+        xparams = [self.dense.field_params[n] for n in form.exchange_params]
+        if self.exchange is None:
+            return [], xparams
+        route, gathered = route_values
+        with (self.timer if train else untimed)("exchange_values"):
+            got = self.exchange.send_values(route, gathered, train=train)
+        with (self.timer if train else untimed)("lookup"):
+            return self.exchange.pool(route, got), xparams
 
     def train_step(self, batch: Any) -> float:
         timer, form, dense, comm = self.timer, self.split_form, self.dense, self.comm
         size = len(batch.labels)
         labels = np.asarray(batch.labels, dtype=self.dtype)
-        top, field_params = list(dense.top_params.values()), list(dense.field_params.values())
-        pooled, touched = self._pooled(batch, train=True)
-        if comm.size == 1:  # the row block is the batch and nothing is reduced: steps 2-6 in one TF call
+        top = list(dense.top_params.values())
+        pooled, touched, route_values = self._pooled(batch, train=True)
+        split_params = [dense.field_params[n] for n in form.split_params]
+        if comm.size == 1 and self.exchange is None:  # the row block is the batch: steps 2-6 in one TF call
             with timer("fused_step"):
-                loss, pooled_grads, field_grads, top_grads = form.train_whole(pooled, field_params, top, labels, size)
+                loss, pooled_grads, field_grads, top_grads = form.train_whole(pooled, split_params, top, labels, size)
                 loss, top_grads = float(loss), [g.numpy() for g in top_grads]
+                field_grads, exchange_grads = [g.numpy() for g in field_grads], []
         else:
-            buffer = self._partials(pooled, train=True)
+            buffer = self._partials(pooled, size, train=True)
             if self.upper == "replicated":
                 with timer("allreduce"):
                     comm.allreduce_sum_(buffer, "forward_partials")
                 with timer("top"):
-                    loss, buffer_grad, top_grads = form.top_train(buffer, labels, top, size)
-                    loss, top_grads = float(loss), [g.numpy() for g in top_grads]
+                    loss, buffer_grad, _, _, top_grads = form.top_train(buffer, [], [], labels, top, size)
+                    loss, top_grads, xparam_grads, exchange_grads = float(loss), [g.numpy() for g in top_grads], [], []
             else:
+                xpooled, xparams = self._exchanged_inputs(route_values, train=True)
                 lo, hi = comm.row_bounds(size)[comm.rank : comm.rank + 2]
                 with timer("reduce_scatter"):
-                    rows = comm.reduce_scatter_rows_sum(buffer, "partials_reduce_scatter")
+                    rows = (comm.reduce_scatter_rows_sum(buffer, "partials_reduce_scatter") if form.width
+                            else np.zeros((hi - lo, 0), dtype=self.dtype))
                 with timer("top"):
-                    loss, rows_grad, top_grads = form.top_train(rows, labels[lo:hi], top, size)
-                    # this rank's loss share and top gradients, summed over the ranks while G travels
-                    packed = np.concatenate([[float(loss)], *[g.numpy().reshape(-1) for g in top_grads]]).astype(self.dtype)
+                    loss, rows_grad, xpooled_grads, xparam_grads, top_grads = form.top_train(
+                        rows, xpooled, xparams, labels[lo:hi], top, size)
+                    # this rank's loss share and dense gradients, summed over the ranks while G travels
+                    packed = np.concatenate([[float(loss)], *[g.numpy().reshape(-1) for g in xparam_grads],
+                                             *[g.numpy().reshape(-1) for g in top_grads]]).astype(self.dtype)
                 with timer("allreduce"):
                     pending = comm.start_allreduce_sum_(packed, "top_gradients")
-                with timer("allgather"):
-                    buffer_grad = comm.allgather_rows(rows_grad.numpy(), size, "gradient_allgather")
-            with timer("local_backward"):
-                pooled_grads, field_grads = form.local_backward(pooled, field_params, buffer_grad)
+                exchange_grads = []
+                if self.exchange is not None:
+                    exchange_grads = self._exchange_backward(route_values[0], xpooled_grads)
+                if form.width:
+                    with timer("allgather"):
+                        buffer_grad = comm.allgather_rows(rows_grad.numpy(), size, "gradient_allgather")
+            if form.width:
+                with timer("local_backward"):
+                    pooled_grads, field_grads = form.local_backward(pooled, split_params, buffer_grad)
+                    pooled_grads, field_grads = [g.numpy() for g in pooled_grads], [g.numpy() for g in field_grads]
+            else:
+                pooled_grads, field_grads = [], []
             if self.upper != "replicated":
                 with timer("allreduce"):
                     pending.wait()
-                    loss, top_grads = float(packed[0]), dense.split_top(packed[1:])
+                    loss, xparam_grads, top_grads = self._unpack(packed)
+            field_grads = self._field_gradients(field_grads, xparam_grads)
         with timer("lookup"):
             self.await_next()  # the next batch's lookup may grow the tables: done before they change
         with timer("update"):
-            self.shard.apply_pooled_gradients([g.numpy() for g in pooled_grads], touched, self.step_count)
-            dense.apply([g.numpy() for g in field_grads], top_grads)
+            self._apply_sparse(pooled_grads, exchange_grads, touched, route_values)
+            dense.apply(field_grads, top_grads)
         self.step_count += 1
         timer.steps += 1
         return loss
 
+    # ------------------------------------------------------------------ the step's pieces
+    def _exchange_backward(self, route: Any, xpooled_grads: list) -> list[np.ndarray]:
+        timer = self.timer
+        with timer("sparse_backward"):
+            send = self.exchange.sum_gradients(route, [g.numpy() for g in xpooled_grads])
+        with timer("exchange_gradients"):
+            got = self.exchange.send_gradients(route, send)
+        with timer("sparse_backward"):
+            return self.exchange.scatter_gradients(route, got)
+
+    def _unpack(self, packed: np.ndarray) -> tuple[float, list[np.ndarray], list[np.ndarray]]:
+        """The summed loss, exchanged field-weight gradients and top gradients from the AllReduce's buffer."""
+        out, offset = [], 1
+        for name in self.split_form.exchange_params:
+            shape = self.dense.field_params[name].shape
+            out.append(packed[offset : offset + int(np.prod(shape))].reshape(shape))
+            offset += out[-1].size
+        return float(packed[0]), out, self.dense.split_top(packed[offset:])
+
+    def _field_gradients(self, split: list, exchanged: list) -> list[np.ndarray]:
+        """The field weights' gradients in :attr:`DenseParams.field_params` order."""
+        by_name = dict(zip(self.split_form.split_params, split))
+        by_name.update(zip(self.split_form.exchange_params, exchanged))
+        return [by_name[name] for name in self.dense.field_params]
+
+    def _apply_sparse(self, pooled_grads: list, exchange_grads: list, touched: Any, route_values: Any) -> None:
+        """The sparse optimizers, ONCE per row per step: a block both a split and an exchanged
+        operator read is updated on the real batch joined to the exchange's synthetic one."""
+        if self.exchange is None:
+            self.shard.apply_pooled_gradients(pooled_grads, touched, self.step_count)
+            return
+        from des.strategies.exchange import join_samples
+
+        split = dict(zip(self.split_form.split_blocks, pooled_grads))
+        exchanged = dict(zip(self.split_form.exchange_blocks, exchange_grads))
+        route = route_values[0]
+        joined = None
+        for k, block in enumerate(self.model.blocks()):
+            if block.name in split and block.name in exchanged:
+                joined = joined or join_samples(touched, route.synthetic)
+                grads = np.concatenate([split[block.name], exchanged[block.name]], axis=0)
+                self.shard.apply_block_gradients(k, grads, joined, self.step_count)
+            elif block.name in split:
+                self.shard.apply_block_gradients(k, split[block.name], touched, self.step_count)
+            elif block.name in exchanged:
+                self.shard.apply_block_gradients(k, exchanged[block.name], route.synthetic, self.step_count)
+
     def predict(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
-        buffer = self._partials(self._pooled(batch, train=False)[0], train=False)
-        top, comm = list(self.dense.top_params.values()), self.comm
-        if self.upper == "replicated" or comm.size == 1:
+        pooled, _, route_values = self._pooled(batch, train=False)
+        size = len(batch.labels)
+        buffer = self._partials(pooled, size, train=False)
+        top, comm, form = list(self.dense.top_params.values()), self.comm, self.split_form
+        if self.exchange is None and (self.upper == "replicated" or comm.size == 1):
             comm.allreduce_sum_(buffer, "eval_partials")
-            return self.split_form.top_predict(buffer, top).numpy(), np.asarray(batch.labels)
-        rows = comm.reduce_scatter_rows_sum(buffer, "eval_partials")
-        p = np.ascontiguousarray(self.split_form.top_predict(rows, top).numpy(), dtype=self.dtype)
-        return comm.allgather_rows(p, len(batch.labels), "eval_predictions"), np.asarray(batch.labels)
+            return form.top_predict(buffer, [], [], top).numpy(), np.asarray(batch.labels)
+        xpooled, xparams = self._exchanged_inputs(route_values, train=False)
+        lo, hi = comm.row_bounds(size)[comm.rank : comm.rank + 2]
+        rows = (comm.reduce_scatter_rows_sum(buffer, "eval_partials") if form.width
+                else np.zeros((hi - lo, 0), dtype=self.dtype))
+        p = np.ascontiguousarray(form.top_predict(rows, xpooled, xparams, top).numpy(), dtype=self.dtype)
+        return comm.allgather_rows(p, size, "eval_predictions"), np.asarray(batch.labels)
 
     def state(self) -> ShardState:
         return ShardState(self.model, self.dtype, self.seed, self.placement, self.step_count, self.shard.tables,
                           self.dense)
 
     def describe(self) -> str:
-        return f"{self.description}; upper network {self.upper}; buffer {self.buffer_width} floats/sample"
+        from des.planner import format_plan
+
+        plan = "" if self.exchange is None else f"; plan {format_plan(self.plan)}"
+        return f"{self.description}; upper network {self.upper}; buffer {self.buffer_width} floats/sample{plan}"
 
     def summary(self) -> dict[str, Any]:
-        return {"upper": self.upper}
+        return {"upper": self.upper, "plan": dict(self.plan)}
 
     def memory(self) -> dict[str, int]:
         return {**self.shard.memory(), "dense_bytes": self.dense.nbytes}
-

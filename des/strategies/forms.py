@@ -41,9 +41,17 @@ class _ModelForm:
 
 class ModelSplitForm(_ModelForm):
     """The split form (DES): local partials into one buffer ``[B, P]``, the combine + top network
-    on the reduced buffer, and the local backward."""
+    on the reduced buffer, and the local backward.
 
-    def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype, compute_dtype: str | None = None) -> None:
+    With a plan (``exchanged``: indices of the substitutions the planner exchanges, issue 11) the
+    exchanged operators are not split: their pooled inputs come to the row owner, which runs their
+    ``reference`` next to the ``combine`` of the partials operators. The buffer then holds the
+    partials operators' columns only, and the exchanged blocks' pooled values and field weights
+    are further inputs of the top step (whose gradients it returns).
+    """
+
+    def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype, compute_dtype: str | None = None,
+                 exchanged: Sequence[int] = ()) -> None:
         super().__init__(model, dense, dtype, compute_dtype)
         for sub in self.substitutions:
             if sub.block not in self.blocks:
@@ -51,28 +59,50 @@ class ModelSplitForm(_ModelForm):
             if sub.collective != "allreduce":
                 raise ConfigError(f"substitution {sub.name} asks for collective {sub.collective!r}; "
                                   "only 'allreduce' is supported")
-        # Buffer layout: substitution s owns columns [start_s, start_s + width_s).
-        widths = [s.width for s in self.substitutions]
-        self.starts = np.concatenate([[0], np.cumsum(widths)]).astype(int).tolist()
-        self.width = int(self.starts[-1])
+        self.exchanged = frozenset(int(i) for i in exchanged)
+        self.split = [i for i in range(len(self.substitutions)) if i not in self.exchanged]
+        # Buffer layout: split substitution s owns columns [columns[s][0], columns[s][1]).
+        self.columns: dict[int, tuple[int, int]] = {}
+        for i in self.split:
+            start = self.columns[self.split[self.split.index(i) - 1]][1] if self.columns else 0
+            self.columns[i] = (start, start + self.substitutions[i].width)
+        self.width = max((stop for _, stop in self.columns.values()), default=0)
+        read_by = lambda subs: [b for b in self.blocks if any(self.substitutions[i].block == b for i in subs)]  # noqa: E731
+        #: blocks the owners pool (a split operator reads them) / the row owners receive (an exchanged one does)
+        self.split_blocks = read_by(self.split) if self.exchanged else list(self.blocks)
+        self.exchange_blocks = read_by(sorted(self.exchanged))
+        # l2 on looked-up embeddings is added once, by whoever holds a block's pooled values of all
+        # rows: its owner when a split operator reads it, else the row owner
+        self.row_owner_l2_blocks = [b for b in self.exchange_blocks if b not in self.split_blocks]
+        names = list(dense.field_params)
+        self.exchange_params = [n for n in names if int(n.split(":", 1)[0]) in self.exchanged]
+        self.split_params = [n for n in names if n not in self.exchange_params]
         self._build_split()
 
+    def _params_of(self, i: int, names: Sequence[str], values: Sequence[Any]) -> dict[str, Any]:
+        prefix = f"{i}:{self.substitutions[i].name}:"
+        return {n[len(prefix):]: v for n, v in zip(names, values) if n.startswith(prefix)}
+
     def _partials(self, pooled: Sequence[tf.Tensor], params: Sequence[tf.Tensor]) -> tf.Tensor:
-        by_block = dict(zip(self.blocks, pooled))
-        parts = [sub.local(by_block[sub.block], self.dense.substitution_params(i, sub.name, params))
-                 for i, sub in enumerate(self.substitutions)]
+        by_block = dict(zip(self.split_blocks, pooled))
+        parts = [self.substitutions[i].local(by_block[self.substitutions[i].block],
+                                             self._params_of(i, self.split_params, params))
+                 for i in self.split]
         return tf.concat(parts, axis=1)
 
     def _local_backward(self, pooled: Sequence[tf.Tensor], params: Sequence[tf.Tensor], buffer_grad: tf.Tensor
                         ) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
-        """``G`` back through each substitution's ``local_backward`` (closed form where it has one:
-        no forward is recomputed); gradients of the blocks two substitutions read are summed."""
-        by_block = dict(zip(self.blocks, pooled))
-        block_grads: dict[str, list[tf.Tensor]] = {name: [] for name in self.blocks}
+        """``G`` back through each split substitution's ``local_backward`` (closed form where it has
+        one: no forward is recomputed); gradients of the blocks two substitutions read are summed.
+        ``params``/the field gradients: the split operators' (:attr:`split_params`)."""
+        by_block = dict(zip(self.split_blocks, pooled))
+        block_grads: dict[str, list[tf.Tensor]] = {name: [] for name in self.split_blocks}
         param_grads: dict[str, tf.Tensor] = {}
-        for i, sub in enumerate(self.substitutions):
-            emb_grad, grads = sub.local_backward(by_block[sub.block], self.dense.substitution_params(i, sub.name, params),
-                                                 buffer_grad[:, self.starts[i] : self.starts[i + 1]])
+        for i in self.split:
+            sub = self.substitutions[i]
+            start, stop = self.columns[i]
+            emb_grad, grads = sub.local_backward(by_block[sub.block], self._params_of(i, self.split_params, params),
+                                                 buffer_grad[:, start:stop])
             block_grads[sub.block].append(emb_grad)
             param_grads.update({f"{i}:{sub.name}:{name}": g for name, g in grads.items()})
         l2 = self.model.l2_embedding
@@ -81,12 +111,19 @@ class ModelSplitForm(_ModelForm):
             for name, p in by_block.items():
                 block_grads[name].append((2.0 * l2 / batch) * p)
         pooled_grads = [tf.add_n(block_grads[name]) if block_grads[name] else tf.zeros_like(by_block[name])
-                        for name in self.blocks]
-        return pooled_grads, [param_grads[name] for name in self.dense.field_params]
+                        for name in self.split_blocks]
+        return pooled_grads, [param_grads[name] for name in self.split_params]
 
-    def _logits(self, buffer: tf.Tensor, top: Sequence[tf.Tensor]) -> tf.Tensor:
-        outputs = [sub.combine(buffer[:, self.starts[i] : self.starts[i + 1]])
-                   for i, sub in enumerate(self.substitutions)]
+    def _logits(self, buffer: tf.Tensor, xpooled: Sequence[tf.Tensor], xparams: Sequence[tf.Tensor],
+                top: Sequence[tf.Tensor]) -> tf.Tensor:
+        by_block = dict(zip(self.exchange_blocks, xpooled))
+        outputs = []
+        for i, sub in enumerate(self.substitutions):
+            if i in self.exchanged:
+                outputs.append(sub.reference(by_block[sub.block], self._params_of(i, self.exchange_params, xparams)))
+            else:
+                start, stop = self.columns[i]
+                outputs.append(sub.combine(buffer[:, start:stop]))
         return self._top(top, outputs)
 
     def _build_split(self) -> None:
@@ -99,15 +136,15 @@ class ModelSplitForm(_ModelForm):
             return self._local_backward(pooled, params, buffer_grad)
 
         @tf.function(reduce_retracing=True)
-        def top_predict(buffer, top):
-            return tf.sigmoid(self._logits(buffer, top))
+        def top_predict(buffer, xpooled, xparams, top):
+            return tf.sigmoid(self._logits(buffer, xpooled, xparams, top))
 
         @tf.function(reduce_retracing=True)
         def train_whole(pooled, params, top, labels, global_size):
-            # one rank: nothing is reduced between the partials and the top network, so the three run
-            # as one graph (one call instead of three, no buffer round trip through numpy)
+            # one rank, every operator split: nothing is reduced between the partials and the top
+            # network, so the three run as one graph (one call instead of three, no buffer round trip)
             buffer = self._partials(pooled, params)
-            loss, buffer_grad, top_grads = self._top_train(buffer, labels, top, global_size)
+            loss, buffer_grad, _, _, top_grads = self._top_train(buffer, [], [], labels, top, global_size)
             pooled_grads, field_grads = self._local_backward(pooled, params, buffer_grad)
             return loss, pooled_grads, field_grads, top_grads
 
@@ -115,16 +152,25 @@ class ModelSplitForm(_ModelForm):
             partials, local_backward, top_predict, train_whole)
         self.top_train = tf.function(self._top_train, reduce_retracing=True)
 
-    def _top_train(self, buffer: tf.Tensor, labels: tf.Tensor, top: Sequence[tf.Tensor], global_size: Any
-                   ) -> tuple[tf.Tensor, tf.Tensor, list[tf.Tensor]]:
+    def _top_train(self, buffer: tf.Tensor, xpooled: Sequence[tf.Tensor], xparams: Sequence[tf.Tensor],
+                   labels: tf.Tensor, top: Sequence[tf.Tensor], global_size: Any
+                   ) -> tuple[tf.Tensor, tf.Tensor, list[tf.Tensor], list[tf.Tensor], list[tf.Tensor]]:
         """Loss of these rows (their share of the global batch's mean: all of it when they are the
-        batch), ``G = ∂L/∂buffer`` and the top network's gradients."""
+        batch), ``G = ∂L/∂buffer``, the gradients of the exchanged blocks' pooled values and field
+        weights, and the top network's gradients."""
         with tf.GradientTape() as tape:
-            tape.watch([buffer, top])
-            logits = self._logits(buffer, top)
+            tape.watch([buffer, xpooled, xparams, top])
+            logits = self._logits(buffer, xpooled, xparams, top)
             loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)) / global_size
-        buffer_grad, top_grads = tape.gradient(loss, [buffer, top], unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        return loss, buffer_grad, top_grads
+            objective = loss  # the reported loss is the data term, as the owners' l2 is not in it either
+            l2 = self.model.l2_embedding
+            if l2 and self.row_owner_l2_blocks:
+                by_block = dict(zip(self.exchange_blocks, xpooled))
+                objective += l2 * tf.add_n([tf.reduce_sum(tf.square(by_block[b]))
+                                            for b in self.row_owner_l2_blocks]) / global_size
+        buffer_grad, xpooled_grads, xparam_grads, top_grads = tape.gradient(
+            objective, [buffer, xpooled, xparams, top], unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return loss, buffer_grad, xpooled_grads, xparam_grads, top_grads
 
 
 class ModelReferenceForm(_ModelForm):

@@ -1,6 +1,7 @@
-"""``mpiexec -n N python -m tests.mpi_programs.train_strategies OUTPUT STRATEGY,.. -- DES.TRAIN FLAGS``:
-one ``des.train`` run per strategy in ONE launch (a rank's start-up, TensorFlow's import, is paid
-once), each into ``OUTPUT/<strategy>`` with a fresh Communicator (its own byte counters)."""
+"""``mpiexec -n N python -m tests.mpi_programs.train_strategies OUTPUT RUN [RUN ...] -- DES.TRAIN FLAGS``:
+one ``des.train`` run per RUN in ONE launch (a rank's start-up, TensorFlow's import, is paid once),
+each into ``OUTPUT/<name>`` with a fresh Communicator (its own byte counters). A RUN is a strategy
+name, or ``NAME:STRATEGY:PLAN`` (``--plan PLAN``, e.g. ``mixed:des:first_fc=exchange``)."""
 
 import sys
 
@@ -10,10 +11,11 @@ from des.collectives import run_main
 def main() -> int:
     from des.train import main as train
 
-    output, strategies = sys.argv[1], sys.argv[2].split(",")
-    flags = sys.argv[sys.argv.index("--") + 1:]
-    for strategy in strategies:
-        train(["--strategy", strategy, "--output", f"{output}/{strategy}", *flags])
+    end = sys.argv.index("--")
+    output, runs, flags = sys.argv[1], sys.argv[2:end], sys.argv[end + 1:]
+    for run in runs:
+        name, strategy, plan = (run.split(":", 2) + ["", ""])[:3] if ":" in run else (run, run, "")
+        train(["--strategy", strategy, "--output", f"{output}/{name}", *(["--plan", plan] if plan else []), *flags])
     return 0
 
 

@@ -1,0 +1,308 @@
+"""The planner's **exchange** mode inside the hybrid DES step (issue 11; ``des/planner.py`` has the
+cost model): the pooled inputs of the exchanged operators travel to the row owners per distinct id,
+instead of their partial sums travelling as ``[B, w]`` columns.
+
+Every rank reads the whole global batch (all fields), so both sides of the exchange know, without
+asking, which ids row block ``q`` uses in field ``f``: the distinct keys of the field in those rows
+in order of first occurrence (:func:`distinct_in_segments`), ``U_{q,f}`` of them. Hence no keys and
+no counts travel, only values:
+
+* forward: owner ``o`` gathers the values of its fields' distinct ids per row block (one fused
+  gather of a *synthetic batch* whose samples are those ids, :func:`distinct_ids`) and sends row
+  block ``q``'s to rank ``q`` (one Alltoallv for every exchanged block, side by side); rank ``q``
+  pools them per sample with its rows' ids (``RowLayout.pool``);
+* backward: rank ``q`` sums the pooled gradients per distinct id (``RowLayout.sum_gradients``) and
+  sends them back (one Alltoallv); the owner scatters them onto its synthetic batch and the sparse
+  optimizer runs ONCE per row on that batch joined to the real one (:func:`join_samples`), so a
+  row that a split operator also reads gets the sum of both gradients in one optimizer step.
+
+The owner's key -> row lookup (inserts, admission counts) is the DES lookup of the whole batch, so
+admission, initial values and the set of updated rows are the same in every plan and on every N.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from numba import njit
+
+from des.hashtable.fused import Touched
+from des.strategies.components import FieldShard
+
+
+@dataclass
+class Route:
+    """One batch's exchange, both sides (this rank as owner of its fields and as row owner)."""
+
+    synthetic: Touched  # the owner's distinct ids of every row block, one per sample
+    send_samples: np.ndarray  # int64 [n]: sample of the synthetic batch of each value sent, in send order
+    send_fields: np.ndarray  # int64 [n]: its field position in the shard
+    send_counts: np.ndarray  # int64 [N]: values sent to each row owner
+    recv_counts: np.ndarray  # int64 [N]: values received from each owner
+    rows: int  # b_r: this rank's rows
+    # the row owner's ids, every field (receive order) of its rows, concatenated:
+    inverse: np.ndarray  # int64 [nnz]: occurrence -> its distinct id within the field
+    base: np.ndarray  # int64 [F]: where the field's distinct ids start in what arrives
+    id_start: np.ndarray  # int64 [F]: where the field's occurrences start in ``inverse``
+    offsets: np.ndarray  # int64 [F, b_r + 1]: CSR row pointers of each field (from its id_start)
+    weights: np.ndarray  # float64 [nnz] (empty when no field is weighted)
+    weighted: np.ndarray  # bool [F]
+
+
+@njit(cache=True, nogil=True)
+def _mix(key: np.int64) -> np.uint64:  # pragma: no cover - numba
+    x = np.uint64(key)
+    x ^= x >> np.uint64(33)
+    x *= np.uint64(0xFF51AFD7ED558CCD)
+    x ^= x >> np.uint64(33)
+    return x
+
+
+@njit(cache=True, nogil=True)
+def distinct_in_segments(keys, starts, ends, inverse, first, counts):  # pragma: no cover - numba
+    """For each segment ``s`` (``keys[starts[s]:ends[s]]``): its distinct keys numbered in order of
+    first occurrence (``inverse[i]``: the number of ``keys[i]`` in its segment; ``first``, segment
+    after segment: the position of each distinct key's first occurrence; ``counts[s]``). An
+    open-addressing hash per segment: O(occurrences), no sort, deterministic."""
+    longest = 0
+    for s in range(starts.shape[0]):
+        longest = max(longest, ends[s] - starts[s])
+    capacity = 16
+    while capacity < 2 * longest:
+        capacity *= 2
+    slot_key = np.empty(capacity, dtype=np.int64)
+    slot_id = np.full(capacity, -1, dtype=np.int64)
+    used = np.empty(capacity, dtype=np.int64)
+    n_first = 0
+    for s in range(starts.shape[0]):
+        lo, hi = starts[s], ends[s]
+        size = 16
+        while size < 2 * (hi - lo):
+            size *= 2
+        mask = np.uint64(size - 1)
+        n_used, found = 0, 0
+        for i in range(lo, hi):
+            k = keys[i]
+            p = np.int64(_mix(k) & mask)
+            while True:
+                if slot_id[p] < 0:
+                    slot_id[p], slot_key[p] = found, k
+                    used[n_used] = p
+                    n_used += 1
+                    inverse[i] = found
+                    first[n_first] = i
+                    n_first += 1
+                    found += 1
+                    break
+                if slot_key[p] == k:
+                    inverse[i] = slot_id[p]
+                    break
+                p = (p + 1) & np.int64(mask)
+        counts[s] = found
+        for u in range(n_used):
+            slot_id[used[u]] = -1
+    return n_first
+
+
+def _distinct(keys: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    inverse = np.zeros(keys.shape[0], dtype=np.int64)
+    first = np.empty(int(np.sum(ends - starts)), dtype=np.int64)
+    counts = np.zeros(starts.shape[0], dtype=np.int64)
+    n = distinct_in_segments(keys, starts.astype(np.int64), ends.astype(np.int64), inverse, first, counts)
+    return inverse, first[:n], counts
+
+
+@njit(cache=True, nogil=True)
+def _pool_received(got, base, inverse, id_start, offsets, weights, weighted, field_ids, out):  # pragma: no cover
+    """Row owner: ``out[r, field_ids[f]] = Σ_ids w · got[base[f] + inverse[id]]`` over the ids of
+    field ``f`` in row ``r`` (``out`` zeroed; a single unweighted id is copied)."""
+    width = got.shape[1]
+    for r in range(offsets.shape[1] - 1):
+        for f in range(offsets.shape[0]):
+            g, lo, hi = field_ids[f], offsets[f, r], offsets[f, r + 1]
+            if hi - lo == 1 and not weighted[f]:
+                src = base[f] + inverse[id_start[f] + lo]
+                for c in range(width):
+                    out[r, g, c] = got[src, c]
+                continue
+            for o in range(lo, hi):
+                i = id_start[f] + o
+                w = got.dtype.type(weights[i]) if weighted[f] else got.dtype.type(1.0)
+                src = base[f] + inverse[i]
+                for c in range(width):
+                    out[r, g, c] += w * got[src, c]
+
+
+@njit(cache=True, nogil=True)
+def _sum_received(grads, base, inverse, id_start, offsets, weights, weighted, field_ids, out):  # pragma: no cover
+    """Row owner, the adjoint of :func:`_pool_received`: ``out[base[f] + inverse[id]] += w ·
+    grads[r, field_ids[f]]``, field by field in occurrence order (``out`` zeroed)."""
+    width = grads.shape[2]
+    for f in range(offsets.shape[0]):
+        g = field_ids[f]
+        for r in range(offsets.shape[1] - 1):
+            for o in range(offsets[f, r], offsets[f, r + 1]):
+                i = id_start[f] + o
+                dst = base[f] + inverse[i]
+                if weighted[f]:
+                    w = grads.dtype.type(weights[i])
+                    for c in range(width):
+                        out[dst, c] += w * grads[r, g, c]
+                else:
+                    for c in range(width):
+                        out[dst, c] += grads[r, g, c]
+
+
+def distinct_ids(touched: Touched, bounds: Sequence[int]) -> tuple[Touched, np.ndarray]:
+    """The distinct ids of every field (shard order) in every row block ``[bounds[q], bounds[q+1])``
+    as a batch of one id per sample: field j's ids are its first ``Σ_q U_{q,j}`` samples, row block
+    after row block, in order of first occurrence within a block; the other samples are empty.
+    Rows and admission are those of the first occurrence in ``touched``. Returns it and ``U[j, q]``."""
+    fields, blocks = len(touched.key_offsets) - 1, len(bounds) - 1
+    edges = touched.key_offsets[:-1, None] + touched.offsets[:, np.asarray(bounds)]  # [F, N + 1]
+    _, take, counts = _distinct(touched.keys, edges[:, :-1].reshape(-1), edges[:, 1:].reshape(-1))
+    counts = counts.reshape(fields, blocks)
+    sizes = counts.sum(axis=1)
+    samples = int(sizes.max()) if fields else 0
+    key_offsets = np.zeros(fields + 1, dtype=np.int64)
+    np.cumsum(sizes, out=key_offsets[1:])
+    offsets = np.minimum(np.arange(samples + 1, dtype=np.int64)[None, :], sizes[:, None])
+    synthetic = Touched(keys=touched.keys[take], key_offsets=key_offsets, offsets=offsets,
+                        weights=np.zeros(0, np.float64), weighted=np.zeros(fields, np.bool_), rows=touched.rows[take],
+                        admitted=touched.admitted[take], train=touched.train, step=touched.step)
+    return synthetic, counts
+
+
+def join_samples(a: Touched, b: Touched) -> Touched:
+    """The batch of ``a``'s samples followed by ``b``'s (same fields): one optimizer step per row
+    for the gradients of both."""
+    fields = len(a.key_offsets) - 1
+    na, nb = np.diff(a.key_offsets), np.diff(b.key_offsets)
+    key_offsets = np.zeros(fields + 1, dtype=np.int64)
+    np.cumsum(na + nb, out=key_offsets[1:])
+    order = np.concatenate([np.concatenate([np.arange(a.key_offsets[j], a.key_offsets[j + 1]),
+                                            a.keys.size + np.arange(b.key_offsets[j], b.key_offsets[j + 1])])
+                            for j in range(fields)]) if fields else np.zeros(0, np.int64)
+    weighted = a.weighted | b.weighted
+    weights = np.zeros(0, np.float64)
+    if weighted.any():
+        wa = a.weights if a.weighted.any() else np.ones(a.keys.size)
+        wb = b.weights if b.weighted.any() else np.ones(b.keys.size)
+        weights = np.concatenate([wa, wb])[order]
+    offsets = np.concatenate([a.offsets, b.offsets[:, 1:] + na[:, None]], axis=1)
+    return Touched(keys=np.concatenate([a.keys, b.keys])[order], key_offsets=key_offsets, offsets=offsets,
+                   weights=weights, weighted=weighted, rows=np.concatenate([a.rows, b.rows])[order],
+                   admitted=np.concatenate([a.admitted, b.admitted])[order], train=a.train, step=a.step)
+
+
+class BlockExchange:
+    """Moves the exchanged blocks' values between field owners and row owners (module docstring).
+
+    ``blocks``: the model's blocks in table order; ``exchanged``: the names of those that travel.
+    """
+
+    def __init__(self, shard: FieldShard, comm: Any, placement: Sequence[Sequence[int]], blocks: Sequence[Any],
+                 exchanged: Sequence[str], dtype: np.dtype) -> None:
+        self.shard, self.comm = shard, comm
+        self.dtype = np.dtype(dtype)
+        self.block_index = [k for k, b in enumerate(blocks) if b.name in exchanged]
+        self.dims = [blocks[k].dim for k in self.block_index]
+        self.width = int(sum(self.dims))  # the exchanged blocks of an id, side by side
+        self.num_fields = sum(len(p) for p in placement)
+        #: fields in the order their values arrive: by owner rank, each owner's in shard order
+        self.receive_order = np.array([f for fields in placement for f in sorted(fields)], dtype=np.int64)
+        self._owner_of = np.array([r for r, fields in enumerate(placement) for _ in fields], dtype=np.int64)
+
+    # -------------------------------------------------------------------------------- routing
+    def route(self, batch: Any, touched: Touched) -> Route:
+        """Parameter-free: who sends what for ``batch`` (``touched``: this rank's lookup of it).
+        It may run on the background thread with the lookup (``Strategy.prepare``)."""
+        comm = self.comm
+        bounds = comm.row_bounds(len(batch.labels))
+        synthetic, counts = distinct_ids(touched, bounds)  # counts [F_i, N]
+        # send order: row block q, then field j, then distinct id (field j's samples run block by block)
+        start = np.cumsum(counts, axis=1) - counts  # [F_i, N]: field j's first sample of block q
+        send_counts = counts.sum(axis=0)
+        n = int(send_counts.sum())
+        send_fields = np.repeat(np.tile(np.arange(counts.shape[0]), comm.size), counts.T.reshape(-1))
+        first_of_run = np.repeat((start.T.reshape(-1)), counts.T.reshape(-1))
+        run_begin = np.repeat(np.cumsum(counts.T.reshape(-1)) - counts.T.reshape(-1), counts.T.reshape(-1))
+        send_samples = first_of_run + (np.arange(n) - run_begin)
+        # the row owner's side: every field's ids of its rows
+        lo, hi = bounds[comm.rank], bounds[comm.rank + 1]
+        parts = [batch.fields[int(f)] for f in self.receive_order]
+        cut = np.array([[p.offsets[lo], p.offsets[hi]] for p in parts], dtype=np.int64).reshape(-1, 2)
+        sizes = cut[:, 1] - cut[:, 0]
+        id_start = np.zeros(len(parts), dtype=np.int64)
+        np.cumsum(sizes[:-1], out=id_start[1:])
+        keys = (np.concatenate([p.keys[a:b] for p, (a, b) in zip(parts, cut)]) if parts
+                else np.zeros(0, np.int64)).astype(np.int64, copy=False)
+        offsets = np.stack([np.asarray(p.offsets[lo : hi + 1], dtype=np.int64) - a for p, (a, _) in zip(parts, cut)])
+        weighted = np.array([p.weights is not None for p in parts], dtype=np.bool_)
+        weights = np.zeros(0, np.float64)
+        if weighted.any():
+            weights = np.concatenate([np.ones(b - a) if p.weights is None else np.asarray(p.weights[a:b], np.float64)
+                                      for p, (a, b) in zip(parts, cut)])
+        inverse, _, distinct = _distinct(keys, id_start, id_start + sizes)
+        base = np.cumsum(distinct) - distinct
+        recv_counts = np.zeros(comm.size, dtype=np.int64)
+        np.add.at(recv_counts, self._owner_of, distinct)
+        return Route(synthetic, send_samples.astype(np.int64), send_fields.astype(np.int64), send_counts.astype(np.int64),
+                     recv_counts, hi - lo, inverse, base, id_start, offsets, weights, weighted)
+
+    # -------------------------------------------------------------------------------- forward
+    def gather(self, route: Route) -> np.ndarray:
+        """Owner, local: the values of its fields' distinct ids, in send order, every exchanged
+        block side by side ``[n, Σ dim]`` (as they are now: after the previous step's update)."""
+        parts = []
+        for k, d in zip(self.block_index, self.dims):
+            out = np.empty((route.synthetic.keys.shape[0], d), dtype=self.dtype)
+            self.shard.gather_ids(k, route.synthetic, out)
+            parts.append(out)
+        values = np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
+        return values[route.synthetic.key_offsets[route.send_fields] + route.send_samples]
+
+    def send_values(self, route: Route, values: np.ndarray, *, train: bool) -> np.ndarray:
+        """The values' Alltoallv: what this rank's rows need, by owner, field and distinct id."""
+        got, _ = self.comm.alltoallv(values, route.send_counts, ("" if train else "eval_") + "exchange_values",
+                                     recv_counts=route.recv_counts)
+        return got
+
+    def pool(self, route: Route, got: np.ndarray) -> list[np.ndarray]:
+        """Row owner, local: per exchanged block, ``[b_r, F, dim]`` pooled for its rows."""
+        out = np.zeros((route.rows, self.num_fields, self.width), dtype=self.dtype)
+        _pool_received(np.ascontiguousarray(got), route.base, route.inverse, route.id_start, route.offsets,
+                       route.weights, route.weighted, self.receive_order, out)
+        if len(self.dims) == 1:
+            return [out]
+        cuts = np.cumsum([0, *self.dims])
+        return [np.ascontiguousarray(out[:, :, a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+
+    # -------------------------------------------------------------------------------- backward
+    def sum_gradients(self, route: Route, pooled_grads: Sequence[np.ndarray]) -> np.ndarray:
+        """Row owner, local: the gradient of every distinct id it received, summed over its rows."""
+        grads = pooled_grads[0] if len(pooled_grads) == 1 else np.concatenate(pooled_grads, axis=2)
+        out = np.zeros((int(route.recv_counts.sum()), self.width), dtype=self.dtype)
+        _sum_received(np.ascontiguousarray(grads, dtype=self.dtype), route.base, route.inverse, route.id_start,
+                      route.offsets, route.weights, route.weighted, self.receive_order, out)
+        return out
+
+    def send_gradients(self, route: Route, grads: np.ndarray) -> np.ndarray:
+        """The gradients' Alltoallv, back along the values' way."""
+        got, _ = self.comm.alltoallv(grads, route.recv_counts, "exchange_gradients", recv_counts=route.send_counts)
+        return got
+
+    def scatter_gradients(self, route: Route, got: np.ndarray) -> list[np.ndarray]:
+        """Owner, local: per exchanged block, the gradients ``[samples, F_i, dim]`` of its synthetic
+        batch (what the sparse optimizer applies)."""
+        out, column = [], 0
+        for d in self.dims:
+            g = np.zeros((route.synthetic.size, len(self.shard.fields), d), dtype=self.dtype)
+            g[route.send_samples, route.send_fields] = got[:, column : column + d]
+            out.append(g)
+            column += d
+        return out

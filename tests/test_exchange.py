@@ -1,0 +1,98 @@
+"""des/strategies/exchange.py, the planner's exchange mode, piece by piece in one process: the
+distinct ids both sides number the same way without sending keys, the synthetic batch of distinct
+ids, joining it to the real batch for one optimizer step per row, and pooling / gradient sums that
+are each other's adjoint. (That every plan trains the same model on N ranks: tests/test_exactness.py.)"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from des.hashtable.fused import Touched
+from des.strategies.exchange import (_distinct, _pool_received, _sum_received, distinct_ids, join_samples)
+
+
+def _first_occurrence(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The reference: distinct keys numbered in order of first occurrence, and those positions."""
+    numbers: dict[int, int] = {}
+    first = []
+    for i, k in enumerate(keys.tolist()):
+        if k not in numbers:
+            numbers[k] = len(numbers)
+            first.append(i)
+    return np.array([numbers[k] for k in keys.tolist()], dtype=np.int64), np.array(first, dtype=np.int64)
+
+
+def test_distinct_ids_per_segment_in_order_of_first_occurrence() -> None:
+    rng = np.random.default_rng(0)
+    # hashed ids are any int64 (negative too); segments of 0, 1 and many occurrences, many repeats
+    keys = np.concatenate([rng.integers(-2**62, 2**62, 40), rng.integers(0, 7, 300), [5], [],
+                           rng.integers(-3, 3, 1000) * (2**40 + 1)]).astype(np.int64)
+    starts = np.array([0, 40, 340, 341, 341], dtype=np.int64)
+    ends = np.array([40, 340, 341, 341, 1341], dtype=np.int64)
+    inverse, first, counts = _distinct(keys, starts, ends)
+    offset = 0
+    for s, (lo, hi) in enumerate(zip(starts, ends)):
+        expected_inverse, expected_first = _first_occurrence(keys[lo:hi])
+        np.testing.assert_array_equal(inverse[lo:hi], expected_inverse)
+        np.testing.assert_array_equal(first[offset : offset + counts[s]], expected_first + lo)
+        assert counts[s] == np.unique(keys[lo:hi]).size
+        offset += counts[s]
+    assert offset == first.size
+
+
+def _touched(fields: list[list[list[int]]], weights: bool = False) -> Touched:
+    """A lookup result for ``fields[f][row]`` = the ids of field f in that row (rows = keys * 10)."""
+    keys = [np.array([k for row in col for k in row], dtype=np.int64) for col in fields]
+    offsets = np.stack([np.concatenate([[0], np.cumsum([len(row) for row in col])]) for col in fields])
+    key_offsets = np.concatenate([[0], np.cumsum([k.size for k in keys])])
+    flat = np.concatenate(keys)
+    return Touched(keys=flat, key_offsets=key_offsets, offsets=offsets.astype(np.int64),
+                   weights=np.linspace(0.5, 1.5, flat.size) if weights else np.zeros(0),
+                   weighted=np.full(len(fields), weights), rows=flat * 10, admitted=flat % 2 == 0, train=True, step=3)
+
+
+def test_synthetic_batch_holds_each_row_blocks_distinct_ids_once() -> None:
+    # 2 fields, 5 rows in row blocks [0, 2) and [2, 5); field 1 multi-hot
+    touched = _touched([[[1], [1], [2], [3], [2]], [[7, 8], [8], [], [9, 9], [7]]])
+    synthetic, counts = distinct_ids(touched, [0, 2, 5])
+    np.testing.assert_array_equal(counts, [[1, 2], [2, 2]])  # U[field, block]
+    assert synthetic.size == 4  # the most distinct ids of one field
+    np.testing.assert_array_equal(synthetic.keys, [1, 2, 3, 7, 8, 9, 7])  # block 0's, then block 1's
+    np.testing.assert_array_equal(synthetic.key_offsets, [0, 3, 7])
+    np.testing.assert_array_equal(synthetic.offsets, [[0, 1, 2, 3, 3], [0, 1, 2, 3, 4]])
+    np.testing.assert_array_equal(synthetic.rows, synthetic.keys * 10)
+    np.testing.assert_array_equal(synthetic.admitted, synthetic.keys % 2 == 0)
+
+
+def test_join_keeps_every_fields_ids_and_weights() -> None:
+    a = _touched([[[1], [2]], [[3, 4], []]], weights=True)
+    b = _touched([[[5], [6], [7]], [[8], [], [9]]])
+    joined = join_samples(a, b)
+    assert joined.size == 5
+    np.testing.assert_array_equal(joined.keys, [1, 2, 5, 6, 7, 3, 4, 8, 9])
+    np.testing.assert_array_equal(joined.offsets, [[0, 1, 2, 3, 4, 5], [0, 2, 2, 3, 3, 4]])
+    np.testing.assert_array_equal(joined.weights, [a.weights[0], a.weights[1], 1, 1, 1, a.weights[2], a.weights[3], 1, 1])
+    np.testing.assert_array_equal(joined.rows, joined.keys * 10)
+
+
+def test_pooling_and_gradient_sums_are_adjoint() -> None:
+    """<pool(values), G> == <values, sum_gradients(G)> on multi-hot weighted ids, and a one-hot
+    unweighted id is copied."""
+    rng = np.random.default_rng(1)
+    rows, fields, width = 6, 3, 4
+    offsets = np.array([[0, 1, 2, 3, 4, 5, 6], [0, 2, 2, 5, 6, 6, 8], [0, 1, 2, 3, 4, 5, 6]], dtype=np.int64)
+    id_start = np.array([0, 6, 14], dtype=np.int64)
+    inverse = np.concatenate([[0, 1, 0, 2, 1, 0], [0, 1, 1, 2, 0, 3, 2, 0], [0, 0, 1, 1, 2, 2]]).astype(np.int64)
+    distinct = np.array([3, 4, 3])
+    base = np.cumsum(distinct) - distinct
+    weights = rng.uniform(0.5, 1.5, inverse.size)
+    weighted = np.array([False, True, False])
+    field_ids = np.array([2, 0, 1], dtype=np.int64)  # receive order -> global field
+    values = rng.standard_normal((distinct.sum(), width))
+    pooled = np.zeros((rows, fields, width))
+    _pool_received(values, base, inverse, id_start, offsets, weights, weighted, field_ids, pooled)
+    np.testing.assert_array_equal(pooled[:, 2], values[inverse[:6]])  # field 0 of the receive order, one-hot
+    grads = rng.standard_normal((rows, fields, width))
+    summed = np.zeros_like(values)
+    _sum_received(grads, base, inverse, id_start, offsets, weights, weighted, field_ids, summed)
+    np.testing.assert_allclose(np.sum(pooled * grads), np.sum(values * summed), rtol=1e-12)
