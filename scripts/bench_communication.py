@@ -1,39 +1,39 @@
-""".venv/bin/python scripts/bench_communication.py [--quick] [--batch-sizes 512,1024,2048,4096,8192] [--ranks 2,4] [--measure SPEC] [--steps 3] [--strategies des,des-replicated,alltoall] [--one-launch]
+""".venv/bin/python scripts/bench_communication.py [--quick] [--batch-sizes 512,1024,2048,4096,8192] [--ranks 2,4] [--measure SPEC] [--steps 3] [--strategies des,des-partials,des-replicated,alltoall] [--one-launch]
 
 Shows the DES paper's Table 2 on the shipped Criteo sample: for each batch size, the unique ids
 per batch (mean over the batches of epoch 0, from the data), and the bytes each rank SENDS per
-training step under ``des`` (default ``--upper data-parallel``: reduce-scatter of the [B, P]
-partials by rows, all-gather of their gradient, AllReduce of the top gradients), ``des-replicated``
-(``--upper replicated``, the paper's step: one ring AllReduce of the [B, P] partials) and ``alltoall`` (ids,
-rows and row gradients of remote unique ids with Alltoallv, plus the AllReduce of the dense
-gradients), both **measured** (``bytes_per_step_by_site`` of short ``des.train`` runs) and
-**analytic**, and the communication-saving ratio 1 - DES/alltoall, at N = 2 and 4 ranks.
+training step under ``des`` (the default command: ``--plan auto``, the planner's cheapest plan),
+``des-partials`` (``--plan partials``: reduce-scatter of the [B, P] partials by rows, all-gather of
+their gradient, AllReduce of the top gradients), ``des-replicated`` (``--upper replicated``, the
+paper's step: one ring AllReduce of the [B, P] partials) and ``alltoall`` (``--plan exchange``: the
+values of the distinct ids of each row block and their gradients with Alltoallv, plus the AllReduce
+of the dense gradients), both **measured** (``bytes_per_step_by_site`` of short ``des.train`` runs)
+and **analytic**, and the communication-saving ratio 1 - DES partials/alltoall, at N = 2 and 4.
 
-Expect (bytes do not depend on the machine; measured on the 2-core machine): the measured bytes of
-des, des-replicated and alltoall equal the planner's prediction for the same batches exactly
-('meas./pred.' 1.0000, every site); about 5.2k / 8.9k / 14.9k / 24.7k / 40.6k unique ids per
-batch for B = 512 / 1024 / 2048 / 4096 / 8192 (10 falling to 5 per sample); at N = 2 DES saves
-83-92% vs alltoall for LR (92% at B = 512, 86% at B = 4096, 83% at B = 8192), about 70% for FM
-(72% at B = 4096), and is NEGATIVE (alltoall cheaper) for W&D/DeepFM at every batch size (DeepFM
--11% at B = 512, -236% at B = 4096), because a Criteo sample has at most 39 ids (about 6 distinct
-per sample in a batch of 4096) while the DES buffer carries 401-410 floats per sample; N = 4 shows
-the same pattern (LR 87% / 77%, FM 72% / 54%, DeepFM -14% / -274% at B = 512 / 4096). (With the
-paper's replicated upper network, des-replicated, DeepFM at B = 4096 is about -180%: no top
-gradients to AllReduce.) The planner's table per operator (logged for W&D and DeepFM) says which
-operator causes it: the first FC layer.
+Expect (bytes do not depend on the machine; measured on the 2-core machine, ``--batch-sizes
+512,4096 --measure "512,4096:lr,fm,wdl,deepfm:2,4" --strategies des,des-partials,alltoall
+--one-launch``, 1.4 min): the measured bytes of every plan equal the planner's prediction for the
+same batches exactly ('meas./pred.' 1.0000, every site, rank 0 too); about 5.2k / 24.7k unique ids
+per batch for B = 512 / 4096 (10 and 6 per sample); at N = 2 partials save 83 / 72 % vs alltoall
+for LR and 81 / 69 % for FM at B = 512 / 4096, and are NEGATIVE for W&D/DeepFM (DeepFM -12 % /
+-245 %), because a Criteo sample has at most 39 ids (about 6 distinct per sample in a batch of
+4096) while the buffer carries 401-410 floats per sample; N = 4 shows the same pattern (LR 72 / 54
+%, DeepFM -15 / -280 %). ``des`` (auto: bytes + 64 kB per collective call) keeps LR and FM as
+partials and exchanges everything for W&D and DeepFM: DeepFM N = 2, B = 4096 2.32 MB per step and
+rank vs 8.00 MB all partials (N = 4: 3.16 vs 12.01 MB); by bytes alone the mixed plan with LR's
+order-1 weights as partials would save 43 kB (N = 2, B = 4096) and 8 kB (N = 4, B = 512), less
+than its two extra collectives cost. The planner's table per operator (logged for W&D and DeepFM)
+says why.
 
 Analytic and predicted bytes come from ``des/planner.py`` (its module docstring has the formulas,
-per rank, per term): des = the plan "all partials" (data-parallel upper network), des-replicated =
-all partials with ``upper="replicated"`` (one ring AllReduce of [B, P]), alltoall = the plan
-"all exchange" (keys, rows and row gradients of remote unique ids, the AllReduce of the replicated
-dense weights and the top gradients, the Alltoallv count messages). Analytic values use the unique
-ids of all batches of epoch 0, for every batch size, rank count and model; predicted values use the
-unique ids of exactly the batches the ``des.train`` runs of ``--measure`` train
-("B,B:model,model:N,N;..."; default: all four models at B=4096 on 2 and 4 ranks, LR and DeepFM at
-the other batch sizes on 2 ranks: each run costs 15-35 s of start-up here; ``--strategies`` picks
-which of des, des-replicated, alltoall run; ``--one-launch`` trains all the runs of one rank count
-in a single mpiexec launch, same bytes, start-up paid once: 16 runs in about 90 s here). The
-figure plots bytes/step against B (log).
+per rank, per term): des = its cheapest plan, des-partials = all partials, des-replicated = all
+partials with ``upper="replicated"`` (one ring AllReduce of [B, P]), alltoall = all exchange.
+Analytic values use the unique ids of all batches of epoch 0, for every batch size, rank count
+and model; predicted values use the unique ids of exactly the batches the ``des.train`` runs of
+``--measure`` train ("B,B:model,model:N,N;..."; default: all four models at B=4096 on 2 and 4
+ranks, LR and DeepFM at the other batch sizes on 2 ranks: each run costs 15-35 s of start-up here;
+``--strategies`` picks which run; ``--one-launch`` trains all the runs of one rank count in a
+single mpiexec launch, same bytes, start-up paid once). The figure plots bytes/step against B (log).
 
 The whole sample is used as training data (``--split 1,0,0``), so the unique-id statistics and
 the measured batches cover all 32,852 rows and the short jobs spend no time evaluating. The split
@@ -247,7 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "Bytes are what a rank SENDS per training step, mean over the ranks (summary.json's bytes_per_step), "
         f"over the first {args.steps} steps of epoch 0 (seed 0), with split {args.split} of the data "
         f"({len(store.split_rows('train')):,} training rows; evaluation traffic goes to eval_* sites, not counted). "
-        "analytic = des/planner.py's pure plans (all partials = des, all exchange = alltoall) with the unique ids "
+        "analytic = des/planner.py's plans (cheapest = des, all partials = des-partials, all exchange = alltoall) "
+        "with the unique ids "
         "of all batches of epoch 0; predicted = the same with the unique ids of the measured batches (the first "
         f"{args.steps}): 'meas./pred.' should be 1.0000 (mean over ranks), 'rank 0' the same for rank 0 alone, "
         "'worst site %' the largest deviation of one Communicator site.",

@@ -78,7 +78,8 @@ def test_a_block_read_by_two_exchanged_operators_travels_once() -> None:
         assert both.terms[term] == one.terms[term], term
     # what exchanging fm too changes: its partials go, no weights come (it has none)
     assert both.mean == one.mean - np.mean(partials_bytes(3, 5, 2))
-    assert best_plan(shape, 5, PLACEMENT, UNIQUE).mean <= min(both.mean, one.mean)
+    assert (one.calls, both.calls) == (5, 3)  # a mixed plan adds the partials' two collectives
+    assert best_plan(shape, 5, PLACEMENT, UNIQUE).score <= min(both.score, one.score)
 
 
 def test_mixed_plan_and_its_operator_costs() -> None:
@@ -93,8 +94,27 @@ def test_mixed_plan_and_its_operator_costs() -> None:
     assert costs["fc"].exchange == pytest.approx(np.mean([32 + 8 + 72, 8 + 32 + 72]))
     assert costs["fc"].cheaper == PARTIALS  # 5 rows, 18 weights: nothing to win
     best = best_plan(TINY, 5, PLACEMENT, UNIQUE)
-    pure = [plan_cost(TINY, m, 5, PLACEMENT, UNIQUE).mean for m in (PARTIALS, EXCHANGE)]
-    assert best.mean <= min(pure)
+    pure = [plan_cost(TINY, m, 5, PLACEMENT, UNIQUE) for m in (PARTIALS, EXCHANGE)]
+    assert best.mean <= min(p.mean for p in pure) and best.score <= min(p.score for p in pure)
+
+
+def test_a_collective_call_costs_bytes() -> None:
+    """A mixed plan that saves fewer bytes than two collective calls cost loses to a pure plan; one
+    that saves more wins (DeepFM, N=4: Criteo-like ids at B=512; every id distinct at B=65536, where
+    the order-1 weights are cheaper as partials)."""
+    from des.models import get_model
+    from des.planner import CALL_BYTES
+
+    shape = model_shape(get_model("deepfm")())
+    placement = [list(range(r, 39, 4)) for r in range(4)]
+    for batch, per_field, expected in ((512, 20.0, "exchange"), (65_536, 16_384.0, "linear=partials")):
+        unique = UniqueIds(batch, 4, np.full((4, 39), per_field))
+        best = best_plan(shape, batch, placement, unique)
+        pure = min((plan_cost(shape, m, batch, placement, unique) for m in (PARTIALS, EXCHANGE)), key=lambda c: c.mean)
+        mixed = plan_cost(shape, {"fm2": EXCHANGE, "first_fc": EXCHANGE}, batch, placement, unique)
+        assert (mixed.mean < pure.mean) and mixed.calls == pure.calls + 2
+        assert (pure.mean - mixed.mean > 2 * CALL_BYTES) == (expected != "exchange")
+        assert (best.plan == pure.plan) == (expected == "exchange"), (batch, best.plan)
 
 
 def test_plan_option_text() -> None:
