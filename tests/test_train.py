@@ -289,6 +289,16 @@ def test_missing_and_malformed_data(work: Path) -> None:
     expect_error(proc, "empty")
 
 
+def test_bad_plans(work: Path) -> None:
+    """--plan: an unknown operator or mode, and an exchange with the replicated upper network, each
+    one line naming the choices, before anything is written."""
+    proc = train(work, 1, "badplan", "--plan", "first_fc=sometimes", check=False)
+    expect_error(proc, "--plan 'first_fc=sometimes': operators are linear, fm2, first_fc; modes partials, exchange")
+    proc = train(work, 1, "badplan", "--plan", "exchange", "--upper", "replicated", check=False)
+    expect_error(proc, "--plan exchange: the replicated upper network")
+    assert not (work / "badplan").exists()
+
+
 def test_batch_larger_than_data(work: Path) -> None:
     expect_error(train(work, 1, "bad5", "--batch-size", "100000", check=False), "larger than the")
 
