@@ -48,7 +48,9 @@ class TrainConfig:
     activation: str = _opt("relu", "DNN activation", choices=("relu", "tanh", "sigmoid"))
     init_scale: float = _opt(1e-4, "std of the normal initializer of embeddings (DeepCTR's default; chosen on the "
                              "sample's validation split: scripts/select_defaults.py)")
-    l2_embedding: float = _opt(0.0, "l2 on looked-up embeddings (per sample, batch mean)")
+    l2_embedding: float = _opt(-1.0, "l2 on looked-up embeddings and order-1 weights (per sample, batch mean); -1: "
+                               "auto, 0.01 for lr, 0 for the other models (chosen on the shipped sample's "
+                               "validation split: scripts/select_defaults.py)")
     l2_dense: float = _opt(0.0, "l2 on dense kernels (first FC layer and the top network)")
 
     batch_size: int = _opt(256, "global batch size (every rank processes the whole batch, its own fields; 256 was "
@@ -85,11 +87,14 @@ class TrainConfig:
                      "fewest bytes from the first batches; or OP=MODE,... (docs/design.md, Planner)")
     ps_servers: int = _opt(1, "with --strategy ps: how many ranks serve the tables (the rest are workers)")
     placement: str = _opt("mod", "field placement over ranks", choices=("mod", "balanced"))
-    min_count: int = _opt(1, "admission: occurrences before an id gets a trained row")
+    min_count: int = _opt(0, "admission: occurrences before an id gets a trained row (0: auto, 2 with --unadmitted "
+                          "shared, else 1)")
     ttl: int = _opt(0, "eviction: drop rows unseen for this many steps at checkpoint time (0: never)")
-    unadmitted: str = _opt("init", "what unknown/unadmitted ids contribute: their initial value, zeros, or one "
+    unadmitted: str = _opt("auto", "what unknown/unadmitted ids contribute: their initial value, zeros, or one "
                            "trained out-of-vocabulary row per field that all of them share (FuxiCTR's treatment "
-                           "of ids seen fewer than --min-count times)", choices=("init", "zero", "shared"))
+                           "of ids seen fewer than --min-count times); auto: shared for lr, wdl, deepfm and user "
+                           "models, init for fm (chosen on the shipped sample's validation split: "
+                           "scripts/select_defaults.py)", choices=("auto", "init", "zero", "shared"))
     table_capacity: int = _opt(1 << 14, "initial hash-table slots per field (tables grow)")
 
     sparse_schedule: str = _opt("constant", "learning-rate schedule of the sparse optimizers (embeddings and order-1 "
@@ -123,6 +128,24 @@ class TrainConfig:
             return self.embedding_optimizer
         return "adam:lr=0.001" if self.model in ("lr", "fm") else "adam:lr=0.001,catchup=1"
 
+    def l2_embedding_value(self) -> float:
+        """``--l2-embedding`` resolved: auto (-1) is 0.01 for lr, 0 for the other models."""
+        if self.l2_embedding != -1:
+            return self.l2_embedding
+        return 0.01 if self.model == "lr" else 0.0
+
+    def unadmitted_mode(self) -> str:
+        """``--unadmitted`` resolved: auto is ``init`` for fm, ``shared`` for the other models."""
+        if self.unadmitted != "auto":
+            return self.unadmitted
+        return "init" if self.model == "fm" else "shared"
+
+    def min_count_value(self) -> int:
+        """``--min-count`` resolved: auto (0) is 2 when ids not admitted share a row, else 1."""
+        if self.min_count:
+            return self.min_count
+        return 2 if self.unadmitted_mode() == "shared" else 1
+
     def hidden_units(self) -> list[int]:
         try:
             units = [int(x) for x in self.hidden.split(",") if x.strip()]
@@ -139,15 +162,17 @@ class TrainConfig:
                 raise ConfigError(
                     f"--{_flag(f.name)}: {getattr(self, f.name)!r} is not one of {', '.join(choices)}"
                 )
-        positive = ("batch_size", "embedding_dim", "eval_batch_size", "table_capacity", "min_count")
+        positive = ("batch_size", "embedding_dim", "eval_batch_size", "table_capacity")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{_flag(name)} must be at least 1, got {getattr(self, name)}")
-        for name in ("epochs", "max_steps", "ttl", "eval_every", "checkpoint_every", "threads"):
+        for name in ("epochs", "max_steps", "ttl", "eval_every", "checkpoint_every", "threads", "min_count"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{_flag(name)} must not be negative, got {getattr(self, name)}")
         if self.compute_dtype == "bfloat16" and self.dtype != "float32":
             raise ConfigError(f"--compute-dtype bfloat16 needs --dtype float32 (its master weights), got {self.dtype}")
+        if self.l2_embedding < 0 and self.l2_embedding != -1:
+            raise ConfigError(f"--l2-embedding must be -1 (auto) or at least 0, got {self.l2_embedding}")
         if self.early_stop < -1:
             raise ConfigError(f"--early-stop must be -1 (auto), 0 (off) or a patience >= 1, got {self.early_stop}")
         if self.epochs == 0 and self.max_steps == 0:

@@ -6,7 +6,8 @@
 
 Prints AUC, logloss and the row count; ``--predictions`` writes one click probability per input row,
 in input order. Ids never seen in training are looked up without being inserted (they contribute
-their deterministic initial value, or zero, as the model was trained with ``--unadmitted``).
+their deterministic initial value, zero, or the field's shared row, as the model was trained with
+``--unadmitted``).
 """
 
 from __future__ import annotations

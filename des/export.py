@@ -13,10 +13,12 @@ as plain TensorFlow ops and variables (loading it needs TensorFlow only, never d
   integers, done with a table of the exact thresholds of des's own transform so it is bit-exact,
   hex parsing, and ``key = ((field + 1) << 40) | u``;
 * one hash table from key to row and, per value block, the matrix of the trained rows of every
-  field (rows of ids not yet admitted keep what training gives them: their initial value, or zero);
+  field (rows of ids not yet admitted keep what training gives them: their initial value, or zero;
+  with ``--unadmitted shared`` only admitted ids are kept);
 * the run's unknown-id behaviour: ``--unadmitted zero`` gives zeros, ``init`` the id's
   deterministic initial value, recomputed with the same splitmix64 streams in uint64 ops
-  (``des/hashtable/init.py``);
+  (``des/hashtable/init.py``), ``shared`` the field's trained out-of-vocabulary row (also for ids
+  seen in training but not admitted), as ``des.evaluate`` looks them up;
 * the field-sliced weights and the top network, applied through each substitution's ``reference``
   form (the whole-model forward, as ``des.evaluate`` computes it).
 
@@ -208,14 +210,17 @@ def initial_values(keys: Any, bases: Any, kind: str, scale: float, dim: int) -> 
 
 # ---------------------------------------------------------------------------------- checkpoint reading
 def _read_checkpoint(folder: Path, manifest: dict[str, Any], model: Any) -> dict[str, Any]:
-    """Every field's rows (values as training gathers them), field-sliced weights and top weights."""
+    """Every field's rows (values as training gathers them), field-sliced weights and top weights;
+    with ``--unadmitted shared`` only the admitted keys, and per block the ``[fields, dim]`` values of
+    every field's shared row (``shared``: what an unknown or unadmitted key is looked up as)."""
     import numpy as np
 
     from des.checkpoint import as_checkpoint_error, verified_file
     from des.hashtable import EmbeddingTable
+    from des.hashtable.table import SHARED_KEY
 
     blocks = [b.name for b in model.blocks()]
-    keys, values = [], {b: [] for b in blocks}
+    keys, values, shared = [], {b: [] for b in blocks}, {b: [] for b in blocks}
     field_params: dict[str, list[np.ndarray]] = {}
     table_specs: dict[str, Any] = {}
     table_options: dict[str, Any] = {}
@@ -231,6 +236,16 @@ def _read_checkpoint(folder: Path, manifest: dict[str, Any], model: Any) -> dict
                          "dtype": table.dtype}
         field_keys = table.keys()
         rows = np.arange(field_keys.size, dtype=np.int64)
+        if table.unadmitted == "shared":
+            # An evaluation lookup of the shared key itself: its row (made as training would make it,
+            # with its initial value, if the table has none yet). Unadmitted keys are left out: served
+            # as unknown, they get this row, as lookup maps them to it.
+            shared_key = np.array([SHARED_KEY], dtype=np.int64)
+            shared_row = table.lookup(shared_key, insert=False)
+            for b in blocks:
+                shared[b].append(table.gather(b, shared_key, shared_row)[0])
+            keep = (field_keys != SHARED_KEY) & table.metadata(rows)["admitted"]
+            field_keys, rows = field_keys[keep], rows[keep]
         keys.append(field_keys)
         for b in blocks:
             # gather applies admission: a not-yet-admitted row gives its initial value or zero.
@@ -250,6 +265,7 @@ def _read_checkpoint(folder: Path, manifest: dict[str, Any], model: Any) -> dict
         "values": {b: np.concatenate(v) if all_keys.size else np.zeros((0, table_specs[b].dim)) for b, v in values.items()},
         "field_params": {k: np.stack(v) for k, v in field_params.items()},
         "top": top, "specs": table_specs, **table_options,
+        "shared": {b: np.stack(v) for b, v in shared.items() if v},
     }
 
 
@@ -266,8 +282,6 @@ def build_module(model: Any, state: dict[str, Any]) -> Any:
     substitutions = model.substitutions()
     keys_op = CriteoKeys()
     unadmitted = state["unadmitted"]
-    if unadmitted == "shared":
-        raise ConfigError("des.export does not support models trained with --unadmitted shared yet")
     specs = state["specs"]
 
     class Exported(tf.Module):
@@ -280,6 +294,8 @@ def build_module(model: Any, state: dict[str, Any]) -> Any:
                                  for k, v in state["field_params"].items()}
             self.field_names = dict(zip(state["field_params"], self.field_params))
             self.top = {k: tf.Variable(v, trainable=False, name=k) for k, v in state["top"].items()}
+            # --unadmitted shared: per block, [fields, dim] values of every field's shared row
+            self.shared = {b: tf.Variable(v, trainable=False, name=f"shared_{b}") for b, v in state["shared"].items()}
             # uint64 stream bases per (block, field), as des.hashtable.init.Initializer.stream_base
             self.bases = {b: tf.constant(np.array([Initializer.stream_base(state["seed"], f, b)
                                                    for f in range(model.num_fields)], dtype=np.uint64))
@@ -292,11 +308,13 @@ def build_module(model: Any, state: dict[str, Any]) -> Any:
             flat_rows = tf.reshape(rows, [-1])
             out = tf.gather(self.values[block], tf.maximum(flat_rows, 0))
             unknown = tf.where(flat_rows < 0)
-            if unadmitted == "zero" or specs[block].init.kind == "zeros":
+            fields = tf.reshape(tf.broadcast_to(tf.range(model.num_fields)[None, :], tf.shape(keys)), [-1])
+            if unadmitted == "shared":
+                fill = tf.gather(self.shared[block], tf.gather_nd(fields, unknown))
+            elif unadmitted == "zero" or specs[block].init.kind == "zeros":
                 fill = tf.zeros([tf.shape(unknown)[0], dim], dtype)
             else:
                 flat_keys = tf.reshape(keys, [-1])
-                fields = tf.reshape(tf.broadcast_to(tf.range(model.num_fields)[None, :], tf.shape(keys)), [-1])
                 unknown_keys = tf.gather_nd(flat_keys, unknown)
                 bases = tf.gather(self.bases[block], tf.gather_nd(fields, unknown))
                 init = specs[block].init

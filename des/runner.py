@@ -42,7 +42,7 @@ def build_model(config: TrainConfig, num_fields: int):
     cls = get_model(config.model)
     candidates = {
         "num_fields": num_fields, "embedding_dim": config.embedding_dim, "hidden": tuple(config.hidden_units()),
-        "activation": config.activation, "init_scale": config.init_scale, "l2_embedding": config.l2_embedding,
+        "activation": config.activation, "init_scale": config.init_scale, "l2_embedding": config.l2_embedding_value(),
         "l2_dense": config.l2_dense,
     }
     accepted = inspect.signature(cls.__init__).parameters
@@ -96,7 +96,7 @@ def build_strategy(config: TrainConfig, comm: Communicator, num_fields: int, dis
     context = StrategyContext(
         model=build_model(config, num_fields), comm=comm, optimizers=build_optimizers(config), placement=placement,
         seed=config.seed, dtype=np.dtype(config.dtype),
-        tables=TableOptions(config.table_capacity, config.min_count, config.unadmitted), options=options,
+        tables=TableOptions(config.table_capacity, config.min_count_value(), config.unadmitted_mode()), options=options,
         compute_dtype=None if config.compute_dtype == "auto" else config.compute_dtype)
     return cls(context)
 
@@ -603,6 +603,8 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
         run.planner = plan[1]
     run.say(f"  optimizers: linear {config.linear_optimizer_spec()}; embedding {config.embedding_optimizer_spec()}; "
             f"dense {config.dense_optimizer}")
+    run.say(f"  admission: --min-count {config.min_count_value()} --unadmitted {config.unadmitted_mode()}; "
+            f"l2 on looked-up rows {config.l2_embedding_value():g}")
     run.say(describe_config(config))
     if manifest is not None:
         run.say(f"  resumed from {config.resume} at step {strategy.step_count} (epoch {manifest['epoch']}, batch "

@@ -16,10 +16,11 @@ DeepCTR does not work with Keras 3 and is NOT installed into the main venv: this
 (for des's data reader), and runs the DeepCTR part in that interpreter as a subprocess with
 ``TF_USE_LEGACY_KERAS=1``. ``--skip-install`` uses the venv as it is.
 
-Expect (2-core machine, seeds 0,1,2, about 7 min for ``--models lr,deepfm``): the numbers of the
-README's "Model quality" table: test AUC des DeepFM ~0.763 +- 0.005 vs DeepCTR's ~0.761 +- 0.004
-(at or above it), des LR ~0.7585 +- 0.002 vs scikit-learn's 0.7618 (C = 0.03; below it on test,
-above it on validation), des W&D ~0.763, FM ~0.753.
+Expect (2-core machine, seeds 0,1,2; ~9 min for ``--systems deepctr,sklearn``, ~13 min for
+``--systems des`` with all four models): the numbers of the README's "Model quality" table: test
+AUC des DeepFM 0.7630 +- 0.005 vs DeepCTR's 0.7608 +- 0.004 (at or above it), des LR 0.7605 +-
+0.002 vs scikit-learn's 0.7618 (C = 0.03; below it on test, above it on validation: 0.7807 vs
+0.7790), des W&D 0.7633 +- 0.005, FM 0.7528 +- 0.004.
 """
 
 from __future__ import annotations

@@ -111,8 +111,10 @@ def des_check(monkeypatch, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.mpi
 def test_a_plugin_model_passes_under_every_synchronous_strategy(small_data: Path, monkeypatch) -> None:
+    # --unadmitted init: ps counts an id once per requesting worker and step, so admission with
+    # --min-count 2 (a user model's auto) is not des's
     proc = des_check(monkeypatch, "--model", "fwlr", "--plugins", str(EXAMPLE), "--strategy", "des,alltoall,ps",
-                     "--ranks", "1,2", "--steps", "4", "--data", str(small_data))
+                     "--ranks", "1,2", "--steps", "4", "--data", str(small_data), "--unadmitted", "init")
     assert proc.returncode == 0 and "des.check: ok" in proc.stdout, proc.stdout + proc.stderr
     for strategy in ("des", "alltoall"):
         assert f"fwlr {strategy} 2 ranks vs {strategy} on 1 rank, float64: max relative difference" in proc.stdout

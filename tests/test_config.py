@@ -69,6 +69,25 @@ def test_auto_linear_optimizer_depends_on_the_model() -> None:
     assert load_config(["--linear-optimizer", "sgd:lr=0.1"]).linear_optimizer_spec() == "sgd:lr=0.1"
 
 
+def test_auto_admission_and_l2_depend_on_the_model() -> None:
+    """Chosen on validation (scripts/select_defaults.py): the shared out-of-vocabulary row for ids
+    seen once (--min-count 2) except for FM, and l2 0.01 on looked-up rows for LR."""
+    def resolved(*flags: str) -> tuple:
+        c = load_config(list(flags))
+        return c.min_count_value(), c.unadmitted_mode(), c.l2_embedding_value()
+
+    assert resolved("--model", "lr") == (2, "shared", 0.01)
+    assert resolved("--model", "fm") == (1, "init", 0.0)
+    assert resolved("--model", "deepfm") == resolved("--model", "wdl") == (2, "shared", 0.0)
+    assert resolved("--model", "fm", "--unadmitted", "shared") == (2, "shared", 0.0)
+    assert resolved("--model", "lr", "--unadmitted", "init", "--l2-embedding", "0") == (1, "init", 0.0)
+    assert resolved("--min-count", "3", "--unadmitted", "zero") == (3, "zero", 0.0)
+    for flags, message in ((["--min-count", "-1"], "--min-count must not be negative"),
+                           (["--l2-embedding", "-0.5"], "--l2-embedding must be -1 \\(auto\\) or at least 0")):
+        with pytest.raises(UsageError, match=message):
+            load_config(flags)
+
+
 def test_help_documents_every_option() -> None:
     text = build_parser().format_help()
     for name in TrainConfig.__dataclass_fields__:

@@ -16,13 +16,14 @@ from tests.conftest import REPO, criteo_head, mpi_env, run_mpi
 SMALL = ["--embedding-dim", "4", "--hidden", "16,8", "--batch-size", "256", "--eval-batch-size", "1024",
          "--no-progress", "--table-capacity", "256", "--max-steps", "6"]
 # (name, model, ranks, flags): one run per model, 1 and 2 ranks, both strategies that checkpoint,
-# both unknown-id behaviours, with admission. (Checkpoints hold one file per field whatever the
+# all three unknown-id behaviours, with admission. (Checkpoints hold one file per field whatever the
 # rank count; one multi-rank run shows the export reads what several ranks wrote.)
 RUNS = [
-    ("deepfm-2", "deepfm", 2, ["--strategy", "alltoall"]),
-    ("wdl-1", "wdl", 1, ["--min-count", "2"]),
+    ("deepfm-2", "deepfm", 2, ["--strategy", "alltoall", "--unadmitted", "init"]),
+    ("wdl-1", "wdl", 1, ["--min-count", "2", "--unadmitted", "init"]),
     ("fm-1", "fm", 1, ["--unadmitted", "zero", "--min-count", "2"]),
-    ("lr-1", "lr", 1, []),
+    ("lr-1", "lr", 1, []),  # its defaults: --min-count 2 --unadmitted shared
+    ("deepfm-shared-1", "deepfm", 1, ["--min-count", "2", "--unadmitted", "shared"]),
 ]
 
 # Rows a service may receive: unknown ids (either case), missing values, integer edge values.
@@ -87,6 +88,28 @@ def test_unknown_ids_and_missing_values_matter(exported: dict) -> None:
     """The edited rows are not all predicted alike: unknown ids take their init (or zero) values."""
     served = exported["served"]["deepfm-2"]
     assert len(set(np.round(served[-3:], 7))) == 3
+
+
+def test_shared_row_serves_unknown_and_unadmitted_ids(exported: dict) -> None:
+    """``--unadmitted shared``: an id seen in training but not admitted and ids never seen are all
+    served as the field's shared row (one probability); an admitted id is its own row."""
+    import tensorflow as tf
+
+    from des.checkpoint import read_manifest
+    from des.hashtable import EmbeddingTable
+    from des.hashtable.table import SHARED_KEY
+
+    folder, _ = read_manifest(exported["root"] / "deepfm-shared-1")
+    table = EmbeddingTable.load(folder / "field-013.table")  # C1
+    keys = table.keys()
+    admitted = table.metadata(np.arange(keys.size))["admitted"]
+    seen_once, known = (keys[(keys != SHARED_KEY) & flag][0] & (2**40 - 1) for flag in (~admitted, admitted))
+    values = [f"{seen_once:08x}", "abc00001", "ABC00002", f"{known:08x}"]
+    serve = tf.saved_model.load(str(exported["root"] / "deepfm-shared-1.savedmodel")).signatures["serving_default"]
+    request = {f"I{i}": tf.constant([1] * len(values), tf.int64) for i in range(1, 14)}
+    request.update({f"C{i}": tf.constant(["68fd1e64"] * len(values)) for i in range(2, 27)}, C1=tf.constant(values))
+    p = serve(**request)["probability"].numpy()
+    assert p[0] == p[1] == p[2] != p[3]
 
 
 def test_key_transform_matches_des_on_edge_values() -> None:

@@ -99,7 +99,9 @@ def test_run_folder_and_summary(work: Path) -> None:
     assert (checkpoints / "step-00000004" / "manifest.json").is_file()
 
 
-RESUME_FLAGS = ["--model", "wdl", "--dtype", "float64", "--checkpoint-every", "4", "--ttl", "4"]
+# --unadmitted init (every id its own row from its first occurrence): these runs test resume and
+# re-sharding; admission (--min-count 2, W&D's auto) is tested across N in tests/test_exactness.py.
+RESUME_FLAGS = ["--model", "wdl", "--dtype", "float64", "--checkpoint-every", "4", "--ttl", "4", "--unadmitted", "init"]
 # (ranks, run it resumes, at step): the same rank count, fewer -> more, more -> fewer; each resumes
 # a periodic checkpoint of another run and goes on to step 12.
 RESUMES = {"1to1": (1, "straight", 4), "1to2": (2, "straight", 4), "2to1": (1, "1to2", 8)}
