@@ -158,9 +158,7 @@ class DES(Strategy):
         with (self.timer if train else untimed)("partials"):
             if not self.split_form.width:  # every operator exchanged
                 return np.zeros((rows, 0), dtype=self.dtype)
-            field_params = list(self.dense.field_params.values())
-            split = [p for n, p in zip(self.dense.field_params, field_params) if n in self.split_form.split_params]
-            buffer = self.split_form.partials(pooled, split).numpy()
+            buffer = self.split_form.partials(pooled, self._split_params()).numpy()
             if self.upper == "replicated" and self.comm.size > 1:
                 buffer = np.array(buffer, order="C", copy=True)  # the AllReduce sums in place: TF's memory is not ours
         return buffer
@@ -184,7 +182,7 @@ class DES(Strategy):
         labels = np.asarray(batch.labels, dtype=self.dtype)
         top = list(dense.top_params.values())
         pooled, touched, route_values = self._pooled(batch, train=True)
-        split_params = [dense.field_params[n] for n in form.split_params]
+        split_params = self._split_params()
         if comm.size == 1 and self.exchange is None:  # the row block is the batch: steps 2-6 in one TF call
             with timer("fused_step"):
                 loss, pooled_grads, field_grads, top_grads = form.train_whole(pooled, split_params, top, labels, size)
@@ -239,6 +237,10 @@ class DES(Strategy):
         return loss
 
     # ------------------------------------------------------------------ the step's pieces
+    def _split_params(self) -> list[np.ndarray]:
+        """The split operators' field weights (this rank's slices), in the split form's order."""
+        return [self.dense.field_params[n] for n in self.split_form.split_params]
+
     def _exchange_backward(self, route: Any, xpooled_grads: list) -> list[np.ndarray]:
         timer = self.timer
         with timer("sparse_backward"):
