@@ -96,7 +96,7 @@ def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, c
         arrays: dict[str, np.ndarray] = {}
         for pname, value in dense.field_params.items():  # an owner holds every slice of its fields
             arrays[f"{pname}__value"] = value[dense.index(pname, field)]
-            arrays.update(_state_arrays(pname, dense.field_states[(pname, field)]))
+            arrays.update(_state_arrays(pname, dense.field_state(pname, field)))
         np.savez(tmp / f"{stem}.dense.npz", **arrays)
         written[f"{stem}.table"] = written[f"{stem}.dense.npz"] = ""
     if comm.rank == 0:
@@ -262,7 +262,7 @@ def load_checkpoint(strategy: Any, path: str | Path, *, data_order: dict[str, An
                 if j is None:
                     continue
                 value[j] = arrays[f"{pname}__value"]
-                _load_state(pname, arrays, dense.field_states[(pname, field)])
+                _load_state(pname, arrays, dense.field_state(pname, field))
     dense_path = verified_file(folder, manifest, "dense.npz")
     with as_checkpoint_error(dense_path):
         arrays = np.load(dense_path, allow_pickle=False)

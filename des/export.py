@@ -337,7 +337,7 @@ def build_module(model: Any, state: dict[str, Any]) -> Any:
     signature = {name: tf.TensorSpec([None], tf.int64 if f < NUM_INT_FIELDS else tf.string, name=name)
                  for f, name in enumerate(FIELD_NAMES)}
 
-    @tf.function(input_signature=[signature])
+    @tf.function(input_signature=[signature], autograph=False)
     def serve(request):
         columns = [request[name] for name in FIELD_NAMES]
         size = tf.shape(columns[0])[0]
@@ -355,7 +355,7 @@ def build_module(model: Any, state: dict[str, Any]) -> Any:
         return {"probability": module.probability(keys)}
 
     # A signature function takes keyword arguments: wrap so each column is its own named input.
-    @tf.function(input_signature=list(signature.values()))
+    @tf.function(input_signature=list(signature.values()), autograph=False)
     def serving_default(*columns):
         return serve(dict(zip(FIELD_NAMES, columns)))
 

@@ -155,6 +155,38 @@ def test_dense_state_dict_round_trip_continues_identically() -> None:
         sc.apply(np.asfortranarray(np.ones((4, 2), np.float32))[:, :1], grads[0][:, :1])
 
 
+@pytest.mark.parametrize("opt", [Adam(0.01), FTRL(0.05, 1.0, 1.0, 0.5, 0.0)], ids=["adam", "ftrl"])
+def test_a_weights_state_saved_per_slice_continues_identically(opt) -> None:
+    """A field weight ``[fields, k, H]`` has one state (one kernel call per step) that checkpoints
+    save per field slice: states rebuilt from the slices, in another grouping of the fields (another
+    rank count), continue exactly as one state per slice would."""
+    rng = np.random.default_rng(5)
+    grads = rng.normal(size=(8, 3, 2, 4))
+    whole, w = DenseOptimizerState(opt, (3, 2, 4), np.float64), np.ones((3, 2, 4))
+    per_field = [DenseOptimizerState(opt, (2, 4), np.float64) for _ in range(3)]
+    v = np.ones((3, 2, 4))
+    for g in grads[:4]:
+        whole.apply(w, g)
+        for j in range(3):
+            per_field[j].apply(v[j], g[j])
+    np.testing.assert_array_equal(w, v)
+    for j in range(3):
+        saved = whole.slice(j).state_dict()
+        assert saved.keys() == per_field[j].state_dict().keys()
+        for key, value in per_field[j].state_dict().items():
+            np.testing.assert_array_equal(saved[key], value)
+    # fields 2 and 0 regrouped into one weight (e.g. on another rank count)
+    regrouped, r = DenseOptimizerState(opt, (2, 2, 4), np.float64), w[[2, 0]].copy()
+    for j, field in enumerate((2, 0)):
+        regrouped.slice(j).load_state_dict(whole.slice(field).state_dict())
+    for g in grads[4:]:
+        whole.apply(w, g)
+        regrouped.apply(r, g[[2, 0]])
+    np.testing.assert_array_equal(r, w[[2, 0]])
+    with pytest.raises(ValueError, match="slot"):
+        regrouped.slice(0).load_state_dict({k: np.zeros(3) for k in whole.slice(0).state_dict()})
+
+
 @pytest.mark.parametrize("opt", [SGD(0.1), AdaGrad(0.05, 0.2, 1e-8), Adam(1e-3, 0.8, 0.99, 1e-8),
                                  FTRL(0.05, 1.0, 1.0, 0.5, 0.0)])
 def test_to_dict_round_trip(opt) -> None:

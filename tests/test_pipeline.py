@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 
-from tests.conftest import criteo_head, run_mpi
+from tests.conftest import criteo_head, run_job
 from tests.test_train import assert_checkpoints_equal
 
 FLAGS = ["--model", "deepfm", "--hidden", "16,8", "--embedding-dim", "4", "--dtype", "float64", "--batch-size", "256",
@@ -17,11 +16,10 @@ FLAGS = ["--model", "deepfm", "--hidden", "16,8", "--embedding-dim", "4", "--dty
          "--table-capacity", "256", "--no-progress"]
 
 
-@pytest.mark.mpi
 def test_pipelined_and_unpipelined_runs_are_identical(tmp_path: Path) -> None:
     criteo_head(tmp_path / "small.tsv", 2000)
     for mode in ("on", "off"):
-        run_mpi(1, ["-m", "des.train", "--data", str(tmp_path / "small.tsv"), "--cache-dir", str(tmp_path / "cache"),
+        run_job(1, ["-m", "des.train", "--data", str(tmp_path / "small.tsv"), "--cache-dir", str(tmp_path / "cache"),
                     "--output", str(tmp_path / mode), "--pipeline", mode, *FLAGS])
     summaries = {mode: json.loads((tmp_path / mode / "summary.json").read_text()) for mode in ("on", "off")}
     # steps 4, 5, 8, 10 are followed by a checkpoint or a validation, and 12 is the last: not overlapped

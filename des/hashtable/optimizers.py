@@ -558,6 +558,11 @@ class DenseOptimizerState:
             d["step"] = self._steps.copy()
         return d
 
+    def slice(self, j: int) -> "DenseSliceState":
+        """The state of ``param[j]`` (a field's slice of a weight kept as ``[fields, ...]``), for
+        checkpoints that store it per field; the whole weight is still updated by one kernel call."""
+        return DenseSliceState(self, int(j))
+
     def load_state_dict(self, d: dict[str, np.ndarray]) -> None:
         """Restore state produced by :meth:`state_dict` (shapes and names are checked)."""
         expected = set(self.optimizer.slot_names) | ({"step"} if self._steps is not None else set())
@@ -570,3 +575,34 @@ class DenseOptimizerState:
             s[:] = a.reshape(-1)
         if self._steps is not None:
             self._steps[:] = np.asarray(d["step"], dtype=np.int64).reshape(-1)[:1]
+
+
+class DenseSliceState:
+    """``state_dict``/``load_state_dict`` of one leading-axis slice of a :class:`DenseOptimizerState`
+    (the slots' rows ``j``; Adam's step count is the weight's, the same for every slice)."""
+
+    def __init__(self, whole: DenseOptimizerState, j: int) -> None:
+        _check(len(whole.shape) >= 1 and 0 <= j < whole.shape[0], f"slice {j} of a state of shape {whole.shape}")
+        self.whole, self.j, self.shape = whole, j, whole.shape[1:]
+
+    def _rows(self) -> list[np.ndarray]:
+        return [s.reshape(self.whole.shape)[self.j] for s in self.whole._slots]
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        d = {name: row.copy() for name, row in zip(self.whole.optimizer.slot_names, self._rows())}
+        if self.whole._steps is not None:
+            d["step"] = self.whole._steps.copy()
+        return d
+
+    def load_state_dict(self, d: dict[str, np.ndarray]) -> None:
+        whole = self.whole
+        expected = set(whole.optimizer.slot_names) | ({"step"} if whole._steps is not None else set())
+        if set(d) != expected:
+            raise ValueError(f"state dict keys {sorted(d)} != expected {sorted(expected)}")
+        for name, row in zip(whole.optimizer.slot_names, self._rows()):
+            a = np.asarray(d[name])
+            if a.shape != self.shape:
+                raise ValueError(f"slot {name!r} has shape {a.shape}, expected {self.shape}")
+            row[...] = a
+        if whole._steps is not None:
+            whole._steps[:] = np.asarray(d["step"], dtype=np.int64).reshape(-1)[:1]

@@ -163,9 +163,9 @@ class DenseParams:
     """Dense weights and their optimizer states.
 
     Field parameters of substitution ``i`` are named ``"{i}:{substitution}:{param}"`` (the checkpoint
-    names) and held as ``[len(fields), *slice]``, one optimizer state per (weight, field): the dense
-    optimizers are elementwise, so a state per slice is the same math as one for the whole weight,
-    and a checkpoint re-shards by field. Each slice is drawn from a generator keyed by (seed,
+    names) and held as ``[len(fields), *slice]`` with one optimizer state of the same shape: the
+    dense optimizers are elementwise, so the whole weight is one kernel call per step and a
+    checkpoint still stores (and re-shards) each field's slice of the state. Each slice is drawn from a generator keyed by (seed,
     substitution, parameter, field) and each top weight by (seed, model, name): never by N.
 
     ``fields`` are the fields whose slices this rank holds; the substitutions in ``replicated``
@@ -191,10 +191,9 @@ class DenseParams:
         #: every field some slice is held of (a checkpoint reads their files)
         self.fields = sorted(set(own).union(*self.param_fields.values()))
         self._position = {name: {f: j for j, f in enumerate(held)} for name, held in self.param_fields.items()}
-        self.field_states = {
-            (name, f): DenseOptimizerState(optimizers.dense, value.shape[1:], self.dtype)
-            for name, value in self.field_params.items() for f in self.param_fields[name]
-        }
+        # one state per weight, [fields, ...] like the weight: one optimizer call per weight and step
+        self.field_param_states = {name: DenseOptimizerState(optimizers.dense, value.shape, self.dtype)
+                                   for name, value in self.field_params.items()}
         self.top_params: dict[str, np.ndarray] = {
             name: draw_param(spec, seed, model.name, "top", name).astype(self.dtype)
             for name, spec in model.top_params().items()
@@ -202,6 +201,10 @@ class DenseParams:
         self.top_states = {name: DenseOptimizerState(optimizers.dense, v.shape, self.dtype)
                            for name, v in self.top_params.items()}
         self.regularized_top = set(model.regularized_params())
+
+    def field_state(self, name: str, field: int) -> Any:
+        """The optimizer state of ``field``'s slice of field parameter ``name`` (checkpoints: per field)."""
+        return self.field_param_states[name].slice(self._position[name][field])
 
     def index(self, name: str, field: int) -> int | None:
         """Position of ``field``'s slice in the leading axis of field parameter ``name`` (None: not held)."""
@@ -221,8 +224,7 @@ class DenseParams:
             grad = np.asarray(grad)
             if self.l2:
                 grad = grad + 2.0 * self.l2 * value
-            for j, f in enumerate(self.param_fields[name]):
-                self.field_states[(name, f)].apply(value[j], np.ascontiguousarray(grad[j]), self.rates.dense)
+            self.field_param_states[name].apply(value, np.ascontiguousarray(grad), self.rates.dense)
         for (name, value), grad in zip(self.top_params.items(), top_grads):
             grad = np.asarray(grad)
             if self.l2 and name in self.regularized_top:

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,12 @@ import tensorflow as tf
 
 from des.errors import ConfigError
 from des.strategies.components import DenseParams
+
+#: how the forms' steps become TF graphs: no retrace per batch size, and no autograph (the model,
+#: substitution and form code is plain TF ops with Python control flow on Python values only; a
+#: branch on a tensor's value needs ``tf.cond``/``tf.where``): autograph's rewriting of every
+#: called function was two thirds of a model's trace time, seconds at every start-up
+compiled = functools.partial(tf.function, reduce_retracing=True, autograph=False)
 
 
 class _ModelForm:
@@ -61,12 +68,8 @@ class ModelSplitForm(_ModelForm):
                                   "only 'allreduce' is supported")
         self.exchanged = frozenset(int(i) for i in exchanged)
         self.split = [i for i in range(len(self.substitutions)) if i not in self.exchanged]
-        # Buffer layout: split substitution s owns columns [columns[s][0], columns[s][1]).
-        self.columns: dict[int, tuple[int, int]] = {}
-        for i in self.split:
-            start = self.columns[self.split[self.split.index(i) - 1]][1] if self.columns else 0
-            self.columns[i] = (start, start + self.substitutions[i].width)
-        self.width = max((stop for _, stop in self.columns.values()), default=0)
+        # Buffer layout: the split substitutions' partials side by side, in their order
+        self.width = sum(self.substitutions[i].width for i in self.split)
         read_by = lambda subs: [b for b in self.blocks if any(self.substitutions[i].block == b for i in subs)]  # noqa: E731
         #: blocks the owners pool (a split operator reads them) / the row owners receive (an exchanged one does)
         self.split_blocks = read_by(self.split) if self.exchanged else list(self.blocks)
@@ -83,26 +86,33 @@ class ModelSplitForm(_ModelForm):
         prefix = f"{i}:{self.substitutions[i].name}:"
         return {n[len(prefix):]: v for n, v in zip(names, values) if n.startswith(prefix)}
 
-    def _partials(self, pooled: Sequence[tf.Tensor], params: Sequence[tf.Tensor]) -> tf.Tensor:
+    def _local_parts(self, pooled: Sequence[tf.Tensor], params: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        """Each split substitution's ``local`` on this rank's fields: the buffer's column blocks."""
         by_block = dict(zip(self.split_blocks, pooled))
-        parts = [self.substitutions[i].local(by_block[self.substitutions[i].block],
-                                             self._params_of(i, self.split_params, params))
-                 for i in self.split]
-        return tf.concat(parts, axis=1)
+        return [self.substitutions[i].local(by_block[self.substitutions[i].block],
+                                            self._params_of(i, self.split_params, params))
+                for i in self.split]
 
-    def _local_backward(self, pooled: Sequence[tf.Tensor], params: Sequence[tf.Tensor], buffer_grad: tf.Tensor
-                        ) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
-        """``G`` back through each split substitution's ``local_backward`` (closed form where it has
-        one: no forward is recomputed); gradients of the blocks two substitutions read are summed.
-        ``params``/the field gradients: the split operators' (:attr:`split_params`)."""
+    def _columns(self, buffer: tf.Tensor) -> list[tf.Tensor]:
+        """The buffer cut into the split substitutions' column blocks (``tf.split``: its gradient is
+        one concat, where a slice's gradient would be a zero-filled buffer per substitution)."""
+        if not self.split:
+            return []
+        return tf.split(buffer, [self.substitutions[i].width for i in self.split], axis=1)
+
+    def _local_backward(self, pooled: Sequence[tf.Tensor], params: Sequence[tf.Tensor],
+                        part_grads: Sequence[tf.Tensor]) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
+        """``G`` (per split substitution: its column block) back through each split substitution's
+        ``local_backward`` (closed form where it has one: no forward is recomputed); gradients of
+        the blocks two substitutions read are summed. ``params``/the field gradients: the split
+        operators' (:attr:`split_params`)."""
         by_block = dict(zip(self.split_blocks, pooled))
         block_grads: dict[str, list[tf.Tensor]] = {name: [] for name in self.split_blocks}
         param_grads: dict[str, tf.Tensor] = {}
-        for i in self.split:
+        for i, part_grad in zip(self.split, part_grads):
             sub = self.substitutions[i]
-            start, stop = self.columns[i]
             emb_grad, grads = sub.local_backward(by_block[sub.block], self._params_of(i, self.split_params, params),
-                                                 buffer_grad[:, start:stop])
+                                                 part_grad)
             block_grads[sub.block].append(emb_grad)
             param_grads.update({f"{i}:{sub.name}:{name}": g for name, g in grads.items()})
         l2 = self.model.l2_embedding
@@ -114,43 +124,46 @@ class ModelSplitForm(_ModelForm):
                         for name in self.split_blocks]
         return pooled_grads, [param_grads[name] for name in self.split_params]
 
-    def _logits(self, buffer: tf.Tensor, xpooled: Sequence[tf.Tensor], xparams: Sequence[tf.Tensor],
+    def _logits(self, parts: Sequence[tf.Tensor], xpooled: Sequence[tf.Tensor], xparams: Sequence[tf.Tensor],
                 top: Sequence[tf.Tensor]) -> tf.Tensor:
+        """The top network's logits from the split operators' reduced column blocks ``parts`` and the
+        exchanged operators' inputs."""
         by_block = dict(zip(self.exchange_blocks, xpooled))
+        reduced = iter(parts)
         outputs = []
         for i, sub in enumerate(self.substitutions):
             if i in self.exchanged:
                 outputs.append(sub.reference(by_block[sub.block], self._params_of(i, self.exchange_params, xparams)))
             else:
-                start, stop = self.columns[i]
-                outputs.append(sub.combine(buffer[:, start:stop]))
+                outputs.append(sub.combine(next(reduced)))
         return self._top(top, outputs)
 
     def _build_split(self) -> None:
-        @tf.function(reduce_retracing=True)
+        @compiled
         def partials(pooled, params):
-            return self._partials(pooled, params)
+            return tf.concat(self._local_parts(pooled, params), axis=1)
 
-        @tf.function(reduce_retracing=True)
+        @compiled
         def local_backward(pooled, params, buffer_grad):
-            return self._local_backward(pooled, params, buffer_grad)
+            return self._local_backward(pooled, params, self._columns(buffer_grad))
 
-        @tf.function(reduce_retracing=True)
+        @compiled
         def top_predict(buffer, xpooled, xparams, top):
-            return tf.sigmoid(self._logits(buffer, xpooled, xparams, top))
+            return tf.sigmoid(self._logits(self._columns(buffer), xpooled, xparams, top))
 
-        @tf.function(reduce_retracing=True)
+        @compiled
         def train_whole(pooled, params, top, labels, global_size):
             # one rank, every operator split: nothing is reduced between the partials and the top
-            # network, so the three run as one graph (one call instead of three, no buffer round trip)
-            buffer = self._partials(pooled, params)
-            loss, buffer_grad, _, _, top_grads = self._top_train(buffer, [], [], labels, top, global_size)
-            pooled_grads, field_grads = self._local_backward(pooled, params, buffer_grad)
+            # network, so the three run as one graph (one call instead of three) and the partials
+            # go to the top network as they are (no buffer is packed or cut)
+            parts = self._local_parts(pooled, params)
+            loss, part_grads, _, _, top_grads = self._top_train_parts(parts, [], [], labels, top, global_size)
+            pooled_grads, field_grads = self._local_backward(pooled, params, part_grads)
             return loss, pooled_grads, field_grads, top_grads
 
         self.partials, self.local_backward, self.top_predict, self.train_whole = (
             partials, local_backward, top_predict, train_whole)
-        self.top_train = tf.function(self._top_train, reduce_retracing=True)
+        self.top_train = compiled(self._top_train)
 
     def _top_train(self, buffer: tf.Tensor, xpooled: Sequence[tf.Tensor], xparams: Sequence[tf.Tensor],
                    labels: tf.Tensor, top: Sequence[tf.Tensor], global_size: Any
@@ -158,9 +171,19 @@ class ModelSplitForm(_ModelForm):
         """Loss of these rows (their share of the global batch's mean: all of it when they are the
         batch), ``G = ∂L/∂buffer``, the gradients of the exchanged blocks' pooled values and field
         weights, and the top network's gradients."""
+        loss, part_grads, xpooled_grads, xparam_grads, top_grads = self._top_train_parts(
+            self._columns(buffer), xpooled, xparams, labels, top, global_size)
+        buffer_grad = tf.concat(part_grads, axis=1) if part_grads else tf.zeros_like(buffer)
+        return loss, buffer_grad, xpooled_grads, xparam_grads, top_grads
+
+    def _top_train_parts(self, parts: Sequence[tf.Tensor], xpooled: Sequence[tf.Tensor], xparams: Sequence[tf.Tensor],
+                         labels: tf.Tensor, top: Sequence[tf.Tensor], global_size: Any
+                         ) -> tuple[tf.Tensor, list[tf.Tensor], list[tf.Tensor], list[tf.Tensor], list[tf.Tensor]]:
+        """:meth:`_top_train` on the buffer's column blocks: their gradients, one per block."""
+        parts = list(parts)
         with tf.GradientTape() as tape:
-            tape.watch([buffer, xpooled, xparams, top])
-            logits = self._logits(buffer, xpooled, xparams, top)
+            tape.watch([parts, xpooled, xparams, top])
+            logits = self._logits(parts, xpooled, xparams, top)
             loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)) / global_size
             objective = loss  # the reported loss is the data term, as the owners' l2 is not in it either
             l2 = self.model.l2_embedding
@@ -168,9 +191,9 @@ class ModelSplitForm(_ModelForm):
                 by_block = dict(zip(self.exchange_blocks, xpooled))
                 objective += l2 * tf.add_n([tf.reduce_sum(tf.square(by_block[b]))
                                             for b in self.row_owner_l2_blocks]) / global_size
-        buffer_grad, xpooled_grads, xparam_grads, top_grads = tape.gradient(
-            objective, [buffer, xpooled, xparams, top], unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        return loss, buffer_grad, xpooled_grads, xparam_grads, top_grads
+        part_grads, xpooled_grads, xparam_grads, top_grads = tape.gradient(
+            objective, [parts, xpooled, xparams, top], unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return loss, part_grads, xpooled_grads, xparam_grads, top_grads
 
 
 class ModelReferenceForm(_ModelForm):
@@ -192,7 +215,7 @@ class ModelReferenceForm(_ModelForm):
     def _build_reference(self) -> None:
         model = self.model
 
-        @tf.function(reduce_retracing=True)
+        @compiled
         def train(pooled, field_params, top, labels, global_size):
             with tf.GradientTape() as tape:
                 tape.watch([pooled, field_params, top])
@@ -204,7 +227,7 @@ class ModelReferenceForm(_ModelForm):
             return loss, tape.gradient(loss, [pooled, field_params, top],
                                        unconnected_gradients=tf.UnconnectedGradients.ZERO)
 
-        @tf.function(reduce_retracing=True)
+        @compiled
         def predict(pooled, field_params, top):
             return tf.sigmoid(self._logits(pooled, field_params, top))
 
