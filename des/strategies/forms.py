@@ -1,10 +1,10 @@
-"""A model's two forms in TF, as the strategies run them. No state (the weights are a
+"""A model in TF, as the strategies run it. No state (the weights are a
 :class:`~des.strategies.components.DenseParams`), no communication.
 
-* :class:`ModelSplitForm` -- DES: each substitution's ``local`` on a rank's fields, packed into one
-  buffer; ``combine`` + the top network + the loss on the reduced buffer; the local backward;
-* :class:`ModelReferenceForm` -- strategies that move embeddings: each substitution's
-  ``reference`` on all fields, the top network and the loss.
+* :class:`ModelSplitForm` -- each substitution's ``local`` on a rank's fields, packed into one
+  buffer; ``combine`` + the top network + the loss on the reduced buffer; the local backward. A
+  substitution may instead be *exchanged*: its ``reference`` runs on the pooled inputs of every
+  field, next to the top network (the planner's exchange; ps and alltoall: every substitution).
 """
 
 from __future__ import annotations
@@ -194,55 +194,3 @@ class ModelSplitForm(_ModelForm):
         part_grads, xpooled_grads, xparam_grads, top_grads = tape.gradient(
             objective, [parts, xpooled, xparams, top], unconnected_gradients=tf.UnconnectedGradients.ZERO)
         return loss, part_grads, xpooled_grads, xparam_grads, top_grads
-
-
-class ModelReferenceForm(_ModelForm):
-    """The reference form (``alltoall``, ``ps``: the embeddings are brought to the rows): every
-    substitution's ``reference`` on all fields, the top network and the loss, forward and backward
-    in one ``tf.function``."""
-
-    def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype, compute_dtype: str | None = None) -> None:
-        super().__init__(model, dense, dtype, compute_dtype)
-        self._build_reference()
-
-    def _logits(self, pooled: Sequence[tf.Tensor], field_params: Sequence[tf.Tensor],
-                top: Sequence[tf.Tensor]) -> tf.Tensor:
-        by_block = dict(zip(self.blocks, pooled))
-        outputs = [sub.reference(by_block[sub.block], self.dense.substitution_params(i, sub.name, field_params))
-                   for i, sub in enumerate(self.substitutions)]
-        return self._top(top, outputs)
-
-    def _build_reference(self) -> None:
-        model = self.model
-
-        @compiled
-        def train(pooled, field_params, top, labels, global_size):
-            with tf.GradientTape() as tape:
-                tape.watch([pooled, field_params, top])
-                logits = self._logits(pooled, field_params, top)
-                # These rows' share of the global mean loss: Σ_local l_i / B.
-                loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)) / global_size
-                if model.l2_embedding:
-                    loss += model.l2_embedding * tf.add_n([tf.reduce_sum(tf.square(p)) for p in pooled]) / global_size
-            return loss, tape.gradient(loss, [pooled, field_params, top],
-                                       unconnected_gradients=tf.UnconnectedGradients.ZERO)
-
-        @compiled
-        def predict(pooled, field_params, top):
-            return tf.sigmoid(self._logits(pooled, field_params, top))
-
-        self._train, self._predict = train, predict
-
-    def train(self, pooled: list[np.ndarray], labels: np.ndarray, global_size: int
-              ) -> tuple[float, list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
-        """Loss (this part's share of the global mean), per-block pooled gradients, field-weight
-        gradients and top gradients (``l2_dense`` not included: :class:`DenseParams` adds it)."""
-        loss, (pooled_grads, field_grads, top_grads) = self._train(
-            pooled, list(self.dense.field_params.values()), list(self.dense.top_params.values()),
-            np.asarray(labels, dtype=self.tf_dtype.as_numpy_dtype), tf.constant(global_size, self.tf_dtype))
-        as_numpy = lambda tensors: [t.numpy() for t in tensors]  # noqa: E731
-        return float(loss), as_numpy(pooled_grads), as_numpy(field_grads), as_numpy(top_grads)
-
-    def predict(self, pooled: list[np.ndarray]) -> np.ndarray:
-        return self._predict(pooled, list(self.dense.field_params.values()),
-                             list(self.dense.top_params.values())).numpy()

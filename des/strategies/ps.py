@@ -49,7 +49,7 @@ from des.errors import ConfigError
 from des.placement import place_fields
 from des.strategies.base import ShardState, Strategy, StrategyContext, untimed
 from des.strategies.components import DenseParams, FieldShard, RowLayout
-from des.strategies.forms import ModelReferenceForm
+from des.strategies.forms import ModelSplitForm
 
 PULL_ROWS, ROWS, PUSH_ROWS, PUSH_ROW_GRADS, PULL_DENSE, DENSE, PUSH_DENSE, DONE, FLUSH, FLUSHED = range(11, 21)
 
@@ -91,7 +91,11 @@ class ParameterServer(Strategy):
         # Server 0 owns the dense weights; a worker keeps the copy it last pulled.
         self.dense = DenseParams(self.model, self.all_fields, context.optimizers, seed=self.seed, dtype=self.dtype)
         self.layout = RowLayout(self.model.blocks(), self.model.num_fields, self.dtype)
-        self.reference = ModelReferenceForm(self.model, self.dense, self.dtype, context.compute_dtype)
+        # the whole model on the worker's rows: the split form with every operator "exchanged"
+        # (its reference on the pulled rows, field weights as inputs; no partials)
+        self.form = ModelSplitForm(self.model, self.dense, self.dtype, context.compute_dtype,
+                                   exchanged=range(len(self.model.substitutions())))
+        self._read = [[b.name for b in self.model.blocks()].index(name) for name in self.form.exchange_blocks]
         # collective over all ranks, so made here: the workers' own communicator
         self.worker_comm = Communicator(self.comm.comm.Split(0 if self.is_server else 1, self.comm.rank))
         self.pushes_applied = 0
@@ -233,7 +237,13 @@ class ParameterServer(Strategy):
     def train_step(self, batch: Any) -> float:
         pooled, unique = self._pull(batch, insert=True)  # times lookup and pull
         with self.timer("forward_backward"):
-            loss, pooled_grads, field_grads, top_grads = self.reference.train(pooled, batch.labels, batch.size)
+            loss, _, read_grads, field_grads, top_grads = self.form.top_train(
+                self._no_partials(batch), [pooled[k] for k in self._read], list(self.dense.field_params.values()),
+                np.asarray(batch.labels, dtype=self.dtype), list(self.dense.top_params.values()), batch.size)
+            loss, field_grads, top_grads = float(loss), [g.numpy() for g in field_grads], [g.numpy() for g in top_grads]
+            pooled_grads = [np.zeros_like(p) for p in pooled]  # a block no operator reads gets none
+            for k, g in zip(self._read, read_grads):
+                pooled_grads[k] = g.numpy()
         self._push(batch, pooled_grads, unique, [*field_grads, *top_grads])  # times sparse_backward and push
         self.step_count += 1
         self.timer.steps += 1
@@ -241,7 +251,13 @@ class ParameterServer(Strategy):
 
     def predict(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
         pooled, _ = self._pull(batch, insert=False)
-        return self.reference.predict(pooled), np.asarray(batch.labels)
+        probabilities = self.form.top_predict(self._no_partials(batch), [pooled[k] for k in self._read],
+                                              list(self.dense.field_params.values()),
+                                              list(self.dense.top_params.values()))
+        return probabilities.numpy(), np.asarray(batch.labels)
+
+    def _no_partials(self, batch: Any) -> np.ndarray:
+        return np.zeros((batch.size, 0), dtype=self.dtype)  # every operator runs whole: an empty buffer
 
     def end_training(self) -> None:
         """Return once every server has applied all of this worker's pushes, and every worker is
