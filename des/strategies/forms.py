@@ -3,8 +3,9 @@
 
 * :class:`ModelSplitForm` -- each substitution's ``local`` on a rank's fields, packed into one
   buffer; ``combine`` + the top network + the loss on the reduced buffer; the local backward. A
-  substitution may instead be *exchanged*: its ``reference`` runs on the pooled inputs of every
-  field, next to the top network (the planner's exchange; ps and alltoall: every substitution).
+  substitution may instead be *exchanged*: it runs whole (``combine`` of ``local`` on every field,
+  what ``reference`` computes) on the pooled inputs of every field, next to the top network (the
+  planner's exchange; ps and alltoall: every substitution).
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ class ModelSplitForm(_ModelForm):
     on the reduced buffer, and the local backward.
 
     With a plan (``exchanged``: indices of the substitutions the planner exchanges, issue 11) the
-    exchanged operators are not split: their pooled inputs come to the row owner, which runs their
-    ``reference`` next to the ``combine`` of the partials operators. The buffer then holds the
-    partials operators' columns only, and the exchanged blocks' pooled values and field weights
+    exchanged operators are not split: their pooled inputs come to the row owner, which runs them
+    whole (``combine(local)`` on every field) next to the ``combine`` of the partials operators.
+    The buffer then holds the partials operators' columns only, and the exchanged blocks' pooled values and field weights
     are further inputs of the top step (whose gradients it returns).
     """
 
@@ -132,8 +133,11 @@ class ModelSplitForm(_ModelForm):
         reduced = iter(parts)
         outputs = []
         for i, sub in enumerate(self.substitutions):
-            if i in self.exchanged:
-                outputs.append(sub.reference(by_block[sub.block], self._params_of(i, self.exchange_params, xparams)))
+            if i in self.exchanged:  # every field here: the split form on one virtual rank, which
+                # check_substitution proved equal to ``reference`` (FM's textbook double sum over field
+                # pairs costs 3x its eq. (6) form, forward + backward)
+                emb, params = by_block[sub.block], self._params_of(i, self.exchange_params, xparams)
+                outputs.append(sub.combine(sub.local(emb, params)))
             else:
                 outputs.append(sub.combine(next(reduced)))
         return self._top(top, outputs)

@@ -10,7 +10,7 @@ batches ``w, w+W, ...``), and for each:
 
 1. pulls the rows of the batch's unique ids from their servers (inserting new ids), and the dense
    weights from server 0;
-2. runs each substitution's ``reference`` and the top network on the whole batch (mean loss);
+2. runs each substitution whole (all fields) and the top network on the whole batch (mean loss);
 3. pushes the per-id gradient sums to the servers and the dense gradients to server 0, and goes on
    without waiting.
 
@@ -92,7 +92,7 @@ class ParameterServer(Strategy):
         self.dense = DenseParams(self.model, self.all_fields, context.optimizers, seed=self.seed, dtype=self.dtype)
         self.layout = RowLayout(self.model.blocks(), self.model.num_fields, self.dtype)
         # the whole model on the worker's rows: the split form with every operator "exchanged"
-        # (its reference on the pulled rows, field weights as inputs; no partials)
+        # (whole, on the pulled rows, field weights as inputs; no partials)
         self.form = ModelSplitForm(self.model, self.dense, self.dtype, context.compute_dtype,
                                    exchanged=range(len(self.model.substitutions())))
         self._read = [[b.name for b in self.model.blocks()].index(name) for name in self.form.exchange_blocks]
