@@ -105,7 +105,9 @@ class TrainConfig:
     eval_every: int = _opt(0, "validate every N steps (0: at the end of each epoch)")
     early_stop: int = _opt(-1, "stop after this many validations in a row without improvement of --monitor and "
                            "restore the best checkpoint for the summary, the test split and des.evaluate (0: off; "
-                           "-1: auto, 2 when training by --epochs (no --max-steps) on data with validation rows)")
+                           "-1: auto, 2 when training by --epochs (no --max-steps) on data with validation rows, off "
+                           "for lr: all --epochs, the last checkpoint (chosen by 3-fold cross-validation on the "
+                           "shipped sample's training rows: scripts/select_defaults.py --cv 3))")
     monitor: str = _opt("auc", "validation metric of --early-stop and plateau schedules", choices=("auc", "logloss"))
     eval_batch_size: int = _opt(8192, "batch size for validation and test")
     checkpoint_every: int = _opt(0, "checkpoint every N steps (0: only at the end)")
@@ -213,10 +215,12 @@ class TrainConfig:
             raise ConfigError(f"{users[0]} needs validation rows, and the data has none ({remedy})")
 
     def early_stop_patience(self, validation_rows: int) -> int:
-        """``--early-stop`` resolved: auto (-1) is 2 for a run by --epochs with validation rows, else 0."""
+        """``--early-stop`` resolved: auto (-1) is 2 for a run by --epochs with validation rows, else 0
+        (always 0 for lr: early stopping on the sample's ~1.6k validation rows ended LR runs before
+        their best held-out AUC)."""
         if self.early_stop >= 0:
             return self.early_stop
-        return 2 if validation_rows and not self.max_steps else 0
+        return 2 if validation_rows and not self.max_steps and self.model != "lr" else 0
 
     def schedules(self) -> dict[str, Any]:
         """``{"sparse": Schedule, "dense": Schedule}`` (a one-line :class:`ConfigError` if malformed)."""

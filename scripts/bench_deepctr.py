@@ -2,7 +2,8 @@
 
 Model quality of des's *default command* next to outside references on the same split of the shipped
 Criteo sample (90/5/5, split seed 0): every model trained with ``python -m des.train --model M
---seed S`` (its defaults, early stopping on the validation split, the best checkpoint restored),
+--seed S`` (its defaults: early stopping on the validation split, the best checkpoint restored;
+LR all 20 epochs without it),
 DeepCTR's DeepFM (0.9.4) with DeepCTR's defaults (one Adam lr 0.001 for everything, embeddings
 N(0, 1e-4), l2 1e-5 on the embedding and linear tables, batch 512; up to ``--epochs`` 3 epochs in
 des's batch order, the epoch with the best validation AUC), and scikit-learn's LogisticRegression on
@@ -18,9 +19,9 @@ DeepCTR does not work with Keras 3 and is NOT installed into the main venv: this
 
 Expect (2-core machine, seeds 0,1,2; ~9 min for ``--systems deepctr,sklearn``, ~13 min for
 ``--systems des`` with all four models): the numbers of the README's "Model quality" table: test
-AUC des DeepFM 0.7630 +- 0.005 vs DeepCTR's 0.7608 +- 0.004 (at or above it), des LR 0.7605 +-
-0.002 vs scikit-learn's 0.7618 (C = 0.03; below it on test, above it on validation: 0.7807 vs
-0.7790), des W&D 0.7633 +- 0.005, FM 0.7528 +- 0.004.
+AUC des DeepFM 0.7630 +- 0.005 vs DeepCTR's 0.7608 +- 0.004 (at or above it), des LR 0.7637 +-
+0.0004 vs scikit-learn's 0.7618 (C = 0.03; at or above it; ~5 min for ``--models lr --systems
+des,sklearn``), des W&D 0.7633 +- 0.005, FM 0.7528 +- 0.004.
 """
 
 from __future__ import annotations
@@ -340,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     notes = [
         f"Shipped Criteo sample, split 90/5/5 (split seed 0), seeds {args.seeds}. des: `python -m des.train --model M "
         f"--seed S` (its defaults{', plus ' + args.des_flags if extra else ''}; early stopping on the validation split "
-        "restores the best checkpoint).",
+        "restores the best checkpoint, except for LR, which trains all 20 epochs).",
         f"DeepCTR 0.9.4 DeepFM with its defaults: one Adam (lr 0.001) for everything, embeddings N(0, {args.init_std:g}), "
         f"l2 {args.l2:g} on the embedding and linear tables, batch {args.batch_size}, k={args.embedding_dim}, MLP "
         f"{args.hidden}, up to {args.epochs} epoch(s) in des's batch order, the epoch with the best validation AUC.",

@@ -43,6 +43,26 @@ def test_select_defaults_chooses_the_best_candidate_per_model():
         assert len({tuple(sorted(flags)) for flags in candidates.values()}) == 1, model
 
 
+def test_select_defaults_cv_folds_hold_out_each_training_row_once(tmp_path):
+    """--cv K: the folds partition the training rows (raw lines, file order), the validation split is
+    written for early stopping, and no test row is written."""
+    from des.data import open_dataset
+
+    from tests.conftest import criteo_head
+
+    head = criteo_head(tmp_path / "head.tsv", 300)
+    validation, folds = select_defaults.cv_folds(str(head), 3, tmp_path / "folds", tmp_path / "cache")
+    lines = head.read_text().splitlines(keepends=True)
+    store = open_dataset(head, cache_dir=tmp_path / "cache", split=[0.9, 0.05, 0.05], seed=0)
+    rows = {name: [lines[r] for r in store.split_rows(name)] for name in ("train", "validation", "test")}
+    assert validation.read_text() == "".join(rows["validation"])
+    held_out = [h.read_text().splitlines(keepends=True) for _, h in folds]
+    assert sorted(sum(held_out, [])) == sorted(rows["train"])
+    assert max(map(len, held_out)) - min(map(len, held_out)) <= 1
+    for (train, _), out in zip(folds, held_out):
+        assert train.read_text() == "".join(line for line in rows["train"] if line not in out)  # file order
+
+
 def test_model_sizes_by_hand():
     shapes = {m: comm.build_shape(m, 39) for m in ("lr", "fm", "wdl", "deepfm")}
     assert [shapes[m].buffer_width for m in ("lr", "fm", "wdl", "deepfm")] == [1, 10, 401, 410]

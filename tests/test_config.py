@@ -88,6 +88,16 @@ def test_auto_admission_and_l2_depend_on_the_model() -> None:
             load_config(flags)
 
 
+def test_auto_early_stop_depends_on_the_model() -> None:
+    """Chosen by 3-fold cross-validation on the training rows (scripts/select_defaults.py --cv 3):
+    LR trains all --epochs; the other models stop 2 validations after their best."""
+    assert load_config(["--model", "lr"]).early_stop_patience(100) == 0
+    assert load_config(["--model", "deepfm"]).early_stop_patience(100) == load_config([]).early_stop_patience(100) == 2
+    assert load_config(["--model", "fm"]).early_stop_patience(0) == 0  # no validation rows
+    assert load_config(["--model", "wdl", "--max-steps", "5"]).early_stop_patience(100) == 0
+    assert load_config(["--model", "lr", "--early-stop", "3"]).early_stop_patience(100) == 3
+
+
 def test_help_documents_every_option() -> None:
     text = build_parser().format_help()
     for name in TrainConfig.__dataclass_fields__:
