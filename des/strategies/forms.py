@@ -24,7 +24,33 @@ from des.strategies.components import DenseParams
 #: substitution and form code is plain TF ops with Python control flow on Python values only; a
 #: branch on a tensor's value needs ``tf.cond``/``tf.where``): autograph's rewriting of every
 #: called function was two thirds of a model's trace time, seconds at every start-up
-compiled = functools.partial(tf.function, reduce_retracing=True, autograph=False)
+def compiled(fn: Any) -> "_Compiled":
+    return _Compiled(tf.function(fn, reduce_retracing=True, autograph=False))
+
+
+class _Compiled:
+    """A ``tf.function`` called through the concrete function of its arguments' signature (shapes,
+    dtypes, Python values), looked up here: ``tf.function``'s own dispatch (binding, trace-type
+    canonicalization of every nested argument) cost ~1.2 ms per call, 5 % of a 512-row step."""
+
+    def __init__(self, function: Any) -> None:
+        self.function = function
+        self._concrete: dict[tuple, Any] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        key = _signature(args)
+        concrete = self._concrete.get(key)
+        if concrete is None:
+            concrete = self._concrete[key] = self.function.get_concrete_function(*args)
+        return concrete(*args)
+
+
+def _signature(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_signature(v) for v in value)
+    if isinstance(value, (np.ndarray, tf.Tensor)):
+        return (tuple(value.shape), value.dtype.name)
+    return (type(value).__name__, value)  # a Python value is part of the trace
 
 
 class _ModelForm:
