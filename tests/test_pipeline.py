@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
 from tests.conftest import criteo_head, run_job
 from tests.test_train import assert_checkpoints_equal
 

@@ -552,11 +552,30 @@ class DenseOptimizerState:
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Copies of the slots (param-shaped, named by ``slot_names``) and ``step`` if any."""
-        d = {name: s.reshape(self.shape).copy()
-             for name, s in zip(self.optimizer.slot_names, self._slots)}
+        return self._state_dict(self._slot_views())
+
+    def _slot_views(self, j: int | None = None) -> list[np.ndarray]:
+        """The slots, param-shaped, or their leading-axis slice ``j`` (views: writable)."""
+        views = [s.reshape(self.shape) for s in self._slots]
+        return views if j is None else [v[j] for v in views]
+
+    def _state_dict(self, views: list[np.ndarray]) -> dict[str, np.ndarray]:
+        d = {name: v.copy() for name, v in zip(self.optimizer.slot_names, views)}
         if self._steps is not None:
             d["step"] = self._steps.copy()
         return d
+
+    def _load_state_dict(self, views: list[np.ndarray], d: dict[str, np.ndarray]) -> None:
+        expected = set(self.optimizer.slot_names) | ({"step"} if self._steps is not None else set())
+        if set(d) != expected:
+            raise ValueError(f"state dict keys {sorted(d)} != expected {sorted(expected)}")
+        for name, view in zip(self.optimizer.slot_names, views):
+            a = np.asarray(d[name])
+            if a.shape != view.shape:
+                raise ValueError(f"slot {name!r} has shape {a.shape}, expected {view.shape}")
+            view[...] = a
+        if self._steps is not None:
+            self._steps[:] = np.asarray(d["step"], dtype=np.int64).reshape(-1)[:1]
 
     def slice(self, j: int) -> "DenseSliceState":
         """The state of ``param[j]`` (a field's slice of a weight kept as ``[fields, ...]``), for
@@ -565,44 +584,20 @@ class DenseOptimizerState:
 
     def load_state_dict(self, d: dict[str, np.ndarray]) -> None:
         """Restore state produced by :meth:`state_dict` (shapes and names are checked)."""
-        expected = set(self.optimizer.slot_names) | ({"step"} if self._steps is not None else set())
-        if set(d) != expected:
-            raise ValueError(f"state dict keys {sorted(d)} != expected {sorted(expected)}")
-        for name, s in zip(self.optimizer.slot_names, self._slots):
-            a = np.asarray(d[name])
-            if a.shape != self.shape:
-                raise ValueError(f"slot {name!r} has shape {a.shape}, expected {self.shape}")
-            s[:] = a.reshape(-1)
-        if self._steps is not None:
-            self._steps[:] = np.asarray(d["step"], dtype=np.int64).reshape(-1)[:1]
+        self._load_state_dict(self._slot_views(), d)
 
 
 class DenseSliceState:
     """``state_dict``/``load_state_dict`` of one leading-axis slice of a :class:`DenseOptimizerState`
-    (the slots' rows ``j``; Adam's step count is the weight's, the same for every slice)."""
+    (the slots' rows ``j``; Adam's step count is the weight's, the same for every slice: every
+    slice is updated at every step)."""
 
     def __init__(self, whole: DenseOptimizerState, j: int) -> None:
         _check(len(whole.shape) >= 1 and 0 <= j < whole.shape[0], f"slice {j} of a state of shape {whole.shape}")
-        self.whole, self.j, self.shape = whole, j, whole.shape[1:]
-
-    def _rows(self) -> list[np.ndarray]:
-        return [s.reshape(self.whole.shape)[self.j] for s in self.whole._slots]
+        self.whole, self.j = whole, j
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        d = {name: row.copy() for name, row in zip(self.whole.optimizer.slot_names, self._rows())}
-        if self.whole._steps is not None:
-            d["step"] = self.whole._steps.copy()
-        return d
+        return self.whole._state_dict(self.whole._slot_views(self.j))
 
     def load_state_dict(self, d: dict[str, np.ndarray]) -> None:
-        whole = self.whole
-        expected = set(whole.optimizer.slot_names) | ({"step"} if whole._steps is not None else set())
-        if set(d) != expected:
-            raise ValueError(f"state dict keys {sorted(d)} != expected {sorted(expected)}")
-        for name, row in zip(whole.optimizer.slot_names, self._rows()):
-            a = np.asarray(d[name])
-            if a.shape != self.shape:
-                raise ValueError(f"slot {name!r} has shape {a.shape}, expected {self.shape}")
-            row[...] = a
-        if whole._steps is not None:
-            whole._steps[:] = np.asarray(d["step"], dtype=np.int64).reshape(-1)[:1]
+        self.whole._load_state_dict(self.whole._slot_views(self.j), d)

@@ -165,8 +165,9 @@ class DenseParams:
     Field parameters of substitution ``i`` are named ``"{i}:{substitution}:{param}"`` (the checkpoint
     names) and held as ``[len(fields), *slice]`` with one optimizer state of the same shape: the
     dense optimizers are elementwise, so the whole weight is one kernel call per step and a
-    checkpoint still stores (and re-shards) each field's slice of the state. Each slice is drawn from a generator keyed by (seed,
-    substitution, parameter, field) and each top weight by (seed, model, name): never by N.
+    checkpoint still stores (and re-shards) each field's slice of the state. Each slice is drawn
+    from a generator keyed by (seed, substitution, parameter, field) and each top weight by (seed,
+    model, name): never by N.
 
     ``fields`` are the fields whose slices this rank holds; the substitutions in ``replicated``
     (indices) hold the slices of every field instead (an operator the planner exchanges runs on

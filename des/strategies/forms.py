@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,11 +19,11 @@ import tensorflow as tf
 from des.errors import ConfigError
 from des.strategies.components import DenseParams
 
-#: how the forms' steps become TF graphs: no retrace per batch size, and no autograph (the model,
-#: substitution and form code is plain TF ops with Python control flow on Python values only; a
-#: branch on a tensor's value needs ``tf.cond``/``tf.where``): autograph's rewriting of every
-#: called function was two thirds of a model's trace time, seconds at every start-up
 def compiled(fn: Any) -> "_Compiled":
+    """How the forms' steps become TF graphs: no retrace per batch size, and no autograph (the model,
+    substitution and form code is plain TF ops with Python control flow on Python values only; a
+    branch on a tensor's value needs ``tf.cond``/``tf.where``): autograph's rewriting of every
+    called function was two thirds of a model's trace time, seconds at every start-up."""
     return _Compiled(tf.function(fn, reduce_retracing=True, autograph=False))
 
 
@@ -80,8 +79,8 @@ class ModelSplitForm(_ModelForm):
     With a plan (``exchanged``: indices of the substitutions the planner exchanges, issue 11) the
     exchanged operators are not split: their pooled inputs come to the row owner, which runs them
     whole (``combine(local)`` on every field) next to the ``combine`` of the partials operators.
-    The buffer then holds the partials operators' columns only, and the exchanged blocks' pooled values and field weights
-    are further inputs of the top step (whose gradients it returns).
+    The buffer then holds the partials operators' columns only, and the exchanged blocks' pooled
+    values and field weights are further inputs of the top step (whose gradients it returns).
     """
 
     def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype, compute_dtype: str | None = None,

@@ -241,9 +241,9 @@ class ParameterServer(Strategy):
                 self._no_partials(batch), [pooled[k] for k in self._read], list(self.dense.field_params.values()),
                 np.asarray(batch.labels, dtype=self.dtype), list(self.dense.top_params.values()), batch.size)
             loss, field_grads, top_grads = float(loss), [g.numpy() for g in field_grads], [g.numpy() for g in top_grads]
-            pooled_grads = [np.zeros_like(p) for p in pooled]  # a block no operator reads gets none
-            for k, g in zip(self._read, read_grads):
-                pooled_grads[k] = g.numpy()
+            by_block = {k: g.numpy() for k, g in zip(self._read, read_grads)}
+            # a block no operator reads gets a zero gradient
+            pooled_grads = [by_block[k] if k in by_block else np.zeros_like(p) for k, p in enumerate(pooled)]
         self._push(batch, pooled_grads, unique, [*field_grads, *top_grads])  # times sparse_backward and push
         self.step_count += 1
         self.timer.steps += 1
