@@ -39,6 +39,11 @@ float64 comparison with Keras is exact only for values representable in float32 
 
 Hyperparameters reach the kernels as a small array of the parameter dtype, so that no float64
 constant promotes float32 arithmetic (numba follows numpy's scalar promotion rules).
+
+The kernels are compiled with ``error_model="numpy"``: IEEE division as in TensorFlow (``0/0`` is
+NaN, never an exception; possible only with ``epsilon=0`` or FTRL without ``beta``, ``l2`` and
+initial accumulator), and no zero-division check per division, which keeps LLVM from turning the
+column loops into SIMD (dense Adam on 445k weights: 1.7 -> 0.22 ms; the same results).
 """
 
 from __future__ import annotations
@@ -155,42 +160,62 @@ def _adam_catchup_rows(w, m, v, last, rows, g, hp, alphas, t, horizon):
     momentum), as ``tf.keras`` Adam moves every row of an embedding table on every step. Steps
     more than ``horizon`` after the last gradient move a row by < 1e-16 of its update and only
     decay the moments. ``alphas[s] = sqrt(1 - b2^s) / (1 - b1^s)`` (global bias correction)."""
-    lr, b1, b2, omb1, omb2, eps = hp[0], hp[1], hp[2], hp[3], hp[4], hp[5]
+    scratch = np.empty((3, w.shape[1]), w.dtype)
     n = rows.shape[0]
     for i in range(n):
+        if i + _PF < n:
+            rp = rows[i + _PF]
+            prefetch2(w, rp, 0)
+            prefetch2(v, rp, v.shape[1] - 1)  # co-located rows span two cache lines
+            prefetch1(last, rp)
         r = rows[i]
-        _adam_skip(w, m, v, r, last[r], t - 1, lr, b1, b2, eps, alphas, horizon)
+        _adam_catch_up_row(w, m, v, r, last[r], t, g, i, hp, alphas, horizon, scratch)
         last[r] = t
-        _adam_row(w, m, v, r, g, i, lr * alphas[t], omb1, omb2, eps)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _adam_flush_kernel(w, m, v, last, n_rows, hp, alphas, t, horizon):
     """Every row of ``[0, n_rows)`` takes its skipped zero-gradient steps up to ``t`` (before
     evaluation or a checkpoint: the table then holds what dense Adam holds after step ``t``)."""
-    lr, b1, b2, eps = hp[0], hp[1], hp[2], hp[5]
+    scratch = np.empty((3, w.shape[1]), w.dtype)
     for r in range(n_rows):
         if last[r] > 0 and last[r] < t:
-            _adam_skip(w, m, v, r, last[r], t, lr, b1, b2, eps, alphas, horizon)
+            _adam_catch_up_row(w, m, v, r, last[r], t + 1, w, -1, hp, alphas, horizon, scratch)
             last[r] = t
 
 
-@njit(inline="always", nogil=True)
-def _adam_skip(w, m, v, r, last, upto, lr, b1, b2, eps, alphas, horizon):
-    if last == 0 or upto <= last:  # never updated (m = v = 0: nothing moves) or nothing skipped
-        return
-    moving = min(upto, last + horizon)
-    for j in range(w.shape[1]):
-        mj, vj, wj = m[r, j], v[r, j], w[r, j]
+@njit(nogil=True, error_model="numpy")
+def _adam_catch_up_row(w, m, v, r, last, t, g, i, hp, alphas, horizon, scratch):
+    """Row ``r`` (last updated at step ``last``) takes the zero-gradient steps ``last+1 .. t-1``,
+    then (``i >= 0``) its step ``t`` with gradient ``g[i]``. Step after step over the row's
+    columns, in ``scratch [3, D]`` (a copy of its m, v, w): contiguous and unaliased, so the columns
+    run as SIMD lanes, each with exactly the scalar operations in the scalar order (bit-identical
+    to a column-by-column loop on the table's strided views, 3-4x faster)."""
+    lr, b1, b2, omb1, omb2, eps = hp[0], hp[1], hp[2], hp[3], hp[4], hp[5]
+    dim = w.shape[1]
+    mm, vv, ww = scratch[0:1], scratch[1:2], scratch[2:3]  # [1, D] each
+    for j in range(dim):
+        mm[0, j], vv[0, j], ww[0, j] = m[r, j], v[r, j], w[r, j]
+    upto = t - 1
+    if last != 0 and upto > last:  # never updated (m = v = 0: nothing moves) or nothing skipped
+        moving = min(upto, last + horizon)
         for s in range(last + 1, moving + 1):
-            mj = mj * b1
-            vj = vj * b2
-            wj = wj - (mj * (lr * alphas[s])) / (np.sqrt(vj) + eps)
+            rate = lr * alphas[s]
+            for j in range(dim):
+                mj = mm[0, j] * b1
+                vj = vv[0, j] * b2
+                mm[0, j] = mj
+                vv[0, j] = vj
+                ww[0, j] = ww[0, j] - (mj * rate) / (np.sqrt(vj) + eps)
         rest = upto - moving
         if rest > 0:
-            mj = mj * b1 ** rest
-            vj = vj * b2 ** rest
-        m[r, j], v[r, j], w[r, j] = mj, vj, wj
+            for j in range(dim):
+                mm[0, j] = mm[0, j] * b1 ** rest
+                vv[0, j] = vv[0, j] * b2 ** rest
+    if i >= 0:
+        _adam_row(ww, mm, vv, 0, g, i, lr * alphas[t], omb1, omb2, eps)
+    for j in range(dim):
+        m[r, j], v[r, j], w[r, j] = mm[0, j], vv[0, j], ww[0, j]
 
 
 @njit(inline="always", nogil=True)
@@ -217,7 +242,7 @@ def _ftrl_rows(w, z, n, rows, g, hp):
 SGD_ROWS, ADAGRAD_ROWS, ADAM_ROWS, ADAM_CATCHUP_ROWS, FTRL_ROWS = 0, 1, 2, 3, 4
 
 
-@njit(nogil=True)
+@njit(nogil=True, error_model="numpy")
 def update_rows(code, w, s0, s1, steps, rows, g, hp, alphas, t, horizon):
     """Optimizer ``code`` on ``w[rows]`` with gradients ``g``; ``s0``/``s1`` its slots (unused
     ones: any array of w's type), ``steps`` Adam's per-row counter (else any int32 array)."""
