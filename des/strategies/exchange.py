@@ -280,7 +280,7 @@ class BlockExchange:
         if len(self.dims) == 1:
             return [out]
         cuts = np.cumsum([0, *self.dims])
-        return [np.ascontiguousarray(out[:, :, a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+        return [out[:, :, a:b] for a, b in zip(cuts[:-1], cuts[1:])]  # views: TF copies its inputs anyway
 
     # -------------------------------------------------------------------------------- backward
     def sum_gradients(self, route: Route, pooled_grads: Sequence[np.ndarray]) -> np.ndarray:
