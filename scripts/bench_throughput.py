@@ -34,15 +34,14 @@ comma-separated list, default 4096):
 The figure shows grouped bars (log scale) per model and batch, with the rooflines and DeepCTR as
 short lines. All children run with ``TF_ENABLE_ONEDNN_OPTS=0`` (as des sets it).
 
-Expect (2-core machine, ``--models deepfm --strategies des,alltoall --ranks 1,2,4 --batch-size
-4096,512 --deepctr --steps 20 --rounds 3``, nothing else running, 15 min; 2026-11-26, median of 3
-rounds): at B=4096 the dense roofline about 54k samples/s, DeepCTR about 33k, des N=1 about 26k
-(rounds 25-36k: this machine's speed moves 30-40 % between identical jobs), des N=2 / N=4 about
-22k / 23k, alltoall about 18k / 26k / 22k at N = 1 / 2 / 4; at B=512 the roofline about 38k,
-DeepCTR about 15k, des about 22k / 19k / 12k (1.4x DeepCTR on one process), alltoall about
-16k / 16k / 8k. The top network alone runs about 62k (2 threads) / 32k (1 thread) at B=4096. With
-other jobs on the 2 cores every figure falls 2-7x and single-job ratios move by 0.2 or more: use
-``--rounds``.
+Expect (2-core machine, ``--models deepfm --strategies des,des-partials,alltoall --ranks 1,2,4
+--batch-size 4096,512 --deepctr --steps 20 --rounds 3``, nothing else running, 23 min; 2026-11-27,
+median of 3 rounds; this machine's absolute speed moves 1.4x between runs, so read the ratios): at
+B=4096 the dense roofline about 40-55k samples/s, des N=1 about 0.7x the roofline and 1.05-1.15x
+DeepCTR, des N=2 / N=4 about 0.95x / 0.85x des N=1 and the same as alltoall (on Criteo the planner
+exchanges every operator: the same step); at B=512 des N=1 about 0.8x the roofline and 1.5x
+DeepCTR, des N=2 / N=4 about 0.9x / 0.55x des N=1. With other jobs on the 2 cores every figure
+falls 2-7x and single-job ratios move by 0.2 or more: use ``--rounds``.
 """
 
 from __future__ import annotations

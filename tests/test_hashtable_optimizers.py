@@ -234,3 +234,48 @@ def test_catchup_adam_equals_dense_adam_on_sparse_gradients() -> None:
     np.testing.assert_allclose(w, dw, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(m, dm, rtol=1e-12, atol=1e-15)
     assert optimizer_from_spec("adam:lr=0.001,catchup=1") == Adam(0.001, catchup=1)
+
+
+def test_catchup_adam_past_the_horizon_and_wide_rows() -> None:
+    """Rows idle longer than the horizon (~351 steps at the defaults: only the moments decay past
+    it) and rows wider than a SIMD register (the catch-up runs a row's columns as SIMD lanes)
+    still end where dense Adam puts them (float64), and float32 runs the same arithmetic."""
+    rng = np.random.default_rng(1)
+    opt = Adam(0.01, catchup=1)
+    assert 300 < opt.horizon() < 400
+    R, D, T = 4, 19, 900
+    touch = {1: [0, 1, 2, 3], 2: [0], 500: [1, 2], 880: [0, 2, 3]}  # row 3 idle 878 steps, row 1 400
+    w0 = rng.normal(size=(R, D))
+    w, m, v, last = w0.copy(), np.zeros((R, D)), np.zeros((R, D)), np.zeros(R, np.int32)
+    dw, dm, dv = w0.copy(), np.zeros((R, D)), np.zeros((R, D))
+    for t in range(1, T + 1):
+        full = np.zeros((R, D))
+        if t in touch:
+            rows = np.array(touch[t], dtype=np.int64)
+            g = rng.normal(size=(rows.size, D))
+            opt.apply_rows(w, (m, v), last, rows, g, step=t)
+            full[rows] = g
+        dm = dm + (full - dm) * 0.1
+        dv = dv + (full * full - dv) * (1 - 0.999)
+        alpha = 0.01 * np.sqrt(1 - 0.999 ** t) / (1 - 0.9 ** t)
+        dw = dw - dm * alpha / (np.sqrt(dv) + 1e-7)
+    opt.catch_up(w, (m, v), last, R, T)
+    np.testing.assert_allclose(w, dw, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(m, dm, rtol=1e-12, atol=1e-300)
+    np.testing.assert_allclose(v, dv, rtol=1e-12, atol=1e-300)
+
+
+def test_division_is_ieee_as_in_tensorflow() -> None:
+    """The kernels divide as TensorFlow does (numba's numpy error model: 0/0 is NaN, no exception),
+    which is also what lets LLVM vectorize them: Adam with epsilon 0 on a zero gradient gives NaN
+    in Keras and here, sparse and dense."""
+    opt, keras_opt = Adam(0.125, epsilon=0.0), keras.optimizers.Adam(0.125, epsilon=0.0)
+    var = tf.Variable(np.ones((1, 4)))
+    keras_opt.apply_gradients([(tf.constant(np.zeros((1, 4))), var)])
+    assert np.isnan(var.numpy()).all()
+    w, slots, steps = np.ones((3, 4)), (np.zeros((3, 4)), np.zeros((3, 4))), np.zeros(3, np.int32)
+    opt.apply_rows(w, slots, steps, np.array([1], np.int64), np.zeros((1, 4)))
+    assert np.isnan(w[1]).all() and (w[[0, 2]] == 1).all()
+    dense = np.ones(5)
+    DenseOptimizerState(opt, 5, np.float64).apply(dense, np.zeros(5))
+    assert np.isnan(dense).all()
