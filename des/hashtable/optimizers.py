@@ -180,6 +180,7 @@ def _adam_flush_kernel(w, m, v, last, n_rows, hp, alphas, t, horizon):
     scratch = np.empty((3, w.shape[1]), w.dtype)
     for r in range(n_rows):
         if last[r] > 0 and last[r] < t:
+            # as if its next step were t + 1: the skipped steps up to t, and no gradient (i = -1)
             _adam_catch_up_row(w, m, v, r, last[r], t + 1, w, -1, hp, alphas, horizon, scratch)
             last[r] = t
 
