@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import math
 import os
 import platform
 import resource
@@ -387,6 +388,11 @@ def loop(run: Run) -> None:
         run.set_rates(step)
         start = time.perf_counter()
         loss = strategy.train_step(batch)
+        if not math.isfinite(loss) and (not strategy.synchronous or run.comm.rank == strategy.evaluators[0]):
+            # a synchronous step gives every rank the same loss: one says it (one line); the others
+            # wait in their next collective until that ends the job
+            raise DesError(f"step {done}: the training loss is {loss}: training diverged (lower the learning rates; "
+                           "an optimizer with epsilon 0 divides 0 by 0 on a zero gradient)")
         run.meter.record(loss, batch.global_size, time.perf_counter() - start, strategy.timer)
         if progress is not None:
             progress.update(1)

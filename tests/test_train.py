@@ -381,3 +381,15 @@ def test_killed_rank_ends_the_job(work: Path) -> None:
         if job.poll() is None:
             job.kill()
             job.wait()
+
+
+def test_a_diverging_run_stops_with_one_line(work: Path) -> None:
+    """A non-finite training loss ends the job at that step with one line (the optimizers divide as
+    TensorFlow does, so a divergence shows up as inf/NaN, not as an exception), on one rank and on
+    two, where every rank holds the same loss and one of them says it."""
+    flags = ["--data", str(work / "small.tsv"), "--cache-dir", str(work / "cache"), *SMALL,
+             "--dense-optimizer", "sgd:lr=1e30", "--max-steps", "6"]
+    for proc in (run_here(["-m", "des.train", "--output", str(work / "diverge1"), *flags], check=False),
+                 run_mpi(2, ["-m", "des.train", "--output", str(work / "diverge2"), *flags], check=False, timeout=120)):
+        expect_error(proc, "des.train: error: step ", "the training loss is ", "training diverged")
+        assert proc.stderr.count("error:") == 1, proc.stderr
