@@ -239,7 +239,7 @@ def test_catchup_adam_equals_dense_adam_on_sparse_gradients() -> None:
 def test_catchup_adam_past_the_horizon_and_wide_rows() -> None:
     """Rows idle longer than the horizon (~351 steps at the defaults: only the moments decay past
     it) and rows wider than a SIMD register (the catch-up runs a row's columns as SIMD lanes)
-    still end where dense Adam puts them (float64), and float32 runs the same arithmetic."""
+    still end where dense Adam puts them (float64)."""
     rng = np.random.default_rng(1)
     opt = Adam(0.01, catchup=1)
     assert 300 < opt.horizon() < 400

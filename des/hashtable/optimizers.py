@@ -121,11 +121,9 @@ def _adam_rows(w, m, v, steps, rows, g, hp):
     alphas = np.zeros(_ADAM_MEMO, w.dtype)
     n = rows.shape[0]
     for i in range(n):
+        _prefetch_ahead(w, v, rows, i, n)
         if i + _PF < n:
-            rp = rows[i + _PF]
-            prefetch2(w, rp, 0)
-            prefetch2(v, rp, v.shape[1] - 1)  # co-located rows span two cache lines
-            prefetch1(steps, rp)
+            prefetch1(steps, rows[i + _PF])
         r = rows[i]
         t = steps[r] + 1
         steps[r] = t
@@ -163,11 +161,9 @@ def _adam_catchup_rows(w, m, v, last, rows, g, hp, alphas, t, horizon):
     scratch = np.empty((3, w.shape[1]), w.dtype)
     n = rows.shape[0]
     for i in range(n):
+        _prefetch_ahead(w, v, rows, i, n)
         if i + _PF < n:
-            rp = rows[i + _PF]
-            prefetch2(w, rp, 0)
-            prefetch2(v, rp, v.shape[1] - 1)  # co-located rows span two cache lines
-            prefetch1(last, rp)
+            prefetch1(last, rows[i + _PF])
         r = rows[i]
         _adam_catch_up_row(w, m, v, r, last[r], t, g, i, hp, alphas, horizon, scratch)
         last[r] = t
