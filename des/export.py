@@ -171,8 +171,24 @@ def _box_muller(cs: Any, attempt: Any) -> tuple[Any, Any]:
     import tensorflow as tf
 
     radius = tf.sqrt(-2.0 * tf.math.log(_unit(cs, 2 * attempt)))
-    angle = 2.0 * math.pi * _unit(cs, 2 * attempt + 1)
-    return radius * tf.cos(angle), radius * tf.sin(angle)
+    cos, sin = _cos_sin_turn(_unit(cs, 2 * attempt + 1))
+    return radius * cos, radius * sin
+
+
+def _cos_sin_turn(v: Any) -> tuple[Any, Any]:
+    """``(cos, sin)(2 pi v)`` reduced by the turn as ``des.hashtable._libm.cos_sin_turn`` does:
+    ``4 v = q + r`` exactly, then the quadrant ``q`` of ``(cos, sin)(r pi/2)``."""
+    import tensorflow as tf
+
+    q = tf.floor(4.0 * v + 0.5)
+    x = (4.0 * v - q) * (math.pi / 2)
+    c, s = tf.cos(x), tf.sin(x)
+    quadrant = tf.bitwise.bitwise_and(tf.cast(q, tf.int64), 3)
+    odd = tf.equal(tf.bitwise.bitwise_and(quadrant, 1), 1)
+    one = tf.ones_like(v)
+    cos_sign = tf.where(tf.logical_or(tf.equal(quadrant, 1), tf.equal(quadrant, 2)), -one, one)
+    sin_sign = tf.where(quadrant >= 2, -one, one)
+    return cos_sign * tf.where(odd, s, c), sin_sign * tf.where(odd, c, s)
 
 
 def initial_values(keys: Any, bases: Any, kind: str, scale: float, dim: int) -> Any:

@@ -110,6 +110,27 @@ def test_evict_compacts_and_keeps_values() -> None:
     assert t.evict(ttl=-1, step=11) == len(rows2) + 3 and len(t) == 0
 
 
+def test_keys_with_zero_halves_survive_growth_and_eviction() -> None:
+    """A free index slot is one with row field 0; keys whose halves are 0 (key 0 included) or the
+    sentinel's high half are ordinary keys, through rehashes and backward-shift deletions."""
+    t = make(capacity=16)
+    edge = np.array([0, 1 << 32, -(1 << 32), EMPTY_KEY + 1, 2**63 - 1, -1, 1], dtype=np.int64)
+    rng = np.random.default_rng(5)
+    filler = rng.integers(-(2**62), 2**62, 3000)
+    filler = filler[~np.isin(filler, edge)]
+    t.lookup(edge, insert=True, step=1)
+    t.lookup(filler, insert=True, step=2)  # grows the index several times
+    rows = t.lookup(edge, insert=False)
+    assert (rows >= 0).all() and len(set(rows.tolist())) == edge.size
+    np.testing.assert_array_equal(t.keys()[rows], edge)
+    assert t.lookup(np.array([2, 3 << 32], dtype=np.int64), insert=False).tolist() == [-1, -1]
+    t.lookup(edge[::2], insert=True, step=9)
+    assert t.evict(ttl=5, step=9) == filler.size + edge.size - edge[::2].size
+    rows = t.lookup(edge, insert=False)
+    assert (rows[::2] >= 0).all() and (rows[1::2] == -1).all()
+    np.testing.assert_array_equal(t.keys()[rows[::2]], edge[::2])
+
+
 def test_growth_to_10m_keys_loses_nothing() -> None:
     n = 10_000_000
     t = EmbeddingTable(field=0, seed=0, capacity=1024,

@@ -2,8 +2,9 @@
 
 Index: one int32 array ``idx[cap, 3]`` of 12-byte slots ``(key low 32 bits, key high 32 bits,
 row)``, so a probe touches one cache line (two parallel int64/int32 arrays would touch two, and
-16-byte int64 pairs would cost a third more memory). A free slot holds the sentinel key
-``EMPTY = -2**63`` (low 0, high -2**31). Linear probing; the home slot is Lemire's "fastrange" of
+16-byte int64 pairs would cost a third more memory). The row is stored plus one, so a free slot
+is one whose row field is 0 and zero-filled memory is an empty index: a new index is only
+committed, never written before the rehash fills it. Linear probing; the home slot is Lemire's "fastrange" of
 the high 32 bits of ``splitmix64(key)``, so the capacity need not be a power of two (the index can
 grow by 1.5x) and the home slot is monotone in the hash (a rehash writes the new index almost
 sequentially). Deletion is by backward shift: no tombstones, probe sequences stay as short as if
@@ -31,7 +32,6 @@ from ._prefetch import prefetch2
 from .init import init_row
 
 EMPTY = np.int64(-(2**63))  # the reserved sentinel key: marks free index slots
-EMPTY_HI = np.int32(-(2**31))
 INT32_MAX = 2**31 - 1
 COUNT, LAST = 0, 1  # columns of meta
 PF = 16  # prefetch distance (items); ~16 outstanding misses cover DRAM latency on current x86
@@ -43,15 +43,14 @@ OK, BAD_KEY, NEED_GROWTH = 0, 1, 2
 
 
 def new_index(capacity: int) -> np.ndarray:
-    """An empty index of ``capacity`` slots (committed in bulk, see ``_memory.py``)."""
-    idx = row_array(capacity, (3,), np.int32, reserve=False)
-    idx[:, 1] = EMPTY_HI
-    return idx
+    """An empty index of ``capacity`` slots: zeros (committed in bulk, see ``_memory.py``)."""
+    return row_array(capacity, (3,), np.int32, reserve=False)
 
 
 def index_keys(idx: np.ndarray) -> np.ndarray:
     """The int64 keys of all slots (EMPTY for free ones); for tests and debugging."""
-    return (idx[:, 1].astype(np.int64) << 32) | (idx[:, 0].astype(np.int64) & 0xFFFFFFFF)
+    keys = (idx[:, 1].astype(np.int64) << 32) | (idx[:, 0].astype(np.int64) & 0xFFFFFFFF)
+    return np.where(idx[:, 2] == 0, EMPTY, keys)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -63,7 +62,7 @@ def home_slot(key: np.int64, cap: int) -> int:
 
 @njit(cache=True, nogil=True, inline="always")
 def is_free(idx, s: int) -> bool:
-    return idx[s, 1] == EMPTY_HI and idx[s, 0] == 0
+    return idx[s, 2] == 0
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -75,7 +74,13 @@ def slot_key(idx, s: int) -> np.int64:
 def set_slot(idx, s: int, key: np.int64, row) -> None:
     idx[s, 0] = np.int32(key)  # truncating casts: the low and high halves
     idx[s, 1] = np.int32(key >> 32)
-    idx[s, 2] = row
+    idx[s, 2] = row + 1  # 0 marks a free slot
+
+
+@njit(cache=True, nogil=True, inline="always")
+def slot_row(idx, s: int):
+    """The row of an occupied slot."""
+    return idx[s, 2] - 1
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -86,11 +91,7 @@ def find_slot(idx, key: np.int64) -> int:
     hi = np.int32(key >> 32)
     s = home_slot(key, cap)
     while True:
-        h = idx[s, 1]
-        lw = idx[s, 0]
-        if lw == lo and h == hi:
-            return s
-        if h == EMPTY_HI and lw == 0:
+        if idx[s, 2] == 0 or (idx[s, 0] == lo and idx[s, 1] == hi):
             return s
         s += 1
         if s == cap:
@@ -120,7 +121,7 @@ def insert_keys(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, m
             if kp != EMPTY:
                 sp = find_slot(idx, kp)
                 if not is_free(idx, sp):
-                    prefetch2(meta, idx[sp, 2], 0)
+                    prefetch2(meta, slot_row(idx, sp), 0)
         key = keys[i]
         if key == EMPTY:
             return i, n_rows, BAD_KEY, admitted
@@ -136,7 +137,7 @@ def insert_keys(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, m
             if min_count == 0:
                 admitted += 1
         else:
-            r = idx[s, 2]
+            r = slot_row(idx, s)
         c = meta[r, COUNT]
         if c < INT32_MAX:  # saturate instead of wrapping
             meta[r, COUNT] = c + 1
@@ -165,7 +166,7 @@ def find_keys(idx, keys, out):
         if key == EMPTY:
             return i
         s = find_slot(idx, key)
-        out[i] = -1 if is_free(idx, s) else idx[s, 2]
+        out[i] = -1 if is_free(idx, s) else slot_row(idx, s)
     return -1
 
 
@@ -228,7 +229,7 @@ def rehash(old, idx):
     for s in range(old.shape[0]):
         if not is_free(old, s):
             key = slot_key(old, s)
-            set_slot(idx, find_slot(idx, key), key, old[s, 2])
+            set_slot(idx, find_slot(idx, key), key, slot_row(old, s))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -252,7 +253,7 @@ def _delete_slot(idx, s):
             idx[s, 2] = idx[j, 2]
             s = j
     idx[s, 0] = 0
-    idx[s, 1] = EMPTY_HI
+    idx[s, 1] = 0
     idx[s, 2] = 0
 
 
@@ -287,7 +288,7 @@ def evict_plan(idx, row_keys, meta, n_rows, ttl, step):
                 hole += 1
             src[i] = r
             dst[i] = hole
-            idx[find_slot(idx, row_keys[r]), 2] = hole
+            idx[find_slot(idx, row_keys[r]), 2] = hole + 1
             hole += 1
             i += 1
     return src, dst, n_live

@@ -20,7 +20,9 @@ Layout (see ``_index.py`` for the kernels):
   (``_memory.py``): growing inside a reservation commits the new rows in bulk and moves nothing;
   outgrowing it copies the live rows into a new reservation (each row is copied ~1/7 times on
   average; it was ~7 times when every growth step copied). The memory figures count the row
-  capacity, never the reserved address space (which holds no memory until used).
+  capacity, never the reserved address space (which holds no memory until used); the next
+  growth step's rows are committed in the background ahead of it, so the resident memory may run
+  up to one step (15 % of the rows) ahead of the figures.
 
 The reserved sentinel key is ``EMPTY_KEY = -2**63`` (int64 minimum); every other int64 is a valid
 key. Rows handed out by :meth:`EmbeddingTable.lookup` stay valid until the next :meth:`evict`
@@ -41,7 +43,7 @@ import numpy as np
 
 from . import _index as K
 from . import _threads
-from ._memory import grow_in_place, row_array
+from ._memory import commit_ahead, grow_in_place, row_array
 from .format import TableFormatError, read_table_file, write_table_file
 from .init import Initializer, init_new_rows
 from .optimizers import FTRL, SGD, AdaGrad, Adam, Optimizer, optimizer_from_dict
@@ -154,6 +156,7 @@ class EmbeddingTable:
         self._shared = -1  # row of SHARED_KEY once known (unadmitted="shared"); rows move on evict
         self._slot_init = [np.array(b.optimizer.slot_initial_values(), dtype=np.float64) for b in self.blocks]
         self._scratch_bufs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._committing: Any = None  # a background commit of the next growth step's rows
         self._alloc_index(self._clamp_capacity(capacity))
         # rows for the initial index, but a huge `capacity` does not commit memory up front
         self._alloc_rows(max(MIN_CAPACITY, min(self._max_fill, INITIAL_ROWS_MAX)))
@@ -192,6 +195,7 @@ class EmbeddingTable:
         """Row capacity ``row_cap`` holding the live rows: in place where an array's reservation
         allows (growing), else a new array and a copy of the live rows. Rows past the live ones
         are uninitialized: every field of a row is written when the row is inserted."""
+        self._await_commit()
         n = min(self._n, row_cap)
         moved_any = False
 
@@ -208,8 +212,19 @@ class EmbeddingTable:
         self._meta = resized(self._meta)
         self._data = [resized(d) for d in self._data]
         self._steps = [None if s is None else resized(s) for s in self._steps]
+        growing = row_cap > self._row_cap
         self._row_cap = row_cap
         self._version += moved_any
+        if growing:  # the next growth step's rows, committed while these fill (see _memory.py)
+            self._committing = commit_ahead(self._row_arrays(), row_cap, self._next_row_cap())
+
+    def _next_row_cap(self) -> int:
+        return min(_MAX_ROWS, max(self._row_cap + 1, math.ceil(self._row_cap * ROW_GROWTH)))
+
+    def _await_commit(self) -> None:
+        if self._committing is not None:
+            self._committing.result()
+            self._committing = None
 
     def _rehash(self, capacity: int) -> None:
         old = self._idx
@@ -220,8 +235,7 @@ class EmbeddingTable:
         if self._n >= self._row_cap:
             if self._n >= _MAX_ROWS:
                 raise ValueError(f"table of field {self.field} is full ({_MAX_ROWS} rows)")
-            self._resize_rows(min(_MAX_ROWS, max(self._row_cap + 1,
-                                                 math.ceil(self._row_cap * ROW_GROWTH))))
+            self._resize_rows(self._next_row_cap())
         if self._n >= self._max_fill:
             self._rehash(math.ceil(self.capacity * INDEX_GROWTH))
 
