@@ -44,7 +44,10 @@ the distinct ids of a field in a row block (sorted, ``np.unique``) and how many 
     top gradients  2 (N-1)/N · s · |θ_top|       ring AllReduce, one packed buffer with the loss
     loss           2 (N-1)/N · s
 
-With ``N = 1`` every term is 0. Every plan is ``--strategy des --plan ...`` (``--strategy
+With ``N = 1`` every term is 0. Plans are ranked by these bytes plus two costs that are not bytes,
+counted in bytes: :data:`CALL_BYTES` per collective call and :data:`ID_BYTES` per distinct id and
+row block the exchange handles (its local work: distinct ids, gathers, pooling, per-id gradient
+sums), calibrated on this machine where the ranks share the cores. Every plan is ``--strategy des --plan ...`` (``--strategy
 alltoall`` is ``--plan exchange``); :meth:`PlanCost.sites` maps the terms onto their Communicator
 sites.
 """
@@ -188,6 +191,17 @@ def estimate_unique_ids(store: Any, batch_size: int, ranks: int, *, batches: int
 #: rank. Measured here, DeepFM B=512 on 4 ranks: a mixed plan saving 8 kB ran 0.79x the
 #: all-exchange plan (every collective is a point where ranks sharing cores wait for each other).
 CALL_BYTES = 65_536
+#: What the exchange's local work costs beyond its bytes, in bytes per distinct id and row block a
+#: rank handles (as an owner: find the row blocks' distinct ids, gather them, scatter their
+#: gradient sums; as a row owner: pool them, sum their gradients per id), about 0.2-0.3 µs each
+#: here, work the partials plan does not have. Plans are ranked by bytes + this x those pairs. On one
+#: 2-core machine, DeepFM B=4096 (``scripts/bench_throughput.py``): on Criteo (7 distinct ids per
+#: sample and row block) the exchange ran 1.05-1.23x the partials at B=512 and 4096, N=2 and 4,
+#: which holds for any value below 37; on heavy multi-hot data (``--data multihot``, 148 distinct
+#: ids per sample and row block) the partials ran 1.5x the exchange and 1.7x the mixed plan that
+#: moves 17 % fewer bytes, at N=4, which needs a value above 6.3. Counting bytes alone, the
+#: planner picked that mixed plan.
+ID_BYTES = 16
 
 
 @dataclass
@@ -200,11 +214,15 @@ class PlanCost:
     ranks: int
     terms: dict[str, list[float]] = field(default_factory=dict)
     calls: int = 0
+    #: mean over ranks of the distinct (id, row block) pairs a rank handles in the exchange, as
+    #: an owner and as a row owner (0 when nothing is exchanged)
+    id_pairs: float = 0.0
 
     @property
     def score(self) -> float:
-        """What :func:`best_plan` minimizes: the mean bytes plus :data:`CALL_BYTES` per call."""
-        return self.mean + CALL_BYTES * self.calls
+        """What :func:`best_plan` minimizes: the mean bytes plus :data:`CALL_BYTES` per call plus
+        :data:`ID_BYTES` per exchanged (id, row block) pair."""
+        return self.mean + CALL_BYTES * self.calls + ID_BYTES * self.id_pairs
 
     def per_rank(self) -> list[float]:
         return [sum(values[r] for values in self.terms.values()) for r in range(self.ranks)]
@@ -326,6 +344,8 @@ def plan_cost(shape: ModelShape, plan: str | Mapping[str, str], batch_size: int,
         cost.terms["rows"] = [s * row_floats * served[r] for r in range(n)]
         cost.terms["row_gradients"] = [s * row_floats * remote[r] for r in range(n)]
         cost.terms["field_weight_gradients"] = [ring * sum(op.field_params for op in exchanged)] * n
+        # each (id, row block) pair: routed by its field's owner, pooled by the block's row owner
+        cost.id_pairs = 2.0 * float(u.sum()) / n if n > 1 else 0.0
     cost.terms["top_gradients"] = [ring * shape.top_params] * n
     cost.terms["loss"] = [ring] * n
     # reduce-scatter + all-gather of the partials, two Alltoallv of the exchange, the AllReduce
@@ -376,12 +396,13 @@ def operator_costs(shape: ModelShape, batch_size: int, placement: Sequence[Seque
 def best_plan(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[int]], unique: UniqueIds | None,
               dtype_size: int = 4) -> PlanCost:
     """The plan with the lowest :attr:`PlanCost.score` (mean bytes over ranks + :data:`CALL_BYTES`
-    per collective call), by trying all 2^ops plans: operators interact (a block two exchanged
-    operators read travels once), so the per-operator choice alone is not always the best
-    (DeepFM on Criteo: once the first FC layer exchanges the embedding block, FM rides along for
-    free). Its bytes never exceed the better pure plan's: both pure plans make 3 calls, a mixed
-    one 5. Plans are tried all-partials first and a later one must be strictly cheaper, so a tie
-    keeps the earlier, more-partials plan."""
+    per collective call + :data:`ID_BYTES` per exchanged (id, row block) pair), by trying all
+    2^ops plans: operators interact (a block two exchanged operators read travels once), so the
+    per-operator choice alone is not always the best (DeepFM on Criteo: once the first FC layer
+    exchanges the embedding block, FM rides along for free). Its score never exceeds either pure
+    plan's; its bytes may, by the exchange's local work it avoids (heavy multi-hot data at N=4:
+    all partials, 10 % more bytes than all exchange). Plans are tried all-partials first and a
+    later one must be strictly cheaper, so a tie keeps the earlier, more-partials plan."""
     names = [op.name for op in shape.operators]
     choices = [(PARTIALS,) * len(names)] if unique is None else itertools.product(MODES, repeat=len(names))
     best: PlanCost | None = None
@@ -435,5 +456,6 @@ def report(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[int]
     totals = ", ".join(f"all {mode} {_bytes(c.mean)}" for mode, c in pure.items())
     chosen = ", ".join(f"{k}={v}" for k, v in best.plan.items())
     lines.append(f"  plans: {totals}; cheapest {chosen} {_bytes(best.mean)} in {best.calls} collective calls "
-                 f"(ranked by bytes + {_bytes(CALL_BYTES)} per call)")
+                 f"(ranked by bytes + {_bytes(CALL_BYTES)} per call + {ID_BYTES} B per distinct id and row block "
+                 f"an exchange handles: {best.id_pairs:,.0f} per rank)")
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-""".venv/bin/python scripts/bench_throughput.py [--quick] [--models lr,fm,wdl,deepfm] [--ranks 1,2,4] [--batch-size 4096,512] [--deepctr] [--warmup 3] [--steps 10] [--rounds 1]
+""".venv/bin/python scripts/bench_throughput.py [--quick] [--models lr,fm,wdl,deepfm] [--ranks 1,2,4] [--batch-size 4096,512] [--deepctr] [--warmup 3] [--steps 10] [--rounds 1] [--data criteo|multihot|PATH]
 
 Shows the DES paper's Table 5 on this machine, and des on one process against what a dense TF
 program and DeepCTR reach, all measured in one run, for every batch size of ``--batch-size`` (a
@@ -31,6 +31,11 @@ comma-separated list, default 4096):
   creates that venv if it is missing (a few minutes, from PyPI); by default it runs only when the
   venv exists and the run is not ``--quick``; ``--no-deepctr`` never.
 
+* **Data** (``--data``): the shipped Criteo sample (default: 39 fields, one id each), or
+  ``multihot``: 40,000 synthetic rows (``des.data.synth``) with every categorical field multi-hot
+  (0-50 ids, vocabularies x20: ~650 ids per sample, the paper's kind of data), generated once into
+  ``--cache``; or any path des.train reads. The roofline and DeepCTR run on Criteo only.
+
 The figure shows grouped bars (log scale) per model and batch, with the rooflines and DeepCTR as
 short lines. All children run with ``TF_ENABLE_ONEDNN_OPTS=0`` (as des sets it).
 
@@ -42,6 +47,11 @@ DeepCTR, des N=2 / N=4 about 0.95x / 0.85x des N=1 and the same as alltoall (on 
 exchanges every operator: the same step); at B=512 des N=1 about 0.8x the roofline and 1.5x
 DeepCTR, des N=2 / N=4 about 0.9x / 0.55x des N=1. With other jobs on the 2 cores every figure
 falls 2-7x and single-job ratios move by 0.2 or more: use ``--rounds``.
+
+Expect with ``--data multihot`` (``--models deepfm --strategies des,des-partials,alltoall --ranks
+1,2,4 --batch-size 4096 --steps 12 --rounds 3``, ~15 min): the planner picks all partials at every
+N, and des runs 1.5-1.9x alltoall at N = 2 and 4 and 0.9-1.0x des N=1 (the exchange's per-id work
+grows with the ids per sample; the partials' bytes do not).
 """
 
 from __future__ import annotations
@@ -68,6 +78,37 @@ NO_TOP_NETWORK = {
     "fm": "FM: no top network (logit = combine of the order-1 and order-2 partials), so no TF-only roofline",
 }
 DEEPCTR_MODEL = "deepfm"  # the model bench_deepctr trains with DeepCTR
+#: ``--data multihot``: every categorical field multi-hot with 0-50 ids, vocabularies x20 (about 650
+#: ids and 148 distinct ids per row block per sample at B=4096, N=4: the paper's kind of data, where
+#: a sample has hundreds of feature values), 40,000 rows; generated once into the cache
+MULTIHOT = {"rows": 40_000, "max_hot": 50, "vocab_scale": 20.0, "seed": 0}
+
+
+def multihot_config():
+    """The ``des.data.synth`` configuration of ``--data multihot``."""
+    from des.data.synth import FIELD_NAMES, NUM_INT_FIELDS, default_config
+
+    return default_config(seed=MULTIHOT["seed"], multi_hot_fields=FIELD_NAMES[NUM_INT_FIELDS:],
+                          max_hot=MULTIHOT["max_hot"], vocab_scale=MULTIHOT["vocab_scale"])
+
+
+def dataset(bench: benchlib.Bench, data: str, cache: str) -> str | None:
+    """``--data``: None for the shipped Criteo sample (des.train's default), the multi-hot store
+    (made on first use, ~15 s), or a store or data path as given."""
+    if data == "criteo":
+        return None
+    if data != "multihot":
+        return data
+    from pathlib import Path
+
+    path = Path(cache) / "bench-multihot-{rows}-s{seed}-h{max_hot}-v{vocab_scale:g}".format(**MULTIHOT)
+    if not (path / "manifest.json").is_file():
+        from des.data.synth import synthesize_store
+
+        bench.log(f"generating the multi-hot data into {path}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        synthesize_store(path, MULTIHOT["rows"], multihot_config(), overwrite=True)
+    return str(path)
 
 
 def batch_sizes(text: str) -> list[int]:
@@ -320,6 +361,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--deepctr", action=argparse.BooleanOptionalAction, default=None,
                         help="DeepCTR's DeepFM in .venv-deepctr (created if missing); default: only if that venv "
                              "exists and not --quick")
+    parser.add_argument("--data", default="criteo",
+                        help="criteo (the shipped sample, default), multihot (synthetic, every categorical field "
+                             "multi-hot with 0-50 ids; no roofline or DeepCTR), or a data path for des.train")
+    parser.add_argument("--cache", default=os.environ.get("DES_CACHE_DIR", os.path.expanduser("~/.cache/des")),
+                        help="where --data multihot is generated")
     parser.add_argument("--roofline-child", type=int, metavar="THREADS", help=argparse.SUPPRESS)
     parser.add_argument("--roofline-models", default=",".join(ROOFLINE_MODELS), help=argparse.SUPPRESS)
     benchlib.add_common_arguments(parser)
@@ -335,12 +381,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.models, args.ranks, args.warmup, args.steps, args.repeats = "lr,deepfm", "1,2", 2, 3, 5
     models, strategies = args.models.split(","), args.strategies.split(",")
     ranks = [int(x) for x in args.ranks.split(",")]
-    with_deepctr = DEEPCTR_MODEL in models and (
+    criteo = args.data == "criteo"  # the roofline and DeepCTR model the Criteo sample's one-hot inputs
+    with_deepctr = criteo and DEEPCTR_MODEL in models and (
         args.deepctr if args.deepctr is not None else not args.quick and bench_deepctr.DEEPCTR_PYTHON.exists())
     bench = benchlib.Bench(__file__, args)
+    data = dataset(bench, args.data, args.cache)
+    data_flags = {} if data is None else {"data": data}
 
     rows, roof_rows, deepctr = [], [], []
-    roof_models = [m for m in ROOFLINE_MODELS if m in models]
+    roof_models = [m for m in ROOFLINE_MODELS if m in models] if criteo else []
     store = deepctr_store(bench) if with_deepctr else None
     for batch in batches:  # des, the rooflines and DeepCTR of one batch size back to back (the load drifts)
         steps = scaled_steps(args.steps, batch, batches)
@@ -350,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for round_ in range(args.rounds):  # round-robin: a drift in the machine's load hits every config alike
             for model, strategy, n in configs:
                 tag = f"{model}-{strategy}-n{n}-b{batch}" + (f"-r{round_}" if args.rounds > 1 else "")
-                s = bench.steady(n, tag, args.warmup, steps, model=model, batch_size=batch,
+                s = bench.steady(n, tag, args.warmup, steps, model=model, batch_size=batch, **data_flags,
                                  **benchlib.strategy_flags(strategy))
                 if s is not None:
                     runs[(model, strategy, n)].append(s)
@@ -382,7 +431,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                        ("roofline", f"dense roofline ({ROOFLINE_THREADS[0]} threads) samples/s", ",.0f"),
                        ("deepctr", "DeepCTR 0.9.4 samples/s", ",.0f"), ("des", "des N=1 samples/s", ",.0f"),
                        ("des_vs_roofline", "des / roofline", ".2f"), ("des_vs_deepctr", "des / DeepCTR", ".2f")]
+    data_note = ("Data: the shipped Criteo sample (one id per field and sample)." if criteo else
+                 f"Data: {args.data}" + (f" ({data}: {MULTIHOT['rows']:,} synthetic rows, every categorical field "
+                                         f"multi-hot with 0-{MULTIHOT['max_hot']} ids, vocabularies x"
+                                         f"{MULTIHOT['vocab_scale']:g}); no roofline or DeepCTR (they model the "
+                                         "Criteo sample's one-hot inputs)" if args.data == "multihot" else "") + ".")
     notes = [
+        data_note,
         f"Global batch {', '.join(map(str, batches))}; samples/s over "
         f"{', '.join(str(scaled_steps(args.steps, b, batches)) for b in batches)} timed steps respectively after "
         f"{args.warmup} warm-up steps (ps: per worker). des/alltoall: training samples over rank 0's training wall "
@@ -449,7 +504,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ax.grid(True, axis="y", which="both", alpha=0.3)
         return fig
 
-    tables = [("Training throughput", columns, rows), ("", roof_columns, roof_rows)]
+    tables = [("Training throughput", columns, rows)] + ([("", roof_columns, roof_rows)] if roof_rows else [])
     if compare:
         tables.insert(0, ("des on one process vs the dense roofline and DeepCTR", compare_columns, compare))
     bench.finish(rows + roof_rows + deepctr + compare, tables, notes, figure)

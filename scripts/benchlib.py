@@ -57,7 +57,8 @@ STRATEGY_FLAGS: dict[str, dict[str, str]] = {
 }
 STRATEGY_NOTE = ("des = the default command: the upper network data-parallel (reduce-scatter of the partials by "
                  "rows, all-gather of their gradient, AllReduce of the top gradients) and --plan auto (the planner "
-                 "exchanges an operator's inputs where that moves fewer bytes: on Criteo the first FC layer and FM); "
+                 "exchanges an operator's inputs where that is cheaper in bytes, collective calls and per-id work: "
+                 "on Criteo every operator, on heavy multi-hot data none); "
                  "des-partials = every operator as partial sums (--plan partials); des-replicated = the paper's step "
                  "(--upper replicated: one AllReduce, every rank runs the upper network on the whole batch); alltoall "
                  "= every operator exchanged (--plan exchange, TorchRec-style).")

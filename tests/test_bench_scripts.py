@@ -234,6 +234,17 @@ def test_throughput_batch_sizes_and_steps():
     assert throughput.scaled_steps(3, 4096, [4096]) == 3
 
 
+def test_throughput_multihot_data_is_multi_hot():
+    from des.data.synth import FIELD_NAMES, NUM_INT_FIELDS
+
+    config = throughput.multihot_config()
+    hot = {f.name: f.max_hot for f in config.fields}
+    assert all(hot[n] == throughput.MULTIHOT["max_hot"] for n in FIELD_NAMES[NUM_INT_FIELDS:])
+    assert not any(hot[n] for n in FIELD_NAMES[:NUM_INT_FIELDS])
+    assert throughput.dataset(None, "criteo", "/nowhere") is None  # des.train's default data
+    assert throughput.dataset(None, "/some/store", "/nowhere") == "/some/store"
+
+
 def test_throughput_compare_rows():
     rows = [{"model": "deepfm", "strategy": "des", "ranks": 1, "batch": 512, "samples_per_second": 20.0},
             {"model": "deepfm", "strategy": "des", "ranks": 2, "batch": 512, "samples_per_second": 99.0},

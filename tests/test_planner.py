@@ -117,6 +117,27 @@ def test_a_collective_call_costs_bytes() -> None:
         assert (best.plan == pure.plan) == (expected == "exchange"), (batch, best.plan)
 
 
+def test_the_exchange_local_work_counts() -> None:
+    """Heavy multi-hot data (DeepFM B=4096, N=4, ~148 distinct ids per sample and row block, as
+    ``bench_throughput --data multihot``): a mixed plan moves the fewest bytes, but its ~300k
+    (id, row block) pairs per rank of exchange work outweigh them, so auto runs all partials (1.7x
+    the mixed plan's speed, measured); Criteo-like ids (~7) still exchange everything."""
+    from des.models import get_model
+    from des.planner import ID_BYTES
+
+    shape = model_shape(get_model("deepfm")())
+    placement = [list(range(r, 39, 4)) for r in range(4)]
+    heavy = UniqueIds(4096, 4, np.full((4, 39), 148 * 4096 / (4 * 39)))
+    partials = plan_cost(shape, PARTIALS, 4096, placement, heavy)
+    mixed = plan_cost(shape, {"fm2": EXCHANGE, "first_fc": EXCHANGE}, 4096, placement, heavy)
+    assert mixed.mean < partials.mean and mixed.id_pairs == pytest.approx(2 * 148 * 4096 / 4)
+    assert partials.id_pairs == 0 and partials.score < mixed.score
+    assert mixed.score == pytest.approx(mixed.mean + 5 * 65_536 + ID_BYTES * mixed.id_pairs)
+    assert set(best_plan(shape, 4096, placement, heavy).plan.values()) == {PARTIALS}
+    light = UniqueIds(4096, 4, np.full((4, 39), 7 * 4096 / (4 * 39)))
+    assert set(best_plan(shape, 4096, placement, light).plan.values()) == {EXCHANGE}
+
+
 def test_plan_option_text() -> None:
     from des.planner import AUTO, format_plan, parse_plan
 
