@@ -33,11 +33,14 @@ Expect (2-core machine; measured at N = 1M): lookups of known keys about 20-30 n
 than uniform), training lookups about 45 ns/key, gather about 20 ns/key, Adam updates about
 200-230 ns/row and FTRL about 60 ns/row, memory about 1.36x the raw payload (about 163 B/row);
 lookups 25-45x faster than the ``dict`` baseline and about 10x faster than ``searchsorted``. At
-10M keys the per-key times grow (the table no longer fits in cache). At N = 50M (``--with-50m
---clock cpu``, ``NUMBA_NUM_THREADS=1``): insert about 500 ns per new key, of which about 240 ns
-draw the normal initial values (libm log/cos/sin, bit-exact: no fast-math) and most of the rest
-is the first touch of ~200 B of fresh memory per key (rows once, the index over its growth),
-which a VM may serve at well under 1 GB/s; eval lookups about 24 ns/key, memory 1.28x the payload.
+10M keys the per-key times grow (the table no longer fits in cache). At N = 50M (``--sizes 5e7``,
+wall clock, 2 threads): insert about 390-440 ns per new key (~610 before des's own ln/cos/sin and
+the background commit), eval lookups about 16 ns/key (Zipf) and 30-35 (uniform), memory 1.28x
+the payload. Of an insert, ~85 ns is the normal initial values on 2 threads (~70 ns per 8-wide row
+on one), ~150 the index probe and write, and most of the rest the first touch of fresh memory
+(the index over its 1.5x growth steps; the rows' pages are committed in the background while the
+table fills), which this VM serves at 0.6-8 GB/s depending on the host: the insert figure moves
+by +-15 % between runs for that alone.
 """
 
 from __future__ import annotations
