@@ -49,9 +49,10 @@ DeepCTR, des N=2 / N=4 about 0.9x / 0.55x des N=1. With other jobs on the 2 core
 falls 2-7x and single-job ratios move by 0.2 or more: use ``--rounds``.
 
 Expect with ``--data multihot`` (``--models deepfm --strategies des,des-partials,alltoall --ranks
-1,2,4 --batch-size 4096 --steps 12 --rounds 3``, ~15 min): the planner picks all partials at every
-N, and des runs 1.5-1.9x alltoall at N = 2 and 4 and 0.9-1.0x des N=1 (the exchange's per-id work
-grows with the ids per sample; the partials' bytes do not).
+1,2,4 --batch-size 4096 --steps 12 --rounds 3``, 13 min; 2026-11-27): the planner picks all
+partials at every N, so des = des-partials; des runs about 1.7x / 1.3x alltoall at N = 2 / 4 and
+about 0.93x / 0.89x des N=1 (the exchange's per-id work grows with the ids per sample; the
+partials' bytes do not).
 """
 
 from __future__ import annotations

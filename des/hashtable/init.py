@@ -79,7 +79,9 @@ def key_hash(base: np.uint64, key: np.int64) -> np.uint64:
     return splitmix64(base ^ np.uint64(key))
 
 
-@njit(cache=True, nogil=True, inline="always")
+# Compiled once and called, not inlined: the gather kernels call it for unknown keys only, and its
+# SIMD math inlined into each of them cost ~12 s of compilation per kernel with a cold cache.
+@njit(cache=True, nogil=True)
 def init_row(out, i: int, dim: int, key: np.int64, base: np.uint64, kind: int, scale: float) -> None:
     """Write the initial vector of ``key`` into ``out[i, :dim]`` (rounded to out's dtype)."""
     if kind == _ZEROS:
