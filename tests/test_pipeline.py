@@ -5,7 +5,15 @@ bit, including admission (``--min-count``), eviction (``--ttl``) around checkpoi
 from __future__ import annotations
 
 import json
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import pytest
+
+from des.hashtable import _threads, background_thread
 
 from tests.conftest import criteo_head, run_job
 from tests.test_train import assert_checkpoints_equal
@@ -28,3 +36,30 @@ def test_pipelined_and_unpipelined_runs_are_identical(tmp_path: Path) -> None:
         assert_checkpoints_equal(tmp_path / "on" / "checkpoints" / step, tmp_path / "off" / "checkpoints" / step, rtol=0.0)
     for key in ("validation_auc", "validation_logloss", "test_auc", "test_logloss"):
         assert summaries["on"][key] == summaries["off"][key], key
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux scheduling policies")
+def test_the_background_lookup_runs_at_idle_priority(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prefetch thread and the pool threads its kernels use take only idle cores (SCHED_IDLE);
+    the step's own kernel threads keep normal priority."""
+    monkeypatch.setattr(_threads, "threads", lambda: 2)  # conftest pins numba to 1 thread
+
+    def where() -> list[tuple[str, int]]:
+        seen: list[tuple[str, int]] = []
+        lock = threading.Lock()
+
+        def part(lo: int, hi: int) -> None:
+            time.sleep(0.05)  # both parts run at once: one on the caller, one on a pool thread
+            with lock:
+                seen.append((threading.current_thread().name, os.sched_getscheduler(0)))
+
+        _threads.run(part, 2)
+        return sorted(seen)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="des-prefetch", initializer=background_thread) as pool:
+        background = pool.submit(where).result()
+    foreground = where()
+    assert [policy for _, policy in background] == [os.SCHED_IDLE] * 2, background
+    assert {name.split("_")[0] for name, _ in background} == {"des-prefetch", "des-table-idle"}
+    assert [policy for _, policy in foreground] == [os.SCHED_OTHER] * 2, foreground
+    assert {name.split("_")[0] for name, _ in foreground} == {"MainThread", "des-table"}

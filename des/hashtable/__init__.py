@@ -11,6 +11,7 @@ from .._numba_cache import guard as _guard
 # modules of this package, which numba's per-file cache check does not see (des/_numba_cache.py)
 _guard(_os.path.dirname(_os.path.abspath(__file__)), "des_hashtable_sources.sha256")
 
+from ._threads import background_thread  # noqa: E402
 from .format import TableFormatError  # noqa: E402
 from .init import Initializer  # noqa: E402
 from .optimizers import (  # noqa: E402
@@ -19,4 +20,4 @@ from .table import EMPTY_KEY, BlockSpec, EmbeddingTable  # noqa: E402
 
 __all__ = ["EmbeddingTable", "BlockSpec", "Initializer", "SGD", "AdaGrad", "Adam", "FTRL",
            "DenseOptimizerState", "optimizer_from_dict", "optimizer_from_spec", "TableFormatError",
-           "EMPTY_KEY"]
+           "EMPTY_KEY", "background_thread"]

@@ -261,7 +261,11 @@ class Strategy(ABC):
         no longer reads the tables' values)."""
         if self._next is not None:
             if self._background is None:
-                self._background = ThreadPoolExecutor(1, thread_name_prefix="des-prefetch")
+                from des.hashtable import background_thread
+
+                # idle priority: it must not take TF's cores (des/hashtable/_threads.py)
+                self._background = ThreadPoolExecutor(1, thread_name_prefix="des-prefetch",
+                                                      initializer=background_thread)
             self._next.start(self._background)
             self.overlapped_steps += 1
 
