@@ -8,12 +8,11 @@ import json
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from des.hashtable import _threads, background_thread
+from des.hashtable import _threads
 
 from tests.conftest import criteo_head, run_job
 from tests.test_train import assert_checkpoints_equal
@@ -39,9 +38,20 @@ def test_pipelined_and_unpipelined_runs_are_identical(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux scheduling policies")
-def test_the_background_lookup_runs_at_idle_priority(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The prefetch thread and the pool threads its kernels use take only idle cores (SCHED_IDLE);
-    the step's own kernel threads keep normal priority."""
+def test_the_background_lookup_runs_at_idle_priority(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A strategy's prefetch thread and the pool threads its kernels use take only idle cores
+    (SCHED_IDLE); the step's own kernel threads keep normal priority."""
+    from mpi4py import MPI
+
+    from des.collectives import Communicator
+    from des.data import prepare
+    from des.data.batch_reader import BatchReader
+    from des.hashtable import FTRL, AdaGrad, Adam
+    from des.models import get_model
+    from des.options import Optimizers
+    from des.placement import place_fields
+    from des.strategies.des import DES
+
     monkeypatch.setattr(_threads, "threads", lambda: 2)  # conftest pins numba to 1 thread
 
     def where() -> list[tuple[str, int]]:
@@ -56,9 +66,18 @@ def test_the_background_lookup_runs_at_idle_priority(monkeypatch: pytest.MonkeyP
         _threads.run(part, 2)
         return sorted(seen)
 
-    with ThreadPoolExecutor(1, thread_name_prefix="des-prefetch", initializer=background_thread) as pool:
-        background = pool.submit(where).result()
+    store = prepare(criteo_head(tmp_path / "head.tsv", 300), tmp_path / "store", split=(0.9, 0.1, 0.0), seed=1)
+    model = get_model("fm")(num_fields=store.num_fields, embedding_dim=4)
+    optimizers = Optimizers(sparse={"linear": FTRL(0.1), "embedding": AdaGrad(0.1)}, dense=Adam(0.01))
+    engine = DES.build(model, Communicator(MPI.COMM_SELF), place_fields(store.num_fields, 1), optimizers)
+    batch = next(iter(BatchReader(store, "train", batch_size=64, seed=0, **engine.reader_options())))
+    background: list[tuple[str, int]] = []
+    engine.prefetch(lambda: (background.extend(where()), batch)[1], step=0)
+    engine.overlap_next()  # what the step calls once it has gathered its values
+    engine.await_next()
+    engine.close()
     foreground = where()
+    assert engine.overlapped_steps == 1 and batch.prepared is not None
     assert [policy for _, policy in background] == [os.SCHED_IDLE] * 2, background
     assert {name.split("_")[0] for name, _ in background} == {"des-prefetch", "des-table-idle"}
     assert [policy for _, policy in foreground] == [os.SCHED_OTHER] * 2, foreground
