@@ -331,40 +331,81 @@ def gather_rows(data, dim, rows, keys, n_rows, meta, min_count, zero_unadmitted,
 
 
 @njit(nogil=True)
-def dedup_rows(rows, grads, adm, use_adm, n_rows, uniq, acc):
-    """Unique rows in first-occurrence order into ``uniq[:u]`` and their summed gradients into
-    ``acc[:u]`` (summed in occurrence order, in acc's dtype). Rows -1, and with ``use_adm``
-    positions whose ``adm`` is False, are skipped. Returns ``(u, bad position or -1)``."""
+def distinct_rows(rows, adm, use_adm, uniq, inverse) -> int:
+    """The distinct rows of ``rows`` in first-occurrence order into ``uniq[:u]``, and for each
+    position its place among them, ``inverse[i]`` (-1 for rows -1 and, with ``use_adm``, positions
+    whose ``adm`` is False). Returns ``u``. A batch-local hash set: it never reads the table."""
     n = rows.shape[0]
-    dim = acc.shape[1]
     bits = 4
     while (1 << bits) < 2 * n:
         bits += 1
     mask = (1 << bits) - 1
     shift = np.uint64(64 - bits)
-    pos = np.full(1 << bits, -1, dtype=np.int32)  # batch-local hash set: row -> position in uniq
+    pos = np.full(1 << bits, -1, dtype=np.int32)  # row -> its place in uniq
     u = 0
     for i in range(n):
         r = rows[i]
         if r == -1 or (use_adm and not adm[i]):
+            inverse[i] = -1
             continue
-        if r < -1 or r >= n_rows:
-            return u, i
         s = np.int64((np.uint64(r) * GOLDEN) >> shift)
         while True:
             p = pos[s]
             if p == -1:
                 pos[s] = u
                 uniq[u] = r
-                for c in range(dim):
-                    acc[u, c] = grads[i, c]
+                inverse[i] = u
                 u += 1
                 break
             if uniq[p] == r:
-                for c in range(dim):
-                    acc[p, c] += grads[i, c]
+                inverse[i] = p
                 break
             s = (s + 1) & mask
+    return u
+
+
+@njit(nogil=True, inline="always")
+def add_to_distinct(acc, base, p, filled, src, i) -> int:
+    """``acc[base + p] (+)= src[i]``: the first gradient of distinct row ``p`` (``p == filled``, as
+    :func:`distinct_rows` numbers rows in first-occurrence order) is stored, later ones added, so
+    each row's sum runs in occurrence order. Returns the new ``filled``."""
+    q = base + p
+    if p == filled:
+        for c in range(acc.shape[1]):
+            acc[q, c] = src[i, c]
+        return filled + 1
+    for c in range(acc.shape[1]):
+        acc[q, c] += src[i, c]
+    return filled
+
+
+@njit(nogil=True)
+def first_bad_row(rows, adm, use_adm, n_rows) -> int:
+    """First position whose row is read (as :func:`distinct_rows` reads them) and is not a row of a
+    table of ``n_rows`` rows, or -1."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        if r == -1 or (use_adm and not adm[i]):
+            continue
+        if r < -1 or r >= n_rows:
+            return i
+    return -1
+
+
+@njit(nogil=True)
+def dedup_rows(rows, grads, adm, use_adm, n_rows, uniq, acc):
+    """Unique rows in first-occurrence order into ``uniq[:u]`` and their summed gradients into
+    ``acc[:u]`` (summed in occurrence order, in acc's dtype). Rows -1, and with ``use_adm``
+    positions whose ``adm`` is False, are skipped. Returns ``(u, bad position or -1)``."""
+    bad = first_bad_row(rows, adm, use_adm, n_rows)
+    if bad >= 0:
+        return 0, bad
+    inverse = np.empty(rows.shape[0], dtype=np.int32)
+    u = distinct_rows(rows, adm, use_adm, uniq, inverse)
+    filled = 0
+    for i in range(rows.shape[0]):
+        if inverse[i] >= 0:
+            filled = add_to_distinct(acc, 0, inverse[i], filled, grads, i)
     return u, -1
 
 

@@ -11,6 +11,14 @@ numba's thread count of the calling thread (``_threads.py``: ``NUMBA_NUM_THREADS
 ``numba.set_num_threads``); each field writes only its own rows and its own column of the output,
 so the result does not depend on the thread count.
 
+The training lookup also numbers each field's distinct trained rows in order of first occurrence
+(:meth:`Touched.distinct`, ``K.distinct_rows``): in a pipelined step that runs on the background
+thread, and the update after the step only adds each id's gradient into its row's sum by that
+number (no hashing, no un-pooled copy of a one-hot field) before the optimizer runs on the rows.
+One-hot fields (one id per sample, no weight: most of Criteo's) are gathered into ``[B, F, dim]``
+and their gradients read from it tile of samples by tile (``_TILE``), so each cache line of the
+batch array is written or read whole while it is cached, instead of one strided column per field.
+
 The per-field work is the same inlined code as one table's methods (``_index.py``, ``init.py``,
 ``_pooling.py``, ``optimizers.py``), in the same order, so the results are bit-identical to
 calling ``lookup``/``gather``/``pool``/``unpool``/``apply_gradients`` field by field. One
@@ -23,7 +31,7 @@ retroactively.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,6 +51,10 @@ _IDX, _KEYS, _META, _BLOCKS = 0, 1, 2, 3
 PENDING = -1  # a field's lookup status before (and, after growth, again until) it completes
 _MAX_SLOTS = 2  # optimizer slots per value column at most (Adam: m, v; FTRL: z, n)
 _MIN_PARALLEL = 20_000  # ids of work below which one thread does it all (a thread hand-off costs ~50 µs)
+# One-hot fields are gathered and summed tile of samples by tile: [B, F, dim] is read and written
+# a row of fields at a time while its cache lines are in L1/L2, not one strided column per field
+# (a column pass over a 4096-row batch costs about what a whole row-major pass does).
+_TILE = 128
 
 
 @dataclass
@@ -59,11 +71,42 @@ class Touched:
     admitted: np.ndarray  # bool [nnz]: the row is trained (see the module docstring)
     train: bool
     step: int
+    _hot: np.ndarray | None = field(default=None, repr=False, compare=False)
+    _distinct: "Distinct | None" = field(default=None, repr=False, compare=False)
 
     @property
     def size(self) -> int:
         """Samples in the batch."""
         return int(self.offsets.shape[1] - 1)
+
+    def hot(self) -> np.ndarray:
+        """bool [F]: the field has one id per sample and no weights (its pooling is a copy)."""
+        if self._hot is None:
+            self._hot = _hot_fields(self.offsets, self.weighted)
+        return self._hot
+
+    def distinct(self) -> "Distinct":
+        """Each field's distinct trained rows and each id's place among them, computed once (by the
+        training lookup, so a pipelined step finds them ready): what the update sums by."""
+        if self._distinct is None:
+            n = self.keys.shape[0]
+            d = Distinct(np.empty(n, dtype=np.int64), np.zeros(len(self.key_offsets) - 1, dtype=np.int64),
+                         np.empty(n, dtype=np.int32))
+            _threads.run(lambda j0, j1: _distinct_fields(j0, j1, self.rows, self.admitted, self.key_offsets,
+                                                         d.uniq, d.count, d.inverse),
+                         np.diff(self.key_offsets), _MIN_PARALLEL)
+            self._distinct = d
+        return self._distinct
+
+
+@dataclass
+class Distinct:
+    """Per field of a :class:`Touched`, its distinct trained (present and admitted) rows in order
+    of first occurrence (``K.distinct_rows``)."""
+
+    uniq: np.ndarray  # int64 [nnz]: field j's rows are uniq[key_offsets[j]:key_offsets[j] + count[j]]
+    count: np.ndarray  # int64 [F]
+    inverse: np.ndarray  # int32 [nnz]: each id's place among its field's rows (-1: not trained)
 
 
 def _pack(ids: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -202,7 +245,11 @@ class ShardTables:
                 continue
             # evaluation before the shared row exists: made now, as EmbeddingTable.lookup does
             K.admit_rows(rows[lo:hi], admitted[lo:hi], t._meta, t.min_count, t._make_shared_row(None))
-        return Touched(keys, key_offsets, offsets, weights, weighted, rows, admitted, bool(train), step)
+        touched = Touched(keys, key_offsets, offsets, weights, weighted, rows, admitted, bool(train), step)
+        touched.hot()
+        if train:
+            touched.distinct()
+        return touched
 
     def _init_new_rows(self, tables: list[EmbeddingTable], n0: np.ndarray) -> None:
         """Values and slots of the rows inserted since ``n0`` (per field), one call per block."""
@@ -231,8 +278,8 @@ class ShardTables:
         bad = np.full(len(tables), -1, dtype=np.int64)
         args = (self._addr, self._len, self._width, _BLOCKS + 2 * block, out.shape[2], touched.keys, touched.rows,
                 touched.admitted, touched.key_offsets, touched.offsets, touched.weights, touched.weighted,
-                np.array([t._n for t in tables], dtype=np.int64), self._zero, self._bases[block], self._kinds[block],
-                self._scales[block], out, bad)
+                touched.hot(), np.array([t._n for t in tables], dtype=np.int64), self._zero, self._bases[block],
+                self._kinds[block], self._scales[block], out, bad)
         _threads.run(lambda j0, j1: _gather_pool_fields(j0, j1, *args), np.diff(touched.key_offsets), _MIN_PARALLEL)
         self._check_rows(tables, touched, bad)
 
@@ -269,15 +316,19 @@ class ShardTables:
             raise ValueError(f"apply_pooled: grads {grads.shape} do not fit block {self.blocks[block]!r}")
         for j, t in enumerate(tables):
             groups.setdefault(t.blocks[block].optimizer, []).append(j)
+        distinct, hot = touched.distinct(), touched.hot()
         for optimizer, members in groups.items():
             code, hp, alphas, t_step, horizon = optimizer.kernel_args(dtype, lr_scale, int(step) + 1)
             sel = np.array(members, dtype=np.int64)
             args = (code, self._addr, self._len, self._width, _BLOCKS + 2 * block, grads.shape[2], touched.rows,
-                    touched.admitted, touched.key_offsets, touched.offsets, touched.weights, touched.weighted, grads,
-                    sel, n_rows, hp, alphas, t_step, horizon, bad)
-            # an updated row costs ~4x a gathered id (optimizer state, Adam's catch-up)
-            _threads.run(lambda q0, q1: _update_fields(q0, q1, *args), 4 * np.diff(touched.key_offsets)[sel],
-                         _MIN_PARALLEL)
+                    touched.admitted, touched.key_offsets, touched.offsets, touched.weights, touched.weighted, hot,
+                    grads, sel, n_rows, distinct.uniq, distinct.count, distinct.inverse, hp, alphas, t_step, horizon,
+                    bad)
+            # the threads split the work by ids (summed) and distinct rows (updated): a row's optimizer
+            # step costs ~8 ids' sums (its state's cache lines, Adam's catch-up); large tables have
+            # thousands of distinct rows per batch, small ones a few
+            work = np.diff(touched.key_offsets)[sel] + 8 * distinct.count[sel]
+            _threads.run(lambda q0, q1: _update_fields(q0, q1, *args), work, _MIN_PARALLEL)
         self._check_rows(tables, touched, bad)
         for t in tables:
             t.last_update_step = int(step)
@@ -366,49 +417,73 @@ def _init_field(addr, lens, widths, col, j, start, stop, dim, base, kind, scale,
 
 
 @njit(cache=True, nogil=True)
-def _gather_pool_fields(j0, j1, addr, lens, widths, col, dim, keys, rows, admitted, key_offsets, offsets, weights,
-                        weighted, n_rows, zero, bases, kinds, scales, out, bad):
+def _hot_fields(offsets, weighted):
+    hot = np.empty(offsets.shape[0], dtype=np.bool_)
+    for j in range(offsets.shape[0]):
+        hot[j] = one_hot(offsets[j], weighted[j])
+    return hot
+
+
+@njit(cache=True, nogil=True)
+def _distinct_fields(j0, j1, rows, admitted, key_offsets, uniq, count, inverse):
     for j in range(j0, j1):
-        _gather_pool_field(addr, lens, widths, col, dim, j, keys, rows, admitted, key_offsets, offsets, weights,
-                           weighted, n_rows, zero, bases, kinds, scales, out, bad)
+        lo, hi = key_offsets[j], key_offsets[j + 1]
+        count[j] = K.distinct_rows(rows[lo:hi], admitted[lo:hi], True, uniq[lo:hi], inverse[lo:hi])
+
+
+@njit(cache=True, nogil=True)
+def _gather_pool_fields(j0, j1, addr, lens, widths, col, dim, keys, rows, admitted, key_offsets, offsets, weights,
+                        weighted, hot, n_rows, zero, bases, kinds, scales, out, bad):
+    """Fields [j0, j1) into ``out[:, j]``: the one-hot ones tile of samples by tile (``_TILE``),
+    straight into out; the others one by one through a scratch pooled into it."""
+    for b0 in range(0, out.shape[0], _TILE):
+        b1 = min(b0 + _TILE, out.shape[0])
+        for j in range(j0, j1):
+            if hot[j] and bad[j] < 0:
+                lo = key_offsets[j]
+                data = view2(addr[j, col], lens[j, col], widths[j, col], out)
+                _gather_field_ids(data, dim, j, lo, lo + b0, lo + b1, key_offsets[j + 1], keys, rows, admitted,
+                                  n_rows, zero, bases, kinds, scales, out[b0:b1, j, :], bad)
+    for j in range(j0, j1):
+        if not hot[j]:
+            _gather_pool_field(addr, lens, widths, col, dim, j, keys, rows, admitted, key_offsets, offsets, weights,
+                               weighted, n_rows, zero, bases, kinds, scales, out, bad)
 
 
 @njit(nogil=True)
 def _gather_pool_field(addr, lens, widths, col, dim, j, keys, rows, admitted, key_offsets, offsets, weights,
                        weighted, n_rows, zero, bases, kinds, scales, out, bad):
-    """Field j: ``gather_row`` of each id (``stored`` = present and admitted or not read as zero),
-    straight into ``out[:, j]`` for a one-hot field, else into a scratch pooled into it."""
+    """Field j (not one-hot): ``gather_row`` of each id into a scratch pooled into ``out[:, j]``."""
     lo, hi = key_offsets[j], key_offsets[j + 1]
     data = view2(addr[j, col], lens[j, col], widths[j, col], out)
     dst = out[:, j, :]
-    copy = one_hot(offsets[j], weighted[j])
-    values = dst if copy else np.empty((hi - lo, dim), dtype=out.dtype)
-    if not _gather_field_ids(data, dim, j, lo, hi, keys, rows, admitted, n_rows, zero, bases, kinds, scales, values,
-                             bad):
+    values = np.empty((hi - lo, dim), dtype=out.dtype)
+    if not _gather_field_ids(data, dim, j, lo, lo, hi, hi, keys, rows, admitted, n_rows, zero, bases, kinds, scales,
+                             values, bad):
         return
-    if not copy:
-        for b in range(dst.shape[0]):
-            for c in range(dim):
-                dst[b, c] = 0
-        pool_or_unpool(values, offsets[j], weights[lo:hi], weighted[j], dst, False)
+    for b in range(dst.shape[0]):
+        for c in range(dim):
+            dst[b, c] = 0
+    pool_or_unpool(values, offsets[j], weights[lo:hi], weighted[j], dst, False)
 
 
 @njit(nogil=True)
-def _gather_field_ids(data, dim, j, lo, hi, keys, rows, admitted, n_rows, zero, bases, kinds, scales, values, bad):
-    """Field j's ids ``lo..hi``: ``gather_row`` of each (``stored`` = present and admitted or not
-    read as zero) into ``values[i]``; False (and ``bad[j]``) at a row that is not the table's."""
-    n = hi - lo
-    for i in range(n):
-        if i + K.PF < n:
-            rp = rows[lo + i + K.PF]
+def _gather_field_ids(data, dim, j, start, lo, hi, end, keys, rows, admitted, n_rows, zero, bases, kinds, scales,
+                      values, bad):
+    """Field j's ids ``lo..hi`` (of its ``start..end``): ``gather_row`` of each (``stored`` = present
+    and admitted or not read as zero) into ``values[i - lo]``; False (and ``bad[j]``, counted from
+    ``start``) at a row that is not the table's."""
+    for i in range(lo, hi):
+        if i + K.PF < end:
+            rp = rows[i + K.PF]
             if rp >= 0 and rp < n_rows[j]:
                 prefetch2(data, rp, 0)
-        r = rows[lo + i]
+        r = rows[i]
         if r >= n_rows[j] or r < -1:
-            bad[j] = i
+            bad[j] = i - start
             return False
-        stored = r >= 0 and (admitted[lo + i] or not zero[j])
-        K.gather_row(data, dim, r, stored, zero[j], keys[lo + i], bases[j], kinds[j], scales[j], values, i)
+        stored = r >= 0 and (admitted[i] or not zero[j])
+        K.gather_row(data, dim, r, stored, zero[j], keys[i], bases[j], kinds[j], scales[j], values, i - lo)
     return True
 
 
@@ -419,39 +494,56 @@ def _gather_ids_fields(j0, j1, addr, lens, widths, col, dim, keys, rows, admitte
     for j in range(j0, j1):
         lo, hi = key_offsets[j], key_offsets[j + 1]
         data = view2(addr[j, col], lens[j, col], widths[j, col], out)
-        _gather_field_ids(data, dim, j, lo, hi, keys, rows, admitted, n_rows, zero, bases, kinds, scales, out[lo:hi],
-                          bad)
+        _gather_field_ids(data, dim, j, lo, lo, hi, hi, keys, rows, admitted, n_rows, zero, bases, kinds, scales,
+                          out[lo:hi], bad)
 
 
 @njit(cache=True, nogil=True)
 def _update_fields(q0, q1, code, addr, lens, widths, col, dim, rows, admitted, key_offsets, offsets, weights,
-                   weighted, grads, members, n_rows, hp, alphas, t, horizon, bad):
+                   weighted, hot, grads, members, n_rows, uniq, count, inverse, hp, alphas, t, horizon, bad):
+    """Fields ``members[q0:q1]``: per distinct trained row the sum of its ids' gradients (a one-hot
+    field's are ``grads[:, j]`` itself, read tile of samples by tile; the others' un-pooled first),
+    in occurrence order, then
+    optimizer ``code`` on those rows (``update_rows``). A field with a row that is not its table's
+    (``bad``) is left as it is."""
+    n = q1 - q0
+    base = np.zeros(n + 1, dtype=np.int64)  # field q's sums are acc[base[q - q0]:base[q - q0 + 1]]
     for q in range(q0, q1):
-        _update_field(code, addr, lens, widths, col, dim, members[q], rows, admitted, key_offsets, offsets, weights,
-                      weighted, grads, n_rows, hp, alphas, t, horizon, bad)
-
-
-@njit(nogil=True)
-def _update_field(code, addr, lens, widths, col, dim, j, rows, admitted, key_offsets, offsets, weights, weighted,
-                  grads, n_rows, hp, alphas, t, horizon, bad):
-    """Field j: per-id gradients (``grads[:, j]`` itself for a one-hot field, else un-pooled),
-    summed per admitted row (``dedup_rows``), then optimizer ``code`` (``update_rows``)."""
-    lo, hi = key_offsets[j], key_offsets[j + 1]
-    data = view2(addr[j, col], lens[j, col], widths[j, col], grads)
-    steps = view1(addr[j, col + 1], lens[j, col + 1], np.int32)
-    uniq = np.empty(hi - lo, dtype=np.int64)
-    acc = np.empty((hi - lo, dim), dtype=grads.dtype)
-    pooled = grads[:, j, :]
-    per_id = np.empty((hi - lo, dim), dtype=grads.dtype)
-    if one_hot(offsets[j], weighted[j]):  # explicit loops: numba's slice assignment compiles for seconds
-        for i in range(hi - lo):
-            for c in range(dim):
-                per_id[i, c] = pooled[i, c]
-    else:
-        pool_or_unpool(pooled, offsets[j], weights[lo:hi], weighted[j], per_id, True)
-    u, b = K.dedup_rows(rows[lo:hi], per_id, admitted[lo:hi], True, n_rows[j], uniq, acc)
-    if b >= 0:
-        bad[j] = b
-        return
-    update_rows(code, data[:, :dim], data[:, dim:2 * dim], data[:, 2 * dim:3 * dim], steps, uniq[:u], acc[:u], hp,
-                alphas, t, horizon)
+        j = members[q]
+        base[q - q0 + 1] = base[q - q0] + count[j]
+        lo, hi = key_offsets[j], key_offsets[j + 1]
+        for p in range(count[j]):  # rows checked once each; the first bad position is found only then
+            r = uniq[lo + p]
+            if r < 0 or r >= n_rows[j]:
+                bad[j] = K.first_bad_row(rows[lo:hi], admitted[lo:hi], True, n_rows[j])
+                break
+    acc = np.empty((base[n], dim), dtype=grads.dtype)
+    filled = np.zeros(n, dtype=np.int64)
+    for b0 in range(0, grads.shape[0], _TILE):
+        b1 = min(b0 + _TILE, grads.shape[0])
+        for q in range(q0, q1):
+            j = members[q]
+            if hot[j] and bad[j] < 0:
+                lo, f = key_offsets[j], filled[q - q0]
+                src = grads[:, j, :]
+                for b in range(b0, b1):
+                    if inverse[lo + b] >= 0:
+                        f = K.add_to_distinct(acc, base[q - q0], inverse[lo + b], f, src, b)
+                filled[q - q0] = f
+    for q in range(q0, q1):
+        j = members[q]
+        if not hot[j] and bad[j] < 0:  # un-pooled to its ids first
+            lo, hi, f = key_offsets[j], key_offsets[j + 1], 0
+            per_id = np.empty((hi - lo, dim), dtype=grads.dtype)
+            pool_or_unpool(grads[:, j, :], offsets[j], weights[lo:hi], weighted[j], per_id, True)
+            for i in range(hi - lo):
+                if inverse[lo + i] >= 0:
+                    f = K.add_to_distinct(acc, base[q - q0], inverse[lo + i], f, per_id, i)
+    for q in range(q0, q1):
+        j = members[q]
+        if bad[j] < 0:
+            lo = key_offsets[j]
+            data = view2(addr[j, col], lens[j, col], widths[j, col], grads)
+            steps = view1(addr[j, col + 1], lens[j, col + 1], np.int32)
+            update_rows(code, data[:, :dim], data[:, dim:2 * dim], data[:, 2 * dim:3 * dim], steps,
+                        uniq[lo:lo + count[j]], acc[base[q - q0]:base[q - q0 + 1]], hp, alphas, t, horizon)
