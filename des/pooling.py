@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from des.hashtable._pooling import NO_INDEX as _NO_INDEX
 from des.hashtable._pooling import pool_or_unpool as _pool_or_unpool
 
 _NO_WEIGHTS = np.zeros(0, dtype=np.float32)  # placeholder when a field has no weights (never read)
@@ -26,7 +27,8 @@ def pool(values: np.ndarray, offsets: np.ndarray, weights: np.ndarray | None, ou
         out[...] = values
         return
     tmp = np.zeros(out.shape, dtype=values.dtype)
-    _pool_or_unpool(values, offsets, _NO_WEIGHTS if weights is None else weights, weights is not None, tmp, False)
+    _pool_or_unpool(values, _NO_INDEX, offsets, _NO_WEIGHTS if weights is None else weights, weights is not None, tmp,
+                    False)
     out[...] = tmp
 
 
@@ -35,6 +37,6 @@ def unpool(grad: np.ndarray, offsets: np.ndarray, weights: np.ndarray | None) ->
     if is_one_hot(offsets, weights):
         return np.ascontiguousarray(grad)
     out = np.empty((int(offsets[-1]), grad.shape[1]), dtype=grad.dtype)
-    _pool_or_unpool(np.ascontiguousarray(grad), offsets, _NO_WEIGHTS if weights is None else weights,
+    _pool_or_unpool(np.ascontiguousarray(grad), _NO_INDEX, offsets, _NO_WEIGHTS if weights is None else weights,
                     weights is not None, out, True)
     return out

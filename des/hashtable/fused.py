@@ -11,13 +11,15 @@ numba's thread count of the calling thread (``_threads.py``: ``NUMBA_NUM_THREADS
 ``numba.set_num_threads``); each field writes only its own rows and its own column of the output,
 so the result does not depend on the thread count.
 
-The training lookup also numbers each field's distinct trained rows in order of first occurrence
-(:meth:`Touched.distinct`, ``K.distinct_rows``): in a pipelined step that runs on the background
-thread, and the update after the step only adds each id's gradient into its row's sum by that
-number (no hashing, no un-pooled copy of a one-hot field) before the optimizer runs on the rows.
-One-hot fields (one id per sample, no weight: most of Criteo's) are gathered into ``[B, F, dim]``
-and their gradients read from it tile of samples by tile (``_TILE``), so each cache line of the
-batch array is written or read whole while it is cached, instead of one strided column per field.
+The lookup also numbers each field's distinct trained rows in order of first occurrence
+(:meth:`Touched.distinct`, ``K.distinct_rows``; in a pipelined step on the background thread).
+Both later passes work by that number: the gather reads each distinct row from its table once
+(a batch has ~6 ids per distinct row on Criteo, ~12 on heavy multi-hot data: the random reads of
+the large tables were most of the gather) and copies or pools the ids from those few rows; the
+update adds each id's gradient straight into its row's sum (no per-id copy, no hashing after the
+step) and runs the optimizer on the rows. One-hot fields (one id per sample, no weight: all of
+Criteo's) are written and read in ``[B, F, dim]`` tile of samples by tile (``_TILE``), so each
+cache line of the batch array is used whole while it is cached, not one strided column per field.
 
 The per-field work is the same inlined code as one table's methods (``_index.py``, ``init.py``,
 ``_pooling.py``, ``optimizers.py``), in the same order, so the results are bit-identical to
@@ -87,7 +89,7 @@ class Touched:
 
     def distinct(self) -> "Distinct":
         """Each field's distinct trained rows and each id's place among them, computed once (by the
-        training lookup, so a pipelined step finds them ready): what the update sums by."""
+        lookup, so a pipelined step finds them ready): what the gather reads and the update sums by."""
         if self._distinct is None:
             n = self.keys.shape[0]
             d = Distinct(np.empty(n, dtype=np.int64), np.zeros(len(self.key_offsets) - 1, dtype=np.int64),
@@ -247,8 +249,7 @@ class ShardTables:
             K.admit_rows(rows[lo:hi], admitted[lo:hi], t._meta, t.min_count, t._make_shared_row(None))
         touched = Touched(keys, key_offsets, offsets, weights, weighted, rows, admitted, bool(train), step)
         touched.hot()
-        if train:
-            touched.distinct()
+        touched.distinct()
         return touched
 
     def _init_new_rows(self, tables: list[EmbeddingTable], n0: np.ndarray) -> None:
@@ -276,9 +277,11 @@ class ShardTables:
         if (self._dims[block] != out.shape[2]).any() or any(t.dtype != out.dtype for t in tables):
             raise ValueError(f"gather_pooled: out {out.dtype}{out.shape} does not fit block {self.blocks[block]!r}")
         bad = np.full(len(tables), -1, dtype=np.int64)
+        distinct = touched.distinct()
         args = (self._addr, self._len, self._width, _BLOCKS + 2 * block, out.shape[2], touched.keys, touched.rows,
                 touched.admitted, touched.key_offsets, touched.offsets, touched.weights, touched.weighted,
-                touched.hot(), np.array([t._n for t in tables], dtype=np.int64), self._zero, self._bases[block],
+                touched.hot(), distinct.uniq, distinct.count, distinct.inverse,
+                np.array([t._n for t in tables], dtype=np.int64), self._zero, self._bases[block],
                 self._kinds[block], self._scales[block], out, bad)
         _threads.run(lambda j0, j1: _gather_pool_fields(j0, j1, *args), np.diff(touched.key_offsets), _MIN_PARALLEL)
         self._check_rows(tables, touched, bad)
@@ -433,38 +436,77 @@ def _distinct_fields(j0, j1, rows, admitted, key_offsets, uniq, count, inverse):
 
 @njit(cache=True, nogil=True)
 def _gather_pool_fields(j0, j1, addr, lens, widths, col, dim, keys, rows, admitted, key_offsets, offsets, weights,
-                        weighted, hot, n_rows, zero, bases, kinds, scales, out, bad):
-    """Fields [j0, j1) into ``out[:, j]``: the one-hot ones tile of samples by tile (``_TILE``),
-    straight into out; the others one by one through a scratch pooled into it."""
+                        weighted, hot, uniq, count, inverse, n_rows, zero, bases, kinds, scales, out, bad):
+    """Fields [j0, j1) into ``out[:, j]``, by distinct rows: each field's distinct trained rows are
+    read from its table once, into a small array ``values`` (an id that is not among them gets a
+    row of its own there, as ``gather_row`` reads it); then a one-hot field's samples are copied
+    from it tile of samples by tile (``_TILE``) and the other fields pooled from it. The same
+    floats as gathering every id: a table row's values, or an id's initial value or zeros."""
+    lo0 = key_offsets[j0]
+    slot = np.empty(key_offsets[j1] - lo0, dtype=np.int32)  # id -> its row of values
+    base = np.zeros(j1 - j0 + 1, dtype=np.int64)  # field j's values are values[base[j - j0]:base[j - j0 + 1]]
+    for j in range(j0, j1):
+        m = count[j]
+        for i in range(key_offsets[j], key_offsets[j + 1]):
+            if inverse[i] >= 0:
+                slot[i - lo0] = inverse[i]
+            else:
+                slot[i - lo0] = m
+                m += 1
+        base[j - j0 + 1] = base[j - j0] + m
+    values = np.empty((base[j1 - j0], dim), dtype=out.dtype)
+    for j in range(j0, j1):
+        data = view2(addr[j, col], lens[j, col], widths[j, col], out)
+        lo, hi = key_offsets[j], key_offsets[j + 1]
+        _gather_field_values(data, dim, j, lo, hi, keys, rows, admitted, uniq, count[j], slot[lo - lo0:hi - lo0],
+                             n_rows, zero, bases, kinds, scales, values[base[j - j0]:base[j - j0 + 1]], bad)
     for b0 in range(0, out.shape[0], _TILE):
         b1 = min(b0 + _TILE, out.shape[0])
         for j in range(j0, j1):
             if hot[j] and bad[j] < 0:
-                lo = key_offsets[j]
-                data = view2(addr[j, col], lens[j, col], widths[j, col], out)
-                _gather_field_ids(data, dim, j, lo, lo + b0, lo + b1, key_offsets[j + 1], keys, rows, admitted,
-                                  n_rows, zero, bases, kinds, scales, out[b0:b1, j, :], bad)
+                v, first = values[base[j - j0]:base[j - j0 + 1]], key_offsets[j] - lo0
+                for b in range(b0, b1):
+                    s = slot[first + b]
+                    for c in range(dim):
+                        out[b, j, c] = v[s, c]
     for j in range(j0, j1):
-        if not hot[j]:
-            _gather_pool_field(addr, lens, widths, col, dim, j, keys, rows, admitted, key_offsets, offsets, weights,
-                               weighted, n_rows, zero, bases, kinds, scales, out, bad)
+        if not hot[j] and bad[j] < 0:
+            lo, hi = key_offsets[j], key_offsets[j + 1]
+            dst = out[:, j, :]
+            for b in range(dst.shape[0]):
+                for c in range(dim):
+                    dst[b, c] = 0
+            pool_or_unpool(values[base[j - j0]:base[j - j0 + 1]], slot[lo - lo0:hi - lo0], offsets[j], weights[lo:hi],
+                           weighted[j], dst, False)
 
 
 @njit(nogil=True)
-def _gather_pool_field(addr, lens, widths, col, dim, j, keys, rows, admitted, key_offsets, offsets, weights,
-                       weighted, n_rows, zero, bases, kinds, scales, out, bad):
-    """Field j (not one-hot): ``gather_row`` of each id into a scratch pooled into ``out[:, j]``."""
-    lo, hi = key_offsets[j], key_offsets[j + 1]
-    data = view2(addr[j, col], lens[j, col], widths[j, col], out)
-    dst = out[:, j, :]
-    values = np.empty((hi - lo, dim), dtype=out.dtype)
-    if not _gather_field_ids(data, dim, j, lo, lo, hi, hi, keys, rows, admitted, n_rows, zero, bases, kinds, scales,
-                             values, bad):
-        return
-    for b in range(dst.shape[0]):
+def _gather_field_values(data, dim, j, lo, hi, keys, rows, admitted, uniq, u, slot, n_rows, zero, bases, kinds, scales,
+                         values, bad):
+    """Field j (ids ``lo..hi``): its ``u`` distinct trained rows ``uniq[lo:lo + u]`` into
+    ``values[:u]``, then each other id into its own row ``values[slot[i - lo]]`` (``gather_row``,
+    ``stored`` = present and admitted or not read as zero). A row that is not the table's sets
+    ``bad[j]`` to the first such id's position."""
+    for p in range(u):
+        if p + K.PF < u:
+            rp = uniq[lo + p + K.PF]
+            if rp >= 0 and rp < n_rows[j]:
+                prefetch2(data, rp, 0)
+        r = uniq[lo + p]
+        if r < 0 or r >= n_rows[j]:
+            bad[j] = K.first_bad_row(rows[lo:hi], admitted[lo:hi], False, n_rows[j])
+            return
         for c in range(dim):
-            dst[b, c] = 0
-    pool_or_unpool(values, offsets[j], weights[lo:hi], weighted[j], dst, False)
+            values[p, c] = data[r, c]
+    for i in range(lo, hi):
+        s = slot[i - lo]
+        if s >= u:
+            r = rows[i]
+            if r >= n_rows[j] or r < -1:
+                bad[j] = K.first_bad_row(rows[lo:hi], admitted[lo:hi], False, n_rows[j])
+                return
+            stored = r >= 0 and (admitted[i] or not zero[j])
+            K.gather_row(data, dim, r, stored, zero[j], keys[i], bases[j], kinds[j], scales[j], values, s)
 
 
 @njit(nogil=True)
@@ -532,13 +574,10 @@ def _update_fields(q0, q1, code, addr, lens, widths, col, dim, rows, admitted, k
                 filled[q - q0] = f
     for q in range(q0, q1):
         j = members[q]
-        if not hot[j] and bad[j] < 0:  # un-pooled to its ids first
-            lo, hi, f = key_offsets[j], key_offsets[j + 1], 0
-            per_id = np.empty((hi - lo, dim), dtype=grads.dtype)
-            pool_or_unpool(grads[:, j, :], offsets[j], weights[lo:hi], weighted[j], per_id, True)
-            for i in range(hi - lo):
-                if inverse[lo + i] >= 0:
-                    f = K.add_to_distinct(acc, base[q - q0], inverse[lo + i], f, per_id, i)
+        if not hot[j] and bad[j] < 0:  # un-pooled straight into the sums per distinct row
+            lo, hi = key_offsets[j], key_offsets[j + 1]
+            pool_or_unpool(grads[:, j, :], inverse[lo:hi], offsets[j], weights[lo:hi], weighted[j],
+                           acc[base[q - q0]:base[q - q0 + 1]], True)
     for q in range(q0, q1):
         j = members[q]
         if bad[j] < 0:
