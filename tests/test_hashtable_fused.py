@@ -68,16 +68,23 @@ def reference_step(tables, fields, ids, *, train, step, grads=None, lr_scale=1.0
     return pooled
 
 
-def fused_step(shard, ids, *, train, step, grads=None, lr_scale=1.0):
+def fused_step(shard, ids, *, train, step, grads=None, lr_scale=1.0, together=False):
+    """Block by block, or (``together``) all blocks in one call each (``gather_blocks``, ``apply_blocks``)."""
     touched = shard.lookup(ids, train=train, step=step)
-    pooled = []
-    for k, b in enumerate(shard.tables[shard.fields[0]].blocks):
-        out = np.empty((touched.size, len(shard.fields), b.dim), shard.tables[shard.fields[0]].dtype)
-        shard.gather_pooled(touched, k, out)
-        pooled.append(out)
+    blocks = shard.tables[shard.fields[0]].blocks
+    dtype = shard.tables[shard.fields[0]].dtype
+    pooled = [np.empty((touched.size, len(shard.fields), b.dim), dtype) for b in blocks]
+    if together:
+        shard.gather_blocks(touched, dict(enumerate(pooled)))
+    else:
+        for k, out in enumerate(pooled):
+            shard.gather_pooled(touched, k, out)
     if grads is not None:
-        for k, g in enumerate(grads):
-            shard.apply_pooled(touched, k, g, step, lr_scale)
+        if together:
+            shard.apply_blocks(touched, dict(enumerate(grads)), step, lr_scale)
+        else:
+            for k, g in enumerate(grads):
+                shard.apply_pooled(touched, k, g, step, lr_scale)
     return pooled
 
 
@@ -115,7 +122,8 @@ def test_fused_equals_the_per_table_path(dtype, optimizer, min_count, unadmitted
         ids = make_ids(rng, fields, size, 300, step)
         grads = [rng.normal(size=(size, len(fields), d)).astype(dtype) for d in (1, 4, 3)]
         expected = reference_step(ref, fields, ids, train=True, step=step, grads=grads, lr_scale=0.5 + step / 8)
-        got = fused_step(shard, ids, train=True, step=step, grads=grads, lr_scale=0.5 + step / 8)
+        got = fused_step(shard, ids, train=True, step=step, grads=grads, lr_scale=0.5 + step / 8,
+                         together=step % 4 >= 2)
         for e, g in zip(expected, got):
             assert e.tobytes() == g.tobytes()
         if step % 3 == 2:  # evaluation: unknown keys read as init/zero/shared, nothing inserted

@@ -271,19 +271,31 @@ class ShardTables:
         """Block ``block``'s values of the touched ids pooled per sample into ``out[B, F, dim]``
         (C-contiguous, the tables' dtype): rows not admitted give their key's initial value or
         zeros (``unadmitted``), as :meth:`EmbeddingTable.gather` + ``des.pooling.pool``."""
+        self.gather_blocks(touched, {block: out})
+
+    def gather_blocks(self, touched: Touched, outs: Mapping[int, np.ndarray]) -> None:
+        """:meth:`gather_pooled` of several blocks (``{block: out}``) with one split of the fields
+        over the threads for all of them: one thread hand-off per batch, not per block."""
         tables = self._sync()
-        if out.shape[:2] != (touched.size, len(tables)) or not out.flags.c_contiguous:
-            raise ValueError(f"gather_pooled: out must be C-contiguous [{touched.size}, {len(tables)}, dim]")
-        if (self._dims[block] != out.shape[2]).any() or any(t.dtype != out.dtype for t in tables):
-            raise ValueError(f"gather_pooled: out {out.dtype}{out.shape} does not fit block {self.blocks[block]!r}")
+        n_rows = np.array([t._n for t in tables], dtype=np.int64)
         bad = np.full(len(tables), -1, dtype=np.int64)
-        distinct = touched.distinct()
-        args = (self._addr, self._len, self._width, _BLOCKS + 2 * block, out.shape[2], touched.keys, touched.rows,
-                touched.admitted, touched.key_offsets, touched.offsets, touched.weights, touched.weighted,
-                touched.hot(), distinct.uniq, distinct.count, distinct.inverse,
-                np.array([t._n for t in tables], dtype=np.int64), self._zero, self._bases[block],
-                self._kinds[block], self._scales[block], out, bad)
-        _threads.run(lambda j0, j1: _gather_pool_fields(j0, j1, *args), np.diff(touched.key_offsets), _MIN_PARALLEL)
+        distinct, hot = touched.distinct(), touched.hot()
+        calls = []
+        for block, out in outs.items():
+            if out.shape[:2] != (touched.size, len(tables)) or not out.flags.c_contiguous:
+                raise ValueError(f"gather_pooled: out must be C-contiguous [{touched.size}, {len(tables)}, dim]")
+            if (self._dims[block] != out.shape[2]).any() or any(t.dtype != out.dtype for t in tables):
+                raise ValueError(f"gather_pooled: out {out.dtype}{out.shape} does not fit block {self.blocks[block]!r}")
+            calls.append((self._addr, self._len, self._width, _BLOCKS + 2 * block, out.shape[2], touched.keys,
+                          touched.rows, touched.admitted, touched.key_offsets, touched.offsets, touched.weights,
+                          touched.weighted, hot, distinct.uniq, distinct.count, distinct.inverse, n_rows, self._zero,
+                          self._bases[block], self._kinds[block], self._scales[block], out, bad))
+
+        def kernel(j0: int, j1: int) -> None:
+            for args in calls:
+                _gather_pool_fields(j0, j1, *args)
+
+        _threads.run(kernel, len(calls) * np.diff(touched.key_offsets), _MIN_PARALLEL)
         self._check_rows(tables, touched, bad)
 
     def gather_ids(self, touched: Touched, block: int, out: np.ndarray) -> None:
@@ -307,31 +319,44 @@ class ShardTables:
         """Block ``block``'s optimizer on the admitted touched rows, from pooled gradients
         ``grads[B, F, dim]`` (the tables' dtype): un-pooled to the ids, summed per row in
         occurrence order, as ``des.pooling.unpool`` + :meth:`EmbeddingTable.apply_gradients`."""
+        self.apply_blocks(touched, {block: grads}, step, lr_scale)
+
+    def apply_blocks(self, touched: Touched, grads: Mapping[int, np.ndarray], step: int, lr_scale: float = 1.0) -> None:
+        """:meth:`apply_pooled` of several blocks (``{block: grads}``) with one split of the fields
+        over the threads for all of them: one thread hand-off per step, not per block."""
         tables = self._sync()
-        if grads.shape[:2] != (touched.size, len(tables)):
-            raise ValueError(f"apply_pooled: grads {grads.shape}, expected [{touched.size}, {len(tables)}, dim]")
-        dtype = tables[0].dtype if tables else grads.dtype
-        grads = np.ascontiguousarray(grads, dtype=dtype)
+        dtype = tables[0].dtype if tables else np.dtype(np.float64)
         n_rows = np.array([t._n for t in tables], dtype=np.int64)
         bad = np.full(len(tables), -1, dtype=np.int64)
-        groups: dict[Any, list[int]] = {}  # fields with the same optimizer: one kernel call
-        if (self._dims[block] != grads.shape[2]).any():
-            raise ValueError(f"apply_pooled: grads {grads.shape} do not fit block {self.blocks[block]!r}")
-        for j, t in enumerate(tables):
-            groups.setdefault(t.blocks[block].optimizer, []).append(j)
         distinct, hot = touched.distinct(), touched.hot()
-        for optimizer, members in groups.items():
-            code, hp, alphas, t_step, horizon = optimizer.kernel_args(dtype, lr_scale, int(step) + 1)
-            sel = np.array(members, dtype=np.int64)
-            args = (code, self._addr, self._len, self._width, _BLOCKS + 2 * block, grads.shape[2], touched.rows,
-                    touched.admitted, touched.key_offsets, touched.offsets, touched.weights, touched.weighted, hot,
-                    grads, sel, n_rows, distinct.uniq, distinct.count, distinct.inverse, hp, alphas, t_step, horizon,
-                    bad)
-            # the threads split the work by ids (summed) and distinct rows (updated): a row's optimizer
-            # step costs ~8 ids' sums (its state's cache lines, Adam's catch-up); large tables have
-            # thousands of distinct rows per batch, small ones a few
-            work = np.diff(touched.key_offsets)[sel] + 8 * distinct.count[sel]
-            _threads.run(lambda q0, q1: _update_fields(q0, q1, *args), work, _MIN_PARALLEL)
+        calls, blocks = [], 0
+        for block, g in grads.items():
+            if g.shape[:2] != (touched.size, len(tables)):
+                raise ValueError(f"apply_pooled: grads {g.shape}, expected [{touched.size}, {len(tables)}, dim]")
+            if (self._dims[block] != g.shape[2]).any():
+                raise ValueError(f"apply_pooled: grads {g.shape} do not fit block {self.blocks[block]!r}")
+            g = np.ascontiguousarray(g, dtype=dtype)
+            groups: dict[Any, list[int]] = {}  # fields with the same optimizer: one kernel call
+            for j, t in enumerate(tables):
+                groups.setdefault(t.blocks[block].optimizer, []).append(j)
+            for optimizer, members in groups.items():
+                code, hp, alphas, t_step, horizon = optimizer.kernel_args(dtype, lr_scale, int(step) + 1)
+                member = np.zeros(len(tables), dtype=np.bool_)
+                member[members] = True
+                calls.append((code, self._addr, self._len, self._width, _BLOCKS + 2 * block, g.shape[2], touched.rows,
+                              touched.admitted, touched.key_offsets, touched.offsets, touched.weights,
+                              touched.weighted, hot, g, member, n_rows, distinct.uniq, distinct.count,
+                              distinct.inverse, hp, alphas, t_step, horizon, bad))
+            blocks += 1
+
+        def kernel(j0: int, j1: int) -> None:
+            for args in calls:
+                _update_fields(j0, j1, *args)
+
+        # the threads split the work by ids (summed) and distinct rows (updated): a row's optimizer
+        # step costs ~8 ids' sums (its state's cache lines, Adam's catch-up); large tables have
+        # thousands of distinct rows per batch, small ones a few
+        _threads.run(kernel, blocks * (np.diff(touched.key_offsets) + 8 * distinct.count), _MIN_PARALLEL)
         self._check_rows(tables, touched, bad)
         for t in tables:
             t.last_update_step = int(step)
@@ -541,18 +566,18 @@ def _gather_ids_fields(j0, j1, addr, lens, widths, col, dim, keys, rows, admitte
 
 
 @njit(cache=True, nogil=True)
-def _update_fields(q0, q1, code, addr, lens, widths, col, dim, rows, admitted, key_offsets, offsets, weights,
-                   weighted, hot, grads, members, n_rows, uniq, count, inverse, hp, alphas, t, horizon, bad):
-    """Fields ``members[q0:q1]``: per distinct trained row the sum of its ids' gradients (a one-hot
-    field's are ``grads[:, j]`` itself, read tile of samples by tile; the others' un-pooled first),
-    in occurrence order, then
-    optimizer ``code`` on those rows (``update_rows``). A field with a row that is not its table's
-    (``bad``) is left as it is."""
-    n = q1 - q0
-    base = np.zeros(n + 1, dtype=np.int64)  # field q's sums are acc[base[q - q0]:base[q - q0 + 1]]
-    for q in range(q0, q1):
-        j = members[q]
-        base[q - q0 + 1] = base[q - q0] + count[j]
+def _update_fields(j0, j1, code, addr, lens, widths, col, dim, rows, admitted, key_offsets, offsets, weights,
+                   weighted, hot, grads, member, n_rows, uniq, count, inverse, hp, alphas, t, horizon, bad):
+    """The ``member`` fields of [j0, j1): per distinct trained row the sum of its ids' gradients (a
+    one-hot field's are ``grads[:, j]`` itself, read tile of samples by tile; the others'
+    un-pooled into the sums), in occurrence order, then optimizer ``code`` on those rows
+    (``update_rows``). A field with a row that is not its table's (``bad``) is left as it is."""
+    n = j1 - j0
+    base = np.zeros(n + 1, dtype=np.int64)  # field j's sums are acc[base[j - j0]:base[j - j0 + 1]]
+    for j in range(j0, j1):
+        base[j - j0 + 1] = base[j - j0] + (count[j] if member[j] else 0)
+        if not member[j]:
+            continue
         lo, hi = key_offsets[j], key_offsets[j + 1]
         for p in range(count[j]):  # rows checked once each; the first bad position is found only then
             r = uniq[lo + p]
@@ -563,26 +588,23 @@ def _update_fields(q0, q1, code, addr, lens, widths, col, dim, rows, admitted, k
     filled = np.zeros(n, dtype=np.int64)
     for b0 in range(0, grads.shape[0], _TILE):
         b1 = min(b0 + _TILE, grads.shape[0])
-        for q in range(q0, q1):
-            j = members[q]
-            if hot[j] and bad[j] < 0:
-                lo, f = key_offsets[j], filled[q - q0]
+        for j in range(j0, j1):
+            if member[j] and hot[j] and bad[j] < 0:
+                lo, f = key_offsets[j], filled[j - j0]
                 src = grads[:, j, :]
                 for b in range(b0, b1):
                     if inverse[lo + b] >= 0:
-                        f = K.add_to_distinct(acc, base[q - q0], inverse[lo + b], f, src, b)
-                filled[q - q0] = f
-    for q in range(q0, q1):
-        j = members[q]
-        if not hot[j] and bad[j] < 0:  # un-pooled straight into the sums per distinct row
+                        f = K.add_to_distinct(acc, base[j - j0], inverse[lo + b], f, src, b)
+                filled[j - j0] = f
+    for j in range(j0, j1):
+        if member[j] and not hot[j] and bad[j] < 0:  # un-pooled straight into the sums per distinct row
             lo, hi = key_offsets[j], key_offsets[j + 1]
             pool_or_unpool(grads[:, j, :], inverse[lo:hi], offsets[j], weights[lo:hi], weighted[j],
-                           acc[base[q - q0]:base[q - q0 + 1]], True)
-    for q in range(q0, q1):
-        j = members[q]
-        if bad[j] < 0:
+                           acc[base[j - j0]:base[j - j0 + 1]], True)
+    for j in range(j0, j1):
+        if member[j] and bad[j] < 0:
             lo = key_offsets[j]
             data = view2(addr[j, col], lens[j, col], widths[j, col], grads)
             steps = view1(addr[j, col + 1], lens[j, col + 1], np.int32)
             update_rows(code, data[:, :dim], data[:, dim:2 * dim], data[:, 2 * dim:3 * dim], steps,
-                        uniq[lo:lo + count[j]], acc[base[q - q0]:base[q - q0 + 1]], hp, alphas, t, horizon)
+                        uniq[lo:lo + count[j]], acc[base[j - j0]:base[j - j0 + 1]], hp, alphas, t, horizon)

@@ -77,12 +77,10 @@ class FieldShard:
         after the previous step's :meth:`apply_pooled_gradients`."""
         if batch is not None and len(batch.labels) != touched.size:
             raise ValueError(f"gather_pooled: batch of {len(batch.labels)} rows, lookup of {touched.size}")
-        pooled = []
-        for k, b in enumerate(self.blocks):
-            if blocks is None or b.name in blocks:
-                pooled.append(np.empty((touched.size, len(self.fields), b.dim), dtype=self.dtype))
-                self._fused.gather_pooled(touched, k, pooled[-1])
-        return pooled
+        outs = {k: np.empty((touched.size, len(self.fields), b.dim), dtype=self.dtype)
+                for k, b in enumerate(self.blocks) if blocks is None or b.name in blocks}
+        self._fused.gather_blocks(touched, outs)
+        return list(outs.values())
 
     def pooled(self, batch: Any, *, train: bool, step: int) -> tuple[list[np.ndarray], Touched]:
         """:meth:`lookup` then :meth:`gather_pooled`: the pooled embeddings per block and what
@@ -96,9 +94,9 @@ class FieldShard:
 
     def apply_pooled_gradients(self, pooled_grads: Sequence[np.ndarray], touched: Touched, step: int) -> None:
         """Un-pool ``[B, F_i, dim]`` gradients to the ids and run the sparse optimizers (the
-        gradients of an id that occurs several times are summed first), one call per block."""
-        for k, grads in enumerate(pooled_grads):
-            self.apply_block_gradients(k, np.asarray(grads), touched, step)
+        gradients of an id that occurs several times are summed first), all blocks in one call."""
+        self._fused.apply_blocks(touched, {k: np.asarray(g) for k, g in enumerate(pooled_grads)}, step,
+                                 self.rates.sparse)
 
     def apply_block_gradients(self, block: int, grads: np.ndarray, touched: Touched, step: int) -> None:
         """:meth:`apply_pooled_gradients` of one block (its position in the model's blocks)."""
