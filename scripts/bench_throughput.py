@@ -42,17 +42,18 @@ short lines. All children run with ``TF_ENABLE_ONEDNN_OPTS=0`` (as des sets it).
 Expect (2-core machine, ``--models deepfm --strategies des,des-partials,alltoall --ranks 1,2,4
 --batch-size 4096,512 --deepctr --steps 20 --rounds 3``, nothing else running, 23 min; 2026-11-27,
 median of 3 rounds; this machine's absolute speed moves 1.4x between runs, so read the ratios): at
-B=4096 the dense roofline about 33-55k samples/s, des N=1 about 0.8x the roofline and 1.1x
+B=4096 the dense roofline about 33-55k samples/s, des N=1 about 0.8x the roofline and 1.1-1.2x
 DeepCTR, des N=2 / N=4 about 0.9x / 0.9x des N=1 and 0.9-1.0x alltoall (on Criteo the planner
-exchanges every operator: the same step); at B=512 des N=1 about 0.7-0.8x the roofline and
-1.4-1.5x DeepCTR, des N=2 / N=4 about 0.8x / 0.55x des N=1. With other jobs on the 2 cores every figure
-falls 2-7x and single-job ratios move by 0.2 or more: use ``--rounds``.
+exchanges every operator: the same step); at B=512 des N=1 about 0.75x the roofline and
+1.5-1.65x DeepCTR, des N=2 / N=4 about 0.85x / 0.5x des N=1. With other jobs on the 2 cores every
+figure falls 2-7x and single-job ratios move by 0.2 or more: use ``--rounds``.
 
 Expect with ``--data multihot`` (``--models deepfm --strategies des,des-partials,alltoall --ranks
 1,2,4 --batch-size 4096 --steps 12 --rounds 3``, 13 min; 2026-11-27): the planner picks all
-partials at every N, so des = des-partials; des runs about 1.7x / 1.2-1.3x alltoall at N = 2 / 4
-and about 0.94x / 0.89x des N=1 (the exchange's per-id work grows with the ids per sample; the
-partials' bytes do not).
+partials at every N, so des = des-partials; des runs about 1.45x / 2x / 1.35x alltoall at N = 1 /
+2 / 4 and about 1.05x / 0.9x des N=1 at N = 2 / 4 (one rank's lookup of ~2.7M ids per batch, ~120
+ms, is not hidden by its pipeline; N ranks split it; the exchange's per-id work grows with the ids
+per sample, the partials' bytes do not).
 """
 
 from __future__ import annotations
