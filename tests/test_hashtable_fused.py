@@ -137,6 +137,33 @@ def test_fused_equals_the_per_table_path(dtype, optimizer, min_count, unadmitted
         assert new[f].capacity > 64  # the lookups grew the tables (inside the fused lookup)
 
 
+def test_fields_with_different_optimizers_in_one_call(monkeypatch) -> None:
+    """A block whose fields use different optimizers: ``apply_blocks`` runs one kernel per
+    optimizer over the same field ranges (a mask of its fields), on 1 and 2 threads; each field
+    gets exactly its own optimizer's step, as the per-table path."""
+    fields = [0, 3, 5, 7]
+    by_field = {0: Adam(0.01, catchup=1), 3: SGD(0.1), 5: Adam(0.01, catchup=1), 7: AdaGrad(0.05)}
+
+    def tables():
+        return {f: make_tables([f], np.float64, optimizer=opt)[f] for f, opt in by_field.items()}
+
+    for n_threads in (1, 2):
+        monkeypatch.setattr(_threads, "threads", lambda n=n_threads: n)
+        monkeypatch.setattr("des.hashtable.fused._MIN_PARALLEL", 0)  # split even this small batch
+        ref, new = tables(), tables()
+        shard = ShardTables(new, fields, ["linear", "embedding", "extra"])
+        rng = np.random.default_rng(7)
+        for step in range(4):
+            ids = make_ids(rng, fields, 150, 200, step)
+            grads = [rng.normal(size=(150, len(fields), d)) for d in (1, 4, 3)]
+            expected = reference_step(ref, fields, ids, train=True, step=step, grads=grads)
+            got = fused_step(shard, ids, train=True, step=step, grads=grads, together=True)
+            for e, g in zip(expected, got):
+                assert e.tobytes() == g.tobytes()
+        for f in fields:
+            assert_same_tables(ref[f], new[f])
+
+
 def test_growth_inside_one_lookup_and_thread_counts(monkeypatch) -> None:
     """One batch far larger than the tables: every field grows (rows and index) in the middle of
     the fused lookup; 1, 2 and 3 threads (ranges of fields, rows of a table) give the same bytes."""
