@@ -1,9 +1,8 @@
 """des: exact, synchronous training of CTR models with Distributed Equivalent Substitution."""
 
-import os as _os
+from des import _tensorflow_env
 
-# TensorFlow reads these when it loads: keep its start-up banner out of every rank's output.
-_os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-_os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+# before any des module imports TensorFlow: its log level, oneDNN where it pays, no banner
+_tensorflow_env.configure()
 
 __version__ = "0.1.0"

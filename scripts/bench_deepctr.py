@@ -49,8 +49,7 @@ def _deepfm(store_path: str, seed: int, hidden: Sequence[int], dim: int, init_st
     timer)``: ``inputs[name]`` are the field's ids re-indexed 0..V-1; ``timer`` is a Keras callback
     recording the end time of every training batch of a ``fit`` (``timer.ends``; ``timer.steady(warmup)``)."""
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    import des  # noqa: F401  (TensorFlow's log level and oneDNN exactly as des sets them for itself)
     import numpy as np
     import tensorflow as tf
 

@@ -37,7 +37,8 @@ comma-separated list, default 4096):
   ``--cache``; or any path des.train reads. The roofline and DeepCTR run on Criteo only.
 
 The figure shows grouped bars (log scale) per model and batch, with the rooflines and DeepCTR as
-short lines. All children run with ``TF_ENABLE_ONEDNN_OPTS=0`` (as des sets it).
+short lines. Every child (des, the roofline, DeepCTR) runs with des's oneDNN setting: on where the
+CPU has AVX-512, else off (``des/_tensorflow_env.py``; ``TF_ENABLE_ONEDNN_OPTS`` overrides it for all).
 
 Expect (2-core machine, ``--models deepfm --strategies des,des-partials,alltoall --ranks 1,2,4
 --batch-size 4096,512 --deepctr --steps 20 --rounds 3``, nothing else running, 23 min; 2026-11-27,
@@ -68,8 +69,8 @@ from collections.abc import Sequence
 import bench_deepctr
 import benchlib
 
-STRATEGY_RANKS = {"des": (1, 2, 4), "des-partials": (2, 4), "des-replicated": (1, 2, 4), "alltoall": (1, 2, 4),
-                  "ps": (2, 4)}
+STRATEGY_RANKS = {"des": (1, 2, 4), "des-partials": (2, 4), "des-replicated": (1, 2, 4), "des-bf16": (1, 2, 4),
+                  "alltoall": (1, 2, 4), "ps": (2, 4)}
 FIELDS, EMBEDDING_DIM, HIDDEN = 39, 8, (400, 400, 400)  # des.train's defaults: the network measured
 TITLES = {"lr": "LR", "fm": "FM", "wdl": "W&D", "deepfm": "DeepFM"}
 
@@ -340,9 +341,11 @@ def compare_rows(models: Sequence[str], batches: Sequence[int], rows: Sequence[d
             row = {"kind": "compare", "model": model, "batch": batch,
                    "roofline": find(roof_rows, model=model, batch=batch, kind="plain", threads=ROOFLINE_THREADS[0]),
                    "deepctr": find(deepctr, model=model, batch=batch),
-                   "des": find(rows, model=model, batch=batch, strategy="des", ranks=1)}
-            for key in ("roofline", "deepctr"):
-                row[f"des_vs_{key}"] = row["des"] / row[key] if row["des"] and row[key] else None
+                   "des": find(rows, model=model, batch=batch, strategy="des", ranks=1),
+                   "des_bf16": find(rows, model=model, batch=batch, strategy="des-bf16", ranks=1)}
+            for ours in ("des", "des_bf16"):
+                for key in ("roofline", "deepctr"):
+                    row[f"{ours}_vs_{key}"] = row[ours] / row[key] if row[ours] and row[key] else None
             out.append(row)
     return out
 
@@ -433,6 +436,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                        ("roofline", f"dense roofline ({ROOFLINE_THREADS[0]} threads) samples/s", ",.0f"),
                        ("deepctr", "DeepCTR 0.9.4 samples/s", ",.0f"), ("des", "des N=1 samples/s", ",.0f"),
                        ("des_vs_roofline", "des / roofline", ".2f"), ("des_vs_deepctr", "des / DeepCTR", ".2f")]
+    if "des-bf16" in strategies:  # the same step with the upper network in bf16 (the roofline stays float32)
+        compare_columns += [("des_bf16", "des-bf16 N=1 samples/s", ",.0f"),
+                            ("des_bf16_vs_roofline", "des-bf16 / roofline", ".2f"),
+                            ("des_bf16_vs_deepctr", "des-bf16 / DeepCTR", ".2f")]
     data_note = ("Data: the shipped Criteo sample (one id per field and sample)." if criteo else
                  f"Data: {args.data}" + (f" ({data}: {MULTIHOT['rows']:,} synthetic rows, every categorical field "
                                          f"multi-hot with 0-{MULTIHOT['max_hot']} ids, vocabularies x"

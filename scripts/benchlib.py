@@ -12,8 +12,9 @@ only inside :meth:`Bench.steady`'s jobs, see :func:`train_with_timer_restart`).
 * :func:`markdown_table` / :func:`write_csv` -- the writers (tested in ``tests/test_bench_scripts.py``).
 * :func:`machine_note` -- the line every table carries about this machine vs the paper's cluster.
 
-Children get ``TF_CPP_MIN_LOG_LEVEL=2`` and ``TF_ENABLE_ONEDNN_OPTS=0`` (as ``des`` sets them
-itself); threads are sized by ``des.runtime`` (cores // ranks intra-op threads per rank).
+Children get ``TF_CPP_MIN_LOG_LEVEL=2`` and des's oneDNN setting (``des/_tensorflow_env.py``: on
+with AVX-512, else off; ``TF_ENABLE_ONEDNN_OPTS`` in the environment decides instead), des jobs,
+the roofline and DeepCTR alike; threads are sized by ``des.runtime`` (cores // ranks intra-op threads per rank).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from des._tensorflow_env import onednn_default
+
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
 MPIEXEC = VENV_BIN / "mpiexec"
@@ -52,6 +55,7 @@ STRATEGY_FLAGS: dict[str, dict[str, str]] = {
     "des": {"strategy": "des", "upper": "data-parallel", "plan": "auto"},
     "des-partials": {"strategy": "des", "upper": "data-parallel", "plan": "partials"},
     "des-replicated": {"strategy": "des", "upper": "replicated", "plan": "partials"},
+    "des-bf16": {"strategy": "des", "upper": "data-parallel", "plan": "auto", "compute_dtype": "bfloat16"},
     "alltoall": {"strategy": "alltoall"},
     "ps": {"strategy": "ps"},
 }
@@ -60,7 +64,9 @@ STRATEGY_NOTE = ("des = the default command: the upper network data-parallel (re
                  "exchanges an operator's inputs where that is cheaper in bytes, collective calls and per-id work: "
                  "on Criteo every operator, on heavy multi-hot data none); "
                  "des-partials = every operator as partial sums (--plan partials); des-replicated = the paper's step "
-                 "(--upper replicated: one AllReduce, every rank runs the upper network on the whole batch); alltoall "
+                 "(--upper replicated: one AllReduce, every rank runs the upper network on the whole batch); des-bf16 "
+                 "= des with --compute-dtype bfloat16 (the upper network and the first FC layer's matmuls in bf16 on float32 master "
+                 "weights); alltoall "
                  "= every operator exchanged (--plan exchange, TorchRec-style).")
 
 
@@ -195,13 +201,16 @@ def environment() -> dict[str, Any]:
         "git_commit": _run_text(["git", "rev-parse", "HEAD"]),
         "git_des_dirty": dirty.splitlines(),
         "load_average_at_start": os.getloadavg(),
+        "tf_enable_onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS", onednn_default()),
     }
 
 
 def machine_note(env: Mapping[str, Any] | None = None) -> str:
     env = env or {"cores": os.cpu_count(), "cpu": cpu_model(), "memory_bytes": 0}
     memory = f", {env['memory_bytes'] / 2**30:.0f} GiB" if env.get("memory_bytes") else ""
-    return (f"Machine: {env['cores']} cores ({env['cpu']}){memory}, all ranks on one machine over shared memory "
+    onednn = env.get("tf_enable_onednn_opts")
+    onednn = "" if onednn is None else f", TF oneDNN {'on' if str(onednn) in ('1', 'true') else 'off'} for every job"
+    return (f"Machine: {env['cores']} cores ({env['cpu']}){memory}{onednn}, all ranks on one machine over shared memory "
             f"(MPICH); {PAPER_SETUP}.")
 
 
@@ -253,7 +262,8 @@ class Bench:
         stderr together) goes to log.txt and is returned as ``.stdout``; raises on failure."""
         timeout = timeout or self.timeout
         full_env = dict(os.environ)
-        full_env.update(TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0")
+        full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        full_env.setdefault("TF_ENABLE_ONEDNN_OPTS", onednn_default())  # des's choice, for every child alike
         full_env.update(env or {})
         self.log(f"$ {' '.join(map(str, cmd))}", echo=False)
         start = time.perf_counter()

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # oneDNN: des's own choice (des/_tensorflow_env.py)
 
 import importlib
 import io
@@ -43,7 +42,6 @@ def mpi_env(ranks: int) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         TF_CPP_MIN_LOG_LEVEL="2",
-        TF_ENABLE_ONEDNN_OPTS="0",
         OPENBLAS_NUM_THREADS="1",
         NUMBA_NUM_THREADS="1",
         OMP_NUM_THREADS="1",

@@ -249,6 +249,7 @@ def test_throughput_compare_rows():
     rows = [{"model": "deepfm", "strategy": "des", "ranks": 1, "batch": 512, "samples_per_second": 20.0},
             {"model": "deepfm", "strategy": "des", "ranks": 2, "batch": 512, "samples_per_second": 99.0},
             {"model": "deepfm", "strategy": "alltoall", "ranks": 1, "batch": 512, "samples_per_second": 99.0},
+            {"model": "deepfm", "strategy": "des-bf16", "ranks": 1, "batch": 512, "samples_per_second": 32.0},
             {"model": "wdl", "strategy": "des", "ranks": 1, "batch": 512}]  # a failed job: no samples/s
     roof = [{"model": "deepfm", "kind": "plain", "threads": 2, "batch": 512, "samples_per_second": 40.0},
             {"model": "deepfm", "kind": "plain", "threads": 1, "batch": 512, "samples_per_second": 25.0},
@@ -258,8 +259,10 @@ def test_throughput_compare_rows():
     out = throughput.compare_rows(["lr", "wdl", "deepfm"], [512], rows, roof, dctr)
     assert [(r["model"], r["batch"]) for r in out] == [("wdl", 512), ("deepfm", 512)]  # LR: no top network
     assert out[1] == {"kind": "compare", "model": "deepfm", "batch": 512, "roofline": 40.0, "deepctr": 16.0,
-                      "des": 20.0, "des_vs_roofline": 0.5, "des_vs_deepctr": 1.25}
+                      "des": 20.0, "des_vs_roofline": 0.5, "des_vs_deepctr": 1.25,
+                      "des_bf16": 32.0, "des_bf16_vs_roofline": 0.8, "des_bf16_vs_deepctr": 2.0}
     assert out[0]["roofline"] == 30.0 and out[0]["des"] is None and out[0]["des_vs_roofline"] is None
+    assert out[0]["des_bf16"] is None and out[0]["des_bf16_vs_deepctr"] is None  # W&D: no bf16 job
     assert out[0]["deepctr"] is None and out[0]["des_vs_deepctr"] is None
 
 

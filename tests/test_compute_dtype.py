@@ -35,3 +35,44 @@ def test_bfloat16_needs_float32_master_weights() -> None:
 
     with pytest.raises(ConfigError, match="--compute-dtype bfloat16 needs --dtype float32"):
         TrainConfig(dtype="float64", compute_dtype="bfloat16").validate()
+
+
+def test_bfloat16_runs_the_first_fc_partials_in_bf16_and_keeps_fm_in_float32() -> None:
+    """``low_precision_local``: under bf16 the first FC layer's partials and their gradients are bf16
+    matmuls on casts of the float32 values (results cast back to float32); FM's sums of squares and
+    the linear sums stay float32, equal to the float32 step's to the bit."""
+    import tensorflow as tf
+
+    from des.hashtable import optimizer_from_spec
+    from des.models import DeepFM
+    from des.options import Optimizers
+    from des.strategies.components import DenseParams
+    from des.strategies.forms import ModelSplitForm
+
+    model = DeepFM(num_fields=5, embedding_dim=4, hidden=(6, 3))
+    optimizers = Optimizers(sparse={}, dense=optimizer_from_spec("adam:lr=0.001"))
+    dense = DenseParams(model, range(5), optimizers, seed=0, dtype=np.float32)
+    forms = {c: ModelSplitForm(model, dense, np.float32, c) for c in (None, "bfloat16")}
+    rng = np.random.default_rng(0)
+    pooled = [rng.normal(0, 0.3, (7, 5, b.dim)).astype(np.float32) for b in model.blocks()]
+    params = [dense.field_params[n] for n in forms[None].split_params]
+    fp32, bf16 = (forms[c].partials(pooled, params).numpy() for c in (None, "bfloat16"))
+    first_fc = slice(fp32.shape[1] - 6, None)  # linear (1), FM (k + 1), then the first FC layer (6)
+    np.testing.assert_array_equal(bf16[:, : first_fc.start], fp32[:, : first_fc.start])
+    kernel = dense.field_params["2:first_fc:kernel"]
+    as_bf16 = lambda a: tf.cast(a, tf.bfloat16)  # noqa: E731
+    expected = tf.cast(tf.einsum("bfk,fkh->bh", as_bf16(pooled[1]), as_bf16(kernel)), tf.float32).numpy()
+    np.testing.assert_array_equal(bf16[:, first_fc], expected)
+    assert not np.array_equal(bf16[:, first_fc], fp32[:, first_fc])
+
+    grad = rng.normal(0, 1, fp32.shape).astype(np.float32)
+    (emb32, field32), (emb16, field16) = ([[g.numpy() for g in part] for part in forms[c].local_backward(pooled, params, grad)]
+                                          for c in (None, "bfloat16"))
+    names = forms[None].split_params
+    for name, g32, g16 in zip(names, field32, field16):
+        if "first_fc" in name:  # V_iᵀ G in bf16: every value a bf16 number
+            np.testing.assert_array_equal(g16, tf.cast(as_bf16(g16), tf.float32).numpy())
+            np.testing.assert_allclose(g16, g32, rtol=0.05, atol=0.05)
+        else:
+            np.testing.assert_array_equal(g16, g32)
+    np.testing.assert_array_equal(emb16[0], emb32[0])  # the linear block: read by no matmul

@@ -35,3 +35,25 @@ def test_numba_compiles_after_threads_are_set_with_several_ranks_per_machine(tmp
     proc = subprocess.run([sys.executable, "-c", program], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_onednn_is_on_where_the_cpu_has_avx512() -> None:
+    """des's oneDNN default: on with AVX-512 (faster float32, bf16 kernels), off on AVX2 (slower there)."""
+    from des._tensorflow_env import cpu_flags, onednn_default
+
+    assert onednn_default({"sse4_2", "avx2", "fma"}) == "0"
+    assert onednn_default({"avx2", "avx512f", "avx512_bf16"}) == "1"
+    assert onednn_default() == ("1" if "avx512f" in cpu_flags() else "0")
+
+
+def test_tensorflow_banner_is_dropped_and_nothing_else(capfd) -> None:
+    """TensorFlow's import prints its oneDNN banner before its log level applies: des drops those
+    lines from fd 2 and writes every other line back, in order."""
+    from des._tensorflow_env import stderr_without
+
+    with stderr_without():
+        os.write(2, b"I0000 00:00:1 1 port.cc:153] oneDNN custom operations are on. You may see slightly ...\n")
+        os.write(2, b"a real problem\n")
+        os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n")
+        os.write(2, b"another line\n")
+    assert capfd.readouterr().err == "a real problem\nanother line\n"

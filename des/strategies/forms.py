@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,29 @@ class _ModelForm:
         self.compute_dtype = tf.as_dtype(compute_dtype) if compute_dtype else self.tf_dtype
         self.blocks = [b.name for b in model.blocks()]
         self.substitutions = model.substitutions()
+
+    def _in_compute_dtype(self, sub: Any) -> bool:
+        return sub.low_precision_local and self.compute_dtype != self.tf_dtype
+
+    def _cast_in(self, *tensors: Any) -> list[Any]:
+        return [tf.cast(t, self.compute_dtype) for t in tensors]
+
+    def _sub_local(self, sub: Any, emb: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
+        """``sub.local``; in the compute dtype where the substitution allows it (``low_precision_local``:
+        the first FC layer's matmul under ``--compute-dtype bfloat16``), the result in :attr:`tf_dtype`."""
+        if not self._in_compute_dtype(sub):
+            return sub.local(emb, params)
+        emb, *values = self._cast_in(emb, *params.values())
+        return tf.cast(sub.local(emb, dict(zip(params, values))), self.tf_dtype)
+
+    def _sub_local_backward(self, sub: Any, emb: tf.Tensor, params: Mapping[str, tf.Tensor], grad: tf.Tensor
+                            ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        """``sub.local_backward``, in the compute dtype as :meth:`_sub_local`; gradients in :attr:`tf_dtype`."""
+        if not self._in_compute_dtype(sub):
+            return sub.local_backward(emb, params, grad)
+        emb, grad, *values = self._cast_in(emb, grad, *params.values())
+        emb_grad, grads = sub.local_backward(emb, dict(zip(params, values)), grad)
+        return tf.cast(emb_grad, self.tf_dtype), {k: tf.cast(g, self.tf_dtype) for k, g in grads.items()}
 
     def _top(self, top: Sequence[tf.Tensor], outputs: Sequence[tf.Tensor]) -> tf.Tensor:
         """The model's top network on the substituted operators' outputs -> logits (in :attr:`tf_dtype`)."""
@@ -115,8 +138,8 @@ class ModelSplitForm(_ModelForm):
     def _local_parts(self, pooled: Sequence[tf.Tensor], params: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         """Each split substitution's ``local`` on this rank's fields: the buffer's column blocks."""
         by_block = dict(zip(self.split_blocks, pooled))
-        return [self.substitutions[i].local(by_block[self.substitutions[i].block],
-                                            self._params_of(i, self.split_params, params))
+        return [self._sub_local(self.substitutions[i], by_block[self.substitutions[i].block],
+                                self._params_of(i, self.split_params, params))
                 for i in self.split]
 
     def _columns(self, buffer: tf.Tensor) -> list[tf.Tensor]:
@@ -137,8 +160,8 @@ class ModelSplitForm(_ModelForm):
         param_grads: dict[str, tf.Tensor] = {}
         for i, part_grad in zip(self.split, part_grads):
             sub = self.substitutions[i]
-            emb_grad, grads = sub.local_backward(by_block[sub.block], self._params_of(i, self.split_params, params),
-                                                 part_grad)
+            emb_grad, grads = self._sub_local_backward(sub, by_block[sub.block],
+                                                       self._params_of(i, self.split_params, params), part_grad)
             block_grads[sub.block].append(emb_grad)
             param_grads.update({f"{i}:{sub.name}:{name}": g for name, g in grads.items()})
         l2 = self.model.l2_embedding
@@ -162,7 +185,7 @@ class ModelSplitForm(_ModelForm):
                 # check_substitution proved equal to ``reference`` (FM's textbook double sum over field
                 # pairs costs 3x its eq. (6) form, forward + backward)
                 emb, params = by_block[sub.block], self._params_of(i, self.exchange_params, xparams)
-                outputs.append(sub.combine(sub.local(emb, params)))
+                outputs.append(sub.combine(self._sub_local(sub, emb, params)))
             else:
                 outputs.append(sub.combine(next(reduced)))
         return self._top(top, outputs)

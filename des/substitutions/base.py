@@ -98,6 +98,11 @@ class Substitution(ABC):
     #: packs every substitution into one buffer and reduces it once; the checker and the engine
     #: refuse anything else rather than summing it silently.
     collective: ClassVar[str] = "allreduce"
+    #: ``--compute-dtype bfloat16`` may run :meth:`local` and :meth:`local_backward` in bf16 (on
+    #: casts of the float32 embeddings and weights, results cast back): true for a matmul, whose
+    #: bf16 kernels accumulate in float32; false (default) for sums of many terms or of squares
+    #: (FM's eq. (6)), which bf16's 8-bit mantissa would swamp
+    low_precision_local: ClassVar[bool] = False
 
     def __init__(self, block: str, dim: int, num_fields: int) -> None:
         self.block = block

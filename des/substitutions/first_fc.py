@@ -24,6 +24,7 @@ class FirstFC(Substitution):
     """``concat_f(e_f) @ W`` computed as ``Σ_f e_f W_f``; width ``units``."""
 
     name = "first_fc"
+    low_precision_local = True  # two matmuls (eq. (9) and its gradient): bf16 with float32 accumulation
 
     def __init__(self, num_fields: int, dim: int, units: int, block: str = "embedding") -> None:
         super().__init__(block=block, dim=dim, num_fields=num_fields)
