@@ -4,12 +4,13 @@ TensorFlow reads ``TF_CPP_MIN_LOG_LEVEL`` and ``TF_ENABLE_ONEDNN_OPTS`` once, wh
 :func:`configure` (run by ``des/__init__.py``, before any des module imports TensorFlow) sets
 what the user has not set:
 
-* ``TF_ENABLE_ONEDNN_OPTS``: on where the CPU has AVX-512, off elsewhere (:func:`onednn_default`).
-  Measured (docs/design.md §8): on an AVX-512 CPU with bf16 units oneDNN runs a [4096, 400] x
-  [400, 400] float32 matmul 1.23x and a bfloat16 one 2.2x faster than Eigen, and des's one-rank
-  DeepFM step at B=4096 ~1.2x; on an AVX2-only CPU it ran the same top network 1.5x slower and has
-  no bf16 kernels. float64, the exactness mode, never goes through oneDNN. ``TF_ENABLE_ONEDNN_OPTS=0``
-  or ``=1`` in the environment decides instead.
+* ``TF_ENABLE_ONEDNN_OPTS``: on where the CPU has AVX-512 and every rank on the machine has a
+  core of its own, off elsewhere (:func:`onednn_default`). Measured (docs/design.md §3): on a
+  2-core AVX512-BF16 CPU oneDNN runs a [4096, 400] x [400, 400] float32 matmul 1.23x and a bfloat16
+  one 2.2x faster than Eigen; des's DeepFM at B=4096 ran 1.06-1.18x at N=1 and 1.01-1.11x at N=2,
+  but 0.92x at N=4 (4 ranks time-sharing 2 cores). On an AVX2-only CPU it ran the same top network
+  1.5x slower and has no bf16 kernels. float64, the exactness mode, never goes through oneDNN.
+  ``TF_ENABLE_ONEDNN_OPTS=0`` or ``=1`` in the environment decides instead.
 * With oneDNN on, TensorFlow prints "oneDNN custom operations are on ..." (and absl's "All log
   messages before absl::InitializeLog() ..." header) to stderr at import, before its log level
   applies: once or twice per rank. :func:`quiet_tensorflow_import` puts a one-shot finder first on
@@ -25,7 +26,7 @@ import importlib.util
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -45,9 +46,25 @@ def cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:
     return set()
 
 
-def onednn_default(flags: set[str] | None = None) -> str:
-    """``"1"`` (oneDNN on) on a CPU with AVX-512, else ``"0"``."""
-    return "1" if "avx512f" in (cpu_flags() if flags is None else flags) else "0"
+def launcher_local_ranks(environ: Mapping[str, str] | None = None) -> int:
+    """Ranks of this job on this machine, as the MPI launcher tells them before MPI starts
+    (MPICH/Hydra and Intel MPI: ``MPI_LOCALNRANKS``; Open MPI: ``OMPI_COMM_WORLD_LOCAL_SIZE``); 1
+    outside a launcher."""
+    environ = os.environ if environ is None else environ
+    for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        try:
+            return max(1, int(environ[name]))
+        except (KeyError, ValueError):
+            continue
+    return 1
+
+
+def onednn_default(flags: set[str] | None = None, local_ranks: int | None = None, cores: int | None = None) -> str:
+    """``"1"`` (oneDNN on) on a CPU with AVX-512 where every rank has a core of its own, else ``"0"``."""
+    flags = cpu_flags() if flags is None else flags
+    local_ranks = launcher_local_ranks() if local_ranks is None else local_ranks
+    cores = (os.cpu_count() or 1) if cores is None else cores
+    return "1" if "avx512f" in flags and local_ranks <= cores else "0"
 
 
 def onednn_enabled() -> bool:
@@ -104,8 +121,21 @@ def quiet_tensorflow_import() -> None:
         sys.meta_path.insert(0, _QuietTensorFlow())
 
 
+#: holds the value des put in ``TF_ENABLE_ONEDNN_OPTS``: a process started by a des process (a
+#: benchmark's jobs, a test's ranks) inherits both and decides again for itself (its own rank count)
+DEFAULT_MARK = "DES_ONEDNN_DEFAULT"
+
+
+def onednn_chosen_by_user(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``TF_ENABLE_ONEDNN_OPTS`` was set by the user (not by des's :func:`configure`)."""
+    environ = os.environ if environ is None else environ
+    value = environ.get("TF_ENABLE_ONEDNN_OPTS")
+    return value is not None and value != environ.get(DEFAULT_MARK)
+
+
 def configure() -> None:
     """Set TensorFlow's load-time variables the user has not set, and quiet its import."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", onednn_default())
+    if not onednn_chosen_by_user():
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = os.environ[DEFAULT_MARK] = onednn_default()
     quiet_tensorflow_import()

@@ -38,7 +38,8 @@ comma-separated list, default 4096):
 
 The figure shows grouped bars (log scale) per model and batch, with the rooflines and DeepCTR as
 short lines. Every child (des, the roofline, DeepCTR) runs with des's oneDNN setting: on where the
-CPU has AVX-512, else off (``des/_tensorflow_env.py``; ``TF_ENABLE_ONEDNN_OPTS`` overrides it for all).
+CPU has AVX-512 and each rank has a core of its own, else off (``des/_tensorflow_env.py``; at N=4 on
+2 cores it is off); ``TF_ENABLE_ONEDNN_OPTS`` set overrides it for all.
 
 Expect (2-core machine, ``--models deepfm --strategies des,des-partials,alltoall --ranks 1,2,4
 --batch-size 4096,512 --deepctr --steps 20 --rounds 3``, nothing else running, 23 min; 2026-11-27,

@@ -12,9 +12,10 @@ only inside :meth:`Bench.steady`'s jobs, see :func:`train_with_timer_restart`).
 * :func:`markdown_table` / :func:`write_csv` -- the writers (tested in ``tests/test_bench_scripts.py``).
 * :func:`machine_note` -- the line every table carries about this machine vs the paper's cluster.
 
-Children get ``TF_CPP_MIN_LOG_LEVEL=2`` and des's oneDNN setting (``des/_tensorflow_env.py``: on
-with AVX-512, else off; ``TF_ENABLE_ONEDNN_OPTS`` in the environment decides instead), des jobs,
-the roofline and DeepCTR alike; threads are sized by ``des.runtime`` (cores // ranks intra-op threads per rank).
+Children get ``TF_CPP_MIN_LOG_LEVEL=2``; TensorFlow's oneDNN is des's choice in every child (des
+jobs, the roofline and DeepCTR alike: ``des/_tensorflow_env.py``, on with AVX-512 where each rank
+has a core of its own) unless ``TF_ENABLE_ONEDNN_OPTS`` is set, which then holds for all; threads
+are sized by ``des.runtime`` (cores // ranks intra-op threads per rank).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from des._tensorflow_env import onednn_default
+from des._tensorflow_env import onednn_chosen_by_user
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
@@ -201,7 +202,8 @@ def environment() -> dict[str, Any]:
         "git_commit": _run_text(["git", "rev-parse", "HEAD"]),
         "git_des_dirty": dirty.splitlines(),
         "load_average_at_start": os.getloadavg(),
-        "tf_enable_onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS", onednn_default()),
+        # des's default decides in every child (by its ranks on this machine) unless the user set it
+        "tf_enable_onednn_opts": os.environ["TF_ENABLE_ONEDNN_OPTS"] if onednn_chosen_by_user() else "des default",
     }
 
 
@@ -209,7 +211,8 @@ def machine_note(env: Mapping[str, Any] | None = None) -> str:
     env = env or {"cores": os.cpu_count(), "cpu": cpu_model(), "memory_bytes": 0}
     memory = f", {env['memory_bytes'] / 2**30:.0f} GiB" if env.get("memory_bytes") else ""
     onednn = env.get("tf_enable_onednn_opts")
-    onednn = "" if onednn is None else f", TF oneDNN {'on' if str(onednn) in ('1', 'true') else 'off'} for every job"
+    onednn = ("" if onednn is None else ", TF oneDNN as des sets it in every job (on with AVX-512 where each rank has "
+              "a core of its own)" if onednn == "des default" else f", TF_ENABLE_ONEDNN_OPTS={onednn} in every job")
     return (f"Machine: {env['cores']} cores ({env['cpu']}){memory}{onednn}, all ranks on one machine over shared memory "
             f"(MPICH); {PAPER_SETUP}.")
 
@@ -263,7 +266,6 @@ class Bench:
         timeout = timeout or self.timeout
         full_env = dict(os.environ)
         full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        full_env.setdefault("TF_ENABLE_ONEDNN_OPTS", onednn_default())  # des's choice, for every child alike
         full_env.update(env or {})
         self.log(f"$ {' '.join(map(str, cmd))}", echo=False)
         start = time.perf_counter()

@@ -37,13 +37,19 @@ def test_numba_compiles_after_threads_are_set_with_several_ranks_per_machine(tmp
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stdout + proc.stderr
 
 
-def test_onednn_is_on_where_the_cpu_has_avx512() -> None:
-    """des's oneDNN default: on with AVX-512 (faster float32, bf16 kernels), off on AVX2 (slower there)."""
-    from des._tensorflow_env import cpu_flags, onednn_default
+def test_onednn_is_on_where_the_cpu_has_avx512_and_a_core_per_rank() -> None:
+    """des's oneDNN default: on with AVX-512 (faster float32, bf16 kernels) unless the ranks on the
+    machine outnumber its cores (slower there), off on AVX2 (slower there)."""
+    from des._tensorflow_env import cpu_flags, launcher_local_ranks, onednn_default
 
-    assert onednn_default({"sse4_2", "avx2", "fma"}) == "0"
-    assert onednn_default({"avx2", "avx512f", "avx512_bf16"}) == "1"
-    assert onednn_default() == ("1" if "avx512f" in cpu_flags() else "0")
+    avx512 = {"avx2", "avx512f", "avx512_bf16"}
+    assert onednn_default({"sse4_2", "avx2", "fma"}, 1, 2) == "0"
+    assert onednn_default(avx512, 1, 2) == "1" and onednn_default(avx512, 2, 2) == "1"
+    assert onednn_default(avx512, 4, 2) == "0"
+    assert launcher_local_ranks({"MPI_LOCALNRANKS": "4"}) == 4  # MPICH's Hydra, Intel MPI
+    assert launcher_local_ranks({"OMPI_COMM_WORLD_LOCAL_SIZE": "3"}) == 3  # Open MPI
+    assert launcher_local_ranks({}) == 1
+    assert onednn_default() == ("1" if "avx512f" in cpu_flags() else "0")  # this process: one rank
 
 
 def test_tensorflow_banner_is_dropped_and_nothing_else(capfd) -> None:
@@ -57,3 +63,14 @@ def test_tensorflow_banner_is_dropped_and_nothing_else(capfd) -> None:
         os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n")
         os.write(2, b"another line\n")
     assert capfd.readouterr().err == "a real problem\nanother line\n"
+
+
+def test_a_process_started_by_des_decides_onednn_again_unless_the_user_chose() -> None:
+    """des marks the value it put in TF_ENABLE_ONEDNN_OPTS: a child (a benchmark's 4-rank job)
+    inheriting it decides again for its own rank count; a value the user set is kept."""
+    from des._tensorflow_env import DEFAULT_MARK, onednn_chosen_by_user
+
+    assert not onednn_chosen_by_user({})
+    assert not onednn_chosen_by_user({"TF_ENABLE_ONEDNN_OPTS": "1", DEFAULT_MARK: "1"})
+    assert onednn_chosen_by_user({"TF_ENABLE_ONEDNN_OPTS": "0", DEFAULT_MARK: "1"})
+    assert onednn_chosen_by_user({"TF_ENABLE_ONEDNN_OPTS": "1"})
