@@ -1,22 +1,23 @@
 """How TensorFlow loads in a des process: quiet, and with oneDNN where it pays.
 
-TensorFlow reads ``TF_CPP_MIN_LOG_LEVEL`` and ``TF_ENABLE_ONEDNN_OPTS`` once, when it loads, so
-:func:`configure` (run by ``des/__init__.py``, before any des module imports TensorFlow) sets
-what the user has not set:
+TensorFlow reads ``TF_CPP_MIN_LOG_LEVEL`` and ``TF_ENABLE_ONEDNN_OPTS`` once, when it loads.
+:func:`configure` (run by ``des/__init__.py``) sets the log level and puts a one-shot finder first
+on ``sys.meta_path``; the first ``import tensorflow`` then
 
-* ``TF_ENABLE_ONEDNN_OPTS``: on where the CPU has AVX-512 and every rank on the machine has a
-  core of its own, off elsewhere (:func:`onednn_default`). Measured (docs/design.md §3): on a
-  2-core AVX512-BF16 CPU oneDNN runs a [4096, 400] x [400, 400] float32 matmul 1.23x and a bfloat16
-  one 2.2x faster than Eigen; des's DeepFM at B=4096 ran 1.06-1.18x at N=1 and 1.01-1.11x at N=2,
-  but 0.92x at N=4 (4 ranks time-sharing 2 cores). On an AVX2-only CPU it ran the same top network
-  1.5x slower and has no bf16 kernels. float64, the exactness mode, never goes through oneDNN.
-  ``TF_ENABLE_ONEDNN_OPTS=0`` or ``=1`` in the environment decides instead.
-* With oneDNN on, TensorFlow prints "oneDNN custom operations are on ..." (and absl's "All log
-  messages before absl::InitializeLog() ..." header) to stderr at import, before its log level
-  applies: once or twice per rank. :func:`quiet_tensorflow_import` puts a one-shot finder first on
-  ``sys.meta_path``: the first ``import tensorflow`` runs with file descriptor 2 sent to a
-  temporary file, and everything written there except those lines is written back to stderr when
-  the import ends (or fails). Nothing else is filtered, nothing is lost.
+* decides ``TF_ENABLE_ONEDNN_OPTS`` unless the user set it (:func:`onednn_default`): on where the
+  CPU has AVX-512 and either every rank on the machine has a core of its own or the job computes
+  in bf16 (:func:`will_compute_in_bfloat16`, called by ``des.train`` after parsing its options and
+  before TensorFlow loads); off elsewhere. Measured (docs/design.md §3): on a 2-core AVX512-BF16
+  CPU oneDNN runs a [4096, 400] x [400, 400] float32 matmul 1.23x and a bfloat16 one 2.2x faster
+  than Eigen; des's DeepFM at B=4096 ran 1.06-1.18x at N=1 and 1.01-1.11x at N=2, but 0.92x at N=4
+  (4 ranks time-sharing 2 cores) in float32, while bf16 without oneDNN falls back to Eigen's bf16,
+  ~10x slower there. On an AVX2-only CPU oneDNN ran the same top network 1.5x slower and has no
+  bf16 kernels. float64, the exactness mode, never goes through oneDNN.
+* runs with file descriptor 2 sent to a temporary file: with oneDNN on, TensorFlow prints "oneDNN
+  custom operations are on ..." (and absl's "All log messages before absl::InitializeLog() ..."
+  header) at import, before its log level applies, once or twice per rank. Everything written
+  there except those lines is written back to stderr when the import ends (or fails). Nothing else
+  is filtered, nothing is lost.
 """
 
 from __future__ import annotations
@@ -59,12 +60,25 @@ def launcher_local_ranks(environ: Mapping[str, str] | None = None) -> int:
     return 1
 
 
-def onednn_default(flags: set[str] | None = None, local_ranks: int | None = None, cores: int | None = None) -> str:
-    """``"1"`` (oneDNN on) on a CPU with AVX-512 where every rank has a core of its own, else ``"0"``."""
+_bfloat16 = False  # set by will_compute_in_bfloat16
+
+
+def will_compute_in_bfloat16() -> None:
+    """Tell the coming TensorFlow import that this process computes in bf16: oneDNN then stays on
+    with AVX-512 even where ranks share cores (bf16 has no fast kernel without it)."""
+    global _bfloat16
+    _bfloat16 = True
+
+
+def onednn_default(flags: set[str] | None = None, local_ranks: int | None = None, cores: int | None = None,
+                   bfloat16: bool | None = None) -> str:
+    """``"1"`` (oneDNN on) on a CPU with AVX-512 where every rank has a core of its own or the
+    job computes in bf16, else ``"0"``."""
     flags = cpu_flags() if flags is None else flags
     local_ranks = launcher_local_ranks() if local_ranks is None else local_ranks
     cores = (os.cpu_count() or 1) if cores is None else cores
-    return "1" if "avx512f" in flags and local_ranks <= cores else "0"
+    bfloat16 = _bfloat16 if bfloat16 is None else bfloat16
+    return "1" if "avx512f" in flags and (local_ranks <= cores or bfloat16) else "0"
 
 
 def onednn_enabled() -> bool:
@@ -93,15 +107,17 @@ def stderr_without(noise: tuple[str, ...] = BANNER) -> Iterator[None]:
                 os.write(2, b"".join(kept))
 
 
-class _QuietTensorFlow(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: at the first lookup of ``tensorflow`` it steps aside, lets the other
-    finders find it, and wraps that loader's ``exec_module`` in :func:`stderr_without`."""
+class _BeforeTensorFlow(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: at the first lookup of ``tensorflow`` it steps aside, decides oneDNN,
+    lets the other finders find TensorFlow, and wraps that loader's ``exec_module`` in
+    :func:`stderr_without`."""
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name != "tensorflow":
             return None
         if self in sys.meta_path:
             sys.meta_path.remove(self)
+        choose_onednn()
         spec = importlib.util.find_spec(name)
         loader = getattr(spec, "loader", None)
         if loader is not None and hasattr(loader, "exec_module"):
@@ -115,10 +131,10 @@ class _QuietTensorFlow(importlib.abc.MetaPathFinder):
         return spec
 
 
-def quiet_tensorflow_import() -> None:
-    """The next ``import tensorflow`` without the banner (no-op once TensorFlow is loaded)."""
-    if "tensorflow" not in sys.modules and not any(isinstance(f, _QuietTensorFlow) for f in sys.meta_path):
-        sys.meta_path.insert(0, _QuietTensorFlow())
+def before_tensorflow_import() -> None:
+    """Hook the next ``import tensorflow`` (no-op once TensorFlow is loaded)."""
+    if "tensorflow" not in sys.modules and not any(isinstance(f, _BeforeTensorFlow) for f in sys.meta_path):
+        sys.meta_path.insert(0, _BeforeTensorFlow())
 
 
 #: holds the value des put in ``TF_ENABLE_ONEDNN_OPTS``: a process started by a des process (a
@@ -133,9 +149,13 @@ def onednn_chosen_by_user(environ: Mapping[str, str] | None = None) -> bool:
     return value is not None and value != environ.get(DEFAULT_MARK)
 
 
-def configure() -> None:
-    """Set TensorFlow's load-time variables the user has not set, and quiet its import."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+def choose_onednn() -> None:
+    """Set ``TF_ENABLE_ONEDNN_OPTS`` to :func:`onednn_default` unless the user set it."""
     if not onednn_chosen_by_user():
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = os.environ[DEFAULT_MARK] = onednn_default()
-    quiet_tensorflow_import()
+
+
+def configure() -> None:
+    """TensorFlow's log level unless the user set it; oneDNN and a quiet import when it loads."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    before_tensorflow_import()

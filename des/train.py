@@ -13,11 +13,21 @@ from __future__ import annotations
 
 from des import runtime  # noqa: F401  (quiets TensorFlow before it is imported)
 from des.collectives import Communicator, run_main
-from des.config import load_config
+from des.config import TrainConfig, load_config
+
+
+def before_tensorflow(config: TrainConfig) -> None:
+    """What TensorFlow must know before it loads: a bf16 job keeps oneDNN's kernels
+    (``des/_tensorflow_env.py``). A no-op once TensorFlow is loaded."""
+    if config.compute_dtype == "bfloat16":
+        from des._tensorflow_env import will_compute_in_bfloat16
+
+        will_compute_in_bfloat16()
 
 
 def main(argv: list[str] | None = None) -> int:
     config = load_config(argv)
+    before_tensorflow(config)
     from des.runner import train
 
     train(config, Communicator())

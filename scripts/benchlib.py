@@ -450,6 +450,9 @@ def train_with_timer_restart(warmup: int, argv: Sequence[str]) -> None:
     reporting is affected: ``steps_this_run`` and ``bytes_per_step`` then count the later steps.)"""
     from des import train as des_train
     from des.collectives import run_main
+    from des.config import load_config
+
+    des_train.before_tensorflow(load_config(list(argv)))  # the strategies' import loads TensorFlow
     from des.strategies import default_strategies
 
     def wrap(cls):

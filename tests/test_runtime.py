@@ -39,17 +39,19 @@ def test_numba_compiles_after_threads_are_set_with_several_ranks_per_machine(tmp
 
 def test_onednn_is_on_where_the_cpu_has_avx512_and_a_core_per_rank() -> None:
     """des's oneDNN default: on with AVX-512 (faster float32, bf16 kernels) unless the ranks on the
-    machine outnumber its cores (slower there), off on AVX2 (slower there)."""
+    machine outnumber its cores in float32 (slower there), off on AVX2 (slower there)."""
     from des._tensorflow_env import cpu_flags, launcher_local_ranks, onednn_default
 
     avx512 = {"avx2", "avx512f", "avx512_bf16"}
     assert onednn_default({"sse4_2", "avx2", "fma"}, 1, 2) == "0"
     assert onednn_default(avx512, 1, 2) == "1" and onednn_default(avx512, 2, 2) == "1"
-    assert onednn_default(avx512, 4, 2) == "0"
+    assert onednn_default(avx512, 4, 2, bfloat16=False) == "0"
+    assert onednn_default(avx512, 4, 2, bfloat16=True) == "1"  # Eigen's bf16 is ~10x slower
+    assert onednn_default({"avx2"}, 1, 2, bfloat16=True) == "0"
     assert launcher_local_ranks({"MPI_LOCALNRANKS": "4"}) == 4  # MPICH's Hydra, Intel MPI
     assert launcher_local_ranks({"OMPI_COMM_WORLD_LOCAL_SIZE": "3"}) == 3  # Open MPI
     assert launcher_local_ranks({}) == 1
-    assert onednn_default() == ("1" if "avx512f" in cpu_flags() else "0")  # this process: one rank
+    assert onednn_default(bfloat16=False) == ("1" if "avx512f" in cpu_flags() else "0")  # this process: one rank
 
 
 def test_tensorflow_banner_is_dropped_and_nothing_else(capfd) -> None:
@@ -74,3 +76,20 @@ def test_a_process_started_by_des_decides_onednn_again_unless_the_user_chose() -
     assert not onednn_chosen_by_user({"TF_ENABLE_ONEDNN_OPTS": "1", DEFAULT_MARK: "1"})
     assert onednn_chosen_by_user({"TF_ENABLE_ONEDNN_OPTS": "0", DEFAULT_MARK: "1"})
     assert onednn_chosen_by_user({"TF_ENABLE_ONEDNN_OPTS": "1"})
+
+
+def test_a_bfloat16_job_keeps_onednn_where_ranks_share_cores() -> None:
+    """des.train tells the coming TensorFlow import that it computes in bf16 (Eigen's bf16 is ~10x
+    slower than oneDNN's on AVX-512): with 4 ranks on 2 cores oneDNN then stays on. In a child
+    process: the choice is per process, before TensorFlow loads."""
+    code = textwrap.dedent("""
+        from des import _tensorflow_env as env, train
+        from des.config import load_config
+        avx512 = {"avx512f", "avx512_bf16"}
+        before = env.onednn_default(avx512, local_ranks=4, cores=2)
+        train.before_tensorflow(load_config(["--compute-dtype", "bfloat16"]))
+        print(before, env.onednn_default(avx512, local_ranks=4, cores=2))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "1"]
