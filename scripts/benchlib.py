@@ -14,7 +14,7 @@ only inside :meth:`Bench.steady`'s jobs, see :func:`train_with_timer_restart`).
 
 Children get ``TF_CPP_MIN_LOG_LEVEL=2``; TensorFlow's oneDNN is des's choice in every child (des
 jobs, the roofline and DeepCTR alike: ``des/_tensorflow_env.py``, on with AVX-512 where each rank
-has a core of its own) unless ``TF_ENABLE_ONEDNN_OPTS`` is set, which then holds for all; threads
+has a core of its own or computes in bf16) unless ``TF_ENABLE_ONEDNN_OPTS`` is set, which then holds for all; threads
 are sized by ``des.runtime`` (cores // ranks intra-op threads per rank).
 """
 
@@ -212,7 +212,8 @@ def machine_note(env: Mapping[str, Any] | None = None) -> str:
     memory = f", {env['memory_bytes'] / 2**30:.0f} GiB" if env.get("memory_bytes") else ""
     onednn = env.get("tf_enable_onednn_opts")
     onednn = ("" if onednn is None else ", TF oneDNN as des sets it in every job (on with AVX-512 where each rank has "
-              "a core of its own)" if onednn == "des default" else f", TF_ENABLE_ONEDNN_OPTS={onednn} in every job")
+              "a core of its own or computes in bf16)" if onednn == "des default"
+              else f", TF_ENABLE_ONEDNN_OPTS={onednn} in every job")
     return (f"Machine: {env['cores']} cores ({env['cpu']}){memory}{onednn}, all ranks on one machine over shared memory "
             f"(MPICH); {PAPER_SETUP}.")
 
