@@ -11,7 +11,7 @@ on ``sys.meta_path``; the first ``import tensorflow`` then
   CPU oneDNN runs a [4096, 400] x [400, 400] float32 matmul 1.23x and a bfloat16 one 2.2x faster
   than Eigen; des's DeepFM at B=4096 ran 1.06-1.18x at N=1 and 1.01-1.11x at N=2, but 0.92x at N=4
   (4 ranks time-sharing 2 cores) in float32, while bf16 without oneDNN falls back to Eigen's bf16,
-  ~10x slower there. On an AVX2-only CPU oneDNN ran the same top network 1.5x slower and has no
+  ~8x slower there. On an AVX2-only CPU oneDNN ran the same top network 1.5x slower and has no
   bf16 kernels. float64, the exactness mode, never goes through oneDNN.
 * runs with file descriptor 2 sent to a temporary file: with oneDNN on, TensorFlow prints "oneDNN
   custom operations are on ..." (and absl's "All log messages before absl::InitializeLog() ..."
@@ -81,9 +81,13 @@ def onednn_default(flags: set[str] | None = None, local_ranks: int | None = None
     return "1" if "avx512f" in flags and (local_ranks <= cores or bfloat16) else "0"
 
 
-def onednn_enabled() -> bool:
-    """Whether TensorFlow in this process runs oneDNN's kernels (after :func:`configure`)."""
-    return os.environ.get("TF_ENABLE_ONEDNN_OPTS", "").strip().lower() in ("1", "true")
+def onednn_setting(environ: Mapping[str, str] | None = None) -> str:
+    """``"on"``/``"off"`` as ``TF_ENABLE_ONEDNN_OPTS`` says, or ``"TensorFlow's default"`` when it
+    is unset (TensorFlow was imported before des could decide: on, on x86 Linux)."""
+    value = (os.environ if environ is None else environ).get("TF_ENABLE_ONEDNN_OPTS")
+    if value is None:
+        return "TensorFlow's default"
+    return "on" if value.strip().lower() in ("1", "true") else "off"
 
 
 @contextmanager

@@ -37,11 +37,11 @@ class Threads:
     chosen: str  # "auto" (cores // local ranks) or "--threads"
 
     def describe(self) -> str:
-        from des._tensorflow_env import onednn_enabled
+        from des._tensorflow_env import onednn_setting
 
         return (f"  threads per rank: TF intra-op {self.intra_op}, inter-op {self.inter_op}, numba {self.numba} "
                 f"({self.chosen}: {self.cores} cores, {self.local_ranks} rank(s) on this machine); TF oneDNN "
-                f"{'on' if onednn_enabled() else 'off'} (TF_ENABLE_ONEDNN_OPTS)")
+                f"{onednn_setting()} (TF_ENABLE_ONEDNN_OPTS)")
 
 
 def configure_threads(threads: int = 0) -> Threads:
