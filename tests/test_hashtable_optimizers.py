@@ -264,6 +264,49 @@ def test_catchup_adam_past_the_horizon_and_wide_rows() -> None:
     np.testing.assert_allclose(v, dv, rtol=1e-12, atol=1e-300)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dim", [1, 8, 19])
+def test_catchup_of_many_rows_at_once_equals_one_row_at_a_time(dtype, dim) -> None:
+    """The catch-up steps all the rows of an update (and of a flush) together, ordered by their
+    last update and grouped (more rows than one group here). Each row must end bit for bit where
+    it ends caught up alone: rows never updated, updated the step before, idle for a few steps
+    and past the horizon, in any order."""
+    from des.hashtable import optimizers as O
+
+    rng = np.random.default_rng(dim)
+    opt, t, R = Adam(0.01, catchup=1), 2000, 2500
+    assert R > O._CATCH_UP_GROUP
+    w0 = rng.normal(size=(R, dim)).astype(dtype)
+    m0 = (rng.normal(size=(R, dim)) * 1e-3).astype(dtype)
+    v0 = (rng.random(size=(R, dim)) * 1e-5).astype(dtype)
+    code, hp, alphas, t_step, horizon = opt.kernel_args(np.dtype(dtype), 1.0, t)
+    assert code == O.ADAM_CATCHUP_ROWS and 300 < horizon < 400
+    idle = rng.choice([0, 1, 2, 5, 40, horizon - 1, horizon, horizon + 1, 1500], size=R)
+    last0 = np.where(rng.random(R) < 0.05, 0, t - 1 - idle).astype(np.int32)  # 0: never updated
+    rows = rng.permutation(R).astype(np.int64)
+    g = rng.normal(size=(R, dim)).astype(dtype)
+
+    def state():
+        return w0.copy(), m0.copy(), v0.copy(), last0.copy()
+
+    together, alone = state(), state()
+    O._update_rows_kernel(code, *together[:3], together[3], rows, g, hp, alphas, t_step, horizon)
+    for i, r in enumerate(rows):
+        O._update_rows_kernel(code, *alone[:3], alone[3], rows[i:i + 1], g[i:i + 1], hp, alphas, t_step, horizon)
+    for a, b in zip(together, alone):
+        assert a.tobytes() == b.tobytes()
+    assert (together[3][rows] == t).all()
+
+    flushed, alone = state(), state()
+    opt.catch_up(flushed[0], flushed[1:3], flushed[3], R, t)
+    for r in range(R):
+        opt.catch_up(alone[0][r:r + 1], (alone[1][r:r + 1], alone[2][r:r + 1]), alone[3][r:r + 1], 1, t)
+    for a, b in zip(flushed, alone):
+        assert a.tobytes() == b.tobytes()
+    moved = (last0 > 0) & (last0 < t)
+    assert (flushed[3][moved] == t).all() and not np.array_equal(flushed[0][moved], w0[moved])
+
+
 def test_division_is_ieee_as_in_tensorflow() -> None:
     """The kernels divide as TensorFlow does (numba's numpy error model: 0/0 is NaN, no exception),
     which is also what lets LLVM vectorize them: Adam with epsilon 0 on a zero gradient gives NaN

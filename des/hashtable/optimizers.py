@@ -150,7 +150,7 @@ def _adam_row(w, m, v, r, g, i, alpha, omb1, omb2, eps):
         w[r, j] = w[r, j] - (mj * alpha) / (np.sqrt(vj) + eps)
 
 
-@njit(inline="always", nogil=True)
+@njit(nogil=True, error_model="numpy")
 def _adam_catchup_rows(w, m, v, last, rows, g, hp, alphas, t, horizon):
     """Adam with TensorFlow's dense semantics on sparse rows, lazily: ``last[r]`` is the global step
     of row r's last update. Before its update at global step ``t`` a row first takes the zero-
@@ -158,61 +158,114 @@ def _adam_catchup_rows(w, m, v, last, rows, g, hp, alphas, t, horizon):
     momentum), as ``tf.keras`` Adam moves every row of an embedding table on every step. Steps
     more than ``horizon`` after the last gradient move a row by < 1e-16 of its update and only
     decay the moments. ``alphas[s] = sqrt(1 - b2^s) / (1 - b1^s)`` (global bias correction)."""
-    scratch = np.empty((3, w.shape[1]), w.dtype)
-    n = rows.shape[0]
-    for i in range(n):
-        _prefetch_ahead(w, v, rows, i, n)
-        if i + _PF < n:
-            prefetch1(last, rows[i + _PF])
-        r = rows[i]
-        _adam_catch_up_row(w, m, v, r, last[r], t, g, i, hp, alphas, horizon, scratch)
-        last[r] = t
+    _catch_up(w, m, v, last, rows, t, g, True, hp, alphas, horizon)
+
+
+#: rows caught up together (their m, v, w copied side by side: 3 x rows x dim values)
+_CATCH_UP_CHUNK = 1 << 14
+#: rows that take their skipped steps together, step after step (similar ``last``: sorted)
+_CATCH_UP_GROUP = 1024
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _adam_flush_kernel(w, m, v, last, n_rows, hp, alphas, t, horizon):
     """Every row of ``[0, n_rows)`` takes its skipped zero-gradient steps up to ``t`` (before
     evaluation or a checkpoint: the table then holds what dense Adam holds after step ``t``)."""
-    scratch = np.empty((3, w.shape[1]), w.dtype)
+    rows = np.empty(_CATCH_UP_CHUNK, np.int64)
+    k = 0
     for r in range(n_rows):
         if last[r] > 0 and last[r] < t:
-            # as if its next step were t + 1: the skipped steps up to t, and no gradient (i = -1)
-            _adam_catch_up_row(w, m, v, r, last[r], t + 1, w, -1, hp, alphas, horizon, scratch)
-            last[r] = t
+            rows[k] = r
+            k += 1
+        if k == _CATCH_UP_CHUNK or (r == n_rows - 1 and k > 0):
+            # as if their next step were t + 1, with no gradient
+            _catch_up(w, m, v, last, rows[:k], t + 1, w, False, hp, alphas, horizon)
+            k = 0
 
 
 @njit(nogil=True, error_model="numpy")
-def _adam_catch_up_row(w, m, v, r, last, t, g, i, hp, alphas, horizon, scratch):
-    """Row ``r`` (last updated at step ``last``) takes the zero-gradient steps ``last+1 .. t-1``,
-    then (``i >= 0``) its step ``t`` with gradient ``g[i]``. Step after step over the row's
-    columns, in ``scratch [3, D]`` (a copy of its m, v, w): contiguous and unaliased, so the columns
-    run as SIMD lanes, each with exactly the scalar operations in the scalar order (bit-identical
-    to a column-by-column loop on the table's strided views, 3-4x faster)."""
+def _zero_gradient_step(mm, vv, ww, b1, b2, rate, eps):
+    """One zero-gradient Adam step of the values ``mm``, ``vv``, ``ww`` (1-D, contiguous)."""
+    for e in range(mm.shape[0]):
+        mj = mm[e] * b1
+        vj = vv[e] * b2
+        mm[e] = mj
+        vv[e] = vj
+        ww[e] = ww[e] - (mj * rate) / (np.sqrt(vj) + eps)
+
+
+@njit(nogil=True, error_model="numpy")
+def _catch_up(w, m, v, last, rows, t, g, step, hp, alphas, horizon):
+    """Rows ``rows`` (distinct) take the zero-gradient steps they skipped, ``last[r]+1 .. t-1``,
+    then (``step``) their step ``t`` with gradient ``g[i]``; ``last[r]`` becomes ``t`` (without
+    ``step``: ``t - 1``).
+
+    The skipped steps run step by step over all the rows at once, not row after row: the rows
+    are ordered by ``last`` and copied side by side (m, v, w each ``[n * dim]``), so at global step
+    ``s`` the rows still catching up (``s - horizon <= last < s``) are one contiguous range and
+    their values run as SIMD lanes, independent chains instead of one row's sqrt/divide latency
+    chain. Each value takes exactly the scalar operations in the scalar order (bit-identical to
+    a row-by-row loop)."""
     lr, b1, b2, omb1, omb2, eps = hp[0], hp[1], hp[2], hp[3], hp[4], hp[5]
-    dim = w.shape[1]
-    mm, vv, ww = scratch[0:1], scratch[1:2], scratch[2:3]  # [1, D] each
-    for j in range(dim):
-        mm[0, j], vv[0, j], ww[0, j] = m[r, j], v[r, j], w[r, j]
-    upto = t - 1
-    if last != 0 and upto > last:  # never updated (m = v = 0: nothing moves) or nothing skipped
-        moving = min(upto, last + horizon)
-        for s in range(last + 1, moving + 1):
-            rate = lr * alphas[s]
-            for j in range(dim):
-                mj = mm[0, j] * b1
-                vj = vv[0, j] * b2
-                mm[0, j] = mj
-                vv[0, j] = vj
-                ww[0, j] = ww[0, j] - (mj * rate) / (np.sqrt(vj) + eps)
-        rest = upto - moving
+    n, dim, upto = rows.shape[0], w.shape[1], t - 1
+    if n == 0:
+        return
+    # a row with nothing skipped (never updated: m = v = 0, nothing moves; or last step t - 1)
+    # sorts with the newest and never joins the range
+    since = np.empty(n, np.int64)
+    for i in range(n):
+        if i + _PF < n:
+            prefetch1(last, rows[i + _PF])
+        lr_i = np.int64(last[rows[i]])
+        since[i] = lr_i if lr_i != 0 and lr_i < upto else upto
+    order = np.argsort(since, kind="mergesort")
+    mm, vv, ww = np.empty(n * dim, w.dtype), np.empty(n * dim, w.dtype), np.empty(n * dim, w.dtype)
+    for k in range(n):
+        if k + _PF < n:  # a row and its slots are co-located: two cache lines
+            prefetch2(w, rows[order[k + _PF]], 0)
+            prefetch2(v, rows[order[k + _PF]], v.shape[1] - 1)
+        r = rows[order[k]]
+        for j in range(dim):
+            mm[k * dim + j], vv[k * dim + j], ww[k * dim + j] = m[r, j], v[r, j], w[r, j]
+    for c0 in range(0, n, _CATCH_UP_GROUP):  # a group's values stay in L1 over all its steps
+        c1 = min(c0 + _CATCH_UP_GROUP, n)
+        lo = hi = c0  # rows [lo, hi) (in order) take step s: last < s <= last + horizon
+        s = since[order[c0]] + 1
+        while s <= upto:
+            while hi < c1 and since[order[hi]] < s:
+                hi += 1
+            while lo < hi and since[order[lo]] + horizon < s:
+                lo += 1
+            if lo == hi:  # nobody moves at s: on to the next row's first skipped step
+                if hi == c1:
+                    break
+                s = since[order[hi]] + 1
+                continue
+            _zero_gradient_step(mm[lo * dim:hi * dim], vv[lo * dim:hi * dim], ww[lo * dim:hi * dim], b1, b2,
+                                lr * alphas[s], eps)
+            s += 1
+    for k in range(n):
+        rest = upto - min(upto, since[order[k]] + horizon)  # steps past the horizon: only decay
         if rest > 0:
+            for j in range(k * dim, (k + 1) * dim):
+                mm[j] = mm[j] * b1 ** rest
+                vv[j] = vv[j] * b2 ** rest
+    alpha = lr * alphas[t]
+    for k in range(n):
+        i = order[k]
+        r = rows[i]
+        if step:
             for j in range(dim):
-                mm[0, j] = mm[0, j] * b1 ** rest
-                vv[0, j] = vv[0, j] * b2 ** rest
-    if i >= 0:
-        _adam_row(ww, mm, vv, 0, g, i, lr * alphas[t], omb1, omb2, eps)
-    for j in range(dim):
-        m[r, j], v[r, j], w[r, j] = mm[0, j], vv[0, j], ww[0, j]
+                e = k * dim + j
+                gj = g[i, j]
+                mj = mm[e] + (gj - mm[e]) * omb1
+                vj = vv[e] + (gj * gj - vv[e]) * omb2
+                mm[e] = mj
+                vv[e] = vj
+                ww[e] = ww[e] - (mj * alpha) / (np.sqrt(vj) + eps)
+        for j in range(dim):
+            m[r, j], v[r, j], w[r, j] = mm[k * dim + j], vv[k * dim + j], ww[k * dim + j]
+        last[r] = t if step else upto
 
 
 @njit(inline="always", nogil=True)
