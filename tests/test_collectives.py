@@ -31,3 +31,41 @@ def test_error_on_one_rank_aborts_the_job() -> None:
     assert "[rank 1] fail_on_rank: error: table file x.npz is corrupt" in proc.stderr
     assert "Traceback" not in proc.stderr  # a user error is one line, not a traceback wall
     assert time.monotonic() - start < 30
+
+
+def test_a_waiting_rank_spins_then_yields_its_core_then_sleeps(monkeypatch) -> None:
+    """``_wait``: a request not done at once is polled in a spin (0.5 ms), then between polls the
+    core goes to a peer (``sched_yield``: ranks that share cores keep the collective's protocol
+    rounds moving), and only a long wait (past ``yield_seconds``) sleeps between polls."""
+    import os
+
+    from des.collectives import communicator as module
+
+    clock = [0.0]
+    calls: list[str] = []
+    monkeypatch.setattr(module.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(module.time, "sleep", lambda s: (calls.append("sleep"), clock.__setitem__(0, clock[0] + s)))
+    monkeypatch.setattr(os, "sched_yield", lambda: (calls.append("yield"), clock.__setitem__(0, clock[0] + 1e-3)))
+
+    class Request:  # done at its n-th Test(); each Test() takes 0.1 ms of the clock
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def Test(self) -> bool:
+            clock[0] += 1e-4
+            self.n -= 1
+            return self.n <= 0
+
+    comm = Communicator(MPI.COMM_SELF, spin_seconds=5e-4, yield_seconds=2e-2, poll_sleep_seconds=2e-4)
+    comm._wait(Request(1))
+    assert calls == []
+    comm._wait(Request(4))  # done inside the spin
+    assert calls == []
+    clock[0], calls[:] = 0.0, []
+    comm._wait(Request(10))  # a few yields
+    assert calls and set(calls) == {"yield"}
+    clock[0], calls[:] = 0.0, []
+    comm._wait(Request(200))  # a long wait: ~18 yields until 20 ms, then sleeps
+    first_sleep = calls.index("sleep")
+    assert set(calls[:first_sleep]) == {"yield"} and 10 < first_sleep < 25
+    assert set(calls[first_sleep:]) == {"sleep"}

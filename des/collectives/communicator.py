@@ -23,7 +23,12 @@ With one rank nothing is sent, no MPI call is made, and the counters show zero b
 Waiting: a rank that reaches a collective early (its peers are still evaluating or writing) would
 spin at a full CPU share inside a blocking MPI call and slow the working ranks when ranks share
 cores. So every collective is issued non-blocking and completed by :meth:`Communicator._wait`, which
-polls ``Test()`` and sleeps briefly between polls once a short spin budget is used up.
+polls ``Test()``: first spinning (0.5 ms), then yielding the core between polls (``sched_yield``:
+a peer on the same core runs, else the poll comes right back; up to 20 ms, the waits inside a
+step), then sleeping 0.2 ms between polls (long waits: evaluation, checkpoints). MPICH moves a
+non-blocking collective on only inside ``Test()``, so a sleeping rank holds up every protocol
+round of a collective; yielding instead measured DeepFM B=4096 on 4 ranks / 2 cores at 73-80k
+samples/s against 70-75k with sleeps right after the spin.
 
 Ranks on one machine: the row-block collectives of the DES step (``reduce_scatter_rows_sum``,
 ``allgather_rows``) run as loads and stores in shared memory with one barrier each
@@ -33,6 +38,7 @@ Ranks on one machine: the row-block collectives of the DES step (``reduce_scatte
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -75,6 +81,7 @@ class Communicator:
         comm: MPI.Comm | None = None,
         *,
         spin_seconds: float = 5e-4,
+        yield_seconds: float = 2e-2,
         poll_sleep_seconds: float = 2e-4,
         node_memory: bool = True,
     ) -> None:
@@ -82,6 +89,7 @@ class Communicator:
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
         self.spin_seconds = spin_seconds
+        self.yield_seconds = yield_seconds
         self.poll_sleep_seconds = poll_sleep_seconds
         self.stats: dict[str, CallStats] = defaultdict(CallStats)
         # the row-block collectives in shared memory when all ranks share one machine (decided at
@@ -114,10 +122,16 @@ class Communicator:
         """Complete ``request`` without hogging a core while peers are busy (see module doc)."""
         if request.Test():
             return
-        deadline = time.perf_counter() + self.spin_seconds
-        while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        spin, polite = start + self.spin_seconds, start + self.yield_seconds
+        while (now := time.perf_counter()) < spin:
             if request.Test():
                 return
+        while now < polite:
+            if request.Test():
+                return
+            os.sched_yield()
+            now = time.perf_counter()
         while not request.Test():
             time.sleep(self.poll_sleep_seconds)
 
