@@ -23,12 +23,13 @@ With one rank nothing is sent, no MPI call is made, and the counters show zero b
 Waiting: a rank that reaches a collective early (its peers are still evaluating or writing) would
 spin at a full CPU share inside a blocking MPI call and slow the working ranks when ranks share
 cores. So every collective is issued non-blocking and completed by :meth:`Communicator._wait`, which
-polls ``Test()``: first spinning (0.5 ms), then yielding the core between polls (``sched_yield``:
-a peer on the same core runs, else the poll comes right back; up to 20 ms, the waits inside a
-step), then sleeping 0.2 ms between polls (long waits: evaluation, checkpoints). MPICH moves a
+polls ``Test()``, yielding the core between polls for up to 20 ms (``sched_yield``: a peer on
+the same core runs, else the poll comes right back, as a spin would; the waits inside a step),
+then sleeping 0.2 ms between polls (long waits: evaluation, checkpoints). MPICH moves a
 non-blocking collective on only inside ``Test()``, so a sleeping rank holds up every protocol
-round of a collective; yielding instead measured DeepFM B=4096 on 4 ranks / 2 cores at 73-80k
-samples/s against 70-75k with sleeps right after the spin.
+round of a collective, and a spinning one the peer it shares a core with. Measured (DeepFM
+B=4096, 4 ranks on 2 cores, alternating runs): a 0.5 ms spin then sleeps 72-76k samples/s, the
+spin then yields 75-79k, yields from the start 77-83k.
 
 Ranks on one machine: the row-block collectives of the DES step (``reduce_scatter_rows_sum``,
 ``allgather_rows``) run as loads and stores in shared memory with one barrier each
@@ -80,7 +81,6 @@ class Communicator:
         self,
         comm: MPI.Comm | None = None,
         *,
-        spin_seconds: float = 5e-4,
         yield_seconds: float = 2e-2,
         poll_sleep_seconds: float = 2e-4,
         node_memory: bool = True,
@@ -88,7 +88,6 @@ class Communicator:
         self.comm: MPI.Comm = MPI.COMM_WORLD if comm is None else comm
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
-        self.spin_seconds = spin_seconds
         self.yield_seconds = yield_seconds
         self.poll_sleep_seconds = poll_sleep_seconds
         self.stats: dict[str, CallStats] = defaultdict(CallStats)
@@ -120,18 +119,11 @@ class Communicator:
 
     def _wait(self, request: MPI.Request) -> None:
         """Complete ``request`` without hogging a core while peers are busy (see module doc)."""
-        if request.Test():
-            return
-        start = time.perf_counter()
-        spin, polite = start + self.spin_seconds, start + self.yield_seconds
-        while (now := time.perf_counter()) < spin:
-            if request.Test():
-                return
-        while now < polite:
+        polite = time.perf_counter() + self.yield_seconds
+        while time.perf_counter() < polite:
             if request.Test():
                 return
             os.sched_yield()
-            now = time.perf_counter()
         while not request.Test():
             time.sleep(self.poll_sleep_seconds)
 
