@@ -66,3 +66,16 @@ def test_a_waiting_rank_yields_its_core_then_sleeps(monkeypatch) -> None:
     first_sleep = calls.index("sleep")
     assert set(calls[:first_sleep]) == {"yield"} and 15 < first_sleep < 21
     assert set(calls[first_sleep:]) == {"sleep"}
+
+
+def test_ranks_that_share_cores_yield_briefly_before_sleeping(monkeypatch) -> None:
+    """Where every rank on the machine has a core, a wait yields for 20 ms before it sleeps; where
+    ranks share cores only 0.5 ms (two waiting ranks on one core must leave it idle for the
+    scheduler to move a working rank there); an explicit value wins."""
+    import os
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    for local, expected in (("1", 2e-2), ("2", 2e-2), ("4", 5e-4)):
+        monkeypatch.setenv("MPI_LOCALNRANKS", local)
+        assert Communicator(MPI.COMM_SELF).yield_seconds == expected
+    assert Communicator(MPI.COMM_SELF, yield_seconds=1e-3).yield_seconds == 1e-3

@@ -23,13 +23,15 @@ With one rank nothing is sent, no MPI call is made, and the counters show zero b
 Waiting: a rank that reaches a collective early (its peers are still evaluating or writing) would
 spin at a full CPU share inside a blocking MPI call and slow the working ranks when ranks share
 cores. So every collective is issued non-blocking and completed by :meth:`Communicator._wait`, which
-polls ``Test()``, yielding the core between polls for up to 20 ms (``sched_yield``: a peer on
-the same core runs, else the poll comes right back, as a spin would; the waits inside a step),
-then sleeping 0.2 ms between polls (long waits: evaluation, checkpoints). MPICH moves a
-non-blocking collective on only inside ``Test()``, so a sleeping rank holds up every protocol
-round of a collective, and a spinning one the peer it shares a core with. Measured (DeepFM
-B=4096, 4 ranks on 2 cores, alternating runs): a 0.5 ms spin then sleeps 72-76k samples/s, the
-spin then yields 75-79k, yields from the start 77-83k.
+polls ``Test()``, yielding the core between polls (``sched_yield``: a peer on the same core runs,
+else the poll comes right back, as a spin would) for ``yield_seconds``, then sleeping 0.2 ms
+between polls. MPICH moves a non-blocking collective on only inside ``Test()``, so a sleeping rank
+holds up every protocol round of a collective. Where every rank of the machine has a core of its
+own, a rank yields for 20 ms (the waits inside a step; long waits, evaluation and checkpoints,
+sleep). Where ranks share cores, 0.5 ms: two ranks waiting on one core must leave it idle (sleep)
+for the scheduler to move a working rank there. Measured, DeepFM B=4096, alternating runs,
+samples/s: N=2 (2 cores) 89-90k with 0.5 ms, 92-95k with 20 ms; N=4 on 2 cores, 20 ms against
+0.5 ms, Criteo 75-82k vs 73-74k but multi-hot data (long, uneven lookups) 20.1-20.9k vs 22.8-23.5k.
 
 Ranks on one machine: the row-block collectives of the DES step (``reduce_scatter_rows_sum``,
 ``allgather_rows``) run as loads and stores in shared memory with one barrier each
@@ -81,13 +83,17 @@ class Communicator:
         self,
         comm: MPI.Comm | None = None,
         *,
-        yield_seconds: float = 2e-2,
+        yield_seconds: float | None = None,
         poll_sleep_seconds: float = 2e-4,
         node_memory: bool = True,
     ) -> None:
         self.comm: MPI.Comm = MPI.COMM_WORLD if comm is None else comm
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
+        if yield_seconds is None:  # see the module docstring
+            from des._tensorflow_env import launcher_local_ranks
+
+            yield_seconds = 2e-2 if launcher_local_ranks() <= (os.cpu_count() or 1) else 5e-4
         self.yield_seconds = yield_seconds
         self.poll_sleep_seconds = poll_sleep_seconds
         self.stats: dict[str, CallStats] = defaultdict(CallStats)
