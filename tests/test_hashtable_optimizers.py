@@ -297,14 +297,39 @@ def test_catchup_of_many_rows_at_once_equals_one_row_at_a_time(dtype, dim) -> No
         assert a.tobytes() == b.tobytes()
     assert (together[3][rows] == t).all()
 
-    flushed, alone = state(), state()
-    opt.catch_up(flushed[0], flushed[1:3], flushed[3], R, t)
-    for r in range(R):
-        opt.catch_up(alone[0][r:r + 1], (alone[1][r:r + 1], alone[2][r:r + 1]), alone[3][r:r + 1], 1, t)
-    for a, b in zip(flushed, alone):
-        assert a.tobytes() == b.tobytes()
-    moved = (last0 > 0) & (last0 < t)
+    flushed, moved = _flush_together_and_alone(opt, state(), t)
     assert (flushed[3][moved] == t).all() and not np.array_equal(flushed[0][moved], w0[moved])
+
+
+def _flush_together_and_alone(opt: Adam, state: tuple, t: int) -> tuple[tuple, np.ndarray]:
+    """``opt.catch_up`` to step ``t`` of the table ``state`` (w, m, v, last), asserting that it
+    equals each row caught up alone, bytewise; returns the flushed state and the rows it moved."""
+    w, m, v, last = state
+    last0, rows = last.copy(), len(last)
+    alone = w.copy(), m.copy(), v.copy(), last.copy()
+    opt.catch_up(w, (m, v), last, rows, t)
+    for r in range(rows):
+        opt.catch_up(alone[0][r:r + 1], (alone[1][r:r + 1], alone[2][r:r + 1]), alone[3][r:r + 1], 1, t)
+    for a, b in zip(state, alone):
+        assert a.tobytes() == b.tobytes()
+    return state, (last0 > 0) & (last0 < t)
+
+
+def test_catchup_flush_across_its_chunks_equals_one_row_at_a_time() -> None:
+    """The flush before evaluation collects the rows to catch up in chunks (``_CATCH_UP_CHUNK``
+    rows): a table of more rows than a chunk, rows to move on both sides of the boundary and in
+    the last partial chunk, ends bit for bit as each row caught up alone."""
+    from des.hashtable import optimizers as O
+
+    rng = np.random.default_rng(7)
+    opt, t, R, dim = Adam(0.01, catchup=1), 600, O._CATCH_UP_CHUNK + 3000, 2
+    w0 = rng.normal(size=(R, dim))
+    m0, v0 = rng.normal(size=(R, dim)) * 1e-3, rng.random(size=(R, dim)) * 1e-5
+    last0 = np.where(rng.random(R) < 0.3, 0, t - rng.integers(0, 500, R)).astype(np.int32)  # 0 and t: stay
+    flushed, moved = _flush_together_and_alone(opt, (w0.copy(), m0.copy(), v0.copy(), last0.copy()), t)
+    assert moved[:O._CATCH_UP_CHUNK].any() and moved[O._CATCH_UP_CHUNK:].any()
+    assert (flushed[3][moved] == t).all() and (flushed[0][moved] != w0[moved]).all()
+    assert np.array_equal(flushed[0][~moved], w0[~moved])
 
 
 def test_division_is_ieee_as_in_tensorflow() -> None:

@@ -251,18 +251,12 @@ def _catch_up(w, m, v, last, rows, t, g, step, hp, alphas, horizon):
                 mm[j] = mm[j] * b1 ** rest
                 vv[j] = vv[j] * b2 ** rest
     alpha = lr * alphas[t]
+    m2, v2, w2 = mm.reshape(n, dim), vv.reshape(n, dim), ww.reshape(n, dim)
     for k in range(n):
         i = order[k]
         r = rows[i]
         if step:
-            for j in range(dim):
-                e = k * dim + j
-                gj = g[i, j]
-                mj = mm[e] + (gj - mm[e]) * omb1
-                vj = vv[e] + (gj * gj - vv[e]) * omb2
-                mm[e] = mj
-                vv[e] = vj
-                ww[e] = ww[e] - (mj * alpha) / (np.sqrt(vj) + eps)
+            _adam_row(w2, m2, v2, k, g, i, alpha, omb1, omb2, eps)
         for j in range(dim):
             m[r, j], v[r, j], w[r, j] = mm[k * dim + j], vv[k * dim + j], ww[k * dim + j]
         last[r] = t if step else upto
