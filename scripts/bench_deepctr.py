@@ -53,6 +53,10 @@ def _deepfm(store_path: str, seed: int, hidden: Sequence[int], dim: int, init_st
     import numpy as np
     import tensorflow as tf
 
+    from des import runtime
+
+    runtime.keep_freed_memory()  # the heap as des sets it for itself
+
     tf.config.threading.set_intra_op_parallelism_threads(os.cpu_count() or 1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     from deepctr.feature_column import SparseFeat

@@ -143,9 +143,10 @@ def roofline_child(threads: int, batches: Sequence[int], repeats: int, models: S
     """Runs in its own process (TF threads must be set before the first op); prints JSON:
     ``{batch: {model: {"top": s, "plain": s, "top_median": s, "plain_median": s}}}`` (seconds per
     call, see :func:`_roofline_model`)."""
-    from des import runtime  # noqa: F401  (quiet TF)
+    from des import runtime  # quiet TF
     import tensorflow as tf
 
+    runtime.keep_freed_memory()  # the heap as des sets it for itself
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     return {str(b): {name: _roofline_model(name, b, repeats) for name in models} for b in batches}
