@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from des.hashtable.fused import Touched
-from des.strategies.exchange import (_distinct, _pool_received, _sum_received, distinct_ids, join_samples)
+from des.strategies.exchange import (_ROW_TILE, _distinct, _pool_received, _sum_received, distinct_ids, join_samples,
+                                     one_id_per_row)
 
 
 def _first_occurrence(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -89,10 +90,48 @@ def test_pooling_and_gradient_sums_are_adjoint() -> None:
     weighted = np.array([False, True, False])
     field_ids = np.array([2, 0, 1], dtype=np.int64)  # receive order -> global field
     values = rng.standard_normal((distinct.sum(), width))
-    pooled = np.zeros((rows, fields, width))
-    _pool_received(values, base, inverse, id_start, offsets, weights, weighted, field_ids, pooled)
+    pooled = np.full((rows, fields, width), np.nan)  # every entry is written
+    hot = one_id_per_row(offsets, weighted)
+    np.testing.assert_array_equal(hot, [True, False, True])
+    _pool_received(values, base, inverse, id_start, offsets, weights, weighted, hot, field_ids, pooled)
     np.testing.assert_array_equal(pooled[:, 2], values[inverse[:6]])  # field 0 of the receive order, one-hot
     grads = rng.standard_normal((rows, fields, width))
     summed = np.zeros_like(values)
-    _sum_received(grads, base, inverse, id_start, offsets, weights, weighted, field_ids, summed)
+    _sum_received(grads, base, inverse, id_start, offsets, weights, weighted, hot, field_ids, summed)
     np.testing.assert_allclose(np.sum(pooled * grads), np.sum(values * summed), rtol=1e-12)
+
+
+def test_one_id_per_row_fields_take_the_copy_path_with_the_same_bits() -> None:
+    """The row owner's kernels over several row tiles: fields flagged one id per row (Criteo's)
+    give bit for bit what the general path gives them, pooled and summed (a distinct id's terms in
+    row order), and the general path zero-fills a row without ids."""
+    rng = np.random.default_rng(2)
+    rows, width = 2 * _ROW_TILE + 17, 5
+    ids = [rng.integers(0, 20, rows), rng.integers(0, 3, rows)]  # two one-hot fields
+    lengths = rng.integers(0, 3, rows)  # and a multi-hot one with empty rows
+    ids.append(rng.integers(0, 30, int(lengths.sum())))
+    offsets = np.stack([np.arange(rows + 1), np.arange(rows + 1), np.concatenate([[0], np.cumsum(lengths)])])
+    id_start = np.concatenate([[0], np.cumsum([len(i) for i in ids])[:-1]]).astype(np.int64)
+    inverse = np.concatenate(ids).astype(np.int64)  # ids number themselves: 20, 3 and 30 distinct
+    base = np.array([0, 20, 23], dtype=np.int64)
+    weights, weighted = np.zeros(0), np.zeros(3, np.bool_)
+    field_ids = np.array([1, 2, 0], dtype=np.int64)
+    values = rng.standard_normal((53, width)).astype(np.float32)
+    grads = rng.standard_normal((rows, 3, width)).astype(np.float32)
+    hot = one_id_per_row(offsets, weighted)
+    np.testing.assert_array_equal(hot, [True, True, False])
+    results = []
+    for flags in (hot, np.zeros(3, np.bool_)):
+        pooled = np.full((rows, 3, width), np.nan, dtype=np.float32)
+        _pool_received(values, base, inverse, id_start, offsets, weights, weighted, flags, field_ids, pooled)
+        summed = np.zeros_like(values)
+        _sum_received(grads, base, inverse, id_start, offsets, weights, weighted, flags, field_ids, summed)
+        results.append((pooled, summed))
+    (pooled, summed), (pooled_general, summed_general) = results
+    np.testing.assert_array_equal(pooled, pooled_general)
+    np.testing.assert_array_equal(summed, summed_general)
+    np.testing.assert_array_equal(pooled[lengths == 0, 0], 0.0)  # field 2 lands in column 0
+    expected = np.zeros_like(values)
+    for r in range(rows):  # field 0 (column 1): one id per row, its terms in row order
+        expected[inverse[r]] += grads[r, 1]
+    np.testing.assert_array_equal(summed[:20], expected[:20])

@@ -51,6 +51,7 @@ class Route:
     offsets: np.ndarray  # int64 [F, b_r + 1]: CSR row pointers of each field (from its id_start)
     weights: np.ndarray  # float64 [nnz] (empty when no field is weighted)
     weighted: np.ndarray  # bool [F]
+    hot: np.ndarray  # bool [F]: one unweighted id per row (pooling copies)
 
 
 @njit(cache=True, nogil=True)
@@ -116,45 +117,79 @@ def _distinct(keys: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[n
     return inverse, first[:n], counts
 
 
+#: rows per tile of the row owner's kernels: a tile's rows of ``[b_r, F, width]`` (64 x 39 x 9
+#: floats on Criteo) stay in cache while every field reads or writes its column of them, and each
+#: field's ids and offsets are read in order (row by row over all fields, every field's next id
+#: was a cache line of its own: 2048-row pooling 0.66 -> 0.42 ms)
+_ROW_TILE = 64
+
+
 @njit(cache=True, nogil=True)
-def _pool_received(got, base, inverse, id_start, offsets, weights, weighted, field_ids, out):  # pragma: no cover
-    """Row owner: ``out[r, field_ids[f]] = Σ_ids w · got[base[f] + inverse[id]]`` over the ids of
-    field ``f`` in row ``r`` (``out`` zeroed; a single unweighted id is copied)."""
-    width = got.shape[1]
-    for r in range(offsets.shape[1] - 1):
+def _pool_or_sum_received(pooled, values, base, inverse, id_start, offsets, weights, weighted, hot, field_ids,
+                          adjoint):  # pragma: no cover - numba
+    """The row owner's pooling ``pooled[r, field_ids[f]] = Σ_ids w · values[base[f] + inverse[id]]``
+    over the ids of field ``f`` in row ``r``, or (``adjoint``) its transpose ``values[base[f] +
+    inverse[id]] += w · pooled[r, field_ids[f]]``: one loop nest, so the two stay each other's
+    transpose. Pooling writes every ``pooled[r, field_ids[f]]`` (a row without ids: zeros) and
+    copies a single unweighted id (``hot[f]``: every row of the field is one). The adjoint adds
+    into ``values`` (zeroed by the caller); a distinct id belongs to one field, so its terms are
+    added in row order whatever the tiling."""
+    width = values.shape[1]
+    rows = offsets.shape[1] - 1
+    for r0 in range(0, rows, _ROW_TILE):
+        r1 = min(rows, r0 + _ROW_TILE)
         for f in range(offsets.shape[0]):
-            g, lo, hi = field_ids[f], offsets[f, r], offsets[f, r + 1]
-            if hi - lo == 1 and not weighted[f]:
-                src = base[f] + inverse[id_start[f] + lo]
-                for c in range(width):
-                    out[r, g, c] = got[src, c]
+            g, b, s = field_ids[f], base[f], id_start[f]
+            if hot[f]:
+                for r in range(r0, r1):
+                    k = b + inverse[s + r]
+                    if adjoint:
+                        for c in range(width):
+                            values[k, c] += pooled[r, g, c]
+                    else:
+                        for c in range(width):
+                            pooled[r, g, c] = values[k, c]
                 continue
-            for o in range(lo, hi):
-                i = id_start[f] + o
-                w = got.dtype.type(weights[i]) if weighted[f] else got.dtype.type(1.0)
-                src = base[f] + inverse[i]
-                for c in range(width):
-                    out[r, g, c] += w * got[src, c]
+            for r in range(r0, r1):
+                lo, hi = offsets[f, r], offsets[f, r + 1]
+                if not adjoint:
+                    if hi - lo == 1 and not weighted[f]:
+                        src = b + inverse[s + lo]
+                        for c in range(width):
+                            pooled[r, g, c] = values[src, c]
+                        continue
+                    for c in range(width):
+                        pooled[r, g, c] = 0.0
+                for o in range(lo, hi):
+                    i = s + o
+                    k = b + inverse[i]
+                    w = values.dtype.type(weights[i]) if weighted[f] else values.dtype.type(1.0)
+                    if adjoint:
+                        if weighted[f]:
+                            for c in range(width):
+                                values[k, c] += w * pooled[r, g, c]
+                        else:
+                            for c in range(width):
+                                values[k, c] += pooled[r, g, c]
+                    else:
+                        for c in range(width):
+                            pooled[r, g, c] += w * values[k, c]
 
 
-@njit(cache=True, nogil=True)
-def _sum_received(grads, base, inverse, id_start, offsets, weights, weighted, field_ids, out):  # pragma: no cover
-    """Row owner, the adjoint of :func:`_pool_received`: ``out[base[f] + inverse[id]] += w ·
-    grads[r, field_ids[f]]``, field by field in occurrence order (``out`` zeroed)."""
-    width = grads.shape[2]
-    for f in range(offsets.shape[0]):
-        g = field_ids[f]
-        for r in range(offsets.shape[1] - 1):
-            for o in range(offsets[f, r], offsets[f, r + 1]):
-                i = id_start[f] + o
-                dst = base[f] + inverse[i]
-                if weighted[f]:
-                    w = grads.dtype.type(weights[i])
-                    for c in range(width):
-                        out[dst, c] += w * grads[r, g, c]
-                else:
-                    for c in range(width):
-                        out[dst, c] += grads[r, g, c]
+def _pool_received(got, base, inverse, id_start, offsets, weights, weighted, hot, field_ids, out) -> None:
+    """Row owner: ``out [b_r, F, width]`` pooled from the distinct ids' values ``got``."""
+    _pool_or_sum_received(out, got, base, inverse, id_start, offsets, weights, weighted, hot, field_ids, False)
+
+
+def _sum_received(grads, base, inverse, id_start, offsets, weights, weighted, hot, field_ids, out) -> None:
+    """Row owner, the adjoint of :func:`_pool_received`: ``grads [b_r, F, width]`` summed into the
+    distinct ids' rows of ``out`` (zeroed)."""
+    _pool_or_sum_received(grads, out, base, inverse, id_start, offsets, weights, weighted, hot, field_ids, True)
+
+
+def one_id_per_row(offsets: np.ndarray, weighted: np.ndarray) -> np.ndarray:
+    """bool [F]: field ``f`` (CSR ``offsets[f]``) has exactly one unweighted id in every row."""
+    return ~weighted & (np.diff(offsets, axis=1) == 1).all(axis=1)
 
 
 def distinct_ids(touched: Touched, bounds: Sequence[int]) -> tuple[Touched, np.ndarray]:
@@ -252,7 +287,8 @@ class BlockExchange:
         recv_counts = np.zeros(comm.size, dtype=np.int64)
         np.add.at(recv_counts, self._owner_of, distinct)
         return Route(synthetic, send_samples.astype(np.int64), send_fields.astype(np.int64), send_counts.astype(np.int64),
-                     recv_counts, hi - lo, inverse, base, id_start, offsets, weights, weighted)
+                     recv_counts, hi - lo, inverse, base, id_start, offsets, weights, weighted,
+                     one_id_per_row(offsets, weighted))
 
     # -------------------------------------------------------------------------------- forward
     def gather(self, route: Route) -> np.ndarray:
@@ -274,9 +310,9 @@ class BlockExchange:
 
     def pool(self, route: Route, got: np.ndarray) -> list[np.ndarray]:
         """Row owner, local: per exchanged block, ``[b_r, F, dim]`` pooled for its rows."""
-        out = np.zeros((route.rows, self.num_fields, self.width), dtype=self.dtype)
+        out = np.empty((route.rows, self.num_fields, self.width), dtype=self.dtype)  # every field is written
         _pool_received(np.ascontiguousarray(got), route.base, route.inverse, route.id_start, route.offsets,
-                       route.weights, route.weighted, self.receive_order, out)
+                       route.weights, route.weighted, route.hot, self.receive_order, out)
         if len(self.dims) == 1:
             return [out]
         cuts = np.cumsum([0, *self.dims])
@@ -284,11 +320,15 @@ class BlockExchange:
 
     # -------------------------------------------------------------------------------- backward
     def sum_gradients(self, route: Route, pooled_grads: Sequence[np.ndarray]) -> np.ndarray:
-        """Row owner, local: the gradient of every distinct id it received, summed over its rows."""
-        grads = pooled_grads[0] if len(pooled_grads) == 1 else np.concatenate(pooled_grads, axis=2)
+        """Row owner, local: the gradient of every distinct id it received, summed over its rows
+        (block by block into its columns: no concatenated copy of the gradients)."""
         out = np.zeros((int(route.recv_counts.sum()), self.width), dtype=self.dtype)
-        _sum_received(np.ascontiguousarray(grads, dtype=self.dtype), route.base, route.inverse, route.id_start,
-                      route.offsets, route.weights, route.weighted, self.receive_order, out)
+        column = 0
+        for grads, d in zip(pooled_grads, self.dims):
+            _sum_received(np.ascontiguousarray(grads, dtype=self.dtype), route.base, route.inverse, route.id_start,
+                          route.offsets, route.weights, route.weighted, route.hot, self.receive_order,
+                          out[:, column : column + d])
+            column += d
         return out
 
     def send_gradients(self, route: Route, grads: np.ndarray) -> np.ndarray:
