@@ -37,7 +37,8 @@ lookups 25-45x faster than the ``dict`` baseline and about 10x faster than ``sea
 wall clock, 2 threads): insert about 390-440 ns per new key (~610 before des's own ln/cos/sin and
 the background commit), eval lookups about 16 ns/key (Zipf) and 30-35 (uniform), memory 1.28x
 the payload; on a 2-core AMD Zen 5 machine (2026-11-27, three runs) insert 176-352 ns, eval
-lookups 6.5-6.7 (Zipf) and 10.9-11.2 (uniform), memory 1.28x. Of an insert, ~85 ns is the normal initial values on 2 threads (~70 ns per 8-wide row
+lookups 6.5-6.7 (Zipf) and 10.9-11.2 (uniform), memory 1.28x; on a Zen 4 VM (same day, one run)
+insert 389 ns, eval lookups 7.0 / 12.6 ns, memory 1.28x. Of an insert, ~85 ns is the normal initial values on 2 threads (~70 ns per 8-wide row
 on one), ~150 the index probe and write, and most of the rest the first touch of fresh memory
 (the index over its 1.5x growth steps; the rows' pages are committed in the background while the
 table fills), which this VM serves at 0.6-8 GB/s depending on the host: the insert figure moves

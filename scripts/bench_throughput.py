@@ -50,14 +50,19 @@ roofline 131-140k samples/s and DeepCTR 79-89k; des N=1 0.73-0.74x the roofline 
 DeepCTR; des-bf16 N=1 0.89-0.95x the (float32) roofline and 1.44-1.58x DeepCTR; des N=2 / N=4
 about 0.86-0.94x / 0.68-0.76x des N=1 (4 ranks time-share 2 cores) and 0.96-1.07x alltoall (on
 Criteo the planner exchanges every operator: the same step); at B=512 des N=1 1.68-1.81x DeepCTR
-(des-bf16 1.66-1.9x). On an AVX2-only machine (oneDNN off, 23 min, earlier the same day): des N=1 0.77-0.82x the
+(des-bf16 1.66-1.9x). On an AMD Zen 4 VM (AVX512-BF16, its AVX-512 half as wide: roofline
+70k samples/s at B=4096), 14 min, 2026-11-27, with each rank keeping freed memory and the 0.2 ms
+GIL switch: des N=1 0.83x the roofline and 1.11x DeepCTR at B=4096, 1.70x DeepCTR at B=512,
+des-bf16 1.69x DeepCTR; des N=2 / N=4 1.02x / 0.79x des N=1 (0.92x / 0.73x an hour earlier before
+those two changes) and 0.99x / 1.00x alltoall. On an AVX2-only machine (oneDNN off, 23 min, earlier the same day): des N=1 0.77-0.82x the
 roofline and 1.1-1.2x DeepCTR at B=4096, 1.4-1.65x at B=512, des N=2 / N=4 about 0.9x / 0.9x des
 N=1; bf16 is slower than float32 there (no bf16 units). With other jobs on the 2 cores every figure
 falls 2-7x and single-job ratios move by 0.2 or more: use ``--rounds``.
 
 Expect with ``--data multihot`` (``--models deepfm --strategies des,des-partials,alltoall --ranks
 1,2,4 --batch-size 4096 --steps 12 --rounds 3``, 5 min on the AVX-512 machine, 13 on the AVX2 one;
-2026-11-27, three runs): the planner picks all partials at every N, so des = des-partials; des
+2026-11-27, three runs; a fourth on the Zen 4 VM: 1.39x / 1.17x / 1.57x alltoall and 1.05x /
+0.95x des N=1): the planner picks all partials at every N, so des = des-partials; des
 runs about 1.4-1.45x / 1.1-2.3x / 1.35-1.6x alltoall at N = 1 / 2 / 4 and about 1.03-1.1x /
 0.9-1.02x des N=1 at N = 2 / 4 (one rank's lookup of ~2.7M ids per batch, ~120 ms, is not hidden by its pipeline; N
 ranks split it; the exchange's per-id work grows with the ids per sample, the partials' bytes do
