@@ -39,6 +39,7 @@ def test_hostfile_launch_reports_hosts_and_ranks(run: dict) -> None:
     cores = os.cpu_count()
     assert (f"  threads per rank: TF intra-op 1, inter-op 1, numba 1 (--threads: {cores} cores, 2 rank(s) on this "
             "machine)") in run["stdout"]
+    assert "heap: freed memory kept (mmap threshold 32 MiB, no trim)" in run["stdout"]  # des.train kept freed memory
     assert "  pipeline off (auto: 1 thread(s) per rank)" in run["stdout"]  # one thread: no core for the overlap
     assert "  admission: --min-count 2 --unadmitted shared; l2 on looked-up rows 0.01" in run["stdout"]  # LR's auto
     assert json.loads((run["folder"] / "summary.json").read_text())["ranks"] == 2
