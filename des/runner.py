@@ -375,6 +375,7 @@ def loop(run: Run) -> None:
     following = None  # the next batch, prefetched (--pipeline on)
     for i, step in enumerate(mine):
         epoch, index = divmod(step, run.steps_per_epoch)
+        start = time.perf_counter()  # a step's time includes reading its batch (or waiting for the prefetch)
         batch = following.batch() if following is not None else run.batch(epoch, index)
         done = step + 1  # global batches trained so far
         validates = strategy.synchronous and (done % config.eval_every == 0 if config.eval_every
@@ -386,7 +387,6 @@ def loop(run: Run) -> None:
             following = strategy.prefetch(lambda after=mine[i + 1]: run.batch(*divmod(after, run.steps_per_epoch)),
                                           mine[i + 1])
         run.set_rates(step)
-        start = time.perf_counter()
         loss = strategy.train_step(batch)
         if not math.isfinite(loss) and (not strategy.synchronous or run.comm.rank == strategy.evaluators[0]):
             # a synchronous step gives every rank the same loss: one says it (one line); the others

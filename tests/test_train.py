@@ -397,3 +397,28 @@ def test_a_diverging_run_stops_with_one_line(work: Path) -> None:
                  run_mpi(2, ["-m", "des.train", "--output", str(work / "diverge2"), *flags], check=False, timeout=120)):
         expect_error(proc, "des.train: error: step ", "the training loss is ", "training diverged")
         assert proc.stderr.count("error:") == 1, proc.stderr
+
+
+def test_a_steps_time_counts_reading_its_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """samples/s is over the steps' wall time including reading each batch: a reader that takes
+    0.2 s a batch bounds it by batch / 0.2 s (the step alone takes a few ms here)."""
+    from des import runner
+    from des.collectives import Communicator
+    from des.config import load_config
+
+    criteo_head(tmp_path / "small.tsv", 600)
+    config = load_config(["--data", str(tmp_path / "small.tsv"), "--cache-dir", str(tmp_path / "cache"),
+                          "--output", str(tmp_path / "run"), "--model", "lr", "--batch-size", "64", "--max-steps", "4",
+                          "--eval-every", "100", "--pipeline", "off", "--no-progress"])
+    run = runner.setup(config, Communicator())
+    read = runner.Run.batch
+
+    def slow_read(self, epoch: int, index: int):
+        time.sleep(0.2)
+        return read(self, epoch, index)
+
+    monkeypatch.setattr(runner.Run, "batch", slow_read)
+    runner.loop(run)
+    run.strategy.close()
+    assert run.meter.steps == 4 and run.meter.seconds >= 3 * 0.2  # the first step is not timed
+    assert run.meter.samples_per_second <= 64 / 0.2
