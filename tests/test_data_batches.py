@@ -96,6 +96,18 @@ def test_gather_matches_naive_reconstruction(store):
     assert lengths.min() == 0 and lengths.max() == 3
 
 
+def test_fields_read_together_equal_fields_read_alone(store):
+    """``gather_fields`` (one-hot fields from one row-major read, multi-hot weighted ones by their
+    CSR) in any order and subset equals ``gather`` field by field."""
+    rows = store.split_rows("train")[[40, 3, 3, 977, 12]]
+    fields = [store.field_index(name) for name in ("C24", "I1", "C6", "C1", "I13")]
+    together = store.gather_fields(fields, rows)
+    assert list(together) == fields
+    for field in fields:
+        alone = store.gather(field, rows)
+        assert rows_of(together[field]) == rows_of(alone) == naive_rows(store, field, rows)
+
+
 def test_batch_take_rebases_csr(store):
     batch = BatchReader(store, "train", None, batch_size=100, seed=4).batch(0)
     pieces = [batch.take(lo, hi) for lo, hi in [(0, 33), (33, 33), (33, 67), (67, 100)]]

@@ -3,13 +3,14 @@
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import des.data.build as build
-from des.data import ColumnStore, DataError, atomic_directory, field_of_key, open_dataset, prepare
+from des.data import BatchReader, ColumnStore, DataError, atomic_directory, field_of_key, open_dataset, prepare
 from des.data.split import assign_splits
 from des.data.testing import random_criteo_lines, write_lines
 
@@ -57,7 +58,7 @@ def test_prepare_is_idempotent_and_chunk_independent(tmp_path, small_file):
     prepare(small_file, tmp_path / "b")
     prepare(small_file, tmp_path / "c", chunk_rows=7)
     files = store_files(tmp_path / "a")
-    assert "manifest.json" in files and len(files) == 42  # manifest, labels, split, 39 fields
+    assert sorted(files) == ["labels.bin", "manifest.json", "one_hot.keys.bin", "split.bin"]
     assert files == store_files(tmp_path / "b") == store_files(tmp_path / "c")
 
 
@@ -108,21 +109,76 @@ def test_open_validates_store(tmp_path, small_file):
     prepare(small_file, store_dir)
     manifest_path = store_dir / "manifest.json"
     original = manifest_path.read_text()
-    manifest_path.write_text(original.replace('"format_version": 1', '"format_version": 99'))
-    with pytest.raises(DataError, match=r"manifest.json: format version 99, expected 1"):
+    manifest_path.write_text(original.replace('"format_version": 2', '"format_version": 99'))
+    with pytest.raises(DataError, match=r"manifest.json: format version 99, expected 1 or 2"):
         ColumnStore.open(store_dir)
     manifest_path.write_text("{not json")
     with pytest.raises(DataError, match=r"manifest.json: not valid JSON"):
         ColumnStore.open(store_dir)
     manifest_path.write_text(original)
-    keys_file = store_dir / "16_C4.keys.bin"
+    manifest_path.write_text(original.replace('"column": 16', '"column": 39'))
+    with pytest.raises(DataError, match=r"manifest.json: field C4 at column 39 of 39 one-hot keys"):
+        ColumnStore.open(store_dir)
+    manifest_path.write_text(original)
+    keys_file = store_dir / "one_hot.keys.bin"
     data = keys_file.read_bytes()
     keys_file.write_bytes(data[:-8])
-    with pytest.raises(DataError, match=r"16_C4.keys.bin: 2392 bytes, expected 2400"):
+    with pytest.raises(DataError, match=r"one_hot.keys.bin: 93592 bytes, expected 93600"):
         ColumnStore.open(store_dir)
     keys_file.unlink()
-    with pytest.raises(DataError, match=r"16_C4.keys.bin: array file is missing"):
+    with pytest.raises(DataError, match=r"one_hot.keys.bin: array file is missing"):
         ColumnStore.open(store_dir)
+
+
+def test_one_hot_keys_are_stored_row_major(sample_store):
+    """A row's keys of every one-hot field side by side (a batch reads random rows), and a batch's
+    fields read together equal the fields read one by one."""
+    matrix = np.fromfile(sample_store.path / "one_hot.keys.bin", dtype="<i8").reshape(32852, 39)
+    for field in range(39):
+        assert sample_store.manifest["fields"][field]["keys"]["column"] == field
+        assert (np.asarray(sample_store.field(field)[1]) == matrix[:, field]).all()
+    rows = sample_store.split_rows("train")[[5, 17, 3, 17]]
+    got = sample_store.gather_fields([38, 0, 20], rows)
+    assert list(got) == [38, 0, 20]
+    for field, block in got.items():
+        alone = sample_store.gather(field, rows)
+        assert (block.keys == matrix[rows, field]).all() and (block.keys == alone.keys).all()
+        assert (block.offsets == np.arange(5)).all() and block.weights is None
+    with pytest.raises(ValueError, match="read-only"):
+        got[0].offsets[1] = 7  # the fields share one offsets array
+
+
+def test_sample_keeps_the_fingerprint_of_its_version_1_store(sample_store):
+    """Runs record the data's fingerprint and resume only on the same data: the shipped sample as
+    des prepared it before the row-major layout (format version 1) had this one."""
+    assert sample_store.fingerprint == "914ee92b639b2fdf"
+
+
+def test_version_1_store_reads_the_same(tmp_path, small_file):
+    """A store of format version 1 (a keys file per one-hot field) opens and gives the same batches
+    and fingerprint as the version 2 store of the same input."""
+    new = prepare(small_file, tmp_path / "v2", split=(0.6, 0.2, 0.2))
+    old_dir = tmp_path / "v1"
+    shutil.copytree(new.path, old_dir)
+    matrix = np.fromfile(old_dir / "one_hot.keys.bin", dtype="<i8").reshape(new.num_rows, 39)
+    manifest = json.loads((old_dir / "manifest.json").read_text())
+    manifest["format_version"] = 1
+    for entry in manifest["fields"]:
+        name = f"{entry['index']:02d}_{entry['name']}.keys.bin"
+        np.ascontiguousarray(matrix[:, entry["index"]]).tofile(old_dir / name)
+        entry["keys"] = {"file": name, "dtype": "<i8", "shape": [new.num_rows]}
+    (old_dir / "one_hot.keys.bin").unlink()
+    (old_dir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    old = ColumnStore.open(old_dir)
+    assert old.manifest["format_version"] == 1 and new.manifest["format_version"] == 2
+    assert old.fingerprint == new.fingerprint
+    pairs = list(zip(BatchReader(old, "train", batch_size=32, seed=1), BatchReader(new, "train", batch_size=32, seed=1)))
+    assert len(pairs) == 5
+    for a, b in pairs:
+        assert (a.rows == b.rows).all() and (a.labels == b.labels).all() and a.fields.keys() == b.fields.keys()
+        for field in a.fields:
+            assert (a.fields[field].keys == b.fields[field].keys).all()
+            assert (a.fields[field].offsets == b.fields[field].offsets).all()
 
 
 def test_open_dataset_prepares_once_and_reuses(tmp_path, small_file, monkeypatch):

@@ -95,7 +95,7 @@ class BatchReader:
         lo, hi = row_bounds(global_size, parts)[part : part + 2]
         rows = rows[lo:hi]
         labels = self.store.take_labels(rows).astype(np.float32)
-        fields = {field: self.store.gather(field, rows) for field in self.fields}
+        fields = self.store.gather_fields(self.fields, rows)
         return Batch(self.epoch, index, rows, labels, fields, global_size)
 
     def __iter__(self) -> Iterator[Batch]:

@@ -244,26 +244,39 @@ class ConcatStore:
             out[positions] = self.parts[p].store.take_labels(local)
         return out
 
+    def gather_fields(self, fields: Sequence[int], rows: np.ndarray) -> dict[int, FieldBatch]:
+        """``{field: gather(field, rows)}``, each part's fields read together (``ColumnStore.gather_fields``)."""
+        fields = [self.field_index(f) for f in fields]
+        groups = self._by_part(rows)
+        if len(groups) == 1:  # every row from one part: its positions are 0..n-1 in order
+            return self.parts[groups[0][0]].store.gather_fields(fields, groups[0][2])
+        parts = [(positions, self.parts[p].store.gather_fields(fields, local)) for p, positions, local in groups]
+        return {f: self._merge(f, len(rows), [(positions, got[f]) for positions, got in parts]) for f in fields}
+
     def gather(self, field: int | str, rows: np.ndarray) -> FieldBatch:
         """The field's ids for ``rows`` (in that order) as a CSR block."""
         f = self.field_index(field)
         groups = self._by_part(rows)
         if len(groups) == 1:  # every row from one part: its positions are 0..n-1 in order
             return self.parts[groups[0][0]].store.gather(f, groups[0][2])
-        pieces = [(positions, self.parts[p].store.gather(f, local)) for p, positions, local in groups]
+        return self._merge(f, len(rows), [(positions, self.parts[p].store.gather(f, local))
+                                          for p, positions, local in groups])
+
+    def _merge(self, f: int, size: int, pieces: list[tuple[np.ndarray, FieldBatch]]) -> FieldBatch:
+        """Field ``f``'s batch of ``size`` rows from the parts' ``(positions, their rows' batch)``."""
         weighted = self._layout[f][3]
         if self._layout[f][2] == ONE_HOT:  # one key per row: put each part's keys at its rows' positions
-            keys = np.empty(len(rows), dtype=np.int64)
-            weights = np.empty(len(rows), dtype=np.float32) if weighted else None
+            keys = np.empty(size, dtype=np.int64)
+            weights = np.empty(size, dtype=np.float32) if weighted else None
             for positions, block in pieces:
                 keys[positions] = block.keys
                 if weights is not None:
                     weights[positions] = block.weights
-            return FieldBatch(np.arange(len(rows) + 1, dtype=np.int64), keys, weights)
-        lengths = np.zeros(len(rows), dtype=np.int64)
+            return FieldBatch(np.arange(size + 1, dtype=np.int64), keys, weights)
+        lengths = np.zeros(size, dtype=np.int64)
         for positions, block in pieces:
             lengths[positions] = np.diff(block.offsets)
-        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        offsets = np.zeros(size + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         keys = np.empty(int(offsets[-1]), dtype=np.int64)
         weights = np.empty(keys.shape[0], dtype=np.float32) if weighted else None

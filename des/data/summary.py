@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from .counting import KeyCounter
 from .store import ColumnStore
 
 DEFAULT_TOP_K = 10
-_COUNT_CHUNK = 1 << 22
+_COUNT_ROWS = 1 << 18  # rows per chunk (a field's hash map stays cached while it counts a chunk)
 
 
 def _percent(part: float, whole: float) -> str:
@@ -16,19 +18,25 @@ def _percent(part: float, whole: float) -> str:
 
 
 def top_share(store: ColumnStore, field: int | str, k: int) -> float:
-    """Fraction of the field's ids (all rows) taken by its ``k`` most frequent ids.
+    """Fraction of the field's ids (all rows) taken by its ``k`` most frequent ids."""
+    return top_shares(store, k, [field])[0]
 
-    The manifest records it for k = 10; other k are counted from the field's keys, chunk by chunk
-    (memory proportional to the distinct ids, not to the rows).
-    """
-    entry = store.manifest["fields"][store.field_index(field)]
-    if k == 10 and "top10_share" in entry:
-        return float(entry["top10_share"])
-    keys = store.field(field)[1]
-    counter = KeyCounter()
-    for start in range(0, keys.shape[0], _COUNT_CHUNK):
-        counter.add(np.asarray(keys[start:start + _COUNT_CHUNK]))
-    return counter.top_share(k)
+
+def top_shares(store: ColumnStore, k: int, fields: Sequence[int | str] | None = None) -> list[float]:
+    """:func:`top_share` of every field of ``fields`` (default: all). The manifest records k = 10;
+    other k are counted in one pass over the rows, chunk by chunk (``ColumnStore.gather_fields``: one
+    read of a chunk's row-major one-hot keys for every field); memory is proportional to the
+    distinct ids and the chunk, not to the rows."""
+    numbers = range(store.num_fields) if fields is None else [store.field_index(f) for f in fields]
+    entries = store.manifest["fields"]
+    shares = {f: float(entries[f]["top10_share"]) for f in numbers if k == 10 and "top10_share" in entries[f]}
+    counting = {f: KeyCounter() for f in numbers if f not in shares}
+    for start in range(0, store.num_rows if counting else 0, _COUNT_ROWS):
+        rows = np.arange(start, min(start + _COUNT_ROWS, store.num_rows), dtype=np.int64)
+        for f, block in store.gather_fields(list(counting), rows).items():
+            counting[f].add(block.keys)
+    shares.update({f: counter.top_share(k) for f, counter in counting.items()})
+    return [shares[f] for f in numbers]
 
 
 def format_summary(store: ColumnStore, top_k: int = DEFAULT_TOP_K) -> str:
@@ -68,9 +76,10 @@ def format_summary(store: ColumnStore, top_k: int = DEFAULT_TOP_K) -> str:
     header = (f"{'#':>3}  {'field':<6} {'kind':<12} {'hotness':<9} {'distinct':>12} {'ids/row':>8} "
               f"{share_title:>{width}}")
     lines += [header, "-" * len(header)]
+    shares = top_shares(store, top_k)
     for entry in manifest["fields"]:
         ids_per_row = entry["nnz"] / rows if rows else 0.0
-        share = top_share(store, entry["index"], top_k)
+        share = shares[entry["index"]]
         lines.append(
             f"{entry['index']:>3}  {entry['name']:<6} {entry['kind']:<12} {entry['hotness']:<9} "
             f"{entry['distinct']:>12,} {ids_per_row:>8.2f} {100.0 * share:>{width - 1}.2f}%"
