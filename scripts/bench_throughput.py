@@ -54,7 +54,9 @@ Criteo the planner exchanges every operator: the same step); at B=512 des N=1 1.
 70k samples/s at B=4096), 14 min, 2026-11-27, with each rank keeping freed memory and the 0.2 ms
 GIL switch: des N=1 0.83x the roofline and 1.11x DeepCTR at B=4096, 1.70x DeepCTR at B=512,
 des-bf16 1.69x DeepCTR; des N=2 / N=4 1.02x / 0.79x des N=1 (0.92x / 0.73x an hour earlier before
-those two changes) and 0.99x / 1.00x alltoall. On an AVX2-only machine (oneDNN off, 23 min, earlier the same day): des N=1 0.77-0.82x the
+those two changes) and 0.99x / 1.00x alltoall. Since a step's time counts reading its batch (the
+same evening, 13.5 min): des N=1 0.85x the roofline, 1.13x DeepCTR at B=4096 and 1.59x at B=512,
+des-bf16 1.70x; des N=2 / N=4 0.99x / 0.78x des N=1 and 1.01x / 0.98x alltoall. On an AVX2-only machine (oneDNN off, 23 min, earlier the same day): des N=1 0.77-0.82x the
 roofline and 1.1-1.2x DeepCTR at B=4096, 1.4-1.65x at B=512, des N=2 / N=4 about 0.9x / 0.9x des
 N=1; bf16 is slower than float32 there (no bf16 units). With other jobs on the 2 cores every figure
 falls 2-7x and single-job ratios move by 0.2 or more: use ``--rounds``.
