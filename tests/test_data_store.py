@@ -119,6 +119,12 @@ def test_open_validates_store(tmp_path, small_file):
     manifest_path.write_text(original.replace('"column": 16', '"column": 39'))
     with pytest.raises(DataError, match=r"manifest.json: field C4 at column 39 of 39 one-hot keys"):
         ColumnStore.open(store_dir)
+    manifest_path.write_text(original.replace('"file": "one_hot.keys.bin"', '"file": "16_C4.keys.bin"', 1))
+    with pytest.raises(DataError, match=r"manifest.json: field I1's one-hot keys are in '16_C4.keys.bin', not"):
+        ColumnStore.open(store_dir)
+    manifest_path.write_text(original.replace('"column": 16', '"column": 15'))
+    with pytest.raises(DataError, match=r"columns \[0, 1, .*15, 15, 17.*\] are not each of the 39 columns"):
+        ColumnStore.open(store_dir)
     manifest_path.write_text(original)
     keys_file = store_dir / "one_hot.keys.bin"
     data = keys_file.read_bytes()

@@ -316,6 +316,10 @@ class ColumnStore:
         self.split: np.ndarray = self._checked(manifest["split"]["array"], "split", [self.num_rows])
         self._one_hot_keys: np.ndarray | None = None  # one_hot.keys.bin (version 2)
         self._fields = [self._open_field(entry) for entry in manifest["fields"]]
+        columns = sorted(f.column for f in self._fields if f.column is not None)
+        if self._one_hot_keys is not None and columns != list(range(self._one_hot_keys.shape[1])):
+            raise DataError(f"{path / MANIFEST_NAME}: the one-hot fields' columns {columns} are not each of the "
+                            f"{self._one_hot_keys.shape[1]} columns of {ONE_HOT_KEYS_FILE} once")
         self._arrays = {name: _map_array(path, entry) for name, entry in manifest.get("arrays", {}).items()}
         self._split_rows: dict[str, np.ndarray] = {}
         self._one_hot_offsets: np.ndarray | None = None
@@ -353,6 +357,9 @@ class ColumnStore:
     def _open_field(self, entry: Mapping[str, Any]) -> _FieldArrays:
         column = None
         if entry["hotness"] == ONE_HOT and "column" in entry["keys"]:
+            if entry["keys"]["file"] != ONE_HOT_KEYS_FILE:
+                raise DataError(f"{self.path / MANIFEST_NAME}: field {entry['name']}'s one-hot keys are in "
+                                f"{entry['keys']['file']!r}, not {ONE_HOT_KEYS_FILE!r}")
             if self._one_hot_keys is None:
                 self._one_hot_keys = self._checked(entry["keys"], "one-hot keys",
                                                    [self.num_rows, int(entry["keys"]["shape"][1])])
