@@ -256,11 +256,7 @@ class ConcatStore:
     def gather(self, field: int | str, rows: np.ndarray) -> FieldBatch:
         """The field's ids for ``rows`` (in that order) as a CSR block."""
         f = self.field_index(field)
-        groups = self._by_part(rows)
-        if len(groups) == 1:  # every row from one part: its positions are 0..n-1 in order
-            return self.parts[groups[0][0]].store.gather(f, groups[0][2])
-        return self._merge(f, len(rows), [(positions, self.parts[p].store.gather(f, local))
-                                          for p, positions, local in groups])
+        return self.gather_fields([f], rows)[f]
 
     def _merge(self, f: int, size: int, pieces: list[tuple[np.ndarray, FieldBatch]]) -> FieldBatch:
         """Field ``f``'s batch of ``size`` rows from the parts' ``(positions, their rows' batch)``."""
