@@ -18,9 +18,10 @@ comma-separated list, default 4096):
   backward (with the gradients of both inputs) and Adam (``ResourceApplyAdam``) on its 446,402
   dense parameters in one ``tf.function``; the embeddings are given as dense inputs: no hash
   tables, lookups, pooling or sparse updates.
-* **Rounds** (``--rounds R``): every des/alltoall/ps job and DeepCTR run R times, round-robin over the
-  configurations of a batch size (so a drift in the machine's load hits all of them alike); a row is
-  the median job (its phases and memory with it) and shows the min-max over the rounds. On this
+* **Rounds** (``--rounds R``): every des/alltoall/ps job, the rooflines and DeepCTR run R times,
+  round-robin over the configurations of a batch size (so a drift in the machine's load hits all of
+  them alike); a row is the median job (its phases and memory with it) and shows the min-max over
+  the rounds (the rooflines and DeepCTR: the median round's figures). On this
   machine one job's samples/s moves by 10-20 % between otherwise identical runs: ratios of single
   jobs below ~1.2 are not readable without rounds.
 * **des vs the roofline and DeepCTR** (one process): per model and batch, the dense roofline at
@@ -56,7 +57,10 @@ GIL switch: des N=1 0.83x the roofline and 1.11x DeepCTR at B=4096, 1.70x DeepCT
 des-bf16 1.69x DeepCTR; des N=2 / N=4 1.02x / 0.79x des N=1 (0.92x / 0.73x an hour earlier before
 those two changes) and 0.99x / 1.00x alltoall. Since a step's time counts reading its batch (the
 same evening, 13.5 min): des N=1 0.85x the roofline, 1.13x DeepCTR at B=4096 and 1.59x at B=512,
-des-bf16 1.70x; des N=2 / N=4 0.99x / 0.78x des N=1 and 1.01x / 0.98x alltoall. On an AVX2-only machine (oneDNN off, 23 min, earlier the same day): des N=1 0.77-0.82x the
+des-bf16 1.70x; des N=2 / N=4 0.99x / 0.78x des N=1 and 1.01x / 0.98x alltoall. Since TF takes its
+inputs by reference and the bench validates once, at the end (14.2 min): des N=1 0.86x the roofline,
+1.20x DeepCTR at B=4096 and 1.65x at B=512, des-bf16 1.84x; des N=2 / N=4 0.99x / 0.80x des N=1 and
+1.00x / 0.98x alltoall. On an AVX2-only machine (oneDNN off, 23 min, earlier the same day): des N=1 0.77-0.82x the
 roofline and 1.1-1.2x DeepCTR at B=4096, 1.4-1.65x at B=512, des N=2 / N=4 about 0.9x / 0.9x des
 N=1; bf16 is slower than float32 there (no bf16 units). With other jobs on the 2 cores every figure
 falls 2-7x and single-job ratios move by 0.2 or more: use ``--rounds``.
@@ -79,6 +83,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import bench_deepctr
 import benchlib
@@ -333,14 +338,21 @@ def throughput_row(model: str, strategy: str, n: int, batch: int, runs: Sequence
     return row
 
 
-def median_of_rounds(rounds: Sequence[Sequence[dict]]) -> list[dict]:
-    """The median (lower of an even count) of one configuration's rows over the rounds, by samples/s."""
-    found = [r[0] for r in rounds if r]
-    if not found:
-        return []
-    row = dict(median_job(found, lambda r: r["samples_per_second"]))
-    row["samples_per_second_rounds"] = [round(r["samples_per_second"]) for r in found]
-    return [row]
+def median_of_rounds(rounds: Sequence[Sequence[dict]], key=lambda row: None) -> list[dict]:
+    """Per ``key(row)`` (one configuration: a DeepCTR run, a roofline), the median row (lower of
+    an even count) over the rounds, by samples/s, with every round's samples/s."""
+    found: dict[Any, list[dict]] = {}
+    for rows in rounds:
+        for r in rows:
+            found.setdefault(key(r), []).append(r)
+    out = []
+    for same in found.values():
+        row = dict(median_job(same, lambda r: r["samples_per_second"]))
+        rates = [r["samples_per_second"] for r in same]
+        row["samples_per_second_rounds"] = [round(r) for r in rates]
+        row["spread"] = f"{min(rates):,.0f}-{max(rates):,.0f}" if len(same) > 1 else ""
+        out.append(row)
+    return out
 
 
 def compare_rows(models: Sequence[str], batches: Sequence[int], rows: Sequence[dict], roof_rows: Sequence[dict],
@@ -416,20 +428,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         configs = [(model, strategy, n) for model in models for strategy in strategies for n in ranks
                    if n in STRATEGY_RANKS[strategy]]
         runs: dict[tuple, list[dict]] = {c: [] for c in configs}
-        for round_ in range(args.rounds):  # round-robin: a drift in the machine's load hits every config alike
-            for model, strategy, n in configs:
+        roof_rounds, deepctr_rounds = [], []
+        for round_ in range(args.rounds):  # round-robin: a drift in the machine's load hits every config,
+            for model, strategy, n in configs:  # the rooflines and DeepCTR alike
                 tag = f"{model}-{strategy}-n{n}-b{batch}" + (f"-r{round_}" if args.rounds > 1 else "")
                 s = bench.steady(n, tag, args.warmup, steps, model=model, batch_size=batch, **data_flags,
                                  **benchlib.strategy_flags(strategy))
                 if s is not None:
                     runs[(model, strategy, n)].append(s)
+            roof_rounds.append([row for threads in (ROOFLINE_THREADS if roof_models else ())
+                                for row in roofline_rows(bench, threads, batch, scaled_steps(args.repeats, batch, batches),
+                                                         roof_models)])
+            if store is not None:
+                deepctr_rounds.append(deepctr_rows(bench, store, batch, args.warmup, steps))
         rows += [throughput_row(model, strategy, n, batch, runs[(model, strategy, n)])
                  for model, strategy, n in configs]
-        for threads in ROOFLINE_THREADS if roof_models else ():
-            roof_rows += roofline_rows(bench, threads, batch, scaled_steps(args.repeats, batch, batches), roof_models)
-        if store is not None:
-            deepctr += median_of_rounds([deepctr_rows(bench, store, batch, args.warmup, steps)
-                                         for _ in range(args.rounds)])
+        roof_rows += median_of_rounds(roof_rounds, key=lambda r: (r["model"], r["kind"], r["threads"]))
+        deepctr += median_of_rounds(deepctr_rounds)
     for row in rows:  # speed-up over DES on one rank, and over alltoall at the same N (same model and batch)
         for key, strategy, base_ranks in (("vs_des_n1", "des", 1), ("vs_alltoall", "alltoall", row["ranks"])):
             base = next((r for r in rows if (r["model"], r["batch"]) == (row["model"], row["batch"])
@@ -446,7 +461,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                ("samples_per_second_des_train", "des.train's samples/s", ",.0f"),
                ("peak_rss_mib_max", "peak RSS MiB/rank (max)", ",.0f"), ("peak_rss_mib_per_rank", "per rank", "")]
     roof_columns = [("what", "TF-only roofline", ""), ("threads", "threads", "d"), ("batch", "batch", "d"),
-                    ("ms", "ms/step", ".1f"), ("ms_median", "median ms", ".1f"), ("samples_per_second", "samples/s", ",.0f")]
+                    ("ms", "ms/step", ".1f"), ("ms_median", "median ms", ".1f"), ("samples_per_second", "samples/s", ",.0f"),
+                    ("spread", "min-max over rounds", "")]
     compare_columns = [("model", "model", ""), ("batch", "batch", "d"),
                        ("roofline", f"dense roofline ({ROOFLINE_THREADS[0]} threads) samples/s", ",.0f"),
                        ("deepctr", "DeepCTR 0.9.4 samples/s", ",.0f"), ("des", "des N=1 samples/s", ",.0f"),
@@ -465,9 +481,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Global batch {', '.join(map(str, batches))}; samples/s over "
         f"{', '.join(str(scaled_steps(args.steps, b, batches)) for b in batches)} timed steps respectively after "
         f"{args.warmup} warm-up steps (ps: per worker). des/alltoall: training samples over rank 0's training wall "
-        "time after the warm-up steps (validation excluded); ps: workers x batch / the first worker's time per step "
-        "after warm-up (its phase timers). \"des.train's samples/s\" is the summary's own figure for the whole job, "
-        "which leaves out only the first step (ps: all workers' samples / the slowest worker's time).",
+        "time of the steps after the warm-up ones (des.train's own meter, restarted after them; the job validates "
+        "once, after its last step, so no validation breaks the pipelined steps); ps: workers x batch / the first "
+        "worker's time per step after warm-up (its phase timers). \"des.train's samples/s\" is the summary's own "
+        "figure (des/alltoall: the same; ps: all workers' samples / the slowest worker's time).",
         benchlib.STRATEGY_NOTE,
         "des: every rank computes the partials of its fields for the whole batch; alltoall: each rank "
         "takes B/N rows; ps: ranks 1..N-1 are asynchronous workers each taking every (N-1)-th batch, rank 0 serves "

@@ -138,28 +138,6 @@ def steady_from_phases(summary: Mapping[str, Any], batch_size: int) -> float:
     return workers * batch_size * 1000.0 / step_ms if step_ms > 0 else math.nan
 
 
-def _timed_seconds(samples: float, steps: int, samples_per_second: float) -> float:
-    """Training seconds behind des.train's samples/s after ``steps`` steps of ``samples`` in all:
-    its throughput leaves out the run's first step, its samples as well as its time (so a record at
-    step 1 has 0 s and 0 samples/s); every step trains the same batch."""
-    return samples * (steps - 1) / steps / samples_per_second if samples_per_second and steps > 1 else 0.0
-
-
-def steady_from_metrics(first: Mapping[str, Any], summary: Mapping[str, Any]) -> dict[str, Any]:
-    """Samples/s after the first ``metrics.jsonl`` record (cumulative samples and samples/s at a
-    validation step) up to the end of the job (the summary's totals; des/alltoall: rank 0's)."""
-    samples = summary["train_samples"] - first["samples"]
-    seconds = (_timed_seconds(summary["train_samples"], summary["steps"], summary["samples_per_second"])
-               - _timed_seconds(first["samples"], first["step"], first["samples_per_second"]))
-    return {
-        "samples_per_second": samples / seconds if seconds > 0 else math.nan,
-        "ms_per_phase": None,
-        "measured_steps": summary["steps"] - first["step"],
-        "measured_samples": samples,
-        "measured_seconds": seconds,
-    }
-
-
 # ---------------------------------------------------------------------------------------- machine
 def _run_text(cmd: Sequence[str]) -> str:
     try:
@@ -345,17 +323,18 @@ class Bench:
 
     def steady(self, ranks: int, tag: str, warmup: int, steps: int, **flags: Any) -> dict[str, Any] | None:
         """One job of ``warmup + steps`` steps (``--epochs 0``; per worker for ``ps``, whose
-        ``--max-steps`` counts the batches of all workers) with the phase timers restarted after
-        ``warmup`` steps. Returns its summary plus ``steady``: ``ms_per_phase`` of the last ``steps``
-        steps (rank 0, or the first ps worker) and ``samples_per_second``: for des/alltoall from
-        ``metrics.jsonl`` (the job validates every ``warmup`` steps; validation is not training time)
-        as training samples over training wall seconds after step ``warmup``; for ps from the
+        ``--max-steps`` counts the batches of all workers) with its timers restarted after
+        ``warmup`` steps (:func:`restart_timers_after`). Returns its summary plus ``steady``:
+        ``ms_per_phase`` of the last ``steps`` steps (rank 0, or the first ps worker) and
+        ``samples_per_second``: for des/alltoall des.train's own figure (rank 0's training samples
+        over its training wall seconds, of the steps after ``warmup``; the job validates once,
+        after its last step, so no validation interrupts the pipelined steps), for ps from the
         phase timers (:func:`steady_from_phases`)."""
         ps = flags.get("strategy") == "ps"
         workers = ranks - int(flags.get("ps_servers", 1)) if ps else 1
         flags = {"epochs": 0, **flags, "max_steps": (warmup + steps) * workers}
         if not ps:
-            flags["eval_every"] = warmup
+            flags["eval_every"] = flags["max_steps"]
         summary = self.train(ranks, tag, restart_timers_after=warmup, **flags)
         if summary is None:
             return None
@@ -363,15 +342,7 @@ class Bench:
         batch = int(flags.get("batch_size", 1024))
         steady = {"ms_per_phase": summary["ms_per_phase"], "measured_steps": steps,
                   "samples_per_second_from_phases": steady_from_phases(summary, batch)}
-        if ps:
-            steady["samples_per_second"] = steady["samples_per_second_from_phases"]
-        else:
-            try:
-                first = json.loads((self.jobs / tag / "metrics.jsonl").read_text().splitlines()[0])
-            except (OSError, IndexError, ValueError) as exc:
-                self.failures.append(f"{tag}: no metrics.jsonl ({exc})")
-                return None
-            steady["samples_per_second"] = steady_from_metrics(first, summary)["samples_per_second"]
+        steady["samples_per_second"] = steady["samples_per_second_from_phases"] if ps else summary["samples_per_second"]
         summary["steady"] = steady
         return summary
 
@@ -443,17 +414,14 @@ def train_many(spec: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------- timer restart
-def train_with_timer_restart(warmup: int, argv: Sequence[str]) -> None:
-    """``mpiexec -n N python scripts/benchlib.py --restart-timers-after W <des.train flags>``:
-    des.train unchanged, except that each strategy's phase timer (``strategy.timer``, the source of
-    ``ms_per_phase``) restarts once it has trained ``W`` steps (``strategy.step_count``; a ps
-    worker counts its own steps), so ``ms_per_phase`` covers the later steps only. Training, data and everything else are des.train's own. (Only the
-    reporting is affected: ``steps_this_run`` and ``bytes_per_step`` then count the later steps.)"""
-    from des import train as des_train
-    from des.collectives import run_main
-    from des.config import load_config
-
-    des_train.before_tensorflow(load_config(list(argv)))  # the strategies' import loads TensorFlow
+def restart_timers_after(warmup: int) -> None:
+    """Patch des so that a job's timing covers the steps after the first ``warmup`` only: each
+    strategy's phase timer (``strategy.timer``, the source of ``ms_per_phase``) restarts once it
+    has trained ``warmup`` steps (``strategy.step_count``; a ps worker counts its own steps), and
+    so does the runner's throughput meter (``samples_per_second`` in ``summary.json``: the samples
+    and training seconds of the later steps). Only the reporting changes (``steps_this_run`` and
+    ``bytes_per_step`` then count the later steps too)."""
+    from des import runner
     from des.strategies import default_strategies
 
     def wrap(cls):
@@ -472,6 +440,25 @@ def train_with_timer_restart(warmup: int, argv: Sequence[str]) -> None:
 
     for cls in default_strategies():
         wrap(cls)
+    record = runner.Meter.record
+
+    def record_after_warmup(self, loss, samples, seconds, timer):
+        record(self, loss, samples, seconds, timer)
+        if self.steps == warmup:  # the throughput counts the steps after this one
+            self.seconds, self.timed_samples = 0.0, 0
+
+    runner.Meter.record = record_after_warmup
+
+
+def train_with_timer_restart(warmup: int, argv: Sequence[str]) -> None:
+    """``mpiexec -n N python scripts/benchlib.py --restart-timers-after W <des.train flags>``:
+    des.train unchanged but for :func:`restart_timers_after` ``W``."""
+    from des import train as des_train
+    from des.collectives import run_main
+    from des.config import load_config
+
+    des_train.before_tensorflow(load_config(list(argv)))  # the strategies' import loads TensorFlow
+    restart_timers_after(warmup)
     run_main(lambda: des_train.main(list(argv)), "des.train")
 
 

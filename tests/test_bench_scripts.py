@@ -127,18 +127,23 @@ def test_mean_std():
     assert all(math.isnan(x) for x in benchlib.mean_std([]))
 
 
-def test_steady_speeds():
-    # des.train's samples/s leaves out the first step (its samples and its time): steps 2..13 took
-    # 8 s of training time; the validation record after the 3 warm-up steps says steps 2..3 took 3 s.
+def test_steady_speeds(monkeypatch: pytest.MonkeyPatch):
+    # a bench job's throughput counts the steps after the warm-up ones: the runner's meter (which
+    # leaves out the first step) restarts once 3 steps are recorded
+    from des import runner
+    from des.strategies import default_strategies
+    from des.strategies.base import PhaseTimer
+
+    monkeypatch.setattr(runner.Meter, "record", runner.Meter.record)  # restored after the test
+    for cls in default_strategies():
+        monkeypatch.setattr(cls, "train_step", cls.train_step)
+    benchlib.restart_timers_after(3)
+    meter, timer = runner.Meter(), PhaseTimer(["top"])
+    for seconds in (9.0, 5.0, 5.0, 1.0, 3.0):  # step 1 (tracing), 2-3 warm-up, 4-5 timed
+        meter.record(0.5, 4096, seconds, timer)
+    assert meter.samples_per_second == pytest.approx(2 * 4096 / 4.0) and meter.samples == 5 * 4096
     summary = {"strategy": "des", "ranks": 2, "steps": 13, "train_samples": 13 * 4096,
                "samples_per_second": 12 * 4096 / 8.0, "ms_per_phase": {"top": 400.0, "allreduce": 100.0}}
-    first = {"step": 3, "samples": 3 * 4096, "samples_per_second": 2 * 4096 / 3.0}
-    steady = benchlib.steady_from_metrics(first, summary)
-    assert steady["samples_per_second"] == pytest.approx(10 * 4096 / 5.0)
-    assert steady["measured_seconds"] == pytest.approx(5.0)
-    one = {"step": 1, "samples": 4096, "samples_per_second": 0.0}  # a record at step 1: 0 s
-    assert benchlib.steady_from_metrics(one, summary)["samples_per_second"] == pytest.approx(12 * 4096 / 8.0)
-    assert steady["measured_steps"] == 10
     # phases sum to 500 ms per step: 4096 samples per 0.5 s; ps: 3 workers each train a batch per step
     assert benchlib.steady_from_phases(summary, 4096) == pytest.approx(8192.0)
     ps = {**summary, "strategy": "ps", "ranks": 4, "ps_servers": 1}
@@ -281,8 +286,12 @@ def test_throughput_rounds_take_the_median_job():
     assert (one["samples_per_second"], one["spread"]) == (5.0, "")
     assert "samples_per_second" not in throughput.throughput_row("lr", "des", 1, 512, [])  # every job failed
     dctr = [[{"samples_per_second": 3.0}], [], [{"samples_per_second": 1.0}], [{"samples_per_second": 2.0}]]
-    assert throughput.median_of_rounds(dctr) == [{"samples_per_second": 2.0, "samples_per_second_rounds": [3, 1, 2]}]
+    assert throughput.median_of_rounds(dctr) == [{"samples_per_second": 2.0, "samples_per_second_rounds": [3, 1, 2],
+                                                  "spread": "1-3"}]
     assert throughput.median_of_rounds([[], []]) == []
+    roof = [[{"kind": k, "samples_per_second": r * f} for k, f in (("plain", 1), ("top", 10))] for r in (5.0, 4.0, 6.0)]
+    assert [(r["kind"], r["samples_per_second"], r["spread"]) for r in throughput.median_of_rounds(
+        roof, key=lambda r: r["kind"])] == [("plain", 5.0, "4-6"), ("top", 50.0, "40-60")]
 
 def test_plain_roofline_network_is_the_model():
     """The dense roofline's network has des's dense parameters (top + first FC) and DeepFM = W&D + FM."""

@@ -301,6 +301,19 @@ def test_catchup_of_many_rows_at_once_equals_one_row_at_a_time(dtype, dim) -> No
     assert (flushed[3][moved] == t).all() and not np.array_equal(flushed[0][moved], w0[moved])
 
 
+@pytest.mark.parametrize("n, low, upto", [(0, 1, 5), (1, 5, 5), (2600, 700, 1000), (5000, 1, 400),
+                                           (40, 1, 10**7), (3000, 1, 10**6)])
+def test_the_catchups_row_order_is_a_stable_sort_by_last_update(n, low, upto) -> None:
+    """The catch-up takes its rows in the order of a stable sort by their last update (a counting
+    sort over a short span of steps, a merge sort over a long one): NumPy's stable argsort."""
+    from des.hashtable.optimizers import _stable_order
+
+    rng = np.random.default_rng(n)
+    since = rng.integers(low, upto + 1, n).astype(np.int64)
+    since[rng.random(n) < 0.4] = upto  # many rows tie (nothing skipped)
+    assert np.array_equal(_stable_order(since, upto), np.argsort(since, kind="mergesort"))
+
+
 def _flush_together_and_alone(opt: Adam, state: tuple, t: int) -> tuple[tuple, np.ndarray]:
     """``opt.catch_up`` to step ``t`` of the table ``state`` (w, m, v, last), asserting that it
     equals each row caught up alone, bytewise; returns the flushed state and the rows it moved."""

@@ -53,6 +53,7 @@ from mpi4py import MPI
 
 from des.collectives.node_memory import NodeBuffers
 from des.data import batch_reader
+from des.zero_copy import aligned_empty
 
 
 @dataclass
@@ -164,7 +165,8 @@ class Communicator:
         _require_contiguous(buffer, site)
         bounds = self.row_bounds(buffer.shape[0])
         row_items = int(np.prod(buffer.shape[1:], dtype=np.int64))
-        out = np.empty((bounds[self.rank + 1] - bounds[self.rank],) + buffer.shape[1:], dtype=buffer.dtype)
+        # aligned: TF takes it without a copy (des/zero_copy.py)
+        out = aligned_empty((bounds[self.rank + 1] - bounds[self.rank],) + buffer.shape[1:], buffer.dtype)
         start = time.perf_counter()
         if self.size > 1 and self._node() is not None:
             out = self._node().reduce_scatter_rows_sum(buffer, bounds)
@@ -184,7 +186,7 @@ class Communicator:
         bounds = self.row_bounds(rows)
         if block.shape[0] != bounds[self.rank + 1] - bounds[self.rank]:
             raise ValueError(f"allgather_rows at {site}: {block.shape[0]} rows, expected this rank's block of {rows}")
-        out = np.empty((rows,) + block.shape[1:], dtype=block.dtype)
+        out = aligned_empty((rows,) + block.shape[1:], block.dtype)  # as reduce_scatter_rows_sum's
         start = time.perf_counter()
         if self.size > 1 and self._node() is not None:
             out = self._node().allgather_rows(block, bounds, rows)

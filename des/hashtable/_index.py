@@ -99,7 +99,7 @@ def find_slot(idx, key: np.int64) -> int:
 
 
 @njit(nogil=True)
-def insert_keys(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, min_count):
+def insert_keys(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, min_count, count=True):
     """Rows of ``keys[start:]`` into ``out``, inserting missing keys as rows ``n_rows, ...``.
 
     Every occurrence increments ``count`` (saturating) and sets ``last_seen = step``. Returns
@@ -116,7 +116,7 @@ def insert_keys(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, m
     for i in range(start, n):
         if i + PF < n:
             prefetch2(idx, home_slot(keys[i + PF], cap), 0)
-        if i + half < n:
+        if count and i + half < n:
             kp = keys[i + half]
             if kp != EMPTY:
                 sp = find_slot(idx, kp)
@@ -138,14 +138,42 @@ def insert_keys(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, m
                 admitted += 1
         else:
             r = slot_row(idx, s)
+        out[i] = r
+        if not count:
+            continue
         c = meta[r, COUNT]
         if c < INT32_MAX:  # saturate instead of wrapping
             meta[r, COUNT] = c + 1
             if c + 1 == min_count:
                 admitted += 1
         meta[r, LAST] = step
-        out[i] = r
     return n, n_rows, OK, admitted
+
+
+@njit(nogil=True)
+def count_distinct(rows, uniq, inverse, meta, step, min_count):
+    """The counting of :func:`insert_keys` for a whole batch's ``rows`` (all present), by distinct
+    row: the rows numbered in first-occurrence order (:func:`distinct_rows` with every position
+    admitted), then each row's ``count`` raised by its occurrences (saturating) and its
+    ``last_seen`` set to ``step``: one meta line per distinct row instead of per occurrence.
+    Returns ``(distinct rows, rows whose count reached min_count >= 1)``."""
+    n = rows.shape[0]
+    u = distinct_rows(rows, np.empty(0, np.bool_), False, uniq, inverse)
+    occurrences = np.zeros(u, np.int64)
+    for i in range(n):
+        occurrences[inverse[i]] += 1
+    admitted = 0
+    for p in range(u):
+        if p + PF < u:
+            prefetch2(meta, uniq[p + PF], 0)
+        r = uniq[p]
+        c = np.int64(meta[r, COUNT])
+        new = min(c + occurrences[p], INT32_MAX)
+        meta[r, COUNT] = new
+        if c < min_count <= new:
+            admitted += 1
+        meta[r, LAST] = step
+    return u, admitted
 
 
 @njit(cache=True, nogil=True)

@@ -194,6 +194,31 @@ def _zero_gradient_step(mm, vv, ww, b1, b2, rate, eps):
         ww[e] = ww[e] - (mj * rate) / (np.sqrt(vj) + eps)
 
 
+@njit(nogil=True)
+def _stable_order(since, upto):
+    """``np.argsort(since, kind="mergesort")`` for values ``<= upto``: a counting sort (stable,
+    so the same order) when they span at most a few times as many steps as there are values (a
+    step's rows: ~4x faster than the merge sort), else the merge sort."""
+    n = since.shape[0]
+    low = upto
+    for i in range(n):
+        low = min(low, since[i])
+    span = upto - low + 1
+    if span > 4 * n + 1024:
+        return np.argsort(since, kind="mergesort")
+    start = np.zeros(span + 1, np.int64)
+    for i in range(n):
+        start[since[i] - low + 1] += 1
+    for k in range(span):
+        start[k + 1] += start[k]
+    order = np.empty(n, np.int64)
+    for i in range(n):
+        k = since[i] - low
+        order[start[k]] = i
+        start[k] += 1
+    return order
+
+
 @njit(nogil=True, error_model="numpy")
 def _catch_up(w, m, v, last, rows, t, g, step, hp, alphas, horizon):
     """Rows ``rows`` (distinct) take the zero-gradient steps they skipped, ``last[r]+1 .. t-1``,
@@ -218,7 +243,7 @@ def _catch_up(w, m, v, last, rows, t, g, step, hp, alphas, horizon):
             prefetch1(last, rows[i + _PF])
         lr_i = np.int64(last[rows[i]])
         since[i] = lr_i if lr_i != 0 and lr_i < upto else upto
-    order = np.argsort(since, kind="mergesort")
+    order = _stable_order(since, upto)
     mm, vv, ww = np.empty(n * dim, w.dtype), np.empty(n * dim, w.dtype), np.empty(n * dim, w.dtype)
     for k in range(n):
         if k + _PF < n:  # a row and its slots are co-located: two cache lines

@@ -24,6 +24,7 @@ from des.models.base import EmbeddingBlock, Model
 from des.options import Optimizers, TableOptions
 from des.pooling import pool, unpool
 from des.substitutions.base import draw_param
+from des.zero_copy import aligned_copy, aligned_empty
 
 
 class FieldShard:
@@ -77,7 +78,7 @@ class FieldShard:
         after the previous step's :meth:`apply_pooled_gradients`."""
         if batch is not None and len(batch.labels) != touched.size:
             raise ValueError(f"gather_pooled: batch of {len(batch.labels)} rows, lookup of {touched.size}")
-        outs = {k: np.empty((touched.size, len(self.fields), b.dim), dtype=self.dtype)
+        outs = {k: aligned_empty((touched.size, len(self.fields), b.dim), self.dtype)  # TF takes it as it is
                 for k, b in enumerate(self.blocks) if blocks is None or b.name in blocks}
         self._fused.gather_blocks(touched, outs)
         return list(outs.values())
@@ -185,7 +186,7 @@ class DenseParams:
         for i, sub in enumerate(model.substitutions()):
             held = every if i in replicated else own
             for pname, value in sub.init_field_params(seed, held, self.dtype).items():
-                self.field_params[f"{i}:{sub.name}:{pname}"] = value
+                self.field_params[f"{i}:{sub.name}:{pname}"] = aligned_copy(value)  # TF reads it in place
                 self.param_fields[f"{i}:{sub.name}:{pname}"] = held
         #: every field some slice is held of (a checkpoint reads their files)
         self.fields = sorted(set(own).union(*self.param_fields.values()))
@@ -194,7 +195,7 @@ class DenseParams:
         self.field_param_states = {name: DenseOptimizerState(optimizers.dense, value.shape, self.dtype)
                                    for name, value in self.field_params.items()}
         self.top_params: dict[str, np.ndarray] = {
-            name: draw_param(spec, seed, model.name, "top", name).astype(self.dtype)
+            name: aligned_copy(draw_param(spec, seed, model.name, "top", name).astype(self.dtype))
             for name, spec in model.top_params().items()
         }
         self.top_states = {name: DenseOptimizerState(optimizers.dense, v.shape, self.dtype)

@@ -38,6 +38,7 @@ from des.errors import ConfigError
 from des.strategies.base import ShardState, Strategy, StrategyContext, untimed
 from des.strategies.components import DenseParams, FieldShard
 from des.strategies.forms import ModelSplitForm
+from des.zero_copy import to_numpy
 
 
 class DES(Strategy):
@@ -158,7 +159,7 @@ class DES(Strategy):
         with (self.timer if train else untimed)("partials"):
             if not self.split_form.width:  # every operator exchanged
                 return np.zeros((rows, 0), dtype=self.dtype)
-            buffer = self.split_form.partials(pooled, self._split_params()).numpy()
+            buffer = to_numpy(self.split_form.partials(pooled, self._split_params()))
             if self.upper == "replicated" and self.comm.size > 1:
                 buffer = np.array(buffer, order="C", copy=True)  # the AllReduce sums in place: TF's memory is not ours
         return buffer
@@ -186,8 +187,9 @@ class DES(Strategy):
         if comm.size == 1 and self.exchange is None:  # the row block is the batch: steps 2-6 in one TF call
             with timer("fused_step"):
                 loss, pooled_grads, field_grads, top_grads = form.train_whole(pooled, split_params, top, labels, size)
-                loss, top_grads = float(loss), [g.numpy() for g in top_grads]
-                field_grads, exchange_grads = [g.numpy() for g in field_grads], []
+                loss, top_grads = float(loss), [to_numpy(g) for g in top_grads]
+                field_grads, exchange_grads = [to_numpy(g) for g in field_grads], []
+                pooled_grads = [to_numpy(g) for g in pooled_grads]
         else:
             buffer = self._partials(pooled, size, train=True)
             if self.upper == "replicated":
@@ -195,7 +197,7 @@ class DES(Strategy):
                     comm.allreduce_sum_(buffer, "forward_partials")
                 with timer("top"):
                     loss, buffer_grad, _, _, top_grads = form.top_train(buffer, [], [], labels, top, size)
-                    loss, top_grads, xparam_grads, exchange_grads = float(loss), [g.numpy() for g in top_grads], [], []
+                    loss, top_grads, xparam_grads, exchange_grads = float(loss), [to_numpy(g) for g in top_grads], [], []
             else:
                 xpooled, xparams = self._exchanged_inputs(route_values, train=True)
                 lo, hi = comm.row_bounds(size)[comm.rank : comm.rank + 2]
@@ -206,8 +208,8 @@ class DES(Strategy):
                     loss, rows_grad, xpooled_grads, xparam_grads, top_grads = form.top_train(
                         rows, xpooled, xparams, labels[lo:hi], top, size)
                     # this rank's loss share and dense gradients, summed over the ranks while G travels
-                    packed = np.concatenate([[float(loss)], *[g.numpy().reshape(-1) for g in xparam_grads],
-                                             *[g.numpy().reshape(-1) for g in top_grads]]).astype(self.dtype)
+                    packed = np.concatenate([[float(loss)], *[to_numpy(g).reshape(-1) for g in xparam_grads],
+                                             *[to_numpy(g).reshape(-1) for g in top_grads]]).astype(self.dtype)
                 with timer("allreduce"):
                     pending = comm.start_allreduce_sum_(packed, "top_gradients")
                 exchange_grads = []
@@ -215,11 +217,11 @@ class DES(Strategy):
                     exchange_grads = self._exchange_backward(route_values[0], xpooled_grads)
                 if form.width:
                     with timer("allgather"):
-                        buffer_grad = comm.allgather_rows(rows_grad.numpy(), size, "gradient_allgather")
+                        buffer_grad = comm.allgather_rows(to_numpy(rows_grad), size, "gradient_allgather")
             if form.width:
                 with timer("local_backward"):
                     pooled_grads, field_grads = form.local_backward(pooled, split_params, buffer_grad)
-                    pooled_grads, field_grads = [g.numpy() for g in pooled_grads], [g.numpy() for g in field_grads]
+                    pooled_grads, field_grads = [to_numpy(g) for g in pooled_grads], [to_numpy(g) for g in field_grads]
             else:
                 pooled_grads, field_grads = [], []
             if self.upper != "replicated":
@@ -227,11 +229,12 @@ class DES(Strategy):
                     pending.wait()
                     loss, xparam_grads, top_grads = self._unpack(packed)
             field_grads = self._field_gradients(field_grads, xparam_grads)
+        with timer("update"):  # the dense weights first: the next batch's lookup may still be running
+            dense.apply(field_grads, top_grads)
         with timer("lookup"):
             self.await_next()  # the next batch's lookup may grow the tables: done before they change
         with timer("update"):
             self._apply_sparse(pooled_grads, exchange_grads, touched, route_values)
-            dense.apply(field_grads, top_grads)
         self.step_count += 1
         timer.steps += 1
         return loss
@@ -244,7 +247,7 @@ class DES(Strategy):
     def _exchange_backward(self, route: Any, xpooled_grads: list) -> list[np.ndarray]:
         timer = self.timer
         with timer("sparse_backward"):
-            send = self.exchange.sum_gradients(route, [g.numpy() for g in xpooled_grads])
+            send = self.exchange.sum_gradients(route, [to_numpy(g) for g in xpooled_grads])
         with timer("exchange_gradients"):
             got = self.exchange.send_gradients(route, send)
         with timer("sparse_backward"):

@@ -1,0 +1,82 @@
+"""numpy arrays in and out of TF without copies (``des/zero_copy.py``): what goes in by reference,
+what falls back to a copy, and that a step leaves the arrays it was handed as they were."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from des.zero_copy import ALIGNMENT, aligned_copy, aligned_empty, to_numpy, to_tensor
+
+
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+def test_an_aligned_array_goes_in_by_reference_and_anything_else_is_left_to_tf() -> None:
+    aligned = aligned_copy(np.arange(24, dtype=np.float64).reshape(4, 6))
+    assert _address(aligned) % ALIGNMENT == 0 and aligned.flags.c_contiguous
+    tensor = to_tensor(aligned)
+    assert isinstance(tensor, tf.Tensor) and _address(np.from_dlpack(tensor)) == _address(aligned)
+    np.testing.assert_array_equal(tensor.numpy(), aligned)
+    # not aligned, not C order, empty, not an array: unchanged (TF copies it when it converts it)
+    raw = aligned_empty(4 * 6 * 8 + 8, np.uint8)
+    unaligned = raw[8:].view(np.float64).reshape(4, 6)
+    for value in (unaligned, aligned.T, aligned_empty((0, 3), np.float32), [1.0, 2.0], 3.0):
+        assert to_tensor(value) is value
+
+
+def test_to_numpy_is_the_tensors_values_without_a_copy_and_outlives_it() -> None:
+    tensor = tf.reshape(tf.range(12, dtype=tf.float32), (3, 4)) * 2.0
+    out = to_numpy(tensor)
+    assert out.flags.writeable and out.flags.c_contiguous and out.dtype == np.float32
+    assert _address(out) == _address(np.from_dlpack(tensor))
+    expected = tensor.numpy()
+    del tensor
+    _ = [tf.ones((256, 256)) * 3.0 for _ in range(4)]  # TF reuses freed buffers
+    np.testing.assert_array_equal(out, expected)
+    # bfloat16 (no DLPack type) and empty tensors come through .numpy()
+    assert to_numpy(tf.cast(tf.ones(3), tf.bfloat16)).dtype.name == "bfloat16"
+    assert to_numpy(tf.zeros((0, 2))).shape == (0, 2)
+    assert to_numpy(tf.constant(1.5)) == 1.5
+
+
+def test_a_training_step_leaves_the_arrays_it_was_handed_unchanged(tmp_path: Path) -> None:
+    """TF never writes into memory it was lent: the pooled embeddings and the dense weights a
+    one-rank step hands to its graph by reference are the same bytes afterwards, and the step's
+    results are those of the same graph fed copies."""
+    from mpi4py import MPI
+
+    from des.collectives import Communicator
+    from des.data import prepare
+    from des.data.batch_reader import BatchReader
+    from des.hashtable import FTRL, Adam
+    from des.models import get_model
+    from des.options import Optimizers
+    from des.placement import place_fields
+    from des.strategies.des import DES
+
+    from tests.conftest import criteo_head
+
+    store = prepare(criteo_head(tmp_path / "head.tsv", 300), tmp_path / "store", split=(0.9, 0.1, 0.0), seed=1)
+    model = get_model("deepfm")(num_fields=store.num_fields, embedding_dim=4, hidden=(16, 8))
+    optimizers = Optimizers(sparse={"linear": FTRL(0.1), "embedding": Adam(0.01)}, dense=Adam(0.01))
+    engine = DES.build(model, Communicator(MPI.COMM_SELF), place_fields(store.num_fields, 1), optimizers,
+                       dtype=np.float64)
+    batch = next(iter(BatchReader(store, "train", batch_size=64, seed=0, **engine.reader_options())))
+    pooled, _, _ = engine._pooled(batch, train=False)
+    params, top = engine._split_params(), list(engine.dense.top_params.values())
+    lent = [*pooled, *params, *top]
+    assert all(_address(a) % ALIGNMENT == 0 for a in lent)  # they do go in by reference
+    before = [a.copy() for a in lent]
+    labels = np.asarray(batch.labels, dtype=np.float64)
+    form = engine.split_form
+    by_reference = form.train_whole(pooled, params, top, labels, len(labels))
+    for a, b in zip(lent, before):
+        assert a.tobytes() == b.tobytes()
+    by_copy = form.train_whole([tf.constant(a) for a in pooled], [tf.constant(a) for a in params],
+                               [tf.constant(a) for a in top], labels, len(labels))
+    for x, y in zip(tf.nest.flatten(by_reference), tf.nest.flatten(by_copy)):
+        assert to_numpy(x).tobytes() == y.numpy().tobytes()
