@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from des.hashtable import _threads
@@ -88,3 +89,41 @@ def test_the_background_lookup_runs_at_idle_priority(tmp_path: Path, monkeypatch
     assert [policy for _, policy in foreground] == [os.SCHED_OTHER] * 2, foreground
     assert {name.split("_")[0] for name, _ in foreground} == {"MainThread", "des-table"}
     assert sys.getswitchinterval() == pytest.approx(_threads.BACKGROUND_SWITCH_INTERVAL)
+
+
+def test_validations_and_checkpoints_do_not_change_what_is_trained(tmp_path: Path) -> None:
+    """Adam with ``catchup`` defers an idle row's zero-gradient steps; a validation or checkpoint
+    catches every row up (``Run.catch_up``). A training step catches its rows up before its forward
+    reads them, so the parameters after 6 steps are the same bytes whether or not everything was
+    caught up after step 3 (before, the forward read rows without their skipped steps)."""
+    from mpi4py import MPI
+
+    from des.collectives import Communicator
+    from des.data import prepare
+    from des.data.batch_reader import BatchReader
+    from des.hashtable import FTRL, Adam
+    from des.models import get_model
+    from des.options import Optimizers
+    from des.placement import place_fields
+    from des.strategies.des import DES
+
+    from tests.conftest import criteo_head
+
+    store = prepare(criteo_head(tmp_path / "head.tsv", 600), tmp_path / "store", split=(0.9, 0.1, 0.0), seed=1)
+    batches = list(BatchReader(store, "train", batch_size=64, seed=0, fields=list(range(store.num_fields))))[:6]
+    trained = []
+    for flush_after in (None, 3):
+        model = get_model("deepfm")(num_fields=store.num_fields, embedding_dim=4, hidden=(16, 8))
+        optimizers = Optimizers(sparse={"linear": FTRL(0.1), "embedding": Adam(0.01, catchup=1)}, dense=Adam(0.01))
+        engine = DES.build(model, Communicator(MPI.COMM_SELF), place_fields(store.num_fields, 1), optimizers,
+                           dtype=np.float64)
+        for i, batch in enumerate(batches):
+            if i == flush_after:
+                for table in engine.shard.tables.values():
+                    table.catch_up(engine.step_count)
+            engine.train_step(batch)
+        for table in engine.shard.tables.values():
+            table.catch_up(engine.step_count)
+        trained.append([d.tobytes() for t in engine.shard.tables.values() for d in t._data]
+                       + [v.tobytes() for v in engine.dense.top_params.values()])
+    assert trained[0] == trained[1]

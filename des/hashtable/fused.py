@@ -48,7 +48,7 @@ from ._pooling import one_hot, pool_or_unpool
 from ._prefetch import prefetch2
 from ._views import view1, view2
 from .init import init_block_rows
-from .optimizers import ADAM_CATCHUP_ROWS, update_rows
+from .optimizers import ADAM_CATCHUP_ROWS, catch_up_rows, update_rows
 from .table import EmbeddingTable, _as_keys, _check_step
 
 # columns of the address table: index, row keys, meta, then per block its values+slots and steps
@@ -336,6 +336,40 @@ class ShardTables:
         _threads.run(lambda j0, j1: _gather_ids_fields(j0, j1, *args), np.diff(touched.key_offsets), _MIN_PARALLEL)
         self._check_rows(tables, touched, bad)
 
+    # ---------------------------------------------------------------- catch-up before the forward
+
+    def catch_up(self, touched: Touched, steps_done: int, lr_scale: float = 1.0) -> None:
+        """The touched rows of every block whose optimizer defers work (Adam with ``catchup``) take
+        the zero-gradient steps they skipped, up to global step ``steps_done``, before a training
+        step reads them: its forward then sees what dense Adam would hold, and the results do not
+        depend on when validations and checkpoints (which catch every row up) happen."""
+        tables = self._sync()
+        n_rows = np.array([t._n for t in tables], dtype=np.int64)
+        distinct = touched.distinct()
+        calls, work = [], np.zeros(len(tables), dtype=np.float64)
+        for block in range(len(self.blocks)):
+            groups: dict[Any, list[int]] = {}
+            for j, t in enumerate(tables):
+                groups.setdefault(t.blocks[block].optimizer, []).append(j)
+            for optimizer, members in groups.items():
+                args = optimizer.catch_up_args(tables[0].dtype, int(steps_done), lr_scale)
+                if args is None:
+                    continue
+                member = np.zeros(len(tables), dtype=np.bool_)
+                member[members] = True
+                work[members] += distinct.count[members]
+                calls.append((self._addr, self._len, self._width, _BLOCKS + 2 * block, self._dims[block],
+                              distinct.uniq, distinct.count, touched.key_offsets, member, n_rows, *args,
+                              np.empty((0, 0), dtype=tables[0].dtype)))
+        if not calls:
+            return
+
+        def kernel(j0: int, j1: int) -> None:
+            for args in calls:
+                _catch_up_fields(j0, j1, *args)
+
+        _threads.run(kernel, _ROW_COST[ADAM_CATCHUP_ROWS] * work, _MIN_PARALLEL)
+
     # ---------------------------------------------------------------- un-pool + optimizer
 
     def apply_pooled(self, touched: Touched, block: int, grads: np.ndarray, step: int, lr_scale: float = 1.0) -> None:
@@ -594,6 +628,24 @@ def _gather_ids_fields(j0, j1, addr, lens, widths, col, dim, keys, rows, admitte
         data = view2(addr[j, col], lens[j, col], widths[j, col], out)
         _gather_field_ids(data, dim, j, lo, lo, hi, hi, keys, rows, admitted, n_rows, zero, bases, kinds, scales,
                           out[lo:hi], bad)
+
+
+@njit(cache=True, nogil=True)
+def _catch_up_fields(j0, j1, addr, lens, widths, col, dims, uniq, count, key_offsets, member, n_rows, hp, alphas, t,
+                     horizon, like):
+    """The ``member`` fields of [j0, j1): ``catch_up_rows`` of their distinct rows (Adam's w, m, v
+    side by side in the block at column ``col``). A field with a row that is not its table's is
+    left to the gather, which reports it."""
+    for j in range(j0, j1):
+        if not member[j]:
+            continue
+        rows = uniq[key_offsets[j]:key_offsets[j] + count[j]]
+        if rows.shape[0] and (rows.min() < 0 or rows.max() >= n_rows[j]):
+            continue
+        data, dim = view2(addr[j, col], lens[j, col], widths[j, col], like), dims[j]
+        steps = view1(addr[j, col + 1], lens[j, col + 1], np.int32)
+        catch_up_rows(data[:, :dim], data[:, dim:2 * dim], data[:, 2 * dim:3 * dim], steps, rows, hp, alphas, t,
+                      horizon)
 
 
 @njit(cache=True, nogil=True)

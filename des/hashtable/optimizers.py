@@ -184,6 +184,24 @@ def _adam_flush_kernel(w, m, v, last, n_rows, hp, alphas, t, horizon):
 
 
 @njit(nogil=True, error_model="numpy")
+def catch_up_rows(w, m, v, last, rows, hp, alphas, t, horizon):
+    """Rows ``rows`` (distinct) take the zero-gradient steps they skipped up to global step
+    ``t - 1`` (:func:`catch_up_args`' ``t``), as before a checkpoint, here before the rows are
+    read for a step's forward: the values a dense Adam would hold then. Only the rows that
+    skipped steps are passed on (most of a batch's rows were updated the step before)."""
+    behind = np.empty(rows.shape[0], np.int64)
+    k = 0
+    for i in range(rows.shape[0]):
+        if i + _PF < rows.shape[0]:
+            prefetch1(last, rows[i + _PF])
+        lr_i = last[rows[i]]
+        if lr_i != 0 and lr_i < t - 1:
+            behind[k] = rows[i]
+            k += 1
+    _catch_up(w, m, v, last, behind[:k], t, w, False, hp, alphas, horizon)
+
+
+@njit(nogil=True, error_model="numpy")
 def _zero_gradient_step(mm, vv, ww, b1, b2, rate, eps):
     """One zero-gradient Adam step of the values ``mm``, ``vv``, ``ww`` (1-D, contiguous)."""
     for e in range(mm.shape[0]):
@@ -243,6 +261,15 @@ def _catch_up(w, m, v, last, rows, t, g, step, hp, alphas, horizon):
             prefetch1(last, rows[i + _PF])
         lr_i = np.int64(last[rows[i]])
         since[i] = lr_i if lr_i != 0 and lr_i < upto else upto
+    if step and since.min() == upto:  # nothing skipped (the rows were caught up before the step's
+        alpha = lr * alphas[t]  # forward): the step in place, the same operations as below
+        for i in range(n):
+            if i + _PF < n:
+                prefetch2(w, rows[i + _PF], 0)
+                prefetch2(v, rows[i + _PF], v.shape[1] - 1)
+            _adam_row(w, m, v, rows[i], g, i, alpha, omb1, omb2, eps)
+            last[rows[i]] = t
+        return
     order = _stable_order(since, upto)
     mm, vv, ww = np.empty(n * dim, w.dtype), np.empty(n * dim, w.dtype), np.empty(n * dim, w.dtype)
     for k in range(n):
@@ -422,6 +449,11 @@ class _OptimizerBase:
                  step: int, lr_scale: float = 1.0) -> None:
         """Bring rows ``[0, n_rows)`` up to global step ``step`` (only Adam with ``catchup`` defers work)."""
 
+    def catch_up_args(self, dtype: np.dtype, step: int, lr_scale: float = 1.0) -> tuple | None:
+        """``(hp, alphas, t, horizon)`` of :func:`catch_up_kernel` bringing rows up to global step
+        ``step``, or None: this optimizer defers no work."""
+        return None
+
 
 @dataclass(frozen=True)
 class SGD(_OptimizerBase):
@@ -530,11 +562,17 @@ class Adam(_OptimizerBase):
         return code, hp, alphas, 0, 0
 
     def catch_up(self, w, slots, steps, n_rows, step, lr_scale=1.0):
-        if self.catchup and step > 0 and n_rows > 0:
-            hp = self._hp(w.dtype)
-            hp[0] = self.lr * lr_scale
-            _adam_flush_kernel(w, slots[0], slots[1], steps, n_rows, hp, self.alphas(step, w.dtype), step,
-                               self.horizon())
+        args = self.catch_up_args(w.dtype, step, lr_scale)
+        if args is not None and step > 0 and n_rows > 0:
+            hp, alphas, _, horizon = args
+            _adam_flush_kernel(w, slots[0], slots[1], steps, n_rows, hp, alphas, step, horizon)
+
+    def catch_up_args(self, dtype, step, lr_scale=1.0):
+        if not self.catchup or step < 0:  # step 0: nothing to catch up, but the kernel compiles in step 1
+            return None
+        hp = self._hp(np.dtype(dtype))
+        hp[0] = self.lr * lr_scale
+        return hp, self.alphas(step + 1, np.dtype(dtype)), step + 1, self.horizon()
 
 
 @dataclass(frozen=True)

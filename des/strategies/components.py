@@ -72,6 +72,12 @@ class FieldShard:
         """
         return self._fused.lookup([batch.fields[f] for f in self.fields], train=train, step=step)
 
+    def catch_up(self, touched: Touched, steps_done: int) -> None:
+        """Rows of ``touched`` whose optimizer defers work (Adam with ``catchup``) take the steps
+        they skipped up to global step ``steps_done``: call it before a training step gathers them
+        (``ShardTables.catch_up``)."""
+        self._fused.catch_up(touched, steps_done, self.rates.sparse)
+
     def gather_pooled(self, batch: Any, touched: Touched, blocks: Sequence[str] | None = None) -> list[np.ndarray]:
         """Per block (of ``blocks``, default all), the pooled embeddings ``[B, F_i, dim]`` of the ids
         ``touched`` (from :meth:`lookup` of this ``batch``), with the values as they are now: run it
