@@ -50,14 +50,15 @@ def aligned_copy(array: np.ndarray) -> np.ndarray:
 
 
 def is_aligned(array: np.ndarray) -> bool:
-    return array.ctypes.data % ALIGNMENT == 0
+    """Its data starts at a multiple of :data:`ALIGNMENT` (what TF's DLPack import needs)."""
+    return array.__array_interface__["data"][0] % ALIGNMENT == 0
 
 
 def to_tensor(value: Any) -> Any:
     """``value`` as TF takes it: a numpy array that qualifies (module docstring) as a tensor over
     its memory, any other value unchanged (TF converts it, copying an array)."""
     if (not isinstance(value, np.ndarray) or not value.size or value.dtype.kind not in _DLPACK_KINDS
-            or not value.flags.c_contiguous or value.__array_interface__["data"][0] % ALIGNMENT):
+            or not value.flags.c_contiguous or not is_aligned(value)):
         return value
     from tensorflow.experimental import dlpack
 

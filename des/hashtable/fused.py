@@ -318,7 +318,8 @@ class ShardTables:
         # the rows by fields, then the one-hot fields' samples by samples: a thread writes whole rows
         # of out (DeepFM B=4096 on Criteo, one thread, after a TF step: the gather 2.6 -> 2.4 ms)
         _threads.run(by_fields, len(calls) * np.diff(touched.key_offsets), _MIN_PARALLEL)
-        _threads.run(by_samples, np.full(touched.size, len(calls) * int(hot.sum()), dtype=np.int64), _MIN_PARALLEL)
+        if hot.any():
+            _threads.run(by_samples, np.full(touched.size, len(calls) * int(hot.sum()), dtype=np.int64), _MIN_PARALLEL)
         self._check_rows(tables, touched, bad)
 
     def gather_ids(self, touched: Touched, block: int, out: np.ndarray) -> None:
