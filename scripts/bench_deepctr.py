@@ -17,11 +17,11 @@ DeepCTR does not work with Keras 3 and is NOT installed into the main venv: this
 (for des's data reader), and runs the DeepCTR part in that interpreter as a subprocess with
 ``TF_USE_LEGACY_KERAS=1``. ``--skip-install`` uses the venv as it is.
 
-Expect (2-core machine, seeds 0,1,2; ~9 min for ``--systems deepctr,sklearn``, ~13 min for
+Expect (2-core machine, seeds 0,1,2; ~9 min for ``--systems deepctr,sklearn``, ~2 min for
 ``--systems des`` with all four models): the numbers of the README's "Model quality" table: test
-AUC des DeepFM 0.7630 +- 0.005 vs DeepCTR's 0.7608 +- 0.004 (at or above it), des LR 0.7637 +-
+AUC des DeepFM 0.7626 +- 0.004 vs DeepCTR's 0.7608 +- 0.004 (at or above it), des LR 0.7637 +-
 0.0004 vs scikit-learn's 0.7618 (C = 0.03; at or above it; ~5 min for ``--models lr --systems
-des,sklearn``), des W&D 0.7633 +- 0.005, FM 0.7528 +- 0.004.
+des,sklearn``), des W&D 0.7628 +- 0.004, FM 0.7528 +- 0.004.
 """
 
 from __future__ import annotations

@@ -25,10 +25,14 @@ class Ids:
     weights: np.ndarray | None
 
 
-def make_tables(fields, dtype, *, optimizer, min_count=1, unadmitted="init", capacity=64):
-    blocks = [BlockSpec("linear", 1, FTRL(0.05, l1=0.01), Initializer("zeros")),
-              BlockSpec("embedding", 4, optimizer, Initializer("normal", 0.1)),
-              BlockSpec("extra", 3, AdaGrad(0.1), Initializer("truncated_normal", 0.5))]
+BLOCK_NAMES = ["linear", "embedding", "extra"]
+
+
+def make_tables(fields, dtype, *, optimizer, min_count=1, unadmitted="init", capacity=64, dims=(1, 4, 3)):
+    blocks = [BlockSpec("linear", dims[0], FTRL(0.05, l1=0.01), Initializer("zeros")),
+              BlockSpec("embedding", dims[1], optimizer, Initializer("normal", 0.1)),
+              BlockSpec("extra", dims[2] if len(dims) > 2 else 1, AdaGrad(0.1), Initializer("truncated_normal", 0.5))]
+    blocks = blocks[:len(dims)]
     return {f: EmbeddingTable(f, blocks, seed=11, dtype=dtype, capacity=capacity, min_count=min_count,
                               unadmitted=unadmitted) for f in fields}
 
@@ -104,23 +108,29 @@ OPTIMIZERS = {"sgd": SGD(0.1), "adagrad": AdaGrad(0.05), "adam": Adam(0.01),
               "adam-catchup": Adam(0.01, catchup=1), "ftrl": FTRL(0.1, l1=0.01)}
 
 
-@pytest.mark.parametrize("dtype,optimizer,min_count,unadmitted", [
-    (np.float64, "adam-catchup", 1, "init"),
-    (np.float32, "adam", 3, "zero"),
-    (np.float64, "sgd", 2, "shared"),
-    (np.float32, "ftrl", 2, "init"),
-    (np.float64, "adagrad", 0, "shared"),
+# the update sums two blocks per pass, widths 1, 8 and 16 with their own code: three blocks (a pair,
+# then one), two, and those widths
+@pytest.mark.parametrize("dtype,optimizer,min_count,unadmitted,dims", [
+    (np.float64, "adam-catchup", 1, "init", (1, 4, 3)),
+    (np.float32, "adam", 3, "zero", (1, 4, 3)),
+    (np.float64, "sgd", 2, "shared", (1, 4, 3)),
+    (np.float32, "ftrl", 2, "init", (1, 4, 3)),
+    (np.float64, "adagrad", 0, "shared", (1, 4, 3)),
+    (np.float32, "adam-catchup", 2, "shared", (1, 8)),
+    (np.float64, "adam", 1, "init", (8, 16, 1)),
 ])
-def test_fused_equals_the_per_table_path(dtype, optimizer, min_count, unadmitted) -> None:
+def test_fused_equals_the_per_table_path(dtype, optimizer, min_count, unadmitted, dims) -> None:
     fields = [0, 3, 5, 7]
-    ref = make_tables(fields, dtype, optimizer=OPTIMIZERS[optimizer], min_count=min_count, unadmitted=unadmitted)
-    new = make_tables(fields, dtype, optimizer=OPTIMIZERS[optimizer], min_count=min_count, unadmitted=unadmitted)
-    shard = ShardTables(new, fields, ["linear", "embedding", "extra"])
+    ref = make_tables(fields, dtype, optimizer=OPTIMIZERS[optimizer], min_count=min_count, unadmitted=unadmitted,
+                      dims=dims)
+    new = make_tables(fields, dtype, optimizer=OPTIMIZERS[optimizer], min_count=min_count, unadmitted=unadmitted,
+                      dims=dims)
+    shard = ShardTables(new, fields, BLOCK_NAMES[:len(dims)])
     rng = np.random.default_rng(3)
     for step in range(8):
         size = 200 if step % 2 else 64  # one-hot fields go tile by tile (fused._TILE = 128): a partial second
         ids = make_ids(rng, fields, size, 300, step)
-        grads = [rng.normal(size=(size, len(fields), d)).astype(dtype) for d in (1, 4, 3)]
+        grads = [rng.normal(size=(size, len(fields), d)).astype(dtype) for d in dims]
         expected = reference_step(ref, fields, ids, train=True, step=step, grads=grads, lr_scale=0.5 + step / 8)
         got = fused_step(shard, ids, train=True, step=step, grads=grads, lr_scale=0.5 + step / 8,
                          together=step % 4 >= 2)
