@@ -52,7 +52,7 @@ from ._pooling import one_hot, pool_or_unpool
 from ._prefetch import prefetch2
 from ._views import view1, view2
 from .init import init_block_rows
-from .optimizers import ADAM_CATCHUP_ROWS, catch_up_rows, update_rows
+from .optimizers import catch_up_rows, update_rows
 from .table import EmbeddingTable, _as_keys, _check_step
 
 # columns of the address table: index, row keys, meta, then per block its values+slots and steps
@@ -60,11 +60,15 @@ _IDX, _KEYS, _META, _BLOCKS = 0, 1, 2, 3
 PENDING = -1  # a field's lookup status before (and, after growth, again until) it completes
 _MAX_SLOTS = 2  # optimizer slots per value column at most (Adam: m, v; FTRL: z, n)
 _MIN_PARALLEL = 20_000  # ids of work below which one thread does it all (a thread hand-off costs ~50 µs)
-#: an updated row's cost in summed ids, by optimizer kernel code (None: any other): its state's
-#: cache lines, and for Adam's catch-up a zero-gradient step per idle step (measured, one rank,
-#: DeepFM B=4096 on Criteo: 8 for every kernel left the thread with the large tables 0.5 ms more
-#: of a 3 ms update; 24 for the catch-up halves that)
-_ROW_COST = {None: 8.0, ADAM_CATCHUP_ROWS: 24.0}
+# The threads split the fields by their work in ids, a distinct row counting as this many ids (its
+# cache lines in the tables). Measured per field on one thread (DeepFM B=4096 on Criteo): a field's
+# time is a + b x its distinct rows (correlation 0.97-0.99), per id and per distinct row: lookup
+# ~11 and ~35 ns, gather ~4 and ~14 ns, update (order-1 + embedding block) ~10.5 and ~40 ns.
+# Weighted by ids alone, the thread with the large tables took 0.2 ms (lookup) of 1.6 ms longer.
+_LOOKUP_ROW_COST = 3.0  # per distinct row of the field's previous training lookup
+_GATHER_ROW_COST = 3.5
+_UPDATE_ROW_COST = 2.0  # per distinct row and block (the ids are summed once for all blocks)
+_CATCH_UP_ROW_COST = 24.0  # a zero-gradient step per idle step, up to Adam's horizon
 # One-hot fields are gathered and summed tile of samples by tile: [B, F, dim] is read and written
 # a row of fields at a time while its cache lines are in L1/L2, not one strided column per field
 # (a column pass over a 4096-row batch costs about what a whole row-major pass does).
@@ -174,6 +178,7 @@ class ShardTables:
         self._n_slots = np.zeros((nb, n), dtype=np.int64)
         self._zero = np.zeros(n, dtype=np.bool_)  # unadmitted="zero"
         self._min_count = np.zeros(n, dtype=np.int64)
+        self._last_distinct = np.zeros(n, dtype=np.float64)  # per field, of the last training lookup
 
     # ---------------------------------------------------------------- addresses
 
@@ -234,7 +239,8 @@ class ShardTables:
         distinct = Distinct.empty(keys.shape[0], n)  # a training lookup numbers the distinct rows too
         while True:
             max_rows = np.array([min(t._row_cap, t._max_fill) for t in tables], dtype=np.int64)
-            work = np.where(status == PENDING, np.diff(key_offsets) - pos, 0)
+            work = np.where(status == PENDING,
+                            np.diff(key_offsets) - pos + _LOOKUP_ROW_COST * self._last_distinct, 0)
             _threads.run(lambda j0, j1: _lookup_fields(
                 j0, j1, self._addr, self._len, keys, key_offsets, rows, admitted, pos, n_rows, max_rows,
                 self._min_count, shared, step, train, status, admissions, outside, distinct.uniq, distinct.count,
@@ -257,6 +263,7 @@ class ShardTables:
             self._init_new_rows(tables, n0)
             for j, t in enumerate(tables):
                 t.admitted_total += int(admissions[j])
+            self._last_distinct = distinct.count.astype(np.float64)
         for j in np.flatnonzero(outside & (shared < 0)):
             t, lo, hi = tables[j], key_offsets[j], key_offsets[j + 1]
             if t.unadmitted != "shared":
@@ -291,13 +298,18 @@ class ShardTables:
         zeros (``unadmitted``), as :meth:`EmbeddingTable.gather` + ``des.pooling.pool``."""
         self.gather_blocks(touched, {block: out})
 
-    def gather_blocks(self, touched: Touched, outs: Mapping[int, np.ndarray]) -> None:
+    def gather_blocks(self, touched: Touched, outs: Mapping[int, np.ndarray], catch_up_to: int | None = None,
+                      lr_scale: float = 1.0) -> None:
         """:meth:`gather_pooled` of several blocks (``{block: out}``) with one split of the fields
-        over the threads for all of them: one thread hand-off per batch, not per block."""
+        over the threads for all of them: one thread hand-off per batch, not per block. With
+        ``catch_up_to``, each field's rows are first caught up (:meth:`catch_up`) in the same pass,
+        right before they are read."""
         tables = self._sync()
         n_rows = np.array([t._n for t in tables], dtype=np.int64)
         bad = np.full(len(tables), -1, dtype=np.int64)
         distinct, hot = touched.distinct(), touched.hot()
+        catch_calls, work = ([], np.zeros(len(tables))) if catch_up_to is None else self._catch_up_calls(
+            tables, n_rows, touched, catch_up_to, lr_scale)
         calls = []
         for block, out in outs.items():
             if out.shape[:2] != (touched.size, len(tables)) or not out.flags.c_contiguous:
@@ -312,6 +324,8 @@ class ShardTables:
                           self._bases[block], self._kinds[block], self._scales[block], out, bad, slot, values))
 
         def by_fields(j0: int, j1: int) -> None:
+            for args in catch_calls:
+                _catch_up_fields(j0, j1, *args)
             for args in calls:
                 _gather_field_rows(j0, j1, *args)
 
@@ -321,7 +335,8 @@ class ShardTables:
 
         # the rows by fields, then the one-hot fields' samples by samples: a thread writes whole rows
         # of out (DeepFM B=4096 on Criteo, one thread, after a TF step: the gather 2.6 -> 2.4 ms)
-        _threads.run(by_fields, len(calls) * np.diff(touched.key_offsets), _MIN_PARALLEL)
+        work += len(calls) * (np.diff(touched.key_offsets) + _GATHER_ROW_COST * distinct.count)
+        _threads.run(by_fields, work, _MIN_PARALLEL)
         if hot.any():
             _threads.run(by_samples, np.full(touched.size, len(calls) * int(hot.sum()), dtype=np.int64), _MIN_PARALLEL)
         self._check_rows(tables, touched, bad)
@@ -347,9 +362,24 @@ class ShardTables:
         """The touched rows of every block whose optimizer defers work (Adam with ``catchup``) take
         the zero-gradient steps they skipped, up to global step ``steps_done``, before a training
         step reads them: its forward then sees what dense Adam would hold, and the results do not
-        depend on when validations and checkpoints (which catch every row up) happen."""
+        depend on when validations and checkpoints (which catch every row up) happen.
+        (:meth:`gather_blocks` does the same with ``catch_up_to``, field by field before it reads.)"""
         tables = self._sync()
-        n_rows = np.array([t._n for t in tables], dtype=np.int64)
+        calls, work = self._catch_up_calls(tables, np.array([t._n for t in tables], dtype=np.int64), touched,
+                                           steps_done, lr_scale)
+        if not calls:
+            return
+
+        def kernel(j0: int, j1: int) -> None:
+            for args in calls:
+                _catch_up_fields(j0, j1, *args)
+
+        _threads.run(kernel, work, _MIN_PARALLEL)
+
+    def _catch_up_calls(self, tables: list[EmbeddingTable], n_rows: np.ndarray, touched: Touched, steps_done: int,
+                        lr_scale: float) -> tuple[list[tuple], np.ndarray]:
+        """The :func:`_catch_up_fields` calls of :meth:`catch_up` (one per block and optimizer that
+        defers work) and their work per field."""
         distinct = touched.distinct()
         calls, work = [], np.zeros(len(tables), dtype=np.float64)
         for block in range(len(self.blocks)):
@@ -362,18 +392,11 @@ class ShardTables:
                     continue
                 member = np.zeros(len(tables), dtype=np.bool_)
                 member[members] = True
-                work[members] += distinct.count[members]
+                work[members] += _CATCH_UP_ROW_COST * distinct.count[members]
                 calls.append((self._addr, self._len, self._width, _BLOCKS + 2 * block, self._dims[block],
                               distinct.uniq, distinct.count, touched.key_offsets, member, n_rows, *args,
                               np.empty((0, 0), dtype=tables[0].dtype)))
-        if not calls:
-            return
-
-        def kernel(j0: int, j1: int) -> None:
-            for args in calls:
-                _catch_up_fields(j0, j1, *args)
-
-        _threads.run(kernel, _ROW_COST[ADAM_CATCHUP_ROWS] * work, _MIN_PARALLEL)
+        return calls, work
 
     # ---------------------------------------------------------------- un-pool + optimizer
 
@@ -404,8 +427,9 @@ class ShardTables:
                 raise ValueError(f"apply_pooled: grads {g.shape} do not fit block {self.blocks[block]!r}")
             g = np.ascontiguousarray(g, dtype=dtype)
             acc = np.empty((int(base[-1]), g.shape[2]), dtype=dtype)
+            if not arrays:
+                work += ids
             arrays.append((g, acc))
-            work += ids
             groups: dict[Any, list[int]] = {}  # fields with the same optimizer: one kernel call
             for j, t in enumerate(tables):
                 groups.setdefault(t.blocks[block].optimizer, []).append(j)
@@ -413,7 +437,7 @@ class ShardTables:
                 code, hp, alphas, t_step, horizon = optimizer.kernel_args(dtype, lr_scale, int(step) + 1)
                 member = np.zeros(len(tables), dtype=np.bool_)
                 member[members] = True
-                work[members] += _ROW_COST.get(code, _ROW_COST[None]) * rows[members]
+                work[members] += _UPDATE_ROW_COST * rows[members]
                 calls.append((code, self._addr, self._len, self._width, _BLOCKS + 2 * block, g.shape[2], touched.rows,
                               touched.admitted, touched.key_offsets, member, n_rows, distinct.uniq, distinct.count,
                               base, acc, hp, alphas, t_step, horizon, bad))
@@ -428,9 +452,8 @@ class ShardTables:
             for args in calls:
                 _update_fields(j0, j1, *args)
 
-        # the threads split the work by ids (summed) and distinct rows (updated), a row's optimizer
-        # step weighted by its kernel (_ROW_COST); large tables have thousands of distinct rows per
-        # batch, small ones a few
+        # the threads split the work by ids (summed) and distinct rows (updated): large tables have
+        # thousands of distinct rows per batch, small ones a few
         if arrays:
             _threads.run(kernel, work, _MIN_PARALLEL)
         self._check_rows(tables, touched, bad)

@@ -78,15 +78,18 @@ class FieldShard:
         (``ShardTables.catch_up``)."""
         self._fused.catch_up(touched, steps_done, self.rates.sparse)
 
-    def gather_pooled(self, batch: Any, touched: Touched, blocks: Sequence[str] | None = None) -> list[np.ndarray]:
+    def gather_pooled(self, batch: Any, touched: Touched, blocks: Sequence[str] | None = None, *,
+                      catch_up_to: int | None = None) -> list[np.ndarray]:
         """Per block (of ``blocks``, default all), the pooled embeddings ``[B, F_i, dim]`` of the ids
         ``touched`` (from :meth:`lookup` of this ``batch``), with the values as they are now: run it
-        after the previous step's :meth:`apply_pooled_gradients`."""
+        after the previous step's :meth:`apply_pooled_gradients`. ``catch_up_to``: the rows first
+        take the steps they skipped up to that step (:meth:`catch_up`, every block), in the same
+        pass over the fields."""
         if batch is not None and len(batch.labels) != touched.size:
             raise ValueError(f"gather_pooled: batch of {len(batch.labels)} rows, lookup of {touched.size}")
         outs = {k: aligned_empty((touched.size, len(self.fields), b.dim), self.dtype)  # TF takes it as it is
                 for k, b in enumerate(self.blocks) if blocks is None or b.name in blocks}
-        self._fused.gather_blocks(touched, outs)
+        self._fused.gather_blocks(touched, outs, catch_up_to, self.rates.sparse)
         return list(outs.values())
 
     def pooled(self, batch: Any, *, train: bool, step: int) -> tuple[list[np.ndarray], Touched]:

@@ -148,9 +148,9 @@ class DES(Strategy):
             else:
                 touched = self.shard.lookup(batch, train=train, step=self.step_count)
                 route = self.exchange.route(batch, touched) if self.exchange else None
-            if train:  # the forward reads the rows as dense Adam would hold them now
-                self.shard.catch_up(touched, self.step_count)
-            pooled = self.shard.gather_pooled(batch, touched, self.split_form.split_blocks)
+            # a training step's forward reads the rows as dense Adam would hold them now: caught up
+            pooled = self.shard.gather_pooled(batch, touched, self.split_form.split_blocks,
+                                              catch_up_to=self.step_count if train else None)
             xpooled = self.exchange.gather(route) if self.exchange else None
         if train:
             self.overlap_next()  # the next batch is read and looked up while TF computes this step
