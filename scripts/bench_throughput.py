@@ -61,7 +61,10 @@ des-bf16 1.70x; des N=2 / N=4 0.99x / 0.78x des N=1 and 1.01x / 0.98x alltoall. 
 inputs by reference and the bench validates once, at the end (14.2 min): des N=1 0.86x the roofline,
 1.20x DeepCTR at B=4096 and 1.65x at B=512, des-bf16 1.84x; des N=2 / N=4 0.99x / 0.80x des N=1 and
 1.00x / 0.98x alltoall; with Adam's catch-up before the forward (``--strategies des,des-bf16 --ranks 1``,
-4.8 min): 0.84x the roofline, 1.17x DeepCTR, 1.65x at B=512, des-bf16 1.78x. On an AVX2-only machine (oneDNN off, 23 min, earlier the same day): des N=1 0.77-0.82x the
+4.8 min): 0.84x the roofline, 1.17x DeepCTR, 1.65x at B=512, des-bf16 1.78x; with the table
+passes of session 17 (13.8 min): 0.89x the roofline (its rounds 0.88-0.92x), 1.22x DeepCTR at
+B=4096 and 1.66x at B=512, des-bf16 1.86x; des N=2 / N=4 0.99x / 0.77x des N=1 and 1.00x / 1.00x
+alltoall. On an AVX2-only machine (oneDNN off, 23 min, earlier the same day): des N=1 0.77-0.82x the
 roofline and 1.1-1.2x DeepCTR at B=4096, 1.4-1.65x at B=512, des N=2 / N=4 about 0.9x / 0.9x des
 N=1; bf16 is slower than float32 there (no bf16 units). With other jobs on the 2 cores every figure
 falls 2-7x and single-job ratios move by 0.2 or more: use ``--rounds``.
