@@ -127,3 +127,39 @@ def test_validations_and_checkpoints_do_not_change_what_is_trained(tmp_path: Pat
         trained.append([d.tobytes() for t in engine.shard.tables.values() for d in t._data]
                        + [v.tobytes() for v in engine.dense.top_params.values()])
     assert trained[0] == trained[1]
+
+
+def test_a_pipelined_step_updates_the_dense_weights_in_the_background(tmp_path: Path) -> None:
+    """With the next batch prefetched, a step hands its dense optimizer step to an idle-priority
+    thread and the next step waits for it before TF reads the weights (``DES._settle_dense``):
+    the same bytes as updating them in the step, and nothing pending once the state is read."""
+    from mpi4py import MPI
+
+    from des.collectives import Communicator
+    from des.data import prepare
+    from des.data.batch_reader import BatchReader
+    from des.hashtable import FTRL, AdaGrad, Adam
+    from des.models import get_model
+    from des.options import Optimizers
+    from des.placement import place_fields
+    from des.strategies.des import DES
+
+    store = prepare(criteo_head(tmp_path / "head.tsv", 400), tmp_path / "store", split=(0.9, 0.1, 0.0), seed=1)
+    batches = list(BatchReader(store, "train", batch_size=64, seed=0, fields=list(range(store.num_fields))))[:4]
+    trained, deferred = [], []
+    for pipelined in (False, True):
+        model = get_model("deepfm")(num_fields=store.num_fields, embedding_dim=4, hidden=(16, 8))
+        optimizers = Optimizers(sparse={"linear": FTRL(0.1), "embedding": AdaGrad(0.1)}, dense=Adam(0.01))
+        engine = DES.build(model, Communicator(MPI.COMM_SELF), place_fields(store.num_fields, 1), optimizers,
+                           dtype=np.float64)
+        for i, batch in enumerate(batches):
+            if pipelined and i + 1 < len(batches):
+                engine.prefetch(lambda after=batches[i + 1]: after, engine.step_count + 1)
+            engine.train_step(batch)
+            deferred.append(engine._dense_update is not None)
+        state = engine.state()
+        assert engine._dense_update is None
+        trained.append([v.tobytes() for v in (*state.dense.field_params.values(), *state.dense.top_params.values())])
+        engine.close()
+    assert trained[0] == trained[1]
+    assert deferred == [False] * 4 + [True, True, True, False]  # the last step has no next batch

@@ -13,7 +13,8 @@ then, with ``--upper data-parallel`` (default; the upper network is never repeat
 6. local_backward  TF: ``G`` back through ``local`` (since ⊕ is a sum, ∂L/∂partials_i = G, eq. 9)
 7. allreduce the top gradients and the loss (started after step 4, completed after step 6)
 8. update    sparse optimizers on the touched rows, dense optimizers on this rank's field slices
-             and, identically on every rank, on the top network
+             and, identically on every rank, on the top network (pipelined: the dense step on an
+             idle-priority thread until the next step's TF call)
 
 or, with ``--upper replicated`` (the paper's step):
 
@@ -30,6 +31,7 @@ Both need ``combine`` and ``Model.top`` to be row-wise (``check_substitution``/`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar
 
 import numpy as np
@@ -94,6 +96,8 @@ class DES(Strategy):
         self.dense = DenseParams(self.model, self.shard.fields, context.optimizers, seed=self.seed, dtype=self.dtype,
                                  replicated=exchanged)
         self.split_form = ModelSplitForm(self.model, self.dense, self.dtype, context.compute_dtype, exchanged)
+        self._dense_update: Future | None = None  # the previous step's dense optimizer step, in the background
+        self._dense_worker: ThreadPoolExecutor | None = None
         self.exchange = None
         if exchanged:
             from des.strategies.exchange import BlockExchange
@@ -185,6 +189,8 @@ class DES(Strategy):
         labels = np.asarray(batch.labels, dtype=self.dtype)
         top = list(dense.top_params.values())
         pooled, touched, route_values = self._pooled(batch, train=True)
+        with timer("update"):  # TF reads the dense weights (in place): the previous step's update first
+            self._settle_dense()
         split_params = self._split_params()
         if comm.size == 1 and self.exchange is None:  # the row block is the batch: steps 2-6 in one TF call
             with timer("fused_step"):
@@ -231,8 +237,14 @@ class DES(Strategy):
                     pending.wait()
                     loss, xparam_grads, top_grads = self._unpack(packed)
             field_grads = self._field_gradients(field_grads, xparam_grads)
-        with timer("update"):  # the dense weights first: the next batch's lookup may still be running
-            dense.apply(field_grads, top_grads)
+        with timer("update"):
+            if self._next is not None:
+                # pipelined: the next step follows, and only its TF call reads these weights; the
+                # dense optimizer runs on an idle-priority thread meanwhile, in the gaps the sparse
+                # update, the gather and the Python between them leave (bit for bit the same step)
+                self._dense_update = self._dense_thread().submit(dense.apply, field_grads, top_grads)
+            else:  # before the sparse update: the next batch's lookup may still be running
+                dense.apply(field_grads, top_grads)
         with timer("lookup"):
             self.await_next()  # the next batch's lookup may grow the tables: done before they change
         with timer("update"):
@@ -242,6 +254,20 @@ class DES(Strategy):
         return loss
 
     # ------------------------------------------------------------------ the step's pieces
+    def _dense_thread(self) -> ThreadPoolExecutor:
+        if self._dense_worker is None:
+            from des.hashtable import background_thread
+
+            self._dense_worker = ThreadPoolExecutor(1, thread_name_prefix="des-dense", initializer=background_thread)
+        return self._dense_worker
+
+    def _settle_dense(self) -> None:
+        """Wait for the dense optimizer step running in the background (re-raises its error): before
+        anything reads or replaces the dense weights."""
+        if self._dense_update is not None:
+            update, self._dense_update = self._dense_update, None
+            update.result()
+
     def _split_params(self) -> list[np.ndarray]:
         """The split operators' field weights (this rank's slices), in the split form's order."""
         return [self.dense.field_params[n] for n in self.split_form.split_params]
@@ -293,6 +319,7 @@ class DES(Strategy):
                 self.shard.apply_block_gradients(k, exchanged[block.name], route.synthetic, self.step_count)
 
     def predict(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
+        self._settle_dense()
         pooled, _, route_values = self._pooled(batch, train=False)
         size = len(batch.labels)
         buffer = self._partials(pooled, size, train=False)
@@ -308,8 +335,24 @@ class DES(Strategy):
         return comm.allgather_rows(p, size, "eval_predictions"), np.asarray(batch.labels)
 
     def state(self) -> ShardState:
+        self._settle_dense()
         return ShardState(self.model, self.dtype, self.seed, self.placement, self.step_count, self.shard.tables,
                           self.dense)
+
+    def load_state(self, state: ShardState) -> None:
+        self._settle_dense()
+        super().load_state(state)
+
+    def end_training(self) -> None:
+        self._settle_dense()
+        super().end_training()
+
+    def close(self) -> None:
+        self._settle_dense()
+        if self._dense_worker is not None:
+            self._dense_worker.shutdown(wait=True)
+            self._dense_worker = None
+        super().close()
 
     def describe(self) -> str:
         from des.planner import format_plan
