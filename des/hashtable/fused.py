@@ -302,8 +302,8 @@ class ShardTables:
                       lr_scale: float = 1.0) -> None:
         """:meth:`gather_pooled` of several blocks (``{block: out}``) with one split of the fields
         over the threads for all of them: one thread hand-off per batch, not per block. With
-        ``catch_up_to``, each field's rows are first caught up (:meth:`catch_up`) in the same pass,
-        right before they are read."""
+        ``catch_up_to``, each field's rows are first caught up (:meth:`_catch_up_calls`) in the same
+        pass, right before they are read."""
         tables = self._sync()
         n_rows = np.array([t._n for t in tables], dtype=np.int64)
         bad = np.full(len(tables), -1, dtype=np.int64)
@@ -358,28 +358,14 @@ class ShardTables:
 
     # ---------------------------------------------------------------- catch-up before the forward
 
-    def catch_up(self, touched: Touched, steps_done: int, lr_scale: float = 1.0) -> None:
-        """The touched rows of every block whose optimizer defers work (Adam with ``catchup``) take
-        the zero-gradient steps they skipped, up to global step ``steps_done``, before a training
-        step reads them: its forward then sees what dense Adam would hold, and the results do not
-        depend on when validations and checkpoints (which catch every row up) happen.
-        (:meth:`gather_blocks` does the same with ``catch_up_to``, field by field before it reads.)"""
-        tables = self._sync()
-        calls, work = self._catch_up_calls(tables, np.array([t._n for t in tables], dtype=np.int64), touched,
-                                           steps_done, lr_scale)
-        if not calls:
-            return
-
-        def kernel(j0: int, j1: int) -> None:
-            for args in calls:
-                _catch_up_fields(j0, j1, *args)
-
-        _threads.run(kernel, work, _MIN_PARALLEL)
-
     def _catch_up_calls(self, tables: list[EmbeddingTable], n_rows: np.ndarray, touched: Touched, steps_done: int,
                         lr_scale: float) -> tuple[list[tuple], np.ndarray]:
-        """The :func:`_catch_up_fields` calls of :meth:`catch_up` (one per block and optimizer that
-        defers work) and their work per field."""
+        """Before a training step reads its rows (:meth:`gather_blocks` with ``catch_up_to``): the
+        touched rows of every block whose optimizer defers work (Adam with ``catchup``) take the
+        zero-gradient steps they skipped, up to global step ``steps_done``, so the forward sees what
+        dense Adam would hold and the results do not depend on when validations and checkpoints
+        (which catch every row up) happen. The :func:`_catch_up_fields` calls (one per block and
+        optimizer that defers work) and their work per field."""
         distinct = touched.distinct()
         calls, work = [], np.zeros(len(tables), dtype=np.float64)
         for block in range(len(self.blocks)):

@@ -72,19 +72,13 @@ class FieldShard:
         """
         return self._fused.lookup([batch.fields[f] for f in self.fields], train=train, step=step)
 
-    def catch_up(self, touched: Touched, steps_done: int) -> None:
-        """Rows of ``touched`` whose optimizer defers work (Adam with ``catchup``) take the steps
-        they skipped up to global step ``steps_done``: call it before a training step gathers them
-        (``ShardTables.catch_up``)."""
-        self._fused.catch_up(touched, steps_done, self.rates.sparse)
-
     def gather_pooled(self, batch: Any, touched: Touched, blocks: Sequence[str] | None = None, *,
                       catch_up_to: int | None = None) -> list[np.ndarray]:
         """Per block (of ``blocks``, default all), the pooled embeddings ``[B, F_i, dim]`` of the ids
         ``touched`` (from :meth:`lookup` of this ``batch``), with the values as they are now: run it
         after the previous step's :meth:`apply_pooled_gradients`. ``catch_up_to``: the rows first
-        take the steps they skipped up to that step (:meth:`catch_up`, every block), in the same
-        pass over the fields."""
+        take the optimizer steps they skipped up to that step (Adam's catch-up, every block), in the
+        same pass over the fields."""
         if batch is not None and len(batch.labels) != touched.size:
             raise ValueError(f"gather_pooled: batch of {len(batch.labels)} rows, lookup of {touched.size}")
         outs = {k: aligned_empty((touched.size, len(self.fields), b.dim), self.dtype)  # TF takes it as it is
