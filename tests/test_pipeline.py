@@ -132,7 +132,8 @@ def test_validations_and_checkpoints_do_not_change_what_is_trained(tmp_path: Pat
 def test_a_pipelined_step_updates_the_dense_weights_in_the_background(tmp_path: Path) -> None:
     """With the next batch prefetched, a step hands its dense optimizer step to an idle-priority
     thread and the next step waits for it before TF reads the weights (``DES._settle_dense``):
-    the same bytes as updating them in the step, and nothing pending once the state is read."""
+    the same bytes as updating them in the step, with each step's own schedule factor although
+    the next step's is set before the update runs, and nothing pending once the state is read."""
     from mpi4py import MPI
 
     from des.collectives import Communicator
@@ -152,7 +153,16 @@ def test_a_pipelined_step_updates_the_dense_weights_in_the_background(tmp_path: 
         optimizers = Optimizers(sparse={"linear": FTRL(0.1), "embedding": AdaGrad(0.1)}, dense=Adam(0.01))
         engine = DES.build(model, Communicator(MPI.COMM_SELF), place_fields(store.num_fields, 1), optimizers,
                            dtype=np.float64)
+        apply = engine.dense.apply
+
+        def late(*args, apply=apply):  # in the background, after the next step's factor is set
+            if threading.current_thread().name.startswith("des-dense"):
+                time.sleep(0.05)
+            apply(*args)
+
+        engine.dense.apply = late
         for i, batch in enumerate(batches):
+            optimizers.rates.dense = 1.0 / (1 + i)  # a schedule: the runner sets each step's factor before it
             if pipelined and i + 1 < len(batches):
                 engine.prefetch(lambda after=batches[i + 1]: after, engine.step_count + 1)
             engine.train_step(batch)

@@ -220,19 +220,22 @@ class DenseParams:
         return {k[len(prefix):]: v for k, v in zip(self.field_params, values) if k.startswith(prefix)}
 
     # -- updates -------------------------------------------------------------------------------------
-    def apply(self, field_grads: Sequence[np.ndarray], top_grads: Sequence[np.ndarray]) -> None:
+    def apply(self, field_grads: Sequence[np.ndarray], top_grads: Sequence[np.ndarray],
+              lr_scale: float | None = None) -> None:
         """One dense optimizer step; ``l2_dense`` (on every field weight and the top kernels) is
-        added here and nowhere else."""
+        added here and nowhere else. ``lr_scale``: the schedule's factor of this step (default: the
+        current one; a step applied later, in the background, passes the factor of its own step)."""
+        rate = self.rates.dense if lr_scale is None else lr_scale
         for (name, value), grad in zip(self.field_params.items(), field_grads):
             grad = np.asarray(grad)
             if self.l2:
                 grad = grad + 2.0 * self.l2 * value
-            self.field_param_states[name].apply(value, np.ascontiguousarray(grad), self.rates.dense)
+            self.field_param_states[name].apply(value, np.ascontiguousarray(grad), rate)
         for (name, value), grad in zip(self.top_params.items(), top_grads):
             grad = np.asarray(grad)
             if self.l2 and name in self.regularized_top:
                 grad = grad + 2.0 * self.l2 * value
-            self.top_states[name].apply(value, np.ascontiguousarray(grad), self.rates.dense)
+            self.top_states[name].apply(value, np.ascontiguousarray(grad), rate)
 
     # -- transport -----------------------------------------------------------------------------------
     def _arrays(self) -> list[np.ndarray]:

@@ -242,7 +242,9 @@ class DES(Strategy):
                 # pipelined: the next step follows, and only its TF call reads these weights; the
                 # dense optimizer runs on an idle-priority thread meanwhile, in the gaps the sparse
                 # update, the gather and the Python between them leave (bit for bit the same step)
-                self._dense_update = self._dense_thread().submit(dense.apply, field_grads, top_grads)
+                # (with this step's schedule factor: the runner sets the next step's before it runs)
+                self._dense_update = self._dense_thread().submit(dense.apply, field_grads, top_grads,
+                                                                 dense.rates.dense)
             else:  # before the sparse update: the next batch's lookup may still be running
                 dense.apply(field_grads, top_grads)
         with timer("lookup"):
