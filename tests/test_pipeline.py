@@ -85,17 +85,14 @@ def test_the_background_lookup_runs_at_idle_priority(tmp_path: Path, monkeypatch
     foreground = where()
     assert engine.overlapped_steps == 1 and batch.prepared is not None
     assert [policy for _, policy in background] == [os.SCHED_IDLE] * 2, background
-    assert {name.split("_")[0] for name, _ in background} == {"des-prefetch", "des-table-idle"}
+    assert {name.split("_")[0] for name, _ in background} == {"des-background", "des-table-idle"}
     assert [policy for _, policy in foreground] == [os.SCHED_OTHER] * 2, foreground
     assert {name.split("_")[0] for name, _ in foreground} == {"MainThread", "des-table"}
     assert sys.getswitchinterval() == pytest.approx(_threads.BACKGROUND_SWITCH_INTERVAL)
 
 
-def test_validations_and_checkpoints_do_not_change_what_is_trained(tmp_path: Path) -> None:
-    """Adam with ``catchup`` defers an idle row's zero-gradient steps; a validation or checkpoint
-    catches every row up (``Run.catch_up``). A training step catches its rows up before its forward
-    reads them, so the parameters after 6 steps are the same bytes whether or not everything was
-    caught up after step 3 (before, the forward read rows without their skipped steps)."""
+def _deepfm_engine(tmp_path: Path, rows: int, batches: int, embedding_optimizer):
+    """A one-rank float64 DeepFM engine on the first ``rows`` Criteo rows, and its first training batches."""
     from mpi4py import MPI
 
     from des.collectives import Communicator
@@ -107,16 +104,26 @@ def test_validations_and_checkpoints_do_not_change_what_is_trained(tmp_path: Pat
     from des.placement import place_fields
     from des.strategies.des import DES
 
-    from tests.conftest import criteo_head
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    store = prepare(criteo_head(tmp_path / "head.tsv", rows), tmp_path / "store", split=(0.9, 0.1, 0.0), seed=1)
+    model = get_model("deepfm")(num_fields=store.num_fields, embedding_dim=4, hidden=(16, 8))
+    optimizers = Optimizers(sparse={"linear": FTRL(0.1), "embedding": embedding_optimizer}, dense=Adam(0.01))
+    engine = DES.build(model, Communicator(MPI.COMM_SELF), place_fields(store.num_fields, 1), optimizers,
+                       dtype=np.float64)
+    reader = BatchReader(store, "train", batch_size=64, seed=0, fields=list(range(store.num_fields)))
+    return engine, list(reader)[:batches]
 
-    store = prepare(criteo_head(tmp_path / "head.tsv", 600), tmp_path / "store", split=(0.9, 0.1, 0.0), seed=1)
-    batches = list(BatchReader(store, "train", batch_size=64, seed=0, fields=list(range(store.num_fields))))[:6]
+
+def test_validations_and_checkpoints_do_not_change_what_is_trained(tmp_path: Path) -> None:
+    """Adam with ``catchup`` defers an idle row's zero-gradient steps; a validation or checkpoint
+    catches every row up (``Run.catch_up``). A training step catches its rows up before its forward
+    reads them, so the parameters after 6 steps are the same bytes whether or not everything was
+    caught up after step 3 (before, the forward read rows without their skipped steps)."""
+    from des.hashtable import Adam
+
     trained = []
     for flush_after in (None, 3):
-        model = get_model("deepfm")(num_fields=store.num_fields, embedding_dim=4, hidden=(16, 8))
-        optimizers = Optimizers(sparse={"linear": FTRL(0.1), "embedding": Adam(0.01, catchup=1)}, dense=Adam(0.01))
-        engine = DES.build(model, Communicator(MPI.COMM_SELF), place_fields(store.num_fields, 1), optimizers,
-                           dtype=np.float64)
+        engine, batches = _deepfm_engine(tmp_path / str(flush_after), 600, 6, Adam(0.01, catchup=1))
         for i, batch in enumerate(batches):
             if i == flush_after:
                 for table in engine.shard.tables.values():
@@ -130,39 +137,26 @@ def test_validations_and_checkpoints_do_not_change_what_is_trained(tmp_path: Pat
 
 
 def test_a_pipelined_step_updates_the_dense_weights_in_the_background(tmp_path: Path) -> None:
-    """With the next batch prefetched, a step hands its dense optimizer step to an idle-priority
-    thread and the next step waits for it before TF reads the weights (``DES._settle_dense``):
-    the same bytes as updating them in the step, with each step's own schedule factor although
-    the next step's is set before the update runs, and nothing pending once the state is read."""
-    from mpi4py import MPI
+    """With the next batch prefetched, a step hands its dense optimizer step to the idle-priority
+    background thread and the next step waits for it before TF reads the weights
+    (``DES._settle_dense``): the same bytes as updating them in the step, with each step's own
+    schedule factor although the next step's is set before the update runs, and nothing pending
+    once the state is read."""
+    from des.hashtable import AdaGrad
 
-    from des.collectives import Communicator
-    from des.data import prepare
-    from des.data.batch_reader import BatchReader
-    from des.hashtable import FTRL, AdaGrad, Adam
-    from des.models import get_model
-    from des.options import Optimizers
-    from des.placement import place_fields
-    from des.strategies.des import DES
-
-    store = prepare(criteo_head(tmp_path / "head.tsv", 400), tmp_path / "store", split=(0.9, 0.1, 0.0), seed=1)
-    batches = list(BatchReader(store, "train", batch_size=64, seed=0, fields=list(range(store.num_fields))))[:4]
     trained, deferred = [], []
     for pipelined in (False, True):
-        model = get_model("deepfm")(num_fields=store.num_fields, embedding_dim=4, hidden=(16, 8))
-        optimizers = Optimizers(sparse={"linear": FTRL(0.1), "embedding": AdaGrad(0.1)}, dense=Adam(0.01))
-        engine = DES.build(model, Communicator(MPI.COMM_SELF), place_fields(store.num_fields, 1), optimizers,
-                           dtype=np.float64)
-        apply = engine.dense.apply
+        engine, batches = _deepfm_engine(tmp_path / str(pipelined), 400, 4, AdaGrad(0.1))
+        apply, rates = engine.dense.apply, engine.dense.rates
 
         def late(*args, apply=apply):  # in the background, after the next step's factor is set
-            if threading.current_thread().name.startswith("des-dense"):
+            if threading.current_thread().name.startswith("des-background"):
                 time.sleep(0.05)
             apply(*args)
 
         engine.dense.apply = late
         for i, batch in enumerate(batches):
-            optimizers.rates.dense = 1.0 / (1 + i)  # a schedule: the runner sets each step's factor before it
+            rates.dense = 1.0 / (1 + i)  # a schedule: the runner sets each step's factor before it
             if pipelined and i + 1 < len(batches):
                 engine.prefetch(lambda after=batches[i + 1]: after, engine.step_count + 1)
             engine.train_step(batch)

@@ -260,14 +260,19 @@ class Strategy(ABC):
         """Start the prefetched batch's work on the background thread (called by the step once it
         no longer reads the tables' values)."""
         if self._next is not None:
-            if self._background is None:
-                from des.hashtable import background_thread
-
-                # idle priority: it must not take TF's cores (des/hashtable/_threads.py)
-                self._background = ThreadPoolExecutor(1, thread_name_prefix="des-prefetch",
-                                                      initializer=background_thread)
-            self._next.start(self._background)
+            self._next.start(self.background())
             self.overlapped_steps += 1
+
+    def background(self) -> ThreadPoolExecutor:
+        """The strategy's one background thread, at idle priority (it must not take TF's cores:
+        des/hashtable/_threads.py): the next batch's work, and whatever else a step overlaps
+        (DES: its dense optimizer step). Tasks run one after another, in submission order."""
+        if self._background is None:
+            from des.hashtable import background_thread
+
+            self._background = ThreadPoolExecutor(1, thread_name_prefix="des-background",
+                                                  initializer=background_thread)
+        return self._background
 
     def await_next(self) -> None:
         """Wait for the prefetched batch's work (called by the step before it updates the tables)."""

@@ -31,7 +31,7 @@ Both need ``combine`` and ``Model.top`` to be row-wise (``check_substitution``/`
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, ClassVar
 
 import numpy as np
@@ -97,7 +97,6 @@ class DES(Strategy):
                                  replicated=exchanged)
         self.split_form = ModelSplitForm(self.model, self.dense, self.dtype, context.compute_dtype, exchanged)
         self._dense_update: Future | None = None  # the previous step's dense optimizer step, in the background
-        self._dense_worker: ThreadPoolExecutor | None = None
         self.exchange = None
         if exchanged:
             from des.strategies.exchange import BlockExchange
@@ -240,11 +239,12 @@ class DES(Strategy):
         with timer("update"):
             if self._next is not None:
                 # pipelined: the next step follows, and only its TF call reads these weights; the
-                # dense optimizer runs on an idle-priority thread meanwhile, in the gaps the sparse
-                # update, the gather and the Python between them leave (bit for bit the same step)
-                # (with this step's schedule factor: the runner sets the next step's before it runs)
-                self._dense_update = self._dense_thread().submit(dense.apply, field_grads, top_grads,
-                                                                 dense.rates.dense)
+                # dense optimizer runs on the idle-priority background thread (once the next batch's
+                # lookup there is done), in the gaps the sparse update, the gather and the Python
+                # between them leave; with this step's schedule factor (the runner sets the next
+                # step's before it runs): bit for bit the same step
+                self._dense_update = self.background().submit(dense.apply, field_grads, top_grads,
+                                                              dense.rates.dense)
             else:  # before the sparse update: the next batch's lookup may still be running
                 dense.apply(field_grads, top_grads)
         with timer("lookup"):
@@ -256,13 +256,6 @@ class DES(Strategy):
         return loss
 
     # ------------------------------------------------------------------ the step's pieces
-    def _dense_thread(self) -> ThreadPoolExecutor:
-        if self._dense_worker is None:
-            from des.hashtable import background_thread
-
-            self._dense_worker = ThreadPoolExecutor(1, thread_name_prefix="des-dense", initializer=background_thread)
-        return self._dense_worker
-
     def _settle_dense(self) -> None:
         """Wait for the dense optimizer step running in the background (re-raises its error): before
         anything reads or replaces the dense weights."""
@@ -351,9 +344,6 @@ class DES(Strategy):
 
     def close(self) -> None:
         self._settle_dense()
-        if self._dense_worker is not None:
-            self._dense_worker.shutdown(wait=True)
-            self._dense_worker = None
         super().close()
 
     def describe(self) -> str:
