@@ -230,6 +230,53 @@ def admit(rows, adm, meta, min_count, shared) -> bool:
     return outside
 
 
+@njit(nogil=True)
+def admit_distinct(rows, adm, uniq, inverse, u, meta, min_count, shared):
+    """:func:`admit` and then :func:`distinct_rows` of the admitted positions, for a training
+    lookup's ``rows`` (all present) already numbered by :func:`count_distinct` (``uniq[:u]``,
+    ``inverse``): admission is read once per distinct row, and the admitted rows are numbered
+    again from those numbers, in first-occurrence order, without a hash set. Keys mapped to the
+    shared row (``shared >= 0``) take its number, as the key of the shared row itself would.
+    Returns ``(distinct admitted rows, some key neither admitted nor mapped)``: the same
+    ``rows``, ``adm``, ``uniq``, ``inverse`` as the two passes."""
+    admitted = np.empty(u + 1, np.bool_)
+    place = np.full(u + 1, -1, np.int64)  # distinct row p -> its number among the admitted ones
+    mapped = u  # the shared row's distinct number: u (a number of its own) unless a key of the batch is it
+    admitted[u] = True
+    all_admitted = True
+    for p in range(u):
+        if p + PF < u:
+            prefetch2(meta, uniq[p + PF], 0)
+        r = uniq[p]
+        admitted[p] = min_count <= 1 or meta[r, COUNT] >= min_count
+        all_admitted &= admitted[p]
+        if r == shared:
+            mapped = p
+    if all_admitted:  # every position admitted, the numbers as they are
+        adm[:] = True
+        return u, False
+    kept = 0
+    outside = False
+    for i in range(rows.shape[0]):
+        p = inverse[i]
+        if not admitted[p]:
+            if shared < 0:
+                adm[i] = False
+                inverse[i] = -1
+                outside = True
+                continue
+            rows[i] = shared
+            p = mapped
+        adm[i] = True
+        q = place[p]
+        if q < 0:
+            q = place[p] = kept
+            uniq[q] = rows[i]  # q <= the positions' distinct numbers seen so far: uniq is not read again
+            kept += 1
+        inverse[i] = q
+    return kept, outside
+
+
 @njit(cache=True, nogil=True)
 def admit_rows(rows, adm, meta, min_count, shared) -> bool:
     """:func:`admit` on one table."""

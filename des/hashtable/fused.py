@@ -484,10 +484,10 @@ def _lookup_fields(j0, j1, addr, lens, keys, key_offsets, rows, admitted, pos, n
 def _lookup_field(addr, lens, j, keys, key_offsets, rows, admitted, pos, n_rows, max_rows, min_count, shared, step,
                   insert, status, admissions, outside, uniq, count, inverse):
     """Field j: insert or find its keys from ``pos[j]`` on (``insert_keys``/``find_keys``), then,
-    once complete, the admission of every occurrence (``admit``). Inserting, the counts are raised
-    once per distinct row (``count_distinct``), which numbers the field's distinct rows
-    (:class:`Distinct`) on the way; with ``min_count`` > 1 some may not be admitted, and the
-    admitted ones are numbered again."""
+    once complete, the admission of every occurrence. Inserting, the counts are raised once per
+    distinct row (``count_distinct``), which numbers the field's distinct rows (:class:`Distinct`)
+    on the way; admission is then read once per distinct row and the admitted ones numbered again
+    from those numbers (``admit_distinct``). Finding, every occurrence is admitted (``admit``)."""
     lo, hi = key_offsets[j], key_offsets[j + 1]
     idx = view2(addr[j, _IDX], lens[j, _IDX], 3, np.int32)
     meta = view2(addr[j, _META], lens[j, _META], 2, np.int32)
@@ -506,17 +506,18 @@ def _lookup_field(addr, lens, j, keys, key_offsets, rows, admitted, pos, n_rows,
         if st != K.OK:
             status[j] = st
             return
-        count[j], a = K.count_distinct(field_rows, uniq[lo:hi], inverse[lo:hi], meta, step, min_count[j])
+        u, a = K.count_distinct(field_rows, uniq[lo:hi], inverse[lo:hi], meta, step, min_count[j])
         admissions[j] += a
-    else:
-        bad = K.find_keys(idx, field_keys, field_rows)
-        if bad >= 0:
-            pos[j], status[j] = bad, K.BAD_KEY
-            return
+        status[j] = K.OK
+        count[j], outside[j] = K.admit_distinct(field_rows, admitted[lo:hi], uniq[lo:hi], inverse[lo:hi], u, meta,
+                                                min_count[j], shared[j])
+        return
+    bad = K.find_keys(idx, field_keys, field_rows)
+    if bad >= 0:
+        pos[j], status[j] = bad, K.BAD_KEY
+        return
     status[j] = K.OK
     outside[j] = K.admit(field_rows, admitted[lo:hi], meta, min_count[j], shared[j])
-    if insert and min_count[j] > 1:
-        count[j] = K.distinct_rows(field_rows, admitted[lo:hi], True, uniq[lo:hi], inverse[lo:hi])
 
 
 @njit(cache=True, nogil=True)
