@@ -136,17 +136,18 @@ def test_validations_and_checkpoints_do_not_change_what_is_trained(tmp_path: Pat
     assert trained[0] == trained[1]
 
 
-def test_a_pipelined_step_updates_the_dense_weights_in_the_background(tmp_path: Path) -> None:
+def test_a_pipelined_step_finishes_its_updates_later(tmp_path: Path) -> None:
     """With the next batch prefetched, a step hands its dense optimizer step to the idle-priority
-    background thread and the next step waits for it before TF reads the weights
-    (``DES._settle_dense``): the same bytes as updating them in the step, with each step's own
-    schedule factor although the next step's is set before the update runs, and nothing pending
-    once the state is read."""
-    from des.hashtable import AdaGrad
+    background thread (the next step waits for it before TF reads the weights, ``DES._settle_dense``)
+    and leaves its sparse update to the next step, which runs it in one pass with its gather
+    (``ShardTables.apply_then_gather``): the same bytes as updating both in the step, with each
+    step's own schedule factors although the next step's are set before the updates run, and
+    nothing pending once the state is read."""
+    from des.hashtable import Adam
 
-    trained, deferred = [], []
+    trained, pending = [], []
     for pipelined in (False, True):
-        engine, batches = _deepfm_engine(tmp_path / str(pipelined), 400, 4, AdaGrad(0.1))
+        engine, batches = _deepfm_engine(tmp_path / str(pipelined), 400, 4, Adam(0.01, catchup=1))
         apply, rates = engine.dense.apply, engine.dense.rates
 
         def late(*args, apply=apply):  # in the background, after the next step's factor is set
@@ -156,14 +157,18 @@ def test_a_pipelined_step_updates_the_dense_weights_in_the_background(tmp_path: 
 
         engine.dense.apply = late
         for i, batch in enumerate(batches):
-            rates.dense = 1.0 / (1 + i)  # a schedule: the runner sets each step's factor before it
+            rates.dense, rates.sparse = 1.0 / (1 + i), 2.0 / (2 + i)  # schedules: set before each step
             if pipelined and i + 1 < len(batches):
                 engine.prefetch(lambda after=batches[i + 1]: after, engine.step_count + 1)
             engine.train_step(batch)
-            deferred.append(engine._dense_update is not None)
+            pending.append((engine._dense_update is not None, engine._sparse_update is not None))
         state = engine.state()
-        assert engine._dense_update is None
-        trained.append([v.tobytes() for v in (*state.dense.field_params.values(), *state.dense.top_params.values())])
+        assert engine._dense_update is None and engine._sparse_update is None
+        for table in state.tables.values():
+            table.catch_up(engine.step_count)
+        trained.append([v.tobytes() for v in (*state.dense.field_params.values(), *state.dense.top_params.values())]
+                       + [d.tobytes() for t in state.tables.values() for d in t._data])
         engine.close()
     assert trained[0] == trained[1]
-    assert deferred == [False] * 4 + [True, True, True, False]  # the last step has no next batch
+    # the last step has no next batch
+    assert pending == [(False, False)] * 4 + [(True, True)] * 3 + [(False, False)]

@@ -304,7 +304,15 @@ class ShardTables:
         over the threads for all of them: one thread hand-off per batch, not per block. With
         ``catch_up_to``, each field's rows are first caught up (:meth:`_catch_up_calls`) in the same
         pass, right before they are read."""
-        tables = self._sync()
+        by_fields, work, finish = self._gather_plan(self._sync(), touched, outs, catch_up_to, lr_scale)
+        _threads.run(by_fields, work, _MIN_PARALLEL)
+        finish()
+
+    def _gather_plan(self, tables: list[EmbeddingTable], touched: Touched, outs: Mapping[int, np.ndarray],
+                     catch_up_to: int | None, lr_scale: float) -> tuple[Any, np.ndarray, Any]:
+        """:meth:`gather_blocks` as ``(by_fields(j0, j1), work per field, finish())``: the pass over
+        ranges of fields to run on the threads, then what follows it (the one-hot fields' copy by
+        samples, the row checks)."""
         n_rows = np.array([t._n for t in tables], dtype=np.int64)
         bad = np.full(len(tables), -1, dtype=np.int64)
         distinct, hot = touched.distinct(), touched.hot()
@@ -333,13 +341,16 @@ class ShardTables:
             for *_, out, _, slot, values in calls:
                 _copy_one_hot_samples(b0, b1, touched.key_offsets, hot, bad, slot, values, out)
 
-        # the rows by fields, then the one-hot fields' samples by samples: a thread writes whole rows
-        # of out (DeepFM B=4096 on Criteo, one thread, after a TF step: the gather 2.6 -> 2.4 ms)
+        def finish() -> None:
+            # the rows by fields, then the one-hot fields' samples by samples: a thread writes whole
+            # rows of out (DeepFM B=4096 on Criteo, one thread, after a TF step: the gather 2.6 -> 2.4 ms)
+            if hot.any():
+                _threads.run(by_samples, np.full(touched.size, len(calls) * int(hot.sum()), dtype=np.int64),
+                             _MIN_PARALLEL)
+            self._check_rows(tables, touched, bad)
+
         work += len(calls) * (np.diff(touched.key_offsets) + _GATHER_ROW_COST * distinct.count)
-        _threads.run(by_fields, work, _MIN_PARALLEL)
-        if hot.any():
-            _threads.run(by_samples, np.full(touched.size, len(calls) * int(hot.sum()), dtype=np.int64), _MIN_PARALLEL)
-        self._check_rows(tables, touched, bad)
+        return by_fields, work, finish
 
     def gather_ids(self, touched: Touched, block: int, out: np.ndarray) -> None:
         """Block ``block``'s values of every touched id, not pooled: ``out[nnz, dim]`` in the order of
@@ -396,7 +407,34 @@ class ShardTables:
         """:meth:`apply_pooled` of several blocks (``{block: grads}``) with one split of the fields
         over the threads for all of them: one thread hand-off per step, not per block, and one pass
         over the ids that sums every block's gradients (:func:`_sum_fields`)."""
+        kernel, work, finish = self._apply_plan(self._sync(), touched, grads, step, lr_scale)
+        _threads.run(kernel, work, _MIN_PARALLEL)
+        finish()
+
+    def apply_then_gather(self, touched: Touched, grads: Mapping[int, np.ndarray], step: int, lr_scale: float,
+                          following: Touched, outs: Mapping[int, np.ndarray], catch_up_to: int | None = None,
+                          catch_up_scale: float = 1.0) -> None:
+        """:meth:`apply_blocks` of one step, then :meth:`gather_blocks` of the following step's
+        batch (``following``: looked up before this update), in ONE pass over the fields: a field's
+        rows are updated, then caught up and read, on the same thread, while the other thread does
+        the same for its fields. The same bytes as the two calls (a field's update and gather touch
+        its own table only), with one thread hand-off and one split of the work fewer; the rows a
+        field has just updated are read again while they are in cache."""
         tables = self._sync()
+        update, update_work, update_done = self._apply_plan(tables, touched, grads, step, lr_scale)
+        gather, gather_work, gather_done = self._gather_plan(tables, following, outs, catch_up_to, catch_up_scale)
+
+        def by_fields(j0: int, j1: int) -> None:
+            update(j0, j1)
+            gather(j0, j1)
+
+        _threads.run(by_fields, update_work + gather_work, _MIN_PARALLEL)
+        update_done()
+        gather_done()
+
+    def _apply_plan(self, tables: list[EmbeddingTable], touched: Touched, grads: Mapping[int, np.ndarray], step: int,
+                    lr_scale: float) -> tuple[Any, np.ndarray, Any]:
+        """:meth:`apply_blocks` as ``(kernel(j0, j1), work per field, finish())`` (see :meth:`_gather_plan`)."""
         dtype = tables[0].dtype if tables else np.dtype(np.float64)
         n_rows = np.array([t._n for t in tables], dtype=np.int64)
         bad = np.full(len(tables), -1, dtype=np.int64)
@@ -434,17 +472,21 @@ class ShardTables:
                 base, arrays[0][0]) if arrays else ()
 
         def kernel(j0: int, j1: int) -> None:
+            if not arrays:
+                return
             _sum_fields(j0, j1, *sums)
             for args in calls:
                 _update_fields(j0, j1, *args)
 
+        def finish() -> None:
+            arrays.clear()  # the kernels are done with the addresses
+            self._check_rows(tables, touched, bad)
+            for t in tables:
+                t.last_update_step = int(step)
+
         # the threads split the work by ids (summed) and distinct rows (updated): large tables have
         # thousands of distinct rows per batch, small ones a few
-        if arrays:
-            _threads.run(kernel, work, _MIN_PARALLEL)
-        self._check_rows(tables, touched, bad)
-        for t in tables:
-            t.last_update_step = int(step)
+        return kernel, work, finish
 
     def _check_rows(self, tables: list[EmbeddingTable], touched: Touched, bad: np.ndarray) -> None:
         for j in np.flatnonzero(bad >= 0):

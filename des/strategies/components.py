@@ -79,12 +79,26 @@ class FieldShard:
         after the previous step's :meth:`apply_pooled_gradients`. ``catch_up_to``: the rows first
         take the optimizer steps they skipped up to that step (Adam's catch-up, every block), in the
         same pass over the fields."""
-        if batch is not None and len(batch.labels) != touched.size:
-            raise ValueError(f"gather_pooled: batch of {len(batch.labels)} rows, lookup of {touched.size}")
-        outs = {k: aligned_empty((touched.size, len(self.fields), b.dim), self.dtype)  # TF takes it as it is
-                for k, b in enumerate(self.blocks) if blocks is None or b.name in blocks}
+        outs = self._pooled_outs(batch, touched, blocks)
         self._fused.gather_blocks(touched, outs, catch_up_to, self.rates.sparse)
         return list(outs.values())
+
+    def apply_then_gather(self, pooled_grads: Sequence[np.ndarray], touched: Touched, step: int, lr_scale: float,
+                          batch: Any, following: Touched, blocks: Sequence[str] | None = None, *,
+                          catch_up_to: int | None = None) -> list[np.ndarray]:
+        """:meth:`apply_pooled_gradients` of step ``step`` (its schedule factor ``lr_scale``), then
+        :meth:`gather_pooled` of the next ``batch`` (``following``: its lookup, done before this
+        update), in one pass over the fields: the same bytes as the two calls."""
+        outs = self._pooled_outs(batch, following, blocks)
+        self._fused.apply_then_gather(touched, {k: np.asarray(g) for k, g in enumerate(pooled_grads)}, step, lr_scale,
+                                      following, outs, catch_up_to, self.rates.sparse)
+        return list(outs.values())
+
+    def _pooled_outs(self, batch: Any, touched: Touched, blocks: Sequence[str] | None) -> dict[int, np.ndarray]:
+        if batch is not None and len(batch.labels) != touched.size:
+            raise ValueError(f"gather_pooled: batch of {len(batch.labels)} rows, lookup of {touched.size}")
+        return {k: aligned_empty((touched.size, len(self.fields), b.dim), self.dtype)  # TF takes it as it is
+                for k, b in enumerate(self.blocks) if blocks is None or b.name in blocks}
 
     def pooled(self, batch: Any, *, train: bool, step: int) -> tuple[list[np.ndarray], Touched]:
         """:meth:`lookup` then :meth:`gather_pooled`: the pooled embeddings per block and what
@@ -96,11 +110,13 @@ class FieldShard:
         """One block's values of every id of ``touched``, not pooled, into ``out [nnz, dim]``."""
         self._fused.gather_ids(touched, block, out)
 
-    def apply_pooled_gradients(self, pooled_grads: Sequence[np.ndarray], touched: Touched, step: int) -> None:
+    def apply_pooled_gradients(self, pooled_grads: Sequence[np.ndarray], touched: Touched, step: int,
+                               lr_scale: float | None = None) -> None:
         """Un-pool ``[B, F_i, dim]`` gradients to the ids and run the sparse optimizers (the
-        gradients of an id that occurs several times are summed first), all blocks in one call."""
+        gradients of an id that occurs several times are summed first), all blocks in one call;
+        ``lr_scale``: the step's schedule factor (default: the current one)."""
         self._fused.apply_blocks(touched, {k: np.asarray(g) for k, g in enumerate(pooled_grads)}, step,
-                                 self.rates.sparse)
+                                 self.rates.sparse if lr_scale is None else lr_scale)
 
     def apply_block_gradients(self, block: int, grads: np.ndarray, touched: Touched, step: int) -> None:
         """:meth:`apply_pooled_gradients` of one block (its position in the model's blocks)."""

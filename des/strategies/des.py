@@ -97,6 +97,9 @@ class DES(Strategy):
                                  replicated=exchanged)
         self.split_form = ModelSplitForm(self.model, self.dense, self.dtype, context.compute_dtype, exchanged)
         self._dense_update: Future | None = None  # the previous step's dense optimizer step, in the background
+        # a pipelined step's sparse update, run by the next step with its gather: (pooled gradients,
+        # lookup, step, schedule factor)
+        self._sparse_update: tuple[list, Any, int, float] | None = None
         self.exchange = None
         if exchanged:
             from des.strategies.exchange import BlockExchange
@@ -151,9 +154,18 @@ class DES(Strategy):
             else:
                 touched = self.shard.lookup(batch, train=train, step=self.step_count)
                 route = self.exchange.route(batch, touched) if self.exchange else None
-            # a training step's forward reads the rows as dense Adam would hold them now: caught up
-            pooled = self.shard.gather_pooled(batch, touched, self.split_form.split_blocks,
-                                              catch_up_to=self.step_count if train else None)
+        # a training step's forward reads the rows as dense Adam would hold them now: caught up
+        catch_up_to = self.step_count if train else None
+        if train and self._sparse_update is not None:
+            with phase("update"):  # the previous step's sparse update and this batch's gather, one pass
+                grads, previous, step, lr_scale = self._sparse_update
+                self._sparse_update = None
+                pooled = self.shard.apply_then_gather(grads, previous, step, lr_scale, batch, touched,
+                                                      self.split_form.split_blocks, catch_up_to=catch_up_to)
+        else:
+            with phase("lookup"):
+                pooled = self.shard.gather_pooled(batch, touched, self.split_form.split_blocks, catch_up_to=catch_up_to)
+        with phase("lookup"):
             xpooled = self.exchange.gather(route) if self.exchange else None
         if train:
             self.overlap_next()  # the next batch is read and looked up while TF computes this step
@@ -247,15 +259,32 @@ class DES(Strategy):
                                                               dense.rates.dense)
             else:  # before the sparse update: the next batch's lookup may still be running
                 dense.apply(field_grads, top_grads)
+        pipelined = self._next is not None
         with timer("lookup"):
             self.await_next()  # the next batch's lookup may grow the tables: done before they change
-        with timer("update"):
-            self._apply_sparse(pooled_grads, exchange_grads, touched, route_values)
+        if pipelined and self.exchange is None:
+            # the next step follows: this update runs at its start, in one pass over the fields with
+            # the gather of its batch (ShardTables.apply_then_gather), with this step's schedule factor
+            self._sparse_update = (pooled_grads, touched, self.step_count, self.shard.rates.sparse)
+        else:
+            with timer("update"):
+                self._apply_sparse(pooled_grads, exchange_grads, touched, route_values)
         self.step_count += 1
         timer.steps += 1
         return loss
 
     # ------------------------------------------------------------------ the step's pieces
+    def _settle(self) -> None:
+        """The previous step's updates done: the dense optimizer step running in the background
+        (re-raises its error) and the sparse update waiting for the next step's gather (with the
+        schedule factor of its step). Before anything but the next training step reads or
+        replaces the weights."""
+        self._settle_dense()
+        if self._sparse_update is not None:
+            grads, touched, step, lr_scale = self._sparse_update
+            self._sparse_update = None
+            self.shard.apply_pooled_gradients(grads, touched, step, lr_scale)
+
     def _settle_dense(self) -> None:
         """Wait for the dense optimizer step running in the background (re-raises its error): before
         anything reads or replaces the dense weights."""
@@ -314,7 +343,7 @@ class DES(Strategy):
                 self.shard.apply_block_gradients(k, exchanged[block.name], route.synthetic, self.step_count)
 
     def predict(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
-        self._settle_dense()
+        self._settle()
         pooled, _, route_values = self._pooled(batch, train=False)
         size = len(batch.labels)
         buffer = self._partials(pooled, size, train=False)
@@ -330,20 +359,20 @@ class DES(Strategy):
         return comm.allgather_rows(p, size, "eval_predictions"), np.asarray(batch.labels)
 
     def state(self) -> ShardState:
-        self._settle_dense()
+        self._settle()
         return ShardState(self.model, self.dtype, self.seed, self.placement, self.step_count, self.shard.tables,
                           self.dense)
 
     def load_state(self, state: ShardState) -> None:
-        self._settle_dense()
+        self._settle()
         super().load_state(state)
 
     def end_training(self) -> None:
-        self._settle_dense()
+        self._settle()
         super().end_training()
 
     def close(self) -> None:
-        self._settle_dense()
+        self._settle()
         super().close()
 
     def describe(self) -> str:
