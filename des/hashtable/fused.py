@@ -179,6 +179,7 @@ class ShardTables:
         self._zero = np.zeros(n, dtype=np.bool_)  # unadmitted="zero"
         self._min_count = np.zeros(n, dtype=np.int64)
         self._last_distinct = np.zeros(n, dtype=np.float64)  # per field, of the last training lookup
+        self._groups: dict[int, list[tuple[Any, list[int], np.ndarray]]] = {}  # see _optimizer_groups
 
     # ---------------------------------------------------------------- addresses
 
@@ -191,7 +192,24 @@ class ShardTables:
                 self._refresh(j, t)
         return tables
 
+    def _optimizer_groups(self, block: int) -> list[tuple[Any, list[int], np.ndarray]]:
+        """Block ``block``'s fields grouped by their optimizer (one kernel call each):
+        ``(optimizer, field positions, bool mask of them)``, kept until a table is refreshed."""
+        groups = self._groups.get(block)
+        if groups is None:
+            by_optimizer: dict[Any, list[int]] = {}
+            for j, f in enumerate(self.fields):
+                by_optimizer.setdefault(self.tables[f].blocks[block].optimizer, []).append(j)
+            groups = []
+            for optimizer, members in by_optimizer.items():
+                member = np.zeros(len(self.fields), dtype=np.bool_)
+                member[members] = True
+                groups.append((optimizer, members, member))
+            self._groups[block] = groups
+        return groups
+
     def _refresh(self, j: int, t: EmbeddingTable) -> None:
+        self._groups.clear()  # a table's optimizers may have changed (a checkpoint load replaces tables)
         names = [b.name for b in t.blocks]
         if names != self.blocks:
             raise ValueError(f"table of field {t.field} has blocks {names}, the shard expects {self.blocks}")
@@ -380,15 +398,10 @@ class ShardTables:
         distinct = touched.distinct()
         calls, work = [], np.zeros(len(tables), dtype=np.float64)
         for block in range(len(self.blocks)):
-            groups: dict[Any, list[int]] = {}
-            for j, t in enumerate(tables):
-                groups.setdefault(t.blocks[block].optimizer, []).append(j)
-            for optimizer, members in groups.items():
+            for optimizer, members, member in self._optimizer_groups(block):
                 args = optimizer.catch_up_args(tables[0].dtype, int(steps_done), lr_scale)
                 if args is None:
                     continue
-                member = np.zeros(len(tables), dtype=np.bool_)
-                member[members] = True
                 work[members] += _CATCH_UP_ROW_COST * distinct.count[members]
                 calls.append((self._addr, self._len, self._width, _BLOCKS + 2 * block, self._dims[block],
                               distinct.uniq, distinct.count, touched.key_offsets, member, n_rows, *args,
@@ -454,13 +467,8 @@ class ShardTables:
             if not arrays:
                 work += ids
             arrays.append((g, acc))
-            groups: dict[Any, list[int]] = {}  # fields with the same optimizer: one kernel call
-            for j, t in enumerate(tables):
-                groups.setdefault(t.blocks[block].optimizer, []).append(j)
-            for optimizer, members in groups.items():
+            for optimizer, members, member in self._optimizer_groups(block):  # one kernel call per optimizer
                 code, hp, alphas, t_step, horizon = optimizer.kernel_args(dtype, lr_scale, int(step) + 1)
-                member = np.zeros(len(tables), dtype=np.bool_)
-                member[members] = True
                 work[members] += _UPDATE_ROW_COST * rows[members]
                 calls.append((code, self._addr, self._len, self._width, _BLOCKS + 2 * block, g.shape[2], touched.rows,
                               touched.admitted, touched.key_offsets, member, n_rows, distinct.uniq, distinct.count,
