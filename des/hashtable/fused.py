@@ -28,6 +28,10 @@ cache line of the batch array is used whole while it is cached, not one strided 
 the gather copies them in a second pass split by samples, so each thread writes whole rows of the
 batch array.
 
+A pipelined step's update and the next batch's gather run as one pass over the fields
+(:meth:`ShardTables.apply_then_gather`): a field's rows are updated, then caught up and read, by
+the same thread, with one thread hand-off for both.
+
 The per-field work is the same inlined code as one table's methods (``_index.py``, ``init.py``,
 ``_pooling.py``, ``optimizers.py``), in the same order, so the results are bit-identical to
 calling ``lookup``/``gather``/``pool``/``unpool``/``apply_gradients`` field by field. One

@@ -65,8 +65,8 @@ class FieldShard:
         Thread safety: the kernels release the GIL, so the lookup of step t+1 may run on another
         thread while TensorFlow computes step t, and while :meth:`gather_pooled` of step t has
         returned. It must NOT run concurrently with :meth:`apply_pooled_gradients` (or
-        :meth:`gather_pooled`, or anything else) on this shard: a table may grow, rehash or move
-        its arrays during a lookup. Between a lookup and the gather/update of its result no
+        :meth:`gather_pooled`, :meth:`apply_then_gather`, or anything else) on this shard: a
+        table may grow, rehash or move its arrays during a lookup. Between a lookup and the gather/update of its result no
         eviction or checkpoint load may happen (rows would move). The kernels use the calling
         thread's numba thread count (``numba.set_num_threads``); the results do not depend on it.
         """

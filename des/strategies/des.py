@@ -14,7 +14,8 @@ then, with ``--upper data-parallel`` (default; the upper network is never repeat
 7. allreduce the top gradients and the loss (started after step 4, completed after step 6)
 8. update    sparse optimizers on the touched rows, dense optimizers on this rank's field slices
              and, identically on every rank, on the top network (pipelined: the dense step on an
-             idle-priority thread until the next step's TF call)
+             idle-priority thread until the next step's TF call, the sparse update at the start of
+             the next step, in one pass over the fields with the gather of its batch)
 
 or, with ``--upper replicated`` (the paper's step):
 
