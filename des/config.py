@@ -95,7 +95,8 @@ class TrainConfig:
                            "of ids seen fewer than --min-count times); auto: shared for lr, wdl, deepfm and user "
                            "models, init for fm (chosen on the shipped sample's validation split: "
                            "scripts/select_defaults.py)", choices=("auto", "init", "zero", "shared"))
-    table_capacity: int = _opt(1 << 14, "initial hash-table slots per field (tables grow)")
+    table_capacity: int = _opt(0, "initial hash-table slots per field; 0: sized from the data (each field's "
+                                  "distinct keys fit without growing); tables grow as needed")
 
     sparse_schedule: str = _opt("constant", "learning-rate schedule of the sparse optimizers (embeddings and order-1 "
                                 "weights): constant, warmup:steps=W, linear:warmup=W,end=E, cosine:warmup=W,end=E "
@@ -164,11 +165,12 @@ class TrainConfig:
                 raise ConfigError(
                     f"--{_flag(f.name)}: {getattr(self, f.name)!r} is not one of {', '.join(choices)}"
                 )
-        positive = ("batch_size", "embedding_dim", "eval_batch_size", "table_capacity")
+        positive = ("batch_size", "embedding_dim", "eval_batch_size")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{_flag(name)} must be at least 1, got {getattr(self, name)}")
-        for name in ("epochs", "max_steps", "ttl", "eval_every", "checkpoint_every", "threads", "min_count"):
+        for name in ("epochs", "max_steps", "ttl", "eval_every", "checkpoint_every", "threads", "min_count",
+                     "table_capacity"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{_flag(name)} must not be negative, got {getattr(self, name)}")
         if self.compute_dtype == "bfloat16" and self.dtype != "float32":

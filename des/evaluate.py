@@ -58,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"{args.data} has {store.num_fields} fields, the checkpoint's model {manifest['num_fields']}")
     split = args.split if Path(args.data).is_dir() else "all"
     # Any checkpoint (of any synchronous strategy, on any number of ranks) is evaluated with DES.
-    strategy = build_strategy(config, comm, store.num_fields, 
-                              [store.distinct_count(f) for f in range(store.num_fields)], strategy="des")
+    strategy = build_strategy(config, comm, store.num_fields,
+                              [store.distinct_count(f) for f in range(store.num_fields)], strategy="des",
+                              loads_tables=True)
     load_checkpoint(strategy, args.checkpoint)
 
     result = predict_split(strategy, store, split, args.batch_size)

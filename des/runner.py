@@ -85,8 +85,11 @@ def strategy_class(config: TrainConfig):
 
 
 def build_strategy(config: TrainConfig, comm: Communicator, num_fields: int, distinct: list[int], *,
-                   cls: Any = None, strategy: str | None = None, placement: list[list[int]] | None = None):
-    """The strategy object of this rank, with its model, optimizers, placement and tables."""
+                   cls: Any = None, strategy: str | None = None, placement: list[list[int]] | None = None,
+                   loads_tables: bool = False):
+    """The strategy object of this rank, with its model, optimizers, placement and tables
+    (``--table-capacity 0``: sized from ``distinct``, unless ``loads_tables``: a checkpoint's
+    tables replace them, and two full-size sets would be held at once)."""
     from des.options import TableOptions
     from des.strategies import StrategyContext, get_strategy
 
@@ -97,7 +100,9 @@ def build_strategy(config: TrainConfig, comm: Communicator, num_fields: int, dis
     context = StrategyContext(
         model=build_model(config, num_fields), comm=comm, optimizers=build_optimizers(config), placement=placement,
         seed=config.seed, dtype=np.dtype(config.dtype),
-        tables=TableOptions(config.table_capacity, config.min_count_value(), config.unadmitted_mode()), options=options,
+        tables=TableOptions(config.table_capacity, config.min_count_value(), config.unadmitted_mode(),
+                            () if loads_tables else tuple(distinct)),
+        options=options,
         compute_dtype=None if config.compute_dtype == "auto" else config.compute_dtype)
     return cls(context)
 
@@ -570,7 +575,8 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     if config.pipeline == "auto":  # per rank (never changes results): the overlap needs a spare core
         config = dataclasses.replace(config, pipeline="on" if threads.intra_op >= 2 else "off")
     config, unique = resolve_plan(config, cls, store, placement)
-    strategy = build_strategy(config, comm, store.num_fields, distinct, cls=cls, placement=placement)
+    strategy = build_strategy(config, comm, store.num_fields, distinct, cls=cls, placement=placement,
+                              loads_tables=bool(config.resume))
     # What fixes the order of the batches: a checkpoint's position only means the same batch in a
     # run with the same data, batch size, seed and drop-last.
     data_order = {"data_fingerprint": data_fingerprint(store), "batch_size": config.batch_size,
@@ -616,7 +622,8 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
         run.say(f"  resumed from {config.resume} at step {strategy.step_count} (epoch {manifest['epoch']}, batch "
                 f"{manifest['next_batch']}), written by {manifest['ranks']} rank(s)")
     if run.talks:
-        print(describe_placement(strategy.placement, distinct, store.field_names, _empty_table(strategy)), flush=True)
+        print(describe_placement(strategy.placement, distinct, store.field_names, _empty_table(strategy),
+                                 strategy.context.tables), flush=True)
     run.say(f"  run folder: {run_folder.path}" + (" (replaced when this run finishes)" if run_folder.overwrite else ""))
     if describe_processes():  # which pid is which rank, for the launcher's "PID ... killed"
         run.say(describe_processes())
@@ -670,13 +677,18 @@ def describe_config(config: TrainConfig) -> str:
                          break_long_words=False, break_on_hyphens=False)
 
 
-def describe_placement(placement: list[list[int]], distinct: list[int], names, layout=None) -> str:
-    """Fields, distinct ids and (given one of the tables) estimated table memory of every rank."""
+def describe_placement(placement: list[list[int]], distinct: list[int], names, layout=None, tables=None) -> str:
+    """Fields, distinct ids and (given one of the tables, and the tables' options) estimated table
+    memory of every rank."""
     lines = []
-    for r, fields in enumerate(placement):
+
+    def estimate(f: int) -> int:
         # Every field's table has the same row layout, so one table can size all of them.
-        memory = "" if layout is None else \
-            f", tables ~{sum(layout.estimated_bytes(distinct[f]) for f in fields) / 2**20:7.1f} MiB"
+        capacity, rows = (None, None) if tables is None else tables.initial_size(f)
+        return layout.estimated_bytes(distinct[f], capacity, rows)
+
+    for r, fields in enumerate(placement):
+        memory = "" if layout is None else f", tables ~{sum(estimate(f) for f in fields) / 2**20:7.1f} MiB"
         lines.append(f"  rank {r}: {len(fields):2d} fields, {sum(distinct[f] for f in fields):9d} distinct ids{memory}  "
                      f"{','.join(names[f] for f in fields)}")
     return "\n".join(lines)

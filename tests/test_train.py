@@ -422,3 +422,34 @@ def test_a_steps_time_counts_reading_its_batch(tmp_path: Path, monkeypatch: pyte
     run.strategy.close()
     assert run.meter.steps == 4 and run.meter.seconds >= 3 * 0.2  # the first step is not timed
     assert run.meter.samples_per_second <= 64 / 0.2
+
+
+def test_tables_are_sized_from_the_data(tmp_path: Path) -> None:
+    """``--table-capacity 0`` (the default): each field's table starts with room for its distinct
+    keys in the data, so an epoch inserts them all without growing (no rehash, no rows moved); a
+    capacity N starts every table at N slots, and they grow. Without counts (the tables of a
+    resumed or evaluated checkpoint replace these) a table starts at the default size."""
+    from des import runner
+    from des.collectives import Communicator
+    from des.config import load_config
+    from des.options import TableOptions
+
+    criteo_head(tmp_path / "small.tsv", 1200)
+    grown = {}
+    for capacity in ("0", "64"):
+        config = load_config(["--data", str(tmp_path / "small.tsv"), "--cache-dir", str(tmp_path / "cache"),
+                              "--output", str(tmp_path / capacity), "--model", "fm", "--batch-size", "128",
+                              "--epochs", "1", "--eval-every", "0", "--table-capacity", capacity, "--no-progress"])
+        run = runner.setup(config, Communicator())
+        tables = run.strategy.shard.tables
+        start = {f: (t.capacity, t._row_cap, t._version) for f, t in tables.items()}
+        distinct = [run.store.distinct_count(f) for f in sorted(tables)]
+        runner.loop(run)
+        run.strategy.close()
+        grown[capacity] = [f for f, t in tables.items() if (t.capacity, t._row_cap, t._version) != start[f]]
+        assert all(0 < len(t) <= t._row_cap for t in tables.values())
+        if capacity == "0":
+            assert [start[f][1] for f in sorted(tables)] == [max(16, d + 1) for d in distinct]
+    assert grown["0"] == [] and len(grown["64"]) > 10
+    assert TableOptions(0, distinct=(5,)).initial_size(0)[1] == 6
+    assert TableOptions(0).initial_size(3) == (1 << 14, None)  # no counts (a resumed or evaluated checkpoint)

@@ -53,6 +53,7 @@ SHARED_KEY: int = EMPTY_KEY + 1  # unadmitted="shared": the field's out-of-vocab
 INDEX_GROWTH = 1.5
 ROW_GROWTH = 1.15
 MIN_CAPACITY = 16
+MAX_LOAD = 0.7  # the index's default load bound (keys per slot) before it grows
 INITIAL_ROWS_MAX = 1 << 16
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _MAX_CAPACITY = 2**32  # fastrange uses 32 hash bits
@@ -116,7 +117,8 @@ def _check_step(step: int) -> int:
 class EmbeddingTable:
     """Dynamic hash table of one field: int64 key -> row of value blocks with optimizer slots.
 
-    ``capacity`` is the initial number of index slots (the table grows as needed);
+    ``capacity`` is the initial number of index slots and ``rows`` of rows (default: as many as
+    the index holds at its load bound, at most ``INITIAL_ROWS_MAX``; the table grows as needed);
     ``min_count``: a key gets a trained ("admitted") row after ``min_count`` occurrences at
     ``lookup(insert=True)``; ``unadmitted``: what a not-yet-admitted or unknown key contributes in
     :meth:`gather`, its deterministic initial value (``"init"``), zeros (``"zero"``) or the
@@ -124,8 +126,8 @@ class EmbeddingTable:
     """
 
     def __init__(self, field: int, blocks: Sequence[BlockSpec], seed: int, dtype: Any = np.float32,
-                 capacity: int = 1024, max_load: float = 0.7, min_count: int = 1,
-                 unadmitted: str = "init") -> None:
+                 capacity: int = 1024, max_load: float = MAX_LOAD, min_count: int = 1,
+                 unadmitted: str = "init", rows: int | None = None) -> None:
         self.field = int(field)
         self.seed = int(seed)
         self.blocks: tuple[BlockSpec, ...] = tuple(blocks)
@@ -159,7 +161,7 @@ class EmbeddingTable:
         self._committing: Any = None  # a background commit of the next growth step's rows
         self._alloc_index(self._clamp_capacity(capacity))
         # rows for the initial index, but a huge `capacity` does not commit memory up front
-        self._alloc_rows(max(MIN_CAPACITY, min(self._max_fill, INITIAL_ROWS_MAX)))
+        self._alloc_rows(max(MIN_CAPACITY, min(self._max_fill, INITIAL_ROWS_MAX if rows is None else int(rows))))
         self._initial_capacity, self._initial_rows = self.capacity, self._row_cap
 
     # ---------------------------------------------------------------- storage management
@@ -475,17 +477,18 @@ class EmbeddingTable:
         return 8 + sum(b.width * self.dtype.itemsize + (4 if b.optimizer.needs_step else 0)
                        for b in self.blocks)
 
-    def estimated_bytes(self, rows: int) -> int:
+    def estimated_bytes(self, rows: int, capacity: int | None = None, initial_rows: int | None = None) -> int:
         """Memory this table takes once it holds ``rows`` keys, without growth slack: row arrays
         of exactly ``rows`` rows and an index at its load bound (or the initial allocation, if
-        larger). The real figure is at most ~``ROW_GROWTH`` = 1.15x (rows) and ``INDEX_GROWTH`` =
-        1.5x (index) above it."""
+        larger: this table's, or a table of the same layout created with ``capacity`` slots and
+        ``initial_rows`` rows). The real figure is at most ~``ROW_GROWTH`` = 1.15x (rows) and
+        ``INDEX_GROWTH`` = 1.5x (index) above it."""
         row_bytes = (self._keys.itemsize + self._meta.itemsize * self._meta.shape[1]
                      + sum(d.itemsize * d.shape[1] for d in self._data)
                      + sum(s.itemsize for s in self._steps if s is not None))
         slot_bytes = self._idx.itemsize * self._idx.shape[1]
-        slots = max(self._initial_capacity, math.ceil(rows / self.max_load) + 1)
-        return max(rows, self._initial_rows) * row_bytes + slots * slot_bytes
+        slots = max(self._initial_capacity if capacity is None else capacity, math.ceil(rows / self.max_load) + 1)
+        return max(rows, self._initial_rows if initial_rows is None else initial_rows) * row_bytes + slots * slot_bytes
 
     def memory(self) -> dict[str, Any]:
         """Allocated bytes by part, rows, capacity, load factor and the raw payload for comparison."""

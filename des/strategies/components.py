@@ -49,8 +49,8 @@ class FieldShard:
         self.dtype = np.dtype(dtype)
         specs = [BlockSpec(b.name, b.dim, optimizers.sparse[b.name], Initializer(b.init, b.scale)) for b in blocks]
         self.tables: dict[int, EmbeddingTable] = {
-            f: EmbeddingTable(f, specs, seed=seed, dtype=self.dtype, capacity=tables.capacity,
-                              min_count=tables.min_count, unadmitted=tables.unadmitted)
+            f: EmbeddingTable(f, specs, seed=seed, dtype=self.dtype, capacity=tables.initial_size(f)[0],
+                              rows=tables.initial_size(f)[1], min_count=tables.min_count, unadmitted=tables.unadmitted)
             for f in self.fields
         }
         # reads self.tables at every call: a checkpoint load replaces tables in that dict
