@@ -64,7 +64,12 @@ inputs by reference and the bench validates once, at the end (14.2 min): des N=1
 4.8 min): 0.84x the roofline, 1.17x DeepCTR, 1.65x at B=512, des-bf16 1.78x; with the table
 passes of session 17 (13.8 min): 0.89x the roofline (its rounds 0.88-0.92x), 1.22x DeepCTR at
 B=4096 and 1.66x at B=512, des-bf16 1.86x; des N=2 / N=4 0.99x / 0.77x des N=1 and 1.00x / 1.00x
-alltoall. On an AVX2-only machine (oneDNN off, 23 min, earlier the same day): des N=1 0.77-0.82x the
+alltoall. Session 18 (the update run with the next batch's gather, admission by distinct row;
+``--ranks 1``, 5 rounds, 7.4 min): 0.89x the roofline (62.3k vs 70.2k), 1.26x DeepCTR, 1.91x at
+B=512; the full run (13.9 min) then met the roofline's processes at 59.4-66.9k, a slow hour of
+the host (0.98x, not a reading), des N=2 / N=4 1.01x / 0.80x des N=1 and 0.99x / 0.99x alltoall;
+with the tables sized from the data (``--ranks 1``, 7.3 min): 0.87x (61.3k vs 70.8k, des rounds
+58.1-63.2k), 1.19x DeepCTR, 1.74x at B=512, des-bf16 1.90x. On an AVX2-only machine (oneDNN off, 23 min, earlier the same day): des N=1 0.77-0.82x the
 roofline and 1.1-1.2x DeepCTR at B=4096, 1.4-1.65x at B=512, des N=2 / N=4 about 0.9x / 0.9x des
 N=1; bf16 is slower than float32 there (no bf16 units). With other jobs on the 2 cores every figure
 falls 2-7x and single-job ratios move by 0.2 or more: use ``--rounds``.
