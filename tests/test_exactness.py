@@ -103,6 +103,10 @@ def results(datasets, monkeypatch_module) -> dict[tuple, object]:
     # The mixed plan's exchange routes the next batch on the background thread too.
     cases.append(Case("deepfm", "des", criteo, "float64",
                       SMALL + CATCHUP + SCHEDULES + ("--pipeline", "on", "--plan", MIXED_PLAN), ranks=(2, 3)))
+    # Every operator as partials, pipelined: a step's sparse update runs at the start of the next
+    # one, in one pass with its gather (no exchange to route)
+    cases.append(Case("deepfm", "des", criteo, "float64",
+                      SMALL + CATCHUP + SCHEDULES + ("--pipeline", "on", "--plan", "partials"), ranks=(2,)))
     # float32 with AdaGrad embeddings: Adam's m/sqrt(v) turns float32 reassociation noise of
     # near-zero gradients into ~1e-4 relative differences of single embedding entries
     # (predictions still agree to ~3e-7), which would hide real bugs behind a loose bound.
@@ -203,6 +207,15 @@ def test_schedules_are_exact(results, datasets, ranks: int) -> None:
     catch-up Adam on the embeddings and --unadmitted shared."""
     result = next(r for key, r in results.items() if "--sparse-schedule" in r.case.flags and r.ranks == ranks)
     assert_ok(result)
+
+
+@pytest.mark.mpi
+def test_the_pipelined_update_is_exact(results, datasets) -> None:
+    """The pipelined step with every operator as partials leaves its sparse update to the next
+    step (``ShardTables.apply_then_gather``), with its own step's schedule factor: 2 ranks with
+    the schedules, catch-up Adam and admission above, validating every 2 steps (steps before a
+    validation are not pipelined)."""
+    assert_ok(results[("deepfm", "des", datasets["criteo"], "float64", "all", False, 2, "partials")])
 
 
 def test_dtype_modes_really_differ(results, datasets) -> None:
