@@ -45,9 +45,10 @@ class TableOptions:
         (``INDEX_GROWTH / max_load`` slots a key): a first epoch then inserts its keys without
         rehashing the index and moving the rows a dozen times (its steps ran up to ~5 ms longer,
         one rank, DeepFM B=4096 on the sample). The memory is what the grown table takes."""
-        from des.hashtable.table import INDEX_GROWTH, MAX_LOAD, MIN_CAPACITY
+        from des.hashtable.table import INDEX_GROWTH, MAX_CAPACITY, MAX_LOAD, MIN_CAPACITY
 
         if self.capacity or field >= len(self.distinct):
             return self.capacity or 1 << 14, None
         keys = int(self.distinct[field]) + 1
-        return max(MIN_CAPACITY, math.ceil(keys * INDEX_GROWTH / MAX_LOAD) + 1), keys
+        # beyond the index's limit (2^32 slots, ~2 billion keys at this load) the table grows into it
+        return max(MIN_CAPACITY, min(MAX_CAPACITY, math.ceil(keys * INDEX_GROWTH / MAX_LOAD) + 1)), keys

@@ -452,4 +452,5 @@ def test_tables_are_sized_from_the_data(tmp_path: Path) -> None:
             assert [start[f][1] for f in sorted(tables)] == [max(16, d + 1) for d in distinct]
     assert grown["0"] == [] and len(grown["64"]) > 10
     assert TableOptions(0, distinct=(5,)).initial_size(0)[1] == 6
+    assert TableOptions(0, distinct=(3 * 10**9,)).initial_size(0)[0] == 2**32  # the index's limit
     assert TableOptions(0).initial_size(3) == (1 << 14, None)  # no counts (a resumed or evaluated checkpoint)

@@ -56,7 +56,7 @@ MIN_CAPACITY = 16
 MAX_LOAD = 0.7  # the index's default load bound (keys per slot) before it grows
 INITIAL_ROWS_MAX = 1 << 16
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
-_MAX_CAPACITY = 2**32  # fastrange uses 32 hash bits
+MAX_CAPACITY = 2**32  # fastrange uses 32 hash bits
 _MAX_ROWS = 2**31 - 1  # row numbers are int32 in the index
 _NO_STEPS = np.zeros(0, dtype=np.int32)  # a block without a step count
 _MIN_PARALLEL_ROWS = 4096  # new rows below which one thread initializes them all
@@ -169,8 +169,8 @@ class EmbeddingTable:
     @staticmethod
     def _clamp_capacity(capacity: int) -> int:
         capacity = max(MIN_CAPACITY, int(capacity))
-        if capacity > _MAX_CAPACITY:
-            raise ValueError(f"index capacity {capacity} exceeds {_MAX_CAPACITY}")
+        if capacity > MAX_CAPACITY:
+            raise ValueError(f"index capacity {capacity} exceeds {MAX_CAPACITY}")
         return capacity
 
     def _alloc_index(self, capacity: int) -> None:
