@@ -28,12 +28,16 @@ class Optimizers:
     rates: LearningRates = field(default_factory=LearningRates)
 
 
+#: index slots a table starts with when neither ``--table-capacity`` nor the data sizes it
+DEFAULT_CAPACITY = 1 << 14
+
+
 @dataclass(frozen=True)
 class TableOptions:
     """How a rank's tables start: ``capacity`` index slots each, or, with ``capacity`` 0, sized
     from the data (:meth:`initial_size`: ``distinct`` holds each field's distinct keys, by field)."""
 
-    capacity: int = 1 << 14
+    capacity: int = DEFAULT_CAPACITY
     min_count: int = 1
     unadmitted: str = "init"
     distinct: tuple[int, ...] = ()
@@ -48,7 +52,7 @@ class TableOptions:
         from des.hashtable.table import INDEX_GROWTH, MAX_CAPACITY, MAX_LOAD, MIN_CAPACITY
 
         if self.capacity or field >= len(self.distinct):
-            return self.capacity or 1 << 14, None
+            return self.capacity or DEFAULT_CAPACITY, None
         keys = int(self.distinct[field]) + 1
         # beyond the index's limit (2^32 slots, ~2 billion keys at this load) the table grows into it
         return max(MIN_CAPACITY, min(MAX_CAPACITY, math.ceil(keys * INDEX_GROWTH / MAX_LOAD) + 1)), keys

@@ -235,6 +235,47 @@ def test_pipelined_order_gives_the_same_result() -> None:
         assert_same_tables(a[f], b[f])
 
 
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_update_and_next_gather_in_one_pass(monkeypatch, n_threads) -> None:
+    """``apply_then_gather`` (a pipelined step's update, then the next batch's gather with its
+    catch-up, in one pass over the fields) gives the bytes of ``apply_blocks`` then
+    ``gather_blocks``, with each call's own schedule factor, on 1 and 2 threads."""
+    monkeypatch.setattr(_threads, "threads", lambda n=n_threads: n)
+    monkeypatch.setattr("des.hashtable.fused._MIN_PARALLEL", 0)  # split even this small batch
+    fields, dims = [1, 2, 4, 6], (1, 4, 3)
+    states = []
+    for merged in (False, True):
+        tables = make_tables(fields, np.float64, optimizer=Adam(0.01, catchup=1), min_count=2, capacity=16)
+        shard = ShardTables(tables, fields, BLOCK_NAMES)
+        rng = np.random.default_rng(9)
+        batches = [make_ids(rng, fields, 128, 400, s) for s in range(6)]
+        grads = [[rng.normal(size=(128, len(fields), d)) for d in dims] for _ in range(6)]
+
+        def outs():
+            return {k: np.empty((128, len(fields), d)) for k, d in enumerate(dims)}
+
+        touched, pooled = shard.lookup(batches[0], train=True, step=0), outs()
+        shard.gather_blocks(touched, pooled, catch_up_to=0)
+        gathered = [pooled]
+        for step in range(5):
+            following, pooled, scale = shard.lookup(batches[step + 1], train=True, step=step + 1), outs(), 1 - step / 8
+            if merged:
+                shard.apply_then_gather(touched, dict(enumerate(grads[step])), step, scale, following, pooled,
+                                        step + 1, 1.5)
+            else:
+                shard.apply_blocks(touched, dict(enumerate(grads[step])), step, scale)
+                shard.gather_blocks(following, pooled, step + 1, 1.5)
+            gathered.append(pooled)
+            touched = following
+        states.append((tables, gathered))
+    (a, pa), (b, pb) = states
+    for x, y in zip(pa, pb):
+        for k in x:
+            assert x[k].tobytes() == y[k].tobytes()
+    for f in fields:
+        assert_same_tables(a[f], b[f])
+
+
 def test_table_replaced_by_a_load_is_picked_up(tmp_path) -> None:
     fields = [0, 1]
     tables = make_tables(fields, np.float32, optimizer=SGD(0.1))

@@ -49,9 +49,9 @@ class FieldShard:
         self.dtype = np.dtype(dtype)
         specs = [BlockSpec(b.name, b.dim, optimizers.sparse[b.name], Initializer(b.init, b.scale)) for b in blocks]
         self.tables: dict[int, EmbeddingTable] = {
-            f: EmbeddingTable(f, specs, seed=seed, dtype=self.dtype, capacity=tables.initial_size(f)[0],
-                              rows=tables.initial_size(f)[1], min_count=tables.min_count, unadmitted=tables.unadmitted)
-            for f in self.fields
+            f: EmbeddingTable(f, specs, seed=seed, dtype=self.dtype, capacity=capacity, rows=rows,
+                              min_count=tables.min_count, unadmitted=tables.unadmitted)
+            for f, (capacity, rows) in ((f, tables.initial_size(f)) for f in self.fields)
         }
         # reads self.tables at every call: a checkpoint load replaces tables in that dict
         self._fused = ShardTables(self.tables, self.fields, [b.name for b in self.blocks])
@@ -66,8 +66,8 @@ class FieldShard:
         thread while TensorFlow computes step t, and while :meth:`gather_pooled` of step t has
         returned. It must NOT run concurrently with :meth:`apply_pooled_gradients` (or
         :meth:`gather_pooled`, :meth:`apply_then_gather`, or anything else) on this shard: a
-        table may grow, rehash or move its arrays during a lookup. Between a lookup and the gather/update of its result no
-        eviction or checkpoint load may happen (rows would move). The kernels use the calling
+        table may grow, rehash or move its arrays during a lookup. Between a lookup and the
+        gather/update of its result no eviction or checkpoint load may happen (rows would move). The kernels use the calling
         thread's numba thread count (``numba.set_num_threads``); the results do not depend on it.
         """
         return self._fused.lookup([batch.fields[f] for f in self.fields], train=train, step=step)
