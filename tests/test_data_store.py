@@ -152,6 +152,10 @@ def test_one_hot_keys_are_stored_row_major(sample_store):
         assert (block.offsets == np.arange(5)).all() and block.weights is None
     with pytest.raises(ValueError, match="read-only"):
         got[0].offsets[1] = 7  # the fields share one offsets array
+    keys = got[38].block[0]  # the fields are the rows of one [fields, B] block, in the order asked
+    assert keys.shape == (3, 4) and keys.flags.c_contiguous
+    assert [(b.block[0] is keys, b.block[1]) for b in got.values()] == [(True, 0), (True, 1), (True, 2)]
+    assert all(b.keys.base is keys and (b.keys == keys[i]).all() for i, b in enumerate(got.values()))
 
 
 def test_sample_keeps_the_fingerprint_of_its_version_1_store(sample_store):

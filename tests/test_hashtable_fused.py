@@ -291,6 +291,75 @@ def test_table_replaced_by_a_load_is_picked_up(tmp_path) -> None:
         assert e.tobytes() == g.tobytes()
 
 
+def test_one_block_of_one_hot_fields_is_packed_without_a_copy() -> None:
+    """Fields read as the rows of one block (``FieldBatch.block``) are packed as that block's
+    memory, with the same arrays as concatenating them; any other layout is concatenated."""
+    from des.data.batch import FieldBatch
+    from des.hashtable.fused import _pack, _pack_one_block
+
+    block = np.random.default_rng(3).integers(1, 10**9, (4, 6))
+    offsets = np.arange(7, dtype=np.int64)
+
+    def fields(block, order=range(4), weights=None, offsets=offsets):
+        return [FieldBatch(offsets, block[i], weights, block=(block, i)) for i in order]
+
+    def copied(ids):  # the general path: the same ids without the block
+        return _pack([FieldBatch(f.offsets, f.keys.copy(), f.weights) for f in ids])
+
+    ids = fields(block)
+    packed = _pack(ids)
+    assert _pack_one_block(ids) is not None and np.shares_memory(packed[0], block)
+    for a, b in zip(packed, copied(ids)):
+        assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all()
+    for other in (fields(block, order=[1, 0, 2, 3]), fields(block[:, :6]), fields(block.astype(np.int32)),
+                  fields(block, weights=np.ones(6, np.float32)), fields(block, offsets=np.arange(7) * 0),
+                  fields(block, offsets=offsets.copy())[:1] + fields(block)[1:]):
+        assert _pack_one_block(other) is None, other
+    reordered = fields(block, order=[1, 0, 2, 3])
+    for a, b in zip(_pack(reordered), copied(reordered)):
+        assert (a == b).all()
+
+
+def test_pool_threads_ranges_errors_and_a_second_caller(monkeypatch) -> None:
+    """``_threads.run``: every range once whatever the thread count (ranges beyond the pool's
+    threads run on the caller), the first error raised after all ranges are done, and a second
+    thread calling while the pool is busy runs its ranges itself."""
+    import threading
+
+    for n_threads in (1, 2, 5):
+        monkeypatch.setattr(_threads, "threads", lambda n=n_threads: n)
+        seen = []
+        _threads.run(lambda lo, hi: seen.append((lo, hi)), np.arange(10.0))
+        assert sorted(seen) == _threads.split(np.arange(10.0), n_threads) and sum(b - a for a, b in seen) == 10
+
+    monkeypatch.setattr(_threads, "threads", lambda: 2)
+    done = []
+
+    def failing(lo: int, hi: int) -> None:
+        done.append(lo)
+        if lo > 0:
+            raise KeyError("the second range")
+
+    with pytest.raises(KeyError, match="second range"):
+        _threads.run(failing, 10)
+    assert sorted(done) == [0, 5]
+    entered, release = threading.Event(), threading.Event()
+    inner = []
+
+    def holding(lo: int, hi: int) -> None:
+        if lo == 0:
+            entered.set()
+            release.wait(10)
+
+    outer = threading.Thread(target=_threads.run, args=(holding, 10))
+    outer.start()
+    assert entered.wait(10)
+    _threads.run(lambda lo, hi: inner.append((lo, hi, threading.current_thread().name)), 10)  # the pool is busy
+    release.set()
+    outer.join(10)
+    assert inner == [(0, 5, "MainThread"), (5, 10, "MainThread")]
+
+
 def test_errors() -> None:
     fields = [0, 1]
     tables = make_tables(fields, np.float32, optimizer=SGD(0.1))

@@ -18,6 +18,10 @@ class FieldBatch:
     offsets: np.ndarray  # int64 [B+1], CSR row pointers into keys
     keys: np.ndarray  # int64 [nnz]
     weights: np.ndarray | None  # float32 [nnz] feature values, None means all 1.0
+    #: ``(block, i)`` when ``keys`` is row ``i`` of ``block``, a C-contiguous [fields, B] array of
+    #: several one-hot fields read at once (``ColumnStore.gather_fields``): the table lookup then
+    #: takes the block's memory as it is instead of concatenating the fields' keys; else None
+    block: tuple[np.ndarray, int] | None = None
 
     @property
     def num_rows(self) -> int:

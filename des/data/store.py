@@ -467,12 +467,14 @@ class ColumnStore:
             assert self._one_hot_keys is not None
             block = np.asarray(self._one_hot_keys).take(rows, axis=0)  # [b, F1]: each row's keys at once
             wanted = list(columns.values())
-            keys = np.ascontiguousarray((block if wanted == list(range(block.shape[1])) else block[:, wanted]).T)
+            # [fields, b], owning its memory (the lookup takes it as it is: FieldBatch.block)
+            keys = np.ascontiguousarray(block.T) if wanted == list(range(block.shape[1])) else block.T[wanted]
             offsets = np.arange(rows.shape[0] + 1, dtype=np.int64)
             offsets.flags.writeable = False  # shared by the fields' batches
-            for (f, _), field_keys in zip(columns.items(), keys):
+            for i, f in enumerate(columns):
                 weights = self._fields[f].weights
-                batches[f] = FieldBatch(offsets, field_keys, None if weights is None else np.asarray(weights).take(rows))
+                batches[f] = FieldBatch(offsets, keys[i], None if weights is None else np.asarray(weights).take(rows),
+                                        block=(keys, i))
         return {f: batches[f] if f in batches else self.gather(f, rows) for f in fields}
 
     def gather(self, field: int | str, rows: np.ndarray) -> FieldBatch:

@@ -31,13 +31,11 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import numba
 import numpy as np
+from numba import njit
 
-_pool: ThreadPoolExecutor | None = None
-_idle_pool: ThreadPoolExecutor | None = None  # the kernel parts of background threads
 _lock = threading.Lock()
 _local = threading.local()
 #: the interpreter's switch interval once a background thread exists (module docstring)
@@ -70,17 +68,95 @@ def threads() -> int:
     return max(1, int(numba.get_num_threads()))
 
 
-def _executor() -> ThreadPoolExecutor:
-    global _pool, _idle_pool
-    workers = max(1, (os.cpu_count() or 1) - 1)
-    with _lock:
-        if getattr(_local, "background", False):
-            if _idle_pool is None:
-                _idle_pool = ThreadPoolExecutor(workers, thread_name_prefix="des-table-idle", initializer=idle_priority)
-            return _idle_pool
-        if _pool is None:
-            _pool = ThreadPoolExecutor(workers, thread_name_prefix="des-table")
-        return _pool
+class _Worker:
+    """A pool thread and its one task slot, handed over through two locks used as binary
+    semaphores: a futex each way, where ``ThreadPoolExecutor.submit`` (a future, a work item, a
+    queue, a semaphore) cost the step's caller ~85 us a call once TensorFlow had left the caches
+    cold, and splitting the work with numpy calls another ~100 us (DeepFM B=4096, one rank)."""
+
+    def __init__(self, name: str, idle: bool) -> None:
+        self._go, self._done = threading.Lock(), threading.Lock()
+        self._go.acquire()
+        self._done.acquire()
+        self._task: tuple[Callable[[int, int], object], int, int] | None = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._loop, args=(idle,), name=name, daemon=True).start()
+
+    def _loop(self, idle: bool) -> None:
+        if idle:
+            idle_priority()
+        while True:
+            self._go.acquire()
+            kernel, lo, hi = self._task  # type: ignore[misc]
+            try:
+                kernel(lo, hi)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                self._error = e
+            self._task = None
+            self._done.release()
+
+    def start(self, kernel: Callable[[int, int], object], lo: int, hi: int) -> None:
+        self._task, self._error = (kernel, lo, hi), None
+        self._go.release()
+
+    def join(self) -> BaseException | None:
+        self._done.acquire()
+        return self._error
+
+
+class _Pool:
+    """``cores - 1`` workers for the ranges of :func:`run` past the caller's first; one caller at
+    a time (``busy``): a second thread calling meanwhile runs its ranges itself."""
+
+    def __init__(self, prefix: str, idle: bool) -> None:
+        self.busy = threading.Lock()
+        self.workers = [_Worker(f"{prefix}_{k}", idle) for k in range(max(1, (os.cpu_count() or 1) - 1))]
+
+
+_pools: dict[bool, _Pool] = {}  # False: the foreground's, True: the kernel parts of background threads
+
+
+def _pool() -> _Pool:
+    background = getattr(_local, "background", False)
+    pool = _pools.get(background)
+    if pool is None:
+        with _lock:
+            pool = _pools.get(background)
+            if pool is None:
+                pool = _pools[background] = _Pool("des-table-idle" if background else "des-table", background)
+    return pool
+
+
+@njit(cache=True, nogil=True)
+def _edges(weights, parts):  # pragma: no cover - numba
+    """The total weight, and the ends of ``parts`` contiguous ranges of about equal ``weight + 1``
+    each (an empty item costs a little too): ``split``'s bounds in one call."""
+    n = weights.shape[0]
+    cum = np.empty(n, dtype=np.float64)
+    running, total = 0.0, 0.0
+    for i in range(n):
+        total += weights[i]
+        running += weights[i] + 1.0
+        cum[i] = running
+    edges = np.empty(parts + 1, dtype=np.int64)
+    edges[0] = 0
+    for p in range(1, parts):  # as np.searchsorted(cum, cum[-1] * p / parts, side="right")
+        target = cum[n - 1] * p / parts
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if cum[mid] <= target:
+                lo = mid + 1
+            else:
+                hi = mid
+        edges[p] = lo
+    edges[parts] = n
+    return total, edges
+
+
+def _ranges(edges: np.ndarray) -> list[tuple[int, int]]:
+    cuts = sorted({int(e) for e in edges})
+    return [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
 
 
 def split(weights: np.ndarray | int, parts: int) -> list[tuple[int, int]]:
@@ -91,33 +167,49 @@ def split(weights: np.ndarray | int, parts: int) -> list[tuple[int, int]]:
     if parts == 1:
         return [(0, n)]
     if isinstance(weights, int):
-        edges = [n * p // parts for p in range(parts + 1)]
-    else:
-        cum = np.cumsum(np.asarray(weights, dtype=np.float64) + 1.0)  # +1: an empty item costs a little too
-        bounds = np.searchsorted(cum, cum[-1] * np.arange(1, parts) / parts, side="right")
-        edges = sorted({0, n, *(int(b) for b in bounds)})
-    return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+        return _ranges(np.array([n * p // parts for p in range(parts + 1)]))
+    return _ranges(_edges(np.asarray(weights, dtype=np.float64), parts)[1])
 
 
 def run(kernel: Callable[[int, int], object], weights: np.ndarray | int, min_weight: float = 0.0) -> None:
     """``kernel(lo, hi)`` over ranges covering ``[0, n)`` (see :func:`split`): on this thread alone
     when one thread is allowed or the total weight is below ``min_weight`` (threads would cost
-    more than they save), else one range per thread, the first on this thread. All ranges have
-    finished when it returns; then the first error of a range is raised."""
+    more than they save), else one range per thread, the first on this thread (ranges beyond the
+    pool's threads too, after it). All ranges have finished when it returns; then the first error
+    of a range is raised."""
     n_threads = threads()
-    total = weights if isinstance(weights, int) else float(np.sum(weights))
-    ranges = split(weights, n_threads if n_threads > 1 and total >= min_weight else 1)
-    if len(ranges) == 1:
-        kernel(*ranges[0])
+    if isinstance(weights, int):
+        total, n = float(weights), weights
+    else:
+        weights = np.asarray(weights, dtype=np.float64)
+        n = int(weights.shape[0])
+        total = None
+    parts = max(1, min(n_threads, n))
+    if parts > 1 and total is None:
+        total, edges = _edges(weights, parts)
+    if parts == 1 or total < min_weight:
+        kernel(0, n)
         return
-    futures: list[Future] = [_executor().submit(kernel, lo, hi) for lo, hi in ranges[1:]]
-    error: BaseException | None = None
+    ranges = split(n, parts) if isinstance(weights, int) else _ranges(edges)
+    pool = _pool()
+    if len(ranges) == 1 or not pool.busy.acquire(blocking=False):
+        for lo, hi in ranges:  # another thread has the pool: the same ranges, one after another
+            kernel(lo, hi)
+        return
     try:
-        kernel(*ranges[0])
-    except BaseException as e:  # noqa: BLE001 - re-raised once every range is done
-        error = e
-    for f in futures:
-        e = f.exception()
-        error = error or e
+        started = pool.workers[: len(ranges) - 1]
+        for worker, (lo, hi) in zip(started, ranges[1:]):
+            worker.start(kernel, lo, hi)
+        error: BaseException | None = None
+        try:
+            kernel(*ranges[0])
+            for lo, hi in ranges[1 + len(started):]:
+                kernel(lo, hi)
+        except BaseException as e:  # noqa: BLE001 - re-raised once every range is done
+            error = e
+        for worker in started:
+            error = error or worker.join()
+    finally:
+        pool.busy.release()
     if error is not None:
         raise error

@@ -135,6 +135,9 @@ class Distinct:
 
 def _pack(ids: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Concatenate per-field CSR ids (objects with ``keys``, ``offsets``, ``weights``)."""
+    packed = _pack_one_block(ids)
+    if packed is not None:
+        return packed
     sizes = [int(f.keys.shape[0]) for f in ids]
     key_offsets = np.zeros(len(ids) + 1, dtype=np.int64)
     np.cumsum(sizes, out=key_offsets[1:])
@@ -153,6 +156,42 @@ def _pack(ids: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
         if f.weights is not None:
             weights[key_offsets[j]:key_offsets[j + 1]] = f.weights
     return keys, key_offsets, offsets, weights, weighted
+
+
+# per (fields, batch size): key_offsets and the [F, B + 1] offsets of one-hot fields, built once
+# (nothing writes them; they stay writeable so that the kernels see one array type)
+_ONE_HOT_LAYOUTS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _one_hot_layout(fields: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    layout = _ONE_HOT_LAYOUTS.get((fields, batch))
+    if layout is None:
+        if len(_ONE_HOT_LAYOUTS) >= 8:  # a few batch sizes per process (train, evaluation, the last batch)
+            _ONE_HOT_LAYOUTS.clear()
+        layout = _ONE_HOT_LAYOUTS[(fields, batch)] = (np.arange(fields + 1, dtype=np.int64) * batch,
+                                                      np.tile(np.arange(batch + 1, dtype=np.int64), (fields, 1)))
+    return layout
+
+
+def _pack_one_block(ids: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """:func:`_pack` without copying when the fields are one-hot, unweighted and, in this order,
+    the rows of one C-contiguous int64 block (``FieldBatch.block``, as the store reads a batch):
+    the block's memory is the keys and the offsets are built once per batch size. None otherwise."""
+    block = getattr(ids[0], "block", None) if ids else None
+    if block is None:
+        return None
+    keys, offsets = block[0], ids[0].offsets
+    if keys.dtype != np.int64 or keys.ndim != 2 or keys.shape[0] != len(ids) or not keys.flags.c_contiguous:
+        return None
+    for j, f in enumerate(ids):
+        b = getattr(f, "block", None)
+        if b is None or b[0] is not keys or b[1] != j or f.offsets is not offsets or f.weights is not None \
+                or f.keys.base is not keys:
+            return None
+    key_offsets, stacked = _one_hot_layout(len(ids), keys.shape[1])
+    if not np.array_equal(offsets, stacked[0]):
+        return None
+    return keys.reshape(-1), key_offsets, stacked, np.ones(0, dtype=np.float64), np.zeros(len(ids), dtype=np.bool_)
 
 
 class ShardTables:
@@ -246,8 +285,7 @@ class ShardTables:
             raise ValueError(f"{len(ids)} fields of ids for a shard of {len(self.fields)} fields")
         keys, key_offsets, offsets, weights, weighted = _pack(ids)
         step = _check_step(step) if train else int(step)
-        # a training lookup inserts a missing shared row first (a table call: before the addresses)
-        shared = np.array([self.tables[f].shared_row(step if train else None) for f in self.fields], dtype=np.int64)
+        shared = self._shared_rows(step if train else None)
         tables = self._sync()
         n = len(tables)
         rows = np.empty(keys.shape[0], dtype=np.int64)
@@ -267,8 +305,8 @@ class ShardTables:
                 j0, j1, self._addr, self._len, keys, key_offsets, rows, admitted, pos, n_rows, max_rows,
                 self._min_count, shared, step, train, status, admissions, outside, distinct.uniq, distinct.count,
                 distinct.inverse), work, _MIN_PARALLEL)
-            for j, t in enumerate(tables):
-                t._n = int(n_rows[j])
+            for j in np.flatnonzero(n_rows != n0):
+                tables[j]._n = int(n_rows[j])
             bad = np.flatnonzero(status == K.BAD_KEY)
             if bad.size:
                 j = int(bad[0])
@@ -283,8 +321,8 @@ class ShardTables:
             tables = self._sync()
         if train:
             self._init_new_rows(tables, n0)
-            for j, t in enumerate(tables):
-                t.admitted_total += int(admissions[j])
+            for j in np.flatnonzero(admissions):
+                tables[j].admitted_total += int(admissions[j])
             self._last_distinct = distinct.count.astype(np.float64)
         for j in np.flatnonzero(outside & (shared < 0)):
             t, lo, hi = tables[j], key_offsets[j], key_offsets[j + 1]
@@ -293,11 +331,23 @@ class ShardTables:
             # evaluation before the shared row exists: made now, as EmbeddingTable.lookup does
             K.admit_rows(rows[lo:hi], admitted[lo:hi], t._meta, t.min_count, t._make_shared_row(None))
         touched = Touched(keys, key_offsets, offsets, weights, weighted, rows, admitted, bool(train), step)
+        if offsets is _ONE_HOT_LAYOUTS.get((n, touched.size), (None, None))[1]:
+            touched._hot = np.ones(n, dtype=np.bool_)  # _pack_one_block: every field one-hot, no weights
         touched.hot()
         if train:
             touched._distinct = distinct
         touched.distinct()
         return touched
+
+    def _shared_rows(self, step: int | None) -> np.ndarray:
+        """Per field, the row of its shared out-of-vocabulary key, or -1 (``EmbeddingTable.shared_row``:
+        a training lookup, ``step`` given, inserts a missing one; a table call, before the addresses
+        are synced). Where every table has its row already, they are only read: the training
+        lookup's kernel then refreshes the rows' count and ``last_seen`` as ``shared_row`` does."""
+        tables = [self.tables[f] for f in self.fields]
+        if all(t._shared >= 0 or t.unadmitted != "shared" for t in tables):
+            return np.array([t._shared if t.unadmitted == "shared" else -1 for t in tables], dtype=np.int64)
+        return np.array([t.shared_row(step) for t in tables], dtype=np.int64)
 
     def _init_new_rows(self, tables: list[EmbeddingTable], n0: np.ndarray) -> None:
         """Values and slots of the rows inserted since ``n0`` (per field), one call per block."""
@@ -548,6 +598,9 @@ def _lookup_field(addr, lens, j, keys, key_offsets, rows, admitted, pos, n_rows,
     field_keys, field_rows = keys[lo:hi], rows[lo:hi]
     if insert:
         if pos[j] == 0:  # no partial update of a field with a bad key
+            if shared[j] >= 0:  # the shared row is in use: admitted and seen now (EmbeddingTable._make_shared_row)
+                meta[shared[j], K.COUNT] = max(min_count[j], meta[shared[j], K.COUNT], 1)
+                meta[shared[j], K.LAST] = step
             bad = K.first_sentinel(field_keys)
             if bad >= 0:
                 pos[j], status[j] = bad, K.BAD_KEY
