@@ -320,6 +320,33 @@ def test_one_block_of_one_hot_fields_is_packed_without_a_copy() -> None:
         assert (a == b).all()
 
 
+def test_one_hot_sums_are_the_stored_first_gradient_plus_the_others() -> None:
+    """The one-hot sums per distinct row (``_sum_fields``) have the bits of storing a row's first
+    gradient and adding the later ones in order, signed zeros included (sums that start at +0.0
+    would turn a row's lone -0.0 into +0.0)."""
+    from des.hashtable.fused import _sum_fields
+
+    inverse = np.array([0, 1, 0, 2, 1, -1, 3, 3], np.int32)  # distinct rows in first-occurrence order; -1: untrained
+    size, rows = inverse.shape[0], 4
+    grads = [np.full((size, 1, d), -0.0, np.float32) for d in (8, 1)]
+    grads[0][1, 0, :4] = grads[1][4] = 0.0  # row 1: -0.0 then +0.0; row 0: -0.0 twice; row 2: one -0.0
+    grads[0][6, 0], grads[0][7, 0] = np.float32(1e-8), np.float32(3.0)  # row 3: rounding in order
+    grads[1][6], grads[1][7] = np.float32(-2.5), np.float32(2.5)  # row 3, block 1: -2.5 + 2.5 = +0.0
+    sums = [np.full((rows, d), np.nan, np.float32) for d in (8, 1)]
+    _sum_fields(0, 1, np.array([g.ctypes.data for g in grads]), np.array([a.ctypes.data for a in sums]),
+                np.array([8, 1]), size, 1, np.array([0, size]), np.arange(size + 1)[None], np.ones(0),
+                np.zeros(1, np.bool_), np.ones(1, np.bool_), inverse, np.array([0, rows]), grads[0])
+    for g, got in zip(grads, sums):
+        expected = np.empty_like(got)
+        seen = set()
+        for b, p in enumerate(inverse):
+            if p >= 0:
+                expected[p] = g[b, 0] if p not in seen else expected[p] + g[b, 0]
+                seen.add(p)
+        assert got.tobytes() == expected.tobytes()
+    assert np.signbit(sums[0][0, 0]) and not np.signbit(sums[0][1, 0]) and np.signbit(sums[1][2, 0])
+
+
 def test_pool_threads_ranges_errors_and_a_second_caller(monkeypatch) -> None:
     """``_threads.run``: every range once whatever the thread count (ranges beyond the pool's
     threads run on the caller), the first error raised after all ranges are done, and a second
