@@ -151,16 +151,14 @@ def insert_keys(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, m
 
 
 @njit(nogil=True)
-def count_distinct(rows, uniq, inverse, meta, step, min_count):
-    """The counting of :func:`insert_keys` for a whole batch's ``rows`` (all present), by distinct
-    row: the rows numbered in first-occurrence order (:func:`distinct_rows` with every position
-    admitted), then each row's ``count`` raised by its occurrences (saturating) and its
-    ``last_seen`` set to ``step``: one meta line per distinct row instead of per occurrence.
-    Returns ``(distinct rows, rows whose count reached min_count >= 1)``."""
-    n = rows.shape[0]
-    u = distinct_rows(rows, np.empty(0, np.bool_), False, uniq, inverse)
+def count_distinct(uniq, inverse, u, meta, step, min_count):
+    """The counting of :func:`insert_keys` for a whole batch, by distinct row (``uniq[:u]``, each
+    position's number ``inverse``, as :func:`distinct_keys` numbers the keys): each row's
+    ``count`` raised by its occurrences (saturating) and its ``last_seen`` set to ``step``: one
+    meta line per distinct row instead of per occurrence. Returns the rows whose count reached
+    ``min_count >= 1``."""
     occurrences = np.zeros(u, np.int64)
-    for i in range(n):
+    for i in range(inverse.shape[0]):
         occurrences[inverse[i]] += 1
     admitted = 0
     for p in range(u):
@@ -173,7 +171,7 @@ def count_distinct(rows, uniq, inverse, meta, step, min_count):
         if c < min_count <= new:
             admitted += 1
         meta[r, LAST] = step
-    return u, admitted
+    return admitted
 
 
 @njit(cache=True, nogil=True)
@@ -233,7 +231,7 @@ def admit(rows, adm, meta, min_count, shared) -> bool:
 @njit(nogil=True)
 def admit_distinct(rows, adm, uniq, inverse, u, meta, min_count, shared):
     """:func:`admit` and then :func:`distinct_rows` of the admitted positions, for a training
-    lookup's ``rows`` (all present) already numbered by :func:`count_distinct` (``uniq[:u]``,
+    lookup's ``rows`` (all present) already numbered by :func:`distinct_keys` (``uniq[:u]``,
     ``inverse``): admission is read once per distinct row, and the admitted rows are numbered
     again from those numbers, in first-occurrence order, without a hash set. Keys mapped to the
     shared row (``shared >= 0``) take its number, as the key of the shared row itself would.
@@ -410,17 +408,29 @@ def distinct_rows(rows, adm, use_adm, uniq, inverse) -> int:
     """The distinct rows of ``rows`` in first-occurrence order into ``uniq[:u]``, and for each
     position its place among them, ``inverse[i]`` (-1 for rows -1 and, with ``use_adm``, positions
     whose ``adm`` is False). Returns ``u``. A batch-local hash set: it never reads the table."""
-    n = rows.shape[0]
+    return _first_occurrences(rows, adm, use_adm, True, uniq, inverse)
+
+
+@njit(nogil=True)
+def distinct_keys(keys, ukeys, inverse) -> int:
+    """:func:`distinct_rows` of keys (every key counts, -1 too): the distinct keys in
+    first-occurrence order into ``ukeys[:u]`` and each position's place among them. Returns ``u``."""
+    return _first_occurrences(keys, np.empty(0, np.bool_), False, False, ukeys, inverse)
+
+
+@njit(nogil=True, inline="always")
+def _first_occurrences(values, adm, use_adm, skip_minus_one, uniq, inverse) -> int:
+    n = values.shape[0]
     bits = 4
     while (1 << bits) < 2 * n:
         bits += 1
     mask = (1 << bits) - 1
     shift = np.uint64(64 - bits)
-    pos = np.full(1 << bits, -1, dtype=np.int32)  # row -> its place in uniq
+    pos = np.full(1 << bits, -1, dtype=np.int32)  # value -> its place in uniq
     u = 0
     for i in range(n):
-        r = rows[i]
-        if r == -1 or (use_adm and not adm[i]):
+        r = values[i]
+        if (skip_minus_one and r == -1) or (use_adm and not adm[i]):
             inverse[i] = -1
             continue
         s = np.int64((np.uint64(r) * GOLDEN) >> shift)

@@ -14,8 +14,9 @@ numba's thread count of the calling thread (``_threads.py``: ``NUMBA_NUM_THREADS
 
 The lookup also numbers each field's distinct trained rows in order of first occurrence
 (:meth:`Touched.distinct`, ``K.distinct_rows``; in a pipelined step on the background thread),
-and a training lookup raises the counts once per distinct row by its occurrences
-(``K.count_distinct``: one meta cache line per row, not per id; the same counts). Both later
+and a training lookup looks up and inserts only the distinct keys (``K.distinct_keys``) and
+raises the counts once per distinct row by its occurrences (``K.count_distinct``: one meta cache
+line per row, not per id; the same counts). Both later
 passes work by that number: the gather reads each distinct row from its table once (a batch has
 ~6 ids per distinct row on Criteo, ~12 on heavy multi-hot data: the random reads of the large
 tables were most of the gather) and copies or pools the ids from those few rows; the update adds
@@ -66,10 +67,11 @@ _MAX_SLOTS = 2  # optimizer slots per value column at most (Adam: m, v; FTRL: z,
 _MIN_PARALLEL = 20_000  # ids of work below which one thread does it all (a thread hand-off costs ~50 µs)
 # The threads split the fields by their work in ids, a distinct row counting as this many ids (its
 # cache lines in the tables). Measured per field on one thread (DeepFM B=4096 on Criteo): a field's
-# time is a + b x its distinct rows (correlation 0.97-0.99), per id and per distinct row: lookup
-# ~11 and ~35 ns, gather ~4 and ~14 ns, update (order-1 + embedding block) ~10.5 and ~40 ns.
+# time is a + b x its distinct rows (correlation 0.91-0.99), per id and per distinct row: lookup
+# ~5 and ~25 ns (it probes the index for distinct keys only), gather ~4 and ~14 ns, update
+# (order-1 + embedding block) ~10.5 and ~40 ns.
 # Weighted by ids alone, the thread with the large tables took 0.2 ms (lookup) of 1.6 ms longer.
-_LOOKUP_ROW_COST = 3.0  # per distinct row of the field's previous training lookup
+_LOOKUP_ROW_COST = 5.0  # per distinct row of the field's previous training lookup
 _GATHER_ROW_COST = 3.5
 _UPDATE_ROW_COST = 2.0  # per distinct row and block (the ids are summed once for all blocks)
 _CATCH_UP_ROW_COST = 24.0  # a zero-gradient step per idle step, up to Adam's horizon
@@ -588,10 +590,15 @@ def _lookup_fields(j0, j1, addr, lens, keys, key_offsets, rows, admitted, pos, n
 def _lookup_field(addr, lens, j, keys, key_offsets, rows, admitted, pos, n_rows, max_rows, min_count, shared, step,
                   insert, status, admissions, outside, uniq, count, inverse):
     """Field j: insert or find its keys from ``pos[j]`` on (``insert_keys``/``find_keys``), then,
-    once complete, the admission of every occurrence. Inserting, the counts are raised once per
-    distinct row (``count_distinct``), which numbers the field's distinct rows (:class:`Distinct`)
-    on the way; admission is then read once per distinct row and the admitted ones numbered again
-    from those numbers (``admit_distinct``). Finding, every occurrence is admitted (``admit``)."""
+    once complete, the admission of every occurrence. Inserting, the field's distinct keys are
+    numbered first (``distinct_keys``, a batch-local hash set: a key is one row, so these are the
+    distinct rows of :class:`Distinct`, in the same order) and only they are looked up and
+    inserted (a Criteo batch has ~6 ids per distinct key: the index probes were half the lookup),
+    in first-occurrence order as inserting every id would; the counts are raised once per
+    distinct row by its occurrences (``count_distinct``); admission is then read once per
+    distinct row and the admitted ones numbered again from those numbers (``admit_distinct``).
+    Across a growth (``pos[j]`` > 0) ``uniq`` holds the distinct keys, ``count[j]`` their number
+    and ``rows`` the rows found so far. Finding, every occurrence is admitted (``admit``)."""
     lo, hi = key_offsets[j], key_offsets[j + 1]
     idx = view2(addr[j, _IDX], lens[j, _IDX], 3, np.int32)
     meta = view2(addr[j, _META], lens[j, _META], 2, np.int32)
@@ -605,16 +612,20 @@ def _lookup_field(addr, lens, j, keys, key_offsets, rows, admitted, pos, n_rows,
             if bad >= 0:
                 pos[j], status[j] = bad, K.BAD_KEY
                 return
+            count[j] = K.distinct_keys(field_keys, uniq[lo:hi], inverse[lo:hi])
+        u = count[j]
         row_keys = view1(addr[j, _KEYS], lens[j, _KEYS], np.int64)
-        p, n, st, a = K.insert_keys(idx, field_keys, field_rows, pos[j], n_rows[j], max_rows[j], row_keys, meta,
+        p, n, st, a = K.insert_keys(idx, uniq[lo:lo + u], field_rows, pos[j], n_rows[j], max_rows[j], row_keys, meta,
                                     step, min_count[j], False)
         pos[j], n_rows[j] = p, n
         admissions[j] += a
         if st != K.OK:
             status[j] = st
             return
-        u, a = K.count_distinct(field_rows, uniq[lo:hi], inverse[lo:hi], meta, step, min_count[j])
-        admissions[j] += a
+        uniq[lo:lo + u] = field_rows[:u]  # the distinct keys' rows, then every id's
+        for i in range(lo, hi):
+            rows[i] = uniq[lo + inverse[i]]
+        admissions[j] += K.count_distinct(uniq[lo:hi], inverse[lo:hi], u, meta, step, min_count[j])
         status[j] = K.OK
         count[j], outside[j] = K.admit_distinct(field_rows, admitted[lo:hi], uniq[lo:hi], inverse[lo:hi], u, meta,
                                                 min_count[j], shared[j])
