@@ -199,7 +199,7 @@ class DES(Strategy):
         timer, form, dense, comm = self.timer, self.split_form, self.dense, self.comm
         size = len(batch.labels)
         labels = np.asarray(batch.labels, dtype=self.dtype)
-        top = list(dense.top_params.values())
+        top = dense.as_tensors(dense.top_params.values())
         pooled, touched, route_values = self._pooled(batch, train=True)
         with timer("update"):  # TF reads the dense weights (in place): the previous step's update first
             self._settle_dense()
@@ -293,9 +293,10 @@ class DES(Strategy):
             update, self._dense_update = self._dense_update, None
             update.result()
 
-    def _split_params(self) -> list[np.ndarray]:
-        """The split operators' field weights (this rank's slices), in the split form's order."""
-        return [self.dense.field_params[n] for n in self.split_form.split_params]
+    def _split_params(self) -> list[Any]:
+        """The split operators' field weights (this rank's slices), in the split form's order, as
+        TF tensors over their memory (``DenseParams.as_tensors``)."""
+        return self.dense.as_tensors(self.dense.field_params[n] for n in self.split_form.split_params)
 
     def _exchange_backward(self, route: Any, xpooled_grads: list) -> list[np.ndarray]:
         timer = self.timer
@@ -348,7 +349,7 @@ class DES(Strategy):
         pooled, _, route_values = self._pooled(batch, train=False)
         size = len(batch.labels)
         buffer = self._partials(pooled, size, train=False)
-        top, comm, form = list(self.dense.top_params.values()), self.comm, self.split_form
+        top, comm, form = self.dense.as_tensors(self.dense.top_params.values()), self.comm, self.split_form
         if self.exchange is None and (self.upper == "replicated" or comm.size == 1):
             comm.allreduce_sum_(buffer, "eval_partials")
             return form.top_predict(buffer, [], [], top).numpy(), np.asarray(batch.labels)
