@@ -69,7 +69,13 @@ alltoall. Session 18 (the update run with the next batch's gather, admission by 
 B=512; the full run (13.9 min) then met the roofline's processes at 59.4-66.9k, a slow hour of
 the host (0.98x, not a reading), des N=2 / N=4 1.01x / 0.80x des N=1 and 0.99x / 0.99x alltoall;
 with the tables sized from the data (``--ranks 1``, 7.3 min): 0.87x (61.3k vs 70.8k, des rounds
-58.1-63.2k), 1.19x DeepCTR, 1.74x at B=512, des-bf16 1.90x. On an AVX2-only machine (oneDNN off, 23 min, earlier the same day): des N=1 0.77-0.82x the
+58.1-63.2k), 1.19x DeepCTR, 1.74x at B=512, des-bf16 1.90x. Session 19 (the lookup probing
+distinct keys only, no copy to pack the ids, a leaner thread hand-off; ``--ranks 1``, 5 rounds,
+7 min): 0.90x the roofline (63.7k vs 70.5k, every round 0.90-0.97x paired with the roofline's
+round), 1.24x DeepCTR, 2.01x at B=512, des-bf16 1.95x; the full run (13.7 min): 0.92x (63.4k vs
+68.8k), 1.26x DeepCTR, des N=2 / N=4 0.96x / 0.75x des N=1 (60.9k / 47.6k, as in session 18: N=1
+got faster) and 1.01x / 0.98x alltoall; one run in a slow hour of the host 0.89x (des rounds
+57.8-62.8k). On an AVX2-only machine (oneDNN off, 23 min, earlier the same day): des N=1 0.77-0.82x the
 roofline and 1.1-1.2x DeepCTR at B=4096, 1.4-1.65x at B=512, des N=2 / N=4 about 0.9x / 0.9x des
 N=1; bf16 is slower than float32 there (no bf16 units). With other jobs on the 2 cores every figure
 falls 2-7x and single-job ratios move by 0.2 or more: use ``--rounds``.
