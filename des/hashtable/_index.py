@@ -175,6 +175,15 @@ def count_distinct(uniq, inverse, u, meta, step, min_count):
 
 
 @njit(cache=True, nogil=True)
+def use_shared_row(meta, row, min_count, step, seen) -> None:
+    """Row ``row`` of the shared out-of-vocabulary key is in use: admitted (its count at least
+    ``min_count`` and 1) and, if ``seen``, ``last_seen = step`` (eviction keeps it)."""
+    meta[row, COUNT] = max(min_count, meta[row, COUNT], 1)
+    if seen:
+        meta[row, LAST] = step
+
+
+@njit(cache=True, nogil=True)
 def lookup_insert(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, min_count):
     """:func:`insert_keys` on one table."""
     return insert_keys(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, min_count)

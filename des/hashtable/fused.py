@@ -605,9 +605,8 @@ def _lookup_field(addr, lens, j, keys, key_offsets, rows, admitted, pos, n_rows,
     field_keys, field_rows = keys[lo:hi], rows[lo:hi]
     if insert:
         if pos[j] == 0:  # no partial update of a field with a bad key
-            if shared[j] >= 0:  # the shared row is in use: admitted and seen now (EmbeddingTable._make_shared_row)
-                meta[shared[j], K.COUNT] = max(min_count[j], meta[shared[j], K.COUNT], 1)
-                meta[shared[j], K.LAST] = step
+            if shared[j] >= 0:  # as EmbeddingTable._make_shared_row (ShardTables._shared_rows skipped it)
+                K.use_shared_row(meta, shared[j], min_count[j], step, True)
             bad = K.first_sentinel(field_keys)
             if bad >= 0:
                 pos[j], status[j] = bad, K.BAD_KEY

@@ -303,11 +303,8 @@ class EmbeddingTable:
         """The shared row, inserted (and admitted) if missing; ``last_seen = step`` if given."""
         if self._shared < 0:
             self._shared = int(self._lookup(np.array([SHARED_KEY], dtype=np.int64), insert=True, step=step or 0)[0])
-        row = self._shared
-        self._meta[row, K.COUNT] = max(self.min_count, self._meta[row, K.COUNT], 1)
-        if step is not None:
-            self._meta[row, K.LAST] = step
-        return row
+        K.use_shared_row(self._meta, self._shared, self.min_count, 0 if step is None else step, step is not None)
+        return self._shared
 
     def _lookup(self, keys: np.ndarray, *, insert: bool, step: int = 0) -> np.ndarray:
         keys = _as_keys(keys)
