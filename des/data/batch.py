@@ -46,6 +46,8 @@ class Batch:
     labels: np.ndarray  # float32 [B]
     fields: dict[int, FieldBatch]  # only the requested fields
     global_size: int = -1  # rows of the whole global batch this is a part of (-1: this batch)
+    #: the dense (numeric) features ``[B, D]`` float32 of the rows, None when the data has none
+    dense: np.ndarray | None = None
     #: what a strategy computed for this batch ahead of its step (``Strategy.prepare``, e.g. DES's
     #: key->row lookup on a background thread), or None
     prepared: Any = None
@@ -64,4 +66,5 @@ class Batch:
         if not 0 <= lo <= hi <= self.size:
             raise ValueError(f"take({lo}, {hi}) out of range for a batch of {self.size} rows")
         fields = {field: block.take(lo, hi) for field, block in self.fields.items()}
-        return Batch(self.epoch, self.index, self.rows[lo:hi], self.labels[lo:hi], fields, self.global_size)
+        dense = None if self.dense is None else self.dense[lo:hi]
+        return Batch(self.epoch, self.index, self.rows[lo:hi], self.labels[lo:hi], fields, self.global_size, dense)

@@ -96,7 +96,7 @@ class BatchReader:
         rows = rows[lo:hi]
         labels = self.store.take_labels(rows).astype(np.float32)
         fields = self.store.gather_fields(self.fields, rows)
-        return Batch(self.epoch, index, rows, labels, fields, global_size)
+        return Batch(self.epoch, index, rows, labels, fields, global_size, dense=self.store.take_dense(rows))
 
     def __iter__(self) -> Iterator[Batch]:
         for index in range(self.start_batch, len(self)):

@@ -150,6 +150,8 @@ class ConcatStore:
         first = next(part for part in self.parts if part.role == "train")
         self.field_names: tuple[str, ...] = first.store.field_names
         self.num_fields: int = first.store.num_fields
+        self.dense_names: tuple[str, ...] = first.store.dense_names
+        self.num_dense: int = first.store.num_dense
         sizes = [part.store.num_rows for part in self.parts]
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.num_rows: int = int(self.starts[-1])
@@ -243,6 +245,18 @@ class ConcatStore:
         for p, positions, local in self._by_part(rows):
             out[positions] = self.parts[p].store.take_labels(local)
         return out
+
+    def take_dense(self, rows: np.ndarray) -> np.ndarray | None:
+        if not self.num_dense:
+            return None
+        out = np.empty((len(rows), self.num_dense), dtype=np.float32)
+        for p, positions, local in self._by_part(rows):
+            out[positions] = self.parts[p].store.take_dense(local)
+        return out
+
+    @property
+    def schema(self) -> dict[str, Any] | None:
+        return self.parts[0].store.schema
 
     def gather_fields(self, fields: Sequence[int], rows: np.ndarray) -> dict[int, FieldBatch]:
         """``{field: gather(field, rows)}``, each part's fields read together (``ColumnStore.gather_fields``)."""

@@ -11,6 +11,8 @@ recorded in ``manifest.json`` and they are opened with ``np.memmap``)::
     NN_<field>.keys.bin           int64 [nnz]    a multi-hot field's keys
     NN_<field>.offsets.bin        int64 [N+1]    CSR row pointers (multi-hot fields only)
     NN_<field>.weights.bin        float32 [nnz]  feature values (weighted fields only)
+    dense.bin                     float32 [N, D] the dense (numeric) features of every row, row
+                                                 after row (only when the schema declares some)
     <extra>.bin                   e.g. probabilities (float32 [N], synthetic data only)
 
 One-hot fields carry no offsets (45M rows x 39 fields of offsets would be 14 GB); row ``r`` of
@@ -51,10 +53,12 @@ MANIFEST_NAME = "manifest.json"
 ONE_HOT = "one-hot"
 MULTI_HOT = "multi-hot"
 ONE_HOT_KEYS_FILE = "one_hot.keys.bin"
+DENSE_FILE = "dense.bin"
 SPLIT_METHOD = "splitmix64: x = (stream(seed)[row] >> 11) / 2^53; train if x < f0, validation if x < f0+f1, else test"
 
 _KEY_DTYPE = np.dtype("<i8")
 _WEIGHT_DTYPE = np.dtype("<f4")
+_DENSE_DTYPE = np.dtype("<f4")
 _BYTE_DTYPE = np.dtype("u1")
 
 
@@ -167,8 +171,12 @@ class StoreWriter:
         split: Sequence[float],
         seed: int,
         extra_arrays: Mapping[str, np.dtype] | None = None,
+        dense_names: Sequence[str] = (),
     ) -> None:
         self.directory = Path(directory)
+        self.dense_names = tuple(str(name) for name in dense_names)
+        self._dense = (_AppendFile(self.directory, DENSE_FILE, _DENSE_DTYPE, len(self.dense_names))
+                       if self.dense_names else None)
         self.split_fractions = check_fractions(split)
         self.split_seed = int(seed)
         self.num_rows = 0
@@ -197,8 +205,10 @@ class StoreWriter:
         labels: np.ndarray,
         columns: Sequence[np.ndarray | FieldBatch],
         extras: Mapping[str, np.ndarray] | None = None,
+        dense: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Append rows: labels (0/1), one column per field (keys array or FieldBatch), extras.
+        """Append rows: labels (0/1), one column per field (keys array or FieldBatch), extras, and
+        the dense features ``[rows, D]`` (float32) when the store has some.
 
         Returns the split codes (0 train, 1 validation, 2 test) given to these rows.
         """
@@ -210,6 +220,13 @@ class StoreWriter:
                         if (keys := writer.append(column, count)) is not None]
         if self._one_hot is not None:
             self._one_hot.append(np.stack(one_hot_keys, axis=1))
+        if (dense is None) != (self._dense is None):
+            raise ValueError(f"dense features {'missing' if dense is None else 'unexpected'}")
+        if self._dense is not None:
+            assert dense is not None
+            if dense.shape != (count, len(self.dense_names)):
+                raise ValueError(f"dense features of shape {dense.shape} for {count} rows x {len(self.dense_names)}")
+            self._dense.append(dense)
         for name, values in (extras or {}).items():
             if values.shape[0] != count:
                 raise ValueError(f"extra array {name}: {values.shape[0]} values for {count} rows")
@@ -222,7 +239,8 @@ class StoreWriter:
         return codes
 
     def _close_files(self) -> None:
-        for file in [self._labels, self._split, *self._extras.values(), *([self._one_hot] if self._one_hot else [])]:
+        for file in [self._labels, self._split, *self._extras.values(), *([self._one_hot] if self._one_hot else []),
+                     *([self._dense] if self._dense else [])]:
             file.close()
         for writer in self._fields:
             for file in (writer.keys, writer.offsets, writer.weights):
@@ -254,6 +272,8 @@ class StoreWriter:
             },
             "arrays": {name: file.close() for name, file in self._extras.items()},
         }
+        if self._dense is not None:  # absent otherwise: a store without dense features is as before
+            manifest["dense"] = {"names": list(self.dense_names), "array": self._dense.close()}
         manifest.update(sections)
         write_manifest(self.directory, manifest)
         return manifest
@@ -321,6 +341,12 @@ class ColumnStore:
             raise DataError(f"{path / MANIFEST_NAME}: the one-hot fields' columns {columns} are not each of the "
                             f"{self._one_hot_keys.shape[1]} columns of {ONE_HOT_KEYS_FILE} once")
         self._arrays = {name: _map_array(path, entry) for name, entry in manifest.get("arrays", {}).items()}
+        dense = manifest.get("dense") or {}
+        #: names of the dense (numeric) features, in the order of the columns of :meth:`take_dense`
+        self.dense_names: tuple[str, ...] = tuple(dense.get("names", ()))
+        self.num_dense: int = len(self.dense_names)
+        self._dense = (self._checked(dense["array"], "dense features", [self.num_rows, self.num_dense])
+                       if self.num_dense else None)
         self._split_rows: dict[str, np.ndarray] = {}
         self._one_hot_offsets: np.ndarray | None = None
 
@@ -402,9 +428,11 @@ class ColumnStore:
         return str(self.path)
 
     def layout(self) -> list[tuple[str, str, str, bool]]:
-        """The column layout: (name, kind, hotness, weighted) of every field. Stores of the same
-        layout can be read side by side (:class:`des.data.inputs.ConcatStore`)."""
-        return [(f["name"], f["kind"], f["hotness"], f.get("weights") is not None) for f in self.manifest["fields"]]
+        """The column layout: (name, kind, hotness, weighted) of every field, then ``(name, "dense",
+        "dense", False)`` of every dense feature. Stores of the same layout can be read side by side
+        (:class:`des.data.inputs.ConcatStore`)."""
+        return ([(f["name"], f["kind"], f["hotness"], f.get("weights") is not None) for f in self.manifest["fields"]]
+                + [(name, "dense", "dense", False) for name in self.dense_names])
 
     def field_index(self, field: int | str) -> int:
         """The number of a field given by number or name."""
@@ -456,6 +484,18 @@ class ColumnStore:
     def take_labels(self, rows: np.ndarray) -> np.ndarray:
         """The 0/1 labels (uint8) of ``rows``, in that order."""
         return np.asarray(self.labels).take(rows)
+
+    def take_dense(self, rows: np.ndarray) -> np.ndarray | None:
+        """The dense features ``[len(rows), num_dense]`` (float32) of ``rows``, in that order; None
+        when the store has none."""
+        if self._dense is None:
+            return None
+        return np.asarray(self._dense).take(np.asarray(rows, dtype=np.int64), axis=0)
+
+    @property
+    def schema(self) -> dict[str, Any] | None:
+        """The schema the store was prepared with (``des.data.schema``), None for Criteo's."""
+        return self.manifest.get("schema")
 
     def gather_fields(self, fields: Sequence[int], rows: np.ndarray) -> dict[int, FieldBatch]:
         """``{field: gather(field, rows)}``, the one-hot fields of a version 2 store read together:

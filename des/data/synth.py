@@ -43,7 +43,7 @@ from .store import MULTI_HOT, ONE_HOT, ColumnStore, FieldSpec, StoreWriter
 GENERATOR_NAME = "des.data.synth"
 GENERATOR_VERSION = 1
 BLOCK_ROWS = 1 << 15
-DATA_STREAM, CALIBRATION_STREAM = 0, 1
+DATA_STREAM, CALIBRATION_STREAM, DENSE_WEIGHTS_STREAM = 0, 1, 2
 DEFAULT_MULTI_HOT_FIELDS = ("C6", "C14", "C24")
 _SQRT3 = math.sqrt(3.0)
 _ORACLE_SALT = np.uint64(0x6F7261636C65)  # "oracle"
@@ -87,11 +87,15 @@ class SynthConfig:
     latent_std: float = 0.14
     positive_rate: float = 0.25
     calibration_rows: int = 1 << 17
+    #: dense (numeric) features per row, each N(0, 1), entering the oracle's logit linearly
+    dense: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
+        """JSON-ready form (``dense`` only when there are dense features: older manifests stay as they were)."""
         data = asdict(self)
         data["fields"] = [asdict(f) for f in self.fields]
+        if not self.dense:
+            del data["dense"]
         return data
 
     @classmethod
@@ -199,6 +203,7 @@ class SynthBlock:
     raw_missing: list[np.ndarray | None]
     probabilities: np.ndarray  # float32
     labels: np.ndarray  # uint8
+    dense: np.ndarray | None = None  # float32 [rows, dense]
 
 
 class SyntheticGenerator:
@@ -217,6 +222,26 @@ class SyntheticGenerator:
         return [
             FieldSpec(f.name, f.kind, MULTI_HOT if f.max_hot else ONE_HOT, f.weighted) for f in self.config.fields
         ]
+
+    def dense_names(self) -> list[str]:
+        """Names of the generated dense features (``D1``, ``D2``, ...)."""
+        return [f"D{d + 1}" for d in range(self.config.dense)]
+
+    def _draw_dense(self, rng: np.random.Generator, rows: int) -> np.ndarray | None:
+        """The dense features of ``rows`` rows (after every field's draws: data without dense
+        features is drawn as before)."""
+        if not self.config.dense:
+            return None
+        return rng.standard_normal((rows, self.config.dense)).astype(np.float32)
+
+    def _dense_logits(self, dense: np.ndarray | None) -> np.ndarray | float:
+        """The dense features' part of the oracle's logit: ``Σ_d c_d x_d``, ``c_d`` uniform with the
+        linear terms' standard deviation, from a generator of its own keyed by the seed."""
+        if dense is None:
+            return 0.0
+        rng = np.random.default_rng([self.config.seed % (1 << 63), DENSE_WEIGHTS_STREAM])
+        c = self.config.linear_std * _SQRT3 * rng.uniform(-1.0, 1.0, dense.shape[1])
+        return dense.astype(np.float64) @ c
 
     def _draw(self, rng: np.random.Generator, rows: int) -> tuple[list, list, list]:
         columns: list[np.ndarray | FieldBatch] = []
@@ -268,12 +293,12 @@ class SyntheticGenerator:
         config = self.config
         if not 0.0 < config.positive_rate < 1.0:
             raise DataError(f"positive_rate must be in (0, 1), not {config.positive_rate}")
-        logits = np.concatenate(
-            [
-                self._raw_logits(self._draw(self._rng(CALIBRATION_STREAM, block), BLOCK_ROWS)[0], BLOCK_ROWS)
-                for block in range(max(1, math.ceil(config.calibration_rows / BLOCK_ROWS)))
-            ]
-        )
+        parts = []
+        for block in range(max(1, math.ceil(config.calibration_rows / BLOCK_ROWS))):
+            rng = self._rng(CALIBRATION_STREAM, block)
+            columns = self._draw(rng, BLOCK_ROWS)[0]
+            parts.append(self._raw_logits(columns, BLOCK_ROWS) + self._dense_logits(self._draw_dense(rng, BLOCK_ROWS)))
+        logits = np.concatenate(parts)
         low, high = -50.0, 50.0
         for _ in range(100):
             middle = 0.5 * (low + high)
@@ -290,7 +315,8 @@ class SyntheticGenerator:
         """Block ``index`` of the data (its first ``rows`` rows; the draws are always full-size)."""
         rng = self._rng(DATA_STREAM, index)
         columns, raw_values, raw_missing = self._draw(rng, BLOCK_ROWS)
-        logits = self._raw_logits(columns, BLOCK_ROWS) + self.bias
+        dense = self._draw_dense(rng, BLOCK_ROWS)
+        logits = self._raw_logits(columns, BLOCK_ROWS) + self._dense_logits(dense) + self.bias
         probabilities = (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
         labels = (rng.random(BLOCK_ROWS) < probabilities).astype(np.uint8)
         if rows < BLOCK_ROWS:
@@ -299,7 +325,8 @@ class SyntheticGenerator:
                 v[: c.offsets[-1]] if isinstance(c, FieldBatch) else v[:rows] for v, c in zip(raw_values, columns)
             ]
             raw_missing = [None if m is None else m[:rows] for m in raw_missing]
-        return SynthBlock(columns, raw_values, raw_missing, probabilities[:rows], labels[:rows])
+        return SynthBlock(columns, raw_values, raw_missing, probabilities[:rows], labels[:rows],
+                          None if dense is None else dense[:rows])
 
     def blocks(self, rows: int) -> Iterator[SynthBlock]:
         """All blocks of a dataset of ``rows`` rows, in order."""
@@ -322,9 +349,11 @@ def synthesize_store(
     test_labels, test_probabilities = [], []
     with atomic_directory(output, "replace" if overwrite else "error") as directory:
         extra_arrays = {"probabilities": np.float32}
-        with StoreWriter(directory, generator.field_specs(), fractions, config.seed, extra_arrays) as writer:
+        with StoreWriter(directory, generator.field_specs(), fractions, config.seed, extra_arrays,
+                         dense_names=generator.dense_names()) as writer:
             for block in generator.blocks(rows):
-                codes = writer.append(block.labels, block.columns, {"probabilities": block.probabilities})
+                codes = writer.append(block.labels, block.columns, {"probabilities": block.probabilities},
+                                      dense=block.dense)
                 test_labels.append(block.labels[codes == 2])
                 test_probabilities.append(block.probabilities[codes == 2])
             labels, probabilities = np.concatenate(test_labels), np.concatenate(test_probabilities)
