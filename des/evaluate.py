@@ -58,9 +58,12 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"{args.data} has {store.num_fields} fields, the checkpoint's model {manifest['num_fields']}")
     split = args.split if Path(args.data).is_dir() else "all"
     # Any checkpoint (of any synchronous strategy, on any number of ranks) is evaluated with DES.
+    dense = manifest["model"].get("num_dense", 0)
+    if store.num_dense != dense:
+        raise ConfigError(f"{args.data} has {store.num_dense} dense features, the checkpoint's model {dense}")
     strategy = build_strategy(config, comm, store.num_fields,
                               [store.distinct_count(f) for f in range(store.num_fields)], strategy="des",
-                              loads_tables=True)
+                              loads_tables=True, num_dense=dense)
     load_checkpoint(strategy, args.checkpoint)
 
     result = predict_split(strategy, store, split, args.batch_size)

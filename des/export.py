@@ -400,7 +400,7 @@ def export(checkpoint: str | Path, output: str | Path, *, force: bool = False) -
                           f"signature needs {NUM_FIELDS}")
     config = TrainConfig(**manifest["config"])
     load_plugins(config.plugins)  # a user model is rebuilt from its plugin
-    model = build_model(config, manifest["num_fields"])
+    model = build_model(config, manifest["num_fields"], manifest["model"].get("num_dense", 0))
     state = _read_checkpoint(folder, manifest, model)
     module = build_module(model, state)
 

@@ -118,7 +118,9 @@ def model_shape(model: Any) -> ModelShape:
                  field_params=int(model.num_fields) * sum(_size(p.shape) for p in s.field_params().values()))
         for i, s in enumerate(subs))
     blocks = {b.name: int(b.dim) for b in model.blocks()}
-    top = sum(_size(spec.shape) for spec in model.top_params().values())
+    # the top network's weights and the dense features' (replicated with them, AllReduced together)
+    top = sum(_size(spec.shape) for spec in model.top_params().values()) + sum(
+        _size(spec.shape) for sub in model.substitutions() for spec in sub.dense_params().values())
     return ModelShape(operators, blocks, top, int(model.num_fields))
 
 

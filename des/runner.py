@@ -36,8 +36,9 @@ from des.tensorboard import ScalarWriter, learning_rates, summary_scalars
 
 
 # ---------------------------------------------------------------------------------------------- building
-def build_model(config: TrainConfig, num_fields: int):
-    """The model named by ``--model`` with the hyper-parameters its constructor accepts."""
+def build_model(config: TrainConfig, num_fields: int, num_dense: int = 0):
+    """The model named by ``--model`` with the hyper-parameters its constructor accepts, for data of
+    ``num_fields`` fields and ``num_dense`` dense features."""
     from des.models import get_model
 
     cls = get_model(config.model)
@@ -47,7 +48,14 @@ def build_model(config: TrainConfig, num_fields: int):
         "l2_dense": config.l2_dense,
     }
     accepted = inspect.signature(cls.__init__).parameters
-    return cls(**{k: v for k, v in candidates.items() if k in accepted})
+    if num_dense:
+        candidates["num_dense"] = num_dense
+    model = cls(**{k: v for k, v in candidates.items() if k in accepted})
+    if num_dense and not any(sub.dense_params() for sub in model.substitutions()):
+        raise ConfigError(f"--model {config.model} takes no dense features, and the data has {num_dense} "
+                          "(declare them as bucketized numbers in the schema, or give the model an operator "
+                          "that reads them)")
+    return model
 
 
 def build_optimizers(config: TrainConfig):
@@ -86,7 +94,7 @@ def strategy_class(config: TrainConfig):
 
 def build_strategy(config: TrainConfig, comm: Communicator, num_fields: int, distinct: list[int], *,
                    cls: Any = None, strategy: str | None = None, placement: list[list[int]] | None = None,
-                   loads_tables: bool = False):
+                   loads_tables: bool = False, num_dense: int = 0):
     """The strategy object of this rank, with its model, optimizers, placement and tables
     (``--table-capacity 0``: sized from ``distinct``, unless ``loads_tables``: a checkpoint's
     tables replace them, and two full-size sets would be held at once)."""
@@ -98,7 +106,7 @@ def build_strategy(config: TrainConfig, comm: Communicator, num_fields: int, dis
     if placement is None:
         placement = cls.place(num_fields, comm.size, config.placement, distinct, options)
     context = StrategyContext(
-        model=build_model(config, num_fields), comm=comm, optimizers=build_optimizers(config), placement=placement,
+        model=build_model(config, num_fields, num_dense), comm=comm, optimizers=build_optimizers(config), placement=placement,
         seed=config.seed, dtype=np.dtype(config.dtype),
         tables=TableOptions(config.table_capacity, config.min_count_value(), config.unadmitted_mode(),
                             () if loads_tables else tuple(distinct)),
@@ -450,7 +458,7 @@ def resolve_plan(config: TrainConfig, cls: Any, store: Any, placement: list[list
         if config.upper == "replicated":
             best = "partials"
         else:
-            shape = planner.model_shape(build_model(config, store.num_fields))
+            shape = planner.model_shape(build_model(config, store.num_fields, store.num_dense))
             best = planner.format_plan(planner.best_plan(shape, config.batch_size, placement, unique,
                                                          np.dtype(config.dtype).itemsize).plan)
         config = dataclasses.replace(config, plan=best)
@@ -576,7 +584,7 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
         config = dataclasses.replace(config, pipeline="on" if threads.intra_op >= 2 else "off")
     config, unique = resolve_plan(config, cls, store, placement)
     strategy = build_strategy(config, comm, store.num_fields, distinct, cls=cls, placement=placement,
-                              loads_tables=bool(config.resume))
+                              loads_tables=bool(config.resume), num_dense=store.num_dense)
     # What fixes the order of the batches: a checkpoint's position only means the same batch in a
     # run with the same data, batch size, seed and drop-last.
     data_order = {"data_fingerprint": data_fingerprint(store), "batch_size": config.batch_size,

@@ -7,7 +7,7 @@ same field slices of the first FC layer and the same top parameters with their o
 ≤ 1e-9 relative in float64, ≤ 1e-5 in float32 (all parameters with AdaGrad embeddings; predictions
 with Adam). "Relative" is to the largest magnitude of each array (floored at 1e-3), not
 element-wise, so near-zero entries are not held to 1e-9 of themselves. The multi-hot synthetic data
-(CSR fields, weighted ids) and the balanced placement go through the same check; alltoall on N ranks
+(CSR fields, weighted ids, three dense features) and the balanced placement go through the same check; alltoall on N ranks
 ends where des ends on 1 rank, and so does ps with one server and one worker. des runs its default
 data-parallel upper network (batch 64: not divisible by 3) and, for LR and DeepFM, the replicated one;
 the planner's plans (``--plan``: all exchange = alltoall, a mixed plan, auto) are held to the same
@@ -69,7 +69,8 @@ def datasets(tmp_path_factory) -> dict[str, Path]:
     criteo = root / "criteo"
     prepare(criteo_head(root / "criteo_head.tsv", 3000), criteo, split=(0.9, 0.1, 0.0), seed=1)
     synth = root / "synth"
-    config = default_config(seed=2, multi_hot_fields=("C3", "C7", "C20"), max_hot=4, weighted=True, vocab_scale=0.001)
+    config = default_config(seed=2, multi_hot_fields=("C3", "C7", "C20"), max_hot=4, weighted=True, vocab_scale=0.001,
+                            dense=3)
     synthesize_store(synth, 3000, config, split=(0.9, 0.1, 0.0))
     return {"criteo": str(criteo), "synth": str(synth)}
 
@@ -95,6 +96,9 @@ def results(datasets, monkeypatch_module) -> dict[tuple, object]:
     # (ps counts an id once per requesting worker and step: with every id its own row, admission
     # with --min-count 2, DeepFM's auto, cannot differ)
     cases.append(Case("deepfm", "ps", criteo, "float64", SMALL + ADAM + PER_ID))
+    # dense features (the synthetic data's three) with the replicated upper network and under ps
+    cases.append(Case("deepfm", "des", synth, "float64", SMALL + ADAM + REPLICATED, ranks=(3,)))
+    cases.append(Case("deepfm", "ps", synth, "float64", SMALL + ADAM + PER_ID))
     # Learning-rate schedules (a factor of the global step; plateau: of the validation history) and
     # Adam with TF's dense semantics caught up lazily (adam:catchup=1), one shared row per field for
     # the ids seen fewer than --min-count times (--unadmitted shared).
@@ -149,11 +153,12 @@ def test_n_ranks_equal_one_rank_float64(results, datasets, model: str, ranks: in
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize(("model", "ranks"), variant_params(REPLICATED_RANKS))
+@pytest.mark.parametrize(("model", "ranks"), variant_params(REPLICATED_RANKS) + [("deepfm-synth", 3)])
 def test_the_replicated_upper_network_too(results, datasets, model: str, ranks: int) -> None:
     """--upper replicated (the paper's step: every rank runs the top network on the whole batch);
     the other tests run the default, --upper data-parallel."""
-    assert_ok(results[(model, "des", datasets["criteo"], "float64", "all", True, ranks)])
+    data = datasets["synth" if model.endswith("-synth") else "criteo"]
+    assert_ok(results[(model.removesuffix("-synth"), "des", data, "float64", "all", True, ranks)])
 
 
 @pytest.mark.mpi
@@ -195,9 +200,20 @@ def test_every_plan_is_exact(results, datasets, plan: str, model: str, ranks: in
 
 
 @pytest.mark.mpi
-def test_one_server_one_worker_equals_des(results, datasets) -> None:
+@pytest.mark.parametrize("data", ("criteo", "synth"))
+def test_one_server_one_worker_equals_des(results, datasets, data: str) -> None:
     """ps with a single worker has nothing stale: it trains exactly what des trains on one rank."""
-    assert_ok(results[("deepfm", "ps", datasets["criteo"], "float64", "all", False, 2)])
+    assert_ok(results[("deepfm", "ps", datasets[data], "float64", "all", False, 2)])
+
+
+@pytest.mark.mpi
+def test_dense_features_are_trained_and_compared(results, datasets) -> None:
+    """The synthetic data's dense features: their weights (replicated with the top network) move
+    in training and are among the arrays the N-vs-1 check compares."""
+    result = results[("deepfm", "des", datasets["synth"], "float64", "all", False, 3)]
+    assert_ok(result)
+    names = {name for name in result.dtypes if name.startswith("dense.npz/")}
+    assert {"dense.npz/0:linear:dense_weight__value", "dense.npz/2:first_fc:dense_kernel__value"} <= names
 
 
 @pytest.mark.mpi

@@ -80,10 +80,10 @@ def test_a_training_step_leaves_the_arrays_it_was_handed_unchanged(tmp_path: Pat
     before = [a.copy() for a in lent]
     labels = np.asarray(batch.labels, dtype=np.float64)
     form = engine.split_form
-    by_reference = form.train_whole(pooled, params, top, labels, len(labels))
+    by_reference = form.train_whole(pooled, params, top, labels, len(labels), None)
     for a, b in zip(lent, before):
         assert a.tobytes() == b.tobytes()
     by_copy = form.train_whole([tf.constant(a) for a in pooled], [tf.constant(a) for a in params],
-                               [tf.constant(a) for a in top], labels, len(labels))
+                               [tf.constant(a) for a in top], labels, len(labels), None)
     for x, y in zip(tf.nest.flatten(by_reference), tf.nest.flatten(by_copy)):
         assert to_numpy(x).tobytes() == y.numpy().tobytes()

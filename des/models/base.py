@@ -44,10 +44,14 @@ class Model(ABC):
 
     name: ClassVar[str]
 
-    def __init__(self, num_fields: int = CRITEO_NUM_FIELDS, l2_embedding: float = 0.0, l2_dense: float = 0.0) -> None:
+    def __init__(self, num_fields: int = CRITEO_NUM_FIELDS, l2_embedding: float = 0.0, l2_dense: float = 0.0,
+                 num_dense: int = 0) -> None:
         self.num_fields = num_fields
         self.l2_embedding = l2_embedding
         self.l2_dense = l2_dense
+        #: dense (numeric) features per sample, read by the substitutions that declare weights for
+        #: them (the linear term and the first FC layer: DeepCTR's ``DenseFeat``)
+        self.num_dense = num_dense
 
     @abstractmethod
     def blocks(self) -> list[EmbeddingBlock]:
@@ -75,11 +79,14 @@ class Model(ABC):
 
     @property
     def _hyper(self) -> dict[str, Any]:
-        return {
+        hyper: dict[str, Any] = {
             "num_fields": self.num_fields,
             "l2_embedding": self.l2_embedding,
             "l2_dense": self.l2_dense,
         }
+        if self.num_dense:  # recorded only when there are some: configs of data without any stay as they were
+            hyper["num_dense"] = self.num_dense
+        return hyper
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -100,8 +107,9 @@ class EmbeddingModel(Model):
         init_scale: float = 0.01,
         l2_embedding: float = 0.0,
         l2_dense: float = 0.0,
+        num_dense: int = 0,
     ) -> None:
-        super().__init__(num_fields, l2_embedding, l2_dense)
+        super().__init__(num_fields, l2_embedding, l2_dense, num_dense)
         self.embedding_dim = embedding_dim
         self.init_scale = init_scale
 

@@ -6,7 +6,8 @@ des.check``; this one is fast and says what is wrong with the declarations thems
 2. ``substitutions()``: each a :class:`Substitution` of a registered class (so it passed
    ``check_substitution`` at registration), reading a declared block of matching width, conforming
    on this instance's sizes, with the one supported collective;
-3. ``top_params()`` / ``top()``: parameters drawn by name, and logits of shape ``[B]`` from the
+3. dense features: a model given some (``num_dense``) has a substitution that reads them;
+4. ``top_params()`` / ``top()``: parameters drawn by name, and logits of shape ``[B]`` from the
    substitutions' outputs (combined from random partials) that depend on every output and are
    row-wise (logits of a subset of rows = that subset of the logits: the data-parallel upper
    network runs ``top`` on each rank's own rows).
@@ -46,11 +47,15 @@ class ModelReport:
                 f"buffer {self.buffer_width} floats/sample; {self.top_params} top weights: ok")
 
 
-def small_instance(cls: type[Model], num_fields: int = 5) -> Model:
-    """``cls`` with small sizes for the constructor arguments it accepts."""
-    sizes = {"num_fields": num_fields, "embedding_dim": 3, "hidden": (6, 4)}
+def small_instance(cls: type[Model], num_fields: int = 5, num_dense: int = 2) -> Model:
+    """``cls`` with small sizes for the constructor arguments it accepts; with ``num_dense`` dense
+    features when one of its substitutions reads them, else with none."""
+    sizes = {"num_fields": num_fields, "embedding_dim": 3, "hidden": (6, 4), "num_dense": num_dense}
     accepted = inspect.signature(cls.__init__).parameters
-    return cls(**{k: v for k, v in sizes.items() if k in accepted})
+    model = cls(**{k: v for k, v in sizes.items() if k in accepted})
+    if getattr(model, "num_dense", 0) and not any(sub.dense_params() for sub in model.substitutions()):
+        return small_instance(cls, num_fields, 0)  # a model for data without dense features
+    return model
 
 
 def check_model(model: type[Model] | Model, *, batch_size: int = 5, seed: int = 0) -> ModelReport:
@@ -91,11 +96,17 @@ def check_model(model: type[Model] | Model, *, batch_size: int = 5, seed: int = 
         if sub.num_fields != model.num_fields:
             raise ModelConformanceError(f"{name}: substitution {sub.name} has {sub.num_fields} fields, "
                                         f"the model {model.num_fields}")
+        if sub.dense_params() and sub.num_dense != model.num_dense:
+            raise ModelConformanceError(f"{name}: substitution {sub.name} reads {sub.num_dense} dense features, "
+                                        f"the model has {model.num_dense}")
         try:
             check_substitution(sub, rank_counts=(1, 2, 3))
         except (AssertionError, ValueError) as exc:
             raise ModelConformanceError(f"{name}: {exc}") from None
 
+    if getattr(model, "num_dense", 0) and not any(sub.dense_params() for sub in subs):
+        raise ModelConformanceError(f"{name}: the model has {model.num_dense} dense features but no substitution "
+                                    "reads them (declare dense_params and local_dense, as FirstOrderLinear does)")
     rng = np.random.default_rng(seed)
     specs = model.top_params()
     params = {k: tf.constant(draw_param(spec, seed, name, "top", k) + rng.normal(0, 0.1, spec.shape))

@@ -1,6 +1,7 @@
 """DeepFM (Guo et al. 2017): FM and a DNN sharing the field embeddings,
 ``σ(b + Σ_j w_j x_j + Σ_{i<j} <e_i, e_j> + MLP(act(concat_f(e_f) W_1 + b_1)))``.
-Three substitutions (the DES paper, sections 4.1-4.3); buffer width ``1 + (k + 1) + H_1``."""
+Three substitutions (the DES paper, sections 4.1-4.3); buffer width ``1 + (k + 1) + H_1``. Dense
+features join the linear term and the DNN's input, not the FM term (as DeepCTR's DeepFM)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ class DeepFM(WideAndDeep):
 
     def substitutions(self) -> list[Substitution]:
         return [
-            FirstOrderLinear(self.num_fields),
+            FirstOrderLinear(self.num_fields, num_dense=self.num_dense),
             FMOrder2(self.num_fields, self.embedding_dim),
-            FirstFC(self.num_fields, self.embedding_dim, self.tower.hidden[0]),
+            FirstFC(self.num_fields, self.embedding_dim, self.tower.hidden[0], num_dense=self.num_dense),
         ]
 
     def top(self, params: Mapping[str, tf.Tensor], outputs: Sequence[tf.Tensor]) -> tf.Tensor:

@@ -15,7 +15,7 @@ class FM(EmbeddingModel):
     name = "fm"
 
     def substitutions(self) -> list[Substitution]:
-        return [FirstOrderLinear(self.num_fields), FMOrder2(self.num_fields, self.embedding_dim)]
+        return [FirstOrderLinear(self.num_fields, num_dense=self.num_dense), FMOrder2(self.num_fields, self.embedding_dim)]
 
     def top(self, params: Mapping[str, tf.Tensor], outputs: Sequence[tf.Tensor]) -> tf.Tensor:
         linear, pairwise = outputs

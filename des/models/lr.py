@@ -17,7 +17,7 @@ class LR(Model):
         return [EmbeddingBlock("linear", 1, init="zeros")]
 
     def substitutions(self) -> list[Substitution]:
-        return [FirstOrderLinear(self.num_fields)]
+        return [FirstOrderLinear(self.num_fields, num_dense=self.num_dense)]
 
     def top(self, params: Mapping[str, tf.Tensor], outputs: Sequence[tf.Tensor]) -> tf.Tensor:
         (linear,) = outputs

@@ -24,8 +24,9 @@ class WideAndDeep(EmbeddingModel):
         init_scale: float = 0.01,
         l2_embedding: float = 0.0,
         l2_dense: float = 0.0,
+        num_dense: int = 0,
     ) -> None:
-        super().__init__(num_fields, embedding_dim, init_scale, l2_embedding, l2_dense)
+        super().__init__(num_fields, embedding_dim, init_scale, l2_embedding, l2_dense, num_dense)
         self.tower = DeepTower(hidden, activation)
 
     @property
@@ -34,8 +35,8 @@ class WideAndDeep(EmbeddingModel):
 
     def substitutions(self) -> list[Substitution]:
         return [
-            FirstOrderLinear(self.num_fields),
-            FirstFC(self.num_fields, self.embedding_dim, self.tower.hidden[0]),
+            FirstOrderLinear(self.num_fields, num_dense=self.num_dense),
+            FirstFC(self.num_fields, self.embedding_dim, self.tower.hidden[0], num_dense=self.num_dense),
         ]
 
     def top_params(self) -> dict[str, ParamSpec]:

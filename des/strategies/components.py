@@ -190,6 +190,10 @@ class DenseParams:
     ``fields`` are the fields whose slices this rank holds; the substitutions in ``replicated``
     (indices) hold the slices of every field instead (an operator the planner exchanges runs on
     the row owner, which needs all of them; their gradients are summed over the ranks).
+
+    The dense features' weights of substitution ``i`` (``Substitution.dense_params``, also named
+    ``"{i}:{substitution}:{param}"``) are among :attr:`top_params`: the operators' dense part runs
+    where the rows are, so they are replicated, trained and saved with the top network.
     """
 
     def __init__(self, model: Model, fields: Sequence[int], optimizers: Optimizers, *, seed: int,
@@ -217,9 +221,15 @@ class DenseParams:
             name: aligned_copy(draw_param(spec, seed, model.name, "top", name).astype(self.dtype))
             for name, spec in model.top_params().items()
         }
+        # the dense features' weights of substitution i ("{i}:{substitution}:{param}"): replicated with
+        # the top network, as the operators' dense part runs where the rows are (Substitution.local_dense)
+        dense_weights = {f"{i}:{sub.name}:{pname}": value for i, sub in enumerate(model.substitutions())
+                         for pname, value in sub.init_dense_params(seed, self.dtype).items()}
+        self.top_params.update((name, aligned_copy(value)) for name, value in dense_weights.items())
         self.top_states = {name: DenseOptimizerState(optimizers.dense, v.shape, self.dtype)
                            for name, v in self.top_params.items()}
-        self.regularized_top = set(model.regularized_params())
+        # l2_dense: the top kernels and, like every field weight, the dense features' weights
+        self.regularized_top = set(model.regularized_params()) | set(dense_weights)
         self._tensors: dict[int, tuple[np.ndarray, Any]] = {}  # see as_tensors
 
     def as_tensors(self, weights: Any) -> list[Any]:

@@ -206,7 +206,8 @@ class DES(Strategy):
         split_params = self._split_params()
         if comm.size == 1 and self.exchange is None:  # the row block is the batch: steps 2-6 in one TF call
             with timer("fused_step"):
-                loss, pooled_grads, field_grads, top_grads = form.train_whole(pooled, split_params, top, labels, size)
+                loss, pooled_grads, field_grads, top_grads = form.train_whole(pooled, split_params, top, labels, size,
+                                                                              form.dense_rows(batch))
                 loss, top_grads = float(loss), [to_numpy(g) for g in top_grads]
                 field_grads, exchange_grads = [to_numpy(g) for g in field_grads], []
                 pooled_grads = [to_numpy(g) for g in pooled_grads]
@@ -216,7 +217,8 @@ class DES(Strategy):
                 with timer("allreduce"):
                     comm.allreduce_sum_(buffer, "forward_partials")
                 with timer("top"):
-                    loss, buffer_grad, _, _, top_grads = form.top_train(buffer, [], [], labels, top, size)
+                    loss, buffer_grad, _, _, top_grads = form.top_train(buffer, [], [], labels, top, size,
+                                                                        form.dense_rows(batch))
                     loss, top_grads, xparam_grads, exchange_grads = float(loss), [to_numpy(g) for g in top_grads], [], []
             else:
                 xpooled, xparams = self._exchanged_inputs(route_values, train=True)
@@ -226,7 +228,7 @@ class DES(Strategy):
                             else np.zeros((hi - lo, 0), dtype=self.dtype))
                 with timer("top"):
                     loss, rows_grad, xpooled_grads, xparam_grads, top_grads = form.top_train(
-                        rows, xpooled, xparams, labels[lo:hi], top, size)
+                        rows, xpooled, xparams, labels[lo:hi], top, size, form.dense_rows(batch, lo, hi))
                     # this rank's loss share and dense gradients, summed over the ranks while G travels
                     packed = np.concatenate([[float(loss)], *[to_numpy(g).reshape(-1) for g in xparam_grads],
                                              *[to_numpy(g).reshape(-1) for g in top_grads]]).astype(self.dtype)
@@ -352,12 +354,13 @@ class DES(Strategy):
         top, comm, form = self.dense.as_tensors(self.dense.top_params.values()), self.comm, self.split_form
         if self.exchange is None and (self.upper == "replicated" or comm.size == 1):
             comm.allreduce_sum_(buffer, "eval_partials")
-            return form.top_predict(buffer, [], [], top).numpy(), np.asarray(batch.labels)
+            return form.top_predict(buffer, [], [], top, form.dense_rows(batch)).numpy(), np.asarray(batch.labels)
         xpooled, xparams = self._exchanged_inputs(route_values, train=False)
         lo, hi = comm.row_bounds(size)[comm.rank : comm.rank + 2]
         rows = (comm.reduce_scatter_rows_sum(buffer, "eval_partials") if form.width
                 else np.zeros((hi - lo, 0), dtype=self.dtype))
-        p = np.ascontiguousarray(form.top_predict(rows, xpooled, xparams, top).numpy(), dtype=self.dtype)
+        p = np.ascontiguousarray(form.top_predict(rows, xpooled, xparams, top, form.dense_rows(batch, lo, hi)).numpy(),
+                                 dtype=self.dtype)
         return comm.allgather_rows(p, size, "eval_predictions"), np.asarray(batch.labels)
 
     def state(self) -> ShardState:

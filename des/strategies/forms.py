@@ -85,6 +85,14 @@ class _ModelForm:
         emb, *values = self._cast_in(emb, *params.values())
         return tf.cast(sub.local(emb, dict(zip(params, values))), self.tf_dtype)
 
+    def _sub_local_dense(self, sub: Any, dense: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
+        """``sub.local_dense`` on the rows' dense features, in the compute dtype as :meth:`_sub_local`."""
+        dense = tf.cast(dense, self.tf_dtype)  # the data's float32 numbers in the model's dtype
+        if not self._in_compute_dtype(sub):
+            return sub.local_dense(dense, params)
+        dense, *values = self._cast_in(dense, *params.values())
+        return tf.cast(sub.local_dense(dense, dict(zip(params, values))), self.tf_dtype)
+
     def _sub_local_backward(self, sub: Any, emb: tf.Tensor, params: Mapping[str, tf.Tensor], grad: tf.Tensor
                             ) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
         """``sub.local_backward``, in the compute dtype as :meth:`_sub_local`; gradients in :attr:`tf_dtype`."""
@@ -124,6 +132,8 @@ class ModelSplitForm(_ModelForm):
                 raise ConfigError(f"substitution {sub.name} asks for collective {sub.collective!r}; "
                                   "only 'allreduce' is supported")
         self.exchanged = frozenset(int(i) for i in exchanged)
+        #: the operators that read the dense features (their part is added where the rows are)
+        self.reads_dense = frozenset(i for i, sub in enumerate(self.substitutions) if sub.dense_params())
         self.split = [i for i in range(len(self.substitutions)) if i not in self.exchanged]
         # Buffer layout: the split substitutions' partials side by side, in their order
         self.width = sum(self.substitutions[i].width for i in self.split)
@@ -138,6 +148,17 @@ class ModelSplitForm(_ModelForm):
         self.exchange_params = [n for n in names if int(n.split(":", 1)[0]) in self.exchanged]
         self.split_params = [n for n in names if n not in self.exchange_params]
         self._build_split()
+
+    def dense_rows(self, batch: Any, lo: int = 0, hi: int | None = None) -> np.ndarray | None:
+        """Rows ``lo:hi`` of the batch's dense features in the model's dtype (the top step's
+        ``dense`` argument), or None when the model reads none."""
+        if not self.reads_dense:
+            return None
+        given = getattr(batch, "dense", None)
+        width = 0 if given is None else given.shape[1]
+        if width != self.model.num_dense:
+            raise ConfigError(f"the data has {width} dense features, the model {self.model.num_dense}")
+        return np.ascontiguousarray(given[lo:hi], dtype=self.dense.dtype)
 
     def _params_of(self, i: int, names: Sequence[str], values: Sequence[Any]) -> dict[str, Any]:
         prefix = f"{i}:{self.substitutions[i].name}:"
@@ -182,10 +203,12 @@ class ModelSplitForm(_ModelForm):
         return pooled_grads, [param_grads[name] for name in self.split_params]
 
     def _logits(self, parts: Sequence[tf.Tensor], xpooled: Sequence[tf.Tensor], xparams: Sequence[tf.Tensor],
-                top: Sequence[tf.Tensor]) -> tf.Tensor:
-        """The top network's logits from the split operators' reduced column blocks ``parts`` and the
-        exchanged operators' inputs."""
+                top: Sequence[tf.Tensor], dense: Any) -> tf.Tensor:
+        """The top network's logits from the split operators' reduced column blocks ``parts``, the
+        exchanged operators' inputs, and these rows' dense features ``dense`` (None: the data has
+        none), whose part every operator that reads them adds before its ``combine``."""
         by_block = dict(zip(self.exchange_blocks, xpooled))
+        weights = dict(zip(self.dense.top_params, top))  # the dense features' weights are among them
         reduced = iter(parts)
         outputs = []
         for i, sub in enumerate(self.substitutions):
@@ -193,9 +216,12 @@ class ModelSplitForm(_ModelForm):
                 # check_substitution proved equal to ``reference`` (FM's textbook double sum over field
                 # pairs costs 3x its eq. (6) form, forward + backward)
                 emb, params = by_block[sub.block], self._params_of(i, self.exchange_params, xparams)
-                outputs.append(sub.combine(self._sub_local(sub, emb, params)))
+                summed = self._sub_local(sub, emb, params)
             else:
-                outputs.append(sub.combine(next(reduced)))
+                summed = next(reduced)
+            if i in self.reads_dense:
+                summed += self._sub_local_dense(sub, dense, self._params_of(i, weights, list(weights.values())))
+            outputs.append(sub.combine(summed))
         return self._top(top, outputs)
 
     def _build_split(self) -> None:
@@ -208,16 +234,16 @@ class ModelSplitForm(_ModelForm):
             return self._local_backward(pooled, params, self._columns(buffer_grad))
 
         @compiled
-        def top_predict(buffer, xpooled, xparams, top):
-            return tf.sigmoid(self._logits(self._columns(buffer), xpooled, xparams, top))
+        def top_predict(buffer, xpooled, xparams, top, dense):
+            return tf.sigmoid(self._logits(self._columns(buffer), xpooled, xparams, top, dense))
 
         @compiled
-        def train_whole(pooled, params, top, labels, global_size):
+        def train_whole(pooled, params, top, labels, global_size, dense):
             # one rank, every operator split: nothing is reduced between the partials and the top
             # network, so the three run as one graph (one call instead of three) and the partials
             # go to the top network as they are (no buffer is packed or cut)
             parts = self._local_parts(pooled, params)
-            loss, part_grads, _, _, top_grads = self._top_train_parts(parts, [], [], labels, top, global_size)
+            loss, part_grads, _, _, top_grads = self._top_train_parts(parts, [], [], labels, top, global_size, dense)
             pooled_grads, field_grads = self._local_backward(pooled, params, part_grads)
             return loss, pooled_grads, field_grads, top_grads
 
@@ -226,24 +252,25 @@ class ModelSplitForm(_ModelForm):
         self.top_train = compiled(self._top_train)
 
     def _top_train(self, buffer: tf.Tensor, xpooled: Sequence[tf.Tensor], xparams: Sequence[tf.Tensor],
-                   labels: tf.Tensor, top: Sequence[tf.Tensor], global_size: Any
+                   labels: tf.Tensor, top: Sequence[tf.Tensor], global_size: Any, dense: Any
                    ) -> tuple[tf.Tensor, tf.Tensor, list[tf.Tensor], list[tf.Tensor], list[tf.Tensor]]:
         """Loss of these rows (their share of the global batch's mean: all of it when they are the
         batch), ``G = ∂L/∂buffer``, the gradients of the exchanged blocks' pooled values and field
-        weights, and the top network's gradients."""
+        weights, and the top network's gradients (the dense features' weights among them); ``dense``:
+        these rows' dense features, or None."""
         loss, part_grads, xpooled_grads, xparam_grads, top_grads = self._top_train_parts(
-            self._columns(buffer), xpooled, xparams, labels, top, global_size)
+            self._columns(buffer), xpooled, xparams, labels, top, global_size, dense)
         buffer_grad = tf.concat(part_grads, axis=1) if part_grads else tf.zeros_like(buffer)
         return loss, buffer_grad, xpooled_grads, xparam_grads, top_grads
 
     def _top_train_parts(self, parts: Sequence[tf.Tensor], xpooled: Sequence[tf.Tensor], xparams: Sequence[tf.Tensor],
-                         labels: tf.Tensor, top: Sequence[tf.Tensor], global_size: Any
+                         labels: tf.Tensor, top: Sequence[tf.Tensor], global_size: Any, dense: Any
                          ) -> tuple[tf.Tensor, list[tf.Tensor], list[tf.Tensor], list[tf.Tensor], list[tf.Tensor]]:
         """:meth:`_top_train` on the buffer's column blocks: their gradients, one per block."""
         parts = list(parts)
         with tf.GradientTape() as tape:
             tape.watch([parts, xpooled, xparams, top])
-            logits = self._logits(parts, xpooled, xparams, top)
+            logits = self._logits(parts, xpooled, xparams, top, dense)
             loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)) / global_size
             objective = loss  # the reported loss is the data term, as the owners' l2 is not in it either
             l2 = self.model.l2_embedding

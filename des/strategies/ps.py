@@ -239,7 +239,8 @@ class ParameterServer(Strategy):
         with self.timer("forward_backward"):
             loss, _, read_grads, field_grads, top_grads = self.form.top_train(
                 self._no_partials(batch), [pooled[k] for k in self._read], list(self.dense.field_params.values()),
-                np.asarray(batch.labels, dtype=self.dtype), list(self.dense.top_params.values()), batch.size)
+                np.asarray(batch.labels, dtype=self.dtype), list(self.dense.top_params.values()), batch.size,
+                self.form.dense_rows(batch))
             loss, field_grads, top_grads = float(loss), [g.numpy() for g in field_grads], [g.numpy() for g in top_grads]
             by_block = {k: g.numpy() for k, g in zip(self._read, read_grads)}
             # a block no operator reads gets a zero gradient
@@ -253,7 +254,7 @@ class ParameterServer(Strategy):
         pooled, _ = self._pull(batch, insert=False)
         probabilities = self.form.top_predict(self._no_partials(batch), [pooled[k] for k in self._read],
                                               list(self.dense.field_params.values()),
-                                              list(self.dense.top_params.values()))
+                                              list(self.dense.top_params.values()), self.form.dense_rows(batch))
         return probabilities.numpy(), np.asarray(batch.labels)
 
     def _no_partials(self, batch: Any) -> np.ndarray:

@@ -20,6 +20,14 @@ Because ``⊕`` is a sum, the gradient of the loss with respect to each rank's p
 gradient with respect to the reduced buffer, so back-propagation needs no communication
 (section 3.2.2). :func:`des.substitutions.check_substitution` proves both properties for any
 substitution.
+
+**Dense features** (numbers a dataset's schema keeps as numbers, DeepCTR's ``DenseFeat``): an
+operator that reads them (the linear term's ``x · w``, the first FC layer's ``x W_x``) declares
+their weights in :meth:`Substitution.dense_params` and their part of the buffer in
+:meth:`Substitution.local_dense`, which is added to the reduced partials before ``combine``:
+``combine(Σ_i local(W_i, X_i) + local_dense(W_x, x)) == reference(W, X, x, W_x)``. It runs where
+the rows are (the upper network's side): every rank reads its rows' numbers from the data, so they
+never travel, and their weights are replicated with the top network's.
 """
 
 from __future__ import annotations
@@ -104,10 +112,12 @@ class Substitution(ABC):
     #: (FM's eq. (6)), which bf16's 8-bit mantissa would swamp
     low_precision_local: ClassVar[bool] = False
 
-    def __init__(self, block: str, dim: int, num_fields: int) -> None:
+    def __init__(self, block: str, dim: int, num_fields: int, num_dense: int = 0) -> None:
         self.block = block
         self.dim = dim
         self.num_fields = num_fields
+        #: the number of dense features the data has (0: none)
+        self.num_dense = num_dense
 
     @classmethod
     def example(cls, num_fields: int) -> "Substitution":
@@ -128,6 +138,11 @@ class Substitution(ABC):
 
     def field_params(self) -> dict[str, FieldParam]:
         """Dense weights sliced by field (none by default)."""
+        return {}
+
+    def dense_params(self) -> dict[str, ParamSpec]:
+        """Weights of the dense features (whole, not sliced; replicated with the top network), when
+        this operator reads them: none by default, and none when the data has no dense features."""
         return {}
 
     # -- the two forms ----------------------------------------------------------------------
@@ -154,13 +169,22 @@ class Substitution(ABC):
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
         return grads[0], dict(zip(params, grads[1:]))
 
+    def local_dense(self, dense: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
+        """The dense features' part of the buffer: ``dense [B, D]``, ``params`` of
+        :meth:`dense_params` -> ``[B, width]``, added to the reduced partials before ``combine``.
+        Only called when :meth:`dense_params` declares weights."""
+        raise NotImplementedError(f"{type(self).__name__} declares dense parameters but no local_dense")
+
     @abstractmethod
     def combine(self, reduced: tf.Tensor) -> tf.Tensor:
         """The cheap ``F̃``: ``[B, width]`` summed over all ranks -> ``[B, output_dim]``."""
 
     @abstractmethod
-    def reference(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
-        """The original operator on all fields: ``emb [B, F, dim]`` -> ``[B, output_dim]``."""
+    def reference(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor], dense: tf.Tensor | None = None,
+                  dense_params: Mapping[str, tf.Tensor] | None = None) -> tf.Tensor:
+        """The original operator on all fields: ``emb [B, F, dim]`` -> ``[B, output_dim]``; with the
+        dense features ``dense [B, D]`` and their weights when :meth:`dense_params` declares some
+        (an operator that reads none may leave both arguments out of its signature)."""
 
     # -- helpers ----------------------------------------------------------------------------
     def init_field_params(
@@ -179,8 +203,17 @@ class Substitution(ABC):
             )
         return out
 
+    def init_dense_params(self, seed: int, dtype: np.dtype | type = np.float32) -> dict[str, np.ndarray]:
+        """Initial values of :meth:`dense_params`, each from a generator keyed by (seed,
+        substitution, parameter): the same on every rank."""
+        return {pname: draw_param(spec, seed, self.name, "dense", pname).astype(dtype)
+                for pname, spec in self.dense_params().items()}
+
     def describe(self) -> dict[str, object]:
-        return {"name": self.name, "block": self.block, "dim": self.dim, "width": self.width}
+        described: dict[str, object] = {"name": self.name, "block": self.block, "dim": self.dim, "width": self.width}
+        if self.dense_params():
+            described["num_dense"] = self.num_dense
+        return described
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(block={self.block!r}, dim={self.dim}, width={self.width})"

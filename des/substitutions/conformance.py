@@ -12,7 +12,10 @@ non-contiguous groups, it checks in float64:
    ``local``, or the substitution's closed form); the gradients of every embedding and every field
    parameter equal those of the reference operator;
 4. initialization: a rank's slices of the field parameters equal the slices of the whole, so they
-   do not depend on the number of ranks or the placement.
+   do not depend on the number of ranks or the placement;
+5. dense features, when the substitution declares weights for them: ``local_dense`` is added to
+   the reduced partials before ``combine`` on each row block (it is row-wise), and the forward and
+   the gradients of those weights equal the reference operator's.
 
 It returns a :class:`ConformanceReport` with the partial width next to the weights a sample touches.
 """
@@ -75,13 +78,18 @@ def check_substitution(
     upstream = tf.constant(rng.normal(size=(batch_size, sub.output_dim)))
 
     _check_init_slices(sub, seed, params_np, rng)
+    dense_np = sub.init_dense_params(seed, np.float64)
+    dense_params = {k: tf.constant(v + rng.normal(scale=0.1, size=v.shape)) for k, v in dense_np.items()}
+    dense = tf.constant(rng.normal(size=(batch_size, sub.num_dense))) if dense_params else None
+    dense_args = (dense, dense_params) if dense_params else ()
 
     with tf.GradientTape() as tape:
-        tape.watch([emb, *params.values()])
-        reference = sub.reference(emb, params)
+        tape.watch([emb, *params.values(), *dense_params.values()])
+        reference = sub.reference(emb, params, *dense_args)
         objective = tf.reduce_sum(upstream * reference)
     _expect_shape(name, "reference", reference, (batch_size, sub.output_dim))
-    ref_grads = tape.gradient(objective, [emb, *params.values()], unconnected_gradients="zero")
+    ref_grads = tape.gradient(objective, [emb, *params.values(), *dense_params.values()], unconnected_gradients="zero")
+    ref_grads, ref_dense_grads = ref_grads[: 1 + len(params)], ref_grads[1 + len(params):]
 
     checked = tuple(n for n in rank_counts if 1 <= n <= num_fields)  # a rank owns at least one field
     if not checked:
@@ -95,18 +103,27 @@ def check_substitution(
             _expect_shape(name, f"local (fields {group})", local, (batch_size, sub.width))
             partials.append(local)
         reduced = tf.add_n(partials)
-        with tf.GradientTape() as tape:
-            tape.watch(reduced)
-            output = sub.combine(reduced)
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch([reduced, *dense_params.values()])
+            summed = reduced + _local_dense(sub, name, dense, dense_params, batch_size) if dense_params else reduced
+            output = sub.combine(summed)
             objective = tf.reduce_sum(upstream * output)
         _expect_shape(name, "combine", output, (batch_size, sub.output_dim))
         forward_err = max(forward_err, _compare(name, f"forward, {n} ranks", output, reference, rtol))
         # Row-wise: sample i's output depends on row i only (the data-parallel upper network
-        # combines each rank's own row block).
+        # combines each rank's own row block, with the dense features of those rows).
         rows = np.sort(rng.choice(batch_size, size=max(1, batch_size // 2), replace=False))
-        _compare(name, f"combine on rows {rows.tolist()} (combine must be row-wise)",
-                 sub.combine(tf.gather(reduced, rows)), tf.gather(output, rows), rtol)
+        on_rows = tf.gather(reduced, rows)
+        if dense_params:
+            on_rows += sub.local_dense(tf.gather(dense, rows), dense_params)
+        _compare(name, f"combine on rows {rows.tolist()} (combine must be row-wise"
+                       f"{', and so must local_dense' if dense_params else ''})",
+                 sub.combine(on_rows), tf.gather(output, rows), rtol)
         buffer_grad = tape.gradient(objective, reduced)
+        for (key, g), ref in zip(zip(dense_params, tape.gradient(objective, list(dense_params.values()))),
+                                 ref_dense_grads):
+            grad_err = max(grad_err, _compare(name, f"gradient of the dense features' {key}, {n} ranks", g, ref, rtol))
+        del tape
 
         emb_grad = np.zeros(emb.shape)
         param_grads = {k: np.zeros(v.shape) for k, v in params.items()}
@@ -129,8 +146,16 @@ def check_substitution(
         for (key, g), ref in zip(param_grads.items(), ref_grads[1:]):
             grad_err = max(grad_err, _compare(name, f"gradient of {key}, {n} ranks", g, ref, rtol))
 
-    weights = num_fields * sub.dim + sum(int(np.prod(v.shape)) for v in params_np.values())
+    weights = (num_fields * sub.dim + sum(int(np.prod(v.shape)) for v in params_np.values())
+               + sum(int(np.prod(v.shape)) for v in dense_np.values()))
     return ConformanceReport(name, sub.width, weights, forward_err, grad_err, checked)
+
+
+def _local_dense(sub: Substitution, name: str, dense: tf.Tensor, params: dict[str, tf.Tensor],
+                 batch_size: int) -> tf.Tensor:
+    out = sub.local_dense(dense, params)
+    _expect_shape(name, "local_dense", out, (batch_size, sub.width))
+    return out
 
 
 def _random_partition(num_fields: int, n: int, rng: np.random.Generator) -> list[list[int]]:

@@ -8,7 +8,9 @@ eqs. (7)-(9).
 ``V`` is the concatenation of the field embeddings ``[B, F·k]`` and ``W`` the layer's kernel
 ``[F·k, H]``; the kernel is stored as field blocks ``W_f`` of shape ``[k, H]`` next to the field's
 embeddings, so neither ``V`` nor ``W`` nor their gradients ever leave the rank. Width ``H``. The
-bias and activation of the layer belong to the top network (they are not weight-rich).
+bias and activation of the layer belong to the top network (they are not weight-rich). Dense
+features ``x [B, D]`` are more rows of the layer's input (DeepCTR concatenates a ``DenseFeat`` to
+the DNN's input): ``x W_x`` with ``W_x [D, H]`` is added to the reduced sum.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Mapping
 
 import tensorflow as tf
 
-from des.substitutions.base import FieldParam, Substitution
+from des.substitutions.base import FieldParam, ParamSpec, Substitution
 
 
 class FirstFC(Substitution):
@@ -26,13 +28,17 @@ class FirstFC(Substitution):
     name = "first_fc"
     low_precision_local = True  # two matmuls (eq. (9) and its gradient): bf16 with float32 accumulation
 
-    def __init__(self, num_fields: int, dim: int, units: int, block: str = "embedding") -> None:
-        super().__init__(block=block, dim=dim, num_fields=num_fields)
+    def __init__(self, num_fields: int, dim: int, units: int, block: str = "embedding", num_dense: int = 0) -> None:
+        super().__init__(block=block, dim=dim, num_fields=num_fields, num_dense=num_dense)
         self.units = units
 
     @classmethod
     def example(cls, num_fields: int) -> "FirstFC":
         return cls(num_fields=num_fields, dim=3, units=5)
+
+    @property
+    def _fan_in(self) -> int:
+        return self.num_fields * self.dim + self.num_dense
 
     @property
     def width(self) -> int:
@@ -47,10 +53,18 @@ class FirstFC(Substitution):
             "kernel": FieldParam(
                 shape=(self.dim, self.units),
                 init="glorot_uniform",
-                fan_in=self.num_fields * self.dim,
+                fan_in=self._fan_in,
                 fan_out=self.units,
             )
         }
+
+    def dense_params(self) -> dict[str, ParamSpec]:
+        if not self.num_dense:
+            return {}
+        return {"dense_kernel": ParamSpec((self.num_dense, self.units), "glorot_uniform", self._fan_in, self.units)}
+
+    def local_dense(self, dense: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
+        return tf.matmul(dense, params["dense_kernel"])
 
     def local(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
         return tf.einsum("bfk,fkh->bh", emb, params["kernel"])
@@ -69,10 +83,14 @@ class FirstFC(Substitution):
     def combine(self, reduced: tf.Tensor) -> tf.Tensor:
         return reduced
 
-    def reference(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
+    def reference(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor], dense: tf.Tensor | None = None,
+                  dense_params: Mapping[str, tf.Tensor] | None = None) -> tf.Tensor:
         batch = tf.shape(emb)[0]
         concatenated = tf.reshape(emb, [batch, self.num_fields * self.dim])
         kernel = tf.reshape(params["kernel"], [self.num_fields * self.dim, self.units])
+        if dense is not None:  # the dense features: more rows of the layer's input and kernel
+            concatenated = tf.concat([concatenated, dense], axis=1)
+            kernel = tf.concat([kernel, dense_params["dense_kernel"]], axis=0)
         return tf.matmul(concatenated, kernel)
 
     def describe(self) -> dict[str, object]:

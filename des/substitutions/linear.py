@@ -4,7 +4,8 @@
     M_1(W_i)   = Σ_{w_j ∈ W_i} w_j x_j                 eq. (2), one scalar per sample
     F̃(R)       = R                                    eq. (3) without σ and b
 
-Reads the 1-wide ``"linear"`` block; the pooled value of a field is already ``Σ_t w_t x_t``.
+Reads the 1-wide ``"linear"`` block; the pooled value of a field is already ``Σ_t w_t x_t``. Dense
+features add ``x · w_x`` (DeepCTR's linear part of a ``DenseFeat``) to the reduced sum.
 """
 
 from __future__ import annotations
@@ -13,16 +14,16 @@ from collections.abc import Mapping
 
 import tensorflow as tf
 
-from des.substitutions.base import Substitution
+from des.substitutions.base import ParamSpec, Substitution
 
 
 class FirstOrderLinear(Substitution):
-    """``Σ_j w_j x_j`` over all fields; width 1."""
+    """``Σ_j w_j x_j`` over all fields (and ``x · w_x`` over the dense features); width 1."""
 
     name = "linear"
 
-    def __init__(self, num_fields: int, block: str = "linear") -> None:
-        super().__init__(block=block, dim=1, num_fields=num_fields)
+    def __init__(self, num_fields: int, block: str = "linear", num_dense: int = 0) -> None:
+        super().__init__(block=block, dim=1, num_fields=num_fields, num_dense=num_dense)
 
     @property
     def width(self) -> int:
@@ -40,10 +41,22 @@ class FirstOrderLinear(Substitution):
         # ∂M_1/∂w_f = 1 for every field: each field's pooled weight gets the sample's gradient.
         return tf.broadcast_to(grad[:, None, :], tf.shape(emb)), {}
 
+    def dense_params(self) -> dict[str, ParamSpec]:
+        return {"dense_weight": ParamSpec(shape=(self.num_dense,), init="zeros")} if self.num_dense else {}
+
+    def local_dense(self, dense: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
+        return tf.linalg.matvec(dense, params["dense_weight"])[:, None]
+
     def combine(self, reduced: tf.Tensor) -> tf.Tensor:
         return reduced
 
-    def reference(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
-        # W^T X with X the one-hot (or weighted multi-hot) indicator: the sum of looked-up weights.
+    def reference(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor], dense: tf.Tensor | None = None,
+                  dense_params: Mapping[str, tf.Tensor] | None = None) -> tf.Tensor:
+        # W^T X with X the one-hot (or weighted multi-hot) indicator and the dense features: the sum
+        # of looked-up weights plus x · w_x.
         flat = tf.reshape(emb, [tf.shape(emb)[0], -1])
-        return tf.linalg.matvec(flat, tf.ones([tf.shape(flat)[1]], dtype=flat.dtype))[:, None]
+        weights = tf.ones([tf.shape(flat)[1]], dtype=flat.dtype)
+        if dense is not None:
+            flat = tf.concat([flat, dense], axis=1)
+            weights = tf.concat([weights, dense_params["dense_weight"]], axis=0)
+        return tf.linalg.matvec(flat, weights)[:, None]
