@@ -632,6 +632,9 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     if run.talks:
         print(describe_placement(strategy.placement, distinct, store.field_names, _empty_table(strategy),
                                  strategy.context.tables), flush=True)
+    if store.num_dense:
+        run.say(f"  dense features: {store.num_dense} ({', '.join(store.dense_names)}), read by every rank for its "
+                "rows; their weights replicated with the top network")
     run.say(f"  run folder: {run_folder.path}" + (" (replaced when this run finishes)" if run_folder.overwrite else ""))
     if describe_processes():  # which pid is which rank, for the launcher's "PID ... killed"
         run.say(describe_processes())
