@@ -7,11 +7,11 @@ on ``sys.meta_path``; the first ``import tensorflow`` then
 * decides ``TF_ENABLE_ONEDNN_OPTS`` unless the user set it (:func:`onednn_default`): on where the
   CPU has AVX-512 and either every rank on the machine has a core of its own or the job computes
   in bf16 (:func:`will_compute_in_bfloat16`, called by ``des.train`` after parsing its options and
-  before TensorFlow loads); off elsewhere. Why (``docs/design.md``, "TensorFlow's oneDNN"; the
-  measurements in ``docs/benchmarks.md``): with AVX-512 oneDNN's float32 and bfloat16 matmuls beat
-  Eigen's, but with more ranks than cores its threads fight the time-sharing ranks, and bf16
-  without oneDNN falls back to Eigen's bf16, far slower; on AVX2 oneDNN is slower and has no bf16
-  kernels. float64, the exactness mode, never goes through oneDNN.
+  before TensorFlow loads); off elsewhere. Why (``docs/design.md``, "Processes, threads and
+  memory"; the measurements in ``docs/benchmarks.md``): with AVX-512 oneDNN's float32 and bfloat16
+  matmuls beat Eigen's, but with more ranks than cores its threads fight the time-sharing ranks,
+  and bf16 without oneDNN falls back to Eigen's bf16, far slower; on AVX2 oneDNN is slower and has
+  no bf16 kernels. float64, the exactness mode, never goes through oneDNN.
 * runs with file descriptor 2 sent to a temporary file: with oneDNN on, TensorFlow prints "oneDNN
   custom operations are on ..." (and absl's "All log messages before absl::InitializeLog() ..."
   header) at import, before its log level applies, once or twice per rank. Everything written
