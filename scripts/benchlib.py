@@ -380,8 +380,8 @@ class Bench:
     # -------------------------------------------------------------------- results
     def finish(self, rows: Sequence[Mapping[str, Any]], tables: Sequence[tuple[str, Sequence[Column], Sequence[Mapping[str, Any]]]],
                notes: Sequence[str], figure: Callable[[Any], None] | None = None, extra: Mapping[str, Any] | None = None) -> str:
-        """Write results.csv/json, table.md (the run's :func:`entry` for ``docs/benchmarks.md``) and
-        figure.png; print table.md to stdout; returns it."""
+        """Write results.csv/json and table.md (the run's :func:`entry` for ``docs/benchmarks.md``),
+        print table.md to stdout, then write figure.png; returns table.md's text."""
         write_csv(self.folder / "results.csv", rows)
         (self.folder / "results.json").write_text(json.dumps(
             {"rows": list(rows), "failures": self.failures, "seconds": self.elapsed(), **(extra or {})},
@@ -393,6 +393,7 @@ class Bench:
             all_notes.append("FAILED jobs: " + "; ".join(self.failures))
         text = entry(self.script, self.env, sys.argv[1:], tables, all_notes)
         (self.folder / "table.md").write_text(text)
+        print(text, flush=True)  # before the figure, which needs matplotlib ('.[bench]')
         if figure is not None:
             import matplotlib
 
@@ -403,7 +404,6 @@ class Bench:
             if fig is not None:  # a figure function may have nothing to draw
                 fig.savefig(self.folder / "figure.png", dpi=110, bbox_inches="tight")
                 plt.close(fig)
-        print(text, flush=True)
         return text
 
 
