@@ -7,12 +7,11 @@ on ``sys.meta_path``; the first ``import tensorflow`` then
 * decides ``TF_ENABLE_ONEDNN_OPTS`` unless the user set it (:func:`onednn_default`): on where the
   CPU has AVX-512 and either every rank on the machine has a core of its own or the job computes
   in bf16 (:func:`will_compute_in_bfloat16`, called by ``des.train`` after parsing its options and
-  before TensorFlow loads); off elsewhere. Measured (docs/design.md §3): on a 2-core AVX512-BF16
-  CPU oneDNN runs a [4096, 400] x [400, 400] float32 matmul 1.23x and a bfloat16 one 2.2x faster
-  than Eigen; des's DeepFM at B=4096 ran 1.06-1.18x at N=1 and 1.01-1.11x at N=2, but 0.92x at N=4
-  (4 ranks time-sharing 2 cores) in float32, while bf16 without oneDNN falls back to Eigen's bf16,
-  ~8x slower there. On an AVX2-only CPU oneDNN ran the same top network 1.5x slower and has no
-  bf16 kernels. float64, the exactness mode, never goes through oneDNN.
+  before TensorFlow loads); off elsewhere. Why (``docs/design.md``, "Processes, threads and
+  memory"; the measurements in ``docs/benchmarks.md``): with AVX-512 oneDNN's float32 and bfloat16
+  matmuls beat Eigen's, but with more ranks than cores its threads fight the time-sharing ranks,
+  and bf16 without oneDNN falls back to Eigen's bf16, far slower; on AVX2 oneDNN is slower and has
+  no bf16 kernels. float64, the exactness mode, never goes through oneDNN.
 * runs with file descriptor 2 sent to a temporary file: with oneDNN on, TensorFlow prints "oneDNN
   custom operations are on ..." (and absl's "All log messages before absl::InitializeLog() ..."
   header) at import, before its log level applies, once or twice per rank. Everything written

@@ -47,8 +47,8 @@ class TableOptions:
         default for its index). Sized from the data, the table holds the field's distinct keys
         (and a shared row) without growing, its index at the load a growth leaves it at
         (``INDEX_GROWTH / max_load`` slots a key): a first epoch then inserts its keys without
-        rehashing the index and moving the rows a dozen times (its steps ran up to ~5 ms longer,
-        one rank, DeepFM B=4096 on the sample). The memory is what the grown table takes."""
+        rehashing the index and moving the rows a dozen times (each growth a slow step of page
+        faults). The memory is what the grown table takes."""
         from des.hashtable.table import INDEX_GROWTH, MAX_CAPACITY, MAX_LOAD, MIN_CAPACITY
 
         if self.capacity or field >= len(self.distinct):

@@ -10,8 +10,8 @@ TF's thread pools can only be sized before its first op (the log-level variables
 A step allocates and frees the same few-MB arrays every time (pooled inputs, gradients, what the
 collectives receive). glibc returns such memory to the kernel (arrays above its mmap threshold,
 and the heap's free top above its trim threshold), and the next step's first write to each page
-faults it back in, zero-filled: ~1,700 faults per step and rank at DeepFM B=4096 on 2 ranks, ~6 ms
-of a 76 ms step on this project's VMs. :func:`keep_freed_memory` keeps it in the process instead.
+faults it back in, zero-filled: ~1,700 faults per step and rank at DeepFM B=4096 on 2 ranks, a
+visible part of the step. :func:`keep_freed_memory` keeps it in the process instead.
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 
 TF copies every numpy array a ``tf.function`` is called with into a buffer of its own, and
 ``Tensor.numpy()`` copies the result back out. On one rank a DeepFM step at B=4096 moves ~8 MB
-each way (the pooled embeddings and their gradients, the dense weights and theirs): measured, the
-same graph took 60.7 ms per call fed numpy arrays and 58.8 ms fed and read through DLPack, against
-59.7 ms for the plain-TF roofline (alternating, one process).
+each way (the pooled embeddings and their gradients, the dense weights and theirs): copies that a
+plain TF program on dense inputs does not make.
 
 * :func:`to_tensor` hands TF a numpy array's memory (DLPack) when TF can take it as it is: C
   order, a dtype DLPack carries, and :data:`ALIGNMENT`-aligned (TF aborts the process on an

@@ -5,12 +5,11 @@ categories lookup, partial compute, communication, top network (forward + backwa
 updates, for DeepFM (at N = 1, 2, 4) and LR and W&D (at N = 1, 2) under ``des``, ``alltoall`` and
 ``ps`` (ps needs N >= 2: rank 0 serves, the others are asynchronous workers).
 
-Expect (2-core machine, batch 4096, after warm-up): DeepFM des roughly 200 / 250 / 470 ms per step
-at N = 1 / 2 / 4, most of it in the top network, which every des rank runs on the whole batch (it
-does not shrink with N; at N = 4 four ranks share 2 cores); LR steps several times shorter (des
-about 35-40 ms at N = 1). Communication is 0 at N = 1 for des and, up to a local copy of well under
-a millisecond, for alltoall; at N >= 2 it is mostly waiting for the other ranks (ps: for the
-server), not copying.
+Expect (a 2-core machine, batch 4096, after warm-up; recorded runs in ``docs/benchmarks.md``,
+"Step breakdown"): DeepFM's step mostly in the top network, LR's several times shorter;
+communication 0 at N = 1 for des and, up to a local copy, for alltoall; at N >= 2 it is mostly
+waiting for the other ranks (ps: for the server), not copying; at N = 4 four ranks share 2 cores,
+so the step grows.
 
 Phases come from the engines' timers (``ms_per_phase`` of summary.json, rank 0 / the first ps
 worker), each phase either communication or local work (each strategy's ``phases`` declare the category):

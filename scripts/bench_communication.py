@@ -10,20 +10,13 @@ values of the distinct ids of each row block and their gradients with Alltoallv,
 of the dense gradients), both **measured** (``bytes_per_step_by_site`` of short ``des.train`` runs)
 and **analytic**, and the communication-saving ratio 1 - DES partials/alltoall, at N = 2 and 4.
 
-Expect (bytes do not depend on the machine; measured on the 2-core machine, ``--batch-sizes
-512,4096 --measure "512,4096:lr,fm,wdl,deepfm:2,4" --strategies des,des-partials,alltoall
---one-launch``, 1.4 min): the measured bytes of every plan equal the planner's prediction for the
-same batches exactly ('meas./pred.' 1.0000, every site, rank 0 too); about 5.2k / 24.7k unique ids
-per batch for B = 512 / 4096 (10 and 6 per sample); at N = 2 partials save 83 / 72 % vs alltoall
-for LR and 81 / 69 % for FM at B = 512 / 4096, and are NEGATIVE for W&D/DeepFM (DeepFM -12 % /
--245 %), because a Criteo sample has at most 39 ids (about 6 distinct per sample in a batch of
-4096) while the buffer carries 401-410 floats per sample; N = 4 shows the same pattern (LR 72 / 54
-%, DeepFM -15 / -280 %). ``des`` (auto: bytes + 64 kB per collective call) keeps LR and FM as
-partials and exchanges everything for W&D and DeepFM: DeepFM N = 2, B = 4096 2.32 MB per step and
-rank vs 8.00 MB all partials (N = 4: 3.16 vs 12.01 MB); by bytes alone the mixed plan with LR's
-order-1 weights as partials would save 43 kB (N = 2, B = 4096) and 8 kB (N = 4, B = 512), less
-than its two extra collectives cost. The planner's table per operator (logged for W&D and DeepFM)
-says why.
+Expect (bytes do not depend on the machine, only on the data, the batches and the plan; the
+recorded run, made on a 2-core machine, is in ``docs/benchmarks.md``, "Communication"): the
+measured bytes of every plan equal the planner's prediction for the same batches exactly
+('meas./pred.' 1.0000, every site, rank 0 too); partials save bytes against alltoall for LR and
+FM and cost more for W&D and DeepFM, whose buffer carries 401-410 floats per sample where a Criteo
+sample has at most 39 ids; ``des`` (auto) keeps LR and FM as partials and exchanges everything for
+W&D and DeepFM. The planner's table per operator (logged for W&D and DeepFM) says why.
 
 Analytic and predicted bytes come from ``des/planner.py`` (its module docstring has the formulas,
 per rank, per term): des = its cheapest plan, des-partials = all partials, des-replicated = all
@@ -31,7 +24,7 @@ partials with ``upper="replicated"`` (one ring AllReduce of [B, P]), alltoall = 
 Analytic values use the unique ids of all batches of epoch 0, for every batch size, rank count
 and model; predicted values use the unique ids of exactly the batches the ``des.train`` runs of
 ``--measure`` train ("B,B:model,model:N,N;..."; default: all four models at B=4096 on 2 and 4
-ranks, LR and DeepFM at the other batch sizes on 2 ranks: each run costs 15-35 s of start-up here;
+ranks, LR and DeepFM at the other batch sizes on 2 ranks: each run pays des.train's start-up;
 ``--strategies`` picks which run; ``--one-launch`` trains all the runs of one rank count in a
 single mpiexec launch, same bytes, start-up paid once). The figure plots bytes/step against B (log).
 

@@ -14,22 +14,28 @@ by each (on a shared machine the CPU figure is the steadier one):
 Numba kernels are compiled (or loaded from cache) on a tiny warm-up run first, so the numbers
 exclude compilation. Data go to a temporary directory (or ``--workdir``) removed at the end.
 
-Expect (2-core machine, one process; measured at 300k rows): synth tsv and synth store roughly
-150k-200k rows/s, prepare roughly 250k rows/s (about 65 MB/s of TSV), reading all 39 fields roughly
-0.9M samples/s (multi-hot about 0.7M), one field about 10M samples/s: all far above what training
-consumes (about 10k-120k samples/s), so the data path is never the bottleneck.
+Expect (a 2-core machine, one process; recorded runs in ``docs/benchmarks.md``, "Data path"):
+every figure far above the samples/s training consumes, so the data path is not the bottleneck;
+reading one field faster than reading all 39, multi-hot slower than one-hot.
 """
 
 from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+import benchlib
 from des.data import BatchReader, prepare
 from des.data.synth import default_config, synthesize_store, synthesize_tsv
+
+RESULTS: list[dict] = []  # one row per measurement, for the docs/benchmarks.md entry
+COLUMNS = [("what", "measurement", ""), ("wall", "wall s", ".2f"), ("cpu", "CPU s", ".2f"),
+           ("per_wall", "per wall s", ",.0f"), ("per_cpu", "per CPU s", ",.0f"), ("unit", "unit", ""),
+           ("mb_per_s", "MB/s (wall)", ",.1f")]
 
 
 def timed(label: str, action, count: int, unit: str, megabytes: float | None = None):
@@ -43,6 +49,8 @@ def timed(label: str, action, count: int, unit: str, megabytes: float | None = N
         f"  {count / cpu:11,.0f} {unit} (cpu){extra}",
         flush=True,
     )
+    RESULTS.append({"what": label, "wall": wall, "cpu": cpu, "per_wall": count / wall, "per_cpu": count / cpu,
+                    "unit": unit, "mb_per_s": megabytes / wall if megabytes else None})
     return result
 
 
@@ -87,6 +95,9 @@ def main() -> None:
         timed("read 39 mh", lambda: read_batches(mh_store, None, args.batches), samples, "samples/s")
         store_mb = sum(p.stat().st_size for p in (workdir / "prepared").iterdir()) / 1e6
         print(f"input TSV {size_mb:.1f} MB; prepared store {store_mb:.1f} MB")
+        print("\n" + benchlib.entry("bench_data", benchlib.environment(), sys.argv[1:], [("", COLUMNS, RESULTS)],
+                                    [f"{rows:,} synthetic rows, batches of 4096, single process; input TSV "
+                                     f"{size_mb:.1f} MB, prepared store {store_mb:.1f} MB."]), flush=True)
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -17,11 +17,10 @@ DeepCTR does not work with Keras 3 and is NOT installed into the main venv: this
 (for des's data reader), and runs the DeepCTR part in that interpreter as a subprocess with
 ``TF_USE_LEGACY_KERAS=1``. ``--skip-install`` uses the venv as it is.
 
-Expect (2-core machine, seeds 0,1,2; ~9 min for ``--systems deepctr,sklearn``, ~2 min for
-``--systems des`` with all four models): the numbers of the README's "Model quality" table: test
-AUC des DeepFM 0.7626 +- 0.004 vs DeepCTR's 0.7608 +- 0.004 (at or above it), des LR 0.7637 +-
-0.0004 vs scikit-learn's 0.7618 (C = 0.03; at or above it; ~5 min for ``--models lr --systems
-des,sklearn``), des W&D 0.7628 +- 0.004, FM 0.7528 +- 0.004.
+Expect (a 2-core machine takes minutes per system; seeds 0,1,2): the README's "Model quality"
+table (its runs, with the earlier defaults', are in ``docs/benchmarks.md``, "Model quality"):
+des's DeepFM at or above DeepCTR's and des's LR at or above scikit-learn's on the test split, the
+gaps within the standard error of an AUC on the ~1.7k test rows.
 """
 
 from __future__ import annotations

@@ -29,20 +29,13 @@ does not count the time the benchmark waits for a core; with ``NUMBA_NUM_THREADS
 one-thread cost).
 The table rows are float32 "linear" (dim 1, FTRL) + "embedding" (dim 8, Adam, normal init).
 
-Expect (2-core machine; measured at N = 1M): lookups of known keys about 20-30 ns/key (Zipf faster
-than uniform), training lookups about 45 ns/key, gather about 20 ns/key, Adam updates about
-200-230 ns/row and FTRL about 60 ns/row, memory about 1.36x the raw payload (about 163 B/row);
-lookups 25-45x faster than the ``dict`` baseline and about 10x faster than ``searchsorted``. At
-10M keys the per-key times grow (the table no longer fits in cache). At N = 50M (``--sizes 5e7``,
-wall clock, 2 threads): insert about 390-440 ns per new key (~610 before des's own ln/cos/sin and
-the background commit), eval lookups about 16 ns/key (Zipf) and 30-35 (uniform), memory 1.28x
-the payload; on a 2-core AMD Zen 5 machine (2026-11-27, three runs) insert 176-352 ns, eval
-lookups 6.5-6.7 (Zipf) and 10.9-11.2 (uniform), memory 1.28x; on a Zen 4 VM (same day, one run)
-insert 389 ns, eval lookups 7.0 / 12.6 ns, memory 1.28x. Of an insert, ~85 ns is the normal initial values on 2 threads (~70 ns per 8-wide row
-on one), ~150 the index probe and write, and most of the rest the first touch of fresh memory
-(the index over its 1.5x growth steps; the rows' pages are committed in the background while the
-table fills), which this VM serves at 0.6-8 GB/s depending on the host: the insert figure moves
-by +-15 % between runs for that alone.
+Expect (a 2-core machine; recorded runs in ``docs/benchmarks.md``, "Hash tables"): lookups of
+known keys in tens of ns per key (Zipf faster than uniform, training lookups slower), Adam updates
+several times the cost of FTRL's, memory below 1.44x the raw payload (the bound of the growth
+factors, ``des/hashtable/table.py``); lookups an order of magnitude faster than the ``dict`` and
+``searchsorted`` baselines. Per-key times grow once the table no longer fits in cache. An insert
+is mostly the normal initial values, the index probe and the first touch of fresh memory, whose
+speed on a VM depends on the host: the insert figure moves between runs for that alone.
 """
 
 from __future__ import annotations
@@ -52,12 +45,14 @@ import gc
 import os
 import resource
 import statistics
+import sys
 import time
 
 import numba
 import numpy as np
 import psutil
 
+import benchlib
 from des.hashtable import FTRL, Adam, BlockSpec, EmbeddingTable, Initializer
 
 BATCH = 4096 * 39
@@ -244,6 +239,13 @@ def main() -> None:
     for n, res in summary.items():
         print(f"  N={n:>11,}: " + ", ".join(f"{k}={v:.1f}" if "memory" not in k else f"{k}={v:.3f}"
                                            for k, v in res.items()))
+    keys = list(dict.fromkeys(k for res in summary.values() for k in res))
+    columns = [("keys", "N keys", ",d")] + [(k, k if "memory" in k else f"{k} (ns)", ".3f" if "memory" in k else ".1f")
+                                           for k in keys]
+    note = (f"Median of {args.repeats} repeats, {args.clock} clock, {numba.get_num_threads()} numba thread(s); "
+            "per key, the updates per unique row; memory as allocated / payload.")
+    print("\n" + benchlib.entry("bench_hashtable", benchlib.environment(), sys.argv[1:],
+                                [("", columns, [{"keys": n, **res} for n, res in summary.items()])], [note]))
 
 
 if __name__ == "__main__":

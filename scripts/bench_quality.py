@@ -8,11 +8,10 @@ optimizers (des.train's defaults: FTRL for the order-1 weights, Adam for embeddi
 weights), as mean +- std over seeds 0, 1, 2 (the seed sets the initial values and the batch order).
 The figure shows test AUC with error bars per model and strategy.
 
-Expect (2-core machine, defaults: 1 epoch, batch 1024, seeds 0,1,2): des and alltoall equal to 4
-decimals for every model (same synchronous math; DeepFM about 0.728, W&D about 0.728, FM about
-0.72, LR about 0.70); ps (1 server + 3 asynchronous workers) lower, by about 4-5 AUC points for W&D
-and DeepFM (DeepFM about 0.68), about 0.5-1 point for FM and about 0.2 point for LR; std over
-seeds a few thousandths. Absolute AUCs stay well below the paper's 0.75-0.79 (33k rows, not 45M).
+Expect (a 2-core machine takes minutes; recorded runs in ``docs/benchmarks.md``, "Paper Table
+4"): des and alltoall equal to 4 decimals for every model (the same synchronous math); ps (1 server
++ 3 asynchronous workers) lower, by the most for the deep models (stale dense weights); the std
+over seeds a few thousandths. Absolute AUCs stay below the paper's (33k rows, not 45M).
 """
 
 from __future__ import annotations

@@ -7,11 +7,9 @@ on rows of the shipped Criteo sample. Without ``--checkpoint`` it first trains `
 default sizes (DeepFM: embedding 8, hidden 400,400,400) for one epoch on the shipped sample, on one
 rank. The SavedModel is loaded with plain ``tf.saved_model.load``; TF uses this machine's cores.
 
-Expect (2-core machine shared with other jobs, load average 5-7 when measured, so rough; DeepFM
-trained for 1 epoch on the sample, 99,207 rows): export about 8 s (21 s including a cold start),
-the SavedModel about 0.4x the checkpoint (no optimizer slots: 6.9 MiB vs 17.4 MiB), one request
-about 2.5 ms median (p99 about 12 ms), batches of 1024 about 14,000 rows/s (73 ms per batch); on an
-idle machine expect roughly 2-3x the throughput.
+Expect (a 2-core machine; recorded runs in ``docs/benchmarks.md``, "Serving"): the SavedModel
+well under half the checkpoint (no optimizer slots), one request in milliseconds, batches of 1024
+at thousands of rows/s; other jobs on the machine cut the throughput several-fold.
 """
 
 from __future__ import annotations
@@ -96,6 +94,19 @@ def main() -> None:
     print(f"batches of 1024: {1024 / statistics.median(batch_seconds):,.0f} rows/s "
           f"({1000 * statistics.median(batch_seconds):.1f} ms per batch)")
     print(f"files kept in {work}")
+    import benchlib
+
+    row = {"model": info["model"]["model"], "rows": info["rows"], "export_s": info["seconds"],
+           "savedmodel_mib": info["bytes"] / 2**20, "checkpoint_mib": checkpoint_bytes / 2**20,
+           "median_ms": 1000 * statistics.median(latencies), "p99_ms": 1000 * latencies[int(0.99 * (len(latencies) - 1))],
+           "rows_per_s": 1024 / statistics.median(batch_seconds)}
+    columns = [("model", "model", ""), ("rows", "table rows", ",d"), ("export_s", "export s", ".1f"),
+               ("savedmodel_mib", "SavedModel MiB", ".1f"), ("checkpoint_mib", "checkpoint MiB", ".1f"),
+               ("median_ms", "1 request median ms", ".2f"), ("p99_ms", "p99 ms", ".2f"),
+               ("rows_per_s", "batches of 1024: rows/s", ",.0f")]
+    print("\n" + benchlib.entry("bench_serving", benchlib.environment(), sys.argv[1:], [("", columns, [row])],
+                                [f"{args.requests} one-row requests; 20 batches of 1024 rows; load average "
+                                 f"{os.getloadavg()[0]:.2f}."]))
 
 
 if __name__ == "__main__":

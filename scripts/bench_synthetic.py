@@ -8,14 +8,12 @@ workers, so staleness is real), with the test AUC and logloss in one table with 
 ``oracle``: the generator's true probabilities on the same test rows), training samples/s over the
 whole epoch, bytes sent per step per rank, ps staleness, peak RSS and table rows per rank.
 
-Expect (2-core machine, defaults; 7 min with ps on 2 ranks, more on 4): des and alltoall within 0.001 AUC,
-every strategy far below the oracle row (about 0.727 vs 0.807: one epoch over 1.8M training rows
-sees most of the 2.4M distinct ids only a few times); ps with 3 asynchronous workers at or below
-des (stale dense weights; on the shipped sample ps is 4-5 AUC points lower for DeepFM).
+Expect (a 2-core machine, minutes per strategy; recorded runs in ``docs/benchmarks.md``,
+"Synthetic data"): des and alltoall within 0.001 AUC, every strategy far below the oracle row (one
+epoch sees most of the distinct ids only a few times); ps with 3 asynchronous workers at or below
+des (stale dense weights).
 
-Larger run, over ten million distinct ids (measured: 12.3 min here; 12,745,652 distinct ids, 11.9M
-table rows over 2 ranks, peak RSS 2.5-3.7 GiB per rank; oracle 0.8159, des 0.7230 == alltoall
-0.7229, ps with 3 workers 0.7165 at staleness 1.71; 16.0k / 19.1k / 20.3k samples/s):
+A larger run, over ten million distinct ids (tables of several GiB per rank):
 
     .venv/bin/python scripts/bench_synthetic.py --rows 4000000 --zipf-scale 0.5
 
@@ -24,7 +22,7 @@ the big fields): 0.5 flattens the distributions so many more ids occur (at 2M ro
 ids at 1.0, roughly 8-9M at 0.5); ``--vocab-scale`` scales every vocabulary. The data are
 generated once, in this process through ``des.data.synth`` (``default_config`` with the exponents
 scaled, then ``synthesize_store``), into ``~/.cache/des/bench-synth-<rows>-s<seed>-v<vocab
-scale>[-z<zipf scale>]`` (about 30 s per 2M rows) and reused; with the default exponents the data
+scale>[-z<zipf scale>]`` and reused; with the default exponents the data
 are the same as ``python -m des.data synth --rows R --seed S --vocab-scale V``. The figure shows
 test AUC vs the oracle, samples/s and bytes/step.
 """

@@ -21,15 +21,15 @@ comma-separated list, default 4096):
 * **Rounds** (``--rounds R``): every des/alltoall/ps job, the rooflines and DeepCTR run R times,
   round-robin over the configurations of a batch size (so a drift in the machine's load hits all of
   them alike); a row is the median job (its phases and memory with it) and shows the min-max over
-  the rounds (the rooflines and DeepCTR: the median round's figures). On this
-  machine one job's samples/s moves by 10-20 % between otherwise identical runs: ratios of single
-  jobs below ~1.2 are not readable without rounds.
+  the rounds (the rooflines and DeepCTR: the median round's figures). On a shared VM one job's
+  samples/s moves between otherwise identical runs by more than many of the differences measured
+  here: small ratios of single jobs are not readable without rounds.
 * **des vs the roofline and DeepCTR** (one process): per model and batch, the dense roofline at
   2 threads, DeepCTR 0.9.4's DeepFM (``model.fit`` over ``--warmup`` + the timed steps of the
   shipped sample in des's batch order, same batch size and network, its defaults: Adam on
   everything, l2 1e-5 on the tables; 2 TF threads), des at N = 1, des / roofline and des / DeepCTR.
   DeepCTR runs in ``.venv-deepctr`` (see ``scripts/bench_deepctr.py``): ``--deepctr`` runs it and
-  creates that venv if it is missing (a few minutes, from PyPI); by default it runs only when the
+  creates that venv if it is missing (from PyPI); by default it runs only when the
   venv exists and the run is not ``--quick``; ``--no-deepctr`` never.
 
 * **Data** (``--data``): the shipped Criteo sample (default: 39 fields, one id each), or
@@ -43,51 +43,14 @@ CPU has AVX-512 and each rank has a core of its own or the job computes in bf16,
 (``des/_tensorflow_env.py``; at N=4 on 2 cores: off for des, on for des-bf16);
 ``TF_ENABLE_ONEDNN_OPTS`` set overrides it for all.
 
-Expect (2-core machine, ``--models deepfm --strategies des,des-bf16,des-partials,alltoall --ranks
-1,2,4 --batch-size 4096,512 --deepctr --steps 20 --rounds 3``, nothing else running, median of 3
-rounds; machines of this kind differ 3x in speed and in their CPU, so read the ratios). On an
-AVX-512 (AVX512-BF16) machine, oneDNN on, 12 min, 2026-11-27, four runs: at B=4096 the dense
-roofline 131-140k samples/s and DeepCTR 79-89k; des N=1 0.73-0.74x the roofline and 1.12-1.24x
-DeepCTR; des-bf16 N=1 0.89-0.95x the (float32) roofline and 1.44-1.58x DeepCTR; des N=2 / N=4
-about 0.86-0.94x / 0.68-0.76x des N=1 (4 ranks time-share 2 cores) and 0.96-1.07x alltoall (on
-Criteo the planner exchanges every operator: the same step); at B=512 des N=1 1.68-1.81x DeepCTR
-(des-bf16 1.66-1.9x). On an AMD Zen 4 VM (AVX512-BF16, its AVX-512 half as wide: roofline
-70k samples/s at B=4096), 14 min, 2026-11-27, with each rank keeping freed memory and the 0.2 ms
-GIL switch: des N=1 0.83x the roofline and 1.11x DeepCTR at B=4096, 1.70x DeepCTR at B=512,
-des-bf16 1.69x DeepCTR; des N=2 / N=4 1.02x / 0.79x des N=1 (0.92x / 0.73x an hour earlier before
-those two changes) and 0.99x / 1.00x alltoall. Since a step's time counts reading its batch (the
-same evening, 13.5 min): des N=1 0.85x the roofline, 1.13x DeepCTR at B=4096 and 1.59x at B=512,
-des-bf16 1.70x; des N=2 / N=4 0.99x / 0.78x des N=1 and 1.01x / 0.98x alltoall. Since TF takes its
-inputs by reference and the bench validates once, at the end (14.2 min): des N=1 0.86x the roofline,
-1.20x DeepCTR at B=4096 and 1.65x at B=512, des-bf16 1.84x; des N=2 / N=4 0.99x / 0.80x des N=1 and
-1.00x / 0.98x alltoall; with Adam's catch-up before the forward (``--strategies des,des-bf16 --ranks 1``,
-4.8 min): 0.84x the roofline, 1.17x DeepCTR, 1.65x at B=512, des-bf16 1.78x; with the table
-passes of session 17 (13.8 min): 0.89x the roofline (its rounds 0.88-0.92x), 1.22x DeepCTR at
-B=4096 and 1.66x at B=512, des-bf16 1.86x; des N=2 / N=4 0.99x / 0.77x des N=1 and 1.00x / 1.00x
-alltoall. Session 18 (the update run with the next batch's gather, admission by distinct row;
-``--ranks 1``, 5 rounds, 7.4 min): 0.89x the roofline (62.3k vs 70.2k), 1.26x DeepCTR, 1.91x at
-B=512; the full run (13.9 min) then met the roofline's processes at 59.4-66.9k, a slow hour of
-the host (0.98x, not a reading), des N=2 / N=4 1.01x / 0.80x des N=1 and 0.99x / 0.99x alltoall;
-with the tables sized from the data (``--ranks 1``, 7.3 min): 0.87x (61.3k vs 70.8k, des rounds
-58.1-63.2k), 1.19x DeepCTR, 1.74x at B=512, des-bf16 1.90x. Session 19 (the lookup probing
-distinct keys only, no copy to pack the ids, a leaner thread hand-off; ``--ranks 1``, 5 rounds,
-7 min): 0.90x the roofline (63.7k vs 70.5k, every round 0.90-0.97x paired with the roofline's
-round), 1.24x DeepCTR, 2.01x at B=512, des-bf16 1.95x; the full run (13.7 min): 0.92x (63.4k vs
-68.8k), 1.26x DeepCTR, des N=2 / N=4 0.96x / 0.75x des N=1 (60.9k / 47.6k, as in session 18: N=1
-got faster) and 1.01x / 0.98x alltoall; one run in a slow hour of the host 0.89x (des rounds
-57.8-62.8k). On an AVX2-only machine (oneDNN off, 23 min, earlier the same day): des N=1 0.77-0.82x the
-roofline and 1.1-1.2x DeepCTR at B=4096, 1.4-1.65x at B=512, des N=2 / N=4 about 0.9x / 0.9x des
-N=1; bf16 is slower than float32 there (no bf16 units). With other jobs on the 2 cores every figure
-falls 2-7x and single-job ratios move by 0.2 or more: use ``--rounds``.
-
-Expect with ``--data multihot`` (``--models deepfm --strategies des,des-partials,alltoall --ranks
-1,2,4 --batch-size 4096 --steps 12 --rounds 3``, 5 min on the AVX-512 machine, 13 on the AVX2 one;
-2026-11-27, three runs; a fourth on the Zen 4 VM: 1.39x / 1.17x / 1.57x alltoall and 1.05x /
-0.95x des N=1): the planner picks all partials at every N, so des = des-partials; des
-runs about 1.4-1.45x / 1.1-2.3x / 1.35-1.6x alltoall at N = 1 / 2 / 4 and about 1.03-1.1x /
-0.9-1.02x des N=1 at N = 2 / 4 (one rank's lookup of ~2.7M ids per batch, ~120 ms, is not hidden by its pipeline; N
-ranks split it; the exchange's per-id work grows with the ids per sample, the partials' bytes do
-not).
+Expect (a 2-core machine; every recorded run is in ``docs/benchmarks.md``, "Throughput"): des
+N=1 below the dense roofline (it adds the tables' lookup, gather and update) and above DeepCTR, by
+more at B=512; des-bf16 above des on CPUs with bf16 units (AVX512-BF16, AMX), below it elsewhere;
+on Criteo des = alltoall at N = 2 and 4 (the planner exchanges every operator: the same step); with
+``--data multihot`` the planner picks all partials, so des = des-partials, ahead of alltoall (the
+exchange's per-id work grows with the ids per sample, the partials' bytes do not). N = 4 on 2
+cores time-shares them and shows no scaling. Other jobs on the machine move every figure: compare
+ratios within one run, with ``--rounds``.
 """
 
 from __future__ import annotations
@@ -131,7 +94,7 @@ def multihot_config():
 
 def dataset(bench: benchlib.Bench, data: str, cache: str) -> str | None:
     """``--data``: None for the shipped Criteo sample (des.train's default), the multi-hot store
-    (made on first use, ~15 s), or a store or data path as given."""
+    (made on first use), or a store or data path as given."""
     if data == "criteo":
         return None
     if data != "multihot":
@@ -401,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="steps (per worker for ps) not timed")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every des/alltoall/ps job and DeepCTR this many times, round-robin, and report the "
-                             "median (with the min-max spread): one job's samples/s moves by 10-20%% between runs here")
+                             "median (with the min-max spread): one job's samples/s varies between identical runs")
     parser.add_argument("--steps", type=int, default=10,
                         help="timed steps (per worker for ps) at the largest batch; smaller batches run proportionally more")
     parser.add_argument("--repeats", type=int, default=20, help="roofline: timed calls at the largest batch (more at a smaller one)")

@@ -1,10 +1,13 @@
 """Shared helpers of the benchmark scripts (``scripts/bench_*.py`` import it; it is run as a script
 only inside :meth:`Bench.steady`'s jobs, see :func:`train_with_timer_restart`).
 
+* :func:`entry` -- a run's result as an entry of ``docs/benchmarks.md``: a title, the table of
+  date, machine, command and commit, the result tables and the notes. Every script prints one at
+  the end, to be pasted into that file as it is.
 * :class:`Bench` -- one benchmark run: its folder ``runs/bench/<script>/<UTC time>/`` with
   ``config.json`` (the script's arguments), ``environment.json`` (machine and versions),
   ``log.txt`` (every child's command line and output), and at the end ``results.csv``,
-  ``results.json``, ``table.md`` and ``figure.png``; :meth:`Bench.train` runs one
+  ``results.json``, ``table.md`` (the entry) and ``figure.png``; :meth:`Bench.train` runs one
   ``python -m des.train`` job under the venv's ``mpiexec`` with a timeout and returns its
   ``summary.json``; :meth:`Bench.steady` runs one job of ``W + K`` steps whose phase timers restart
   after step ``W`` and returns the steady-state ms per phase and samples/s of steps ``W+1 .. W+K``
@@ -28,6 +31,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import shutil
 import signal
 import subprocess
@@ -185,15 +189,42 @@ def environment() -> dict[str, Any]:
     }
 
 
+def machine_description(env: Mapping[str, Any]) -> str:
+    """``2 cores, <CPU> (AVX-512 BF16), 8 GiB``: what a benchmark's numbers depend on first."""
+    flags = next((line.split(":", 1)[1].split() for line in str(env.get("lscpu", "")).splitlines()
+                  if line.startswith("Flags:")), [])
+    vector = ("AVX-512 BF16" if "avx512_bf16" in flags else "AVX-512" if "avx512f" in flags
+              else "AVX2" if "avx2" in flags else "")
+    memory = f", {env['memory_bytes'] / 2**30:.0f} GiB" if env.get("memory_bytes") else ""
+    return f"{env.get('cores')} cores, {env.get('cpu')}" + (f" ({vector})" if vector else "") + memory
+
+
 def machine_note(env: Mapping[str, Any] | None = None) -> str:
     env = env or {"cores": os.cpu_count(), "cpu": cpu_model(), "memory_bytes": 0}
-    memory = f", {env['memory_bytes'] / 2**30:.0f} GiB" if env.get("memory_bytes") else ""
     onednn = env.get("tf_enable_onednn_opts")
     onednn = ("" if onednn is None else ", TF oneDNN as des sets it in every job (on with AVX-512 where each rank has "
               "a core of its own or computes in bf16)" if onednn == "des default"
               else f", TF_ENABLE_ONEDNN_OPTS={onednn} in every job")
-    return (f"Machine: {env['cores']} cores ({env['cpu']}){memory}{onednn}, all ranks on one machine over shared memory "
+    return (f"Machine: {machine_description(env)}{onednn}, all ranks on one machine over shared memory "
             f"(MPICH); {PAPER_SETUP}.")
+
+
+def entry(script: str, env: Mapping[str, Any], argv: Sequence[str],
+          tables: Sequence[tuple[str, Sequence[Column], Sequence[Mapping[str, Any]]]], notes: Sequence[str]) -> str:
+    """A run as an entry of ``docs/benchmarks.md``: ``### <script>, <date>``, the table of date,
+    machine, command and commit, then the result tables (title, columns, rows) and the notes."""
+    commit = (env.get("git_commit") or "unknown")[:10] + (" + uncommitted changes in des/" if env.get("git_des_dirty") else "")
+    command = " ".join([".venv/bin/python", f"scripts/{script}.py", *map(shlex.quote, argv)])
+    run = {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"), "machine": machine_description(env),
+           "command": f"`{command}`", "commit": commit}
+    parts = [f"### {script}, {run['date']}\n", markdown_table([(k, k, "") for k in run], [run])]
+    for title, columns, rows in tables:
+        if title:
+            parts.append(f"**{title}**\n")
+        parts.append(markdown_table(columns, rows))
+    if notes:
+        parts.append("\n".join(f"* {n}" for n in notes) + "\n")
+    return "\n".join(parts)
 
 
 # ---------------------------------------------------------------------------------------- runs
@@ -349,26 +380,20 @@ class Bench:
     # -------------------------------------------------------------------- results
     def finish(self, rows: Sequence[Mapping[str, Any]], tables: Sequence[tuple[str, Sequence[Column], Sequence[Mapping[str, Any]]]],
                notes: Sequence[str], figure: Callable[[Any], None] | None = None, extra: Mapping[str, Any] | None = None) -> str:
-        """Write results.csv/json, table.md (title, tables, notes, machine line) and figure.png;
-        print table.md to stdout; returns it."""
+        """Write results.csv/json and table.md (the run's :func:`entry` for ``docs/benchmarks.md``),
+        print table.md to stdout, then write figure.png; returns table.md's text."""
         write_csv(self.folder / "results.csv", rows)
         (self.folder / "results.json").write_text(json.dumps(
             {"rows": list(rows), "failures": self.failures, "seconds": self.elapsed(), **(extra or {})},
             indent=1, default=str))
-        parts = [f"# {self.script} ({self.folder.name})\n"]
-        for title, columns, table_rows in tables:
-            if title:
-                parts.append(f"**{title}**\n")
-            parts.append(markdown_table(columns, table_rows))
-        all_notes = list(notes) + [machine_note(self.env), f"Run folder: `{self.folder}`; "
-                                   f"{self.elapsed() / 60:.1f} min; git {self.env['git_commit'][:10]}"
-                                   + (" with uncommitted changes in des/" if self.env["git_des_dirty"] else "")
-                                   + f"; load average at start {self.env['load_average_at_start'][0]:.2f}."]
+        all_notes = list(notes) + [machine_note(self.env), f"Run folder `{self.folder.name}`; "
+                                   f"{self.elapsed() / 60:.1f} min; load average at start "
+                                   f"{self.env['load_average_at_start'][0]:.2f}."]
         if self.failures:
             all_notes.append("FAILED jobs: " + "; ".join(self.failures))
-        parts.append("\n".join(f"* {n}" for n in all_notes) + "\n")
-        text = "\n".join(parts)
+        text = entry(self.script, self.env, sys.argv[1:], tables, all_notes)
         (self.folder / "table.md").write_text(text)
+        print(text, flush=True)  # before the figure, which needs matplotlib ('.[bench]')
         if figure is not None:
             import matplotlib
 
@@ -379,7 +404,6 @@ class Bench:
             if fig is not None:  # a figure function may have nothing to draw
                 fig.savefig(self.folder / "figure.png", dpi=110, bbox_inches="tight")
                 plt.close(fig)
-        print(text, flush=True)
         return text
 
 

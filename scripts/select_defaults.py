@@ -1,7 +1,7 @@
 """.venv/bin/python scripts/select_defaults.py [--quick] [--models lr,fm,wdl,deepfm] [--seeds 0,1,2] [--cv K] [--candidates 'a;b']
 
 How des.train's defaults were chosen: for each model, a few candidate settings (below; the first of
-each model is the previous default) are trained on the shipped sample's training split with early
+each model is the baseline) are trained on the shipped sample's training split with early
 stopping on its validation split (up to ``--epochs`` passes, ``--early-stop`` validations without
 improvement, per-epoch validation; candidates that name their own ``--early-stop`` use it), and the
 candidate with the best mean validation AUC over ``--seeds`` wins. With ``--cv K`` the score is
@@ -18,24 +18,11 @@ Candidates with ``--min-count 2 --unadmitted shared`` (one trained row per field
 and unknown ids) are eligible like any other: ``des.export`` serves unknown and unadmitted ids the
 field's shared row, as ``des.evaluate`` does.
 
-Expect (2-core machine, seeds 0,1,2, ``--epochs 20 --early-stop 2`` as des.train's default
-command; ~3 min per DeepFM candidate, ~2 min per LR or FM candidate; the validation split has only
-~1.6k rows, so differences below ~0.002 are noise): DeepFM and W&D pick Adam 1e-3 ``catchup=1``,
-batch 256, N(0, 1e-4) with ``--min-count 2 --unadmitted shared`` (validation AUC 0.7854 / 0.7850,
-vs 0.7820 / 0.7822 with a row per id; earlier runs: batch 1024 -> 512 -> 256 -> 128 ~0.769 ->
-~0.774 -> ~0.778 -> ~0.780). LR (validation AUC) picks AdaGrad lr 0.1, batch 256, ``--min-count 2
---unadmitted shared`` with ``--l2-embedding 0.01`` (0.7807; every shared-row candidate 0.7797 to
-0.7807, every per-id one 0.7795 to 0.7799; FTRL l2 1 or 3 worse, ~0.776 / ~0.766), best after ~10
-epochs. FM: a tie (0.7712 to 0.7737), the best lazy Adam 1e-3, batch 256, N(0, 1e-4), a row per id
-(the shared row 0.7733, batch 1024 N(0, 0.01) 0.7720).
-
-Expect with ``--models lr --cv 3 --seeds 0,1`` (2-core machine, ~3 min per candidate alone; the
-held-out folds have ~29.6k rows in all, so the selector is far less noisy than the validation
-split): the same settings with ``--early-stop 0`` (all 20 epochs, the last checkpoint) win, 3-fold
-CV AUC 0.7547, every fold above the early-stopped previous default (0.7518, best epochs 8 to 15);
-every other candidate 0.7488 to 0.7525 (l2 0.003 / 0.03 / 0.1: 0.7514 / 0.7521 / 0.7510, AdaGrad
-0.05 / 0.2 / 0.5: 0.7511 / 0.7518 / 0.7488, patience 4: 0.7525, ``--monitor logloss``: 0.7523,
-plateau or cosine schedules: 0.7506 to 0.7519, min-count 3: 0.7514).
+Expect (a 2-core machine takes minutes per candidate; seeds 0,1,2, ``--epochs 20 --early-stop 2``
+as des.train's default command): the chosen candidate of each model is its ``auto`` default in
+des.train (the recorded rounds are in ``docs/benchmarks.md``, "Model quality"). The validation
+split has only ~1.6k rows, so differences below ~0.002 are noise; with ``--models lr --cv 3
+--seeds 0,1`` the held-out folds hold all ~29.6k training rows, a far less noisy selector.
 """
 
 from __future__ import annotations
@@ -94,7 +81,7 @@ def _candidates(*settings: tuple) -> dict[str, dict[str, str]]:
 
 
 _PLATEAU = {"sparse_schedule": "plateau:factor=0.5,patience=1"}
-#: model -> candidate name -> des.train flags (the first of each model is the previous default)
+#: model -> candidate name -> des.train flags (the first of each model is the baseline)
 CANDIDATES: dict[str, dict[str, dict[str, str]]] = {
     "deepfm": _candidates(
         ("adam 1e-3 catchup", 256, "1e-4", False), ("adam 3e-3 catchup", 1024, "0.01", False),

@@ -23,7 +23,7 @@ import pytest
 def _scratch_in_ram(path: str = "/dev/shm", min_free: int = 2**30) -> None:
     """Temporary files (pytest's tmp_path, des.check's work folders, the jobs' children inherit
     TMPDIR) go to a tmpfs when there is a roomy one and TMPDIR is not set: every checkpoint file is
-    fsync'ed, ~10 ms each on a disk and nothing in RAM, tens of seconds per test session."""
+    fsync'ed, slow on a disk and free in RAM, which adds up over a test session."""
     if os.environ.get("TMPDIR") or not os.path.isdir(path) or not os.access(path, os.W_OK):
         return
     stat = os.statvfs(path)

@@ -171,8 +171,8 @@ def test_docstrings_start_with_the_command(name):
 
 @pytest.mark.parametrize("name", ALL_SCRIPTS)
 def test_docstrings_state_the_expected_result(name):
-    """Every script says what it should show: a paragraph starting with "Expect", for this 2-core
-    machine, with at least one figure to compare against."""
+    """Every script says what it should show: a paragraph starting with "Expect", naming the kind of
+    machine it is for (a 2-core one; the recorded runs' figures are in docs/benchmarks.md)."""
     doc = docstring(name)
     paragraphs = [p for p in re.split(r"\n\s*\n", doc) if p.lstrip().startswith("Expect")]
     assert paragraphs, f"scripts/{name}.py: no paragraph starting with 'Expect' in the docstring"

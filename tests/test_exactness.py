@@ -46,7 +46,7 @@ SCHEDULES = ("--sparse-schedule", "cosine:warmup=3,end=0.1", "--dense-schedule",
 REPLICATED_RANKS = {"lr": (4,), "deepfm": (2, 3)}
 MULTI_HOT_RANKS = {"fm": (3,), "deepfm": RANKS[1:]}
 FLOAT32_RANKS = {"deepfm": (2, 3)}  # and its Adam predictions on 4 ranks
-# Plans (issue 11). The des cases run the default --plan auto, which at this size (B=64, a 16-wide
+# Plans (--plan, des/planner.py). The des cases run the default --plan auto, which at this size (B=64, a 16-wide
 # first FC layer) is all partials for every model and N; all exchange is alltoall; the mixed plan
 # exchanges FM's block while the first FC layer (reading the same block) stays partials (one
 # optimizer step on both gradients).

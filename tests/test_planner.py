@@ -1,4 +1,4 @@
-"""des/planner.py: the per-operator byte cost model (issue 11) -- its formulas on hand-computed
+"""des/planner.py: the per-operator byte cost model -- its formulas on hand-computed
 cases, the ``--plan`` text, and on one 2-rank job the Communicator's measured bytes of every plan
 (auto, the default; all exchange = alltoall; a mixed one) equal its prediction exactly, site by
 site and rank by rank."""

@@ -1,4 +1,4 @@
-"""Run folders that never clobber each other, and aborts that leave nothing behind (issue 15).
+"""Run folders that never clobber each other, and aborts that leave nothing behind.
 
 The folder lock and the atomic overwrite are checked in-process (``des.run_folder``); then end to
 end: a reused folder without flags, with ``--resume`` and with ``--overwrite``, two jobs started

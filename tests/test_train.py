@@ -228,8 +228,8 @@ def test_a_bad_flag_on_several_ranks_is_one_line(work: Path) -> None:
 def test_progress_bar_quiet_ranks_and_one_class_splits(work: Path) -> None:
     """Under mpirun a rank's stderr is a pipe; the bar still shows when the user's terminal is.
     Only rank 0 talks, once, and TensorFlow's start-up messages are suppressed by des itself
-    (the TF_* variables the other tests set are removed here). The labels are all 0 (issue 15's
-    one-class splits): training works, validation and test AUC are n/a (null in the summary), and
+    (the TF_* variables the other tests set are removed here). The labels are all 0 (one-class
+    splits): training works, validation and test AUC are n/a (null in the summary), and
     each split's warning comes once, from one rank."""
     import os
     import pty

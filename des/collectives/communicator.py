@@ -30,10 +30,9 @@ holds up every protocol round of a collective. Where every rank of the machine h
 own (the launcher's local rank count, ``MPI_LOCALNRANKS`` / ``OMPI_COMM_WORLD_LOCAL_SIZE``, at most
 the cores; without either a rank counts as alone), a rank yields for 20 ms (the waits inside a
 step; long waits, evaluation and checkpoints, sleep). Where ranks share cores, 0.5 ms: two ranks
-waiting on one core must leave it idle (sleep) for the scheduler to move a working rank there.
-Measured, DeepFM B=4096, alternating runs, samples/s: N=2 (2 cores) 89-90k with 0.5 ms, 92-95k
-with 20 ms; N=4 on 2 cores, 20 ms against 0.5 ms, Criteo 75-82k vs 73-74k but multi-hot data
-(long, uneven lookups) 20.1-20.9k vs 22.8-23.5k.
+waiting on one core must leave it idle (sleep) for the scheduler to move a working rank there:
+long yields there help short, even steps but hold up data with long, uneven lookups
+(``docs/benchmarks.md`` has the runs that chose the two values).
 
 Ranks on one machine: the row-block collectives of the DES step (``reduce_scatter_rows_sum``,
 ``allgather_rows``) run as loads and stores in shared memory with one barrier each

@@ -1,9 +1,8 @@
 """Row-block collectives of ranks that share one machine, as loads and stores in shared memory.
 
 MPICH moves a large intra-node message through its shared-memory cells in many chunks, each
-needing a progress call from both sides; measured on the 2-core machine, a reduce-scatter plus an
-all-gather of DeepFM's ``[4096, 410]`` float32 buffer cost 5-7 memcpy's worth of time at N = 2 and
-more at N = 4. When every rank of the communicator is on one machine, the DES step's two big
+needing a progress call from both sides, so a reduce-scatter plus an all-gather of DeepFM's
+``[4096, 410]`` float32 buffer costs several memcpy's worth of time, more as N grows. When every rank of the communicator is on one machine, the DES step's two big
 collectives instead use one shared array per purpose:
 
 * ``reduce_scatter_rows_sum``: every rank stores its ``[B, P]`` partials in its own slot; after one

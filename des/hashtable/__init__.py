@@ -1,7 +1,7 @@
 """Dynamic embedding tables for DES: numba open-addressing hash tables from int64 feature ids to
 rows of value blocks with co-located optimizer slots, deterministic counter-based initialization,
 admission, eviction and a pickle-free checkpoint format; plus the optimizer kernels that dense
-parameters share with the sparse rows. See ``docs/design.md``, section 2."""
+parameters share with the sparse rows. See ``docs/design.md``, "Hash tables"."""
 
 import os as _os
 

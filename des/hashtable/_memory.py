@@ -1,22 +1,21 @@
 """Row arrays that grow without moving, and fresh memory that is committed in bulk.
 
-Growing a table used to mean: a fresh buffer 1.15x larger, then a copy of the live rows. On this
-kind of machine (a VM) the first touch of fresh pages costs far more than the copy (measured:
-0.25-0.7 GB/s for page faults vs 7-10 GB/s for re-writing touched memory), and each row ended up
-copied ~7 times over the table's growth: most of the insert time went there.
+A plain array grows as a fresh buffer 1.15x larger and a copy of the live rows. The first touch of
+fresh pages costs far more than the copy (page faults run an order of magnitude slower than
+re-writing touched memory, on VMs most of all), and each row would be copied ~7 times over the
+table's growth: most of the insert time would go there.
 
 So a large row array is a view of a private anonymous mapping that reserves ``RESERVE`` times the
 rows asked for: reserved address space costs no memory (``MAP_NORESERVE``; pages are committed
 when touched), so growing inside the reservation moves nothing, and only outgrowing it copies (on
 average ``1 / (RESERVE - 1)`` copies per row). New rows are committed with one
 ``madvise(MADV_POPULATE_WRITE)`` per growth step (Linux >= 5.14), which fills the page tables in
-bulk (measured ~3 GB/s vs ~0.5 GB/s faulting page by page), and ``MADV_HUGEPAGE`` asks for
+bulk (several times faster than faulting page by page), and ``MADV_HUGEPAGE`` asks for
 transparent huge pages (random row access misses the TLB less). Where any of this is unavailable
 (another OS, an address-space limit) the arrays are plain numpy arrays of exactly the rows asked
 for and every growth copies: slower, same results.
 
-Committing is the kernel zeroing fresh pages, ~1 GB/s on this kind of VM: about a third of
-inserting a new key. :func:`commit_ahead` starts the next growth step's commit on a background
+Committing is the kernel zeroing fresh pages: on a VM about a third of inserting a new key. :func:`commit_ahead` starts the next growth step's commit on a background
 thread right after a growth, so it runs while the table fills the rows it has (on a free core,
 or interleaved with the inserting thread); the next growth waits for it and finds the pages in
 place. The resident memory then runs up to one growth step ahead of the row capacity.

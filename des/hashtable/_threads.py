@@ -3,26 +3,25 @@
 The table kernels are serial ``nogil`` numba functions; work that splits into independent parts
 (the fields of a shard, the new rows of a table) runs its parts on a shared thread pool and the
 calling thread. Each item belongs to exactly one part and parts write disjoint memory, so results
-do not depend on the number of threads. This replaces numba's ``parallel=True``: each parallel
-kernel cost ~10 s of compilation per signature in every process with a cold cache (parfor passes,
-gufunc), against ~1 s for a serial one, and the thread count is the same: numba's, of the calling
-thread (``NUMBA_NUM_THREADS``, ``numba.set_num_threads``, set per rank by ``des.runtime``).
+do not depend on the number of threads. This replaces numba's ``parallel=True``: a parallel
+kernel compiles about ten times slower than a serial one (parfor passes, gufunc), per signature in
+every process with a cold cache, and the thread count is the same: numba's, of the calling thread
+(``NUMBA_NUM_THREADS``, ``numba.set_num_threads``, set per rank by ``des.runtime``).
 
 A background thread (the pipelined step's next-batch lookup, ``--pipeline on``) calls
 :func:`background_thread`: it and the pool threads its kernels use run at Linux's ``SCHED_IDLE``
 priority, so they take only cores nobody else wants. At normal priority the lookup thread took a
 core from TF's two intra-op threads for its whole run, and a TF op split over two threads waits
-for its slower half: TF's step lost more time than the overlap hid (DeepFM, one rank, B=4096:
-fused step 121-139 ms vs 116-120 at idle priority). Idle, it fills the gaps in TF's step (ops on
-one thread, Python between calls) and, once the step waits for it, runs on the cores the waiting
-step leaves free. Scheduling never changes results: each item's work is the same on any thread.
+for its slower half: TF's step lost more time than the overlap hid. Idle, it fills the gaps in
+TF's step (ops on one thread, Python between calls) and, once the step waits for it, runs on the
+cores the waiting step leaves free. Scheduling never changes results: each item's work is the same on any thread.
 
 The background thread's Python parts (packing the ids, the batch reader) hold the GIL, and a
 thread that holds it gives it up only once the interpreter's switch interval (5 ms) has passed
 after another thread asked, or later: at idle priority it may wait for a core to get there. The
 foreground then waits for the GIL between its TF calls. So once a background thread exists the
-process's switch interval is :data:`BACKGROUND_SWITCH_INTERVAL` (DeepFM, one rank, B=4096, 4
-alternating runs each: TF's part of the step 63.8 -> 61.5 ms, the step 69.6 -> 67.8 ms).
+process's switch interval is :data:`BACKGROUND_SWITCH_INTERVAL`, short next to a step's TF calls
+(``docs/benchmarks.md`` has what each of these choices measured).
 """
 
 from __future__ import annotations
@@ -70,9 +69,9 @@ def threads() -> int:
 
 class _Worker:
     """A pool thread and its one task slot, handed over through two locks used as binary
-    semaphores: a futex each way, where ``ThreadPoolExecutor.submit`` (a future, a work item, a
-    queue, a semaphore) cost the step's caller ~85 us a call once TensorFlow had left the caches
-    cold, and splitting the work with numpy calls another ~100 us (DeepFM B=4096, one rank)."""
+    semaphores: a futex each way. ``ThreadPoolExecutor.submit`` (a future, a work item, a queue,
+    a semaphore) and a split of the work by numpy calls cost the step's caller a noticeable part
+    of a step's Python once TensorFlow has left the caches cold."""
 
     def __init__(self, name: str, idle: bool) -> None:
         self._go, self._done = threading.Lock(), threading.Lock()

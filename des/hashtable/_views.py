@@ -1,7 +1,8 @@
 """Array views from raw addresses, so that one compiled kernel can take the arrays of any number of
 tables: an ``int64`` table of addresses (and lengths) instead of a tuple of arrays (numba compiles
-a tuple per length and unboxes it element by element: seconds per new field count and ~10 ms per
-call for 39 fields) or a ``numba.typed.List`` (seconds to create in each new process).
+a tuple per length and unboxes it element by element: a compilation per new field count and a
+per-call cost that grows with the fields) or a ``numba.typed.List`` (slow to create in each new
+process).
 
 The caller keeps every array whose address it passes alive and unmoved for the duration of the
 call (``fused.py`` pins the arrays and refreshes the addresses when a table replaces one).

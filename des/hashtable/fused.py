@@ -22,8 +22,7 @@ passes work by that number: the gather reads each distinct row from its table on
 tables were most of the gather) and copies or pools the ids from those few rows; the update adds
 each id's gradient straight into its row's sum (no per-id copy, no hashing after the step), two
 value blocks in one pass over the ids (DeepFM's order-1 and embedding blocks; the common widths
-1, 8 and 16 as compile-time constants: one rank, B=4096 on Criteo, the update 2.7 -> 2.3 ms on one
-thread), and runs the optimizer on the rows. One-hot fields (one id per sample, no weight: all of
+1, 8 and 16 as compile-time constants, so the loops vectorize), and runs the optimizer on the rows. One-hot fields (one id per sample, no weight: all of
 Criteo's) are written and read in ``[B, F, dim]`` tile of samples by tile (``_TILE``), so each
 cache line of the batch array is used whole while it is cached, not one strided column per field;
 the gather copies them in a second pass split by samples, so each thread writes whole rows of the
@@ -64,13 +63,11 @@ from .table import EmbeddingTable, _as_keys, _check_step
 _IDX, _KEYS, _META, _BLOCKS = 0, 1, 2, 3
 PENDING = -1  # a field's lookup status before (and, after growth, again until) it completes
 _MAX_SLOTS = 2  # optimizer slots per value column at most (Adam: m, v; FTRL: z, n)
-_MIN_PARALLEL = 20_000  # ids of work below which one thread does it all (a thread hand-off costs ~50 µs)
+_MIN_PARALLEL = 20_000  # ids of work below which one thread does it all (a hand-off costs more than it saves)
 # The threads split the fields by their work in ids, a distinct row counting as this many ids (its
-# cache lines in the tables). Measured per field on one thread (DeepFM B=4096 on Criteo): a field's
-# time is a + b x its distinct rows (correlation 0.91-0.99), per id and per distinct row: lookup
-# ~5 and ~25 ns (it probes the index for distinct keys only), gather ~4 and ~14 ns, update
-# (order-1 + embedding block) ~10.5 and ~40 ns.
-# Weighted by ids alone, the thread with the large tables took 0.2 ms (lookup) of 1.6 ms longer.
+# cache lines in the tables). A field's time on one thread is a + b x its distinct rows, closely
+# (the fit per pass is in docs/benchmarks.md); each constant is the ratio of a distinct row's cost
+# to an id's in its pass. Weighted by ids alone, the thread with the large tables finishes last.
 _LOOKUP_ROW_COST = 5.0  # per distinct row of the field's previous training lookup
 _GATHER_ROW_COST = 3.5
 _UPDATE_ROW_COST = 2.0  # per distinct row and block (the ids are summed once for all blocks)
@@ -417,7 +414,7 @@ class ShardTables:
 
         def finish() -> None:
             # the rows by fields, then the one-hot fields' samples by samples: a thread writes whole
-            # rows of out (DeepFM B=4096 on Criteo, one thread, after a TF step: the gather 2.6 -> 2.4 ms)
+            # rows of out (cache lines of out are not shared between threads, and are written whole)
             if hot.any():
                 _threads.run(by_samples, np.full(touched.size, len(calls) * int(hot.sum()), dtype=np.int64),
                              _MIN_PARALLEL)

@@ -23,7 +23,7 @@ width either. Values are computed in float64 and rounded once to the table dtype
 ``ln`` and ``(cos, sin)(2 pi d)`` are des's own (``_libm.py``: fdlibm's polynomials, within 1 and
 2.5 ulp; ``4 d = q + r`` is split exactly and quadrant ``q`` of ``(cos, sin)(r pi/2)`` taken), not
 the platform's libm: every machine and libm version computes the same bits, and the pairs of a
-row run as SIMD lanes (8 normal columns: ~75 ns per key, was ~195 with libm calls).
+row run as SIMD lanes (a libm call per value keeps the loop scalar).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def key_hash(base: np.uint64, key: np.int64) -> np.uint64:
 
 
 # Compiled once and called, not inlined: the gather kernels call it for unknown keys only, and its
-# SIMD math inlined into each of them cost ~12 s of compilation per kernel with a cold cache.
+# SIMD math inlined into each of them made every kernel's cold-cache compilation several times longer.
 @njit(cache=True, nogil=True)
 def init_row(out, i: int, dim: int, key: np.int64, base: np.uint64, kind: int, scale: float) -> None:
     """Write the initial vector of ``key`` into ``out[i, :dim]`` (rounded to out's dtype)."""

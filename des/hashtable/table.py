@@ -248,7 +248,7 @@ class EmbeddingTable:
         for b, spec in enumerate(self.blocks):
             args = (self._data[b], spec.dim, self._steps_or_empty(b), self._keys)
             init = (self._bases[b], spec.init.code, spec.init.scale, self._slot_init[b])
-            # the rows in parts on numba's thread count (a normal row costs ~0.1-0.3 µs)
+            # the rows in parts on numba's thread count (normal draws make a new row costly)
             _threads.run(lambda lo, hi: init_new_rows(*args, start + lo, start + hi, *init), stop - start,
                          _MIN_PARALLEL_ROWS)
 
