@@ -1,4 +1,4 @@
-"""The per-operator communication cost model of issue 11: bytes sent per training step and rank
+"""The per-operator communication cost model: bytes sent per training step and rank
 when each substitution (operator) of a model runs as **partials** (DES) or as an **exchange** of
 its pooled inputs, with the data-parallel upper network (rows split over the ranks).
 
@@ -47,7 +47,7 @@ the distinct ids of a field in a row block (sorted, ``np.unique``) and how many 
 With ``N = 1`` every term is 0. Plans are ranked by these bytes plus two costs that are not bytes,
 counted in bytes: :data:`CALL_BYTES` per collective call and :data:`ID_BYTES` per distinct id and
 row block the exchange handles (its local work: distinct ids, gathers, pooling, per-id gradient
-sums), calibrated on this machine where the ranks share the cores. Every plan is ``--strategy des --plan ...`` (``--strategy
+sums), calibrated where the ranks share the cores (docs/benchmarks.md). Every plan is ``--strategy des --plan ...`` (``--strategy
 alltoall`` is ``--plan exchange``); :meth:`PlanCost.sites` maps the terms onto their Communicator
 sites.
 """
@@ -187,22 +187,18 @@ def estimate_unique_ids(store: Any, batch_size: int, ranks: int, *, batches: int
 
 
 # ---------------------------------------------------------------------------------------- costs
-#: What one collective call costs beyond its bytes, in bytes (its latency times the bandwidth: about
-#: 10 µs at 6 GB/s of shared memory, 50 µs at 10 GbE): plans are ranked by bytes + this x calls, so
-#: a mixed plan (5 collectives per step instead of 3) must save more than ~128 kB per step and
-#: rank. Measured here, DeepFM B=512 on 4 ranks: a mixed plan saving 8 kB ran 0.79x the
-#: all-exchange plan (every collective is a point where ranks sharing cores wait for each other).
+#: What one collective call costs beyond its bytes, in bytes (its latency times the bandwidth): plans
+#: are ranked by bytes + this x calls, so a mixed plan (5 collectives per step instead of 3) must
+#: save more than two of these per step and rank: every collective is a point where ranks sharing
+#: cores wait for each other (the calibration runs: docs/benchmarks.md, "Planner").
 CALL_BYTES = 65_536
 #: What the exchange's local work costs beyond its bytes, in bytes per distinct id and row block a
 #: rank handles (as an owner: find the row blocks' distinct ids, gather them, scatter their
-#: gradient sums; as a row owner: pool them, sum their gradients per id), about 0.2-0.3 µs each
-#: here, work the partials plan does not have. Plans are ranked by bytes + this x those pairs. On one
-#: 2-core machine, DeepFM B=4096 (``scripts/bench_throughput.py``): on Criteo (7 distinct ids per
-#: sample and row block) the exchange ran 1.05-1.23x the partials at B=512 and 4096, N=2 and 4,
-#: which holds for any value below 37; on heavy multi-hot data (``--data multihot``, 148 distinct
-#: ids per sample and row block) the partials ran 1.5x the exchange and 1.7x the mixed plan that
-#: moves 17 % fewer bytes, at N=4, which needs a value above 6.3. Counting bytes alone, the
-#: planner picked that mixed plan.
+#: gradient sums; as a row owner: pool them, sum their gradients per id), work the partials plan
+#: does not have. Plans are ranked by bytes + this x those pairs. The value sits between what the
+#: throughput runs on Criteo (few distinct ids per sample: the exchange wins) and on heavy
+#: multi-hot data (many: the partials win) allow; counting bytes alone, the planner picked the
+#: slower plan on the latter (docs/benchmarks.md, "The planner's constants").
 ID_BYTES = 16
 
 

@@ -236,7 +236,7 @@ class DenseParams:
         """These weights (arrays of this object) as TF tensors over their memory
         (``zero_copy.to_tensor``), each made once: the optimizers and loads write the arrays in
         place, so the tensors stay current, and a step's TF call does not import them again
-        (~35 us a step warm, several times that once TF has left the caches cold)."""
+        (which costs more once TF has left the caches cold)."""
         out = []
         for value in weights:
             held = self._tensors.get(id(value))

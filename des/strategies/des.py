@@ -48,7 +48,7 @@ class DES(Strategy):
     """Distributed Equivalent Substitution: each rank holds its fields' tables and field slices and
     a replica of the top network; one AllReduce of the partials per step, no gradient exchange.
 
-    ``--plan`` (issue 11, ``des/planner.py``): an operator may instead be *exchanged*: its pooled
+    ``--plan`` (``des/planner.py``): an operator may instead be *exchanged*: its pooled
     inputs travel to the row owners per distinct id (``des/strategies/exchange.py``) and it runs
     there on its rows, with its field weights replicated (their gradients summed over the ranks
     with the top network's). ``auto`` lets the planner's cost model choose per operator."""

@@ -31,7 +31,7 @@ def compiled(fn: Any) -> "_Compiled":
 class _Compiled:
     """A ``tf.function`` called through the concrete function of its arguments' signature (shapes,
     dtypes, Python values), looked up here: ``tf.function``'s own dispatch (binding, trace-type
-    canonicalization of every nested argument) cost ~1.2 ms per call, 5 % of a 512-row step.
+    canonicalization of every nested argument) costs a noticeable share of a small step.
     Aligned numpy arguments go in without a copy (``des/zero_copy.py``)."""
 
     def __init__(self, function: Any) -> None:
@@ -115,7 +115,7 @@ class ModelSplitForm(_ModelForm):
     """The split form (DES): local partials into one buffer ``[B, P]``, the combine + top network
     on the reduced buffer, and the local backward.
 
-    With a plan (``exchanged``: indices of the substitutions the planner exchanges, issue 11) the
+    With a plan (``exchanged``: indices of the substitutions the planner exchanges) the
     exchanged operators are not split: their pooled inputs come to the row owner, which runs them
     whole (``combine(local)`` on every field) next to the ``combine`` of the partials operators.
     The buffer then holds the partials operators' columns only, and the exchanged blocks' pooled
@@ -214,7 +214,7 @@ class ModelSplitForm(_ModelForm):
         for i, sub in enumerate(self.substitutions):
             if i in self.exchanged:  # every field here: the split form on one virtual rank, which
                 # check_substitution proved equal to ``reference`` (FM's textbook double sum over field
-                # pairs costs 3x its eq. (6) form, forward + backward)
+                # pairs costs several times its eq. (6) form, forward + backward)
                 emb, params = by_block[sub.block], self._params_of(i, self.exchange_params, xparams)
                 summed = self._sub_local(sub, emb, params)
             else:
