@@ -322,6 +322,120 @@ def test_deepctr_batch_order(tmp_path):
     assert list(order) == list(epoch[0][:per_epoch]) + list(epoch[1][:per_epoch]) + list(epoch[2][:32])
 
 
+def _tiny_multi_hot_store(path: Path):
+    """400 synthetic rows: C6 and C14 multi-hot with weights, C24 multi-hot without, 3 dense features."""
+    import dataclasses
+
+    from des.data.synth import default_config, synthesize_store
+
+    config = default_config(0, multi_hot_fields=("C6", "C14", "C24"), max_hot=5, weighted=True, vocab_scale=0.002,
+                            dense=3, calibration_rows=1)
+    fields = tuple(dataclasses.replace(f, weighted=False) if f.name == "C24" else f for f in config.fields)
+    return synthesize_store(path, 400, dataclasses.replace(config, fields=fields))
+
+
+def test_deepctr_inputs_pool_as_des(tmp_path):
+    """DeepCTR's inputs from a store with multi-hot (weighted and not) fields and dense features:
+    the weighted sums over a padded row are des's pooled sums (with a non-zero padding row in the
+    table), padding is id 0 with weight 0, the dense inputs are the store's values."""
+    import numpy as np
+
+    from des.pooling import pool
+
+    store = _tiny_multi_hot_store(tmp_path / "store")
+    features, inputs = deepctr.deepctr_inputs(store)
+    assert [f.kind for f in features] == ["sparse" if store.is_one_hot(f) else "varlen"
+                                         for f in range(store.num_fields)] + ["dense"] * 3
+    assert [f.source for f in features] == list(store.field_names) + ["D1", "D2", "D3"]
+    by_source = {f.source: f for f in features}
+    assert [by_source[n].weight_name is not None for n in ("C6", "C14", "C24")] == [True, True, False]
+    assert set(inputs) == {f.name for f in features} | {f.weight_name for f in features if f.weight_name}
+    rng = np.random.default_rng(0)
+    rows = rng.permutation(store.num_rows)[:300]  # any rows, in any order
+    for f, field in enumerate(store.field_names):
+        feature = by_source[field]
+        offsets, keys, weights = store.field(f)
+        uniques = np.unique(np.asarray(keys))
+        batch = store.gather(f, rows)
+        if feature.kind == "sparse":
+            assert inputs[feature.name].dtype == np.int32 and feature.vocabulary_size == uniques.size
+            np.testing.assert_array_equal(inputs[feature.name][rows], np.searchsorted(uniques, batch.keys))
+            continue
+        lengths = np.diff(np.asarray(offsets))
+        ids = inputs[feature.name]
+        assert ids.dtype == np.int32 and ids.shape == (store.num_rows, feature.maxlen) == (store.num_rows, lengths.max())
+        assert feature.vocabulary_size == uniques.size + 1 and ids.max() == uniques.size
+        # each row: its ids (1..V) in the store's order, then the padding id 0
+        assert np.array_equal((ids != 0).sum(axis=1), lengths) and np.all((ids != 0)[:, :-1] >= (ids != 0)[:, 1:])
+        weight = (inputs[feature.weight_name][:, :, 0] if feature.weight_name else (ids != 0).astype(np.float32))
+        assert weight.dtype == np.float32 and np.all(weight[ids == 0] == 0)
+        table = rng.normal(size=(feature.vocabulary_size, 4)).astype(np.float32)  # row 0: the padding's
+        expected = np.zeros((rows.size, 4), dtype=np.float32)
+        pool(table[np.searchsorted(uniques, batch.keys) + 1], batch.offsets, batch.weights, expected)
+        got = np.einsum("rt,rtk->rk", weight[rows], table[ids[rows]])
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    dense = np.concatenate([inputs[f.name] for f in features if f.kind == "dense"], axis=1)
+    assert dense.dtype == np.float32
+    np.testing.assert_array_equal(dense[rows], store.take_dense(rows))
+    assert "3 multi-hot: C6 (up to 5, weighted), C14 (up to 5, weighted), C24 (up to 5), 3 dense" in deepctr.store_note(store)
+
+
+def test_deepctr_inputs_by_hand(tmp_path):
+    """A weighted one-hot field is a var-len input of length 1 with its weights; empty rows are all
+    padding; an id twice in a row stays twice; scikit-learn's matrix adds those up."""
+    import numpy as np
+
+    from des.data import ColumnStore, FieldBatch
+    from des.data.store import MULTI_HOT, FieldSpec, StoreWriter
+
+    price = FieldBatch(np.arange(5), np.array([3, 3, 4, 8]), np.array([0.5, 1, 2, 3], dtype=np.float32))
+    tags = FieldBatch(np.array([0, 2, 2, 5, 5]), np.array([7, 5, 7, 7, 9]), None)
+    (tmp_path / "s").mkdir()
+    with StoreWriter(tmp_path / "s", [FieldSpec("price", "categorical", weighted=True),
+                                      FieldSpec("tag list", "categorical", MULTI_HOT)], [0.5, 0.25, 0.25], 0,
+                     dense_names=["x"]) as writer:
+        writer.append(np.array([0, 1, 0, 1], dtype=np.uint8), [price, tags],
+                      dense=np.array([[0.5], [-1], [2], [0]], dtype=np.float32))
+        writer.finish(sources=[])
+    store = ColumnStore.open(tmp_path / "s")
+    features, inputs = deepctr.deepctr_inputs(store)
+    assert features == [deepctr.InputFeature("varlen", "f0_price", "price", 4, 1, "f0_price_weight"),
+                        deepctr.InputFeature("varlen", "f1_tag_list", "tag list", 4, 3, None),
+                        deepctr.InputFeature("dense", "d0_x", "x")]
+    assert inputs["f0_price"].tolist() == [[1], [1], [2], [3]]
+    assert inputs["f0_price_weight"][:, :, 0].tolist() == [[0.5], [1], [2], [3]]
+    assert inputs["f1_tag_list"].tolist() == [[2, 1, 0], [0, 0, 0], [2, 2, 3], [0, 0, 0]]
+    assert inputs["d0_x"].tolist() == [[0.5], [-1], [2], [0]]
+    x, y = deepctr.lr_matrix(store)  # columns: price 3, 4, 8; tags 5, 7, 9; x
+    assert x.toarray().tolist() == [[0.5, 0, 0, 1, 1, 0, 0.5], [1, 0, 0, 0, 0, 0, -1], [0, 2, 0, 0, 2, 1, 2],
+                                    [0, 0, 3, 0, 0, 0, 0]] and y.tolist() == [0, 1, 0, 1]
+
+
+def test_deepctr_inputs_of_criteo_as_before(tmp_path):
+    """On Criteo data every field is a SparseFeat fed its keys re-indexed 0..V-1, named f<i>_<field>;
+    scikit-learn's matrix is one 1 per field and row, fields side by side."""
+    import numpy as np
+
+    from des.data import open_dataset
+
+    from tests.conftest import criteo_head
+
+    store = open_dataset(criteo_head(tmp_path / "head.tsv", 200), cache_dir=tmp_path / "cache", split=[0.9, 0.05, 0.05])
+    features, inputs = deepctr.deepctr_inputs(store)
+    assert [f.name for f in features] == [f"f{i}_{n}" for i, n in enumerate(store.field_names)] == list(inputs)
+    assert {f.kind for f in features} == {"sparse"} and len(features) == 39
+    rows = np.arange(store.num_rows)
+    x, _ = deepctr.lr_matrix(store)
+    columns, width = [], 0
+    for f, feature in enumerate(features):
+        uniques, index = np.unique(store.gather(f, rows).keys, return_inverse=True)
+        assert feature.vocabulary_size == uniques.size and np.array_equal(inputs[feature.name], index)
+        columns.append(index + width)
+        width += uniques.size
+    assert np.array_equal(x.indptr, np.arange(0, 39 * store.num_rows + 1, 39)) and np.all(x.data == 1)
+    assert np.array_equal(x.indices, np.stack(columns, axis=1).reshape(-1)) and x.shape == (store.num_rows, width)
+
+
 def test_train_flags_command_line(tmp_path):
     """benchlib.train_flags: des.train's command line, shared by Bench.train and Bench.train_many."""
     argv = benchlib.train_flags(tmp_path / "run", {"batch_size": 512, "strategy": "des", "pipeline": False,
