@@ -251,7 +251,8 @@ def dense_values(values: np.ndarray, column: ColumnSpec) -> np.ndarray:
     x = dense_transform(values, column)
     if column.standardize:
         x = (x - column.mean) / column.std
-    return x.astype(np.float32)
+    with np.errstate(over="ignore"):  # beyond float32's range: +-inf, as TensorFlow's cast gives
+        return x.astype(np.float32)
 
 
 # ====================================================================== time

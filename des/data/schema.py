@@ -243,6 +243,10 @@ class Schema:
         """The store's :class:`des.data.store.FieldSpec` s (kind: the column's kind, or ``derived``)."""
         from .store import MULTI_HOT, ONE_HOT, FieldSpec
 
+        if self.is_criteo:  # the fields of keys.py (kinds "integer" and "categorical")
+            from .build import CRITEO_FIELDS
+
+            return list(CRITEO_FIELDS)
         specs = [FieldSpec(c.name, c.kind, MULTI_HOT if c.kind == "multi_valued" else ONE_HOT, c.weighted)
                  for c in self.sparse_columns]
         return specs + [FieldSpec(d.name, "derived", ONE_HOT, False) for d in self.derived]

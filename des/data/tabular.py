@@ -68,7 +68,7 @@ class _CountingReader:
         data = self._handle.read(size)
         self.sha256.update(data)
         if self.progress is not None:
-            self.progress.update(len(data))
+            self.progress.update(len(data) / 1e6)
         return data
 
     def readable(self) -> bool:
@@ -278,7 +278,7 @@ class TableReader:
         for batch in parquet.iter_batches(batch_size=self.chunk_rows, columns=columns):
             yield from self._chunk(path, report, batch, lines, [], row_word="row ")
             if self.progress is not None:
-                self.progress.update(size * batch.num_rows / total)
+                self.progress.update(size * batch.num_rows / total / 1e6)
         report.sha256 = file_sha256(path)
 
     # ------------------------------------------------------------------ validation
@@ -562,8 +562,9 @@ class progress_bar:
             from tqdm import tqdm
 
             total = sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
-            self.bar = tqdm(total=total, desc=what, unit="B", unit_scale=True, unit_divisor=1 << 20,
-                            dynamic_ncols=True, file=sys.stderr, leave=False)
+            self.bar = tqdm(total=total / 1e6, desc=what, unit="MB", dynamic_ncols=True, file=sys.stderr, leave=False,
+                            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} MB "
+                                       "[{elapsed}<{remaining}, {rate_fmt}{postfix}]")
 
     def __enter__(self) -> Any:
         return self.bar
