@@ -418,8 +418,7 @@ _BUCKET_KEYS = ("as", "buckets", "count", "boundaries")
 
 def _parse_column(where: _Where, entry: Any, path: str, allow_statistics: bool) -> ColumnSpec:
     entry = where.table(entry, path)
-    where.keys(entry, path, ("name", "kind", *sorted({k for keys in _COLUMN_KEYS.values() for k in keys}),
-                             *_DENSE_KEYS, "buckets", "count", "boundaries", "mean", "std"), ("name", "kind"))
+    where.keys(entry, path, tuple(entry), ("name", "kind"))  # each kind's own options are checked below
     name = where.string(entry, "name", path)
     kind = where.string(entry, "kind", path, choices=KINDS)
     if kind == "numeric":

@@ -103,7 +103,7 @@ def _column(column: ColumnSpec, index: int, rng: np.random.Generator, rows: int,
 class SchemaGenerator:
     """Draws blocks of raw rows of a schema and their oracle probabilities."""
 
-    def __init__(self, schema: Schema, seed: int, split: Sequence[float], positive_rate: float) -> None:
+    def __init__(self, schema: Schema, seed: int, split: Sequence[float], positive_rate: float, rows: int) -> None:
         if schema.is_criteo:
             raise DataError("the criteo schema has its own generator (des.data synth without --schema)")
         if not 0.0 < positive_rate < 1.0:
@@ -112,7 +112,7 @@ class SchemaGenerator:
         self.split = check_fractions(split)
         self.positive_rate = positive_rate
         self.time_formats = _time_formats(schema)
-        self.schema = self._resolved(schema)
+        self.schema = self._resolved(schema, rows)
         self._salt = np.uint64(splitmix64(seed_to_uint64(self.seed) ^ _ORACLE_SALT))
         rng = np.random.default_rng([self.seed % (1 << 63), 2])
         self._dense_weights = _LINEAR_STD * _SQRT3 * rng.uniform(-1.0, 1.0, len(self.schema.dense_columns))
@@ -126,18 +126,19 @@ class SchemaGenerator:
                    for i, c in enumerate(self.schema.columns)}
         return {name: array.slice(0, rows) for name, array in columns.items()}
 
-    def _resolved(self, schema: Schema) -> Schema:
-        """The schema with the statistics of the generated training rows (of a dataset of any size:
-        the first ``QUANTILE_SAMPLE`` training values and the moments of one calibration-sized prefix)."""
+    def _resolved(self, schema: Schema, rows: int) -> Schema:
+        """The schema with the statistics of the training rows of the ``rows`` generated rows, as
+        ``prepare`` computes them from the raw file (a first pass over the blocks)."""
         if schema.resolved:
             return schema
         from .tabular import _Statistics
 
         self.schema = schema
         stats = [_Statistics(c, self.seed, i) for i, c in enumerate(c for c in schema.columns if c.needs_statistics)]
-        for block in range(4):
-            raw = self.raw_block(block)
-            train = assign_splits(self.seed, self.split, block * BLOCK_ROWS, BLOCK_ROWS) == 0
+        for block in range(math.ceil(rows / BLOCK_ROWS)):
+            size = min(BLOCK_ROWS, rows - block * BLOCK_ROWS)
+            raw = self.raw_block(block, size)
+            train = assign_splits(self.seed, self.split, block * BLOCK_ROWS, size) == 0
             for accumulator in stats:
                 values = np.asarray(raw[accumulator.column.name].to_numpy(zero_copy_only=False), np.float64)
                 accumulator.add(values[train])
@@ -207,7 +208,7 @@ def synthesize_schema(output: str | os.PathLike, rows: int, schema: Schema | str
     (the AUC of the true probabilities on the test split; None for a raw file or one class)."""
     if rows < 1:
         raise DataError(f"rows must be positive, not {rows}")
-    generator = SchemaGenerator(load_schema(schema), seed, split, positive_rate)
+    generator = SchemaGenerator(load_schema(schema), seed, split, positive_rate, rows)
     if file_format == "raw":
         return _write_raw(generator, Path(output), rows, overwrite)
     if file_format != "store":
@@ -263,7 +264,7 @@ def _write_raw(generator: SchemaGenerator, target: Path, rows: int, overwrite: b
                     continue
                 header = schema.format.header and writer is None
                 options = csv.WriteOptions(include_header=header, delimiter=schema.format.delimiter,
-                                           quoting_style=quoting)
+                                           quoting_style=quoting, quoting_header="none")
                 csv.write_csv(table, sink, options)
                 writer = True
             if writer is not None and writer is not True:

@@ -38,6 +38,7 @@ from .store import StoreWriter
 from .tsv import FIRST_BAD_LINES_KEPT, SourceReport
 
 QUANTILE_SAMPLE = 1 << 20
+_MOMENT_BLOCK = 1 << 16
 _MIN_BLOCK_BYTES = 1 << 14
 _MAX_BLOCK_BYTES = 1 << 26
 _BYTES_PER_ROW_GUESS = 128
@@ -461,21 +462,28 @@ class _Statistics:
         self.sample = np.empty(0, dtype=np.float64)
         self.seen = 0
         self.count, self.mean, self.m2 = 0, 0.0, 0.0
+        self.pending = np.empty(0, dtype=np.float64)
+
+    def _merge(self, x: np.ndarray) -> None:
+        """Merge a block's count, mean and squared deviations (Chan et al.): the values are taken in
+        blocks of ``_MOMENT_BLOCK`` whatever the chunks, so the result does not depend on them."""
+        n, mean = x.shape[0], float(x.mean())
+        m2 = float(((x - mean) ** 2).sum())
+        total = self.count + n
+        delta = mean - self.mean
+        self.mean += delta * n / total
+        self.m2 += m2 + delta * delta * self.count * n / total
+        self.count = total
 
     def add(self, values: np.ndarray) -> None:
         from .features import dense_transform
 
         if self.column.as_ == "dense":
-            x = dense_transform(values, self.column)
-            if x.shape[0] == 0:
-                return
-            n, mean = x.shape[0], float(x.mean())
-            m2 = float(((x - mean) ** 2).sum())
-            total = self.count + n
-            delta = mean - self.mean
-            self.mean += delta * n / total
-            self.m2 += m2 + delta * delta * self.count * n / total
-            self.count = total
+            pending = np.concatenate([self.pending, dense_transform(values, self.column)])
+            full = pending.shape[0] - pending.shape[0] % _MOMENT_BLOCK
+            for start in range(0, full, _MOMENT_BLOCK):
+                self._merge(pending[start:start + _MOMENT_BLOCK])
+            self.pending = pending[full:]
             return
         x = values[~np.isnan(values)]
         room = QUANTILE_SAMPLE - self.sample.shape[0]
@@ -492,6 +500,9 @@ class _Statistics:
 
     def result(self) -> dict[str, Any]:
         if self.column.as_ == "dense":
+            if self.pending.shape[0]:
+                self._merge(self.pending)
+                self.pending = self.pending[:0]
             std = (self.m2 / self.count) ** 0.5 if self.count else 0.0
             return {"mean": self.mean, "std": std if std > 0 else 1.0}
         if self.sample.shape[0] == 0:
