@@ -18,7 +18,7 @@ from des.data import ColumnStore, DataError, open_dataset, open_inputs, prepare
 from des.data.__main__ import main
 from des.data.build import cache_entry_name, file_sha256
 from des.data.features import string_keys
-from des.data.schema import load_schema
+from des.data.schema import Schema, load_schema
 from des.data.split import assign_splits
 from des.data.synth_schema import synthesize_schema
 
@@ -331,32 +331,14 @@ def test_the_criteo_sample_keeps_its_store():
 
 @pytest.mark.skipif(not (SHARED / "movielens-100k").is_dir(), reason="needs ../shared/data/movielens-100k")
 def test_movielens_ratings(tmp_path):
-    schema = tmp_path / "ml.toml"
-    schema.write_text("""
-[format]
-delimiter = "\\t"
-header = false
-names = ["user_id", "item_id", "rating", "timestamp"]
-[label]
-column = "rating"
-rule = ">= 4"
-[[columns]]
-name = "user_id"
-kind = "categorical"
-dtype = "int"
-[[columns]]
-name = "item_id"
-kind = "categorical"
-dtype = "int"
-[[columns]]
-name = "timestamp"
-kind = "input"
-dtype = "int"
-[[derived]]
-name = "weekday"
-transform = "weekday"
-inputs = ["timestamp"]
-""")
+    int_column = {"kind": "categorical", "dtype": "int"}
+    schema = Schema.from_dict({
+        "name": "ml", "format": {"delimiter": "\t", "header": False,
+                                 "names": ["user_id", "item_id", "rating", "timestamp"]},
+        "label": {"column": "rating", "rule": ">= 4"},
+        "columns": [{"name": "user_id", **int_column}, {"name": "item_id", **int_column},
+                    {"name": "timestamp", "kind": "input", "dtype": "int"}],
+        "derived": [{"name": "weekday", "transform": "weekday", "inputs": ["timestamp"]}]})
     store = prepare(SHARED / "movielens-100k" / "raw" / "u.data", tmp_path / "ml", schema=schema)
     assert store.num_rows == 100_000 and store.manifest["num_positives"] == 55_375
     assert [store.distinct_count(f) for f in ("user_id", "item_id", "weekday")] == [943, 1682, 7]

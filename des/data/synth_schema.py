@@ -38,7 +38,7 @@ from .hashing import seed_to_uint64, splitmix64
 from .schema import ColumnSpec, Schema, load_schema
 from .split import DEFAULT_SPLIT, assign_splits, check_fractions
 from .store import ColumnStore, StoreWriter
-from .synth import _ORACLE_SALT, _SQRT3, _accumulate_fm, zipf_ranks
+from .synth import _ORACLE_SALT, _SQRT3, _accumulate_fm, calibrated_bias, zipf_ranks
 
 BLOCK_ROWS = 1 << 15
 GENERATOR_NAME = "des.data.synth_schema"
@@ -165,15 +165,7 @@ class SchemaGenerator:
 
     def _calibrate(self) -> float:
         rng_block = 1 << 40  # a block index no dataset reaches: the calibration rows
-        logits = self._logits(self.raw_block(rng_block), BLOCK_ROWS)[2]
-        low, high = -50.0, 50.0
-        for _ in range(100):
-            middle = 0.5 * (low + high)
-            if np.mean(1.0 / (1.0 + np.exp(-(logits + middle)))) < self.positive_rate:
-                low = middle
-            else:
-                high = middle
-        return 0.5 * (low + high)
+        return calibrated_bias(self._logits(self.raw_block(rng_block), BLOCK_ROWS)[2], self.positive_rate)
 
     def blocks(self, rows: int) -> Iterator[tuple[dict[str, Any], list, np.ndarray | None, np.ndarray, np.ndarray]]:
         """``(raw columns, keyed columns, dense, probabilities, labels)`` of each block."""

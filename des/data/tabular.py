@@ -181,14 +181,16 @@ class TableReader:
             raise DataError(f"{path}: {where} has column {extra[0]!r}, which schema {self.schema.name} does not "
                             "declare (declare it with kind = \"ignored\" to drop it)")
 
-    def _csv_options(self, names: Sequence[str] | None, block_size: int, bad: list) -> tuple[Any, Any, Any]:
+    def _csv_options(self, names: Sequence[str] | None, block_size: int, bad: list,
+                     lines: _LineNumbers) -> tuple[Any, Any, Any]:
         import pyarrow.csv as csv
 
         fmt = self.schema.format
         read_columns = [self.schema.label.column, *(c.name for c in self.schema.read_columns)]
 
-        def on_invalid(row: Any) -> str:
+        def on_invalid(row: Any) -> str:  # a row of a wrong width: reported by _chunk, in line order
             bad.append((row.number, row.actual_columns, row.expected_columns))
+            lines.skip(row.number)
             return "skip"
 
         read = csv.ReadOptions(block_size=block_size, use_threads=False,
@@ -238,11 +240,9 @@ class TableReader:
         self._check_names(path, names, "the header" if self.schema.format.header else "format.names")
         block = min(max(self.chunk_rows * _BYTES_PER_ROW_GUESS, _MIN_BLOCK_BYTES), _MAX_BLOCK_BYTES)
         bad_lines: list[tuple[int, int, int]] = []
-        read, parse, convert = self._csv_options(names, block, bad_lines)
-        (stream, handle), counting = self._open_stream(path, self.progress)
         lines = _LineNumbers(1 if self.schema.format.header else 0)
-        on_invalid = parse.invalid_row_handler
-        parse.invalid_row_handler = lambda row: lines.skip(row.number) or on_invalid(row)
+        read, parse, convert = self._csv_options(names, block, bad_lines, lines)
+        (stream, handle), counting = self._open_stream(path, self.progress)
         try:
             reader = csv.open_csv(stream, read_options=read, parse_options=parse, convert_options=convert)
             while True:
