@@ -210,6 +210,22 @@ def test_bad_rows_fail_with_one_line_and_leave_nothing(tmp_path, name, corrupt, 
     assert not (tmp_path / "store").exists() and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
+@pytest.mark.parametrize("content, expected", [
+    (b"", "file is empty (no rows)"),
+    (b"y,user\x00\x01\xff\xfe,tags\n", "line 1 is not text (binary data?)"),
+    (gzip.compress(b"y,user,tags,price,age,note\n" + b"".join(b"1,u%d,a|b,%d.5,30,x\n" % (i, i * 7919 % 10007)
+                                                              for i in range(20000)))[:20000],
+     "truncated or corrupt gzip data"),
+])
+def test_unreadable_files(tmp_path, content, expected):
+    raw = tmp_path / "f.csv.gz"
+    raw.write_bytes(content)
+    with pytest.raises(DataError) as error:
+        prepare(raw, tmp_path / "store", schema=_schema(tmp_path))
+    assert str(error.value).startswith(f"{raw}: {expected}") and "\n" not in str(error.value)
+    assert not (tmp_path / "store").exists()
+
+
 def test_a_label_must_be_0_or_1_without_a_rule(tmp_path):
     raw = tmp_path / "a.csv"
     raw.write_text(AVAZU_HEADER + "\n" + AVAZU_ROWS[0] + "\n" + AVAZU_ROWS[1].replace(",0,14102100", ",2,14102100")

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import DataError
-from .keys import FIELD_NAMES, KEY_SCHEME, NUM_INT_FIELDS
+from .keys import FIELD_NAMES, NUM_INT_FIELDS
 from .schema import Schema, load_schema
 from .split import DEFAULT_SPLIT, check_fractions
 from .store import FORMAT_VERSION, MANIFEST_NAME, ColumnStore, FieldSpec, StoreWriter

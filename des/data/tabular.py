@@ -6,7 +6,8 @@ line) and ``pyarrow.parquet.ParquetFile.iter_batches``. A chunk is validated (la
 numbers, integers, weights, the inputs of derived fields), its bad rows fail the preparation with
 one line ``file:line: column NAME: what`` (policy ``fail``) or are skipped and counted (``skip``),
 and its good rows are keyed (``features.encode_rows``, numba kernels over the Arrow buffers) and
-appended to the store. Line numbers count the header; a quoted value may not span lines.
+appended to the store. Line numbers count the header (a quoted value that spans lines shifts the
+numbers of the lines after it).
 
 The training statistics of a schema (quantile boundaries, mean and std of standardized columns)
 come from a first pass over the training rows only: the split of row ``i`` is a function of
@@ -18,7 +19,6 @@ training values fit it).
 from __future__ import annotations
 
 import bisect
-import gzip
 import hashlib
 import os
 import sys
@@ -42,6 +42,7 @@ _MOMENT_BLOCK = 1 << 16
 _MIN_BLOCK_BYTES = 1 << 14
 _MAX_BLOCK_BYTES = 1 << 26
 _BYTES_PER_ROW_GUESS = 128
+_HEADER_BYTES = 1 << 16  # the header line must fit
 
 
 @dataclass
@@ -213,23 +214,28 @@ class TableReader:
         return (stream, handle), counting
 
     def _header(self, path: str) -> list[str]:
+        """The column names of a CSV file (its header, or the declared names), after checking that
+        its first bytes are text."""
         import pyarrow.csv as csv
 
-        if not self.schema.format.header:
-            return list(self.schema.format.names)
         (stream, handle), _ = self._open_stream(path, None)
         try:
+            head = stream.read(_HEADER_BYTES)
+            if not head:
+                raise DataError(f"{path}: file is empty (no rows)")
+            if b"\0" in head or not _is_utf8(head):
+                raise DataError(f"{path}: line 1 is not text (binary data?)")
+            if not self.schema.format.header:
+                return list(self.schema.format.names)
             fmt = self.schema.format
-            reader = csv.open_csv(stream, read_options=csv.ReadOptions(block_size=1 << 20, use_threads=False),
-                                  parse_options=csv.ParseOptions(delimiter=fmt.delimiter,
-                                                                 quote_char=fmt.quote if fmt.quote else False,
-                                                                 invalid_row_handler=lambda row: "skip"),
-                                  convert_options=csv.ConvertOptions(include_columns=[]))
+            reader = csv.open_csv(self.pa.BufferReader(head), read_options=csv.ReadOptions(
+                block_size=_HEADER_BYTES + 1, use_threads=False), parse_options=csv.ParseOptions(
+                delimiter=fmt.delimiter, quote_char=fmt.quote if fmt.quote else False,
+                invalid_row_handler=lambda row: "skip"), convert_options=csv.ConvertOptions(include_columns=[]))
             return list(reader.schema.names)
-        except (self.pa.ArrowInvalid, OSError, EOFError, gzip.BadGzipFile) as error:
-            if os.path.getsize(path) == 0 or "Empty CSV file" in str(error):
-                raise DataError(f"{path}: file is empty (no rows)") from None
-            raise DataError(f"{path}: cannot read the header ({str(error).splitlines()[0]})") from None
+        except (self.pa.ArrowInvalid, OSError, EOFError) as error:
+            what = "truncated or corrupt gzip data" if "compress" in str(error).lower() else "cannot read the header"
+            raise DataError(f"{path}: {what} ({_arrow_message(error)})") from None
         finally:
             handle.close()
 
@@ -257,11 +263,11 @@ class TableReader:
             report.sha256 = counting.finish()
         except self.pa.ArrowInvalid as error:
             raise DataError(f"{path}: {_arrow_message(error)}") from None
-        except (EOFError, gzip.BadGzipFile, OSError) as error:
-            if isinstance(error, OSError) and not isinstance(error, (EOFError, gzip.BadGzipFile)) \
-                    and "gzip" not in str(error).lower() and "zlib" not in str(error).lower():
+        except OSError as error:  # pyarrow's decompression errors
+            if "compress" not in str(error).lower():
                 raise
-            raise DataError(f"{path}: truncated or corrupt gzip data after line {report.lines} ({error})") from None
+            where = f"after line {report.lines + 1}" if report.lines else "before its first rows could be read"
+            raise DataError(f"{path}: truncated or corrupt gzip data {where} ({_arrow_message(error)})") from None
         finally:
             handle.close()
 
@@ -417,7 +423,18 @@ class _LineNumbers:
 
 
 def _arrow_message(error: Exception) -> str:
-    return str(error).splitlines()[0] if str(error) else type(error).__name__
+    """The first line of an Arrow error, at most 160 characters."""
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _is_utf8(data: bytes) -> bool:
+    """True if ``data`` is UTF-8 text, a character cut at its end allowed."""
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError as error:
+        return error.start >= len(data) - 3 and error.reason == "unexpected end of data"
 
 
 def _options_text(options: dict[str, Any]) -> str:
