@@ -1,4 +1,4 @@
-""".venv/bin/python scripts/bench_prepare.py [--rows 2000000] [--chunk-rows 262144] [--workdir DIR]   (from the repository root)
+""".venv/bin/python scripts/bench_prepare.py [--rows 2000000] [--workdir DIR]   (from the repository root)
 
 Measures ``des.data prepare`` on generic tables against its Criteo path and against pandas, in one
 run. It first writes the inputs (each by a child process): an Avazu-like CSV of ``--rows`` rows
@@ -15,8 +15,9 @@ runs in a process of its own and prints one row of a table:
 
 Each row gives the wall seconds of the work itself (the child's imports and a tiny warm-up run
 that loads the numba kernels are not counted), rows/s, MB/s of the input file as stored, and the
-child's peak RSS (``ru_maxrss`` from ``os.wait4``: the whole process, imports included). Data go
-to a temporary directory (or ``--workdir``) removed at the end.
+child's peak RSS (``ru_maxrss`` from ``os.wait4``: the whole process, imports included).
+``--chunk-rows N`` sets prepare's chunk (default 262144 rows). Data go to a temporary directory (or
+``--workdir``) removed at the end.
 
 Expect (2-core machine, one process each): the generic CSV path within a small factor (about 1-3x)
 of the Criteo numba path in rows/s, Parquet faster than CSV, and ``pandas.read_csv`` of the CSV

@@ -16,16 +16,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import DataError
-from .keys import FIELD_NAMES, NUM_INT_FIELDS
-from .schema import Schema, load_schema
+from .schema import CRITEO_FIELDS, Schema, load_schema
 from .split import DEFAULT_SPLIT, check_fractions
-from .store import FORMAT_VERSION, MANIFEST_NAME, ColumnStore, FieldSpec, StoreWriter
+from .store import FORMAT_VERSION, MANIFEST_NAME, ColumnStore, StoreWriter
 from .tsv import BAD_ROW_POLICIES, FIRST_BAD_LINES_KEPT, CriteoTsvReader
 
 DEFAULT_CHUNK_ROWS = 1 << 18
-CRITEO_FIELDS: tuple[FieldSpec, ...] = tuple(
-    FieldSpec(name, "integer" if i < NUM_INT_FIELDS else "categorical") for i, name in enumerate(FIELD_NAMES)
-)
 PathLike = str | os.PathLike
 SchemaLike = str | os.PathLike | Schema | None
 

@@ -65,7 +65,9 @@ from .hashing import GOLDEN_GAMMA, splitmix64
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from .schema import ColumnSpec, DerivedSpec, Schema
+# Columns, derived fields and schemas are ``des.data.schema``'s ColumnSpec, DerivedSpec and Schema
+# (schema.py imports this module for its registry of transforms, so they are not imported here).
+ColumnSpec = DerivedSpec = Schema = Any
 
 KEY_SCHEME_2: dict[str, Any] = {
     "name": "des-schema-key",
@@ -788,7 +790,8 @@ def _tf_parse_times(values: Any, time_format: TimeFormat) -> tuple[Any, Any]:
     if 2 in time_format.codes:
         year = parts[2] + tf.where(parts[2] < 69, tf.constant(2000, tf.int64), 1900)
     month, day = parts[3], parts[4]
-    ok = tf.logical_and(ok, tf.logical_and(tf.logical_and(month >= 1, month <= 12), tf.logical_and(day >= 1, day <= 31)))
+    in_range = [month >= 1, month <= 12, day >= 1, day <= 31]
+    ok = tf.logical_and(ok, tf.reduce_all(tf.stack(in_range), axis=0))
     ok = tf.logical_and(ok, tf.logical_and(tf.logical_and(parts[5] <= 23, parts[6] <= 59), parts[7] <= 60))
     y = year - tf.cast(month <= 2, tf.int64)
     era = tf.math.floordiv(y, 400)

@@ -9,11 +9,11 @@ named after the file's sha256, so a changed file is prepared again and an unchan
 is the entry ``des.evaluate`` uses for the same file), and a prepared directory contributes all its
 rows (its own split is not used). Raw files of a schema other than Criteo's are read with it; its
 training statistics (quantile boundaries, standardize mean and std) come from all rows of the
-training files and apply to the validation and test files too. :class:`ConcatStore` reads these stores side by side as one: row
-``i`` of part ``p`` is row ``starts[p] + i``, and every row of a part belongs to the split of its
-flag. It answers what the runner and :class:`BatchReader` ask of a :class:`ColumnStore`, so the
-batch order (a function of the seed and the epoch, not of the number of ranks), the row shards and
-checkpoint positions work as with ``--data``.
+training files and apply to the validation and test files too. :class:`ConcatStore` reads these
+stores side by side as one: row ``i`` of part ``p`` is row ``starts[p] + i``, and every row of a
+part belongs to the split of its flag. It answers what the runner and :class:`BatchReader` ask of
+a :class:`ColumnStore`, so the batch order (a function of the seed and the epoch, not of the number
+of ranks), the row shards and checkpoint positions work as with ``--data``.
 """
 
 from __future__ import annotations

@@ -77,6 +77,8 @@ from typing import Any
 
 from .errors import DataError
 from .features import TRANSFORMS
+from .keys import FIELD_NAMES, NUM_INT_FIELDS
+from .store import MULTI_HOT, ONE_HOT, FieldSpec
 
 KINDS = ("categorical", "multi_valued", "numeric", "input", "ignored")
 FORMAT_TYPES = ("csv", "parquet", "criteo")
@@ -84,6 +86,9 @@ POOLINGS = ("sum", "mean")
 BUCKETS = ("quantiles", "boundaries", "log_squared")
 DENSE_TRANSFORMS = ("none", "log1p")
 NUMERIC_AS = ("dense", "bucketize")
+CRITEO_FIELDS: tuple[FieldSpec, ...] = tuple(
+    FieldSpec(name, "integer" if i < NUM_INT_FIELDS else "categorical") for i, name in enumerate(FIELD_NAMES)
+)
 _RULE = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(\S+)\s*$")
 _IN_RULE = re.compile(r"^\s*in\s*\[(.*)\]\s*$")
 
@@ -241,11 +246,7 @@ class Schema:
 
     def field_specs(self) -> list[Any]:
         """The store's :class:`des.data.store.FieldSpec` s (kind: the column's kind, or ``derived``)."""
-        from .store import MULTI_HOT, ONE_HOT, FieldSpec
-
         if self.is_criteo:  # the fields of keys.py (kinds "integer" and "categorical")
-            from .build import CRITEO_FIELDS
-
             return list(CRITEO_FIELDS)
         specs = [FieldSpec(c.name, c.kind, MULTI_HOT if c.kind == "multi_valued" else ONE_HOT, c.weighted)
                  for c in self.sparse_columns]
@@ -444,7 +445,8 @@ def _parse_column(where: _Where, entry: Any, path: str, allow_statistics: bool) 
                 where.fail(f"{path}.{key}", "must not be empty")
         if weight_separator is not None and weight_separator == separator:
             where.fail(f"{path}.weight_separator", "must differ from separator")
-        return ColumnSpec(name, kind, separator=separator, pooling=where.string(entry, "pooling", path, "sum", POOLINGS),
+        pooling = where.string(entry, "pooling", path, "sum", POOLINGS)
+        return ColumnSpec(name, kind, separator=separator, pooling=pooling,
                           max_length=where.integer(entry, "max_length", path, None, 1),
                           weight_separator=weight_separator)
     if as_ == "dense":
@@ -598,8 +600,6 @@ AVAZU: dict[str, Any] = {
 
 
 def _criteo() -> dict[str, Any]:
-    from .keys import FIELD_NAMES, NUM_INT_FIELDS
-
     return {"name": "criteo", "format": {"type": "criteo"}, "label": {"column": "label"},
             "columns": [{"name": n, "kind": "numeric", "as": "bucketize", "buckets": "log_squared"}
                         for n in FIELD_NAMES[:NUM_INT_FIELDS]]
