@@ -19,9 +19,10 @@ child's peak RSS (``ru_maxrss`` from ``os.wait4``: the whole process, imports in
 ``--chunk-rows N`` sets prepare's chunk (default 262144 rows). Data go to a temporary directory (or
 ``--workdir``) removed at the end.
 
-Expect (2-core machine, one process each): the generic CSV path within a small factor (about 1-3x)
-of the Criteo numba path in rows/s, Parquet faster than CSV, and ``pandas.read_csv`` of the CSV
-alone using several times the peak memory of ``prepare``, which holds one chunk at a time.
+Expect (2-core machine, one process each): the generic CSV path about as fast as the Criteo numba
+path in rows/s (within 1-2x), Parquet faster than CSV, and ``pandas.read_csv`` of the CSV alone
+faster than ``prepare`` (it only parses: no validation, hashing or store) but with a higher peak
+memory, as it holds the whole table where ``prepare`` holds one chunk at a time.
 """
 
 from __future__ import annotations
