@@ -1,4 +1,5 @@
-"""Import user modules that register substitutions and models (``--plugins a.py,pkg.mod``)."""
+"""Import user modules that register substitutions, models and data transforms (``--plugins a.py,pkg.mod``;
+``des.data prepare --plugins``: ``des.data.register_transform``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Data pipeline of des: raw Criteo reader, column store, batch reader, synthetic data.
+"""Data pipeline of des: raw Criteo reader, declared schemas of other tables, column store, batch
+reader, synthetic data.
 
     store = open_dataset("datasets/criteo_sample.txt.gz")     # prepared once, then cached
     for batch in BatchReader(store, "train", fields=[0, 13], batch_size=4096, seed=0, epoch=0):
@@ -6,8 +7,11 @@
 
 Separate train/validation/test inputs (several files or globs each) are read as one store by
 ``open_inputs`` (``des/data/inputs.py``). Command line: ``python -m des.data
-{prepare,synth,inspect} --help``. The key scheme is defined in ``des/data/keys.py`` (also
-described in ``datasets/README.md``).
+{prepare,synth,inspect} --help``. Criteo's key scheme is defined in ``des/data/keys.py`` (also
+described in ``datasets/README.md``). Other tables are declared by a schema (``des/data/schema.py``:
+``load_schema``, built in ``avazu`` or a TOML file) and prepared with ``prepare(..., schema=...)``
+(``des/data/tabular.py``); their keys (key scheme 2), transforms and the TensorFlow side of both
+for served models (``ServingFeatures``) are in ``des/data/features.py``.
 """
 
 import os as _os
@@ -23,6 +27,14 @@ from .batch import Batch, FieldBatch  # noqa: E402
 from .batch_reader import BatchReader  # noqa: E402
 from .build import atomic_directory, open_dataset, prepare  # noqa: E402
 from .errors import DataError  # noqa: E402
+from .features import (  # noqa: E402
+    KEY_SCHEME_2,
+    ServedFeatures,
+    ServingFeatures,
+    Transform,
+    encode_rows,
+    register_transform,
+)
 from .inputs import ConcatStore, open_inputs  # noqa: E402
 from .keys import (  # noqa: E402
     FIELD_NAMES,
@@ -38,9 +50,12 @@ from .keys import (  # noqa: E402
     missing_key,
     value_of_key,
 )
+from .schema import Schema, load_schema  # noqa: E402
 from .split import SPLIT_NAMES, assign_splits  # noqa: E402
 from .store import ColumnStore  # noqa: E402
 from .synth import SynthConfig, default_config, synthesize_store, synthesize_tsv  # noqa: E402
+from .synth_schema import synthesize_schema  # noqa: E402
+from .tabular import resolve_statistics  # noqa: E402
 
 __all__ = [
     "FIELD_NAMES",
@@ -71,4 +86,14 @@ __all__ = [
     "default_config",
     "synthesize_store",
     "synthesize_tsv",
+    "synthesize_schema",
+    "Schema",
+    "load_schema",
+    "resolve_statistics",
+    "KEY_SCHEME_2",
+    "Transform",
+    "register_transform",
+    "encode_rows",
+    "ServingFeatures",
+    "ServedFeatures",
 ]

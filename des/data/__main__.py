@@ -7,8 +7,12 @@ import os
 import sys
 from collections.abc import Sequence
 
+from des.errors import DesError
+from des.plugins import load_plugins
+
 from .build import DEFAULT_CHUNK_ROWS, existing_preparation, prepare
 from .errors import DataError
+from .schema import BUILT_IN, load_schema
 from .split import DEFAULT_SPLIT, check_fractions
 from .store import ColumnStore
 from .summary import DEFAULT_TOP_K, format_summary
@@ -56,8 +60,16 @@ def _build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
     default_split = ",".join(str(x) for x in DEFAULT_SPLIT)
 
-    prep = commands.add_parser("prepare", help="validate raw Criteo TSV files and write a column store")
-    prep.add_argument("--input", nargs="+", required=True, metavar="FILE", help="raw Criteo TSV files (plain or .gz)")
+    schema_help = (f"dataset schema: built in ({', '.join(BUILT_IN)}; default criteo) or a TOML file "
+                   "(des/data/schema.py)")
+    plugins_help = "modules or .py files that register transforms (des.data.register_transform), comma-separated"
+    prep = commands.add_parser("prepare", help="validate raw files of a schema and write a column store")
+    prep.add_argument("--input", nargs="+", required=True, metavar="FILE",
+                      help="raw files: Criteo TSV (plain or .gz), or the schema's CSV/TSV (.gz) or Parquet files")
+    prep.add_argument("--schema", default="criteo", metavar="NAME|FILE", help=schema_help)
+    prep.add_argument("--plugins", default="", metavar="A.py,pkg.mod", help=plugins_help)
+    prep.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                      help="a progress bar on stderr (default: when stderr is a terminal)")
     prep.add_argument("--output", required=True, metavar="DIR", help="store directory to create")
     split_help = f"train,validation,test fractions (default {default_split})"
     prep.add_argument("--split", type=_fractions, default=DEFAULT_SPLIT, help=split_help)
@@ -73,13 +85,17 @@ def _build_parser() -> argparse.ArgumentParser:
         help="replace an existing store at --output (a store of the same inputs and options is kept as is)",
     )
 
-    synth = commands.add_parser("synth", help="generate synthetic Criteo-shaped data with a known oracle")
+    synth = commands.add_parser("synth", help="generate synthetic data of a schema with a known oracle")
     synth.add_argument("--rows", type=_positive_int, required=True, help="number of rows")
-    synth.add_argument("--output", required=True, help="store directory (--format store) or TSV file (--format tsv)")
+    synth.add_argument("--output", required=True,
+                       help="store directory (--format store) or raw file (--format tsv or raw)")
     synth.add_argument("--seed", type=int, default=0, help="generator and split seed (default 0)")
     synth.add_argument(
-        "--format", choices=("store", "tsv"), default="store", help="column store, or raw Criteo TSV (.gz for gzip)"
+        "--format", choices=("store", "tsv", "raw"), default="store",
+        help="column store, raw Criteo TSV (.gz for gzip), or (with --schema) a raw file in the schema's format",
     )
+    synth.add_argument("--schema", default="criteo", metavar="NAME|FILE", help=schema_help)
+    synth.add_argument("--plugins", default="", metavar="A.py,pkg.mod", help=plugins_help)
     synth.add_argument("--multi-hot", action="store_true", help=f"make {','.join(DEFAULT_MULTI_HOT_FIELDS)} multi-hot")
     synth.add_argument("--multi-hot-fields", metavar="C1,C2,..", help="categorical fields to make multi-hot")
     synth.add_argument("--max-hot", type=_positive_int, default=4, help="multi-hot rows have 0..k ids (default 4)")
@@ -100,16 +116,18 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _run_prepare(args: argparse.Namespace) -> None:
+    load_plugins(args.plugins)
+    schema = load_schema(args.schema)
     if not args.force:
         existing = existing_preparation(args.input, args.output, split=args.split, seed=args.seed,
-                                        bad_rows=args.bad_rows)
+                                        bad_rows=args.bad_rows, schema=schema)
         if existing is not None:
             print(f"already prepared: {existing.num_rows} rows from the same inputs and options in "
                   f"{existing.path} (nothing to do; --force rebuilds it)")
             return
     store = prepare(
-        args.input, args.output, split=args.split, seed=args.seed, bad_rows=args.bad_rows,
-        chunk_rows=args.chunk_rows, overwrite=args.force,
+        args.input, args.output, schema=schema, split=args.split, seed=args.seed, bad_rows=args.bad_rows,
+        chunk_rows=args.chunk_rows, overwrite=args.force, progress=args.progress,
     )
     manifest = store.manifest
     bad = manifest["bad_rows"]
@@ -124,6 +142,21 @@ def _run_prepare(args: argparse.Namespace) -> None:
 
 
 def _run_synth(args: argparse.Namespace) -> None:
+    load_plugins(args.plugins)
+    schema = load_schema(args.schema)
+    if not schema.is_criteo:
+        from .synth_schema import synthesize_schema
+
+        if args.format == "tsv":
+            raise DataError(f"--format tsv is Criteo's layout; a {schema.name} file is --format raw")
+        info = synthesize_schema(args.output, args.rows, schema, seed=args.seed, split=args.split,
+                                 positive_rate=args.positive_rate, file_format=args.format, overwrite=args.force)
+        auc = "" if info["oracle_auc"] is None else f", oracle test AUC {info['oracle_auc']:.5f}"
+        print(f"wrote {info['rows']} rows of {schema.name}, positive rate {info['positive_rate']:.4f}{auc} "
+              f"-> {args.output}")
+        return
+    if args.format == "raw":
+        args.format = "tsv"
     multi_hot: tuple[str, ...] = ()
     if args.multi_hot_fields:
         multi_hot = tuple(name.strip() for name in args.multi_hot_fields.split(",") if name.strip())
@@ -157,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `inspect DIR | head`: the reader went away, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (DataError, OSError) as error:
+    except (DesError, OSError) as error:  # DataError, and a plugin's ConfigError
         return _report_error(str(error).replace("\n", " "))
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)

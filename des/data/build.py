@@ -1,4 +1,7 @@
-"""Preparing raw Criteo files into a column store, atomically, and the prepared-data cache."""
+"""Preparing raw files into a column store, atomically, and the prepared-data cache.
+
+Criteo's TSV (the default schema ``criteo``) goes through its own numba reader (``tsv.py``, key
+scheme 1); the files of any other schema (``schema.py``) through ``tabular.py`` (key scheme 2)."""
 
 from __future__ import annotations
 
@@ -13,16 +16,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import DataError
-from .keys import FIELD_NAMES, KEY_SCHEME, NUM_INT_FIELDS
+from .schema import CRITEO_FIELDS, Schema, load_schema
 from .split import DEFAULT_SPLIT, check_fractions
-from .store import FORMAT_VERSION, MANIFEST_NAME, ColumnStore, FieldSpec, StoreWriter
+from .store import FORMAT_VERSION, MANIFEST_NAME, ColumnStore, StoreWriter
 from .tsv import BAD_ROW_POLICIES, FIRST_BAD_LINES_KEPT, CriteoTsvReader
 
 DEFAULT_CHUNK_ROWS = 1 << 18
-CRITEO_FIELDS: tuple[FieldSpec, ...] = tuple(
-    FieldSpec(name, "integer" if i < NUM_INT_FIELDS else "categorical") for i, name in enumerate(FIELD_NAMES)
-)
 PathLike = str | os.PathLike
+SchemaLike = str | os.PathLike | Schema | None
 
 
 def _is_replaceable(path: Path) -> bool:
@@ -113,17 +114,35 @@ def _write_criteo_store(
         )
 
 
+def _write_store(schema: Schema, paths: list[str], directory: Path, split: tuple[float, float, float], seed: int,
+                 bad_rows: str, chunk_rows: int, progress: bool | None) -> None:
+    """Write the rows of ``paths`` as a store in ``directory``: Criteo's path, or a schema's (its
+    statistics from the training rows first, unless resolved already)."""
+    if schema.is_criteo:
+        _write_criteo_store(paths, directory, split, seed, bad_rows, chunk_rows)
+        return
+    from .tabular import resolve_statistics, write_table_store
+
+    resolved = resolve_statistics(schema, paths, split, seed, bad_rows, chunk_rows, progress)
+    write_table_store(resolved, paths, directory, split, seed, bad_rows, chunk_rows, progress)
+
+
 def prepare(
     inputs: PathLike | Sequence[PathLike],
     output: PathLike,
     *,
+    schema: SchemaLike = None,
     split: Sequence[float] | None = DEFAULT_SPLIT,
     seed: int = 0,
     bad_rows: str = "fail",
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     overwrite: bool = False,
+    progress: bool | None = None,
 ) -> ColumnStore:
-    """Validate raw Criteo TSV files (plain or .gz) and write them as one column store at ``output``.
+    """Validate raw files and write them as one column store at ``output``: Criteo TSV files
+    (plain or .gz) for the default ``schema`` ``criteo``, else the files of that schema (a name,
+    a TOML file or a :class:`Schema`; CSV/TSV, .gz, or Parquet). ``progress``: a bar on stderr
+    (None: when stderr is a terminal).
 
     Rows of all inputs are concatenated in order. ``bad_rows="fail"`` stops at the first bad row
     with a DataError naming file, line and column; ``"skip"`` skips bad rows and records how many
@@ -137,17 +156,18 @@ def prepare(
     paths = _input_paths(inputs)
     fractions = check_fractions(split)
     _check_policy(bad_rows)
+    schema = load_schema(schema)
     if not overwrite:
-        existing = existing_preparation(paths, output, split=fractions, seed=seed, bad_rows=bad_rows)
+        existing = existing_preparation(paths, output, split=fractions, seed=seed, bad_rows=bad_rows, schema=schema)
         if existing is not None:
             return existing
     with atomic_directory(output, "replace" if overwrite else "error") as directory:
-        _write_criteo_store(paths, directory, fractions, int(seed), bad_rows, int(chunk_rows))
+        _write_store(schema, paths, directory, fractions, int(seed), bad_rows, int(chunk_rows), progress)
     return ColumnStore.open(output)
 
 
 def _preparation_differences(manifest: dict, sha256s: list[str], split: Sequence[float], seed: int,
-                             bad_rows: str) -> list[str]:
+                             bad_rows: str, schema: Schema) -> list[str]:
     """What differs between a store's manifest and a preparation of files with these digests and
     options (the same notion of "same inputs" as the ``open_dataset`` cache: the bytes of the
     inputs, in order, the split, seed and bad-row policy, the store format and the key scheme)."""
@@ -167,9 +187,21 @@ def _preparation_differences(manifest: dict, sha256s: list[str], split: Sequence
     policy = (manifest.get("bad_rows") or {}).get("policy")
     if policy != bad_rows:
         differences.append(f"bad-rows {policy}, now {bad_rows}")
+    recorded_schema = manifest.get("schema")
+    if recorded_schema is None and not schema.is_criteo:
+        differences.append(f"schema criteo, now {schema.name}")
+    elif recorded_schema is not None:
+        try:
+            declared = Schema.from_dict(recorded_schema).without_statistics()
+        except DataError:
+            declared = None
+        now = schema.without_statistics().fingerprint
+        if declared is None or declared.fingerprint != now:
+            was = "unreadable" if declared is None else declared.fingerprint
+            differences.append(f"schema {recorded_schema.get('name')} ({was}), now {schema.name} ({now})")
     version = (manifest.get("key_scheme") or {}).get("version")
-    if version != KEY_SCHEME["version"]:
-        differences.append(f"key scheme version {version}, now {KEY_SCHEME['version']}")
+    if version != schema.key_scheme:
+        differences.append(f"key scheme version {version}, now {schema.key_scheme}")
     return differences
 
 
@@ -179,7 +211,7 @@ def _short(digests: list[str]) -> str:
 
 def existing_preparation(inputs: PathLike | Sequence[PathLike], output: PathLike, *,
                          split: Sequence[float] | None = DEFAULT_SPLIT, seed: int = 0,
-                         bad_rows: str = "fail") -> ColumnStore | None:
+                         bad_rows: str = "fail", schema: SchemaLike = None) -> ColumnStore | None:
     """The store at ``output`` if it was prepared from the same inputs with the same options.
 
     None if ``output`` does not exist. A DataError (one line, suggesting ``--force``) if it exists
@@ -206,7 +238,7 @@ def existing_preparation(inputs: PathLike | Sequence[PathLike], output: PathLike
         raise DataError(f"{target}: output already exists but is not a valid store ({error}); "
                         "pass --force to replace it") from None
     differences = _preparation_differences(store.manifest, [file_sha256(p) for p in paths], fractions,
-                                           int(seed), bad_rows)
+                                           int(seed), bad_rows, load_schema(schema))
     if differences:
         raise DataError(f"{target}: output already exists, prepared from other inputs or options "
                         f"({'; '.join(differences)}); pass --force to replace it")
@@ -232,10 +264,15 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("DES_CACHE_DIR") or "~/.cache/des").expanduser()
 
 
-def cache_entry_name(file_name: str, sha256: str, split: Sequence[float], seed: int, bad_rows: str) -> str:
-    """Cache directory name of a raw file prepared with these options."""
+def cache_entry_name(file_name: str, sha256: str, split: Sequence[float], seed: int, bad_rows: str,
+                     schema: Schema | None = None) -> str:
+    """Cache directory name of a raw file prepared with these options (and a schema other than
+    Criteo's: its fingerprint, statistics included when given)."""
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", file_name.split(".")[0]) or "data"
-    options = json.dumps({"split": list(split), "seed": seed, "bad_rows": bad_rows, "format": FORMAT_VERSION})
+    settings = {"split": list(split), "seed": seed, "bad_rows": bad_rows, "format": FORMAT_VERSION}
+    if schema is not None and not schema.is_criteo:
+        settings["schema"] = schema.fingerprint
+    options = json.dumps(settings)
     return f"{stem}-{sha256[:16]}-{hashlib.sha256(options.encode()).hexdigest()[:8]}"
 
 
@@ -245,13 +282,17 @@ def open_dataset(
     split: Sequence[float] | None = DEFAULT_SPLIT,
     seed: int = 0,
     bad_rows: str = "fail",
+    schema: SchemaLike = None,
+    progress: bool | None = None,
 ) -> ColumnStore:
-    """Open a prepared store, or prepare a raw TSV/.gz file once into the cache and open that.
+    """Open a prepared store, or prepare a raw file once into the cache and open that (a Criteo
+    TSV/.gz file, or a file of ``schema``: see :func:`prepare`).
 
     The cache entry (in ``cache_dir``, default ``$DES_CACHE_DIR`` or ``~/.cache/des``) is named
     after the input's sha256 and the split/seed/policy, so it is reused by later calls and by
     other processes; concurrent preparations are safe (the first rename wins, the others use its
-    result). ``split``, ``seed`` and ``bad_rows`` only matter when a raw file is prepared.
+    result). ``split``, ``seed``, ``bad_rows`` and ``schema`` only matter when a raw file is
+    prepared; the entry's name includes the schema's fingerprint (other than Criteo's).
     """
     source = Path(path)
     if source.is_dir():
@@ -261,8 +302,10 @@ def open_dataset(
     fractions = check_fractions(split)
     _check_policy(bad_rows)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = cache / cache_entry_name(source.name, file_sha256(source), fractions, int(seed), bad_rows)
+    schema = load_schema(schema)
+    target = cache / cache_entry_name(source.name, file_sha256(source), fractions, int(seed), bad_rows, schema)
     if not (target / MANIFEST_NAME).is_file():
         with atomic_directory(target, "keep") as directory:
-            _write_criteo_store([os.fspath(source)], directory, fractions, int(seed), bad_rows, DEFAULT_CHUNK_ROWS)
+            _write_store(schema, [os.fspath(source)], directory, fractions, int(seed), bad_rows, DEFAULT_CHUNK_ROWS,
+                         progress)
     return ColumnStore.open(target)

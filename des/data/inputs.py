@@ -7,11 +7,13 @@ given order as one stream of rows.
 Every raw file is prepared on its own, whole, into the cache by :func:`open_dataset` (the entry is
 named after the file's sha256, so a changed file is prepared again and an unchanged one never; it
 is the entry ``des.evaluate`` uses for the same file), and a prepared directory contributes all its
-rows (its own split is not used). :class:`ConcatStore` reads these stores side by side as one: row
-``i`` of part ``p`` is row ``starts[p] + i``, and every row of a part belongs to the split of its
-flag. It answers what the runner and :class:`BatchReader` ask of a :class:`ColumnStore`, so the
-batch order (a function of the seed and the epoch, not of the number of ranks), the row shards and
-checkpoint positions work as with ``--data``.
+rows (its own split is not used). Raw files of a schema other than Criteo's are read with it; its
+training statistics (quantile boundaries, standardize mean and std) come from all rows of the
+training files and apply to the validation and test files too. :class:`ConcatStore` reads these
+stores side by side as one: row ``i`` of part ``p`` is row ``starts[p] + i``, and every row of a
+part belongs to the split of its flag. It answers what the runner and :class:`BatchReader` ask of
+a :class:`ColumnStore`, so the batch order (a function of the seed and the epoch, not of the number
+of ranks), the row shards and checkpoint positions work as with ``--data``.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from typing import Any
 import numpy as np
 
 from .batch import FieldBatch
-from .build import CRITEO_FIELDS, open_dataset
+from .build import SchemaLike, open_dataset
 from .errors import DataError
+from .schema import Schema, load_schema
 from .split import SPLIT_NAMES
 from .store import ONE_HOT, ColumnStore
 
@@ -78,19 +81,23 @@ class Part:
 
 
 def open_inputs(specs: Mapping[str, str], cache_dir: str | os.PathLike | None = None,
-                bad_rows: str = "fail") -> "ConcatStore":
+                bad_rows: str = "fail", schema: SchemaLike = None) -> "ConcatStore":
     """Expand, validate and prepare (once, into the cache) the inputs of each split; ``specs`` maps
-    ``train`` / ``validation`` / ``test`` to a flag's value. Every error is one line naming the
-    flag and the file (a glob matching nothing, a missing, malformed or empty file, a file of
-    another column layout than the training data)."""
+    ``train`` / ``validation`` / ``test`` to a flag's value; raw files are read with ``schema``
+    (default ``criteo``). Every error is one line naming the flag and the file (a glob matching
+    nothing, a missing, malformed or empty file, a file of another column layout than the training
+    data)."""
+    schema = load_schema(schema)
     planned = [(role, path) for role in FLAGS if specs.get(role) for path in expand_inputs(specs[role], FLAGS[role])]
     # First what costs nothing (every file there and not empty, every layout the same), then the
     # preparations (which read and validate every row).
-    check_layouts([(role, path, _checked_layout(path, FLAGS[role])) for role, path in planned])
+    check_layouts([(role, path, _checked_layout(path, FLAGS[role], schema)) for role, path in planned])
+    schema = _training_statistics(schema, planned, bad_rows)
     parts = []
     for role, path in planned:
         try:
-            store = open_dataset(path, cache_dir=cache_dir, split=WHOLE_FILE, seed=0, bad_rows=bad_rows)
+            store = open_dataset(path, cache_dir=cache_dir, split=WHOLE_FILE, seed=0, bad_rows=bad_rows,
+                                 schema=schema)
         except DataError as error:
             raise DataError(f"{FLAGS[role]}: {error}") from None
         if store.num_rows == 0:
@@ -100,9 +107,26 @@ def open_inputs(specs: Mapping[str, str], cache_dir: str | os.PathLike | None = 
     return ConcatStore(parts)
 
 
-def _checked_layout(path: str, flag: str) -> list[tuple[str, str, str, bool]]:
+def _training_statistics(schema: Schema, planned: Sequence[tuple[str, str]], bad_rows: str) -> Schema:
+    """The schema resolved with the statistics of every row of the raw training files (or, when
+    the training inputs are prepared directories, the schema recorded in the first one)."""
+    if schema.resolved:
+        return schema
+    from .tabular import resolve_statistics
+
+    raw = [path for role, path in planned if role == "train" and not os.path.isdir(path)]
+    if not raw:
+        first = next(path for role, path in planned if role == "train")
+        return Schema.from_dict(ColumnStore.open(first).schema or {}, source=first)
+    try:
+        return resolve_statistics(schema, raw, (1.0, 0.0, 0.0), 0, bad_rows)
+    except DataError as error:
+        raise DataError(f"{FLAGS['train']}: {error}") from None
+
+
+def _checked_layout(path: str, flag: str, schema: Schema) -> list[tuple[str, str, str, bool]]:
     """The column layout of an input that exists and is not empty: a prepared directory's own, a
-    raw file's is Criteo's (each row is checked when the file is prepared)."""
+    raw file's is the schema's (each row is checked when the file is prepared)."""
     if os.path.isdir(path):
         try:
             return ColumnStore.open(path).layout()
@@ -112,7 +136,7 @@ def _checked_layout(path: str, flag: str) -> list[tuple[str, str, str, bool]]:
         raise DataError(f"{flag}: {path}: no such file or dataset directory")
     if os.path.getsize(path) == 0:
         raise DataError(f"{flag}: {path}: file is empty (no rows)")
-    return [(spec.name, spec.kind, spec.hotness, spec.weighted) for spec in CRITEO_FIELDS]
+    return schema.layout()
 
 
 def check_layouts(inputs: Sequence[tuple[str, str, list[tuple[str, str, str, bool]]]]) -> None:

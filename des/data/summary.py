@@ -84,4 +84,53 @@ def format_summary(store: ColumnStore, top_k: int = DEFAULT_TOP_K) -> str:
             f"{entry['index']:>3}  {entry['name']:<6} {entry['kind']:<12} {entry['hotness']:<9} "
             f"{entry['distinct']:>12,} {ids_per_row:>8.2f} {100.0 * share:>{width - 1}.2f}%"
         )
+    if store.schema is not None:
+        lines += ["", *format_schema(store.schema)]
     return "\n".join(lines)
+
+
+def _number(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def format_schema(data: dict) -> list[str]:
+    """The lines of a store's schema: its fields (kind, hotness, pooling, what they are made of) and
+    its dense features with their statistics."""
+    from .schema import Schema
+
+    schema = Schema.from_dict(data)
+    label = schema.label.column + (f" {schema.label.rule}" if schema.label.rule else " (0/1)")
+    lines = [f"schema       {schema.name} (key scheme 2, fingerprint {schema.fingerprint}), "
+             f"{schema.format.type}, label {label}"]
+    header = f"     {'field':<16} {'kind':<13} {'hotness':<9} {'pooling':<8} made of"
+    lines += [header, "     " + "-" * (len(header) - 5)]
+    for column in schema.sparse_columns:
+        pooling, detail = "-", ""
+        if column.kind == "multi_valued":
+            pooling = column.pooling
+            detail = f"separator {column.separator!r}" + (f", first {column.max_length}" if column.max_length else "") \
+                + (f", weights after {column.weight_separator!r}" if column.weight_separator else "")
+        elif column.kind == "categorical":
+            detail = f"{column.dtype} values, hashed"
+        elif column.buckets == "log_squared":
+            detail = "buckets: v if v <= 2 else floor(ln(v)^2)"
+        else:
+            bounds = column.boundaries or ()
+            shown = ", ".join(_number(b) for b in bounds[:6]) + (", ..." if len(bounds) > 6 else "")
+            detail = f"{column.buckets}: {len(bounds) + 1} buckets at [{shown}]"
+        hotness = "multi-hot" if column.kind == "multi_valued" else "one-hot"
+        lines.append(f"     {column.name:<16} {column.kind:<13} {hotness:<9} {pooling:<8} {detail}")
+    for derived in schema.derived:
+        options = "".join(f", {k} {v!r}" for k, v in derived.options.items())
+        lines.append(f"     {derived.name:<16} {'derived':<13} {'one-hot':<9} {'-':<8} "
+                     f"{derived.transform}({', '.join(derived.inputs)}){options}")
+    if schema.dense_columns:
+        lines += ["", f"     {'dense feature':<16} made of"]
+        for column in schema.dense_columns:
+            parts = [f"missing -> {_number(column.fill)}"]
+            if column.transform == "log1p":
+                parts.append("log1p(max(x, 0))")
+            if column.standardize:
+                parts.append(f"standardized: mean {_number(column.mean)}, std {_number(column.std)}")
+            lines.append(f"     {column.name:<16} {'; '.join(parts)}")
+    return lines

@@ -194,6 +194,18 @@ def _accumulate_fm(offsets, keys, weights, has_weights, salt, linear_std, latent
                 square_sum[row] += v * v
 
 
+def calibrated_bias(logits: np.ndarray, positive_rate: float) -> float:
+    """The bias b with mean sigmoid(logits + b) = positive_rate (bisection on [-50, 50])."""
+    low, high = -50.0, 50.0
+    for _ in range(100):
+        middle = 0.5 * (low + high)
+        if np.mean(1.0 / (1.0 + np.exp(-(logits + middle)))) < positive_rate:
+            low = middle
+        else:
+            high = middle
+    return 0.5 * (low + high)
+
+
 @dataclass
 class SynthBlock:
     """One block of generated rows: raw values (for TSV), keyed columns, truth and labels."""
@@ -298,15 +310,7 @@ class SyntheticGenerator:
             rng = self._rng(CALIBRATION_STREAM, block)
             columns = self._draw(rng, BLOCK_ROWS)[0]
             parts.append(self._raw_logits(columns, BLOCK_ROWS) + self._dense_logits(self._draw_dense(rng, BLOCK_ROWS)))
-        logits = np.concatenate(parts)
-        low, high = -50.0, 50.0
-        for _ in range(100):
-            middle = 0.5 * (low + high)
-            if np.mean(1.0 / (1.0 + np.exp(-(logits + middle)))) < config.positive_rate:
-                low = middle
-            else:
-                high = middle
-        return 0.5 * (low + high)
+        return calibrated_bias(np.concatenate(parts), config.positive_rate)
 
     def _rng(self, stream: int, block: int) -> np.random.Generator:
         return np.random.default_rng([self.config.seed % (1 << 63), stream, block])

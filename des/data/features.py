@@ -1,0 +1,916 @@
+"""Key scheme 2 and the feature transforms of declared schemas, both sides next to each other.
+
+Every schema except the built-in ``criteo`` (which keeps key scheme 1, ``keys.py``) turns raw
+values into int64 keys and dense values here, once as numpy/numba code used when preparing data
+(``des.data prepare``) and once as TensorFlow ops used by a served model (:class:`ServingFeatures`);
+the tests check that both give the same keys (bit for bit), weights and dense values. TensorFlow is
+imported only inside the TF side, so preparing data never loads it.
+
+Key scheme 2 (a field's keys only need to be unique within the field: one table per field):
+
+* a missing value (null, empty string) of a categorical column or of a multi-valued element: key 0;
+* a string: ``h = len(bytes) * GOLDEN``; for each 8-byte little-endian word ``w`` of its UTF-8
+  bytes (the last one zero-padded) ``h = mix64(h ^ w)``; ``key = h >> 1``, and 1 where that is 0;
+* an integer ``v`` (a categorical column of ``dtype = "int"``): ``key = mix64(v ^ INT_SALT) >> 1``,
+  1 where that is 0;
+* a bucketized number: ``key = bucket + 1`` (missing: 0);
+* a derived value (hour of day 0..23, weekday 0..6 from Monday): ``key = value + 1``;
+* a cross of two fields' keys ``a`` and ``b``: ``key = mix64(mix64(a) ^ b) >> 1``, 1 where that is 0.
+  A missing key (0) is crossed like any other: "missing x b" is a value of its own.
+
+``mix64`` is the SplitMix64 finalizer (``hashing.splitmix64``). Keys are 63-bit, so they are never
+negative and never one of the hash tables' two reserved values; among ``n`` distinct values of a
+field about ``n^2 / 2^64`` pairs collide (about 5e-4 pairs at 10^8 values).
+
+Numbers: a bucketized column's bucket is ``i`` where ``boundaries[i-1] <= v < boundaries[i]``
+(``fixed`` boundaries, or ``quantiles`` computed from the training rows); ``log_squared`` is
+Criteo's transform: ``t = floor(v)`` if ``v <= 2`` else ``floor(ln(v)^2)`` (``v`` above 2^63 counts
+as 2^63), the bucket ``clip(t, -2^31, 2^31 - 1) + 2^31``. Both sides find ``floor(ln(v)^2)`` in
+one table of the exact thresholds of the numba transform, so they agree bit for bit. A dense column
+gives ``x = fill`` where missing (NaN), then ``log1p(max(x, 0))`` when ``transform = "log1p"``, then
+``(x - mean) / std`` when standardized, in float64, stored as float32.
+
+Multi-valued columns: a null or empty cell has no ids; the cell is split at ``separator``, cut to
+its first ``max_length`` elements, each element is ``id`` or (with ``weight_separator``) ``id:weight``
+(weight 1 where it has none); an empty id is key 0. Pooling ``mean`` stores the weights ``w_i / n``
+with ``n`` the row's number of (kept) elements.
+
+Derived fields come from a registry of transforms (:class:`Transform`, :func:`register_transform`):
+``hour_of_day`` and ``weekday`` of a timestamp given as unix seconds (``time_format = "unix"``, an
+int column) or as text in a fixed-width ``strptime``-like format (``%Y %y %m %d %H %M %S`` and
+literal characters, such as Avazu's ``%y%m%d%H``; ``%y`` is 2000-2068 for 00-68, else 19xx), and
+``cross`` of two one-hot features. A user adds a transform from a plugin file (``--plugins``).
+
+Requests to a served model (:class:`ServingFeatures`) give each read column as a 1-D tensor of its
+declared dtype: int64 (missing: ``MISSING_INT`` = -2**63), float64 (missing: NaN) or string
+(missing: ``""``); a multi-valued column as its delimited string.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numba
+import numpy as np
+
+from des.registry import Registry
+
+from .batch import FieldBatch
+from .hashing import GOLDEN_GAMMA, splitmix64
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# Columns, derived fields and schemas are ``des.data.schema``'s ColumnSpec, DerivedSpec and Schema
+# (schema.py imports this module for its registry of transforms, so they are not imported here).
+ColumnSpec = DerivedSpec = Schema = Any
+
+KEY_SCHEME_2: dict[str, Any] = {
+    "name": "des-schema-key",
+    "version": 2,
+    "missing": "key 0 (null or empty value, empty id of a multi-valued cell, missing number)",
+    "string": "h = len(utf8) * 0x9E3779B97F4A7C15; h = mix64(h ^ w) per 8-byte little-endian word "
+              "(zero-padded); key = h >> 1, 0 -> 1",
+    "integer": "key = mix64(v ^ 0x243F6A8885A308D3) >> 1, 0 -> 1",
+    "bucket": "key = bucket + 1",
+    "derived": "key = value + 1",
+    "cross": "key = mix64(mix64(a) ^ b) >> 1, 0 -> 1",
+    "mix64": "SplitMix64 finalizer",
+}
+INT_SALT = np.uint64(0x243F6A8885A308D3)
+MISSING_INT = -(2**63)  # an int64 request value that stands for "missing"
+LOG_SQUARED_OFFSET = 1 << 31
+_LOG_SQUARED_MAX = float(2**63)
+_GOLDEN = int(GOLDEN_GAMMA)
+_M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+_ONE = np.uint64(1)
+
+
+# ====================================================================== numba side: keys
+@numba.njit(cache=True, inline="always")
+def _finish(h: np.uint64) -> np.int64:
+    key = np.int64(h >> _ONE)
+    return key if key != 0 else np.int64(1)
+
+
+@numba.njit(cache=True, inline="always")
+def string_key(data: np.ndarray, start: int, end: int) -> np.int64:
+    """Key scheme 2 of the UTF-8 bytes ``data[start:end]`` (0 if empty)."""
+    n = end - start
+    if n == 0:
+        return np.int64(0)
+    h = np.uint64(n) * GOLDEN_GAMMA
+    i = start
+    while i < end:
+        w = np.uint64(0)
+        stop = min(i + 8, end)
+        for j in range(stop - 1, i - 1, -1):
+            w = (w << np.uint64(8)) | np.uint64(data[j])
+        h = splitmix64(h ^ w)
+        i += 8
+    return _finish(h)
+
+
+@numba.njit(cache=True)
+def _string_keys_kernel(data, offsets, validity, has_validity, offset, out):
+    for i in range(out.shape[0]):
+        position = offset + i
+        if has_validity and not (validity[position >> 3] >> (position & 7)) & 1:
+            out[i] = 0
+        else:
+            out[i] = string_key(data, offsets[position], offsets[position + 1])
+
+
+@numba.njit(cache=True)
+def _int_keys_kernel(values, valid, out):
+    for i in range(values.shape[0]):
+        out[i] = _finish(splitmix64(np.uint64(values[i]) ^ INT_SALT)) if valid[i] else 0
+
+
+@numba.njit(cache=True)
+def _cross_kernel(a, b, out):
+    for i in range(a.shape[0]):
+        out[i] = _finish(splitmix64(splitmix64(np.uint64(a[i])) ^ np.uint64(b[i])))
+
+
+def _arrow_buffers(array: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool, int]:
+    """(data bytes, offsets, validity bitmap, has one, array offset) of an Arrow (large_)string array."""
+    import pyarrow as pa
+
+    validity, offsets, data = array.buffers()[:3]
+    offset_type = np.int64 if pa.types.is_large_string(array.type) else np.int32
+    count = len(array) + array.offset + 1
+    offsets_np = np.frombuffer(offsets, dtype=offset_type, count=count) if offsets is not None else np.zeros(count,
+                                                                                                          offset_type)
+    data_np = np.frombuffer(data, dtype=np.uint8) if data is not None and data.size else np.zeros(1, np.uint8)
+    has_validity = validity is not None and array.null_count > 0
+    validity_np = np.frombuffer(validity, dtype=np.uint8) if has_validity else np.zeros(1, np.uint8)
+    return data_np, offsets_np, validity_np, has_validity, array.offset
+
+
+def string_keys(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Key scheme 2 of every value of an Arrow string array (null and ``""``: 0), int64."""
+    import pyarrow as pa
+
+    chunks = array.chunks if isinstance(array, pa.ChunkedArray) else [array]
+    out = np.empty(sum(len(c) for c in chunks), dtype=np.int64)
+    position = 0
+    for chunk in chunks:
+        if not (pa.types.is_string(chunk.type) or pa.types.is_large_string(chunk.type)):
+            chunk = chunk.cast(pa.string())
+        data, offsets, validity, has_validity, offset = _arrow_buffers(chunk)
+        _string_keys_kernel(data, offsets, validity, has_validity, offset, out[position:position + len(chunk)])
+        position += len(chunk)
+    return out
+
+
+def int_keys(values: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
+    """Key scheme 2 of int64 values (``valid`` false, or ``MISSING_INT`` when no mask is given: 0)."""
+    values = np.ascontiguousarray(values, dtype=np.int64)
+    mask = values != MISSING_INT if valid is None else np.ascontiguousarray(valid, dtype=np.bool_)
+    out = np.empty(values.shape[0], dtype=np.int64)
+    _int_keys_kernel(values, mask, out)
+    return out
+
+
+def cross_keys(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The keys of the cross of two fields' keys."""
+    out = np.empty(a.shape[0], dtype=np.int64)
+    _cross_kernel(np.ascontiguousarray(a, np.int64), np.ascontiguousarray(b, np.int64), out)
+    return out
+
+
+# ====================================================================== numbers
+@numba.njit(cache=True)
+def _float_token(v: float) -> np.int64:
+    log = math.log(v)
+    return np.int64(math.floor(log * log))
+
+
+@numba.njit(cache=True)
+def _log_squared_thresholds_kernel(top: int) -> np.ndarray:
+    """``t[k]``: the smallest float64 ``v > 2`` whose ``floor(ln(v)^2)`` is at least ``k + 1``,
+    found by bisection over the (ordered) bit patterns of positive doubles."""
+    out = np.empty(top, dtype=np.float64)
+    bits = np.empty(1, dtype=np.int64)
+    lo = np.int64(np.array([2.0]).view(np.int64)[0]) + 1
+    for k in range(1, top + 1):
+        hi = np.int64(np.array([_LOG_SQUARED_MAX]).view(np.int64)[0])
+        while lo < hi:
+            mid = lo + (hi - lo) // 2
+            bits[0] = mid
+            if _float_token(bits.view(np.float64)[0]) >= k:
+                hi = mid
+            else:
+                lo = mid + 1
+        bits[0] = lo
+        out[k - 1] = bits.view(np.float64)[0]
+    return out
+
+
+_THRESHOLDS: list[np.ndarray] = []
+
+
+def log_squared_thresholds() -> np.ndarray:
+    """The thresholds of ``floor(ln(v)^2)`` for ``2 < v <= 2^63`` (float64, ascending): for such a
+    ``v`` the token is ``#{k: t[k] <= v}``. Both sides bucket with this one table."""
+    if not _THRESHOLDS:
+        _THRESHOLDS.append(_log_squared_thresholds_kernel(int(_float_token(_LOG_SQUARED_MAX))))
+    return _THRESHOLDS[0]
+
+
+def log_squared_keys(values: np.ndarray) -> np.ndarray:
+    """Keys of numbers bucketized by Criteo's transform (NaN: 0)."""
+    v = np.asarray(values, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        small = np.clip(np.floor(np.where(v <= 2.0, v, 0.0)), -LOG_SQUARED_OFFSET, LOG_SQUARED_OFFSET - 1)
+        large = np.searchsorted(log_squared_thresholds(), np.minimum(v, _LOG_SQUARED_MAX), side="right")
+        token = np.where(v <= 2.0, small, large).astype(np.int64)
+    return np.where(np.isnan(v), 0, token + LOG_SQUARED_OFFSET + 1)
+
+
+def bucket_keys(values: np.ndarray, boundaries: Sequence[float]) -> np.ndarray:
+    """Keys of numbers bucketized at ``boundaries`` (bucket i: boundaries[i-1] <= v < boundaries[i]; NaN: 0)."""
+    v = np.asarray(values, dtype=np.float64)
+    buckets = np.searchsorted(np.asarray(boundaries, dtype=np.float64), v, side="right")
+    return np.where(np.isnan(v), 0, buckets + 1).astype(np.int64)
+
+
+def dense_transform(values: np.ndarray, column: ColumnSpec) -> np.ndarray:
+    """A dense column's values before standardizing (float64; ``fill`` for missing, then log1p)."""
+    x = np.where(np.isnan(values), column.fill, np.asarray(values, dtype=np.float64))
+    if column.transform == "log1p":
+        x = np.log1p(np.maximum(x, 0.0))
+    return x
+
+
+def dense_values(values: np.ndarray, column: ColumnSpec) -> np.ndarray:
+    """A dense column's model input (float32): ``dense_transform``, then ``(x - mean) / std``."""
+    x = dense_transform(values, column)
+    if column.standardize:
+        x = (x - column.mean) / column.std
+    with np.errstate(over="ignore"):  # beyond float32's range: +-inf, as TensorFlow's cast gives
+        return x.astype(np.float32)
+
+
+# ====================================================================== time
+_TIME_DIRECTIVES = {"Y": (1, 4), "y": (2, 2), "m": (3, 2), "d": (4, 2), "H": (5, 2), "M": (6, 2), "S": (7, 2)}
+
+
+@dataclass(frozen=True)
+class TimeFormat:
+    """A fixed-width time format: per position, a directive code (0 = literal byte) and its byte."""
+
+    text: str
+    codes: tuple[int, ...]
+    widths: tuple[int, ...]
+    literals: tuple[int, ...]
+
+    @property
+    def length(self) -> int:
+        return sum(self.widths)
+
+
+def parse_time_format(text: str) -> TimeFormat:
+    """Compile ``%y%m%d%H``-like text; ValueError for an unsupported directive or no date part."""
+    codes, widths, literals = [], [], []
+    i = 0
+    data = text.encode("utf-8")
+    while i < len(data):
+        if data[i] == ord("%"):
+            directive = chr(data[i + 1]) if i + 1 < len(data) else ""
+            if directive not in _TIME_DIRECTIVES:
+                raise ValueError(f"unsupported directive %{directive} (supported: "
+                                 f"{' '.join('%' + d for d in _TIME_DIRECTIVES)})")
+            code, width = _TIME_DIRECTIVES[directive]
+            codes.append(code), widths.append(width), literals.append(0)
+            i += 2
+        else:
+            codes.append(0), widths.append(1), literals.append(data[i])
+            i += 1
+    present = set(codes)
+    if not ({1, 2} & present and 3 in present and 4 in present):
+        raise ValueError("needs a year (%Y or %y), a month (%m) and a day (%d)")
+    return TimeFormat(text, tuple(codes), tuple(widths), tuple(literals))
+
+
+@numba.njit(cache=True, inline="always")
+def _days_from_civil(y, m, d):
+    y -= 1 if m <= 2 else 0
+    era = (y if y >= 0 else y - 399) // 400
+    yoe = y - era * 400
+    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+@numba.njit(cache=True)
+def _parse_times_kernel(data, offsets, validity, has_validity, offset, codes, widths, literals, length, short_year,
+                        seconds, state):
+    """Unix seconds of formatted times; ``state``: 0 ok, 1 missing, 2 does not match the format."""
+    for i in range(seconds.shape[0]):
+        position = offset + i
+        start, end = offsets[position], offsets[position + 1]
+        seconds[i] = 0
+        if (has_validity and not (validity[position >> 3] >> (position & 7)) & 1) or start == end:
+            state[i] = 1
+            continue
+        if end - start != length:
+            state[i] = 2
+            continue
+        parts = np.zeros(8, dtype=np.int64)
+        parts[3] = 1
+        parts[4] = 1
+        ok = True
+        p = start
+        for j in range(codes.shape[0]):
+            if codes[j] == 0:
+                ok = ok and data[p] == literals[j]
+            else:
+                value = 0
+                for q in range(p, p + widths[j]):
+                    digit = np.int64(data[q]) - 48
+                    ok = ok and 0 <= digit <= 9
+                    value = value * 10 + digit
+                parts[codes[j]] = value
+            p += widths[j]
+        year = parts[1]
+        if short_year:
+            year = parts[2] + (2000 if parts[2] < 69 else 1900)
+        month, day = parts[3], parts[4]
+        ok = ok and 1 <= month <= 12 and 1 <= day <= 31 and parts[5] <= 23 and parts[6] <= 59 and parts[7] <= 60
+        if not ok:
+            state[i] = 2
+            continue
+        state[i] = 0
+        seconds[i] = (_days_from_civil(year, month, day) * 86400 + parts[5] * 3600 + parts[6] * 60 + parts[7])
+
+
+def parse_times(array: pa.Array, time_format: TimeFormat) -> tuple[np.ndarray, np.ndarray]:
+    """``(unix seconds int64, state uint8: 0 ok, 1 missing, 2 not in the format)`` of a string array."""
+    import pyarrow as pa
+
+    array = array.cast(pa.string()) if not pa.types.is_string(array.type) else array
+    seconds = np.empty(len(array), dtype=np.int64)
+    state = np.empty(len(array), dtype=np.uint8)
+    if len(array):
+        data, offsets, validity, has_validity, offset = _arrow_buffers(array)
+        _parse_times_kernel(data, offsets, validity, has_validity, offset, np.array(time_format.codes, np.int64),
+                            np.array(time_format.widths, np.int64), np.array(time_format.literals, np.int64),
+                            time_format.length, 2 in time_format.codes, seconds, state)
+    return seconds, state
+
+
+# ====================================================================== transforms
+@dataclass
+class FeatureInput:
+    """One input of a derived field when preparing: a read column (``values``: an Arrow array of its
+    declared dtype) or an earlier field (``dtype`` ``"key"``: only ``keys``)."""
+
+    name: str
+    dtype: str  # "string" | "int" | "float" | "key"
+    values: Any = None
+    field_keys: np.ndarray | None = None
+
+    @cached_property
+    def keys(self) -> np.ndarray:
+        """The value's key (a field's own keys; a string or int column hashed by key scheme 2)."""
+        if self.field_keys is not None:
+            return self.field_keys
+        if self.dtype == "string":
+            return string_keys(self.values)
+        if self.dtype == "int":
+            return int_keys(_int_values(self.values), np.asarray(self.values.is_valid()))
+        raise ValueError(f"{self.name}: a {self.dtype} column has no keys")
+
+
+@dataclass
+class TFInput:
+    """One input of a derived field in a served model: a request column or an earlier field's keys."""
+
+    name: str
+    dtype: str
+    values: Any = None
+    field_keys: Any = None
+
+    @cached_property
+    def keys(self) -> Any:
+        if self.field_keys is not None:
+            return self.field_keys
+        if self.dtype == "string":
+            return tf_string_keys(self.values)
+        if self.dtype == "int":
+            return tf_int_keys(self.values)
+        raise ValueError(f"{self.name}: a {self.dtype} column has no keys")
+
+
+class Transform:
+    """A derived categorical field computed from input columns or fields, on both sides.
+
+    ``name`` is what a schema's ``[[derived]] transform`` names; ``options`` maps each option a
+    ``[[derived]]`` entry may give to its default; ``inputs`` is how many inputs it takes. ``check``
+    vets a declaration (returns a problem or None), ``keys`` computes int64 keys (0 = missing) from
+    :class:`FeatureInput` s while preparing, ``invalid`` marks rows whose input cannot be read (bad
+    rows; None: none), ``tf_keys`` does the same as ``keys`` on :class:`TFInput` s in TensorFlow.
+    """
+
+    name: ClassVar[str] = ""
+    options: ClassVar[dict[str, Any]] = {}
+    inputs: ClassVar[int] = 1
+
+    def check(self, options: Mapping[str, Any], dtypes: Sequence[str]) -> str | None:
+        return None
+
+    def keys(self, inputs: Sequence[FeatureInput], options: Mapping[str, Any]) -> np.ndarray:
+        raise NotImplementedError
+
+    def invalid(self, inputs: Sequence[FeatureInput], options: Mapping[str, Any]) -> np.ndarray | None:
+        return None
+
+    def tf_keys(self, inputs: Sequence[TFInput], options: Mapping[str, Any]) -> Any:
+        raise NotImplementedError
+
+
+class _TimePart(Transform):
+    """hour_of_day / weekday of unix seconds (an int column) or of formatted text (a string column)."""
+
+    options: ClassVar[dict[str, Any]] = {"time_format": "unix"}
+
+    def check(self, options: Mapping[str, Any], dtypes: Sequence[str]) -> str | None:
+        text = options["time_format"]
+        if not isinstance(text, str):
+            return f"time_format: {text!r} is not a string"
+        if text == "unix":
+            return None if dtypes[0] == "int" else f"time_format \"unix\" needs an int input, not {dtypes[0]}"
+        try:
+            parse_time_format(text)
+        except ValueError as error:
+            return f"time_format: {text!r}: {error}"
+        return None if dtypes[0] == "string" else f"time_format {text!r} needs a string input, not {dtypes[0]}"
+
+    @staticmethod
+    def _seconds(column: FeatureInput, options: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        if options["time_format"] == "unix":
+            valid = np.asarray(column.values.is_valid())
+            return _int_values(column.values), np.where(valid, 0, 1).astype(np.uint8)
+        return parse_times(column.values, parse_time_format(options["time_format"]))
+
+    def keys(self, inputs: Sequence[FeatureInput], options: Mapping[str, Any]) -> np.ndarray:
+        seconds, state = self._seconds(inputs[0], options)
+        return np.where(state == 0, self.part(seconds) + 1, 0).astype(np.int64)
+
+    def invalid(self, inputs: Sequence[FeatureInput], options: Mapping[str, Any]) -> np.ndarray | None:
+        return self._seconds(inputs[0], options)[1] == 2
+
+    def tf_keys(self, inputs: Sequence[TFInput], options: Mapping[str, Any]) -> Any:
+        import tensorflow as tf
+
+        if options["time_format"] == "unix":
+            values = inputs[0].values
+            seconds, ok = values, values != MISSING_INT
+        else:
+            seconds, ok = _tf_parse_times(inputs[0].values, parse_time_format(options["time_format"]))
+        return tf.where(ok, self.tf_part(seconds) + 1, tf.zeros_like(seconds))
+
+    @staticmethod
+    def part(seconds: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    @staticmethod
+    def tf_part(seconds: Any) -> Any:
+        raise NotImplementedError
+
+
+class HourOfDay(_TimePart):
+    """The hour of the day (0..23, UTC) of a timestamp."""
+
+    name = "hour_of_day"
+
+    @staticmethod
+    def part(seconds: np.ndarray) -> np.ndarray:
+        return (seconds // 3600) % 24
+
+    @staticmethod
+    def tf_part(seconds: Any) -> Any:
+        import tensorflow as tf
+
+        return tf.math.floormod(tf.math.floordiv(seconds, 3600), 24)
+
+
+class Weekday(_TimePart):
+    """The day of the week (0 Monday .. 6 Sunday, UTC) of a timestamp."""
+
+    name = "weekday"
+
+    @staticmethod
+    def part(seconds: np.ndarray) -> np.ndarray:
+        return (seconds // 86400 + 3) % 7
+
+    @staticmethod
+    def tf_part(seconds: Any) -> Any:
+        import tensorflow as tf
+
+        return tf.math.floormod(tf.math.floordiv(seconds, 86400) + 3, 7)
+
+
+class Cross(Transform):
+    """The cross of two one-hot features (their keys: ``mix64(mix64(a) ^ b) >> 1``)."""
+
+    name = "cross"
+    inputs = 2
+
+    def check(self, options: Mapping[str, Any], dtypes: Sequence[str]) -> str | None:
+        bad = [d for d in dtypes if d not in ("string", "int", "key")]
+        return f"cross takes one-hot features or string/int columns, not {bad[0]}" if bad else None
+
+    def keys(self, inputs: Sequence[FeatureInput], options: Mapping[str, Any]) -> np.ndarray:
+        return cross_keys(inputs[0].keys, inputs[1].keys)
+
+    def tf_keys(self, inputs: Sequence[TFInput], options: Mapping[str, Any]) -> Any:
+        return tf_cross_keys(inputs[0].keys, inputs[1].keys)
+
+
+TRANSFORMS: Registry = Registry("transform", Transform, lambda: [HourOfDay, Weekday, Cross])
+
+
+def register_transform(cls: type[Transform], *, replace: bool = False) -> type[Transform]:
+    """Add a :class:`Transform` subclass under its ``name`` (usable as a decorator in a plugin file)."""
+    return TRANSFORMS.register(cls, replace=replace)
+
+
+def _int_values(array: Any) -> np.ndarray:
+    import pyarrow.compute as pc
+
+    return np.asarray(pc.fill_null(array, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _float_values(array: Any) -> np.ndarray:
+    import pyarrow as pa
+
+    return np.asarray(array.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
+
+
+# ====================================================================== a schema's rows, numpy side
+@dataclass
+class EncodedRows:
+    """The store's columns of some rows: one per field (keys, or a FieldBatch for multi-valued
+    fields) in the schema's field order, and the dense block ``[rows, D]`` float32 (None without)."""
+
+    columns: list[np.ndarray | FieldBatch]
+    dense: np.ndarray | None
+    field_keys: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def multi_valued_field(array: Any, column: ColumnSpec) -> FieldBatch:
+    """A multi-valued column (an Arrow string array of delimited cells) as a FieldBatch of keys (and
+    weights when weighted or mean-pooled); raises ValueError naming the first unreadable weight."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    array = array.cast(pa.string()) if not pa.types.is_string(array.type) else array
+    cells = pc.if_else(pc.equal(array, ""), pa.scalar(None, pa.string()), array)
+    lists = pc.split_pattern(cells, pattern=column.separator)
+    if column.max_length is not None:
+        lists = pc.list_slice(lists, 0, column.max_length)
+    lengths = np.asarray(pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False), np.int64)
+    offsets = np.zeros(len(array) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    elements = pc.list_flatten(lists)
+    weights = None
+    if column.weight_separator is not None:
+        pairs = pc.split_pattern(elements, pattern=column.weight_separator, max_splits=1)
+        ids = pc.list_element(pairs, 0)
+        texts = _second_or_one(pairs)
+        try:
+            weights = np.asarray(pc.cast(texts, pa.float64()).to_numpy(zero_copy_only=False), np.float64)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            bad = first_uncastable(texts, pa.float64())
+            row = int(np.searchsorted(offsets, bad, side="right") - 1)
+            raise ValueError(f"row {row}: weight {texts[bad].as_py()!r} is not a number") from None
+    else:
+        ids = elements
+    keys = string_keys(ids)
+    if column.pooling == "mean":
+        counts = np.repeat(lengths, lengths).astype(np.float64)
+        weights = (np.ones(keys.shape[0]) if weights is None else weights) / np.maximum(counts, 1.0)
+    return FieldBatch(offsets, keys, None if weights is None else weights.astype(np.float32))
+
+
+def _second_or_one(pairs: Any) -> Any:
+    """The second element of each list, "1" where it has none."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    second = pc.list_slice(pairs, 1, 2)
+    present = pc.equal(pc.list_value_length(second), 1)
+    ones = pc.fill_null(pa.nulls(len(pairs), pa.string()), "1")
+    return pc.replace_with_mask(ones, present, pc.list_flatten(second))
+
+
+def first_uncastable(texts: Any, type_: Any) -> int:
+    """Index of the first value of the Arrow array ``texts`` that does not cast to ``type_`` (bisection;
+    one cast error in it is assumed)."""
+    lo, hi = 0, len(texts)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            texts.slice(lo, mid - lo).cast(type_)
+            lo = mid
+        except Exception:  # noqa: BLE001 - Arrow's cast errors
+            hi = mid
+    return lo
+
+
+def encode_rows(schema: Schema, columns: Mapping[str, Any], num_rows: int) -> EncodedRows:
+    """The keys, weights and dense values of rows whose read columns are Arrow arrays of their
+    declared dtypes (``columns``: name -> array; numbers as float64, int columns as int64)."""
+    keys_of: dict[str, np.ndarray] = {}
+    out: list[np.ndarray | FieldBatch] = []
+    for column in schema.sparse_columns:
+        values = columns[column.name]
+        if column.kind == "multi_valued":
+            out.append(multi_valued_field(values, column))
+            continue
+        if column.kind == "categorical":
+            keys = string_keys(values) if column.dtype == "string" else int_keys(_int_values(values),
+                                                                                 np.asarray(values.is_valid()))
+        elif column.buckets == "log_squared":
+            keys = log_squared_keys(_float_values(values))
+        else:
+            keys = bucket_keys(_float_values(values), column.boundaries)
+        keys_of[column.name] = keys
+        out.append(keys)
+    for derived in schema.derived:
+        transform = TRANSFORMS.get(derived.transform)()
+        keys = transform.keys(derived_inputs(schema, derived, columns, keys_of), derived.options)
+        keys_of[derived.name] = keys
+        out.append(np.ascontiguousarray(keys, dtype=np.int64))
+    dense = None
+    if schema.dense_columns:
+        dense = np.empty((num_rows, len(schema.dense_columns)), dtype=np.float32)
+        for j, column in enumerate(schema.dense_columns):
+            dense[:, j] = dense_values(_float_values(columns[column.name]), column)
+    return EncodedRows(out, dense, keys_of)
+
+
+def derived_inputs(schema: Schema, derived: DerivedSpec, columns: Mapping[str, Any],
+                   keys_of: Mapping[str, np.ndarray]) -> list[FeatureInput]:
+    """The :class:`FeatureInput` s of a derived field (a field computed before it gives its keys)."""
+    inputs = []
+    for name in derived.inputs:
+        if name in keys_of:
+            inputs.append(FeatureInput(name, "key", columns.get(name), keys_of[name]))
+        else:
+            inputs.append(FeatureInput(name, schema.column(name).value_dtype, columns[name]))
+    return inputs
+
+
+# ====================================================================== TensorFlow side
+def _tf_uint64(x: int) -> Any:
+    import tensorflow as tf
+
+    return tf.constant(x, tf.uint64)
+
+
+def tf_mix64(z: Any) -> Any:
+    """The SplitMix64 finalizer on a uint64 tensor (``hashing.splitmix64``)."""
+    import tensorflow as tf
+
+    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _tf_uint64(30))) * _tf_uint64(_M1)
+    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _tf_uint64(27))) * _tf_uint64(_M2)
+    return tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _tf_uint64(31)))
+
+
+def _tf_finish(h: Any) -> Any:
+    import tensorflow as tf
+
+    key = tf.bitcast(tf.bitwise.right_shift(h, _tf_uint64(1)), tf.int64)
+    return tf.where(key == 0, tf.ones_like(key), key)
+
+
+def tf_string_keys(values: Any) -> Any:
+    """Key scheme 2 of a 1-D string tensor (``""``: 0), int64."""
+    import tensorflow as tf
+
+    values = tf.reshape(values, [-1])
+    lengths = tf.cast(tf.strings.length(values), tf.int64)
+    words = (tf.reduce_max(tf.concat([lengths, [0]], 0)) + 7) // 8
+    raw = tf.io.decode_raw(values, tf.uint8, fixed_length=tf.cast(tf.maximum(words, 1) * 8, tf.int32))
+    raw = tf.reshape(tf.cast(raw, tf.uint64), [tf.shape(values)[0], -1, 8])
+    shifts = tf.constant([8 * i for i in range(8)], tf.uint64)
+    packed = tf.reduce_sum(tf.bitwise.left_shift(raw, shifts), axis=2)  # [n, words]: disjoint bits
+    count = (lengths + 7) // 8
+
+    def step(j: Any, h: Any) -> tuple[Any, Any]:
+        mixed = tf_mix64(tf.bitwise.bitwise_xor(h, packed[:, j]))
+        return j + 1, tf.where(j < count, mixed, h)
+
+    h0 = tf.cast(lengths, tf.uint64) * _tf_uint64(_GOLDEN)
+    _, h = tf.while_loop(lambda j, h: j < words, step, (tf.constant(0, tf.int64), h0))
+    return tf.where(lengths == 0, tf.zeros_like(lengths), _tf_finish(h))
+
+
+def tf_int_keys(values: Any) -> Any:
+    """Key scheme 2 of an int64 tensor (``MISSING_INT``: 0)."""
+    import tensorflow as tf
+
+    mixed = _tf_finish(tf_mix64(tf.bitwise.bitwise_xor(tf.bitcast(values, tf.uint64), _tf_uint64(int(INT_SALT)))))
+    return tf.where(values == MISSING_INT, tf.zeros_like(values), mixed)
+
+
+def tf_cross_keys(a: Any, b: Any) -> Any:
+    """The keys of the cross of two int64 key tensors."""
+    import tensorflow as tf
+
+    inner = tf_mix64(tf.bitcast(a, tf.uint64))
+    return _tf_finish(tf_mix64(tf.bitwise.bitwise_xor(inner, tf.bitcast(b, tf.uint64))))
+
+
+def tf_bucket_keys(values: Any, boundaries: Sequence[float]) -> Any:
+    """Keys of float64 numbers at ``boundaries`` (NaN: 0), as :func:`bucket_keys`."""
+    import tensorflow as tf
+
+    table = tf.constant(np.asarray(boundaries, dtype=np.float64).reshape(1, -1))
+    buckets = tf.searchsorted(table, tf.reshape(values, [1, -1]), side="right", out_type=tf.int64)[0]
+    return tf.where(tf.math.is_nan(values), tf.zeros_like(buckets), buckets + 1)
+
+
+def tf_log_squared_keys(values: Any) -> Any:
+    """Keys of float64 numbers bucketized by Criteo's transform, as :func:`log_squared_keys`."""
+    import tensorflow as tf
+
+    table = tf.constant(log_squared_thresholds().reshape(1, -1))
+    capped = tf.minimum(values, _LOG_SQUARED_MAX)
+    large = tf.searchsorted(table, tf.reshape(capped, [1, -1]), side="right", out_type=tf.int64)[0]
+    small = tf.cast(tf.clip_by_value(tf.floor(tf.where(values <= 2.0, values, tf.zeros_like(values))),
+                                     -float(LOG_SQUARED_OFFSET), float(LOG_SQUARED_OFFSET - 1)), tf.int64)
+    token = tf.where(values <= 2.0, small, large)
+    return tf.where(tf.math.is_nan(values), tf.zeros_like(token), token + LOG_SQUARED_OFFSET + 1)
+
+
+def tf_dense_values(values: Any, column: ColumnSpec) -> Any:
+    """A dense column's model input (float32), as :func:`dense_values`."""
+    import tensorflow as tf
+
+    x = tf.where(tf.math.is_nan(values), tf.fill(tf.shape(values), tf.constant(column.fill, tf.float64)), values)
+    if column.transform == "log1p":
+        x = tf.math.log1p(tf.maximum(x, 0.0))
+    if column.standardize:
+        x = (x - column.mean) / column.std
+    return tf.cast(x, tf.float32)
+
+
+def _tf_parse_times(values: Any, time_format: TimeFormat) -> tuple[Any, Any]:
+    """(unix seconds, ok) of formatted times, as :func:`parse_times` (a value off the format: not ok)."""
+    import tensorflow as tf
+
+    length = tf.strings.length(values)
+    raw = tf.cast(tf.io.decode_raw(values, tf.uint8, fixed_length=time_format.length), tf.int64)
+    ok = tf.equal(length, time_format.length)
+    parts = {code: tf.zeros_like(length, tf.int64) for code in range(1, 8)}
+    parts[3] = tf.ones_like(parts[3])
+    parts[4] = tf.ones_like(parts[4])
+    position = 0
+    for code, width, literal in zip(time_format.codes, time_format.widths, time_format.literals):
+        if code == 0:
+            ok = tf.logical_and(ok, tf.equal(raw[:, position], literal))
+        else:
+            value = tf.zeros_like(parts[1])
+            for q in range(position, position + width):
+                digit = raw[:, q] - 48
+                ok = tf.logical_and(ok, tf.logical_and(digit >= 0, digit <= 9))
+                value = value * 10 + digit
+            parts[code] = value
+        position += width
+    year = parts[1]
+    if 2 in time_format.codes:
+        year = parts[2] + tf.where(parts[2] < 69, tf.constant(2000, tf.int64), 1900)
+    month, day = parts[3], parts[4]
+    in_range = [month >= 1, month <= 12, day >= 1, day <= 31]
+    ok = tf.logical_and(ok, tf.reduce_all(tf.stack(in_range), axis=0))
+    ok = tf.logical_and(ok, tf.logical_and(tf.logical_and(parts[5] <= 23, parts[6] <= 59), parts[7] <= 60))
+    y = year - tf.cast(month <= 2, tf.int64)
+    era = tf.math.floordiv(y, 400)
+    yoe = y - era * 400
+    doy = (153 * (month + tf.where(month > 2, tf.constant(-3, tf.int64), 9)) + 2) // 5 + day - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    days = era * 146097 + doe - 719468
+    seconds = days * 86400 + parts[5] * 3600 + parts[6] * 60 + parts[7]
+    return tf.where(ok, seconds, tf.zeros_like(seconds)), ok
+
+
+def tf_multi_valued(values: Any, column: ColumnSpec) -> tuple[Any, Any]:
+    """(keys, weights or None) of a multi-valued string column as RaggedTensors [B, None], as
+    :func:`multi_valued_field`."""
+    import tensorflow as tf
+
+    parts = tf.strings.split(values, sep=column.separator)
+    parts = tf.ragged.boolean_mask(parts, _row_mask(parts, values))  # an empty cell has no ids
+    if column.max_length is not None:
+        parts = parts[:, :column.max_length]
+    flat = parts.flat_values
+    weights = None
+    if column.weight_separator is not None:
+        pairs = tf.strings.split(flat, sep=column.weight_separator, maxsplit=1)
+        padded = pairs.to_tensor(default_value="", shape=[None, 2])
+        ids = padded[:, 0]
+        second = tf.where(pairs.row_lengths() > 1, padded[:, 1], tf.fill(tf.shape(ids), "1"))
+        weights = tf.strings.to_number(second, tf.float64)
+    else:
+        ids = flat
+    keys = parts.with_flat_values(tf_string_keys(ids))
+    if column.pooling == "mean":
+        counts = tf.cast(tf.repeat(parts.row_lengths(), parts.row_lengths()), tf.float64)
+        weights = (tf.ones_like(counts) if weights is None else weights) / tf.maximum(counts, 1.0)
+    return keys, None if weights is None else parts.with_flat_values(tf.cast(weights, tf.float32))
+
+
+def _row_mask(parts: Any, values: Any) -> Any:
+    """A ragged mask that keeps the elements of non-empty cells (an empty cell has no ids)."""
+    import tensorflow as tf
+
+    keep = tf.repeat(tf.strings.length(values) > 0, parts.row_lengths())
+    return parts.with_flat_values(keep)
+
+
+def request_dtype(column: ColumnSpec) -> str:
+    """The dtype (``"int64"``, ``"float64"``, ``"string"``) of a read column in a request."""
+    return {"string": "string", "int": "int64", "float": "float64"}[column.value_dtype]
+
+
+class ServingFeatures:
+    """A resolved schema's features in TensorFlow: raw request columns -> keys, weights and dense.
+
+    ``signature()`` gives the request's ``tf.TensorSpec`` per read column (1-D, the declared dtype);
+    calling the object on a dict of such tensors returns :class:`ServedFeatures`.
+    """
+
+    def __init__(self, schema: Schema) -> None:
+        if schema.is_criteo:
+            raise ValueError("the criteo schema is served by des.export's own key transform (key scheme 1)")
+        if not schema.resolved:
+            raise ValueError(f"schema {schema.name}: statistics not resolved (prepare data with it first)")
+        self.schema = schema
+
+    def request_columns(self) -> dict[str, str]:
+        """Name -> dtype (``int64``, ``float64``, ``string``) of every request column, in file order."""
+        return {c.name: request_dtype(c) for c in self.schema.read_columns}
+
+    def signature(self) -> dict[str, Any]:
+        import tensorflow as tf
+
+        return {name: tf.TensorSpec([None], getattr(tf, dtype), name=name)
+                for name, dtype in self.request_columns().items()}
+
+    def __call__(self, request: Mapping[str, Any]) -> ServedFeatures:
+        import tensorflow as tf
+
+        schema = self.schema
+        keys: dict[str, Any] = {}
+        weights: dict[str, Any] = {}
+        for column in schema.sparse_columns:
+            values = request[column.name]
+            if column.kind == "multi_valued":
+                keys[column.name], w = tf_multi_valued(values, column)
+                if w is not None:
+                    weights[column.name] = w
+            elif column.kind == "categorical":
+                keys[column.name] = tf_string_keys(values) if column.dtype == "string" else tf_int_keys(values)
+            elif column.buckets == "log_squared":
+                keys[column.name] = tf_log_squared_keys(values)
+            else:
+                keys[column.name] = tf_bucket_keys(values, column.boundaries)
+        for derived in schema.derived:
+            inputs = [TFInput(name, "key", request.get(name), keys[name]) if name in keys and name not in
+                      schema.multi_valued_names else TFInput(name, schema.column(name).value_dtype, request[name])
+                      for name in derived.inputs]
+            keys[derived.name] = TRANSFORMS.get(derived.transform)().tf_keys(inputs, derived.options)
+        first = next(iter(request.values()))
+        rows = tf.shape(first)[0]
+        if schema.dense_columns:
+            dense = tf.stack([tf_dense_values(request[c.name], c) for c in schema.dense_columns], axis=1)
+        else:
+            dense = tf.zeros([rows, 0], tf.float32)
+        return ServedFeatures(keys, weights, dense)
+
+
+@dataclass
+class ServedFeatures:
+    """What :class:`ServingFeatures` returns: per field (schema field order) its keys ([B] int64,
+    or a RaggedTensor [B, None] for a multi-valued field), the weights of weighted or mean-pooled
+    multi-valued fields (RaggedTensor float32), and the dense block [B, D] float32."""
+
+    keys: dict[str, Any]
+    weights: dict[str, Any]
+    dense: Any
+
+
+__all__ = [
+    "KEY_SCHEME_2", "MISSING_INT", "Transform", "TRANSFORMS", "register_transform", "FeatureInput", "TFInput",
+    "string_keys", "int_keys", "cross_keys", "bucket_keys", "log_squared_keys", "dense_values", "encode_rows",
+    "ServingFeatures", "ServedFeatures",
+]

@@ -1,0 +1,602 @@
+"""Reading and preparing raw tables of a declared schema (CSV/TSV, plain or gzip, and Parquet).
+
+Files are read with pyarrow in bounded chunks: ``pyarrow.csv.open_csv`` (a streaming reader with
+a block size; every column read as text and converted here, so each bad value is found with its
+line) and ``pyarrow.parquet.ParquetFile.iter_batches``. A chunk is validated (label and its rule,
+numbers, integers, weights, the inputs of derived fields), its bad rows fail the preparation with
+one line ``file:line: column NAME: what`` (policy ``fail``) or are skipped and counted (``skip``),
+and its good rows are keyed (``features.encode_rows``, numba kernels over the Arrow buffers) and
+appended to the store. Line numbers count the header (a quoted value that spans lines shifts the
+numbers of the lines after it).
+
+The training statistics of a schema (quantile boundaries, mean and std of standardized columns)
+come from a first pass over the training rows only: the split of row ``i`` is a function of
+``(seed, i)`` (``split.py``), so the first pass knows it without writing anything. Quantiles are
+taken from a seeded sample of at most ``QUANTILE_SAMPLE`` values per column (exact when the
+training values fit it).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import DataError
+from .features import KEY_SCHEME_2, TRANSFORMS, derived_inputs, encode_rows, multi_valued_field
+from .schema import ColumnSpec, Schema
+from .split import assign_splits
+from .store import StoreWriter
+from .tsv import FIRST_BAD_LINES_KEPT, SourceReport
+
+QUANTILE_SAMPLE = 1 << 20
+_MOMENT_BLOCK = 1 << 16
+_MIN_BLOCK_BYTES = 1 << 14
+_MAX_BLOCK_BYTES = 1 << 26
+_BYTES_PER_ROW_GUESS = 128
+_HEADER_BYTES = 1 << 16  # the header line must fit
+
+
+@dataclass
+class Chunk:
+    """Validated rows: labels (uint8) and the read columns as Arrow arrays of their value dtypes."""
+
+    labels: np.ndarray
+    columns: dict[str, Any]
+
+    @property
+    def num_rows(self) -> int:
+        return self.labels.shape[0]
+
+
+class _CountingReader:
+    """A file wrapper that hashes (sha256) and counts the bytes it returns, for pyarrow."""
+
+    def __init__(self, handle: Any, progress: Any) -> None:
+        self._handle = handle
+        self.sha256 = hashlib.sha256()
+        self.progress = progress
+        self.closed = False
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._handle.read(size)
+        self.sha256.update(data)
+        if self.progress is not None:
+            self.progress.update(len(data) / 1e6)
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def finish(self) -> str:
+        while self.read(1 << 20):
+            pass
+        return self.sha256.hexdigest()
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def uncastable(array: Any, type_: Any) -> np.ndarray:
+    """Bool mask of the values of an Arrow array that do not convert to ``type_`` (bisection over
+    casts: one cast when all do)."""
+    mask = np.zeros(len(array), dtype=bool)
+
+    def visit(lo: int, hi: int) -> None:
+        try:
+            array.slice(lo, hi - lo).cast(type_)
+        except Exception:  # noqa: BLE001 - Arrow's conversion errors
+            if hi - lo == 1:
+                mask[lo] = True
+                return
+            mid = (lo + hi) // 2
+            visit(lo, mid)
+            visit(mid, hi)
+
+    if len(array):
+        visit(0, len(array))
+    return mask
+
+
+class _Problems:
+    """The bad rows of one chunk: a mask and the first message of each bad row."""
+
+    def __init__(self, rows: int) -> None:
+        self.mask = np.zeros(rows, dtype=bool)
+        self.first: tuple[int, str] | None = None
+
+    def add(self, bad: np.ndarray, describe: Any) -> None:
+        new = bad & ~self.mask
+        if not new.any():
+            return
+        row = int(np.flatnonzero(new)[0])
+        if self.first is None or row < self.first[0]:
+            self.first = (row, describe(row))
+        self.mask |= bad
+
+
+class TableReader:
+    """Reads a schema's raw files into validated :class:`Chunk` s of at most ``chunk_rows`` rows.
+
+    ``reports`` holds one :class:`des.data.tsv.SourceReport` per file read (sha256, lines, rows,
+    skipped). With ``bad_rows="fail"`` the first bad row raises a DataError naming file, line and
+    column; with ``"skip"`` bad rows are counted and left out.
+    """
+
+    def __init__(self, schema: Schema, bad_rows: str = "fail", chunk_rows: int = 1 << 18,
+                 progress: Any = None) -> None:
+        import pyarrow as pa
+
+        self.pa = pa
+        self.schema = schema
+        self.skip = bad_rows == "skip"
+        self.chunk_rows = int(chunk_rows)
+        self.progress = progress
+        self.reports: list[SourceReport] = []
+
+    # ------------------------------------------------------------------ files
+    def read(self, paths: Sequence[str | os.PathLike]) -> Iterator[Chunk]:
+        for path in paths:
+            yield from self._read_file(os.fspath(path))
+
+    def _read_file(self, path: str) -> Iterator[Chunk]:
+        report = SourceReport(display_name=path)
+        self.reports.append(report)
+        if not os.path.exists(path):
+            raise DataError(f"{path}: no such file")
+        if os.path.isdir(path):
+            raise DataError(f"{path}: is a directory, not a data file")
+        if self.schema.format.type == "parquet":
+            yield from self._read_parquet(path, report)
+        else:
+            yield from self._read_csv(path, report)
+        if report.lines == 0:
+            raise DataError(f"{path}: file is empty (no rows)")
+        if report.rows == 0:
+            raise DataError(f"{path}: no valid rows ({report.skipped} bad rows skipped, first "
+                            f"{path}:{report.first_error})")
+
+    def _check_names(self, path: str, names: Sequence[str], where: str) -> None:
+        declared = self.schema.file_columns
+        duplicated = sorted({n for n in names if list(names).count(n) > 1})
+        if duplicated:
+            raise DataError(f"{path}: {where} names column {duplicated[0]!r} more than once")
+        missing = [n for n in declared if n not in names]
+        if missing:
+            raise DataError(f"{path}: {where} has no column {missing[0]!r}, which schema {self.schema.name} declares")
+        extra = [n for n in names if n not in declared]
+        if extra:
+            raise DataError(f"{path}: {where} has column {extra[0]!r}, which schema {self.schema.name} does not "
+                            "declare (declare it with kind = \"ignored\" to drop it)")
+
+    def _csv_options(self, names: Sequence[str] | None, block_size: int, bad: list,
+                     lines: _LineNumbers) -> tuple[Any, Any, Any]:
+        import pyarrow.csv as csv
+
+        fmt = self.schema.format
+        read_columns = [self.schema.label.column, *(c.name for c in self.schema.read_columns)]
+
+        def on_invalid(row: Any) -> str:  # a row of a wrong width: reported by _chunk, in line order
+            bad.append((row.number, row.actual_columns, row.expected_columns))
+            lines.skip(row.number)
+            return "skip"
+
+        read = csv.ReadOptions(block_size=block_size, use_threads=False,
+                               column_names=list(names) if not fmt.header else None)
+        parse = csv.ParseOptions(delimiter=fmt.delimiter, quote_char=fmt.quote if fmt.quote else False,
+                                 ignore_empty_lines=False, invalid_row_handler=on_invalid)
+        convert = csv.ConvertOptions(column_types={n: self.pa.string() for n in read_columns},
+                                     include_columns=read_columns, null_values=list(fmt.null_values),
+                                     strings_can_be_null=True, quoted_strings_can_be_null=True)
+        return read, parse, convert
+
+    def _open_stream(self, path: str, progress: Any) -> tuple[Any, _CountingReader]:
+        handle = open(path, "rb")
+        is_gzip = handle.read(2) == b"\x1f\x8b"
+        handle.seek(0)
+        counting = _CountingReader(handle, progress)
+        stream = self.pa.PythonFile(counting, mode="r")
+        if is_gzip:
+            stream = self.pa.CompressedInputStream(stream, "gzip")
+        return (stream, handle), counting
+
+    def _header(self, path: str) -> list[str]:
+        """The column names of a CSV file (its header, or the declared names), after checking that
+        its first bytes are text."""
+        import pyarrow.csv as csv
+
+        (stream, handle), _ = self._open_stream(path, None)
+        try:
+            head = stream.read(_HEADER_BYTES)
+            if not head:
+                raise DataError(f"{path}: file is empty (no rows)")
+            if b"\0" in head or not _is_utf8(head):
+                raise DataError(f"{path}: line 1 is not text (binary data?)")
+            if not self.schema.format.header:
+                return list(self.schema.format.names)
+            fmt = self.schema.format
+            reader = csv.open_csv(self.pa.BufferReader(head), read_options=csv.ReadOptions(
+                block_size=_HEADER_BYTES + 1, use_threads=False), parse_options=csv.ParseOptions(
+                delimiter=fmt.delimiter, quote_char=fmt.quote if fmt.quote else False,
+                invalid_row_handler=lambda row: "skip"), convert_options=csv.ConvertOptions(include_columns=[]))
+            return list(reader.schema.names)
+        except (self.pa.ArrowInvalid, OSError, EOFError) as error:
+            what = "truncated or corrupt gzip data" if "compress" in str(error).lower() else "cannot read the header"
+            raise DataError(f"{path}: {what} ({_arrow_message(error)})") from None
+        finally:
+            handle.close()
+
+    def _read_csv(self, path: str, report: SourceReport) -> Iterator[Chunk]:
+        import pyarrow.csv as csv
+
+        names = self._header(path)
+        self._check_names(path, names, "the header" if self.schema.format.header else "format.names")
+        block = min(max(self.chunk_rows * _BYTES_PER_ROW_GUESS, _MIN_BLOCK_BYTES), _MAX_BLOCK_BYTES)
+        bad_lines: list[tuple[int, int, int]] = []
+        lines = _LineNumbers(1 if self.schema.format.header else 0)
+        read, parse, convert = self._csv_options(names, block, bad_lines, lines)
+        (stream, handle), counting = self._open_stream(path, self.progress)
+        try:
+            reader = csv.open_csv(stream, read_options=read, parse_options=parse, convert_options=convert)
+            while True:
+                try:
+                    batch = reader.read_next_batch()
+                except StopIteration:
+                    break
+                for start in range(0, batch.num_rows, self.chunk_rows):
+                    part = batch.slice(start, self.chunk_rows)
+                    yield from self._chunk(path, report, part, lines, bad_lines)
+            yield from self._chunk(path, report, None, lines, bad_lines)
+            report.sha256 = counting.finish()
+        except self.pa.ArrowInvalid as error:
+            raise DataError(f"{path}: {_arrow_message(error)}") from None
+        except OSError as error:  # pyarrow's decompression errors
+            if "compress" not in str(error).lower():
+                raise
+            where = f"after line {report.lines + 1}" if report.lines else "before its first rows could be read"
+            raise DataError(f"{path}: truncated or corrupt gzip data {where} ({_arrow_message(error)})") from None
+        finally:
+            handle.close()
+
+    def _read_parquet(self, path: str, report: SourceReport) -> Iterator[Chunk]:
+        import pyarrow.parquet as pq
+
+        try:
+            parquet = pq.ParquetFile(path)
+        except (self.pa.ArrowInvalid, OSError) as error:
+            raise DataError(f"{path}: not a Parquet file ({_arrow_message(error)})") from None
+        self._check_names(path, parquet.schema_arrow.names, "the Parquet schema")
+        columns = [self.schema.label.column, *(c.name for c in self.schema.read_columns)]
+        size, total = os.path.getsize(path), max(parquet.metadata.num_rows, 1)
+        lines = _LineNumbers(0)
+        for batch in parquet.iter_batches(batch_size=self.chunk_rows, columns=columns):
+            yield from self._chunk(path, report, batch, lines, [], row_word="row ")
+            if self.progress is not None:
+                self.progress.update(size * batch.num_rows / total / 1e6)
+        with open(path, "rb") as handle:  # Parquet is read by row groups: its bytes are hashed apart
+            report.sha256 = _CountingReader(handle, None).finish()
+
+    # ------------------------------------------------------------------ validation
+    def _chunk(self, path: str, report: SourceReport, batch: Any, lines: _LineNumbers,
+               bad_lines: list[tuple[int, int, int]], row_word: str = "") -> Iterator[Chunk]:
+        """Validate one batch (None: only the rows of wrong width left at the end of the file)."""
+        first_row = lines.returned  # rows pyarrow returned before this batch
+        rows = 0 if batch is None else batch.num_rows
+        last_line = lines.line(first_row + rows - 1) if batch is not None else None
+        width_errors = [b for b in bad_lines[lines.widths_seen:] if last_line is None or b[0] <= last_line]
+        problems = _Problems(rows)
+        if batch is not None:
+            columns = {name: batch.column(name) for name in batch.schema.names}
+            labels, typed = self._validate(columns, problems)
+        message = None
+        if problems.first is not None:
+            message = (lines.line(first_row + problems.first[0]), problems.first[1])
+        if width_errors:
+            number, actual, expected = width_errors[0]
+            if message is None or number < message[0]:
+                message = (number, f"expected {expected} columns, found {actual}")
+        bad_count = int(problems.mask.sum()) + len(width_errors)
+        if bad_count and not self.skip:
+            raise DataError(f"{path}:{row_word}{message[0]}: {message[1]}")
+        if bad_count:
+            if not report.first_error:
+                report.first_error = f"{row_word}{message[0]}: {message[1]}"
+            bad_numbers = sorted([b[0] for b in width_errors] + [lines.line(first_row + int(r)) for r in
+                                                                  np.flatnonzero(problems.mask)[:FIRST_BAD_LINES_KEPT]])
+            room = FIRST_BAD_LINES_KEPT - len(report.first_skipped)
+            report.first_skipped.extend(bad_numbers[:max(room, 0)])
+            report.skipped += bad_count
+        lines.widths_seen += len(width_errors)
+        lines.returned += rows
+        report.lines += rows + len(width_errors)
+        if batch is None or rows == int(problems.mask.sum()):
+            return
+        keep = ~problems.mask
+        if not keep.all():
+            labels = labels[keep]
+            mask = self.pa.array(keep)
+            typed = {name: array.filter(mask) for name, array in typed.items()}
+        report.rows += labels.shape[0]
+        yield Chunk(labels, typed)
+
+    def _validate(self, columns: dict[str, Any], problems: _Problems) -> tuple[np.ndarray, dict[str, Any]]:
+        pa = self.pa
+        schema = self.schema
+        label_name = schema.label.column
+        raw_label = columns[label_name]
+        if pa.types.is_dictionary(raw_label.type):
+            raw_label = raw_label.dictionary_decode()
+        label_values, unparsable = _convert(raw_label, pa.float64())
+        problems.add(unparsable, lambda r: f"column {label_name}: {_short(raw_label[r].as_py())} is not a number")
+        missing = np.isnan(label_values) & ~unparsable
+        problems.add(missing, lambda r: f"column {label_name}: the label is missing")
+        rule = schema.label.parsed_rule()
+        if rule is None:
+            outside = ~np.isin(label_values, (0.0, 1.0)) & ~np.isnan(label_values)
+            problems.add(outside, lambda r: f"column {label_name}: {_short(raw_label[r].as_py())} is not 0 or 1 "
+                                            "(give the label a rule to turn other values into 0/1)")
+            labels = (label_values == 1.0).astype(np.uint8)
+        else:
+            labels = _apply_rule(rule, label_values).astype(np.uint8)
+        typed: dict[str, Any] = {}
+        for column in schema.read_columns:
+            array = columns[column.name]
+            if pa.types.is_dictionary(array.type):
+                array = array.dictionary_decode()
+            typed[column.name] = self._typed(column, array, problems)
+        for derived in schema.derived:
+            if not all(name in typed for name in derived.inputs):
+                continue  # an input is another derived field: checked where that one is
+            transform = TRANSFORMS.get(derived.transform)()
+            inputs = derived_inputs(schema, derived, typed, {})
+            invalid = transform.invalid(inputs, derived.options)
+            if invalid is not None:
+                source = inputs[0].name
+                problems.add(np.asarray(invalid, bool),
+                             lambda r, d=derived, s=source: f"column {s}: {_short(typed[s][r].as_py())} cannot be "
+                                                            f"read by {d.transform} ({_options_text(d.options)})")
+        return labels, typed
+
+    def _typed(self, column: ColumnSpec, array: Any, problems: _Problems) -> Any:
+        pa = self.pa
+        dtype = column.value_dtype
+        if dtype == "string":
+            if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
+                array = array.cast(pa.string())
+            if column.kind == "multi_valued" and column.weight_separator is not None:
+                self._check_weights(column, array, problems)
+            return array
+        target = pa.float64() if dtype == "float" else pa.int64()
+        what = "a number" if dtype == "float" else "an integer"
+        values, bad = _convert(array, target, as_array=True)
+        problems.add(bad, lambda r: f"column {column.name}: {_short(array[r].as_py())} is not {what}")
+        return values
+
+    def _check_weights(self, column: ColumnSpec, array: Any, problems: _Problems) -> None:
+        try:
+            multi_valued_field(array, column)
+            return
+        except ValueError:
+            pass
+        bad = np.zeros(len(array), dtype=bool)
+        for r in range(len(array)):  # only after a chunk had an unreadable weight: find its rows
+            try:
+                multi_valued_field(array.slice(r, 1), column)
+            except ValueError:
+                bad[r] = True
+        problems.add(bad, lambda r: f"column {column.name}: {_short(array[r].as_py())} has a weight that is not a "
+                                    "number")
+
+
+class _LineNumbers:
+    """Line numbers of the rows pyarrow returns, which leaves out the rows of a wrong width."""
+
+    def __init__(self, header_lines: int) -> None:
+        self.header_lines = header_lines
+        self.skipped: list[int] = []  # lines of the rows left out so far (ascending)
+        self.returned = 0  # rows returned and validated so far
+        self.widths_seen = 0  # rows of a wrong width accounted for so far
+
+    def skip(self, number: int | None) -> None:
+        if number is not None:
+            self.skipped.append(int(number))
+
+    def line(self, row: int) -> int:
+        """The line of the ``row``-th (0-based) row returned."""
+        base = self.header_lines + 1 + row
+        count = bisect.bisect_right(self.skipped, base)
+        while bisect.bisect_right(self.skipped, base + count) != count:
+            count = bisect.bisect_right(self.skipped, base + count)
+        return base + count
+
+
+def _arrow_message(error: Exception) -> str:
+    """The first line of an Arrow error, at most 160 characters."""
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _is_utf8(data: bytes) -> bool:
+    """True if ``data`` is UTF-8 text, a character cut at its end allowed."""
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError as error:
+        return error.start >= len(data) - 3 and error.reason == "unexpected end of data"
+
+
+def _options_text(options: dict[str, Any]) -> str:
+    return ", ".join(f"{k} = {v!r}" for k, v in options.items()) or "no options"
+
+
+def _convert(array: Any, type_: Any, as_array: bool = False) -> tuple[Any, np.ndarray]:
+    """``(values, unconvertible mask)``: float64 numpy values (NaN where missing or unconvertible),
+    or with ``as_array`` an Arrow array of ``type_`` (null there)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        converted = array.cast(type_)
+        bad = np.zeros(len(array), dtype=bool)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        bad = uncastable(array, type_)
+        converted = pc.if_else(pa.array(bad), pa.scalar(None, array.type), array).cast(type_)
+    if as_array:
+        return converted, bad
+    return np.asarray(converted.to_numpy(zero_copy_only=False), dtype=np.float64), bad
+
+
+def _apply_rule(rule: tuple[str, tuple[float, ...]], values: np.ndarray) -> np.ndarray:
+    op, operands = rule
+    with np.errstate(invalid="ignore"):
+        if op == "in":
+            return np.isin(values, operands)
+        x = operands[0]
+        return {">=": values >= x, ">": values > x, "<=": values <= x, "<": values < x, "==": values == x,
+                "!=": values != x}[op]
+
+
+# ---------------------------------------------------------------------------------- statistics
+class _Statistics:
+    """Accumulates a column's training statistics: a bounded seeded sample (quantiles) or the
+    count, mean and sum of squared deviations of the transformed values (standardize)."""
+
+    def __init__(self, column: ColumnSpec, seed: int, index: int) -> None:
+        self.column = column
+        self.rng = np.random.default_rng([int(seed) % (1 << 63), 7, index])
+        self.sample = np.empty(0, dtype=np.float64)
+        self.seen = 0
+        self.count, self.mean, self.m2 = 0, 0.0, 0.0
+        self.pending = np.empty(0, dtype=np.float64)
+
+    def _merge(self, x: np.ndarray) -> None:
+        """Merge a block's count, mean and squared deviations (Chan et al.): the values are taken in
+        blocks of ``_MOMENT_BLOCK`` whatever the chunks, so the result does not depend on them."""
+        n, mean = x.shape[0], float(x.mean())
+        m2 = float(((x - mean) ** 2).sum())
+        total = self.count + n
+        delta = mean - self.mean
+        self.mean += delta * n / total
+        self.m2 += m2 + delta * delta * self.count * n / total
+        self.count = total
+
+    def add(self, values: np.ndarray) -> None:
+        from .features import dense_transform
+
+        if self.column.as_ == "dense":
+            pending = np.concatenate([self.pending, dense_transform(values, self.column)])
+            full = pending.shape[0] - pending.shape[0] % _MOMENT_BLOCK
+            for start in range(0, full, _MOMENT_BLOCK):
+                self._merge(pending[start:start + _MOMENT_BLOCK])
+            self.pending = pending[full:]
+            return
+        x = values[~np.isnan(values)]
+        room = QUANTILE_SAMPLE - self.sample.shape[0]
+        if room > 0:
+            self.sample = np.concatenate([self.sample, x[:room]])
+            self.seen += min(room, x.shape[0])
+            x = x[room:]
+        if x.shape[0]:  # reservoir sampling: the i-th value replaces a random slot with probability k/i
+            positions = self.seen + 1 + np.arange(x.shape[0])
+            slots = (self.rng.random(x.shape[0]) * positions).astype(np.int64)
+            taken = slots < QUANTILE_SAMPLE
+            self.sample[slots[taken]] = x[taken]
+            self.seen += x.shape[0]
+
+    def result(self) -> dict[str, Any]:
+        if self.column.as_ == "dense":
+            if self.pending.shape[0]:
+                self._merge(self.pending)
+                self.pending = self.pending[:0]
+            std = (self.m2 / self.count) ** 0.5 if self.count else 0.0
+            return {"mean": self.mean, "std": std if std > 0 else 1.0}
+        if self.sample.shape[0] == 0:
+            return {"boundaries": []}
+        levels = np.arange(1, self.column.count) / self.column.count
+        return {"boundaries": np.unique(np.quantile(self.sample, levels)).tolist()}
+
+
+def resolve_statistics(schema: Schema, paths: Sequence[str | os.PathLike], split: Sequence[float], seed: int,
+                       bad_rows: str = "fail", chunk_rows: int = 1 << 18, progress: bool | None = None) -> Schema:
+    """The schema with its training statistics computed from the training rows of ``paths``
+    (row ``i`` of the valid rows is a training row per ``assign_splits(seed, split, i)``); the
+    schema itself when it has none to compute."""
+    if schema.resolved:
+        return schema
+    columns = [c for c in schema.columns if c.needs_statistics]
+    stats = [_Statistics(c, seed, i) for i, c in enumerate(columns)]
+    row = 0
+    with progress_bar(paths, "statistics", progress) as bar:
+        reader = TableReader(schema, bad_rows, chunk_rows, bar)
+        for chunk in reader.read(paths):
+            train = assign_splits(seed, split, row, chunk.num_rows) == 0
+            row += chunk.num_rows
+            for accumulator in stats:
+                values = np.asarray(chunk.columns[accumulator.column.name].to_numpy(zero_copy_only=False), np.float64)
+                accumulator.add(values[train])
+            if bar is not None:
+                bar.set_postfix_str(f"{row:,} rows", refresh=False)
+    return schema.with_statistics({a.column.name: a.result() for a in stats})
+
+
+def write_table_store(schema: Schema, paths: Sequence[str | os.PathLike], directory: Path, split: Sequence[float],
+                      seed: int, bad_rows: str, chunk_rows: int, progress: bool | None = None) -> dict[str, Any]:
+    """Write the rows of ``paths`` as a column store in ``directory`` (a resolved ``schema``);
+    returns the manifest."""
+    assert schema.resolved
+    with progress_bar(paths, "preparing", progress) as bar, \
+            StoreWriter(directory, schema.field_specs(), split, seed, dense_names=schema.dense_names) as writer:
+        reader = TableReader(schema, bad_rows, chunk_rows, bar)
+        for chunk in reader.read(paths):
+            encoded = encode_rows(schema, chunk.columns, chunk.num_rows)
+            writer.append(chunk.labels, encoded.columns, dense=encoded.dense)
+            if bar is not None:
+                bar.set_postfix_str(f"{writer.num_rows:,} rows", refresh=False)
+        first_skipped = [f"{Path(r.display_name).name}:{line}" for r in reader.reports
+                         for line in r.first_skipped][:FIRST_BAD_LINES_KEPT]
+        first_error = next((f"{Path(r.display_name).name}:{r.first_error}" for r in reader.reports if r.first_error),
+                           None)
+        return writer.finish(
+            sources=[{"name": Path(r.display_name).name, "sha256": r.sha256, "lines": r.lines, "rows": r.rows,
+                      "skipped": r.skipped} for r in reader.reports],
+            bad_rows={"policy": bad_rows, "skipped": sum(r.skipped for r in reader.reports),
+                      "first_skipped": first_skipped, "first_error": first_error},
+            schema=schema.to_dict(),
+            key_scheme=KEY_SCHEME_2,
+        )
+
+
+class progress_bar:
+    """A tqdm bar over the input bytes on stderr (rows, MB/s, ETA) when ``enabled`` (None: when
+    stderr is a terminal); a context manager giving the bar or None."""
+
+    def __init__(self, paths: Sequence[str | os.PathLike], what: str, enabled: bool | None) -> None:
+        self.bar = None
+        if enabled is None:
+            enabled = sys.stderr.isatty()
+        if enabled:
+            from tqdm import tqdm
+
+            total = sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
+            self.bar = tqdm(total=total / 1e6, desc=what, unit="MB", dynamic_ncols=True, file=sys.stderr, leave=False,
+                            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} MB "
+                                       "[{elapsed}<{remaining}, {rate_fmt}{postfix}]")
+
+    def __enter__(self) -> Any:
+        return self.bar
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.bar is not None:
+            self.bar.close()

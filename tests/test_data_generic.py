@@ -1,0 +1,360 @@
+"""Preparing the files of a declared schema: Avazu's layout, CSV/TSV/gzip/Parquet read alike,
+statistics from the training rows only, bounded chunks, bad input as one line naming file:line and
+column with nothing left behind, skipped rows counted, the cache keyed on the schema, separate
+inputs, synthetic data read back, and Criteo's store unchanged."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from des.data import ColumnStore, DataError, open_dataset, open_inputs, prepare
+from des.data.__main__ import main
+from des.data.build import cache_entry_name, file_sha256
+from des.data.features import string_keys
+from des.data.schema import Schema, load_schema
+from des.data.split import assign_splits
+from des.data.synth_schema import synthesize_schema
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+AVAZU_HEADER = ("id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,app_domain,app_category,"
+                "device_id,device_ip,device_model,device_type,device_conn_type,C14,C15,C16,C17,C18,C19,C20,C21")
+AVAZU_ROWS = [
+    "1000009418151094273,0,14102100,1005,0,1fbe01fe,f3845767,28905ebd,ecad2386,7801e8d9,07d7df22,a99f214a,"
+    "ddd2926e,44956a24,1,2,15706,320,50,1722,0,35,-1,79",
+    "10000169349117863715,0,14102100,1005,0,1fbe01fe,f3845767,28905ebd,ecad2386,7801e8d9,07d7df22,a99f214a,"
+    "96809ac8,711ee120,1,0,15704,320,50,1722,0,35,100084,79",
+    "10000371904215119486,1,14102223,1005,0,1fbe01fe,f3845767,28905ebd,ecad2386,7801e8d9,07d7df22,a99f214a,"
+    "b3cf8def,8a4875bd,1,0,15704,320,50,1722,0,35,100084,79",
+    "10000640724480838376,0,14102601,1002,0,84c7ba46,c4e18dd6,50e219e0,ecad2386,7801e8d9,07d7df22,c357dbff,"
+    "f1ac7184,373ecbe6,0,0,21689,320,50,2496,3,167,100191,23",
+]
+TABLE = """\
+[format]
+type = "csv"
+{format}
+[label]
+column = "y"
+rule = "in [4, 5]"
+[[columns]]
+name = "user"
+kind = "categorical"
+[[columns]]
+name = "tags"
+kind = "multi_valued"
+separator = "|"
+pooling = "mean"
+[[columns]]
+name = "price"
+kind = "numeric"
+as = "bucketize"
+count = 4
+[[columns]]
+name = "age"
+kind = "numeric"
+as = "dense"
+standardize = true
+fill = 30.0
+[[columns]]
+name = "note"
+kind = "ignored"
+"""
+
+
+def _table_rows(n: int, seed: int = 0) -> list[list[str]]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        tags = "|".join(f"t{k}" for k in rng.integers(0, 20, rng.integers(0, 4)))
+        age = "" if i % 17 == 0 else str(int(rng.integers(18, 80)))
+        rows.append([str(int(rng.integers(1, 6))), f"u{rng.integers(0, 50)}", tags, f"{rng.normal(100, 30):.3f}",
+                     age, f"note {i}, with a comma"])
+    return rows
+
+
+def _csv(path: Path, rows: list[list[str]], delimiter: str = ",", header: bool = True) -> Path:
+    def quoted(value: str) -> str:
+        return f'"{value}"' if delimiter in value else value
+
+    lines = ([delimiter.join(["y", "user", "tags", "price", "age", "note"])] if header else []) + [
+        delimiter.join(quoted(v) for v in row) for row in rows]
+    data = ("\n".join(lines) + "\n").encode()
+    path.write_bytes(gzip.compress(data, mtime=0) if path.name.endswith(".gz") else data)
+    return path
+
+
+def _schema(tmp_path: Path, format_lines: str = "", name: str = "table.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(TABLE.format(format=format_lines))
+    return path
+
+
+def _keys(store: ColumnStore) -> list[np.ndarray]:
+    return [np.asarray(store.field(f)[1]) for f in range(store.num_fields)]
+
+
+def test_avazu_rows_in_the_kaggle_layout(tmp_path):
+    raw = tmp_path / "train.csv"
+    raw.write_text(AVAZU_HEADER + "\n" + "\n".join(AVAZU_ROWS) + "\n")
+    store = prepare(raw, tmp_path / "store", schema="avazu", split=(1.0, 0.0, 0.0))
+    assert store.num_rows == 4 and store.labels.tolist() == [0, 0, 1, 0]
+    assert store.manifest["key_scheme"]["version"] == 2 and store.schema["name"] == "avazu"
+    assert store.field_names[-2:] == ("hour_of_day", "weekday") and "id" not in store.field_names
+    assert np.asarray(store.field("hour_of_day")[1]).tolist() == [1, 1, 24, 2]  # hours 0, 0, 23, 1 (+1)
+    assert np.asarray(store.field("weekday")[1]).tolist() == [2, 2, 3, 7]  # Tue 21, Wed 22, Sun 26 Oct 2014
+    sites = ["1fbe01fe", "1fbe01fe", "1fbe01fe", "84c7ba46"]
+    assert np.asarray(store.field("site_id")[1]).tolist() == string_keys(pa.array(sites)).tolist()
+    assert store.manifest["sources"][0]["lines"] == 4 and store.num_dense == 0
+
+
+def test_csv_tsv_gzip_and_parquet_give_the_same_store(tmp_path):
+    rows = _table_rows(300)
+    csv_store = prepare(_csv(tmp_path / "t.csv", rows), tmp_path / "csv", schema=_schema(tmp_path))
+    tsv = _csv(tmp_path / "t.tsv.gz", rows, delimiter="\t", header=False)
+    names = 'delimiter = "\\t"\nheader = false\nnames = ["y", "user", "tags", "price", "age", "note"]'
+    tsv_store = prepare(tsv, tmp_path / "tsv", schema=_schema(tmp_path, names, "tsv.toml"))
+    table = pa.table({name: pa.array([r[i] or None for r in rows]) for i, name in
+                      enumerate(["y", "user", "tags", "price", "age", "note"])})
+    table = table.set_column(3, "price", table["price"].cast(pa.float64()))  # typed Parquet columns too
+    pq.write_table(table, tmp_path / "t.parquet")
+    parquet_store = prepare(tmp_path / "t.parquet", tmp_path / "parquet",
+                            schema=_schema(tmp_path, "", "p.toml").read_text().replace('type = "csv"',
+                                                                                     'type = "parquet"')
+                            and _parquet_schema(tmp_path))
+    for other in (tsv_store, parquet_store):
+        for a, b in zip(_keys(csv_store), _keys(other)):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(csv_store.take_dense(np.arange(300)), other.take_dense(np.arange(300)))
+        np.testing.assert_array_equal(csv_store.labels, other.labels)
+    assert csv_store.layout()[1] == ("tags", "multi_valued", "multi-hot", True)
+    assert csv_store.labels.tolist() == [int(r[0] in ("4", "5")) for r in rows]
+    tags = csv_store.field("tags")
+    lengths = np.diff(tags[0])
+    np.testing.assert_array_equal(tags[2], (1.0 / np.repeat(lengths, lengths)).astype(np.float32))
+
+
+def _parquet_schema(tmp_path: Path) -> Path:
+    path = tmp_path / "parquet.toml"
+    path.write_text(TABLE.format(format="").replace('type = "csv"', 'type = "parquet"'))
+    return path
+
+
+def test_statistics_come_from_the_training_rows_only(tmp_path):
+    rows = _table_rows(400, seed=1)
+    split = (0.6, 0.2, 0.2)
+    store = prepare(_csv(tmp_path / "t.csv", rows), tmp_path / "store", schema=_schema(tmp_path), split=split, seed=3)
+    train = assign_splits(3, split, 0, 400) == 0
+    ages = np.array([float(r[4]) if r[4] else 30.0 for r in rows])[train]
+    prices = np.array([float(r[3]) for r in rows])[train]
+    age = next(c for c in store.schema["columns"] if c["name"] == "age")
+    price = next(c for c in store.schema["columns"] if c["name"] == "price")
+    assert age["mean"] == pytest.approx(ages.mean(), rel=1e-12) and age["std"] == pytest.approx(ages.std(), rel=1e-12)
+    assert price["boundaries"] == pytest.approx(np.quantile(prices, [0.25, 0.5, 0.75]).tolist(), rel=1e-15)
+    # other values in the validation and test rows change nothing
+    changed = [r if t else [r[0], r[1], r[2], "1e9", "99", r[5]] for r, t in
+               zip(rows, assign_splits(3, split, 0, 400) == 0)]
+    other = prepare(_csv(tmp_path / "c.csv", changed), tmp_path / "other", schema=_schema(tmp_path), split=split,
+                    seed=3)
+    assert other.schema == store.schema
+    assert store.take_dense(np.flatnonzero(train))[:, 0].mean() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_file_ten_times_the_chunk_prepares_chunk_by_chunk(tmp_path, monkeypatch):
+    import des.data.tabular as tabular
+
+    rows = _table_rows(2000, seed=2)
+    raw = _csv(tmp_path / "t.csv.gz", rows)
+    whole = prepare(raw, tmp_path / "whole", schema=_schema(tmp_path))
+    sizes = []
+    original = tabular.encode_rows
+
+    def spy(schema, columns, num_rows):
+        sizes.append(num_rows)
+        return original(schema, columns, num_rows)
+
+    monkeypatch.setattr(tabular, "encode_rows", spy)
+    chunked = prepare(raw, tmp_path / "chunked", schema=_schema(tmp_path), chunk_rows=200)
+    assert len(sizes) >= 10 and max(sizes) <= 200 and sum(sizes) == 2000
+    assert chunked.fingerprint == whole.fingerprint
+
+
+BAD_CASES = [
+    ("wrong width", lambda rows: rows[:5] + [rows[5][:4]] + rows[6:], "t.csv:7: expected 6 columns, found 4"),
+    ("not a number", lambda rows: _set(rows, 9, 3, "12,5"), "t.csv:11: column price: '12,5' is not a number"),
+    ("label", lambda rows: _set(rows, 2, 0, "x"), "t.csv:4: column y: 'x' is not a number"),
+    ("no label", lambda rows: _set(rows, 3, 0, ""), "t.csv:5: column y: the label is missing"),
+    ("blank line", lambda rows: rows[:7] + [[""]] + rows[7:], "t.csv:9: "),
+]
+
+
+def _set(rows: list[list[str]], row: int, column: int, value: str) -> list[list[str]]:
+    rows = [list(r) for r in rows]
+    rows[row][column] = value
+    return rows
+
+
+@pytest.mark.parametrize("name, corrupt, expected", BAD_CASES, ids=[c[0] for c in BAD_CASES])
+def test_bad_rows_fail_with_one_line_and_leave_nothing(tmp_path, name, corrupt, expected):
+    raw = _csv(tmp_path / "t.csv", corrupt(_table_rows(30)))
+    with pytest.raises(DataError) as error:
+        prepare(raw, tmp_path / "store", schema=_schema(tmp_path), chunk_rows=4)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(str(raw)[:-len("t.csv")]) and expected in message, message
+    assert not (tmp_path / "store").exists() and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"", "file is empty (no rows)"),
+    (b"y,user\x00\x01\xff\xfe,tags\n", "line 1 is not text (binary data?)"),
+    (gzip.compress(b"y,user,tags,price,age,note\n" + b"".join(b"1,u%d,a|b,%d.5,30,x\n" % (i, i * 7919 % 10007)
+                                                              for i in range(20000)))[:20000],
+     "truncated or corrupt gzip data"),
+])
+def test_unreadable_files(tmp_path, content, expected):
+    raw = tmp_path / "f.csv.gz"
+    raw.write_bytes(content)
+    with pytest.raises(DataError) as error:
+        prepare(raw, tmp_path / "store", schema=_schema(tmp_path))
+    assert str(error.value).startswith(f"{raw}: {expected}") and "\n" not in str(error.value)
+    assert not (tmp_path / "store").exists()
+
+
+def test_a_label_must_be_0_or_1_without_a_rule(tmp_path):
+    raw = tmp_path / "a.csv"
+    raw.write_text(AVAZU_HEADER + "\n" + AVAZU_ROWS[0] + "\n" + AVAZU_ROWS[1].replace(",0,14102100", ",2,14102100")
+                   + "\n")
+    with pytest.raises(DataError, match=r"a.csv:3: column click: '2' is not 0 or 1"):
+        prepare(raw, tmp_path / "store", schema="avazu")
+    raw.write_text(AVAZU_HEADER + "\n" + AVAZU_ROWS[0].replace("14102100", "1410210") + "\n")
+    with pytest.raises(DataError, match=r"a.csv:2: column hour: '1410210' cannot be read by hour_of_day"):
+        prepare(raw, tmp_path / "store", schema="avazu")
+
+
+@pytest.mark.parametrize("header, expected", [
+    ("y,user,tags,price,note", "has no column 'age', which schema table declares"),
+    ("y,user,tags,price,age,note,extra", "has column 'extra', which schema table does not declare (declare it with "
+                                         "kind = \"ignored\" to drop it)"),
+])
+def test_the_header_must_name_the_declared_columns(tmp_path, header, expected):
+    raw = tmp_path / "h.csv"
+    raw.write_text(header + "\n" + ",".join(["1"] * len(header.split(","))) + "\n")
+    with pytest.raises(DataError) as error:
+        prepare(raw, tmp_path / "store", schema=_schema(tmp_path))
+    assert str(error.value) == f"{raw}: the header {expected}"
+
+
+def test_parquet_errors_name_the_row(tmp_path):
+    pq.write_table(pa.table({"y": [1, 7, 4], "user": ["a", "b", "c"], "tags": ["", "x", "y"], "price": [1.0, 2.0, 3.0],
+                             "age": ["3", "old", "5"], "note": ["", "", ""]}), tmp_path / "t.parquet")
+    with pytest.raises(DataError, match=r"t.parquet:row 2: column age: 'old' is not a number"):
+        prepare(tmp_path / "t.parquet", tmp_path / "store", schema=_parquet_schema(tmp_path))
+
+
+def test_skipped_rows_are_counted(tmp_path):
+    rows = _table_rows(50)
+    rows = _set(rows, 9, 3, "abc")
+    rows = rows[:20] + [["1", "2"]] + rows[20:]
+    raw = _csv(tmp_path / "t.csv", rows)
+    store = prepare(raw, tmp_path / "store", schema=_schema(tmp_path), bad_rows="skip", chunk_rows=8)
+    bad = store.manifest["bad_rows"]
+    assert store.num_rows == 49 and bad["skipped"] == 2
+    assert bad["first_skipped"] == ["t.csv:11", "t.csv:22"] and bad["first_error"].startswith("t.csv:11: column price")
+    assert store.manifest["sources"][0] == {"name": "t.csv", "sha256": file_sha256(raw), "lines": 51, "rows": 49,
+                                           "skipped": 2}
+
+
+def test_the_cache_is_keyed_on_the_schema(tmp_path):
+    raw = _csv(tmp_path / "t.csv", _table_rows(60))
+    first = open_dataset(raw, cache_dir=tmp_path / "cache", schema=_schema(tmp_path))
+    text = TABLE.format(format="").replace("count = 4", "count = 3")
+    (tmp_path / "three.toml").write_text(text)
+    second = open_dataset(raw, cache_dir=tmp_path / "cache", schema=tmp_path / "three.toml")
+    assert first.path != second.path and first.path.parent == second.path.parent
+    assert open_dataset(raw, cache_dir=tmp_path / "cache", schema=_schema(tmp_path)).path == first.path
+    # Criteo's entries keep their names
+    assert cache_entry_name("x.txt", "ab" * 32, (0.9, 0.05, 0.05), 0, "fail", load_schema()) == \
+        cache_entry_name("x.txt", "ab" * 32, (0.9, 0.05, 0.05), 0, "fail")
+
+
+def test_separate_inputs_use_the_training_files_statistics(tmp_path):
+    train = _csv(tmp_path / "train.csv", _table_rows(120, seed=4))
+    valid = _csv(tmp_path / "valid.csv", [[r[0], r[1], r[2], str(float(r[3]) * 10), r[4], r[5]]
+                                          for r in _table_rows(50, seed=5)])
+    store = open_inputs({"train": str(train), "validation": str(valid)}, cache_dir=tmp_path / "cache",
+                        schema=_schema(tmp_path))
+    train_schema, valid_schema = (part.store.schema for part in store.parts)
+    assert train_schema == valid_schema
+    prices = np.array([float(r[3]) for r in _table_rows(120, seed=4)])
+    price = next(c for c in train_schema["columns"] if c["name"] == "price")
+    assert price["boundaries"] == pytest.approx(np.quantile(prices, [0.25, 0.5, 0.75]).tolist(), rel=1e-15)
+    assert store.num_dense == 1 and store.split_rows("validation").shape == (50,)
+
+
+def test_synthetic_raw_data_prepares_into_the_synthetic_store(tmp_path):
+    schema = _schema(tmp_path)
+    info = synthesize_schema(tmp_path / "s.csv.gz", 3000, schema, seed=2, file_format="raw")
+    synthesize_schema(tmp_path / "store", 3000, schema, seed=2)
+    direct = ColumnStore.open(tmp_path / "store")
+    prepared = prepare(tmp_path / "s.csv.gz", tmp_path / "prepared", schema=schema, seed=2)
+    for a, b in zip(_keys(direct), _keys(prepared)):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(direct.labels, prepared.labels)
+    np.testing.assert_array_equal(direct.take_dense(np.arange(3000)), prepared.take_dense(np.arange(3000)))
+    assert 0.15 < info["positive_rate"] < 0.35 and direct.manifest["synthetic"]["oracle"]["auc"] > 0.55
+
+
+def test_the_command_line(tmp_path, capsys):
+    raw = _csv(tmp_path / "t.csv", _set(_table_rows(20), 4, 3, "?"))
+    args = ["prepare", "--schema", str(_schema(tmp_path)), "--input", str(raw), "--output", str(tmp_path / "s")]
+    assert main(args) == 2
+    assert capsys.readouterr().err == f"des.data: error: {raw}:6: column price: '?' is not a number\n"
+    assert main(args + ["--bad-rows", "skip"]) == 0
+    out = capsys.readouterr()
+    assert "prepared 19 rows" in out.out and "skipped 1 bad rows (first at t.csv:6)" in out.err
+    assert main(["inspect", str(tmp_path / "s")]) == 0
+    text = capsys.readouterr().out
+    assert "schema       table (key scheme 2" in text and "tags             multi_valued  multi-hot mean" in text
+    assert "standardized: mean" in text and "quantiles: " in text
+    bad = tmp_path / "bad.toml"
+    bad.write_text(TABLE.format(format="").replace('pooling = "mean"', 'pooling = "max"'))
+    assert main(["prepare", "--schema", str(bad), "--input", str(raw), "--output", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err == ('des.data: error: schema bad.toml: columns[1].pooling: "max" is not one of '
+                                       'sum, mean\n')
+    assert main(["synth", "--schema", "avazu", "--rows", "100", "--format", "raw", "--output",
+                 str(tmp_path / "a.csv")]) == 0
+    assert (tmp_path / "a.csv").read_text().startswith("click,id,hour,C1,")
+
+
+def test_the_criteo_sample_keeps_its_store():
+    sample = REPO / "datasets" / "criteo_sample.txt.gz"
+    cache = Path(os.environ.get("TMPDIR", "/tmp"))
+    store = prepare(sample, cache / f"criteo-schema-{os.getpid()}", schema="criteo", overwrite=True)
+    try:
+        assert store.fingerprint == "914ee92b639b2fdf" and "schema" not in store.manifest
+        assert store.manifest["key_scheme"]["version"] == 1
+    finally:
+        import shutil
+
+        shutil.rmtree(store.path)
+
+
+@pytest.mark.skipif(not (SHARED / "movielens-100k").is_dir(), reason="needs ../shared/data/movielens-100k")
+def test_movielens_ratings(tmp_path):
+    int_column = {"kind": "categorical", "dtype": "int"}
+    schema = Schema.from_dict({
+        "name": "ml", "format": {"delimiter": "\t", "header": False,
+                                 "names": ["user_id", "item_id", "rating", "timestamp"]},
+        "label": {"column": "rating", "rule": ">= 4"},
+        "columns": [{"name": "user_id", **int_column}, {"name": "item_id", **int_column},
+                    {"name": "timestamp", "kind": "input", "dtype": "int"}],
+        "derived": [{"name": "weekday", "transform": "weekday", "inputs": ["timestamp"]}]})
+    store = prepare(SHARED / "movielens-100k" / "raw" / "u.data", tmp_path / "ml", schema=schema)
+    assert store.num_rows == 100_000 and store.manifest["num_positives"] == 55_375
+    assert [store.distinct_count(f) for f in ("user_id", "item_id", "weekday")] == [943, 1682, 7]

@@ -1,0 +1,164 @@
+"""Key scheme 2 and the schema transforms: the TensorFlow side (served models) gives the same keys
+(bit for bit), weights and dense values as the numpy/numba side (preparing) on the same raw rows."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from des.data.features import (MISSING_INT, ServingFeatures, encode_rows, int_keys, log_squared_keys,
+                               string_keys)
+from des.data.keys import integer_token
+from des.data.schema import Schema
+
+tf = pytest.importorskip("tensorflow")
+
+LONG = "x" * 1000 + "é"
+STRINGS = ["", "a", "abcdefgh", "abcdefghi", "ünïcødé ✓", "日本語のテキスト", LONG, "1fbe01fe", "\x00", "  "]
+SCHEMA = {
+    "name": "everything",
+    "format": {"type": "csv"},
+    "label": {"column": "y"},
+    "columns": [
+        {"name": "s", "kind": "categorical"},
+        {"name": "i", "kind": "categorical", "dtype": "int"},
+        {"name": "tags", "kind": "multi_valued", "separator": "|", "pooling": "mean", "max_length": 3},
+        {"name": "scored", "kind": "multi_valued", "separator": ",", "weight_separator": ":"},
+        {"name": "plain", "kind": "multi_valued", "separator": " "},
+        {"name": "price", "kind": "numeric", "as": "bucketize", "buckets": "boundaries",
+         "boundaries": [-1.5, 0.0, 10.0, 1e6]},
+        {"name": "count", "kind": "numeric", "as": "bucketize", "buckets": "log_squared"},
+        {"name": "age", "kind": "numeric", "as": "dense", "transform": "log1p", "standardize": True, "fill": 3.0,
+         "mean": 1.25, "std": 0.75},
+        {"name": "score", "kind": "numeric", "as": "dense"},
+        {"name": "ts", "kind": "input", "dtype": "int"},
+        {"name": "hour", "kind": "input", "dtype": "string"},
+        {"name": "noise", "kind": "ignored"},
+    ],
+    "derived": [
+        {"name": "hod", "transform": "hour_of_day", "inputs": ["ts"]},
+        {"name": "wd", "transform": "weekday", "inputs": ["ts"]},
+        {"name": "hod_text", "transform": "hour_of_day", "inputs": ["hour"], "time_format": "%y%m%d%H"},
+        {"name": "wd_text", "transform": "weekday", "inputs": ["hour"], "time_format": "%y%m%d%H"},
+        {"name": "s_x_i", "transform": "cross", "inputs": ["s", "i"]},
+        {"name": "hod_x_s", "transform": "cross", "inputs": ["hod", "s"]},
+    ],
+}
+
+
+def _rows(n: int, seed: int = 0) -> dict[str, list]:
+    rng = np.random.default_rng(seed)
+    pick = lambda options: [options[k] for k in rng.integers(0, len(options), n)]  # noqa: E731
+    ints = [int(v) for v in rng.integers(-2**62, 2**62, n)]
+    ints[:4] = [0, -1, 2**63 - 1, None]
+    floats = rng.normal(0, 50, n).tolist()
+    floats[:8] = [None, -1.5, 0.0, 2.0, 2.5, 1e300, -1e300, 10.0]
+    counts = np.exp(rng.uniform(-2, 45, n)).tolist()
+    counts[:6] = [None, 3.0, 2.718281828459045, 9.3e18, -7.0, 2.0]
+    stamps = [int(v) for v in rng.integers(-2**40, 2**40, n)]
+    stamps[:3] = [None, 0, -1]
+    hours = [f"{y:02d}{m:02d}{d:02d}{h:02d}" for y, m, d, h in zip(rng.integers(0, 100, n), rng.integers(1, 13, n),
+                                                                   rng.integers(1, 29, n), rng.integers(0, 24, n))]
+    hours[:3] = [None, "14102100", "99123123"]
+    return {
+        "s": [None if v == "" else v for v in pick(STRINGS)],
+        "i": ints,
+        "tags": pick(["", "a", "a|b", "a|b|c|d|e", "|", "ü|" + LONG, "x||y"]),
+        "scored": pick(["", "a:1.5", "a:0.25,b:2,c", "z:-3e-2", "q:1e10,,w:7"]),
+        "plain": pick(["", "one", "one two", "日本 語"]),
+        "price": floats, "count": counts, "age": floats[::-1], "score": pick(floats),
+        "ts": stamps, "hour": hours,
+    }
+
+
+def _arrow(schema: Schema, rows: dict[str, list]) -> dict[str, pa.Array]:
+    types = {"string": pa.string(), "int": pa.int64(), "float": pa.float64()}
+    return {c.name: pa.array(rows[c.name], types[c.value_dtype]) for c in schema.read_columns}
+
+
+def _request(schema: Schema, rows: dict[str, list]) -> dict[str, object]:
+    missing = {"string": "", "int": MISSING_INT, "float": math.nan}
+    types = {"string": tf.string, "int": tf.int64, "float": tf.float64}
+    return {c.name: tf.constant([missing[c.value_dtype] if v is None else v for v in rows[c.name]],
+                                types[c.value_dtype]) for c in schema.read_columns}
+
+
+def test_tensorflow_features_equal_the_prepared_ones_bit_for_bit():
+    schema = Schema.from_dict(SCHEMA)
+    rows = _rows(257)
+    prepared = encode_rows(schema, _arrow(schema, rows), 257)
+    served = ServingFeatures(schema)(_request(schema, rows))
+    assert list(served.keys) == list(schema.field_names)
+    for name, column in zip(schema.field_names, prepared.columns):
+        got = served.keys[name]
+        if isinstance(got, tf.RaggedTensor):
+            np.testing.assert_array_equal(got.row_splits.numpy(), column.offsets, err_msg=name)
+            np.testing.assert_array_equal(got.flat_values.numpy(), column.keys, err_msg=name)
+            if column.weights is None:
+                assert name not in served.weights
+            else:
+                np.testing.assert_array_equal(served.weights[name].flat_values.numpy(), column.weights, err_msg=name)
+        else:
+            np.testing.assert_array_equal(got.numpy(), column, err_msg=name)
+    np.testing.assert_array_equal(served.dense.numpy(), prepared.dense)
+    assert served.dense.dtype == tf.float32 and served.dense.shape == (257, 2)
+
+
+def test_the_rows_cover_what_the_scheme_treats_specially():
+    schema = Schema.from_dict(SCHEMA)
+    rows = _rows(257)
+    prepared = encode_rows(schema, _arrow(schema, rows), 257)
+    by_name = dict(zip(schema.field_names, prepared.columns))
+    assert (by_name["s"] == 0).any() and by_name["i"][3] == 0 and by_name["count"][0] == 0
+    missing_price = np.array([v is None for v in rows["price"]])
+    assert missing_price.any() and (by_name["price"][missing_price] == 0).all() and (by_name["price"] > 0).sum() > 200
+    tags = by_name["tags"]
+    assert np.diff(tags.offsets).max() == 3  # truncated to max_length
+    lengths = np.repeat(np.diff(tags.offsets), np.diff(tags.offsets))
+    np.testing.assert_array_equal(tags.weights, (1.0 / lengths).astype(np.float32))  # mean pooling as weights
+    assert 0 in tags.keys  # "x||y" and "|" have empty ids
+    assert by_name["hod"][0] == 0 and by_name["hod"][1] == 1 and by_name["hod"][2] == 24  # -1 s is 23:59:59
+    assert by_name["wd"][1] == 4  # 1970-01-01 was a Thursday (Monday = 1)
+    assert by_name["hod_text"][1] == 1 and by_name["wd_text"][1] == 2  # 2014-10-21 00h, a Tuesday (key 2)
+    assert (by_name["hod"] > 0).sum() > 200 and (by_name["scored"].weights == 1.0).any()
+
+
+def test_string_keys_follow_the_documented_chain():
+    def reference(text: str) -> int:
+        data = text.encode("utf-8")
+        if not data:
+            return 0
+        mask = (1 << 64) - 1
+
+        def mix(z: int) -> int:
+            z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+            z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+            return z ^ (z >> 31)
+
+        h = (len(data) * 0x9E3779B97F4A7C15) & mask
+        for i in range(0, len(data), 8):
+            h = mix(h ^ int.from_bytes(data[i:i + 8].ljust(8, b"\0"), "little"))
+        return (h >> 1) or 1
+
+    keys = string_keys(pa.array(STRINGS))
+    assert keys.tolist() == [reference(s) for s in STRINGS]
+    assert keys.min() >= 0 and keys[0] == 0
+    # a sliced Arrow array (an offset into its buffers) and nulls
+    sliced = pa.array([None, *STRINGS]).slice(1, 5)
+    assert string_keys(sliced).tolist() == [reference(s) for s in STRINGS[:5]]
+    assert int_keys(np.array([5, MISSING_INT])).tolist()[1] == 0
+
+
+def test_log_squared_is_criteos_transform_on_integers():
+    values = np.array([-5, 0, 1, 2, 3, 7, 8, 20, 1000, 10**6, 2**40, 2**62], dtype=np.int64)
+    keys = log_squared_keys(values.astype(np.float64))
+    assert (keys - (1 << 31) - 1).tolist() == [integer_token(int(v)) for v in values]
+
+
+def test_serving_needs_a_resolved_schema():
+    unresolved = dict(SCHEMA, columns=[{"name": "x", "kind": "numeric", "as": "bucketize"}], derived=[])
+    with pytest.raises(ValueError, match="statistics not resolved"):
+        ServingFeatures(Schema.from_dict(unresolved))
