@@ -69,11 +69,14 @@ def _load_state(prefix: str, arrays: Any, state: Any) -> None:
 
 
 def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, config: dict[str, Any], ttl: int = 0,
-                    data_order: dict[str, Any] | None = None, training_state: dict[str, Any] | None = None) -> Path:
+                    data_order: dict[str, Any] | None = None, training_state: dict[str, Any] | None = None,
+                    schema: dict[str, Any] | None = None) -> Path:
     """Write a checkpoint of ``strategy.state()`` under ``root``; collective (every rank calls it).
     ``data_order``: what fixes the batch order (data, batch size, seed...), checked on resume;
     ``training_state``: the runner's state besides the parameters (early stopping, plateau
-    schedules), JSON, kept in the manifest (older checkpoints have none: a fresh state)."""
+    schedules), JSON, kept in the manifest (older checkpoints have none: a fresh state);
+    ``schema``: the data's resolved schema (``des.data.schema``, with its training statistics:
+    evaluation and serving read raw rows with it), None for Criteo's (no manifest entry)."""
     comm, state = strategy.comm, strategy.state()
     evicted = 0
     if ttl:
@@ -133,6 +136,8 @@ def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, c
             "training_state": training_state or {},
             "files": dict(sorted(files.items())),
         }
+        if schema is not None:
+            manifest["schema"] = schema
         _write_atomically(tmp / "manifest.json", json.dumps(manifest, indent=1))
         _write_atomically(tmp / MANIFEST_CHECKSUM, _sha256(tmp / "manifest.json") + "\n")
         # A checkpoint of this step may exist (a rerun into the same folder): move it aside with
@@ -217,6 +222,19 @@ def check_compatible(manifest: dict[str, Any], state: Any, folder: Path) -> None
         raise CheckpointError(f"checkpoint {folder} was trained with other model settings: {', '.join(diff)}")
     if manifest["dtype"] != state.dtype.name:
         raise CheckpointError(f"checkpoint {folder} is {manifest['dtype']}, the run is {state.dtype.name}")
+
+
+def check_schema(read: tuple[Path, dict[str, Any]], schema: dict[str, Any] | None) -> None:
+    """The data of a resume or an evaluation must be of the checkpoint's schema (its training
+    statistics included): ``read`` is :func:`read_manifest`'s answer, ``schema`` the data's
+    (``ColumnStore.schema``: None for Criteo's)."""
+    from des.data.schema import describe_schema
+
+    folder, manifest = read
+    trained = manifest.get("schema")
+    if describe_schema(trained) != describe_schema(schema):
+        raise CheckpointError(f"checkpoint {folder} was trained on data of schema {describe_schema(trained)}, "
+                              f"this data is of schema {describe_schema(schema)}")
 
 
 def check_data_order(manifest: dict[str, Any], data_order: dict[str, Any], folder: Path) -> None:

@@ -38,6 +38,8 @@ class TrainConfig:
     validation_data: str = _opt("", "validation input with --train-data (the same forms); without it nothing is "
                                 "validated and --early-stop auto is off", nargs="+")
     test_data: str = _opt("", "test input with --train-data (the same forms), evaluated at the end", nargs="+")
+    schema: str = _opt("", "the data's schema: criteo, avazu or a TOML file (README, \"Your own data\"); empty: "
+                       "criteo for raw files, a prepared directory's own")
     cache_dir: str = _opt("", "where raw files are prepared (default ~/.cache/des)")
     split: str = _opt("0.9,0.05,0.05", "train,validation,test fractions of a raw file")
     split_seed: int = _opt(0, "seed of the train/validation/test split")

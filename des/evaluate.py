@@ -24,7 +24,10 @@ from des.errors import ArgumentParser, ConfigError, UsageError
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="des.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="checkpoint folder, checkpoints/ folder or run folder")
-    parser.add_argument("--data", required=True, help="raw Criteo TSV/.gz file or a prepared directory")
+    parser.add_argument("--data", required=True, help="a raw file (read with the checkpoint's schema) or a prepared "
+                        "directory")
+    parser.add_argument("--schema", default="", help="the data's schema (default: the checkpoint's, training "
+                        "statistics included; another is refused)")
     parser.add_argument("--split", default="all", choices=("all", "train", "validation", "test"),
                         help="rows of a prepared directory to evaluate (a raw file is evaluated whole)")
     parser.add_argument("--predictions", default="", help="write one probability per row here (input order)")
@@ -46,14 +49,17 @@ def main(argv: list[str] | None = None) -> int:
     from des.data.inputs import WHOLE_FILE
     from des.metrics import auc_or_none, logloss
     from des.plugins import load_plugins
+    from des.data.schema import trained_schema
     from des.runner import build_strategy, open_data, predict_split
 
-    _, manifest = read_manifest(args.checkpoint)
+    folder, manifest = read_manifest(args.checkpoint)
     config = TrainConfig(**manifest["config"])
     load_plugins(config.plugins)
+    schema = trained_schema(manifest.get("schema"), args.schema, f"checkpoint {folder}")
     # A raw file is prepared whole (every row in the test split, in input order): the cache entry
-    # that --train-data, --validation-data and --test-data use for the same file.
-    store = open_data(config, comm, data=args.data, split=WHOLE_FILE, bad_rows=args.bad_rows)
+    # that --train-data, --validation-data and --test-data use for the same file. With the
+    # checkpoint's resolved schema: its quantiles and means are the training data's.
+    store = open_data(config, comm, data=args.data, split=WHOLE_FILE, bad_rows=args.bad_rows, schema=schema)
     if store.num_fields != manifest["num_fields"]:
         raise ConfigError(f"{args.data} has {store.num_fields} fields, the checkpoint's model {manifest['num_fields']}")
     split = args.split if Path(args.data).is_dir() else "all"

@@ -1,31 +1,41 @@
-"""Export a trained checkpoint as a TensorFlow SavedModel that serves raw Criteo requests.
+"""Export a trained checkpoint as a TensorFlow SavedModel that serves raw requests.
 
     .venv/bin/python -m des.export --checkpoint runs/deepfm-.../checkpoints --output exported/deepfm [--force]
 
-The SavedModel's ``serving_default`` signature takes one batch of requests as 39 named 1-D inputs
-of equal length: ``I1`` .. ``I13`` int64 (a missing value is ``-2**63``, ``MISSING_INT``) and ``C1``
-.. ``C26`` strings (8 hex digits in either case, or ``""`` for missing), and returns
-``{"probability": [batch]}`` in the model's dtype (float32 by default). (The one integer a request
-cannot carry is -2**63 itself, which training clips like any value below -2**31.) Inside it are,
-as plain TensorFlow ops and variables (loading it needs TensorFlow only, never des):
+The SavedModel's ``serving_default`` signature takes one batch of requests as named 1-D inputs of
+equal length, one per raw column the data's schema reads (the checkpoint records it), and returns
+``{"probability": [batch]}`` in the model's dtype (float32 by default):
 
-* the key transform of training (``des/data/keys.py``): ``v if v <= 2 else floor(ln(v)^2)`` for
-  integers, done with a table of the exact thresholds of des's own transform so it is bit-exact,
-  hex parsing, and ``key = ((field + 1) << 40) | u``;
-* one hash table from key to row and, per value block, the matrix of the trained rows of every
-  field (rows of ids not yet admitted keep what training gives them: their initial value, or zero;
-  with ``--unadmitted shared`` only admitted ids are kept);
+* Criteo (the default schema): ``I1`` .. ``I13`` int64 (a missing value is ``-2**63``,
+  ``MISSING_INT``) and ``C1`` .. ``C26`` strings (8 hex digits in either case, or ``""`` for
+  missing). (The one integer a request cannot carry is -2**63 itself, which training clips like
+  any value below -2**31.)
+* any other schema: each read column in its declared dtype, int64 (missing ``-2**63``), float64
+  (missing NaN) or string (missing ``""``); a multi-valued column as its delimited text
+  (``"Action|Comedy"``). ``des_export.json`` lists them.
+
+Inside are, as plain TensorFlow ops and variables (loading it needs TensorFlow only, never des):
+
+* the key transform of training: Criteo's (``des/data/keys.py``: ``v if v <= 2 else
+  floor(ln(v)^2)`` for integers, done with a table of the exact thresholds of des's own transform
+  so it is bit-exact, hex parsing, ``key = ((field + 1) << 40) | u``) or the schema's
+  (``des/data/features.py``: string hashing, buckets, time parts, crosses, multi-valued splitting,
+  truncation and pooling weights, the dense features' transforms with the training statistics);
+* one hash table per field from key to row and, per value block, the matrix of the trained rows
+  (rows of ids not yet admitted keep what training gives them: their initial value, or zero; with
+  ``--unadmitted shared`` only admitted ids are kept);
 * the run's unknown-id behaviour: ``--unadmitted zero`` gives zeros, ``init`` the id's
   deterministic initial value, recomputed with the same splitmix64 streams in uint64 ops
   (``des/hashtable/init.py``), ``shared`` the field's trained out-of-vocabulary row (also for ids
   seen in training but not admitted), as ``des.evaluate`` looks them up;
-* the field-sliced weights and the top network, applied through each substitution's ``reference``
-  form (the whole-model forward, as ``des.evaluate`` computes it).
+* the field-sliced weights, the dense features' weights and the top network, applied through each
+  substitution's ``reference`` form (the whole-model forward, as ``des.evaluate`` computes it).
 
 A request with a missing or extra column, or a column of another type, is refused by the signature;
-a categorical value that is not 8 hex digits, or columns of unequal length, fail with an
-``InvalidArgumentError`` naming the column. The checkpoint may come from any number of ranks and any
-strategy: only its per-field files are read, one field at a time, on one process.
+a value the key transform cannot read (a Criteo categorical that is not 8 hex digits, a timestamp
+not in its format) or columns of unequal length fail with an ``InvalidArgumentError`` naming the
+column. The checkpoint may come from any number of ranks and any strategy: only its per-field files
+are read, one field at a time, on one process.
 """
 
 from __future__ import annotations
@@ -40,9 +50,8 @@ from typing import Any
 
 from des import runtime  # noqa: F401  (quiets TensorFlow before it is imported)
 from des.collectives import run_main
+from des.data.features import MISSING_INT  # an integer column's "missing" in a request
 from des.errors import ArgumentParser, ConfigError, UsageError
-
-MISSING_INT = -(2**63)  # an integer column's "missing" in a request (int64 has no empty value)
 _GOLDEN = 0x9E3779B97F4A7C15
 _M1 = 0xBF58476D1CE4E5B9
 _M2 = 0x94D049BB133111EB
@@ -54,6 +63,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--checkpoint", required=True, help="checkpoint folder, checkpoints/ folder or run folder")
     parser.add_argument("--output", required=True, help="SavedModel folder to create")
     parser.add_argument("--force", action="store_true", help="replace an existing --output folder")
+    parser.add_argument("--schema", default="", help="the data's schema (default: the checkpoint's; another is "
+                        "refused)")
     return parser
 
 
@@ -225,10 +236,19 @@ def initial_values(keys: Any, bases: Any, kind: str, scale: float, dim: int) -> 
 
 
 # ---------------------------------------------------------------------------------- checkpoint reading
+def _top_names(model: Any) -> list[str]:
+    """The replicated weights in ``dense.npz``: the top network's and the dense features' (named as
+    :class:`des.strategies.components.DenseParams` names them)."""
+    return [*model.top_params(), *(f"{i}:{sub.name}:{p}" for i, sub in enumerate(model.substitutions())
+                                   for p in sub.dense_params())]
+
+
 def _read_checkpoint(folder: Path, manifest: dict[str, Any], model: Any) -> dict[str, Any]:
-    """Every field's rows (values as training gathers them), field-sliced weights and top weights;
-    with ``--unadmitted shared`` only the admitted keys, and per block the ``[fields, dim]`` values of
-    every field's shared row (``shared``: what an unknown or unadmitted key is looked up as)."""
+    """Every field's rows (values as training gathers them), field-sliced weights and the
+    replicated weights; with ``--unadmitted shared`` only the admitted keys, and per block the
+    ``[fields, dim]`` values of every field's shared row (``shared``: what an unknown or unadmitted
+    key is looked up as). ``keys[f]`` are field ``f``'s keys, whose rows are ``values[block]``'s
+    rows ``offsets[f]`` on."""
     import numpy as np
 
     from des.checkpoint import as_checkpoint_error, verified_file
@@ -274,11 +294,11 @@ def _read_checkpoint(folder: Path, manifest: dict[str, Any], model: Any) -> dict
                     field_params.setdefault(name[: -len("__value")], []).append(arrays[name])
     path = verified_file(folder, manifest, "dense.npz")
     with as_checkpoint_error(path), np.load(path, allow_pickle=False) as arrays:
-        top = {name: arrays[f"{name}__value"] for name in model.top_params()}
-    all_keys = np.concatenate(keys)
+        top = {name: arrays[f"{name}__value"] for name in _top_names(model)}
     return {
-        "keys": all_keys,
-        "values": {b: np.concatenate(v) if all_keys.size else np.zeros((0, table_specs[b].dim)) for b, v in values.items()},
+        "keys": keys,
+        "offsets": np.concatenate([[0], np.cumsum([k.size for k in keys])]).astype(np.int64),
+        "values": {b: np.concatenate(v) if v else np.zeros((0, table_specs[b].dim)) for b, v in values.items()},
         "field_params": {k: np.stack(v) for k, v in field_params.items()},
         "top": top, "specs": table_specs, **table_options,
         "shared": {b: np.stack(v) for b, v in shared.items() if v},
@@ -286,75 +306,31 @@ def _read_checkpoint(folder: Path, manifest: dict[str, Any], model: Any) -> dict
 
 
 # ---------------------------------------------------------------------------------- the module
-def build_module(model: Any, state: dict[str, Any]) -> Any:
-    """A ``tf.Module`` whose ``serve`` is the ``serving_default`` signature (see the module doc)."""
-    import numpy as np
+class FieldIds:
+    """One field's ids in a request, as TF tensors: ``keys`` (int64, flat), ``row_ids`` (the sample
+    of each key; None: one key per sample, in order) and ``weights`` (float, flat; None: all 1)."""
+
+    def __init__(self, keys: Any, row_ids: Any = None, weights: Any = None) -> None:
+        self.keys, self.row_ids, self.weights = keys, row_ids, weights
+
+    @classmethod
+    def of(cls, keys: Any, weights: Any = None) -> "FieldIds":
+        """From a ``[B]`` tensor of one-hot keys or a ``RaggedTensor`` ``[B, None]`` (and its weights)."""
+        import tensorflow as tf
+
+        if isinstance(keys, tf.RaggedTensor):
+            return cls(keys.flat_values, keys.value_rowids(), None if weights is None else weights.flat_values)
+        return cls(keys)
+
+
+def request_fields(schema: Any, request: dict[str, Any]) -> tuple[list[FieldIds], Any]:
+    """A request's ids per field (the store's field order) and its dense features ``[B, D]`` (or
+    None): Criteo's key transform (key scheme 1) or a schema's (``des.data.features``)."""
     import tensorflow as tf
 
     from des.data.keys import FIELD_NAMES, NUM_INT_FIELDS
-    from des.hashtable import Initializer
 
-    dtype = tf.as_dtype(state["dtype"])
-    substitutions = model.substitutions()
-    keys_op = CriteoKeys()
-    unadmitted = state["unadmitted"]
-    specs = state["specs"]
-
-    class Exported(tf.Module):
-        def __init__(self) -> None:
-            super().__init__(name="des_export")
-            self.table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1)
-            self.table.insert(tf.constant(state["keys"]), tf.range(state["keys"].size, dtype=tf.int64))
-            self.values = {b: tf.Variable(v, trainable=False, name=f"values_{b}") for b, v in state["values"].items()}
-            self.field_params = {k.replace(":", "_"): tf.Variable(v, trainable=False)
-                                 for k, v in state["field_params"].items()}
-            self.field_names = dict(zip(state["field_params"], self.field_params))
-            self.top = {k: tf.Variable(v, trainable=False, name=k) for k, v in state["top"].items()}
-            # --unadmitted shared: per block, [fields, dim] values of every field's shared row
-            self.shared = {b: tf.Variable(v, trainable=False, name=f"shared_{b}") for b, v in state["shared"].items()}
-            # uint64 stream bases per (block, field), as des.hashtable.init.Initializer.stream_base
-            self.bases = {b: tf.constant(np.array([Initializer.stream_base(state["seed"], f, b)
-                                                   for f in range(model.num_fields)], dtype=np.uint64))
-                          for b in specs}
-
-        def pooled(self, keys: Any, rows: Any, block: str) -> Any:
-            """``[B, F, dim]`` values of ``block`` for int64 keys ``[B, F]`` (one id per field) and
-            their table rows (-1: unknown)."""
-            dim = specs[block].dim
-            flat_rows = tf.reshape(rows, [-1])
-            out = tf.gather(self.values[block], tf.maximum(flat_rows, 0))
-            unknown = tf.where(flat_rows < 0)
-            fields = tf.reshape(tf.broadcast_to(tf.range(model.num_fields)[None, :], tf.shape(keys)), [-1])
-            if unadmitted == "shared":
-                fill = tf.gather(self.shared[block], tf.gather_nd(fields, unknown))
-            elif unadmitted == "zero" or specs[block].init.kind == "zeros":
-                fill = tf.zeros([tf.shape(unknown)[0], dim], dtype)
-            else:
-                flat_keys = tf.reshape(keys, [-1])
-                unknown_keys = tf.gather_nd(flat_keys, unknown)
-                bases = tf.gather(self.bases[block], tf.gather_nd(fields, unknown))
-                init = specs[block].init
-                fill = tf.cast(initial_values(unknown_keys, bases, init.kind, init.scale, dim), dtype)
-            out = tf.tensor_scatter_nd_update(out, unknown, fill)
-            return tf.reshape(out, [tf.shape(keys)[0], model.num_fields, dim])
-
-        def probability(self, keys: Any) -> Any:
-            rows = self.table.lookup(keys)
-            pooled = {b: self.pooled(keys, rows, b) for b in specs}
-            outputs = []
-            for i, sub in enumerate(substitutions):
-                prefix = f"{i}:{sub.name}:"
-                params = {k[len(prefix):]: self.field_params[v] for k, v in self.field_names.items()
-                          if k.startswith(prefix)}
-                outputs.append(sub.reference(pooled[sub.block], params))
-            return tf.sigmoid(model.top(self.top, outputs))
-
-    module = Exported()
-    signature = {name: tf.TensorSpec([None], tf.int64 if f < NUM_INT_FIELDS else tf.string, name=name)
-                 for f, name in enumerate(FIELD_NAMES)}
-
-    @tf.function(input_signature=[signature], autograph=False)
-    def serve(request):
+    if schema.is_criteo:
         columns = [request[name] for name in FIELD_NAMES]
         size = tf.shape(columns[0])[0]
         checks = [tf.debugging.assert_equal(tf.shape(c)[0], size,
@@ -364,29 +340,148 @@ def build_module(model: Any, state: dict[str, Any]) -> Any:
             integers = tf.stack(columns[:NUM_INT_FIELDS], axis=1)
             strings = tf.stack(columns[NUM_INT_FIELDS:], axis=1)
         # One op sequence for all integer columns and one for all hex columns (fewer ops per request).
-        fields = list(range(len(FIELD_NAMES)))
+        keys_op, fields = CriteoKeys(), list(range(len(FIELD_NAMES)))
         keys = tf.concat([keys_op.integer(fields[:NUM_INT_FIELDS], integers),
                           keys_op.categorical(fields[NUM_INT_FIELDS:], list(FIELD_NAMES[NUM_INT_FIELDS:]), strings)],
                          axis=1)
-        return {"probability": module.probability(keys)}
+        return [FieldIds(keys[:, f]) for f in fields], None
+    from des.data.features import ServingFeatures
+
+    columns = list(request.values())
+    size = tf.shape(columns[0])[0]
+    checks = [tf.debugging.assert_equal(tf.shape(c)[0], size, message=f"column {name} has another number of rows "
+                                        f"than {next(iter(request))}") for name, c in request.items()]
+    with tf.control_dependencies(checks):
+        served = ServingFeatures(schema)({name: tf.identity(c) for name, c in request.items()})
+    fields = [FieldIds.of(served.keys[name], served.weights.get(name)) for name in schema.field_names]
+    return fields, served.dense if schema.dense_names else None
+
+
+def request_signature(schema: Any) -> dict[str, Any]:
+    """``serving_default``'s inputs: a name -> ``tf.TensorSpec([None], dtype)`` per raw column."""
+    import tensorflow as tf
+
+    from des.data.keys import FIELD_NAMES, NUM_INT_FIELDS
+
+    if schema.is_criteo:
+        return {name: tf.TensorSpec([None], tf.int64 if f < NUM_INT_FIELDS else tf.string, name=name)
+                for f, name in enumerate(FIELD_NAMES)}
+    from des.data.features import ServingFeatures
+
+    return ServingFeatures(schema).signature()
+
+
+def build_module(model: Any, state: dict[str, Any], schema: Any) -> Any:
+    """A ``tf.Module`` whose ``serve`` is the ``serving_default`` signature (see the module doc)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from des.hashtable import Initializer
+
+    dtype = tf.as_dtype(state["dtype"])
+    substitutions = model.substitutions()
+    unadmitted = state["unadmitted"]
+    specs = state["specs"]
+
+    class Exported(tf.Module):
+        def __init__(self) -> None:
+            super().__init__(name="des_export")
+            # one table per field (a field's keys are unique within it): key -> row of the values
+            self.tables = []
+            for f, field_keys in enumerate(state["keys"]):
+                table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1)
+                table.insert(tf.constant(field_keys, tf.int64),
+                             tf.range(field_keys.size, dtype=tf.int64) + int(state["offsets"][f]))
+                self.tables.append(table)
+            self.values = {b: tf.Variable(v, trainable=False, name=f"values_{b}") for b, v in state["values"].items()}
+            self.field_params = {k.replace(":", "_"): tf.Variable(v, trainable=False)
+                                 for k, v in state["field_params"].items()}
+            self.field_names = dict(zip(state["field_params"], self.field_params))
+            self.top = {k: tf.Variable(v, trainable=False, name=k.replace(":", "_")) for k, v in state["top"].items()}
+            # --unadmitted shared: per block, [fields, dim] values of every field's shared row
+            self.shared = {b: tf.Variable(v, trainable=False, name=f"shared_{b}") for b, v in state["shared"].items()}
+            # uint64 stream bases per (block, field), as des.hashtable.init.Initializer.stream_base
+            self.bases = {b: [Initializer.stream_base(state["seed"], f, b) for f in range(model.num_fields)]
+                          for b in specs}
+
+        def pooled(self, f: int, ids: FieldIds, rows: Any, size: Any, block: str) -> Any:
+            """``[B, dim]``: field ``f``'s values of ``block``, pooled per sample (as the tables' gather
+            pools them: each id's value times its weight, summed), for its ids and their rows (-1:
+            unknown)."""
+            dim = specs[block].dim
+            out = tf.gather(self.values[block], tf.maximum(rows, 0))
+            unknown = tf.where(rows < 0)
+            if unadmitted == "shared":
+                fill = tf.repeat(self.shared[block][f][None, :], tf.shape(unknown)[0], axis=0)
+            elif unadmitted == "zero" or specs[block].init.kind == "zeros":
+                fill = tf.zeros([tf.shape(unknown)[0], dim], dtype)
+            else:
+                unknown_keys = tf.gather_nd(ids.keys, unknown)
+                bases = tf.fill(tf.shape(unknown_keys), tf.constant(self.bases[block][f], tf.uint64))
+                init = specs[block].init
+                fill = tf.cast(initial_values(unknown_keys, bases, init.kind, init.scale, dim), dtype)
+            out = tf.tensor_scatter_nd_update(out, unknown, fill)
+            if ids.row_ids is None:  # one id per sample: its value
+                return out
+            if ids.weights is not None:
+                out *= tf.cast(ids.weights, dtype)[:, None]
+            return tf.math.unsorted_segment_sum(out, ids.row_ids, size)
+
+        def probability(self, fields: list[FieldIds], dense: Any, size: Any) -> Any:
+            rows = [self.tables[f].lookup(ids.keys) for f, ids in enumerate(fields)]
+            pooled = {b: tf.stack([self.pooled(f, ids, r, size, b) for f, (ids, r) in enumerate(zip(fields, rows))],
+                                  axis=1) for b in specs}
+            dense = None if dense is None else tf.cast(dense, dtype)
+            outputs = []
+            for i, sub in enumerate(substitutions):
+                prefix = f"{i}:{sub.name}:"
+                params = {k[len(prefix):]: self.field_params[v] for k, v in self.field_names.items()
+                          if k.startswith(prefix)}
+                if sub.dense_params():
+                    weights = {k[len(prefix):]: v for k, v in self.top.items() if k.startswith(prefix)}
+                    outputs.append(sub.reference(pooled[sub.block], params, dense, weights))
+                else:
+                    outputs.append(sub.reference(pooled[sub.block], params))
+            return tf.sigmoid(model.top(self.top, outputs))
+
+    module = Exported()
+    signature = request_signature(schema)
+
+    @tf.function(input_signature=[signature], autograph=False)
+    def serve(request):
+        fields, dense = request_fields(schema, request)
+        return {"probability": module.probability(fields, dense, tf.shape(next(iter(request.values())))[0])}
 
     # A signature function takes keyword arguments: wrap so each column is its own named input.
     @tf.function(input_signature=list(signature.values()), autograph=False)
     def serving_default(*columns):
-        return serve(dict(zip(FIELD_NAMES, columns)))
+        return serve(dict(zip(signature, columns)))
 
     module.serve = serve
     module.serving_default = serving_default
     return module
 
 
-def export(checkpoint: str | Path, output: str | Path, *, force: bool = False) -> dict[str, Any]:
-    """Write the SavedModel of ``checkpoint`` to ``output`` (atomically); returns what was written."""
+def describe_inputs(schema: Any) -> str:
+    """The request's columns, for ``des_export.json`` and the user."""
+    if schema.is_criteo:
+        return "I1..I13 int64 (missing: -2**63), C1..C26 string (8 hex digits, '' = missing)"
+    from des.data.features import ServingFeatures
+
+    kinds = {"int64": "int64 (missing: -2**63)", "float64": "float64 (missing: NaN)", "string": "string ('' = missing)"}
+    multi = schema.multi_valued_names
+    return ", ".join(f"{name} {kinds[dtype]}" + (" (a delimited list)" if name in multi else "")
+                     for name, dtype in ServingFeatures(schema).request_columns().items())
+
+
+def export(checkpoint: str | Path, output: str | Path, *, force: bool = False, schema: str = "") -> dict[str, Any]:
+    """Write the SavedModel of ``checkpoint`` to ``output`` (atomically); returns what was written.
+    ``schema``: a ``--schema`` given by the user, which must be the checkpoint's."""
     import tensorflow as tf
 
     from des.checkpoint import read_manifest
     from des.config import TrainConfig
-    from des.data.keys import NUM_FIELDS
+    from des.data.schema import trained_schema
     from des.plugins import load_plugins
     from des.runner import build_model
 
@@ -395,23 +490,24 @@ def export(checkpoint: str | Path, output: str | Path, *, force: bool = False) -
     output = Path(output).resolve()
     if output.exists() and not force:
         raise ConfigError(f"output folder {output} exists (use --force to replace it)")
-    if manifest["num_fields"] != NUM_FIELDS:
-        raise ConfigError(f"checkpoint {folder} has {manifest['num_fields']} fields; the raw Criteo request "
-                          f"signature needs {NUM_FIELDS}")
     config = TrainConfig(**manifest["config"])
-    load_plugins(config.plugins)  # a user model is rebuilt from its plugin
+    load_plugins(config.plugins)  # a user model (or a schema's transform) is rebuilt from its plugin
+    data_schema = trained_schema(manifest.get("schema"), schema, f"checkpoint {folder}")
+    if len(data_schema.field_names) != manifest["num_fields"]:
+        raise ConfigError(f"checkpoint {folder} has {manifest['num_fields']} fields; its schema "
+                          f"{data_schema.name!r} has {len(data_schema.field_names)}")
     model = build_model(config, manifest["num_fields"], manifest["model"].get("num_dense", 0))
     state = _read_checkpoint(folder, manifest, model)
-    module = build_module(model, state)
+    module = build_module(model, state, data_schema)
 
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tf.saved_model.save(module, str(tmp), signatures={"serving_default": module.serving_default})
     info = {"checkpoint": str(folder), "step": manifest["step"], "ranks": manifest["ranks"],
-            "model": manifest["model"], "dtype": manifest["dtype"], "rows": int(state["keys"].size),
+            "model": manifest["model"], "dtype": manifest["dtype"], "rows": int(state["offsets"][-1]),
             "unadmitted": state["unadmitted"], "min_count": state["min_count"], "missing_int": MISSING_INT,
-            "inputs": "I1..I13 int64 (missing: -2**63), C1..C26 string (8 hex digits, '' = missing)",
+            "schema": data_schema.to_dict(), "inputs": describe_inputs(data_schema),
             "outputs": {"probability": manifest["dtype"]}}
     (tmp / "des_export.json").write_text(json.dumps(info, indent=1))
     # Replace an existing folder with two renames, so a crash leaves the old or the new one.
@@ -434,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     if MPI.COMM_WORLD.Get_size() > 1:  # every rank would write the same folder
         raise UsageError("des.export runs on one process: start it without mpiexec")
     runtime.configure_threads()
-    info = export(args.checkpoint, args.output, force=args.force)
+    info = export(args.checkpoint, args.output, force=args.force, schema=args.schema)
     print(f"exported {info['model']['model']} (step {info['step']}, written by {info['ranks']} rank(s), "
           f"{info['rows']} rows) to {args.output}: {info['bytes'] / 2**20:.1f} MiB in {info['seconds']:.1f} s")
     return 0

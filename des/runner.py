@@ -115,22 +115,30 @@ def build_strategy(config: TrainConfig, comm: Communicator, num_fields: int, dis
     return cls(context)
 
 
-def open_data(config: TrainConfig, comm: Communicator, data: str | None = None, split=None, bad_rows: str | None = None):
+def open_data(config: TrainConfig, comm: Communicator, data: str | None = None, split=None, bad_rows: str | None = None,
+              schema: Any = None):
     """Rank 0 prepares raw files into the cache (once); then every rank opens the same store: the
     one of ``--data`` (split by ``--split``), or, with ``--train-data``, the separate inputs of each
-    split read as one (``des.data.inputs``; ``data`` given: that one, as ``des.evaluate`` does)."""
+    split read as one (``des.data.inputs``; ``data`` given: that one, as ``des.evaluate`` does).
+    Raw files are read with ``schema`` (default ``--schema``: criteo when empty); a prepared
+    directory must have been prepared with it (:func:`des.data.schema.check_same_schema`)."""
     from des.data import ColumnStore, ConcatStore, open_dataset, open_inputs
+    from des.data.schema import check_same_schema, load_schema
 
     separate = config.train_data and data is None
     if comm.rank == 0:
         cache_dir, bad_rows = config.cache_dir or None, bad_rows or config.bad_rows
+        wanted = load_schema(schema if schema is not None else config.schema or None)
         if separate:
             store = open_inputs({"train": config.train_data, "validation": config.validation_data,
-                                 "test": config.test_data}, cache_dir=cache_dir, bad_rows=bad_rows)
+                                 "test": config.test_data}, cache_dir=cache_dir, bad_rows=bad_rows, schema=wanted)
         else:
             store = open_dataset(data or config.data, cache_dir=cache_dir,
                                  split=config.split_fractions() if split is None else split, seed=config.split_seed,
-                                 bad_rows=bad_rows)
+                                 bad_rows=bad_rows, schema=wanted)
+        if schema is not None or config.schema:  # a schema asked for: the prepared data must be of it
+            check_same_schema(store.schema, wanted, f"--data {data or config.data or config.train_data}",
+                              resolved=schema is not None and not isinstance(schema, str))
         opened = store.to_json() if separate else str(store.path)
     opened = comm.bcast_json(opened if comm.rank == 0 else None, "setup")
     if comm.rank == 0:
@@ -336,7 +344,7 @@ class Run:
         self.catch_up()
         path = save_checkpoint(self.strategy, root, epoch=epoch, next_batch=next_batch, config=self.config.to_dict(),
                                ttl=0 if best else self.config.ttl, data_order=self.data_order,
-                               training_state=self.training.to_dict())
+                               training_state=self.training.to_dict(), schema=self.store.schema)
         if best:
             if self.comm.rank == 0:
                 for old in root.glob("step-*"):
@@ -552,7 +560,7 @@ def summarize(run: Run, results: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- set-up
 def setup(config: TrainConfig, comm: Communicator) -> Run:
     """Everything before the first step; every user error is found here, before anything is written."""
-    from des.checkpoint import load_checkpoint
+    from des.checkpoint import check_schema, load_checkpoint, read_manifest
 
     if not config.plugins and config.model not in MODELS:
         raise ConfigError(f"unknown model {config.model!r} (choose one of: {', '.join(MODELS)}, or load one with --plugins)")
@@ -593,6 +601,7 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
         data_order["inputs"] = store.input_names()
     manifest = None
     if config.resume:
+        check_schema(read_manifest(config.resume), store.schema)
         manifest = load_checkpoint(strategy, config.resume, data_order=data_order)
         if strategy.step_count != manifest["epoch"] * steps_per_epoch + manifest["next_batch"]:
             raise ConfigError(f"checkpoint {config.resume}: step {strategy.step_count} is not epoch "

@@ -626,3 +626,48 @@ def load_schema(name_or_path: str | Path | Schema | None = None) -> Schema:
         raise DataError(f"schema {path.name}: not valid TOML ({error})") from None
     return _parse(data, path.name, path.stem)
 
+
+
+def _declared_content(schema: Schema) -> str:
+    """What a schema declares, without its name and its training statistics, as canonical JSON."""
+    data = schema.without_statistics().to_dict()
+    del data["name"]
+    return json.dumps(data, sort_keys=True, allow_nan=False)
+
+
+def describe_schema(schema: Mapping[str, Any] | None) -> str:
+    """How messages name a recorded schema (``ColumnStore.schema`` or a checkpoint's; None:
+    Criteo's): its name and the fingerprint of its content, statistics included."""
+    if schema is None:
+        return "'criteo'"
+    resolved = Schema.from_dict(schema)
+    return f"{resolved.name!r} (fingerprint {resolved.fingerprint})"
+
+
+def check_same_schema(recorded: Mapping[str, Any] | None, wanted: Schema, what: str, *, resolved: bool = False) -> None:
+    """Data prepared with schema ``recorded`` (``ColumnStore.schema``; None: Criteo's) must be of
+    ``wanted``: the same declarations (names aside), and with ``resolved`` the same training
+    statistics too. A one-line DataError says how they differ."""
+    have = load_schema(None) if recorded is None else Schema.from_dict(recorded)
+    if have.is_criteo and wanted.is_criteo:
+        return
+    same = (have.fingerprint == wanted.fingerprint if resolved
+            else have.is_criteo == wanted.is_criteo and _declared_content(have) == _declared_content(wanted))
+    if not same:
+        how = "other training statistics" if resolved and _declared_content(have) == _declared_content(wanted) else \
+            f"schema {describe_schema(recorded)}"
+        raise DataError(f"{what} was prepared with {how}, not with the schema {wanted.name!r} asked for "
+                        "(prepare it again with that --schema, or leave --schema out to use the data's own)")
+
+
+def trained_schema(recorded: Mapping[str, Any] | None, asked: str | Path | None, what: str) -> Schema:
+    """The resolved schema a model was trained with (``recorded``: a checkpoint's, None: Criteo's):
+    what its evaluation and serving read raw rows with, training statistics included. ``asked``
+    (a ``--schema`` given anyway) must declare the same, else a one-line DataError."""
+    schema = load_schema(None) if recorded is None else Schema.from_dict(recorded, source=what)
+    if asked:
+        wanted = load_schema(asked)
+        if wanted.is_criteo != schema.is_criteo or (not schema.is_criteo and
+                                                    _declared_content(wanted) != _declared_content(schema)):
+            raise DataError(f"--schema {asked}: {what} was trained on data of schema {describe_schema(recorded)}")
+    return schema
