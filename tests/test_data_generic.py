@@ -358,3 +358,16 @@ def test_movielens_ratings(tmp_path):
     store = prepare(SHARED / "movielens-100k" / "raw" / "u.data", tmp_path / "ml", schema=schema)
     assert store.num_rows == 100_000 and store.manifest["num_positives"] == 55_375
     assert [store.distinct_count(f) for f in ("user_id", "item_id", "weekday")] == [943, 1682, 7]
+
+
+def test_distinct_counts_count_the_missing_key_once() -> None:
+    """Key 0 (a missing value of key scheme 2) is the counter's empty-slot marker: counted apart,
+    once, however often it occurs (the placement and the tables' sizes read these counts)."""
+    from des.data.counting import KeyCounter
+
+    counter = KeyCounter(initial_bits=2)
+    counter.add(np.array([0, 5, 0, 7, 0, 5], dtype=np.int64))
+    counter.add(np.zeros(100, dtype=np.int64))
+    counter.add(np.arange(1, 50, dtype=np.int64))
+    assert counter.distinct == 50 and counter.total == 155
+    assert counter.top_share(1) == pytest.approx(103 / 155)

@@ -1,7 +1,8 @@
 """Streaming count of distinct keys per field (a small numba open-addressing hash map).
 
-Memory is proportional to the number of distinct keys, not to the number of rows. Keys are never
-0 (see ``keys.py``), so 0 marks an empty slot.
+Memory is proportional to the number of distinct keys, not to the number of rows. 0 marks an
+empty slot of the map, so key 0 (a missing value of key scheme 2, ``features.py``) is counted
+beside it.
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ _MAX_LOAD = 0.6
 
 
 @numba.njit(cache=True)
-def _insert(table_keys, table_counts, shift, keys, start, max_fill, fill):
+def _insert(table_keys, table_counts, shift, keys, start, max_fill, fill, zeros):
     mask = table_keys.shape[0] - 1
     for i in range(start, keys.shape[0]):
         key = keys[i]
+        if key == 0:  # the empty-slot marker: counted apart
+            zeros[0] += 1
+            continue
         slot = np.int64((np.uint64(key) * GOLDEN_GAMMA) >> np.uint64(shift))
         while table_keys[slot] != 0 and table_keys[slot] != key:
             slot = (slot + 1) & mask
@@ -45,13 +49,14 @@ def _rehash(old_keys, old_counts, new_keys, new_counts, shift):
 
 
 class KeyCounter:
-    """Counts occurrences of int64 keys (all > 0); grows as needed."""
+    """Counts occurrences of int64 keys; grows as needed."""
 
     def __init__(self, initial_bits: int = 10) -> None:
         self._bits = initial_bits
         self._keys = np.zeros(1 << initial_bits, dtype=np.int64)
         self._counts = np.zeros(1 << initial_bits, dtype=np.int64)
         self._fill = 0
+        self._zeros = np.zeros(1, dtype=np.int64)  # occurrences of key 0
         self.total = 0
 
     def add(self, keys: np.ndarray) -> None:
@@ -60,7 +65,8 @@ class KeyCounter:
         start = 0
         while True:
             max_fill = int(_MAX_LOAD * (1 << self._bits))
-            start, self._fill = _insert(self._keys, self._counts, 64 - self._bits, keys, start, max_fill, self._fill)
+            start, self._fill = _insert(self._keys, self._counts, 64 - self._bits, keys, start, max_fill, self._fill,
+                                        self._zeros)
             if start == keys.shape[0]:
                 break
             self._grow()
@@ -76,13 +82,15 @@ class KeyCounter:
     @property
     def distinct(self) -> int:
         """Number of distinct keys seen."""
-        return self._fill
+        return self._fill + int(self._zeros[0] > 0)
 
     def top_share(self, k: int = 10) -> float:
         """Fraction of all occurrences taken by the ``k`` most frequent keys (0.0 if none)."""
         if self.total == 0:
             return 0.0
         counts = self._counts[self._keys != 0]
+        if self._zeros[0]:
+            counts = np.append(counts, self._zeros[0])
         if counts.shape[0] > k:
             counts = np.partition(counts, counts.shape[0] - k)[-k:]
         return float(counts.sum()) / float(self.total)

@@ -73,7 +73,8 @@ def format_summary(store: ColumnStore, top_k: int = DEFAULT_TOP_K) -> str:
     lines.append("")
     share_title = f"top-{top_k} share"
     width = max(13, len(share_title))
-    header = (f"{'#':>3}  {'field':<6} {'kind':<12} {'hotness':<9} {'distinct':>12} {'ids/row':>8} "
+    name_width = max([6, *(len(entry["name"]) for entry in manifest["fields"])])
+    header = (f"{'#':>3}  {'field':<{name_width}} {'kind':<12} {'hotness':<9} {'distinct':>12} {'ids/row':>8} "
               f"{share_title:>{width}}")
     lines += [header, "-" * len(header)]
     shares = top_shares(store, top_k)
@@ -81,7 +82,7 @@ def format_summary(store: ColumnStore, top_k: int = DEFAULT_TOP_K) -> str:
         ids_per_row = entry["nnz"] / rows if rows else 0.0
         share = shares[entry["index"]]
         lines.append(
-            f"{entry['index']:>3}  {entry['name']:<6} {entry['kind']:<12} {entry['hotness']:<9} "
+            f"{entry['index']:>3}  {entry['name']:<{name_width}} {entry['kind']:<12} {entry['hotness']:<9} "
             f"{entry['distinct']:>12,} {ids_per_row:>8.2f} {100.0 * share:>{width - 1}.2f}%"
         )
     if store.schema is not None:
