@@ -32,6 +32,10 @@ from des.check import Case, check
 from tests.conftest import criteo_head, mpi_env
 
 MODELS = ("lr", "fm", "wdl", "deepfm")
+EVERY_KIND = Path(__file__).parent / "data" / "every_kind.toml"
+MIXED_PLAN = "fm2=exchange"  # (see the plans below)
+# The schema's data under every plan: all partials, all exchange, and the two mixed plans.
+SCHEMA_PLANS = {"partials": (2, 3), "exchange": (2, 3), MIXED_PLAN: (3,), "linear=exchange,first_fc=exchange": (2,)}
 RANKS = (1, 2, 3, 4)
 SMALL = ("--embedding-dim", "4", "--hidden", "16,8", "--linear-optimizer", "ftrl:alpha=0.1,l1=0.01,l2=0.001",
          "--dense-optimizer", "adam:lr=0.01")
@@ -50,7 +54,6 @@ FLOAT32_RANKS = {"deepfm": (2, 3)}  # and its Adam predictions on 4 ranks
 # first FC layer) is all partials for every model and N; all exchange is alltoall; the mixed plan
 # exchanges FM's block while the first FC layer (reading the same block) stays partials (one
 # optimizer step on both gradients).
-MIXED_PLAN = "fm2=exchange"
 SYNTH_PLAN = "linear=exchange,first_fc=exchange"
 EXCHANGE_RANKS = {"lr": (3,), "wdl": (4,), "deepfm": (2, 4)}  # FM's operator: exchanged in DeepFM
 PLAN_RANKS = {MIXED_PLAN: {"deepfm": (4,)}}  # and on 2 and 3 ranks with the schedules case below
@@ -72,7 +75,14 @@ def datasets(tmp_path_factory) -> dict[str, Path]:
     config = default_config(seed=2, multi_hot_fields=("C3", "C7", "C20"), max_hot=4, weighted=True, vocab_scale=0.001,
                             dense=3)
     synthesize_store(synth, 3000, config, split=(0.9, 0.1, 0.0))
-    return {"criteo": str(criteo), "synth": str(synth)}
+    # a declared schema with every kind of column (mean-pooled and weighted multi-valued fields,
+    # quantile and log_squared buckets, dense features, derived fields), read from its raw CSV
+    from des.data.synth_schema import synthesize_schema
+
+    synthesize_schema(root / "every_kind.csv", 3000, str(EVERY_KIND), seed=3, file_format="raw")
+    schema = root / "schema"
+    prepare(root / "every_kind.csv", schema, schema=str(EVERY_KIND), split=(0.9, 0.1, 0.0), seed=1)
+    return {"criteo": str(criteo), "synth": str(synth), "schema": str(schema)}
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +109,8 @@ def results(datasets, monkeypatch_module) -> dict[tuple, object]:
     # dense features (the synthetic data's three) with the replicated upper network and under ps
     cases.append(Case("deepfm", "des", synth, "float64", SMALL + ADAM + REPLICATED, ranks=(3,)))
     cases.append(Case("deepfm", "ps", synth, "float64", SMALL + ADAM + PER_ID))
+    cases += [Case("deepfm", "des", datasets["schema"], "float64", SMALL + ADAM + ("--plan", plan), ranks=n)
+              for plan, n in SCHEMA_PLANS.items()]
     # Learning-rate schedules (a factor of the global step; plateau: of the validation history) and
     # Adam with TF's dense semantics caught up lazily (adam:catchup=1), one shared row per field for
     # the ids seen fewer than --min-count times (--unadmitted shared).
@@ -241,3 +253,11 @@ def test_dtype_modes_really_differ(results, datasets) -> None:
     assert f64.dtypes["field-020.dense.npz/2:first_fc:kernel__value"] == np.float64
     assert f32.dtypes["field-020.dense.npz/2:first_fc:kernel__value"] == np.float32
     assert f32.dtypes["dense.npz/deep_kernel_1__value"] == np.float32
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("plan", "ranks"), [(plan, n) for plan, ns in SCHEMA_PLANS.items() for n in ns])
+def test_a_declared_schema_is_exact_under_every_plan(results, datasets, plan: str, ranks: int) -> None:
+    """Data of a declared schema (tests/data/every_kind.toml, from its raw CSV): mean-pooled and
+    weighted multi-valued fields, bucketized numbers, dense features, derived fields."""
+    assert_ok(results[("deepfm", "des", datasets["schema"], "float64", "all", False, ranks, plan)])

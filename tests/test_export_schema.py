@@ -1,0 +1,102 @@
+"""``python -m des.export`` of a model trained on data of a declared schema
+(``tests/data/every_kind.toml``: string and int categoricals, mean-pooled and weighted multi-valued
+columns, quantile and log_squared buckets, dense features with log1p and standardization, derived
+hour, weekday and cross fields): the SavedModel takes one named input per raw column in its
+declared dtype, computes the keys, pooling weights and dense features itself, and a process that
+never imports des gets ``des.evaluate --predictions``' probabilities to 1e-6, for unknown values,
+missing values and over-long lists too."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, mpi_env, run_mpi
+
+EVERY_KIND = REPO / "tests" / "data" / "every_kind.toml"
+SMALL = ["--embedding-dim", "4", "--hidden", "16,8", "--batch-size", "128", "--eval-batch-size", "1024",
+         "--no-progress", "--max-steps", "8"]
+RUNS = [  # (name, model, ranks, flags)
+    ("deepfm-1", "deepfm", 1, ["--unadmitted", "init"]),
+    ("wdl-2", "wdl", 2, ["--strategy", "alltoall"]),  # its defaults: --min-count 2 --unadmitted shared
+    ("lr-1", "lr", 1, []),
+]
+# Rows a service may receive (rating, row_id, user, item, tags, scores, price, clicks, age, income,
+# time): values never seen, every value missing, lists longer than max_length, weights given and not.
+EDITED = [
+    ["5", "-1", "nobody", "987654321", "new1|new2|new3|new4", "x:2.5;y;z:0.125", "1e6", "123456789", "95", "1e9",
+     "1400000000"],
+    ["1", "-2", "", "", "", "", "", "", "", "", ""],
+    ["4", "-3", "héllo wörld", "-5", "a||b", ":3", "-1e300", "-7", "-1", "0", "0"],
+]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> dict:
+    from des import evaluate, export, train
+    from des.data.synth_schema import synthesize_schema
+
+    root = tmp_path_factory.mktemp("export-schema")
+    synthesize_schema(root / "train.csv", 1500, str(EVERY_KIND), seed=5, file_format="raw")
+    with open(root / "train.csv", newline="", encoding="utf-8") as handle:
+        lines = list(csv.reader(handle))
+    with open(root / "requests.csv", "w", newline="", encoding="utf-8") as handle:
+        csv.writer(handle).writerows(lines[:301] + EDITED)  # the header, 300 rows, the edited ones
+    expected, models = {}, []
+    for name, model, ranks, flags in RUNS:
+        args = ["--data", str(root / "train.csv"), "--schema", str(EVERY_KIND), "--cache-dir", str(root / "cache"),
+                "--output", str(root / name), "--model", model, *SMALL, *flags]
+        if ranks == 1:
+            train.main(args)
+        else:
+            run_mpi(ranks, ["-m", "des.train", *args])
+        evaluate.main(["--checkpoint", str(root / name), "--data", str(root / "requests.csv"), "--cache-dir",
+                       str(root / "cache"), "--predictions", str(root / f"{name}.evaluate.txt")])
+        expected[name] = np.loadtxt(root / f"{name}.evaluate.txt")
+        export.main(["--checkpoint", str(root / name), "--output", str(root / f"{name}.savedmodel")])
+        models.append(str(root / f"{name}.savedmodel"))
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "serving_client.py"), str(root / "requests.csv"),
+                           str(root / "served-"), *models], cwd=root, env=mpi_env(1), capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    served = {name: np.loadtxt(root / f"served-{i}.txt") for i, (name, *_) in enumerate(RUNS)}
+    return {"root": root, "expected": expected, "served": served}
+
+
+@pytest.mark.parametrize("name", [r[0] for r in RUNS])
+def test_served_probabilities_equal_evaluate(exported: dict, name: str) -> None:
+    expected, served = exported["expected"][name], exported["served"][name]
+    assert served.shape == expected.shape == (300 + len(EDITED),)
+    np.testing.assert_allclose(served, expected, rtol=0, atol=1e-6)
+    assert len(set(np.round(served[-len(EDITED):], 7))) == len(EDITED)  # the edited rows are told apart
+
+
+def test_one_named_input_per_raw_column(exported: dict) -> None:
+    from tensorflow.python.tools import saved_model_utils
+
+    meta_graph = saved_model_utils.get_meta_graph_def(str(exported["root"] / "deepfm-1.savedmodel"), "serve")
+    inputs = meta_graph.signature_def["serving_default"].inputs
+    dtypes = {name: tensor.dtype for name, tensor in inputs.items()}
+    # the label and the ignored column are not inputs; every other column in its declared dtype
+    assert set(dtypes) == {"user", "item", "tags", "scores", "price", "clicks", "age", "income", "time"}
+    assert dtypes["user"] == dtypes["tags"] == dtypes["scores"] == 7  # DT_STRING
+    assert dtypes["item"] == dtypes["time"] == 9  # DT_INT64
+    assert dtypes["price"] == dtypes["age"] == 2  # DT_DOUBLE
+    info = json.loads((exported["root"] / "deepfm-1.savedmodel" / "des_export.json").read_text())
+    assert info["schema"]["name"] == "every_kind" and "tags string" in info["inputs"]
+
+
+def test_another_schema_is_refused(exported: dict, tmp_path: Path) -> None:
+    from des import export
+    from des.errors import DesError
+
+    with pytest.raises(DesError, match="trained on data of schema 'every_kind'"):
+        export.main(["--checkpoint", str(exported["root"] / "lr-1"), "--output", str(tmp_path / "out"),
+                     "--schema", "avazu"])
+    assert not (tmp_path / "out").exists()
