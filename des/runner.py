@@ -502,6 +502,8 @@ def communication_plan(config: TrainConfig, strategy: Any, store: Any, ranks: in
 def summarize(run: Run, results: dict[str, Any]) -> dict[str, Any]:
     """``summary.json`` (collective): throughput over the ranks that count samples, bytes per step
     per traffic site (mean over ranks), phases of the first training rank, memory per rank."""
+    from des.data.schema import describe_schema
+
     strategy, comm, meter = run.strategy, run.comm, run.meter
     counts = comm.allgather(np.array([meter.timed_samples, meter.seconds, meter.samples, meter.steps,
                                       float(strategy.counts_samples)]), "summary")
@@ -520,6 +522,9 @@ def summarize(run: Run, results: dict[str, Any]) -> dict[str, Any]:
         "model": strategy.model.name,
         "strategy": strategy.name,
         "ranks": comm.size,
+        "schema": describe_schema(run.store.schema),
+        "fields": run.store.num_fields,
+        "dense_features": run.store.num_dense,
         "steps": run.start_step + steps_this_run,
         "steps_this_run": steps_this_run,
         "train_samples": int(counting[:, 2].sum()),
