@@ -1,0 +1,93 @@
+"""examples/movielens.py: the ratings joined with users and movies, on a small excerpt in the
+GroupLens formats written here, and on the real MovieLens 100K when ../shared has it."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "examples" / "movielens.py"
+REAL = REPO.parent / "shared" / "data" / "movielens-100k" / "raw"
+if not REAL.is_dir():
+    REAL = Path("/work/shared/data/movielens-100k/raw")
+
+GENRES = ["unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",
+          "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance",
+          "Sci-Fi", "Thriller", "War", "Western"]
+
+
+def flags(*names: str) -> str:
+    return "|".join("1" if g in names else "0" for g in GENRES)
+
+
+def write_excerpt(folder: Path) -> None:
+    folder.mkdir()
+    (folder / "u.genre").write_text("".join(f"{g}|{i}\n" for i, g in enumerate(GENRES)) + "\n")
+    (folder / "u.user").write_text("1|24|M|technician|85711\n"
+                                   "2|53|F|other|94043\n"
+                                   "5|33|F|other|15213\n")
+    url = "http://us.imdb.com/M/title-exact?"
+    toy_story = flags("Animation", "Children's", "Comedy")
+    (folder / "u.item").write_bytes(
+        f"1|Toy Story (1995)|01-Jan-1995||{url}Toy%20Story%20(1995)|{toy_story}\n"
+        f"267|unknown||||{flags('unknown')}\n"
+        f"1311|Walk in the Sun, A (1945)|01-Jan-1945||{url}x|{flags('War')}\n".encode("latin-1")
+        + b"1633|\xc1 k\xf6ldum klaka (Cold Fever) (1994)|08-Mar-1996||x|" + flags("Comedy", "Drama").encode() + b"\n")
+    (folder / "u.data").write_text("2\t1311\t5\t888551196\n"
+                                   "1\t1\t3\t874965758\n"
+                                   "5\t267\t4\t875635064\n"
+                                   "1\t1633\t1\t878542420\n")
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_excerpt_joined_in_u_data_order(tmp_path):
+    write_excerpt(tmp_path / "ml")
+    out = tmp_path / "joined.csv"
+    proc = run("--source", str(tmp_path / "ml"), "--output", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote 4 rows" in proc.stdout and "rating >= 4: 2 (50.0%)" in proc.stdout
+    assert out.read_text().splitlines() == [
+        "user_id,item_id,rating,timestamp,age,gender,occupation,zip_code,release_year,genres",
+        "2,1311,5,888551196,53,F,other,94043,1945,War",
+        "1,1,3,874965758,24,M,technician,85711,1995,Animation|Children's|Comedy",
+        "5,267,4,875635064,33,F,other,15213,,unknown",
+        "1,1633,1,878542420,24,M,technician,85711,1996,Comedy|Drama",
+    ]
+
+
+def test_missing_files_are_named(tmp_path):
+    write_excerpt(tmp_path / "ml")
+    (tmp_path / "ml" / "u.user").unlink()
+    (tmp_path / "ml" / "u.genre").unlink()
+    proc = run("--source", str(tmp_path / "ml"), "--output", str(tmp_path / "x.csv"))
+    assert proc.returncode == 2
+    assert "missing" in proc.stderr and "u.user" in proc.stderr and "u.genre" in proc.stderr
+    assert "u.data" not in proc.stderr.split("(")[0]
+    assert not (tmp_path / "x.csv").exists()
+
+
+@pytest.mark.skipif(not REAL.is_dir(), reason="MovieLens 100K is not in ../shared/data")
+def test_real_movielens_100k(tmp_path):
+    out = tmp_path / "movielens.csv"
+    proc = run("--source", str(REAL), "--output", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote 100,000 rows" in proc.stdout and "55,375 (55.4%)" in proc.stdout
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 100_000
+    assert rows[0] == {"user_id": "196", "item_id": "242", "rating": "3", "timestamp": "881250949",
+                       "age": "49", "gender": "M", "occupation": "writer", "zip_code": "55105",
+                       "release_year": "1997", "genres": "Comedy"}
+    assert sum(int(r["rating"]) >= 4 for r in rows) == 55_375
+    assert len({r["user_id"] for r in rows}) == 943 and len({r["item_id"] for r in rows}) == 1682
+    assert all(r["genres"] for r in rows)
+    assert {r["release_year"] for r in rows if r["item_id"] == "267"} == {""}
