@@ -2,13 +2,14 @@
 
 numba's ``cache=True`` keys a function's cache on *its own* source file only. A kernel that calls
 or inlines a function of another module (``des/hashtable``: ``gather_rows`` inlines
-``init.init_row``, every kernel inlines ``splitmix64``; ``des/data``: the TSV parser inlines the
-key transform of ``keys.py``, the split and synthetic kernels ``hashing.py``) or reads a global
-of another module (frozen into the compiled code) keeps running the old code after that module
-changed, e.g. after a ``git pull`` into an editable install. So at import, before any kernel is
-loaded, :func:`guard` compares a digest of all ``*.py`` files of the package directory with a
-stamp file next to the cache files, and on mismatch removes the package's ``*.nbi``/``*.nbc``
-files and writes the new stamp.
+``init.init_row``, the index and the initial values inline ``des/splitmix.py``; ``des/data``: the
+TSV parser inlines the key transform of ``keys.py``, the split, key and synthetic kernels
+``des/splitmix.py``) or reads a global of another module (frozen into the compiled code) keeps
+running the old code after that module changed, e.g. after a ``git pull`` into an editable
+install. So at import, before any kernel is loaded, :func:`guard` compares a digest of all
+``*.py`` files of the package directory and of the modules of ``des/`` every package's kernels
+inline (:data:`SHARED_SOURCES`) with a stamp file next to the cache files, and on mismatch removes
+the package's ``*.nbi``/``*.nbc`` files and writes the new stamp.
 
 The cache directories checked are the ones numba may use for the package: ``__pycache__`` next
 to the sources, ``$NUMBA_CACHE_DIR/<dir>_<hash>`` if set, and the user-wide
@@ -26,15 +27,21 @@ import glob
 import hashlib
 import os
 
-__all__ = ["guard", "source_digest", "cache_dirs"]
+__all__ = ["guard", "source_digest", "cache_dirs", "SHARED_SOURCES"]
+
+#: modules next to the guarded packages (in ``des/``) whose numba functions their kernels inline
+SHARED_SOURCES = ("splitmix.py",)
 
 
 def source_digest(package_dir: str) -> str:
-    """sha256 over the names and bytes of every ``*.py`` file directly in ``package_dir``."""
+    """sha256 over the names and bytes of every ``*.py`` file directly in ``package_dir``, then of
+    the :data:`SHARED_SOURCES` in its parent directory."""
     h = hashlib.sha256()
-    for path in sorted(glob.glob(os.path.join(package_dir, "*.py"))):
+    shared = [os.path.join(os.path.dirname(os.path.abspath(package_dir)), name) for name in SHARED_SOURCES]
+    for path in sorted(glob.glob(os.path.join(package_dir, "*.py"))) + [p for p in shared if os.path.isfile(p)]:
+        name = os.path.basename(path) if path not in shared else "../" + os.path.basename(path)
         with open(path, "rb") as f:
-            h.update(os.path.basename(path).encode() + b"\0" + f.read() + b"\0")
+            h.update(name.encode() + b"\0" + f.read() + b"\0")
     return h.hexdigest()
 
 

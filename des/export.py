@@ -51,10 +51,11 @@ from typing import Any
 from des import runtime  # noqa: F401  (quiets TensorFlow before it is imported)
 from des.collectives import run_main
 from des.data.features import MISSING_INT  # an integer column's "missing" in a request
+from des.data.features import tf_mix64
 from des.errors import ArgumentParser, ConfigError, UsageError
-_GOLDEN = 0x9E3779B97F4A7C15
-_M1 = 0xBF58476D1CE4E5B9
-_M2 = 0x94D049BB133111EB
+from des.splitmix import GOLDEN_GAMMA
+
+_GOLDEN = int(GOLDEN_GAMMA)
 _MAX_ATTEMPTS = 64  # truncated normal: as des.hashtable.init
 
 
@@ -158,23 +159,20 @@ class CriteoKeys:
 
 
 # ---------------------------------------------------------------------------------- initial values
-def _splitmix64(z: Any) -> Any:
+def tf_splitmix64(z: Any) -> Any:
+    """The TensorFlow twin of ``des.splitmix.splitmix64`` on a uint64 tensor: ``mix64(z +
+    GOLDEN_GAMMA)``, the finalizer being ``des.data.features.tf_mix64`` (bit for bit the numba
+    functions: ``tests/test_export.py``)."""
     import tensorflow as tf
 
-    def c(x: int) -> Any:
-        return tf.constant(x, tf.uint64)
-
-    z = z + c(_GOLDEN)
-    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, c(30))) * c(_M1)
-    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, c(27))) * c(_M2)
-    return tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, c(31)))
+    return tf_mix64(z + tf.constant(_GOLDEN, tf.uint64))
 
 
 def _unit(cs: Any, j: Any) -> Any:
     """Draw ``j`` of stream ``cs`` in (0, 1), float64 (``des.hashtable.init._unit``)."""
     import tensorflow as tf
 
-    u = _splitmix64(cs + tf.cast(j, tf.uint64) * tf.constant(_GOLDEN, tf.uint64))
+    u = tf_splitmix64(cs + tf.cast(j, tf.uint64) * tf.constant(_GOLDEN, tf.uint64))
     return (tf.cast(tf.bitwise.right_shift(u, tf.constant(11, tf.uint64)), tf.float64) + 0.5) * 2.0**-53
 
 
@@ -211,13 +209,13 @@ def initial_values(keys: Any, bases: Any, kind: str, scale: float, dim: int) -> 
     n = tf.shape(keys)[0]
     if kind == "zeros":
         return tf.zeros([n, dim], tf.float64)
-    kh = _splitmix64(tf.bitwise.bitwise_xor(bases, tf.bitcast(keys, tf.uint64)))[:, None]
+    kh = tf_splitmix64(tf.bitwise.bitwise_xor(bases, tf.bitcast(keys, tf.uint64)))[:, None]
     golden = tf.constant(_GOLDEN, tf.uint64)
     if kind == "uniform":
         streams = kh + tf.constant(np.arange(dim, dtype=np.uint64))[None, :] * golden
-        return scale * (2.0 * _unit(_splitmix64(streams), 0) - 1.0)
+        return scale * (2.0 * _unit(tf_splitmix64(streams), 0) - 1.0)
     pairs = (dim + 1) // 2
-    cs = _splitmix64(kh + tf.constant(np.arange(pairs, dtype=np.uint64))[None, :] * golden)  # [n, pairs]
+    cs = tf_splitmix64(kh + tf.constant(np.arange(pairs, dtype=np.uint64))[None, :] * golden)  # [n, pairs]
     z0, z1 = _box_muller(cs, 0)
     if kind == "truncated_normal":
         # Each output takes the first attempt with |z| <= 2, clipped after 64 attempts.

@@ -25,7 +25,7 @@ print(int(tsv._SMALL_TOKENS[3]), int(tsv._SMALL_TOKENS[100]), integer_token(3), 
 def _copy_data_package(root: Path) -> Path:
     """A copy of des/data (and what it imports from des) under ``root``, with no numba cache."""
     (root / "des").mkdir()
-    for name in ("__init__.py", "_numba_cache.py", "errors.py", "metrics.py"):
+    for name in ("__init__.py", "_numba_cache.py", "errors.py", "metrics.py", "splitmix.py"):
         shutil.copy(REPO / "des" / name, root / "des" / name)
     shutil.copytree(REPO / "des" / "data", root / "des" / "data", ignore=shutil.ignore_patterns("__pycache__"))
     return root / "des" / "data"

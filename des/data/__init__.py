@@ -18,9 +18,10 @@ import os as _os
 
 from .._numba_cache import guard as _guard
 
-# before any kernel module is imported: the kernels of tsv.py, split.py, synth.py and counting.py
-# inline helpers and constants of keys.py and hashing.py, which numba's per-file cache check does
-# not see, so a changed keys.py would otherwise keep the old transform (des/_numba_cache.py)
+# before any kernel module is imported: the kernels of tsv.py, split.py, synth.py, features.py and
+# counting.py inline helpers and constants of keys.py and des/splitmix.py, which numba's per-file
+# cache check does not see, so a changed keys.py would otherwise keep the old transform
+# (des/_numba_cache.py)
 _guard(_os.path.dirname(_os.path.abspath(__file__)), "des_data_sources.sha256")
 
 from .batch import Batch, FieldBatch  # noqa: E402

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .hashing import GOLDEN_GAMMA
+from ..splitmix import GOLDEN_GAMMA
 
 _MAX_LOAD = 0.6
 

@@ -18,7 +18,7 @@ Key scheme 2 (a field's keys only need to be unique within the field: one table 
 * a cross of two fields' keys ``a`` and ``b``: ``key = mix64(mix64(a) ^ b) >> 1``, 1 where that is 0.
   A missing key (0) is crossed like any other: "missing x b" is a value of its own.
 
-``mix64`` is the SplitMix64 finalizer (``hashing.splitmix64``). Keys are 63-bit, so they are never
+``mix64`` is the SplitMix64 finalizer (``des.splitmix.mix64``). Keys are 63-bit, so they are never
 negative and never one of the hash tables' two reserved values; among ``n`` distinct values of a
 field about ``n^2 / 2^64`` pairs collide (about 5e-4 pairs at 10^8 values).
 
@@ -60,7 +60,7 @@ import numpy as np
 from des.registry import Registry
 
 from .batch import FieldBatch
-from .hashing import GOLDEN_GAMMA, splitmix64
+from ..splitmix import GOLDEN_GAMMA, mix64
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -110,7 +110,7 @@ def string_key(data: np.ndarray, start: int, end: int) -> np.int64:
         stop = min(i + 8, end)
         for j in range(stop - 1, i - 1, -1):
             w = (w << np.uint64(8)) | np.uint64(data[j])
-        h = splitmix64(h ^ w)
+        h = mix64(h ^ w)
         i += 8
     return _finish(h)
 
@@ -128,13 +128,13 @@ def _string_keys_kernel(data, offsets, validity, has_validity, offset, out):
 @numba.njit(cache=True)
 def _int_keys_kernel(values, valid, out):
     for i in range(values.shape[0]):
-        out[i] = _finish(splitmix64(np.uint64(values[i]) ^ INT_SALT)) if valid[i] else 0
+        out[i] = _finish(mix64(np.uint64(values[i]) ^ INT_SALT)) if valid[i] else 0
 
 
 @numba.njit(cache=True)
 def _cross_kernel(a, b, out):
     for i in range(a.shape[0]):
-        out[i] = _finish(splitmix64(splitmix64(np.uint64(a[i])) ^ np.uint64(b[i])))
+        out[i] = _finish(mix64(mix64(np.uint64(a[i])) ^ np.uint64(b[i])))
 
 
 def _arrow_buffers(array: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool, int]:
@@ -677,7 +677,7 @@ def _tf_uint64(x: int) -> Any:
 
 
 def tf_mix64(z: Any) -> Any:
-    """The SplitMix64 finalizer on a uint64 tensor (``hashing.splitmix64``)."""
+    """The SplitMix64 finalizer on a uint64 tensor (``des.splitmix.mix64``)."""
     import tensorflow as tf
 
     z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _tf_uint64(30))) * _tf_uint64(_M1)

@@ -14,7 +14,7 @@ import numba
 import numpy as np
 
 from .errors import DataError
-from .hashing import seed_to_uint64, stream_value, unit_float
+from ..splitmix import seed_to_uint64, stream_value, unit_float
 
 SPLIT_NAMES: tuple[str, ...] = ("train", "validation", "test")
 DEFAULT_SPLIT: tuple[float, float, float] = (0.9, 0.05, 0.05)

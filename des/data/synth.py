@@ -34,7 +34,7 @@ import numpy as np
 from .batch import FieldBatch
 from .build import atomic_directory
 from .errors import DataError
-from .hashing import seed_to_uint64, splitmix64, stream_value, unit_float
+from ..splitmix import mix64, seed_to_uint64, stream_value, unit_float
 from .keys import FIELD_NAMES, ID_LIMIT, MISSING_VALUE, NUM_INT_FIELDS, integer_keys, make_key
 from des.metrics import logloss as log_loss, roc_auc
 from .split import DEFAULT_SPLIT, check_fractions
@@ -226,7 +226,7 @@ class SyntheticGenerator:
             if not 1 <= spec.vocab <= ID_LIMIT:
                 raise DataError(f"field {spec.name}: vocabulary {spec.vocab} outside 1..2^32")
         self.config = config
-        self._salt = np.uint64(splitmix64(seed_to_uint64(config.seed) ^ _ORACLE_SALT))
+        self._salt = np.uint64(mix64(seed_to_uint64(config.seed) ^ _ORACLE_SALT))
         self.bias = self._calibrate()
 
     def field_specs(self) -> list[FieldSpec]:

@@ -34,7 +34,7 @@ from .batch import FieldBatch
 from .build import atomic_directory
 from .errors import DataError
 from .features import KEY_SCHEME_2, encode_rows
-from .hashing import seed_to_uint64, splitmix64
+from ..splitmix import mix64, seed_to_uint64
 from .schema import ColumnSpec, Schema, load_schema
 from .split import DEFAULT_SPLIT, assign_splits, check_fractions
 from .store import ColumnStore, StoreWriter
@@ -113,7 +113,7 @@ class SchemaGenerator:
         self.positive_rate = positive_rate
         self.time_formats = _time_formats(schema)
         self.schema = self._resolved(schema, rows)
-        self._salt = np.uint64(splitmix64(seed_to_uint64(self.seed) ^ _ORACLE_SALT))
+        self._salt = np.uint64(mix64(seed_to_uint64(self.seed) ^ _ORACLE_SALT))
         rng = np.random.default_rng([self.seed % (1 << 63), 2])
         self._dense_weights = _LINEAR_STD * _SQRT3 * rng.uniform(-1.0, 1.0, len(self.schema.dense_columns))
         self.bias = self._calibrate()

@@ -8,7 +8,8 @@ import os as _os
 from .._numba_cache import guard as _guard
 
 # before any kernel is compiled or loaded from the numba cache: kernels inline helpers of other
-# modules of this package, which numba's per-file cache check does not see (des/_numba_cache.py)
+# modules of this package and of des/splitmix.py, which numba's per-file cache check does not see
+# (des/_numba_cache.py)
 _guard(_os.path.dirname(_os.path.abspath(__file__)), "des_hashtable_sources.sha256")
 
 from ._threads import background_thread  # noqa: E402

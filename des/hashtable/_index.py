@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit
 
 from ._memory import row_array
-from ._mix import GOLDEN, splitmix64
+from ..splitmix import GOLDEN_GAMMA, splitmix64
 from ._prefetch import prefetch2
 from .init import init_row
 
@@ -442,7 +442,7 @@ def _first_occurrences(values, adm, use_adm, skip_minus_one, uniq, inverse) -> i
         if (skip_minus_one and r == -1) or (use_adm and not adm[i]):
             inverse[i] = -1
             continue
-        s = np.int64((np.uint64(r) * GOLDEN) >> shift)
+        s = np.int64((np.uint64(r) * GOLDEN_GAMMA) >> shift)
         while True:
             p = pos[s]
             if p == -1:

@@ -36,7 +36,7 @@ import numpy as np
 from numba import njit
 
 from ._libm import cos_sin_turn, log_unit
-from ._mix import GOLDEN, _MASK64, name_hash, splitmix64, splitmix64_py
+from ..splitmix import GOLDEN_GAMMA, name_hash, splitmix64, splitmix64_of
 
 KINDS: tuple[str, ...] = ("zeros", "uniform", "normal", "truncated_normal")
 _ZEROS, _UNIFORM, _NORMAL, _TRUNC = 0, 1, 2, 3
@@ -47,13 +47,13 @@ _S11 = np.uint64(11)
 @njit(cache=True, nogil=True, inline="always")
 def _unit(cs: np.uint64, j: int) -> float:
     """Draw ``j`` of a stream, as a float64 in the open interval (0, 1)."""
-    u = splitmix64(cs + np.uint64(j) * GOLDEN)
+    u = splitmix64(cs + np.uint64(j) * GOLDEN_GAMMA)
     return (float(u >> _S11) + 0.5) * 1.1102230246251565e-16  # 2**-53
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _stream(kh: np.uint64, p: int) -> np.uint64:
-    return splitmix64(kh + np.uint64(p) * GOLDEN)
+    return splitmix64(kh + np.uint64(p) * GOLDEN_GAMMA)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -174,9 +174,9 @@ class Initializer:
     @staticmethod
     def stream_base(seed: int, field: int, block: str) -> np.uint64:
         """The per-(seed, field, block) 64-bit base of all key streams."""
-        h = splitmix64_py(seed & _MASK64)
-        h = splitmix64_py(h ^ (field & _MASK64))
-        return np.uint64(splitmix64_py(h ^ name_hash(block)))
+        h = splitmix64_of(seed)
+        h = splitmix64_of(h ^ field)
+        return np.uint64(splitmix64_of(h ^ name_hash(block)))
 
     def values(self, keys: np.ndarray, dim: int, *, seed: int, field: int, block: str,
                dtype: np.dtype | type = np.float32) -> np.ndarray:
