@@ -119,9 +119,6 @@ class Communicator:
         entry.bytes_received += int(round(received))
         entry.seconds += seconds
 
-    def reset_stats(self) -> None:
-        self.stats.clear()
-
     def stats_dict(self) -> dict[str, dict[str, float]]:
         return {site: s.as_dict() for site, s in sorted(self.stats.items())}
 

@@ -175,11 +175,3 @@ def categorical_key(field: int | str, value: str | None) -> int:
     if len(value) != 8:
         raise ValueError(f"categorical value {value!r} is not 8 hex digits")
     return make_key(f, int(value, 16))
-
-
-def id_keys(field: int | str, ids: np.ndarray) -> np.ndarray:
-    """Keys of synthetic / multi-hot ids (each id < 2^32) in ``field``."""
-    ids = np.asarray(ids, dtype=np.int64)
-    if ids.size and (ids.min() < 0 or ids.max() >= ID_LIMIT):
-        raise ValueError("ids must be in [0, 2^32)")
-    return make_key(np.int64(field_index(field)), ids)

@@ -47,12 +47,6 @@ def new_index(capacity: int) -> np.ndarray:
     return row_array(capacity, (3,), np.int32, reserve=False)
 
 
-def index_keys(idx: np.ndarray) -> np.ndarray:
-    """The int64 keys of all slots (EMPTY for free ones); for tests and debugging."""
-    keys = (idx[:, 1].astype(np.int64) << 32) | (idx[:, 0].astype(np.int64) & 0xFFFFFFFF)
-    return np.where(idx[:, 2] == 0, EMPTY, keys)
-
-
 @njit(cache=True, nogil=True, inline="always")
 def home_slot(key: np.int64, cap: int) -> int:
     """Lemire fastrange: ``(hi32(mix(key)) * cap) >> 32`` in [0, cap) for cap <= 2**32."""

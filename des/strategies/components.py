@@ -100,12 +100,6 @@ class FieldShard:
         return {k: aligned_empty((touched.size, len(self.fields), b.dim), self.dtype)  # TF takes it as it is
                 for k, b in enumerate(self.blocks) if blocks is None or b.name in blocks}
 
-    def pooled(self, batch: Any, *, train: bool, step: int) -> tuple[list[np.ndarray], Touched]:
-        """:meth:`lookup` then :meth:`gather_pooled`: the pooled embeddings per block and what
-        :meth:`apply_pooled_gradients` needs to route gradients back to the rows."""
-        touched = self.lookup(batch, train=train, step=step)
-        return self.gather_pooled(batch, touched), touched
-
     def gather_ids(self, block: int, touched: Touched, out: np.ndarray) -> None:
         """One block's values of every id of ``touched``, not pooled, into ``out [nnz, dim]``."""
         self._fused.gather_ids(touched, block, out)
@@ -252,12 +246,6 @@ class DenseParams:
     def index(self, name: str, field: int) -> int | None:
         """Position of ``field``'s slice in the leading axis of field parameter ``name`` (None: not held)."""
         return self._position[name].get(field)
-
-    def substitution_params(self, i: int, sub_name: str, values: Sequence[Any]) -> dict[str, Any]:
-        """Substitution ``i``'s field parameters by their own names, from ``values`` in
-        :attr:`field_params` order (arrays or tensors)."""
-        prefix = f"{i}:{sub_name}:"
-        return {k[len(prefix):]: v for k, v in zip(self.field_params, values) if k.startswith(prefix)}
 
     # -- updates -------------------------------------------------------------------------------------
     def apply(self, field_grads: Sequence[np.ndarray], top_grads: Sequence[np.ndarray],

@@ -60,8 +60,19 @@ def _signature(value: Any) -> Any:
     return (type(value).__name__, value)  # a Python value is part of the trace
 
 
-class _ModelForm:
-    def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype, compute_dtype: str | None = None) -> None:
+class ModelSplitForm:
+    """The split form (DES): local partials into one buffer ``[B, P]``, the combine + top network
+    on the reduced buffer, and the local backward.
+
+    With a plan (``exchanged``: indices of the substitutions the planner exchanges) the
+    exchanged operators are not split: their pooled inputs come to the row owner, which runs them
+    whole (``combine(local)`` on every field) next to the ``combine`` of the partials operators.
+    The buffer then holds the partials operators' columns only, and the exchanged blocks' pooled
+    values and field weights are further inputs of the top step (whose gradients it returns).
+    """
+
+    def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype, compute_dtype: str | None = None,
+                 exchanged: Sequence[int] = ()) -> None:
         self.model = model
         self.dense = dense
         self.tf_dtype = tf.as_dtype(dtype)
@@ -70,6 +81,29 @@ class _ModelForm:
         self.compute_dtype = tf.as_dtype(compute_dtype) if compute_dtype else self.tf_dtype
         self.blocks = [b.name for b in model.blocks()]
         self.substitutions = model.substitutions()
+        for sub in self.substitutions:
+            if sub.block not in self.blocks:
+                raise ValueError(f"substitution {sub.name} reads block {sub.block!r}, not declared by {model.name}")
+            if sub.collective != "allreduce":
+                raise ConfigError(f"substitution {sub.name} asks for collective {sub.collective!r}; "
+                                  "only 'allreduce' is supported")
+        self.exchanged = frozenset(int(i) for i in exchanged)
+        #: the operators that read the dense features (their part is added where the rows are)
+        self.reads_dense = frozenset(i for i, sub in enumerate(self.substitutions) if sub.dense_params())
+        self.split = [i for i in range(len(self.substitutions)) if i not in self.exchanged]
+        # Buffer layout: the split substitutions' partials side by side, in their order
+        self.width = sum(self.substitutions[i].width for i in self.split)
+        read_by = lambda subs: [b for b in self.blocks if any(self.substitutions[i].block == b for i in subs)]  # noqa: E731
+        #: blocks the owners pool (a split operator reads them) / the row owners receive (an exchanged one does)
+        self.split_blocks = read_by(self.split) if self.exchanged else list(self.blocks)
+        self.exchange_blocks = read_by(sorted(self.exchanged))
+        # l2 on looked-up embeddings is added once, by whoever holds a block's pooled values of all
+        # rows: its owner when a split operator reads it, else the row owner
+        self.row_owner_l2_blocks = [b for b in self.exchange_blocks if b not in self.split_blocks]
+        names = list(dense.field_params)
+        self.exchange_params = [n for n in names if int(n.split(":", 1)[0]) in self.exchanged]
+        self.split_params = [n for n in names if n not in self.exchange_params]
+        self._build_split()
 
     def _in_compute_dtype(self, sub: Any) -> bool:
         return sub.low_precision_local and self.compute_dtype != self.tf_dtype
@@ -109,45 +143,6 @@ class _ModelForm:
         cast = lambda t: tf.cast(t, self.compute_dtype)  # noqa: E731
         logits = self.model.top({name: cast(v) for name, v in zip(self.dense.top_params, top)}, [cast(o) for o in outputs])
         return tf.cast(logits, self.tf_dtype)
-
-
-class ModelSplitForm(_ModelForm):
-    """The split form (DES): local partials into one buffer ``[B, P]``, the combine + top network
-    on the reduced buffer, and the local backward.
-
-    With a plan (``exchanged``: indices of the substitutions the planner exchanges) the
-    exchanged operators are not split: their pooled inputs come to the row owner, which runs them
-    whole (``combine(local)`` on every field) next to the ``combine`` of the partials operators.
-    The buffer then holds the partials operators' columns only, and the exchanged blocks' pooled
-    values and field weights are further inputs of the top step (whose gradients it returns).
-    """
-
-    def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype, compute_dtype: str | None = None,
-                 exchanged: Sequence[int] = ()) -> None:
-        super().__init__(model, dense, dtype, compute_dtype)
-        for sub in self.substitutions:
-            if sub.block not in self.blocks:
-                raise ValueError(f"substitution {sub.name} reads block {sub.block!r}, not declared by {model.name}")
-            if sub.collective != "allreduce":
-                raise ConfigError(f"substitution {sub.name} asks for collective {sub.collective!r}; "
-                                  "only 'allreduce' is supported")
-        self.exchanged = frozenset(int(i) for i in exchanged)
-        #: the operators that read the dense features (their part is added where the rows are)
-        self.reads_dense = frozenset(i for i, sub in enumerate(self.substitutions) if sub.dense_params())
-        self.split = [i for i in range(len(self.substitutions)) if i not in self.exchanged]
-        # Buffer layout: the split substitutions' partials side by side, in their order
-        self.width = sum(self.substitutions[i].width for i in self.split)
-        read_by = lambda subs: [b for b in self.blocks if any(self.substitutions[i].block == b for i in subs)]  # noqa: E731
-        #: blocks the owners pool (a split operator reads them) / the row owners receive (an exchanged one does)
-        self.split_blocks = read_by(self.split) if self.exchanged else list(self.blocks)
-        self.exchange_blocks = read_by(sorted(self.exchanged))
-        # l2 on looked-up embeddings is added once, by whoever holds a block's pooled values of all
-        # rows: its owner when a split operator reads it, else the row owner
-        self.row_owner_l2_blocks = [b for b in self.exchange_blocks if b not in self.split_blocks]
-        names = list(dense.field_params)
-        self.exchange_params = [n for n in names if int(n.split(":", 1)[0]) in self.exchanged]
-        self.split_params = [n for n in names if n not in self.exchange_params]
-        self._build_split()
 
     def dense_rows(self, batch: Any, lo: int = 0, hi: int | None = None) -> np.ndarray | None:
         """Rows ``lo:hi`` of the batch's dense features in the model's dtype (the top step's
