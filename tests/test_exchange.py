@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from des.hashtable.distinct import distinct_in_segments
 from des.hashtable.fused import Touched
-from des.strategies.exchange import (_ROW_TILE, _distinct, _pool_received, _sum_received, distinct_ids, join_samples,
-                                     one_id_per_row)
+from des.strategies.exchange import _ROW_TILE, _pool_received, _sum_received, distinct_ids, join_samples, one_id_per_row
 
 
 def _first_occurrence(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -30,7 +30,7 @@ def test_distinct_ids_per_segment_in_order_of_first_occurrence() -> None:
                            rng.integers(-3, 3, 1000) * (2**40 + 1)]).astype(np.int64)
     starts = np.array([0, 40, 340, 341, 341], dtype=np.int64)
     ends = np.array([40, 340, 341, 341, 1341], dtype=np.int64)
-    inverse, first, counts = _distinct(keys, starts, ends)
+    inverse, first, counts = distinct_in_segments(keys, starts, ends)
     offset = 0
     for s, (lo, hi) in enumerate(zip(starts, ends)):
         expected_inverse, expected_first = _first_occurrence(keys[lo:hi])

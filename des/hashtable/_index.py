@@ -27,7 +27,8 @@ import numpy as np
 from numba import njit
 
 from ._memory import row_array
-from ..splitmix import GOLDEN_GAMMA, splitmix64
+from ..splitmix import splitmix64
+from .distinct import add_to_distinct, distinct_rows
 from ._prefetch import prefetch2
 from .init import init_row
 
@@ -404,67 +405,6 @@ def gather_rows(data, dim, rows, keys, n_rows, meta, min_count, zero_unadmitted,
         stored = r >= 0 and (not zero_unadmitted or min_count <= 1 or meta[r, COUNT] >= min_count)
         gather_row(data, dim, r, stored, zero_unadmitted, keys[i], base, kind, scale, out, i)
     return -1
-
-
-@njit(nogil=True)
-def distinct_rows(rows, adm, use_adm, uniq, inverse) -> int:
-    """The distinct rows of ``rows`` in first-occurrence order into ``uniq[:u]``, and for each
-    position its place among them, ``inverse[i]`` (-1 for rows -1 and, with ``use_adm``, positions
-    whose ``adm`` is False). Returns ``u``. A batch-local hash set: it never reads the table."""
-    return _first_occurrences(rows, adm, use_adm, True, uniq, inverse)
-
-
-@njit(nogil=True)
-def distinct_keys(keys, ukeys, inverse) -> int:
-    """:func:`distinct_rows` of keys (every key counts, -1 too): the distinct keys in
-    first-occurrence order into ``ukeys[:u]`` and each position's place among them. Returns ``u``."""
-    return _first_occurrences(keys, np.empty(0, np.bool_), False, False, ukeys, inverse)
-
-
-@njit(nogil=True, inline="always")
-def _first_occurrences(values, adm, use_adm, skip_minus_one, uniq, inverse) -> int:
-    n = values.shape[0]
-    bits = 4
-    while (1 << bits) < 2 * n:
-        bits += 1
-    mask = (1 << bits) - 1
-    shift = np.uint64(64 - bits)
-    pos = np.full(1 << bits, -1, dtype=np.int32)  # value -> its place in uniq
-    u = 0
-    for i in range(n):
-        r = values[i]
-        if (skip_minus_one and r == -1) or (use_adm and not adm[i]):
-            inverse[i] = -1
-            continue
-        s = np.int64((np.uint64(r) * GOLDEN_GAMMA) >> shift)
-        while True:
-            p = pos[s]
-            if p == -1:
-                pos[s] = u
-                uniq[u] = r
-                inverse[i] = u
-                u += 1
-                break
-            if uniq[p] == r:
-                inverse[i] = p
-                break
-            s = (s + 1) & mask
-    return u
-
-
-@njit(nogil=True, inline="always")
-def add_to_distinct(acc, base, p, filled, src, i) -> int:
-    """``acc[base + p] (+)= src[i]``: the first gradient of distinct row ``p`` (``p == filled``, as
-    :func:`distinct_rows` numbers rows in first-occurrence order) is stored, later ones added, so
-    each row's sum runs in occurrence order. Returns the new ``filled``."""
-    q = base + p
-    if p == filled:
-        for c in range(acc.shape[1]):
-            acc[q, c] = src[i, c]
-        return filled + 1
-    for c in range(acc.shape[1]):
-        acc[q, c] += src[i, c]
-    return filled
 
 
 @njit(nogil=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._index import add_to_distinct
+from .distinct import add_to_distinct
 
 NO_INDEX = np.zeros(0, dtype=np.int32)  # pool_or_unpool's index when ids read their own rows
 

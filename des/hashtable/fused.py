@@ -13,8 +13,8 @@ numba's thread count of the calling thread (``_threads.py``: ``NUMBA_NUM_THREADS
 (the gather's one-hot copy: its own samples), so the result does not depend on the thread count.
 
 The lookup also numbers each field's distinct trained rows in order of first occurrence
-(:meth:`Touched.distinct`, ``K.distinct_rows``; in a pipelined step on the background thread),
-and a training lookup looks up and inserts only the distinct keys (``K.distinct_keys``) and
+(:meth:`Touched.distinct`, ``distinct_rows``; in a pipelined step on the background thread),
+and a training lookup looks up and inserts only the distinct keys (``distinct_keys``) and
 raises the counts once per distinct row by its occurrences (``K.count_distinct``: one meta cache
 line per row, not per id; the same counts). Both later
 passes work by that number: the gather reads each distinct row from its table once (a batch has
@@ -53,6 +53,7 @@ from numba import njit
 from . import _index as K
 from . import _threads
 from ._pooling import one_hot, pool_or_unpool
+from .distinct import distinct_keys, distinct_rows
 from ._prefetch import prefetch2
 from ._views import view1, view2
 from .init import init_block_rows
@@ -121,7 +122,7 @@ class Touched:
 @dataclass
 class Distinct:
     """Per field of a :class:`Touched`, its distinct trained (present and admitted) rows in order
-    of first occurrence (``K.distinct_rows``)."""
+    of first occurrence (``distinct.distinct_rows``)."""
 
     uniq: np.ndarray  # int64 [nnz]: field j's rows are uniq[key_offsets[j]:key_offsets[j] + count[j]]
     count: np.ndarray  # int64 [F]
@@ -608,7 +609,7 @@ def _lookup_field(addr, lens, j, keys, key_offsets, rows, admitted, pos, n_rows,
             if bad >= 0:
                 pos[j], status[j] = bad, K.BAD_KEY
                 return
-            count[j] = K.distinct_keys(field_keys, uniq[lo:hi], inverse[lo:hi])
+            count[j] = distinct_keys(field_keys, uniq[lo:hi], inverse[lo:hi])
         u = count[j]
         row_keys = view1(addr[j, _KEYS], lens[j, _KEYS], np.int64)
         p, n, st, a = K.insert_keys(idx, uniq[lo:lo + u], field_rows, pos[j], n_rows[j], max_rows[j], row_keys, meta,
@@ -663,7 +664,7 @@ def _hot_fields(offsets, weighted):
 def _distinct_fields(j0, j1, rows, admitted, key_offsets, uniq, count, inverse):
     for j in range(j0, j1):
         lo, hi = key_offsets[j], key_offsets[j + 1]
-        count[j] = K.distinct_rows(rows[lo:hi], admitted[lo:hi], True, uniq[lo:hi], inverse[lo:hi])
+        count[j] = distinct_rows(rows[lo:hi], admitted[lo:hi], True, uniq[lo:hi], inverse[lo:hi])
 
 
 @njit(cache=True, nogil=True)

@@ -30,6 +30,7 @@ import numpy as np
 
 from numba import njit
 
+from des.hashtable.distinct import distinct_in_segments
 from des.hashtable.fused import Touched
 from des.strategies.components import FieldShard
 
@@ -52,69 +53,6 @@ class Route:
     weights: np.ndarray  # float64 [nnz] (empty when no field is weighted)
     weighted: np.ndarray  # bool [F]
     hot: np.ndarray  # bool [F]: one unweighted id per row (pooling copies)
-
-
-@njit(cache=True, nogil=True)
-def _mix(key: np.int64) -> np.uint64:  # pragma: no cover - numba
-    x = np.uint64(key)
-    x ^= x >> np.uint64(33)
-    x *= np.uint64(0xFF51AFD7ED558CCD)
-    x ^= x >> np.uint64(33)
-    return x
-
-
-@njit(cache=True, nogil=True)
-def distinct_in_segments(keys, starts, ends, inverse, first, counts):  # pragma: no cover - numba
-    """For each segment ``s`` (``keys[starts[s]:ends[s]]``): its distinct keys numbered in order of
-    first occurrence (``inverse[i]``: the number of ``keys[i]`` in its segment; ``first``, segment
-    after segment: the position of each distinct key's first occurrence; ``counts[s]``). An
-    open-addressing hash per segment: O(occurrences), no sort, deterministic."""
-    longest = 0
-    for s in range(starts.shape[0]):
-        longest = max(longest, ends[s] - starts[s])
-    capacity = 16
-    while capacity < 2 * longest:
-        capacity *= 2
-    slot_key = np.empty(capacity, dtype=np.int64)
-    slot_id = np.full(capacity, -1, dtype=np.int64)
-    used = np.empty(capacity, dtype=np.int64)
-    n_first = 0
-    for s in range(starts.shape[0]):
-        lo, hi = starts[s], ends[s]
-        size = 16
-        while size < 2 * (hi - lo):
-            size *= 2
-        mask = np.uint64(size - 1)
-        n_used, found = 0, 0
-        for i in range(lo, hi):
-            k = keys[i]
-            p = np.int64(_mix(k) & mask)
-            while True:
-                if slot_id[p] < 0:
-                    slot_id[p], slot_key[p] = found, k
-                    used[n_used] = p
-                    n_used += 1
-                    inverse[i] = found
-                    first[n_first] = i
-                    n_first += 1
-                    found += 1
-                    break
-                if slot_key[p] == k:
-                    inverse[i] = slot_id[p]
-                    break
-                p = (p + 1) & np.int64(mask)
-        counts[s] = found
-        for u in range(n_used):
-            slot_id[used[u]] = -1
-    return n_first
-
-
-def _distinct(keys: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    inverse = np.zeros(keys.shape[0], dtype=np.int64)
-    first = np.empty(int(np.sum(ends - starts)), dtype=np.int64)
-    counts = np.zeros(starts.shape[0], dtype=np.int64)
-    n = distinct_in_segments(keys, starts.astype(np.int64), ends.astype(np.int64), inverse, first, counts)
-    return inverse, first[:n], counts
 
 
 #: rows per tile of the row owner's kernels: a tile's rows of ``[b_r, F, width]`` (64 x 39 x 9
@@ -199,7 +137,7 @@ def distinct_ids(touched: Touched, bounds: Sequence[int]) -> tuple[Touched, np.n
     Rows and admission are those of the first occurrence in ``touched``. Returns it and ``U[j, q]``."""
     fields, blocks = len(touched.key_offsets) - 1, len(bounds) - 1
     edges = touched.key_offsets[:-1, None] + touched.offsets[:, np.asarray(bounds)]  # [F, N + 1]
-    _, take, counts = _distinct(touched.keys, edges[:, :-1].reshape(-1), edges[:, 1:].reshape(-1))
+    _, take, counts = distinct_in_segments(touched.keys, edges[:, :-1].reshape(-1), edges[:, 1:].reshape(-1))
     counts = counts.reshape(fields, blocks)
     sizes = counts.sum(axis=1)
     samples = int(sizes.max()) if fields else 0
@@ -282,7 +220,7 @@ class BlockExchange:
         if weighted.any():
             weights = np.concatenate([np.ones(b - a) if p.weights is None else np.asarray(p.weights[a:b], np.float64)
                                       for p, (a, b) in zip(parts, cut)])
-        inverse, _, distinct = _distinct(keys, id_start, id_start + sizes)
+        inverse, _, distinct = distinct_in_segments(keys, id_start, id_start + sizes)
         base = np.cumsum(distinct) - distinct
         recv_counts = np.zeros(comm.size, dtype=np.int64)
         np.add.at(recv_counts, self._owner_of, distinct)
