@@ -16,8 +16,6 @@ to the sources, ``$NUMBA_CACHE_DIR/<dir>_<hash>`` if set, and the user-wide
 ``~/.cache/numba/<dir>_<hash>`` (used when the source tree is not writable). Best effort: any
 OSError (read-only tree, a concurrent process doing the same) is ignored; numba treats a missing
 cache file as a miss and writes its own files atomically.
-
-A package whose kernels only use their own module (``des/pooling.py``) does not need this.
 """
 
 from __future__ import annotations

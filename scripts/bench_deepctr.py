@@ -83,7 +83,7 @@ def deepctr_inputs(store) -> tuple[list[InputFeature], dict]:
       row r's ids re-indexed 1..V in the store's order, then 0s (DeepCTR masks id 0); a weighted
       field also ``inputs[weight_name]`` float32 [N, maxlen, 1], the store's weights of those ids
       and 0 at the padding. ``Σ_t weights[r, t] · E[ids[r, t]]`` (an unweighted field: over its
-      non-zero ids) is des's pooled ``Σ_t w_t e_t`` of row r (``des.pooling.pool``);
+      non-zero ids) is des's pooled ``Σ_t w_t e_t`` of row r (``des.hashtable.pooling.pool``);
     * dense feature j -> ``dense``: ``inputs[name]`` float32 [N, 1], the store's column j.
 
     Plain numpy: DeepCTR is not imported."""

@@ -340,7 +340,7 @@ def test_deepctr_inputs_pool_as_des(tmp_path):
     table), padding is id 0 with weight 0, the dense inputs are the store's values."""
     import numpy as np
 
-    from des.pooling import pool
+    from des.hashtable.pooling import pool
 
     store = _tiny_multi_hot_store(tmp_path / "store")
     features, inputs = deepctr.deepctr_inputs(store)

@@ -9,7 +9,19 @@ import numpy as np
 
 from des.hashtable.distinct import distinct_in_segments
 from des.hashtable.fused import Touched
-from des.strategies.exchange import _ROW_TILE, _pool_received, _sum_received, distinct_ids, join_samples, one_id_per_row
+from des.hashtable.pooling import ROW_TILE, FieldIds, one_hot_fields, pool_fields
+from des.strategies.exchange import distinct_ids, join_samples
+
+
+def _pool_received(values, base, inverse, id_start, offsets, weights, weighted, hot, field_ids, out) -> None:
+    """The row owner's pooling (``BlockExchange.pool``): ``out [rows, F, width]`` from the distinct ids' values."""
+    pool_fields(out, values, FieldIds(inverse, base, id_start, offsets, weights, weighted, hot), field_ids, False)
+
+
+def _sum_received(grads, base, inverse, id_start, offsets, weights, weighted, hot, field_ids, out) -> None:
+    """Its adjoint (``BlockExchange.sum_gradients``): ``grads [rows, F, width]`` summed into the
+    distinct ids' rows of ``out`` (zeroed)."""
+    pool_fields(grads, out, FieldIds(inverse, base, id_start, offsets, weights, weighted, hot), field_ids, True)
 
 
 def _first_occurrence(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -91,7 +103,7 @@ def test_pooling_and_gradient_sums_are_adjoint() -> None:
     field_ids = np.array([2, 0, 1], dtype=np.int64)  # receive order -> global field
     values = rng.standard_normal((distinct.sum(), width))
     pooled = np.full((rows, fields, width), np.nan)  # every entry is written
-    hot = one_id_per_row(offsets, weighted)
+    hot = one_hot_fields(offsets, weighted)
     np.testing.assert_array_equal(hot, [True, False, True])
     _pool_received(values, base, inverse, id_start, offsets, weights, weighted, hot, field_ids, pooled)
     np.testing.assert_array_equal(pooled[:, 2], values[inverse[:6]])  # field 0 of the receive order, one-hot
@@ -106,7 +118,7 @@ def test_one_id_per_row_fields_take_the_copy_path_with_the_same_bits() -> None:
     give bit for bit what the general path gives them, pooled and summed (a distinct id's terms in
     row order), and the general path zero-fills a row without ids."""
     rng = np.random.default_rng(2)
-    rows, width = 2 * _ROW_TILE + 17, 5
+    rows, width = 2 * ROW_TILE + 17, 5
     ids = [rng.integers(0, 20, rows), rng.integers(0, 3, rows)]  # two one-hot fields
     lengths = rng.integers(0, 3, rows)  # and a multi-hot one with empty rows
     ids.append(rng.integers(0, 30, int(lengths.sum())))
@@ -118,7 +130,7 @@ def test_one_id_per_row_fields_take_the_copy_path_with_the_same_bits() -> None:
     field_ids = np.array([1, 2, 0], dtype=np.int64)
     values = rng.standard_normal((53, width)).astype(np.float32)
     grads = rng.standard_normal((rows, 3, width)).astype(np.float32)
-    hot = one_id_per_row(offsets, weighted)
+    hot = one_hot_fields(offsets, weighted)
     np.testing.assert_array_equal(hot, [True, True, False])
     results = []
     for flags in (hot, np.zeros(3, np.bool_)):

@@ -1,5 +1,5 @@
 """The fused shard kernels (des/hashtable/fused.py, FieldShard) against the per-table path they
-replace (EmbeddingTable.lookup/gather + des.pooling.pool, unpool + EmbeddingTable.apply_gradients,
+replace (EmbeddingTable.lookup/gather + des.hashtable.pooling.pool, unpool + EmbeddingTable.apply_gradients,
 field by field): bit-identical pooled values and table states; plus growth inside a lookup, the
 pipelined order (lookup of the next batch before this batch's update), thread counts, errors, a
 table replaced by a checkpoint load, and the reserved row storage (des/hashtable/_memory.py)."""
@@ -16,7 +16,7 @@ from des.hashtable import _threads
 from des.hashtable._memory import RESERVE, grow_in_place, row_array
 from des.hashtable.fused import ShardTables
 from des.hashtable.table import SHARED_KEY
-from des.pooling import pool, unpool
+from des.hashtable.pooling import pool, unpool
 
 
 @dataclass

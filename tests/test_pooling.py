@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from des.pooling import pool, unpool
+from des.hashtable.pooling import pool, unpool
 
 
 @pytest.mark.parametrize("weighted", [False, True])

@@ -33,7 +33,7 @@ A pipelined step's update and the next batch's gather run as one pass over the f
 the same thread, with one thread hand-off for both.
 
 The per-field work is the same inlined code as one table's methods (``_index.py``, ``init.py``,
-``_pooling.py``, ``optimizers.py``), in the same order, so the results are bit-identical to
+``pooling.py``, ``optimizers.py``), in the same order, so the results are bit-identical to
 calling ``lookup``/``gather``/``pool``/``unpool``/``apply_gradients`` field by field. One
 difference by design: admission is decided at lookup (``Touched.admitted``: count >= min_count once
 the whole batch is counted) and the later gather and update use that decision instead of reading
@@ -52,12 +52,12 @@ from numba import njit
 
 from . import _index as K
 from . import _threads
-from ._pooling import one_hot, pool_or_unpool
 from .distinct import distinct_keys, distinct_rows
 from ._prefetch import prefetch2
 from ._views import view1, view2
 from .init import init_block_rows
 from .optimizers import catch_up_rows, update_rows
+from .pooling import one_hot_fields, pool_or_unpool
 from .table import EmbeddingTable, _as_keys, _check_step
 
 # columns of the address table: index, row keys, meta, then per block its values+slots and steps
@@ -104,7 +104,7 @@ class Touched:
     def hot(self) -> np.ndarray:
         """bool [F]: the field has one id per sample and no weights (its pooling is a copy)."""
         if self._hot is None:
-            self._hot = _hot_fields(self.offsets, self.weighted)
+            self._hot = one_hot_fields(self.offsets, self.weighted)
         return self._hot
 
     def distinct(self) -> "Distinct":
@@ -367,7 +367,7 @@ class ShardTables:
     def gather_pooled(self, touched: Touched, block: int, out: np.ndarray) -> None:
         """Block ``block``'s values of the touched ids pooled per sample into ``out[B, F, dim]``
         (C-contiguous, the tables' dtype): rows not admitted give their key's initial value or
-        zeros (``unadmitted``), as :meth:`EmbeddingTable.gather` + ``des.pooling.pool``."""
+        zeros (``unadmitted``), as :meth:`EmbeddingTable.gather` + ``des.hashtable.pooling.pool``."""
         self.gather_blocks(touched, {block: out})
 
     def gather_blocks(self, touched: Touched, outs: Mapping[int, np.ndarray], catch_up_to: int | None = None,
@@ -467,7 +467,7 @@ class ShardTables:
     def apply_pooled(self, touched: Touched, block: int, grads: np.ndarray, step: int, lr_scale: float = 1.0) -> None:
         """Block ``block``'s optimizer on the admitted touched rows, from pooled gradients
         ``grads[B, F, dim]`` (the tables' dtype): un-pooled to the ids, summed per row in
-        occurrence order, as ``des.pooling.unpool`` + :meth:`EmbeddingTable.apply_gradients`."""
+        occurrence order, as ``des.hashtable.pooling.unpool`` + :meth:`EmbeddingTable.apply_gradients`."""
         self.apply_blocks(touched, {block: grads}, step, lr_scale)
 
     def apply_blocks(self, touched: Touched, grads: Mapping[int, np.ndarray], step: int, lr_scale: float = 1.0) -> None:
@@ -650,14 +650,6 @@ def _init_field(addr, lens, widths, col, j, start, stop, dim, base, kind, scale,
     steps = view1(addr[j, col + 1], lens[j, col + 1], np.int32)
     row_keys = view1(addr[j, _KEYS], lens[j, _KEYS], np.int64)
     init_block_rows(data, dim, steps, row_keys, start, stop, base, kind, scale, slot_init)
-
-
-@njit(cache=True, nogil=True)
-def _hot_fields(offsets, weighted):
-    hot = np.empty(offsets.shape[0], dtype=np.bool_)
-    for j in range(offsets.shape[0]):
-        hot[j] = one_hot(offsets[j], weighted[j])
-    return hot
 
 
 @njit(cache=True, nogil=True)

@@ -20,9 +20,9 @@ import numpy as np
 
 from des.hashtable import BlockSpec, DenseOptimizerState, EmbeddingTable, Initializer
 from des.hashtable.fused import ShardTables, Touched
+from des.hashtable.pooling import pool, unpool
 from des.models.base import EmbeddingBlock, Model
 from des.options import Optimizers, TableOptions
-from des.pooling import pool, unpool
 from des.substitutions.base import draw_param
 from des.zero_copy import aligned_copy, aligned_empty, to_tensor
 
@@ -156,7 +156,8 @@ class RowLayout:
         """Pool one field's rows (``unique_values [u, width]``, ``inverse``: id -> unique) per sample."""
         column = 0
         for k, block in enumerate(self.blocks):
-            pool(unique_values[inverse, column : column + block.dim], ids.offsets, ids.weights, pooled[k][:, field, :])
+            pool(unique_values[:, column : column + block.dim], ids.offsets, ids.weights, pooled[k][:, field, :],
+                 inverse)
             column += block.dim
 
     def sum_gradients(self, ids: Any, field: int, inverse: np.ndarray, num_unique: int,

@@ -10,8 +10,8 @@ no counts travel, only values:
 * forward: owner ``o`` gathers the values of its fields' distinct ids per row block (one fused
   gather of a *synthetic batch* whose samples are those ids, :func:`distinct_ids`) and sends row
   block ``q``'s to rank ``q`` (one Alltoallv for every exchanged block, side by side); rank ``q``
-  pools them per sample with its rows' ids (``RowLayout.pool``);
-* backward: rank ``q`` sums the pooled gradients per distinct id (``RowLayout.sum_gradients``) and
+  pools them per sample with its rows' ids (``des.hashtable.pooling.pool_fields``);
+* backward: rank ``q`` sums the pooled gradients per distinct id (its adjoint) and
   sends them back (one Alltoallv); the owner scatters them onto its synthetic batch and the sparse
   optimizer runs ONCE per row on that batch joined to the real one (:func:`join_samples`), so a
   row that a split operator also reads gets the sum of both gradients in one optimizer step.
@@ -28,10 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from numba import njit
-
 from des.hashtable.distinct import distinct_in_segments
 from des.hashtable.fused import Touched
+from des.hashtable.pooling import FieldIds, one_hot_fields, pool_fields
 from des.strategies.components import FieldShard
 
 
@@ -45,89 +44,7 @@ class Route:
     send_counts: np.ndarray  # int64 [N]: values sent to each row owner
     recv_counts: np.ndarray  # int64 [N]: values received from each owner
     rows: int  # b_r: this rank's rows
-    # the row owner's ids, every field (receive order) of its rows, concatenated:
-    inverse: np.ndarray  # int64 [nnz]: occurrence -> its distinct id within the field
-    base: np.ndarray  # int64 [F]: where the field's distinct ids start in what arrives
-    id_start: np.ndarray  # int64 [F]: where the field's occurrences start in ``inverse``
-    offsets: np.ndarray  # int64 [F, b_r + 1]: CSR row pointers of each field (from its id_start)
-    weights: np.ndarray  # float64 [nnz] (empty when no field is weighted)
-    weighted: np.ndarray  # bool [F]
-    hot: np.ndarray  # bool [F]: one unweighted id per row (pooling copies)
-
-
-#: rows per tile of the row owner's kernels: a tile's rows of ``[b_r, F, width]`` (64 x 39 x 9
-#: floats on Criteo) stay in cache while every field reads or writes its column of them, and each
-#: field's ids and offsets are read in order (row by row over all fields, every field's next id
-#: was a cache line of its own)
-_ROW_TILE = 64
-
-
-@njit(cache=True, nogil=True)
-def _pool_or_sum_received(pooled, values, base, inverse, id_start, offsets, weights, weighted, hot, field_ids,
-                          adjoint):  # pragma: no cover - numba
-    """The row owner's pooling ``pooled[r, field_ids[f]] = Σ_ids w · values[base[f] + inverse[id]]``
-    over the ids of field ``f`` in row ``r``, or (``adjoint``) its transpose ``values[base[f] +
-    inverse[id]] += w · pooled[r, field_ids[f]]``: one loop nest, so the two stay each other's
-    transpose. Pooling writes every ``pooled[r, field_ids[f]]`` (a row without ids: zeros) and
-    copies a single unweighted id (``hot[f]``: every row of the field is one). The adjoint adds
-    into ``values`` (zeroed by the caller); a distinct id belongs to one field, so its terms are
-    added in row order whatever the tiling."""
-    width = values.shape[1]
-    rows = offsets.shape[1] - 1
-    for r0 in range(0, rows, _ROW_TILE):
-        r1 = min(rows, r0 + _ROW_TILE)
-        for f in range(offsets.shape[0]):
-            g, b, s = field_ids[f], base[f], id_start[f]
-            if hot[f]:
-                for r in range(r0, r1):
-                    k = b + inverse[s + r]
-                    if adjoint:
-                        for c in range(width):
-                            values[k, c] += pooled[r, g, c]
-                    else:
-                        for c in range(width):
-                            pooled[r, g, c] = values[k, c]
-                continue
-            for r in range(r0, r1):
-                lo, hi = offsets[f, r], offsets[f, r + 1]
-                if not adjoint:
-                    if hi - lo == 1 and not weighted[f]:
-                        src = b + inverse[s + lo]
-                        for c in range(width):
-                            pooled[r, g, c] = values[src, c]
-                        continue
-                    for c in range(width):
-                        pooled[r, g, c] = 0.0
-                for o in range(lo, hi):
-                    i = s + o
-                    k = b + inverse[i]
-                    w = values.dtype.type(weights[i]) if weighted[f] else values.dtype.type(1.0)
-                    if adjoint:
-                        if weighted[f]:
-                            for c in range(width):
-                                values[k, c] += w * pooled[r, g, c]
-                        else:
-                            for c in range(width):
-                                values[k, c] += pooled[r, g, c]
-                    else:
-                        for c in range(width):
-                            pooled[r, g, c] += w * values[k, c]
-
-
-def _pool_received(got, base, inverse, id_start, offsets, weights, weighted, hot, field_ids, out) -> None:
-    """Row owner: ``out [b_r, F, width]`` pooled from the distinct ids' values ``got``."""
-    _pool_or_sum_received(out, got, base, inverse, id_start, offsets, weights, weighted, hot, field_ids, False)
-
-
-def _sum_received(grads, base, inverse, id_start, offsets, weights, weighted, hot, field_ids, out) -> None:
-    """Row owner, the adjoint of :func:`_pool_received`: ``grads [b_r, F, width]`` summed into the
-    distinct ids' rows of ``out`` (zeroed)."""
-    _pool_or_sum_received(grads, out, base, inverse, id_start, offsets, weights, weighted, hot, field_ids, True)
-
-
-def one_id_per_row(offsets: np.ndarray, weighted: np.ndarray) -> np.ndarray:
-    """bool [F]: field ``f`` (CSR ``offsets[f]``) has exactly one unweighted id in every row."""
-    return ~weighted & (np.diff(offsets, axis=1) == 1).all(axis=1)
+    ids: FieldIds  # the row owner's ids, every field (receive order) of its rows, over what arrives
 
 
 def distinct_ids(touched: Touched, bounds: Sequence[int]) -> tuple[Touched, np.ndarray]:
@@ -224,9 +141,9 @@ class BlockExchange:
         base = np.cumsum(distinct) - distinct
         recv_counts = np.zeros(comm.size, dtype=np.int64)
         np.add.at(recv_counts, self._owner_of, distinct)
+        ids = FieldIds(inverse, base, id_start, offsets, weights, weighted, one_hot_fields(offsets, weighted))
         return Route(synthetic, send_samples.astype(np.int64), send_fields.astype(np.int64), send_counts.astype(np.int64),
-                     recv_counts, hi - lo, inverse, base, id_start, offsets, weights, weighted,
-                     one_id_per_row(offsets, weighted))
+                     recv_counts, hi - lo, ids)
 
     # -------------------------------------------------------------------------------- forward
     def gather(self, route: Route) -> np.ndarray:
@@ -249,8 +166,7 @@ class BlockExchange:
     def pool(self, route: Route, got: np.ndarray) -> list[np.ndarray]:
         """Row owner, local: per exchanged block, ``[b_r, F, dim]`` pooled for its rows."""
         out = np.empty((route.rows, self.num_fields, self.width), dtype=self.dtype)  # every field is written
-        _pool_received(np.ascontiguousarray(got), route.base, route.inverse, route.id_start, route.offsets,
-                       route.weights, route.weighted, route.hot, self.receive_order, out)
+        pool_fields(out, np.ascontiguousarray(got), route.ids, self.receive_order, False)
         if len(self.dims) == 1:
             return [out]
         cuts = np.cumsum([0, *self.dims])
@@ -263,9 +179,8 @@ class BlockExchange:
         out = np.zeros((int(route.recv_counts.sum()), self.width), dtype=self.dtype)
         column = 0
         for grads, d in zip(pooled_grads, self.dims):
-            _sum_received(np.ascontiguousarray(grads, dtype=self.dtype), route.base, route.inverse, route.id_start,
-                          route.offsets, route.weights, route.weighted, route.hot, self.receive_order,
-                          out[:, column : column + d])
+            pool_fields(np.ascontiguousarray(grads, dtype=self.dtype), out[:, column : column + d], route.ids,
+                        self.receive_order, True)
             column += d
         return out
 

@@ -1,0 +1,165 @@
+"""Sum-pooling of per-id rows per sample (CSR) and its adjoint: the one pooling of the engine.
+
+``pooled[b] = Σ_{t in offsets[b]:offsets[b+1]} w_t · rows[s_t]`` (``w_t`` the id's weight or 1,
+``s_t`` its row); a one-hot field (one id per sample, no weights) pools to its rows unchanged,
+which callers copy. The loop nest exists once (:func:`pool_or_unpool`, over a range of samples)
+and runs, in both directions:
+
+* in the fused shard kernels (``fused.py``): a field's ids pooled from its distinct rows, the
+  update's gradients un-pooled onto them;
+* for the row owner of the planner's exchange (:func:`pool_fields`, ``des/strategies/exchange.py``):
+  every field's ids of its rows, from the distinct ids' values that arrived;
+* from Python (:func:`pool`, :func:`unpool`): rows that travel (``RowLayout``, ps) and the
+  per-table path the fused kernels are tested against.
+
+Forward, products are formed in float64 and added into the output (rounded once per addition);
+the adjoint rounds each product once into the output's dtype and sums them per row in id order,
+the first stored (``distinct.add_to_distinct``: rows numbered in order of first occurrence).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from .distinct import add_to_distinct
+
+NO_INDEX = np.zeros(0, dtype=np.int32)  # pool_or_unpool's index when ids read their own rows
+_NO_WEIGHTS = np.zeros(0, dtype=np.float64)  # when a field has no weights (never read)
+#: rows per tile of :func:`pool_fields`: a tile's rows of ``[rows, F, width]`` (64 x 39 x 9 floats
+#: on Criteo) stay in cache while every field reads or writes its column of them, and each field's
+#: ids and offsets are read in order (row by row over all fields, every field's next id was a
+#: cache line of its own)
+ROW_TILE = 64
+
+
+@njit(nogil=True, inline="always")
+def _pool_samples(src, index, offsets, weights, has_weights, out, adjoint, b0, b1, filled, value):
+    """Samples ``[b0, b1)`` of :func:`pool_or_unpool`; ``filled``: the adjoint's rows stored so far
+    (returned updated), or -1: every term is added into ``out`` (zeroed by the caller; the rows
+    may then be numbered in any order); ``value``: a ``[1, width]`` scratch row of out's dtype."""
+    indexed = index.shape[0] > 0
+    for b in range(b0, b1):
+        for t in range(offsets[b], offsets[b + 1]):
+            w = weights[t] if has_weights else 1.0
+            s = index[t] if indexed else t
+            if adjoint:
+                if s >= 0:
+                    for c in range(src.shape[1]):
+                        value[0, c] = w * src[b, c]
+                    filled = add_to_distinct(out, 0, s, filled, value, 0)
+            else:
+                for c in range(src.shape[1]):
+                    out[b, c] += w * src[s, c]
+    return filled
+
+
+@njit(cache=True, nogil=True)
+def pool_or_unpool(src, index, offsets, weights, has_weights, out, adjoint):  # pragma: no cover - numba
+    """Pooling ``out[b] += w_t · src[s_t]`` over the ids t of sample b, or its adjoint (``adjoint``)
+    ``out[s_t] += w_t · src[b]``: one loop nest, so the two stay each other's transpose. ``w_t`` is
+    ``weights[t]`` (as float64) or 1.0. ``s_t`` is ``index[t]``, or ``t`` when ``index`` is empty.
+
+    Pooling: products formed in float64 and added into out (rounded once per addition). With an
+    index, the ids read their values from a table of distinct rows.
+    Adjoint: each product rounded once into out's dtype, then summed per row ``s`` in id order, the
+    first stored (``add_to_distinct``: ``index`` numbers rows in order of first occurrence, as
+    ``distinct_rows`` does; ids with ``s_t < 0`` are skipped). Without an index every id has its own
+    row: ``out[t] = w_t · src[b]``, the per-id gradients; with one, the sums per distinct row."""
+    value = np.empty((1, src.shape[1]), dtype=out.dtype)
+    _pool_samples(src, index, offsets, weights, has_weights, out, adjoint, 0, offsets.shape[0] - 1, 0, value)
+
+
+@njit(nogil=True, inline="always")
+def one_hot(offsets, has_weights) -> bool:
+    """Every sample has exactly one id and no weight: pooling is the identity (callers copy)."""
+    if has_weights:
+        return False
+    for b in range(offsets.shape[0] - 1):
+        if offsets[b + 1] - offsets[b] != 1:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def one_hot_fields(offsets, weighted):  # pragma: no cover - numba
+    """bool [F]: field ``j`` (CSR ``offsets[j]``, ``weighted[j]``) is :func:`one_hot`."""
+    hot = np.empty(offsets.shape[0], dtype=np.bool_)
+    for j in range(offsets.shape[0]):
+        hot[j] = one_hot(offsets[j], weighted[j])
+    return hot
+
+
+class FieldIds(NamedTuple):
+    """Several fields' ids of the same rows, each over its own distinct rows, fields side by side
+    (the row owner's side of the exchange, :func:`pool_fields`)."""
+
+    inverse: np.ndarray  # int64 [nnz]: each id's distinct row within its field
+    base: np.ndarray  # int64 [F]: where field f's distinct rows start in the values
+    id_start: np.ndarray  # int64 [F]: where field f's ids start in inverse (and weights)
+    offsets: np.ndarray  # int64 [F, rows + 1]: CSR row pointers of each field, from its id_start
+    weights: np.ndarray  # float64 [nnz] (empty when no field is weighted)
+    weighted: np.ndarray  # bool [F]
+    hot: np.ndarray  # bool [F]: one unweighted id per row (pooling copies)
+
+
+@njit(cache=True, nogil=True)
+def pool_fields(pooled, values, ids, field_ids, adjoint):  # pragma: no cover - numba
+    """Every field's ids (:class:`FieldIds`) pooled per row, ``pooled[r, field_ids[f]] = Σ w ·
+    values[base[f] + inverse[id]]``, or (``adjoint``) the transpose: ``pooled`` (the gradients)
+    added into each field's distinct rows of ``values`` (zeroed by the caller), in row order
+    whatever the tiling: :func:`pool_or_unpool`'s two directions. Pooling writes every
+    ``pooled[r, field_ids[f]]`` (a row without ids: zeros) and copies a single unweighted id (a
+    one-hot field, ``hot``: every row). Tile of rows by tile (:data:`ROW_TILE`)."""
+    rows = ids.offsets.shape[1] - 1
+    width = values.shape[1]
+    value = np.empty((1, width), dtype=values.dtype)
+    for r0 in range(0, rows, ROW_TILE):
+        r1 = min(rows, r0 + ROW_TILE)
+        for f in range(ids.offsets.shape[0]):
+            start, end = ids.id_start[f], ids.id_start[f] + ids.offsets[f, rows]
+            index, table, column = ids.inverse[start:end], values[ids.base[f]:], pooled[:, field_ids[f], :]
+            offsets, weights, weighted = ids.offsets[f], ids.weights[start:end], ids.weighted[f]
+            if adjoint:
+                _pool_samples(column, index, offsets, weights, weighted, table, True, r0, r1, -1, value)
+                continue
+            for r in range(r0, r1):
+                if ids.hot[f] or (offsets[r + 1] - offsets[r] == 1 and not weighted):
+                    for c in range(width):
+                        column[r, c] = table[index[offsets[r]], c]
+                    continue
+                for c in range(width):
+                    column[r, c] = 0.0
+                _pool_samples(table, index, offsets, weights, weighted, column, False, r, r + 1, 0, value)
+
+
+def is_one_hot(offsets: np.ndarray, weights: np.ndarray | None) -> bool:
+    """True when every sample has exactly one id of weight 1 (pooling is the identity)."""
+    return weights is None and offsets[-1] == offsets.shape[0] - 1 and (
+        offsets.shape[0] < 2 or bool(np.all(np.diff(offsets) == 1))
+    )
+
+
+def pool(values: np.ndarray, offsets: np.ndarray, weights: np.ndarray | None, out: np.ndarray,
+         index: np.ndarray | None = None) -> None:
+    """Write the pooled rows ``[B, dim]`` into ``out`` (which may be a strided view). ``values``
+    holds a row per id, or, with ``index`` (id -> row), the rows the ids read."""
+    if is_one_hot(offsets, weights):
+        out[...] = values if index is None else values[index]
+        return
+    tmp = np.zeros(out.shape, dtype=values.dtype)
+    pool_or_unpool(values, NO_INDEX if index is None else np.ascontiguousarray(index), offsets,
+                   _NO_WEIGHTS if weights is None else weights, weights is not None, tmp, False)
+    out[...] = tmp
+
+
+def unpool(grad: np.ndarray, offsets: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
+    """Per-id gradients ``[nnz, dim]`` from the pooled gradient ``[B, dim]`` (the adjoint of :func:`pool`)."""
+    if is_one_hot(offsets, weights):
+        return np.ascontiguousarray(grad)
+    out = np.empty((int(offsets[-1]), grad.shape[1]), dtype=grad.dtype)
+    pool_or_unpool(np.ascontiguousarray(grad), NO_INDEX, offsets, _NO_WEIGHTS if weights is None else weights,
+                   weights is not None, out, True)
+    return out
