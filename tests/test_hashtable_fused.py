@@ -74,34 +74,34 @@ def reference_step(tables, fields, ids, *, train, step, grads=None, lr_scale=1.0
 
 
 def fused_step(shard, ids, *, train, step, grads=None, lr_scale=1.0, together=False):
-    """Block by block, or (``together``) all blocks in one call each (``gather_blocks``, ``apply_blocks``)."""
-    touched = shard.lookup(ids, train=train, step=step)
+    """Block by block, or (``together``) all blocks in one call each (``gather_pooled``, ``apply_pooled``)."""
+    touched = shard.touch(ids, train=train, step=step)
     blocks = shard.tables[shard.fields[0]].blocks
     dtype = shard.tables[shard.fields[0]].dtype
     pooled = [np.empty((touched.size, len(shard.fields), b.dim), dtype) for b in blocks]
     if together:
-        shard.gather_blocks(touched, dict(enumerate(pooled)))
+        shard.gather_pooled(touched, dict(enumerate(pooled)))
     else:
         for k, out in enumerate(pooled):
-            shard.gather_pooled(touched, k, out)
+            shard.gather_pooled(touched, {k: out})
     if grads is not None:
         if together:
-            shard.apply_blocks(touched, dict(enumerate(grads)), step, lr_scale)
+            shard.apply_pooled(touched, dict(enumerate(grads)), step, lr_scale)
         else:
             for k, g in enumerate(grads):
-                shard.apply_pooled(touched, k, g, step, lr_scale)
+                shard.apply_pooled(touched, {k: g}, step, lr_scale)
     return pooled
 
 
 def assert_same_tables(a: EmbeddingTable, b: EmbeddingTable) -> None:
     n = len(a)
     assert len(b) == n and a.admitted_total == b.admitted_total and a.last_update_step == b.last_update_step
-    np.testing.assert_array_equal(a._keys[:n], b._keys[:n])
-    np.testing.assert_array_equal(a._meta[:n], b._meta[:n])
-    for x, y in zip(a._data, b._data):
+    np.testing.assert_array_equal(a.arrays.keys[:n], b.arrays.keys[:n])
+    np.testing.assert_array_equal(a.arrays.meta[:n], b.arrays.meta[:n])
+    for x, y in zip(a.arrays.blocks, b.arrays.blocks):
         assert x[:n].tobytes() == y[:n].tobytes()
-    for x, y in zip(a._steps, b._steps):
-        if x is not None:
+    for x, y in zip(a.arrays.steps, b.arrays.steps):
+        if x.size:
             np.testing.assert_array_equal(x[:n], y[:n])
 
 
@@ -152,7 +152,7 @@ def test_fused_equals_the_per_table_path(dtype, optimizer, min_count, unadmitted
 
 
 def test_fields_with_different_optimizers_in_one_call(monkeypatch) -> None:
-    """A block whose fields use different optimizers: ``apply_blocks`` runs one kernel per
+    """A block whose fields use different optimizers: ``apply_pooled`` runs one kernel per
     optimizer over the same field ranges (a mask of its fields), on 1 and 2 threads; each field
     gets exactly its own optimizer's step, as the per-table path."""
     fields = [0, 3, 5, 7]
@@ -213,18 +213,18 @@ def test_pipelined_order_gives_the_same_result() -> None:
         batches = [make_ids(rng, fields, 128, 400, s) for s in range(6)]
         grads = [[rng.normal(size=(128, 3, d)) for d in (1, 4, 3)] for _ in range(6)]
         pooled_all = []
-        touched = shard.lookup(batches[0], train=True, step=0)
+        touched = shard.touch(batches[0], train=True, step=0)
         for step in range(6):
             pooled = [np.empty((128, 3, d)) for d in (1, 4, 3)]
             for k in range(3):
-                shard.gather_pooled(touched, k, pooled[k])
+                shard.gather_pooled(touched, {k: pooled[k]})
             pooled_all.append(pooled)
             if pipelined and step + 1 < 6:
-                following = shard.lookup(batches[step + 1], train=True, step=step + 1)
+                following = shard.touch(batches[step + 1], train=True, step=step + 1)
             for k in range(3):
-                shard.apply_pooled(touched, k, grads[step][k], step)
+                shard.apply_pooled(touched, {k: grads[step][k]}, step)
             if not pipelined and step + 1 < 6:
-                following = shard.lookup(batches[step + 1], train=True, step=step + 1)
+                following = shard.touch(batches[step + 1], train=True, step=step + 1)
             touched = following
         states.append((tables, pooled_all))
     (a, pa), (b, pb) = states
@@ -238,8 +238,8 @@ def test_pipelined_order_gives_the_same_result() -> None:
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_update_and_next_gather_in_one_pass(monkeypatch, n_threads) -> None:
     """``apply_then_gather`` (a pipelined step's update, then the next batch's gather with its
-    catch-up, in one pass over the fields) gives the bytes of ``apply_blocks`` then
-    ``gather_blocks``, with each call's own schedule factor, on 1 and 2 threads."""
+    catch-up, in one pass over the fields) gives the bytes of ``apply_pooled`` then
+    ``gather_pooled``, with each call's own schedule factor, on 1 and 2 threads."""
     monkeypatch.setattr(_threads, "threads", lambda n=n_threads: n)
     monkeypatch.setattr("des.hashtable.fused._MIN_PARALLEL", 0)  # split even this small batch
     fields, dims = [1, 2, 4, 6], (1, 4, 3)
@@ -254,17 +254,17 @@ def test_update_and_next_gather_in_one_pass(monkeypatch, n_threads) -> None:
         def outs():
             return {k: np.empty((128, len(fields), d)) for k, d in enumerate(dims)}
 
-        touched, pooled = shard.lookup(batches[0], train=True, step=0), outs()
-        shard.gather_blocks(touched, pooled, catch_up_to=0)
+        touched, pooled = shard.touch(batches[0], train=True, step=0), outs()
+        shard.gather_pooled(touched, pooled, catch_up_to=0)
         gathered = [pooled]
         for step in range(5):
-            following, pooled, scale = shard.lookup(batches[step + 1], train=True, step=step + 1), outs(), 1 - step / 8
+            following, pooled, scale = shard.touch(batches[step + 1], train=True, step=step + 1), outs(), 1 - step / 8
             if merged:
                 shard.apply_then_gather(touched, dict(enumerate(grads[step])), step, scale, following, pooled,
                                         step + 1, 1.5)
             else:
-                shard.apply_blocks(touched, dict(enumerate(grads[step])), step, scale)
-                shard.gather_blocks(following, pooled, step + 1, 1.5)
+                shard.apply_pooled(touched, dict(enumerate(grads[step])), step, scale)
+                shard.gather_pooled(following, pooled, step + 1, 1.5)
             gathered.append(pooled)
             touched = following
         states.append((tables, gathered))
@@ -324,7 +324,7 @@ def test_one_hot_sums_are_the_stored_first_gradient_plus_the_others() -> None:
     """The one-hot sums per distinct row (``_sum_fields``) have the bits of storing a row's first
     gradient and adding the later ones in order, signed zeros included (sums that start at +0.0
     would turn a row's lone -0.0 into +0.0)."""
-    from des.hashtable.fused import _sum_fields
+    from des.hashtable.fused import TouchedArrays, _sum_fields, _Sums
 
     inverse = np.array([0, 1, 0, 2, 1, -1, 3, 3], np.int32)  # distinct rows in first-occurrence order; -1: untrained
     size, rows = inverse.shape[0], 4
@@ -333,9 +333,11 @@ def test_one_hot_sums_are_the_stored_first_gradient_plus_the_others() -> None:
     grads[0][6, 0], grads[0][7, 0] = np.float32(1e-8), np.float32(3.0)  # row 3: rounding in order
     grads[1][6], grads[1][7] = np.float32(-2.5), np.float32(2.5)  # row 3, block 1: -2.5 + 2.5 = +0.0
     sums = [np.full((rows, d), np.nan, np.float32) for d in (8, 1)]
-    _sum_fields(0, 1, np.array([g.ctypes.data for g in grads]), np.array([a.ctypes.data for a in sums]),
-                np.array([8, 1]), size, 1, np.array([0, size]), np.arange(size + 1)[None], np.ones(0),
-                np.zeros(1, np.bool_), np.ones(1, np.bool_), inverse, np.array([0, rows]), grads[0])
+    unused = np.zeros(size, np.int64)  # what the sums do not read: keys, rows, admission, distinct rows
+    ids = TouchedArrays(unused, np.array([0, size]), np.arange(size + 1)[None], np.ones(0), np.zeros(1, np.bool_),
+                        np.ones(1, np.bool_), unused, unused.astype(np.bool_), unused, np.array([rows]), inverse)
+    _sum_fields(0, 1, _Sums(np.array([g.ctypes.data for g in grads]), np.array([a.ctypes.data for a in sums]),
+                            np.array([8, 1]), np.array([0, rows])), ids, grads[0])
     for g, got in zip(grads, sums):
         expected = np.empty_like(got)
         seen = set()
@@ -394,17 +396,17 @@ def test_errors() -> None:
     good = Ids(np.arange(4, dtype=np.int64), np.arange(1, 4, dtype=np.int64), None)
     bad = Ids(np.arange(4, dtype=np.int64), np.array([5, -2**63, 6], dtype=np.int64), None)
     with pytest.raises(ValueError, match="position 1 is the reserved sentinel"):
-        shard.lookup([good, bad], train=True, step=0)
+        shard.touch([good, bad], train=True, step=0)
     assert len(tables[1]) == 0  # no partial update of the field with the bad key
     with pytest.raises(ValueError, match="offsets"):
-        shard.lookup([good, Ids(np.array([0, 2, 1, 3]), np.arange(3, dtype=np.int64), None)], train=True, step=0)
-    touched = shard.lookup([good, good], train=True, step=0)
+        shard.touch([good, Ids(np.array([0, 2, 1, 3]), np.arange(3, dtype=np.int64), None)], train=True, step=0)
+    touched = shard.touch([good, good], train=True, step=0)
     tables[0].evict(-1, 5)  # every row expires: the touched rows are stale
     with pytest.raises(ValueError, match="changed .evict, load. since the lookup"):
-        shard.gather_pooled(touched, 1, np.empty((3, 2, 4), np.float32))
+        shard.gather_pooled(touched, {1: np.empty((3, 2, 4), np.float32)})
     with pytest.raises(ValueError, match="blocks"):
         ShardTables({0: EmbeddingTable(0, [BlockSpec("other", 1, SGD(0.1), Initializer())], seed=1)}, [0],
-                    ["linear"]).lookup([good], train=False, step=0)
+                    ["linear"]).touch([good], train=False, step=0)
 
 
 def test_reserved_rows_grow_in_place_and_keep_their_values() -> None:

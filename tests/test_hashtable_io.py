@@ -39,9 +39,9 @@ def assert_same(a: EmbeddingTable, b: EmbeddingTable) -> None:
     for name in ("count", "last_seen", "admitted"):
         np.testing.assert_array_equal(a.metadata(ra)[name], b.metadata(rb)[name])
     for i, spec in enumerate(a.blocks):
-        np.testing.assert_array_equal(a._data[i][:len(a)], b._data[i][:len(b)])
-        if a._steps[i] is not None:
-            np.testing.assert_array_equal(a._steps[i][:len(a)], b._steps[i][:len(b)])
+        np.testing.assert_array_equal(a.arrays.blocks[i][:len(a)], b.arrays.blocks[i][:len(b)])
+        if a.arrays.steps[i].size:
+            np.testing.assert_array_equal(a.arrays.steps[i][:len(a)], b.arrays.steps[i][:len(b)])
         np.testing.assert_array_equal(a.gather(spec.name, keys, ra), b.gather(spec.name, keys, rb))
 
 

@@ -130,7 +130,7 @@ class TableModel(RuleBasedStateMachine):
             assert meta["admitted"][i] == self.admitted(k)
             expect = 0.0 if (t.unadmitted == "zero" and not self.admitted(k)) else e["w"]
             assert got[i] == expect, (k, got[i], expect)
-            assert t._steps[1][rows[i]] == e["adam_steps"]
+            assert t.arrays.steps[1][rows[i]] == e["adam_steps"]
         assert t.admitted_count == sum(self.admitted(k) for k in self.model)
         assert t.admitted_total == self.admissions and t.admitted_total >= t.admitted_count
         m = t.memory()

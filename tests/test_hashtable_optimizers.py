@@ -120,11 +120,11 @@ def test_sparse_rows_match_keras_lazily(case: str, dtype: type) -> None:
         var, kopt, n = ref_vars[int(k)]
         assert_close(ours[i], var.numpy(), case, dtype)
         ks = keras_slots(kopt, opt.kind)
-        data = table._data[0]
+        data = table.arrays.blocks[0]
         for s, name in enumerate(opt.slot_names):
             assert_close(data[rows[i], dim * (s + 1):dim * (s + 2)], ks[name], case, dtype)
         if opt.needs_step:
-            assert table._steps[0][rows[i]] == n[0] == int(kopt.iterations.numpy())
+            assert table.arrays.steps[0][rows[i]] == n[0] == int(kopt.iterations.numpy())
 
 
 def test_dense_state_dict_round_trip_continues_identically() -> None:
@@ -290,9 +290,9 @@ def test_catchup_of_many_rows_at_once_equals_one_row_at_a_time(dtype, dim) -> No
         return w0.copy(), m0.copy(), v0.copy(), last0.copy()
 
     together, alone = state(), state()
-    O._update_rows_kernel(code, *together[:3], together[3], rows, g, hp, alphas, t_step, horizon)
+    opt.apply_rows(together[0], together[1:3], together[3], rows, g, 1.0, t)  # the kernel_args above
     for i, r in enumerate(rows):
-        O._update_rows_kernel(code, *alone[:3], alone[3], rows[i:i + 1], g[i:i + 1], hp, alphas, t_step, horizon)
+        opt.apply_rows(alone[0], alone[1:3], alone[3], rows[i:i + 1], g[i:i + 1], 1.0, t)
     for a, b in zip(together, alone):
         assert a.tobytes() == b.tobytes()
     assert (together[3][rows] == t).all()

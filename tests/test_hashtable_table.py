@@ -51,7 +51,7 @@ def test_duplicates_are_summed_before_the_optimizer() -> None:
                                               init[1, 0] - 2.0 * 0.5])
     # Adam: one step per unique row, whatever the multiplicity
     t.apply_gradients("embedding", rows, np.ones((4, 4)), step=0)
-    assert t._steps[1][rows[0]] == 1 and t._steps[1][rows[1]] == 1
+    assert t.arrays.steps[1][rows[0]] == 1 and t.arrays.steps[1][rows[1]] == 1
 
 
 @pytest.mark.parametrize("unadmitted", ["init", "zero"])
@@ -105,7 +105,7 @@ def test_evict_compacts_and_keeps_values() -> None:
     # evicted keys come back with their initial value and fresh state
     r = t.lookup(old[:3], insert=True, step=11)
     np.testing.assert_array_equal(t.gather("embedding", old[:3], r), t.initial_values("embedding", old[:3]))
-    assert (t.metadata(r)["count"] == 1).all() and (t._steps[1][r] == 0).all()
+    assert (t.metadata(r)["count"] == 1).all() and (t.arrays.steps[1][r] == 0).all()
     assert t.evict(ttl=100, step=11) == 0
     assert t.evict(ttl=-1, step=11) == len(rows2) + 3 and len(t) == 0
 

@@ -131,7 +131,7 @@ def test_validations_and_checkpoints_do_not_change_what_is_trained(tmp_path: Pat
             engine.train_step(batch)
         for table in engine.shard.tables.values():
             table.catch_up(engine.step_count)
-        trained.append([d.tobytes() for t in engine.shard.tables.values() for d in t._data]
+        trained.append([d.tobytes() for t in engine.shard.tables.values() for d in t.arrays.blocks]
                        + [v.tobytes() for v in engine.dense.top_params.values()])
     assert trained[0] == trained[1]
 
@@ -167,7 +167,7 @@ def test_a_pipelined_step_finishes_its_updates_later(tmp_path: Path) -> None:
         for table in state.tables.values():
             table.catch_up(engine.step_count)
         trained.append([v.tobytes() for v in (*state.dense.field_params.values(), *state.dense.top_params.values())]
-                       + [d.tobytes() for t in state.tables.values() for d in t._data])
+                       + [d.tobytes() for t in state.tables.values() for d in t.arrays.blocks])
         engine.close()
     assert trained[0] == trained[1]
     # the last step has no next batch

@@ -442,12 +442,12 @@ def test_tables_are_sized_from_the_data(tmp_path: Path) -> None:
                               "--epochs", "1", "--eval-every", "0", "--table-capacity", capacity, "--no-progress"])
         run = runner.setup(config, Communicator())
         tables = run.strategy.shard.tables
-        start = {f: (t.capacity, t._row_cap, t._version) for f, t in tables.items()}
+        start = {f: (t.capacity, t.memory()["row_capacity"], t.version) for f, t in tables.items()}
         distinct = [run.store.distinct_count(f) for f in sorted(tables)]
         runner.loop(run)
         run.strategy.close()
-        grown[capacity] = [f for f, t in tables.items() if (t.capacity, t._row_cap, t._version) != start[f]]
-        assert all(0 < len(t) <= t._row_cap for t in tables.values())
+        grown[capacity] = [f for f, t in tables.items() if (t.capacity, t.memory()["row_capacity"], t.version) != start[f]]
+        assert all(0 < len(t) <= t.memory()["row_capacity"] for t in tables.values())
         if capacity == "0":
             assert [start[f][1] for f in sorted(tables)] == [max(16, d + 1) for d in distinct]
     assert grown["0"] == [] and len(grown["64"]) > 10

@@ -4,16 +4,18 @@ duplicate sums + the sparse optimizers (every value block in each), and one per 
 initialization of new rows.
 
 Each field keeps its own :class:`~des.hashtable.table.EmbeddingTable` (checkpointed and re-sharded
-by field, grown and evicted on its own); :class:`ShardTables` holds the addresses of the tables'
-arrays in one ``int64`` table (``_views.py``), pins those arrays, and refreshes a field's row when
-its table replaced an array (``EmbeddingTable._version``) or was itself replaced (a checkpoint load
-puts new tables into the shard's dict). The kernels release the GIL and run ranges of fields on
+by field, grown and evicted on its own), used through its public surface only (``arrays``,
+``row_limit``, ``grow``, ``commit_rows``, the shared row); :class:`ShardTables` holds the addresses
+of the tables' arrays in one ``int64`` table (``_views.py``), pins those arrays, and refreshes a
+field's row when its table replaced an array (``EmbeddingTable.version``) or was itself replaced (a
+checkpoint load puts new tables into the shard's dict). The kernels take their arguments grouped
+in named tuples (below). The kernels release the GIL and run ranges of fields on
 numba's thread count of the calling thread (``_threads.py``: ``NUMBA_NUM_THREADS`` /
 ``numba.set_num_threads``); each field writes only its own rows and its own column of the output
 (the gather's one-hot copy: its own samples), so the result does not depend on the thread count.
 
 The lookup also numbers each field's distinct trained rows in order of first occurrence
-(:meth:`Touched.distinct`, ``distinct_rows``; in a pipelined step on the background thread),
+(``Touched.distinct``, ``distinct_rows``; in a pipelined step on the background thread),
 and a training lookup looks up and inserts only the distinct keys (``distinct_keys``) and
 raises the counts once per distinct row by its occurrences (``K.count_distinct``: one meta cache
 line per row, not per id; the same counts). Both later
@@ -45,20 +47,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numba import njit
 
 from . import _index as K
 from . import _threads
-from .distinct import distinct_keys, distinct_rows
 from ._prefetch import prefetch2
 from ._views import view1, view2
+from .distinct import distinct_keys, distinct_rows
 from .init import init_block_rows
 from .optimizers import catch_up_rows, update_rows
 from .pooling import one_hot_fields, pool_or_unpool
-from .table import EmbeddingTable, _as_keys, _check_step
+from .table import EmbeddingTable, as_keys, check_step, sentinel_error
 
 # columns of the address table: index, row keys, meta, then per block its values+slots and steps
 _IDX, _KEYS, _META, _BLOCKS = 0, 1, 2, 3
@@ -79,44 +81,77 @@ _CATCH_UP_ROW_COST = 24.0  # a zero-gradient step per idle step, up to Adam's ho
 _TILE = 128
 
 
-@dataclass
-class Touched:
-    """What :meth:`ShardTables.lookup` found for a batch, fields in shard order: all a later
-    :meth:`ShardTables.gather_pooled` and :meth:`ShardTables.apply_pooled` need."""
+# ------------------------------------------------------------------------ the kernels' arguments
+# The kernels take their arrays grouped in named tuples (numba passes them as structs): a batch's
+# ids (TouchedArrays), the shard's tables (_Tables), one value block of every field (_Block), the
+# state of a lookup (_Lookup), the update's sums (_Sums) and an optimizer step (optimizers.StepArgs). Each is
+# built once (the tables' and blocks' when a table changes, a batch's by its lookup) and updated in
+# place.
 
-    keys: np.ndarray  # int64 [nnz]: every field's ids, field after field
-    key_offsets: np.ndarray  # int64 [F + 1]: field j's ids are keys[key_offsets[j]:key_offsets[j + 1]]
-    offsets: np.ndarray  # int64 [F, B + 1]: per field, CSR row pointers into its ids
-    weights: np.ndarray  # float64 [nnz]: the ids' weights where ``weighted`` (empty if no field is)
-    weighted: np.ndarray  # bool [F]: the field has weights
-    rows: np.ndarray  # int64 [nnz]: table rows (-1: unknown at evaluation)
-    admitted: np.ndarray  # bool [nnz]: the row is trained (see the module docstring)
-    train: bool
-    step: int
-    _hot: np.ndarray | None = field(default=None, repr=False, compare=False)
-    _distinct: "Distinct | None" = field(default=None, repr=False, compare=False)
 
-    @property
-    def size(self) -> int:
-        """Samples in the batch."""
-        return int(self.offsets.shape[1] - 1)
+class TouchedArrays(NamedTuple):
+    """A :class:`Touched` batch as the kernels read it."""
 
-    def hot(self) -> np.ndarray:
-        """bool [F]: the field has one id per sample and no weights (its pooling is a copy)."""
-        if self._hot is None:
-            self._hot = one_hot_fields(self.offsets, self.weighted)
-        return self._hot
+    keys: np.ndarray
+    key_offsets: np.ndarray
+    offsets: np.ndarray
+    weights: np.ndarray
+    weighted: np.ndarray
+    hot: np.ndarray
+    rows: np.ndarray
+    admitted: np.ndarray
+    uniq: np.ndarray  # Distinct
+    count: np.ndarray
+    inverse: np.ndarray
 
-    def distinct(self) -> "Distinct":
-        """Each field's distinct trained rows and each id's place among them, computed once (by the
-        lookup, so a pipelined step finds them ready): what the gather reads and the update sums by."""
-        if self._distinct is None:
-            d = Distinct.empty(self.keys.shape[0], len(self.key_offsets) - 1)
-            _threads.run(lambda j0, j1: _distinct_fields(j0, j1, self.rows, self.admitted, self.key_offsets,
-                                                         d.uniq, d.count, d.inverse),
-                         np.diff(self.key_offsets), _MIN_PARALLEL)
-            self._distinct = d
-        return self._distinct
+
+class _Tables(NamedTuple):
+    """The shard's tables as the kernels see them, field j in row j: the addresses of their arrays
+    (``_views.py``) and what the kernels need of each table."""
+
+    addr: np.ndarray  # int64 [F, cols]: array addresses (columns _IDX, _KEYS, _META, then per block its values+slots, steps)
+    lens: np.ndarray  # int64 [F, cols]: their first dimension (the views' rows)
+    widths: np.ndarray  # int64 [F, cols]: their second dimension (1 for vectors)
+    n_rows: np.ndarray  # int64 [F]: the table's rows (the lookup's kernel counts its inserts here)
+    min_count: np.ndarray  # int64 [F]
+    zero: np.ndarray  # bool [F]: unadmitted="zero"
+
+
+class _Block(NamedTuple):
+    """One value block of every field: its columns in the address table and what its initializer and
+    optimizer need."""
+
+    col: int  # the values' column in _Tables.addr (the steps': col + 1)
+    dims: np.ndarray  # int64 [F]
+    bases: np.ndarray  # uint64 [F]: the initial values' stream bases
+    kinds: np.ndarray  # int64 [F]: Initializer codes
+    scales: np.ndarray  # float64 [F]
+    slot_init: np.ndarray  # float64 [F, _MAX_SLOTS]: initial value of each optimizer slot
+    n_slots: np.ndarray  # int64 [F]
+
+
+class _Lookup(NamedTuple):
+    """A lookup in progress (it resumes after a table grew)."""
+
+    rows: np.ndarray  # int64 [nnz]: the ids' rows
+    admitted: np.ndarray  # bool [nnz]
+    pos: np.ndarray  # int64 [F]: where the field resumes (its ids, or its distinct keys)
+    max_rows: np.ndarray  # int64 [F]: rows the field may hold before it must grow
+    status: np.ndarray  # int64 [F]: PENDING, K.OK, K.NEED_GROWTH or K.BAD_KEY
+    admissions: np.ndarray  # int64 [F]: rows admitted in this lookup
+    outside: np.ndarray  # bool [F]: an id is neither admitted nor mapped to the shared row
+    uniq: np.ndarray  # Distinct: the distinct keys, then rows
+    count: np.ndarray
+    inverse: np.ndarray
+
+
+class _Sums(NamedTuple):
+    """The update's gradients and their sums per distinct row, block by block."""
+
+    grad_addr: np.ndarray  # int64 [blocks]: address of the block's gradients [B, F, dim]
+    acc_addr: np.ndarray  # int64 [blocks]: address of its sums [base[-1], dim]
+    dims: np.ndarray  # int64 [blocks]
+    base: np.ndarray  # int64 [F + 1]: field j's sums are rows base[j] .. base[j + 1]
 
 
 @dataclass
@@ -132,6 +167,52 @@ class Distinct:
     def empty(cls, ids: int, fields: int) -> "Distinct":
         return cls(np.empty(ids, dtype=np.int64), np.zeros(fields, dtype=np.int64), np.empty(ids, dtype=np.int32))
 
+    @classmethod
+    def of(cls, rows: np.ndarray, admitted: np.ndarray, key_offsets: np.ndarray) -> "Distinct":
+        """Each field's distinct trained rows (field j's ids are ``key_offsets[j]:key_offsets[j + 1]``)."""
+        d = cls.empty(rows.shape[0], len(key_offsets) - 1)
+        _threads.run(lambda j0, j1: _distinct_fields(j0, j1, rows, admitted, key_offsets, d.uniq, d.count, d.inverse),
+                     np.diff(key_offsets), _MIN_PARALLEL)
+        return d
+
+
+@dataclass
+class Touched:
+    """What :meth:`ShardTables.touch` found for a batch, fields in shard order: all a later
+    :meth:`ShardTables.gather_pooled` and :meth:`ShardTables.apply_pooled` need. ``hot`` and
+    ``distinct`` are computed when not given (by the lookup: on the thread that runs it, so a
+    pipelined step finds them ready)."""
+
+    keys: np.ndarray  # int64 [nnz]: every field's ids, field after field
+    key_offsets: np.ndarray  # int64 [F + 1]: field j's ids are keys[key_offsets[j]:key_offsets[j + 1]]
+    offsets: np.ndarray  # int64 [F, B + 1]: per field, CSR row pointers into its ids
+    weights: np.ndarray  # float64 [nnz]: the ids' weights where ``weighted`` (empty if no field is)
+    weighted: np.ndarray  # bool [F]: the field has weights
+    rows: np.ndarray  # int64 [nnz]: table rows (-1: unknown at evaluation)
+    admitted: np.ndarray  # bool [nnz]: the row is trained (see the module docstring)
+    train: bool
+    step: int
+    #: bool [F]: the field has one id per sample and no weights (its pooling is a copy)
+    hot: np.ndarray | None = field(default=None, repr=False, compare=False)
+    #: each field's distinct trained rows and each id's place among them: what the gather reads
+    #: and the update sums by
+    distinct: Distinct | None = field(default=None, repr=False, compare=False)
+    arrays: TouchedArrays = field(init=False, repr=False, compare=False)  # for the kernels
+
+    def __post_init__(self) -> None:
+        if self.hot is None:
+            self.hot = one_hot_fields(self.offsets, self.weighted)
+        if self.distinct is None:
+            self.distinct = Distinct.of(self.rows, self.admitted, self.key_offsets)
+        d = self.distinct
+        self.arrays = TouchedArrays(self.keys, self.key_offsets, self.offsets, self.weights, self.weighted, self.hot,
+                                    self.rows, self.admitted, d.uniq, d.count, d.inverse)
+
+    @property
+    def size(self) -> int:
+        """Samples in the batch."""
+        return int(self.offsets.shape[1] - 1)
+
 
 def _pack(ids: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Concatenate per-field CSR ids (objects with ``keys``, ``offsets``, ``weights``)."""
@@ -141,7 +222,7 @@ def _pack(ids: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     sizes = [int(f.keys.shape[0]) for f in ids]
     key_offsets = np.zeros(len(ids) + 1, dtype=np.int64)
     np.cumsum(sizes, out=key_offsets[1:])
-    keys = np.concatenate([_as_keys(f.keys) for f in ids]) if ids else np.zeros(0, np.int64)
+    keys = np.concatenate([as_keys(f.keys) for f in ids]) if ids else np.zeros(0, np.int64)
     batch = {int(f.offsets.shape[0]) for f in ids}
     if len(batch) > 1:
         raise ValueError(f"fields disagree on the batch size: offsets of lengths {sorted(batch)}")
@@ -196,7 +277,10 @@ def _pack_one_block(ids: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 class ShardTables:
     """The tables of ``fields`` (looked up in the live mapping ``tables`` at every call), with
-    value blocks ``blocks`` (the same names and dims in every table), driven by fused kernels.
+    value blocks ``blocks`` (the same names and dims in every table), driven by fused kernels:
+    :meth:`touch` (a batch's key -> row lookup), :meth:`gather_pooled` and :meth:`gather_ids`
+    (values), :meth:`apply_pooled` (the sparse optimizers) and :meth:`apply_then_gather`. Block
+    arguments are positions in ``blocks``.
 
     Not thread-safe: one call at a time per shard (see ``FieldShard`` for the pipelining contract).
     """
@@ -206,33 +290,28 @@ class ShardTables:
         self.fields = [int(f) for f in fields]
         self.blocks = list(blocks)
         n, cols = len(self.fields), _BLOCKS + 2 * len(self.blocks)
-        self._addr = np.zeros((n, cols), dtype=np.int64)  # array addresses
-        self._len = np.zeros((n, cols), dtype=np.int64)  # their first dimension (the views' rows)
-        self._width = np.zeros((n, cols), dtype=np.int64)  # their second dimension (1 for vectors)
-        self._seen: list[tuple[EmbeddingTable, int] | None] = [None] * n  # (table, _version) held
-        self._pinned: list[list[np.ndarray]] = [[] for _ in range(n)]
-        # per block and field, what the kernels need of the specs (refreshed with the addresses)
-        nb = len(self.blocks)
-        self._dims = np.zeros((nb, n), dtype=np.int64)
-        self._bases = np.zeros((nb, n), dtype=np.uint64)
-        self._kinds = np.zeros((nb, n), dtype=np.int64)
-        self._scales = np.zeros((nb, n), dtype=np.float64)
-        self._slot_init = np.zeros((nb, n, _MAX_SLOTS), dtype=np.float64)
-        self._n_slots = np.zeros((nb, n), dtype=np.int64)
-        self._zero = np.zeros(n, dtype=np.bool_)  # unadmitted="zero"
-        self._min_count = np.zeros(n, dtype=np.int64)
+        self._tables = _Tables(np.zeros((n, cols), dtype=np.int64), np.zeros((n, cols), dtype=np.int64),
+                               np.zeros((n, cols), dtype=np.int64), np.zeros(n, dtype=np.int64),
+                               np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.bool_))
+        self._blocks = [_Block(_BLOCKS + 2 * b, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.uint64),
+                               np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.float64),
+                               np.zeros((n, _MAX_SLOTS), dtype=np.float64), np.zeros(n, dtype=np.int64))
+                        for b in range(len(self.blocks))]
+        self._seen: list[tuple[EmbeddingTable, int] | None] = [None] * n  # (table, version) held
+        self._pinned: list[Any] = [None] * n  # each table's arrays, kept alive behind the addresses
         self._last_distinct = np.zeros(n, dtype=np.float64)  # per field, of the last training lookup
         self._groups: dict[int, list[tuple[Any, list[int], np.ndarray]]] = {}  # see _optimizer_groups
 
     # ---------------------------------------------------------------- addresses
 
     def _sync(self) -> list[EmbeddingTable]:
-        """The current tables, with the address table up to date."""
+        """The current tables, with the address table and the row counts up to date."""
         tables = [self.tables[f] for f in self.fields]
         for j, t in enumerate(tables):
             seen = self._seen[j]
-            if seen is None or seen[0] is not t or seen[1] != t._version:
+            if seen is None or seen[0] is not t or seen[1] != t.version:
                 self._refresh(j, t)
+            self._tables.n_rows[j] = len(t)
         return tables
 
     def _optimizer_groups(self, block: int) -> list[tuple[Any, list[int], np.ndarray]]:
@@ -256,27 +335,29 @@ class ShardTables:
         names = [b.name for b in t.blocks]
         if names != self.blocks:
             raise ValueError(f"table of field {t.field} has blocks {names}, the shard expects {self.blocks}")
-        arrays = [t._idx, t._keys, t._meta]
-        for b in range(len(self.blocks)):
-            arrays += [t._data[b], t._steps_or_empty(b)]
+        held = t.arrays
+        arrays = [held.index, held.keys, held.meta]
+        for values, steps in zip(held.blocks, held.steps):
+            arrays += [values, steps]
+        tables = self._tables
         for c, a in enumerate(arrays):
             if not a.flags.c_contiguous:
                 raise ValueError(f"table of field {t.field}: array {c} is not C-contiguous")
-            self._addr[j, c] = a.ctypes.data
-            self._len[j, c] = a.shape[0]
-            self._width[j, c] = a.shape[1] if a.ndim == 2 else 1
-        self._pinned[j] = arrays  # keeps the memory behind the addresses alive
-        for b, spec in enumerate(t.blocks):
-            k = spec.optimizer.num_slots
-            self._dims[b, j], self._bases[b, j], self._n_slots[b, j] = spec.dim, t._bases[b], k
-            self._kinds[b, j], self._scales[b, j] = spec.init.code, spec.init.scale
-            self._slot_init[b, j, :k] = t._slot_init[b]
-        self._zero[j], self._min_count[j] = t.unadmitted == "zero", t.min_count
-        self._seen[j] = (t, t._version)
+            tables.addr[j, c] = a.ctypes.data
+            tables.lens[j, c] = a.shape[0]
+            tables.widths[j, c] = a.shape[1] if a.ndim == 2 else 1
+        self._pinned[j] = held  # keeps the memory behind the addresses alive
+        for block, spec, base in zip(self._blocks, t.blocks, t.stream_bases):
+            slots = spec.optimizer.slot_initial_values()
+            block.dims[j], block.bases[j], block.n_slots[j] = spec.dim, base, len(slots)
+            block.kinds[j], block.scales[j] = spec.init.code, spec.init.scale
+            block.slot_init[j, :len(slots)] = slots
+        tables.zero[j], tables.min_count[j] = t.unadmitted == "zero", t.min_count
+        self._seen[j] = (t, t.version)
 
     # ---------------------------------------------------------------- lookup
 
-    def lookup(self, ids: Sequence[Any], *, train: bool, step: int) -> Touched:
+    def touch(self, ids: Sequence[Any], *, train: bool, step: int) -> Touched:
         """Rows of every field's ids (``ids[j]``: field ``fields[j]``'s CSR ids, objects with
         ``keys``, ``offsets`` and ``weights``). ``train``: missing keys are inserted (initialized
         here, one kernel call per block), counts and ``last_seen`` updated, admissions counted,
@@ -284,144 +365,116 @@ class ShardTables:
         if len(ids) != len(self.fields):
             raise ValueError(f"{len(ids)} fields of ids for a shard of {len(self.fields)} fields")
         keys, key_offsets, offsets, weights, weighted = _pack(ids)
-        step = _check_step(step) if train else int(step)
-        shared = self._shared_rows(step if train else None)
+        step = check_step(step) if train else int(step)
+        # per field, the shared out-of-vocabulary row or -1 (EmbeddingTable.shared_row: a training
+        # lookup inserts a missing one and refreshes its count and last_seen)
+        shared = np.array([self.tables[f].shared_row(step if train else None) for f in self.fields], dtype=np.int64)
         tables = self._sync()
         n = len(tables)
-        rows = np.empty(keys.shape[0], dtype=np.int64)
-        admitted = np.empty(keys.shape[0], dtype=np.bool_)
-        n0 = np.array([t._n for t in tables], dtype=np.int64)
-        n_rows = n0.copy()
-        status = np.full(n, PENDING, dtype=np.int64)
-        pos = np.zeros(n, dtype=np.int64)
-        admissions = np.zeros(n, dtype=np.int64)
-        outside = np.zeros(n, dtype=np.bool_)
+        n0 = self._tables.n_rows.copy()
         distinct = Distinct.empty(keys.shape[0], n)  # a training lookup numbers the distinct rows too
+        work = _Lookup(np.empty(keys.shape[0], dtype=np.int64), np.empty(keys.shape[0], dtype=np.bool_),
+                       np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), np.full(n, PENDING, dtype=np.int64),
+                       np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.bool_), distinct.uniq, distinct.count,
+                       distinct.inverse)
         while True:
-            max_rows = np.array([min(t._row_cap, t._max_fill) for t in tables], dtype=np.int64)
-            work = np.where(status == PENDING,
-                            np.diff(key_offsets) - pos + _LOOKUP_ROW_COST * self._last_distinct, 0)
-            _threads.run(lambda j0, j1: _lookup_fields(
-                j0, j1, self._addr, self._len, keys, key_offsets, rows, admitted, pos, n_rows, max_rows,
-                self._min_count, shared, step, train, status, admissions, outside, distinct.uniq, distinct.count,
-                distinct.inverse), work, _MIN_PARALLEL)
-            for j in np.flatnonzero(n_rows != n0):
-                tables[j]._n = int(n_rows[j])
-            bad = np.flatnonzero(status == K.BAD_KEY)
+            work.max_rows[:] = [t.row_limit for t in tables]
+            weight = np.where(work.status == PENDING,
+                              np.diff(key_offsets) - work.pos + _LOOKUP_ROW_COST * self._last_distinct, 0)
+            _threads.run(lambda j0, j1: _lookup_fields(j0, j1, self._tables, keys, key_offsets, work, shared, step,
+                                                       train), weight, _MIN_PARALLEL)
+            for j in np.flatnonzero(self._tables.n_rows != n0):
+                tables[j].commit_rows(self._tables.n_rows[j])
+            bad = np.flatnonzero(work.status == K.BAD_KEY)
             if bad.size:
                 j = int(bad[0])
-                self._init_new_rows(tables, n0)
-                EmbeddingTable._raise_sentinel(keys[key_offsets[j]:key_offsets[j + 1]])
-            grow = np.flatnonzero(status == K.NEED_GROWTH)
+                self._init_new_rows(n0)
+                raise sentinel_error(keys[key_offsets[j]:key_offsets[j + 1]])
+            grow = np.flatnonzero(work.status == K.NEED_GROWTH)
             if not grow.size:
                 break
             for j in grow:
-                tables[j]._grow()
-                status[j] = PENDING
+                tables[j].grow()
+                work.status[j] = PENDING
             tables = self._sync()
         if train:
-            self._init_new_rows(tables, n0)
-            for j in np.flatnonzero(admissions):
-                tables[j].admitted_total += int(admissions[j])
+            self._init_new_rows(n0)
+            for j in np.flatnonzero(work.admissions):
+                tables[j].admitted_total += int(work.admissions[j])
             self._last_distinct = distinct.count.astype(np.float64)
-        for j in np.flatnonzero(outside & (shared < 0)):
-            t, lo, hi = tables[j], key_offsets[j], key_offsets[j + 1]
-            if t.unadmitted != "shared":
-                continue
-            # evaluation before the shared row exists: made now, as EmbeddingTable.lookup does
-            K.admit_rows(rows[lo:hi], admitted[lo:hi], t._meta, t.min_count, t._make_shared_row(None))
-        touched = Touched(keys, key_offsets, offsets, weights, weighted, rows, admitted, bool(train), step)
-        if offsets is _ONE_HOT_LAYOUTS.get((n, touched.size), (None, None))[1]:
-            touched._hot = np.ones(n, dtype=np.bool_)  # _pack_one_block: every field one-hot, no weights
-        touched.hot()
-        if train:
-            touched._distinct = distinct
-        touched.distinct()
-        return touched
+        rows, admitted = work.rows, work.admitted
+        for j in np.flatnonzero(work.outside & (shared < 0)):
+            if tables[j].unadmitted == "shared":  # evaluation before the shared row exists: made now
+                tables[j].map_to_shared(rows[key_offsets[j]:key_offsets[j + 1]],
+                                        admitted[key_offsets[j]:key_offsets[j + 1]])
+        every_one_hot = offsets is _ONE_HOT_LAYOUTS.get((n, offsets.shape[1] - 1), (None, None))[1]  # _pack_one_block
+        return Touched(keys, key_offsets, offsets, weights, weighted, rows, admitted, bool(train), step,
+                       hot=np.ones(n, dtype=np.bool_) if every_one_hot else None, distinct=distinct if train else None)
 
-    def _shared_rows(self, step: int | None) -> np.ndarray:
-        """Per field, the row of its shared out-of-vocabulary key, or -1 (``EmbeddingTable.shared_row``:
-        a training lookup, ``step`` given, inserts a missing one; a table call, before the addresses
-        are synced). Where every table has its row already, they are only read: the training
-        lookup's kernel then refreshes the rows' count and ``last_seen`` as ``shared_row`` does."""
-        tables = [self.tables[f] for f in self.fields]
-        if all(t._shared >= 0 or t.unadmitted != "shared" for t in tables):
-            return np.array([t._shared if t.unadmitted == "shared" else -1 for t in tables], dtype=np.int64)
-        return np.array([t.shared_row(step) for t in tables], dtype=np.int64)
-
-    def _init_new_rows(self, tables: list[EmbeddingTable], n0: np.ndarray) -> None:
+    def _init_new_rows(self, n0: np.ndarray) -> None:
         """Values and slots of the rows inserted since ``n0`` (per field), one call per block."""
-        n1 = np.array([t._n for t in tables], dtype=np.int64)
-        if not (n1 > n0).any():
+        if not (self._tables.n_rows > n0).any():
             return
         tables = self._sync()  # a field may have grown
-        for b in range(len(self.blocks)):
-            args = (self._addr, self._len, self._width, _BLOCKS + 2 * b, n0, n1, self._dims[b], self._bases[b],
-                    self._kinds[b], self._scales[b], self._slot_init[b], self._n_slots[b],
-                    np.empty((0, 0), dtype=tables[0].dtype))
+        like = np.empty((0, 0), dtype=tables[0].dtype)
+        for block in self._blocks:
             # a new row costs ~10x a looked-up id (the normal draws)
-            _threads.run(lambda j0, j1: _init_fields(j0, j1, *args), 10 * (n1 - n0), _MIN_PARALLEL)
+            _threads.run(lambda j0, j1: _init_fields(j0, j1, self._tables, block, n0, like),
+                         10 * (self._tables.n_rows - n0), _MIN_PARALLEL)
 
     # ---------------------------------------------------------------- gather + pool
 
-    def gather_pooled(self, touched: Touched, block: int, out: np.ndarray) -> None:
-        """Block ``block``'s values of the touched ids pooled per sample into ``out[B, F, dim]``
-        (C-contiguous, the tables' dtype): rows not admitted give their key's initial value or
-        zeros (``unadmitted``), as :meth:`EmbeddingTable.gather` + ``des.hashtable.pooling.pool``."""
-        self.gather_blocks(touched, {block: out})
-
-    def gather_blocks(self, touched: Touched, outs: Mapping[int, np.ndarray], catch_up_to: int | None = None,
+    def gather_pooled(self, touched: Touched, outs: Mapping[int, np.ndarray], catch_up_to: int | None = None,
                       lr_scale: float = 1.0) -> None:
-        """:meth:`gather_pooled` of several blocks (``{block: out}``) with one split of the fields
-        over the threads for all of them: one thread hand-off per batch, not per block. With
-        ``catch_up_to``, each field's rows are first caught up (:meth:`_catch_up_calls`) in the same
-        pass, right before they are read."""
+        """Per block (``{block: out}``), its values of the touched ids pooled per sample into
+        ``out[B, F, dim]`` (C-contiguous, the tables' dtype): rows not admitted give their key's
+        initial value or zeros (``unadmitted``), as :meth:`EmbeddingTable.gather` + ``pooling.pool``.
+        One split of the fields over the threads for all the blocks. With ``catch_up_to``, each
+        field's rows are first caught up to that step (:meth:`_catch_up_calls`, with ``lr_scale``)
+        in the same pass, right before they are read."""
         by_fields, work, finish = self._gather_plan(self._sync(), touched, outs, catch_up_to, lr_scale)
         _threads.run(by_fields, work, _MIN_PARALLEL)
         finish()
 
     def _gather_plan(self, tables: list[EmbeddingTable], touched: Touched, outs: Mapping[int, np.ndarray],
                      catch_up_to: int | None, lr_scale: float) -> tuple[Any, np.ndarray, Any]:
-        """:meth:`gather_blocks` as ``(by_fields(j0, j1), work per field, finish())``: the pass over
+        """:meth:`gather_pooled` as ``(by_fields(j0, j1), work per field, finish())``: the pass over
         ranges of fields to run on the threads, then what follows it (the one-hot fields' copy by
         samples, the row checks)."""
-        n_rows = np.array([t._n for t in tables], dtype=np.int64)
         bad = np.full(len(tables), -1, dtype=np.int64)
-        distinct, hot = touched.distinct(), touched.hot()
+        ids = touched.arrays
         catch_calls, work = ([], np.zeros(len(tables))) if catch_up_to is None else self._catch_up_calls(
-            tables, n_rows, touched, catch_up_to, lr_scale)
+            tables, touched, catch_up_to, lr_scale)
         calls = []
         for block, out in outs.items():
             if out.shape[:2] != (touched.size, len(tables)) or not out.flags.c_contiguous:
                 raise ValueError(f"gather_pooled: out must be C-contiguous [{touched.size}, {len(tables)}, dim]")
-            if (self._dims[block] != out.shape[2]).any() or any(t.dtype != out.dtype for t in tables):
+            if (self._blocks[block].dims != out.shape[2]).any() or any(t.dtype != out.dtype for t in tables):
                 raise ValueError(f"gather_pooled: out {out.dtype}{out.shape} does not fit block {self.blocks[block]!r}")
             slot = np.empty(touched.keys.shape[0], dtype=np.int32)
             values = np.empty((touched.keys.shape[0], out.shape[2]), dtype=out.dtype)  # field j's from key_offsets[j]
-            calls.append((self._addr, self._len, self._width, _BLOCKS + 2 * block, out.shape[2], touched.keys,
-                          touched.rows, touched.admitted, touched.key_offsets, touched.offsets, touched.weights,
-                          touched.weighted, hot, distinct.uniq, distinct.count, distinct.inverse, n_rows, self._zero,
-                          self._bases[block], self._kinds[block], self._scales[block], out, bad, slot, values))
+            calls.append((self._blocks[block], out, slot, values))
+        shard = self._tables
 
         def by_fields(j0: int, j1: int) -> None:
-            for args in catch_calls:
-                _catch_up_fields(j0, j1, *args)
-            for args in calls:
-                _gather_field_rows(j0, j1, *args)
+            for block, member, args in catch_calls:
+                _catch_up_fields(j0, j1, shard, block, ids, member, args)
+            for block, out, slot, values in calls:
+                _gather_field_rows(j0, j1, shard, block, ids, out, bad, slot, values)
 
         def by_samples(b0: int, b1: int) -> None:
-            for *_, out, _, slot, values in calls:
-                _copy_one_hot_samples(b0, b1, touched.key_offsets, hot, bad, slot, values, out)
+            for _, out, slot, values in calls:
+                _copy_one_hot_samples(b0, b1, ids, bad, slot, values, out)
 
         def finish() -> None:
             # the rows by fields, then the one-hot fields' samples by samples: a thread writes whole
             # rows of out (cache lines of out are not shared between threads, and are written whole)
-            if hot.any():
-                _threads.run(by_samples, np.full(touched.size, len(calls) * int(hot.sum()), dtype=np.int64),
+            if touched.hot.any():
+                _threads.run(by_samples, np.full(touched.size, len(calls) * int(touched.hot.sum()), dtype=np.int64),
                              _MIN_PARALLEL)
             self._check_rows(tables, touched, bad)
 
-        work += len(calls) * (np.diff(touched.key_offsets) + _GATHER_ROW_COST * distinct.count)
+        work += len(calls) * (np.diff(touched.key_offsets) + _GATHER_ROW_COST * touched.distinct.count)
         return by_fields, work, finish
 
     def gather_ids(self, touched: Touched, block: int, out: np.ndarray) -> None:
@@ -430,50 +483,41 @@ class ShardTables:
         tables = self._sync()
         if out.shape[0] != touched.keys.shape[0] or not out.flags.c_contiguous:
             raise ValueError(f"gather_ids: out must be C-contiguous [{touched.keys.shape[0]}, dim]")
-        if (self._dims[block] != out.shape[1]).any() or any(t.dtype != out.dtype for t in tables):
+        if (self._blocks[block].dims != out.shape[1]).any() or any(t.dtype != out.dtype for t in tables):
             raise ValueError(f"gather_ids: out {out.dtype}{out.shape} does not fit block {self.blocks[block]!r}")
         bad = np.full(len(tables), -1, dtype=np.int64)
-        args = (self._addr, self._len, self._width, _BLOCKS + 2 * block, out.shape[1], touched.keys, touched.rows,
-                touched.admitted, touched.key_offsets, np.array([t._n for t in tables], dtype=np.int64), self._zero,
-                self._bases[block], self._kinds[block], self._scales[block], out, bad)
-        _threads.run(lambda j0, j1: _gather_ids_fields(j0, j1, *args), np.diff(touched.key_offsets), _MIN_PARALLEL)
+        _threads.run(lambda j0, j1: _gather_ids_fields(j0, j1, self._tables, self._blocks[block], touched.arrays, out,
+                                                       bad), np.diff(touched.key_offsets), _MIN_PARALLEL)
         self._check_rows(tables, touched, bad)
 
     # ---------------------------------------------------------------- catch-up before the forward
 
-    def _catch_up_calls(self, tables: list[EmbeddingTable], n_rows: np.ndarray, touched: Touched, steps_done: int,
+    def _catch_up_calls(self, tables: list[EmbeddingTable], touched: Touched, steps_done: int,
                         lr_scale: float) -> tuple[list[tuple], np.ndarray]:
-        """Before a training step reads its rows (:meth:`gather_blocks` with ``catch_up_to``): the
+        """Before a training step reads its rows (:meth:`gather_pooled` with ``catch_up_to``): the
         touched rows of every block whose optimizer defers work (Adam with ``catchup``) take the
         zero-gradient steps they skipped, up to global step ``steps_done``, so the forward sees what
         dense Adam would hold and the results do not depend on when validations and checkpoints
         (which catch every row up) happen. The :func:`_catch_up_fields` calls (one per block and
-        optimizer that defers work) and their work per field."""
-        distinct = touched.distinct()
+        optimizer that defers work: ``(block, member fields, StepArgs)``) and their work per field."""
         calls, work = [], np.zeros(len(tables), dtype=np.float64)
         for block in range(len(self.blocks)):
             for optimizer, members, member in self._optimizer_groups(block):
                 args = optimizer.catch_up_args(tables[0].dtype, int(steps_done), lr_scale)
                 if args is None:
                     continue
-                work[members] += _CATCH_UP_ROW_COST * distinct.count[members]
-                calls.append((self._addr, self._len, self._width, _BLOCKS + 2 * block, self._dims[block],
-                              distinct.uniq, distinct.count, touched.key_offsets, member, n_rows, *args,
-                              np.empty((0, 0), dtype=tables[0].dtype)))
+                work[members] += _CATCH_UP_ROW_COST * touched.distinct.count[members]
+                calls.append((self._blocks[block], member, args))
         return calls, work
 
     # ---------------------------------------------------------------- un-pool + optimizer
 
-    def apply_pooled(self, touched: Touched, block: int, grads: np.ndarray, step: int, lr_scale: float = 1.0) -> None:
-        """Block ``block``'s optimizer on the admitted touched rows, from pooled gradients
-        ``grads[B, F, dim]`` (the tables' dtype): un-pooled to the ids, summed per row in
-        occurrence order, as ``des.hashtable.pooling.unpool`` + :meth:`EmbeddingTable.apply_gradients`."""
-        self.apply_blocks(touched, {block: grads}, step, lr_scale)
-
-    def apply_blocks(self, touched: Touched, grads: Mapping[int, np.ndarray], step: int, lr_scale: float = 1.0) -> None:
-        """:meth:`apply_pooled` of several blocks (``{block: grads}``) with one split of the fields
-        over the threads for all of them: one thread hand-off per step, not per block, and one pass
-        over the ids that sums every block's gradients (:func:`_sum_fields`)."""
+    def apply_pooled(self, touched: Touched, grads: Mapping[int, np.ndarray], step: int, lr_scale: float = 1.0) -> None:
+        """Per block (``{block: grads}``), its optimizer on the admitted touched rows, from pooled
+        gradients ``grads[B, F, dim]`` (the tables' dtype): un-pooled to the ids, summed per row in
+        occurrence order, as ``pooling.unpool`` + :meth:`EmbeddingTable.apply_gradients`. One split
+        of the fields over the threads for all the blocks, and one pass over the ids that sums every
+        block's gradients (:func:`_sum_fields`)."""
         kernel, work, finish = self._apply_plan(self._sync(), touched, grads, step, lr_scale)
         _threads.run(kernel, work, _MIN_PARALLEL)
         finish()
@@ -481,7 +525,7 @@ class ShardTables:
     def apply_then_gather(self, touched: Touched, grads: Mapping[int, np.ndarray], step: int, lr_scale: float,
                           following: Touched, outs: Mapping[int, np.ndarray], catch_up_to: int | None = None,
                           catch_up_scale: float = 1.0) -> None:
-        """:meth:`apply_blocks` of one step, then :meth:`gather_blocks` of the following step's
+        """:meth:`apply_pooled` of one step, then :meth:`gather_pooled` of the following step's
         batch (``following``: looked up before this update), in ONE pass over the fields: a field's
         rows are updated, then caught up and read, on the same thread, while the other thread does
         the same for its fields. The same bytes as the two calls (a field's update and gather touch
@@ -501,44 +545,38 @@ class ShardTables:
 
     def _apply_plan(self, tables: list[EmbeddingTable], touched: Touched, grads: Mapping[int, np.ndarray], step: int,
                     lr_scale: float) -> tuple[Any, np.ndarray, Any]:
-        """:meth:`apply_blocks` as ``(kernel(j0, j1), work per field, finish())`` (see :meth:`_gather_plan`)."""
+        """:meth:`apply_pooled` as ``(kernel(j0, j1), work per field, finish())`` (see :meth:`_gather_plan`)."""
         dtype = tables[0].dtype if tables else np.dtype(np.float64)
-        n_rows = np.array([t._n for t in tables], dtype=np.int64)
         bad = np.full(len(tables), -1, dtype=np.int64)
-        distinct, hot = touched.distinct(), touched.hot()
+        ids, count = touched.arrays, touched.distinct.count
         base = np.zeros(len(tables) + 1, dtype=np.int64)  # field j's sums: rows base[j] .. base[j] + count[j]
-        np.cumsum(distinct.count, out=base[1:])
+        np.cumsum(count, out=base[1:])
         calls, work = [], np.zeros(len(tables), dtype=np.float64)
-        ids, rows = np.diff(touched.key_offsets), distinct.count
         arrays = []  # every block's gradients and sums, kept alive while the kernels use their addresses
         for block, g in grads.items():
             if g.shape[:2] != (touched.size, len(tables)):
                 raise ValueError(f"apply_pooled: grads {g.shape}, expected [{touched.size}, {len(tables)}, dim]")
-            if (self._dims[block] != g.shape[2]).any():
+            if (self._blocks[block].dims != g.shape[2]).any():
                 raise ValueError(f"apply_pooled: grads {g.shape} do not fit block {self.blocks[block]!r}")
             g = np.ascontiguousarray(g, dtype=dtype)
             acc = np.empty((int(base[-1]), g.shape[2]), dtype=dtype)
             if not arrays:
-                work += ids
+                work += np.diff(touched.key_offsets)
             arrays.append((g, acc))
             for optimizer, members, member in self._optimizer_groups(block):  # one kernel call per optimizer
-                code, hp, alphas, t_step, horizon = optimizer.kernel_args(dtype, lr_scale, int(step) + 1)
-                work[members] += _UPDATE_ROW_COST * rows[members]
-                calls.append((code, self._addr, self._len, self._width, _BLOCKS + 2 * block, g.shape[2], touched.rows,
-                              touched.admitted, touched.key_offsets, member, n_rows, distinct.uniq, distinct.count,
-                              base, acc, hp, alphas, t_step, horizon, bad))
-        sums = (np.array([g.ctypes.data for g, _ in arrays], dtype=np.int64),
-                np.array([a.ctypes.data for _, a in arrays], dtype=np.int64),
-                np.array([g.shape[2] for g, _ in arrays], dtype=np.int64), touched.size, len(tables),
-                touched.key_offsets, touched.offsets, touched.weights, touched.weighted, hot, distinct.inverse,
-                base, arrays[0][0]) if arrays else ()
+                work[members] += _UPDATE_ROW_COST * count[members]
+                calls.append((self._blocks[block], member, acc, optimizer.kernel_args(dtype, lr_scale, int(step) + 1)))
+        sums = _Sums(np.array([g.ctypes.data for g, _ in arrays], dtype=np.int64),
+                     np.array([a.ctypes.data for _, a in arrays], dtype=np.int64),
+                     np.array([g.shape[2] for g, _ in arrays], dtype=np.int64), base)
+        shard = self._tables
 
         def kernel(j0: int, j1: int) -> None:
             if not arrays:
                 return
-            _sum_fields(j0, j1, *sums)
-            for args in calls:
-                _update_fields(j0, j1, *args)
+            _sum_fields(j0, j1, sums, ids, arrays[0][0])
+            for block, member, acc, args in calls:
+                _update_fields(j0, j1, shard, block, ids, member, base, acc, args, bad)
 
         def finish() -> None:
             arrays.clear()  # the kernels are done with the addresses
@@ -554,7 +592,7 @@ class ShardTables:
         for j in np.flatnonzero(bad >= 0):
             i = touched.key_offsets[j] + bad[j]
             raise ValueError(f"row {touched.rows[i]} at position {bad[j]} of field {tables[j].field} is not a row "
-                             f"of its table ({tables[j]._n} rows): a table changed (evict, load) since the lookup")
+                             f"of its table ({len(tables[j])} rows): a table changed (evict, load) since the lookup")
 
 
 # -------------------------------------------------------------------- kernels
@@ -575,18 +613,27 @@ def _bad_offsets(offsets, key_offsets) -> int:
 # Each kernel runs the fields [j0, j1); ``_threads.run`` gives each thread one such range.
 
 
+@njit(nogil=True, inline="always")
+def _values(shard, j, col, like):
+    """Field j's block at column ``col`` of the address table: values and slots ``[rows, width]``."""
+    return view2(shard.addr[j, col], shard.lens[j, col], shard.widths[j, col], like)
+
+
+@njit(nogil=True, inline="always")
+def _steps(shard, j, col):
+    """Field j's step counts of the block at column ``col`` (empty: none)."""
+    return view1(shard.addr[j, col + 1], shard.lens[j, col + 1], np.int32)
+
+
 @njit(cache=True, nogil=True)
-def _lookup_fields(j0, j1, addr, lens, keys, key_offsets, rows, admitted, pos, n_rows, max_rows, min_count, shared,
-                   step, insert, status, admissions, outside, uniq, count, inverse):
+def _lookup_fields(j0, j1, shard, keys, key_offsets, work, shared, step, insert):
     for j in range(j0, j1):
-        if status[j] == PENDING:
-            _lookup_field(addr, lens, j, keys, key_offsets, rows, admitted, pos, n_rows, max_rows, min_count, shared,
-                          step, insert, status, admissions, outside, uniq, count, inverse)
+        if work.status[j] == PENDING:
+            _lookup_field(shard, j, keys, key_offsets, work, shared, step, insert)
 
 
 @njit(nogil=True)
-def _lookup_field(addr, lens, j, keys, key_offsets, rows, admitted, pos, n_rows, max_rows, min_count, shared, step,
-                  insert, status, admissions, outside, uniq, count, inverse):
+def _lookup_field(shard, j, keys, key_offsets, work, shared, step, insert):
     """Field j: insert or find its keys from ``pos[j]`` on (``insert_keys``/``find_keys``), then,
     once complete, the admission of every occurrence. Inserting, the field's distinct keys are
     numbered first (``distinct_keys``, a batch-local hash set: a key is one row, so these are the
@@ -596,60 +643,56 @@ def _lookup_field(addr, lens, j, keys, key_offsets, rows, admitted, pos, n_rows,
     distinct row by its occurrences (``count_distinct``); admission is then read once per
     distinct row and the admitted ones numbered again from those numbers (``admit_distinct``).
     Across a growth (``pos[j]`` > 0) ``uniq`` holds the distinct keys, ``count[j]`` their number
-    and ``rows`` the rows found so far. Finding, every occurrence is admitted (``admit``)."""
+    and ``rows`` the rows found so far. Finding, every occurrence is admitted (``admit``). The
+    inserted rows are counted in ``shard.n_rows[j]``."""
+    pos, status, count, uniq, inverse = work.pos, work.status, work.count, work.uniq, work.inverse
+    rows, admitted, n_rows, min_count = work.rows, work.admitted, shard.n_rows, shard.min_count
     lo, hi = key_offsets[j], key_offsets[j + 1]
-    idx = view2(addr[j, _IDX], lens[j, _IDX], 3, np.int32)
-    meta = view2(addr[j, _META], lens[j, _META], 2, np.int32)
+    idx = view2(shard.addr[j, _IDX], shard.lens[j, _IDX], 3, np.int32)
+    meta = view2(shard.addr[j, _META], shard.lens[j, _META], 2, np.int32)
     field_keys, field_rows = keys[lo:hi], rows[lo:hi]
     if insert:
         if pos[j] == 0:  # no partial update of a field with a bad key
-            if shared[j] >= 0:  # as EmbeddingTable._make_shared_row (ShardTables._shared_rows skipped it)
-                K.use_shared_row(meta, shared[j], min_count[j], step, True)
             bad = K.first_sentinel(field_keys)
             if bad >= 0:
                 pos[j], status[j] = bad, K.BAD_KEY
                 return
             count[j] = distinct_keys(field_keys, uniq[lo:hi], inverse[lo:hi])
         u = count[j]
-        row_keys = view1(addr[j, _KEYS], lens[j, _KEYS], np.int64)
-        p, n, st, a = K.insert_keys(idx, uniq[lo:lo + u], field_rows, pos[j], n_rows[j], max_rows[j], row_keys, meta,
-                                    step, min_count[j], False)
+        row_keys = view1(shard.addr[j, _KEYS], shard.lens[j, _KEYS], np.int64)
+        p, n, st, a = K.insert_keys(idx, uniq[lo:lo + u], field_rows, pos[j], n_rows[j], work.max_rows[j], row_keys,
+                                    meta, step, min_count[j], False)
         pos[j], n_rows[j] = p, n
-        admissions[j] += a
+        work.admissions[j] += a
         if st != K.OK:
             status[j] = st
             return
         uniq[lo:lo + u] = field_rows[:u]  # the distinct keys' rows, then every id's
         for i in range(lo, hi):
             rows[i] = uniq[lo + inverse[i]]
-        admissions[j] += K.count_distinct(uniq[lo:hi], inverse[lo:hi], u, meta, step, min_count[j])
+        work.admissions[j] += K.count_distinct(uniq[lo:hi], inverse[lo:hi], u, meta, step, min_count[j])
         status[j] = K.OK
-        count[j], outside[j] = K.admit_distinct(field_rows, admitted[lo:hi], uniq[lo:hi], inverse[lo:hi], u, meta,
-                                                min_count[j], shared[j])
+        count[j], work.outside[j] = K.admit_distinct(field_rows, admitted[lo:hi], uniq[lo:hi], inverse[lo:hi], u,
+                                                     meta, min_count[j], shared[j])
         return
     bad = K.find_keys(idx, field_keys, field_rows)
     if bad >= 0:
         pos[j], status[j] = bad, K.BAD_KEY
         return
     status[j] = K.OK
-    outside[j] = K.admit(field_rows, admitted[lo:hi], meta, min_count[j], shared[j])
+    work.outside[j] = K.admit(field_rows, admitted[lo:hi], meta, min_count[j], shared[j])
 
 
 @njit(cache=True, nogil=True)
-def _init_fields(j0, j1, addr, lens, widths, col, n0, n1, dims, bases, kinds, scales, slots, n_slots, like):
-    """Per field, ``init_block_rows`` of its new rows ``[n0, n1)`` in the block at column ``col``."""
+def _init_fields(j0, j1, shard, block, n0, like):
+    """Per field, ``init_block_rows`` of its new rows ``[n0, n_rows)`` in block ``block``."""
     for j in range(j0, j1):
-        if n1[j] > n0[j]:
-            _init_field(addr, lens, widths, col, j, n0[j], n1[j], dims[j], bases[j], kinds[j], scales[j],
-                        slots[j, :n_slots[j]], like)
-
-
-@njit(nogil=True)
-def _init_field(addr, lens, widths, col, j, start, stop, dim, base, kind, scale, slot_init, like):
-    data = view2(addr[j, col], lens[j, col], widths[j, col], like)
-    steps = view1(addr[j, col + 1], lens[j, col + 1], np.int32)
-    row_keys = view1(addr[j, _KEYS], lens[j, _KEYS], np.int64)
-    init_block_rows(data, dim, steps, row_keys, start, stop, base, kind, scale, slot_init)
+        start, stop = n0[j], shard.n_rows[j]
+        if stop > start:
+            row_keys = view1(shard.addr[j, _KEYS], shard.lens[j, _KEYS], np.int64)
+            init_block_rows(_values(shard, j, block.col, like), block.dims[j], _steps(shard, j, block.col), row_keys,
+                            start, stop, block.bases[j], block.kinds[j], block.scales[j],
+                            block.slot_init[j, :block.n_slots[j]])
 
 
 @njit(cache=True, nogil=True)
@@ -660,40 +703,40 @@ def _distinct_fields(j0, j1, rows, admitted, key_offsets, uniq, count, inverse):
 
 
 @njit(cache=True, nogil=True)
-def _gather_field_rows(j0, j1, addr, lens, widths, col, dim, keys, rows, admitted, key_offsets, offsets, weights,
-                       weighted, hot, uniq, count, inverse, n_rows, zero, bases, kinds, scales, out, bad, slot, values):
+def _gather_field_rows(j0, j1, shard, block, ids, out, bad, slot, values):
     """Fields [j0, j1), by distinct rows: each field's distinct trained rows are read from its table
     once, into ``values[key_offsets[j]:]`` (an id that is not among them gets a row of its own
     there, as ``gather_row`` reads it), and ``slot`` says which row each id reads; then the fields
     that are not one-hot are pooled from them into ``out[:, j]``. The one-hot fields are copied
     by :func:`_copy_one_hot_samples`. The same floats as gathering every id: a table row's values,
     or an id's initial value or zeros."""
+    dim, inverse = out.shape[2], ids.inverse
     for j in range(j0, j1):
-        lo, hi = key_offsets[j], key_offsets[j + 1]
-        m = count[j]
+        lo, hi = ids.key_offsets[j], ids.key_offsets[j + 1]
+        m = ids.count[j]
         for i in range(lo, hi):
             if inverse[i] >= 0:
                 slot[i] = inverse[i]
             else:
                 slot[i] = m
                 m += 1
-        data = view2(addr[j, col], lens[j, col], widths[j, col], out)
-        _gather_field_values(data, dim, j, lo, hi, keys, rows, admitted, uniq, count[j], slot[lo:hi], n_rows, zero,
-                             bases, kinds, scales, values[lo:lo + m], bad)
-        if not hot[j] and bad[j] < 0:
+        _gather_field_values(_values(shard, j, block.col, out), dim, j, lo, hi, shard, block, ids, slot[lo:hi],
+                             values[lo:lo + m], bad)
+        if not ids.hot[j] and bad[j] < 0:
             dst = out[:, j, :]
             for b in range(dst.shape[0]):
                 for c in range(dim):
                     dst[b, c] = 0
-            pool_or_unpool(values[lo:lo + m], slot[lo:hi], offsets[j], weights[lo:hi], weighted[j], dst, False)
+            pool_or_unpool(values[lo:lo + m], slot[lo:hi], ids.offsets[j], ids.weights[lo:hi], ids.weighted[j], dst,
+                           False)
 
 
 @njit(cache=True, nogil=True)
-def _copy_one_hot_samples(b0, b1, key_offsets, hot, bad, slot, values, out):
+def _copy_one_hot_samples(b0, b1, ids, bad, slot, values, out):
     """Samples [b0, b1) of every one-hot field (one id per sample: sample b's is id
     ``key_offsets[j] + b``) from the rows :func:`_gather_field_rows` read, tile of samples by tile
     (``_TILE``): each cache line of ``out`` is written whole while it is cached."""
-    dim = out.shape[2]
+    dim, key_offsets, hot = out.shape[2], ids.key_offsets, ids.hot
     for t0 in range(b0, b1, _TILE):
         t1 = min(t0 + _TILE, b1)
         for j in range(out.shape[1]):
@@ -706,12 +749,12 @@ def _copy_one_hot_samples(b0, b1, key_offsets, hot, bad, slot, values, out):
 
 
 @njit(nogil=True)
-def _gather_field_values(data, dim, j, lo, hi, keys, rows, admitted, uniq, u, slot, n_rows, zero, bases, kinds, scales,
-                         values, bad):
+def _gather_field_values(data, dim, j, lo, hi, shard, block, ids, slot, values, bad):
     """Field j (ids ``lo..hi``): its ``u`` distinct trained rows ``uniq[lo:lo + u]`` into
     ``values[:u]``, then each other id into its own row ``values[slot[i - lo]]`` (``gather_row``,
     ``stored`` = present and admitted or not read as zero). A row that is not the table's sets
     ``bad[j]`` to the first such id's position."""
+    uniq, u, rows, admitted, n_rows, zero = ids.uniq, ids.count[j], ids.rows, ids.admitted, shard.n_rows, shard.zero
     for p in range(u):
         if p + K.PF < u:
             rp = uniq[lo + p + K.PF]
@@ -731,56 +774,47 @@ def _gather_field_values(data, dim, j, lo, hi, keys, rows, admitted, uniq, u, sl
                 bad[j] = K.first_bad_row(rows[lo:hi], admitted[lo:hi], False, n_rows[j])
                 return
             stored = r >= 0 and (admitted[i] or not zero[j])
-            K.gather_row(data, dim, r, stored, zero[j], keys[i], bases[j], kinds[j], scales[j], values, s)
-
-
-@njit(nogil=True)
-def _gather_field_ids(data, dim, j, start, lo, hi, end, keys, rows, admitted, n_rows, zero, bases, kinds, scales,
-                      values, bad):
-    """Field j's ids ``lo..hi`` (of its ``start..end``): ``gather_row`` of each (``stored`` = present
-    and admitted or not read as zero) into ``values[i - lo]``; False (and ``bad[j]``, counted from
-    ``start``) at a row that is not the table's."""
-    for i in range(lo, hi):
-        if i + K.PF < end:
-            rp = rows[i + K.PF]
-            if rp >= 0 and rp < n_rows[j]:
-                prefetch2(data, rp, 0)
-        r = rows[i]
-        if r >= n_rows[j] or r < -1:
-            bad[j] = i - start
-            return False
-        stored = r >= 0 and (admitted[i] or not zero[j])
-        K.gather_row(data, dim, r, stored, zero[j], keys[i], bases[j], kinds[j], scales[j], values, i - lo)
-    return True
+            K.gather_row(data, dim, r, stored, zero[j], ids.keys[i], block.bases[j], block.kinds[j], block.scales[j],
+                         values, s)
 
 
 @njit(cache=True, nogil=True)
-def _gather_ids_fields(j0, j1, addr, lens, widths, col, dim, keys, rows, admitted, key_offsets, n_rows, zero, bases,
-                       kinds, scales, out, bad):
-    """Fields [j0, j1): ``gather_row`` of each id into its own row of ``out`` (no pooling)."""
+def _gather_ids_fields(j0, j1, shard, block, ids, out, bad):
+    """Fields [j0, j1): ``gather_row`` of each id into its own row of ``out`` (no pooling; ``stored``
+    = present and admitted or not read as zero); at a row that is not the table's, ``bad[j]`` (its
+    position in the field) and the field is left."""
+    dim, rows, admitted, n_rows, zero = out.shape[1], ids.rows, ids.admitted, shard.n_rows, shard.zero
     for j in range(j0, j1):
-        lo, hi = key_offsets[j], key_offsets[j + 1]
-        data = view2(addr[j, col], lens[j, col], widths[j, col], out)
-        _gather_field_ids(data, dim, j, lo, lo, hi, hi, keys, rows, admitted, n_rows, zero, bases, kinds, scales,
-                          out[lo:hi], bad)
+        lo, hi = ids.key_offsets[j], ids.key_offsets[j + 1]
+        data = _values(shard, j, block.col, out)
+        for i in range(lo, hi):
+            if i + K.PF < hi:
+                rp = rows[i + K.PF]
+                if rp >= 0 and rp < n_rows[j]:
+                    prefetch2(data, rp, 0)
+            r = rows[i]
+            if r >= n_rows[j] or r < -1:
+                bad[j] = i - lo
+                break
+            stored = r >= 0 and (admitted[i] or not zero[j])
+            K.gather_row(data, dim, r, stored, zero[j], ids.keys[i], block.bases[j], block.kinds[j], block.scales[j],
+                         out, i)
 
 
 @njit(cache=True, nogil=True)
-def _catch_up_fields(j0, j1, addr, lens, widths, col, dims, uniq, count, key_offsets, member, n_rows, hp, alphas, t,
-                     horizon, like):
+def _catch_up_fields(j0, j1, shard, block, ids, member, args):
     """The ``member`` fields of [j0, j1): ``catch_up_rows`` of their distinct rows (Adam's w, m, v
-    side by side in the block at column ``col``). A field with a row that is not its table's is
-    left to the gather, which reports it."""
+    side by side in the block, ``optimizers.StepArgs`` ``args``). A field with a row that is not its
+    table's is left to the gather, which reports it."""
     for j in range(j0, j1):
         if not member[j]:
             continue
-        rows = uniq[key_offsets[j]:key_offsets[j] + count[j]]
-        if rows.shape[0] and (rows.min() < 0 or rows.max() >= n_rows[j]):
+        rows = ids.uniq[ids.key_offsets[j]:ids.key_offsets[j] + ids.count[j]]
+        if rows.shape[0] and (rows.min() < 0 or rows.max() >= shard.n_rows[j]):
             continue
-        data, dim = view2(addr[j, col], lens[j, col], widths[j, col], like), dims[j]
-        steps = view1(addr[j, col + 1], lens[j, col + 1], np.int32)
-        catch_up_rows(data[:, :dim], data[:, dim:2 * dim], data[:, 2 * dim:3 * dim], steps, rows, hp, alphas, t,
-                      horizon)
+        data, dim = _values(shard, j, block.col, args.hp), block.dims[j]
+        catch_up_rows(data[:, :dim], data[:, dim:2 * dim], data[:, 2 * dim:3 * dim], _steps(shard, j, block.col), rows,
+                      args.hp, args.alphas, args.t, args.horizon)
 
 
 @njit(nogil=True, inline="always")
@@ -826,15 +860,18 @@ def _sum_one_hot(inverse, lo, q0, f, b0, b1, j, acc0, grads0, dim0, acc1, grads1
 
 
 @njit(cache=True, nogil=True)
-def _sum_fields(j0, j1, grad_addr, acc_addr, dims, size, n_fields, key_offsets, offsets, weights, weighted, hot,
-                inverse, base, like):
-    """Fields [j0, j1), every block ``k`` (gradients ``[size, n_fields, dims[k]]`` at
+def _sum_fields(j0, j1, sums, ids, like):
+    """Fields [j0, j1), every block ``k`` of :class:`_Sums` (gradients ``[size, n_fields, dims[k]]`` at
     ``grad_addr[k]``, sums ``[base[-1], dims[k]]`` at ``acc_addr[k]``): per distinct trained row
     p of field j the sum of its ids' gradients into row ``base[j] + p`` of the block's sums, in
     occurrence order, the first stored (as ``add_to_distinct``). A one-hot field's are
     ``grads[:, j]`` itself, read tile of samples by tile, two blocks in the same pass over the ids
     (DeepFM's and W&D's order-1 and embedding blocks: one pass instead of two); the others'
     are un-pooled into the sums (``pool_or_unpool``). Reads no table."""
+    grad_addr, acc_addr, dims, base = sums.grad_addr, sums.acc_addr, sums.dims, sums.base
+    key_offsets, offsets, weights, weighted, hot, inverse = (ids.key_offsets, ids.offsets, ids.weights, ids.weighted,
+                                                             ids.hot, ids.inverse)
+    size, n_fields = offsets.shape[1] - 1, offsets.shape[0]
     nb = dims.shape[0]
     total = base[base.shape[0] - 1]
     filled = np.zeros(j1 - j0, dtype=np.int64)
@@ -865,11 +902,12 @@ def _sum_fields(j0, j1, grad_addr, acc_addr, dims, size, n_fields, key_offsets, 
 
 
 @njit(cache=True, nogil=True)
-def _update_fields(j0, j1, code, addr, lens, widths, col, dim, rows, admitted, key_offsets, member, n_rows, uniq,
-                   count, base, acc, hp, alphas, t, horizon, bad):
-    """The ``member`` fields of [j0, j1): optimizer ``code`` on each field's distinct trained rows
-    with their gradient sums ``acc[base[j]:base[j + 1]]`` (:func:`_sum_fields`, ``update_rows``).
-    A field with a row that is not its table's (``bad``) is left as it is."""
+def _update_fields(j0, j1, shard, block, ids, member, base, acc, args, bad):
+    """The ``member`` fields of [j0, j1): the optimizer of ``optimizers.StepArgs`` ``args`` on each
+    field's distinct trained rows with their gradient sums ``acc[base[j]:base[j + 1]]``
+    (:func:`_sum_fields`, ``update_rows``). A field with a row that is not its table's (``bad``)
+    is left as it is."""
+    dim, key_offsets, uniq, count, n_rows = acc.shape[1], ids.key_offsets, ids.uniq, ids.count, shard.n_rows
     for j in range(j0, j1):
         if not member[j]:
             continue
@@ -877,11 +915,12 @@ def _update_fields(j0, j1, code, addr, lens, widths, col, dim, rows, admitted, k
         for p in range(count[j]):  # rows checked once each; the first bad position is found only then
             r = uniq[lo + p]
             if r < 0 or r >= n_rows[j]:
-                bad[j] = K.first_bad_row(rows[lo:key_offsets[j + 1]], admitted[lo:key_offsets[j + 1]], True, n_rows[j])
+                bad[j] = K.first_bad_row(ids.rows[lo:key_offsets[j + 1]], ids.admitted[lo:key_offsets[j + 1]], True,
+                                         n_rows[j])
                 break
         if bad[j] >= 0:
             continue
-        data = view2(addr[j, col], lens[j, col], widths[j, col], acc)
-        steps = view1(addr[j, col + 1], lens[j, col + 1], np.int32)
-        update_rows(code, data[:, :dim], data[:, dim:2 * dim], data[:, 2 * dim:3 * dim], steps,
-                    uniq[lo:lo + count[j]], acc[base[j]:base[j + 1]], hp, alphas, t, horizon)
+        data = _values(shard, j, block.col, acc)
+        update_rows(args.code, data[:, :dim], data[:, dim:2 * dim], data[:, 2 * dim:3 * dim],
+                    _steps(shard, j, block.col), uniq[lo:lo + count[j]], acc[base[j]:base[j + 1]], args.hp,
+                    args.alphas, args.t, args.horizon)

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, NamedTuple, Union
 
 import numpy as np
 from numba import njit
@@ -186,7 +186,7 @@ def _adam_flush_kernel(w, m, v, last, n_rows, hp, alphas, t, horizon):
 @njit(nogil=True, error_model="numpy")
 def catch_up_rows(w, m, v, last, rows, hp, alphas, t, horizon):
     """Rows ``rows`` (distinct) take the zero-gradient steps they skipped up to global step
-    ``t - 1`` (:func:`catch_up_args`' ``t``), as before a checkpoint, here before the rows are
+    ``t - 1`` (``catch_up_args``' ``t``), as before a checkpoint, here before the rows are
     read for a step's forward: the values a dense Adam would hold then. Only the rows that
     skipped steps are passed on (most of a batch's rows were updated the step before)."""
     behind = np.empty(rows.shape[0], np.int64)
@@ -338,6 +338,19 @@ def _ftrl_rows(w, z, n, rows, g, hp):
 SGD_ROWS, ADAGRAD_ROWS, ADAM_ROWS, ADAM_CATCHUP_ROWS, FTRL_ROWS = 0, 1, 2, 3, 4
 
 
+class StepArgs(NamedTuple):
+    """What the row loops need of one update (:func:`update_rows`) or catch-up (:func:`catch_up_rows`),
+    one argument of the kernels: the kernel ``code``, the hyperparameters ``hp`` in the parameter's
+    dtype, Adam's bias corrections ``alphas`` by global step, the 1-based global step ``t`` and the
+    catch-up ``horizon`` (the last three only for Adam with ``catchup``)."""
+
+    code: int
+    hp: np.ndarray
+    alphas: np.ndarray
+    t: int
+    horizon: int
+
+
 @njit(nogil=True, error_model="numpy")
 def update_rows(code, w, s0, s1, steps, rows, g, hp, alphas, t, horizon):
     """Optimizer ``code`` on ``w[rows]`` with gradients ``g``; ``s0``/``s1`` its slots (unused
@@ -355,8 +368,8 @@ def update_rows(code, w, s0, s1, steps, rows, g, hp, alphas, t, horizon):
 
 
 @njit(cache=True, nogil=True)
-def _update_rows_kernel(code, w, s0, s1, steps, rows, g, hp, alphas, t, horizon):
-    update_rows(code, w, s0, s1, steps, rows, g, hp, alphas, t, horizon)
+def _update_rows_kernel(w, s0, s1, steps, rows, g, args):
+    update_rows(args.code, w, s0, s1, steps, rows, g, args.hp, args.alphas, args.t, args.horizon)
 
 
 _NO_STEPS = np.zeros(0, dtype=np.int32)
@@ -416,15 +429,14 @@ class _OptimizerBase:
     def _code(self, step: int) -> int:
         raise NotImplementedError
 
-    def kernel_args(self, dtype: np.dtype, lr_scale: float = 1.0,
-                    step: int = 0) -> tuple[int, np.ndarray, np.ndarray, int, int]:
-        """``(code, hp, alphas, t, horizon)`` of one update for :func:`update_rows`: ``lr_scale``
-        multiplies the learning rate (FTRL: alpha), formed in Python floats and rounded once to
-        ``dtype``; ``step`` the 1-based global step (Adam with ``catchup``; 0: unknown)."""
+    def kernel_args(self, dtype: np.dtype, lr_scale: float = 1.0, step: int = 0) -> StepArgs:
+        """The :class:`StepArgs` of one update for :func:`update_rows`: ``lr_scale`` multiplies the
+        learning rate (FTRL: alpha), formed in Python floats and rounded once to ``dtype``;
+        ``step`` the 1-based global step (Adam with ``catchup``; 0: unknown)."""
         hp = self._hp(np.dtype(dtype))
         if lr_scale != 1.0:  # hp[0] is every optimizer's rate (FTRL: alpha)
             hp[0] = float(getattr(self, "lr", getattr(self, "alpha", 0.0))) * lr_scale
-        return self._code(step), hp, _NO_ALPHAS[np.dtype(dtype)], 0, 0
+        return StepArgs(self._code(step), hp, _NO_ALPHAS[np.dtype(dtype)], 0, 0)
 
     def apply_rows(self, w: np.ndarray, slots: tuple[np.ndarray, ...], steps: np.ndarray | None,
                    rows: np.ndarray, g: np.ndarray, lr_scale: float = 1.0, step: int = 0) -> None:
@@ -439,19 +451,18 @@ class _OptimizerBase:
         if rows.shape[0] == 0:
             return
         g = np.ascontiguousarray(g, dtype=w.dtype)
-        code, hp, alphas, t, horizon = self.kernel_args(w.dtype, lr_scale, step)
         s0 = slots[0] if slots else w
         s1 = slots[1] if len(slots) > 1 else s0
-        _update_rows_kernel(code, w, s0, s1, _NO_STEPS if steps is None else steps, rows, g, hp, alphas, t,
-                            horizon)
+        _update_rows_kernel(w, s0, s1, _NO_STEPS if steps is None else steps, rows, g,
+                            self.kernel_args(w.dtype, lr_scale, step))
 
     def catch_up(self, w: np.ndarray, slots: tuple[np.ndarray, ...], steps: np.ndarray | None, n_rows: int,
                  step: int, lr_scale: float = 1.0) -> None:
         """Bring rows ``[0, n_rows)`` up to global step ``step`` (only Adam with ``catchup`` defers work)."""
 
-    def catch_up_args(self, dtype: np.dtype, step: int, lr_scale: float = 1.0) -> tuple | None:
-        """``(hp, alphas, t, horizon)`` of :func:`catch_up_kernel` bringing rows up to global step
-        ``step``, or None: this optimizer defers no work."""
+    def catch_up_args(self, dtype: np.dtype, step: int, lr_scale: float = 1.0) -> StepArgs | None:
+        """The :class:`StepArgs` of :func:`catch_up_rows` bringing rows up to global step ``step``,
+        or None: this optimizer defers no work."""
         return None
 
 
@@ -554,25 +565,23 @@ class Adam(_OptimizerBase):
         # sparse rows at a known step; a dense parameter is one row, updated every step
         return ADAM_CATCHUP_ROWS if self.catchup and step > 0 else ADAM_ROWS
 
-    def kernel_args(self, dtype: np.dtype, lr_scale: float = 1.0,
-                    step: int = 0) -> tuple[int, np.ndarray, np.ndarray, int, int]:
-        code, hp, alphas, _, _ = super().kernel_args(dtype, lr_scale, step)
-        if code == ADAM_CATCHUP_ROWS:
-            return code, hp, self.alphas(step, np.dtype(dtype)), int(step), self.horizon()
-        return code, hp, alphas, 0, 0
+    def kernel_args(self, dtype: np.dtype, lr_scale: float = 1.0, step: int = 0) -> StepArgs:
+        args = super().kernel_args(dtype, lr_scale, step)
+        if args.code == ADAM_CATCHUP_ROWS:
+            return StepArgs(args.code, args.hp, self.alphas(step, np.dtype(dtype)), int(step), self.horizon())
+        return args
 
     def catch_up(self, w, slots, steps, n_rows, step, lr_scale=1.0):
         args = self.catch_up_args(w.dtype, step, lr_scale)
         if args is not None and step > 0 and n_rows > 0:
-            hp, alphas, _, horizon = args
-            _adam_flush_kernel(w, slots[0], slots[1], steps, n_rows, hp, alphas, step, horizon)
+            _adam_flush_kernel(w, slots[0], slots[1], steps, n_rows, args.hp, args.alphas, step, args.horizon)
 
     def catch_up_args(self, dtype, step, lr_scale=1.0):
         if not self.catchup or step < 0:  # step 0: nothing to catch up, but the kernel compiles in step 1
             return None
         hp = self._hp(np.dtype(dtype))
         hp[0] = self.lr * lr_scale
-        return hp, self.alphas(step + 1, np.dtype(dtype)), step + 1, self.horizon()
+        return StepArgs(ADAM_CATCHUP_ROWS, hp, self.alphas(step + 1, np.dtype(dtype)), step + 1, self.horizon())
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,14 @@ Layout (see ``_index.py`` for the kernels):
 The reserved sentinel key is ``EMPTY_KEY = -2**63`` (int64 minimum); every other int64 is a valid
 key. Rows handed out by :meth:`EmbeddingTable.lookup` stay valid until the next :meth:`evict`
 (eviction compacts rows) or until the table is replaced by :meth:`load`. Not thread-safe; all
-kernels release the GIL, so *different* tables may be used from different threads. ``_version``
-changes whenever an array of the table is replaced (the fused shard kernels, ``fused.py``, hold
-their addresses).
+kernels release the GIL, so *different* tables may be used from different threads.
+
+Kernels that drive many tables at once (``fused.py``) use the table through a small public
+surface: :attr:`EmbeddingTable.arrays` (valid while :attr:`EmbeddingTable.version` is unchanged:
+it changes whenever an array is replaced), :attr:`EmbeddingTable.row_limit`,
+:meth:`EmbeddingTable.grow`, :meth:`EmbeddingTable.commit_rows` (rows such a kernel inserted), the
+shared row (:meth:`EmbeddingTable.shared_row`, :meth:`EmbeddingTable.map_to_shared`) and
+:attr:`EmbeddingTable.stream_bases`.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -98,7 +103,19 @@ class BlockSpec:
                    init=Initializer.from_dict(d["init"]))
 
 
-def _as_keys(keys: np.ndarray) -> np.ndarray:
+class TableArrays(NamedTuple):
+    """A table's arrays as kernels read and write them, each at least as long as the row capacity
+    (address space may be reserved beyond it); replaced when :attr:`EmbeddingTable.version` changes."""
+
+    index: np.ndarray  # int32 [capacity, 3]: the index's slots (key low, key high, row + 1)
+    keys: np.ndarray  # int64 [rows]: each row's key
+    meta: np.ndarray  # int32 [rows, 2]: each row's (count, last_seen)
+    blocks: tuple[np.ndarray, ...]  # per block, [rows, dim * (1 + slots)]: values, then the optimizer's slots
+    steps: tuple[np.ndarray, ...]  # per block, int32 [rows]: Adam's per-row step count (empty: none)
+
+
+def as_keys(keys: np.ndarray) -> np.ndarray:
+    """Keys as a C-contiguous int64 array (uint64 ids reinterpreted; any other dtype refused)."""
     a = np.asarray(keys)
     if a.dtype == np.uint64:
         a = a.view(np.int64)  # reinterpret the bits: uint64 ids are valid keys too
@@ -107,11 +124,18 @@ def _as_keys(keys: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
-def _check_step(step: int) -> int:
+def check_step(step: int) -> int:
+    """``step`` as an int that fits the int32 ``last_seen`` column."""
     step = int(step)
     if not _INT32_MIN <= step <= _INT32_MAX:
         raise ValueError(f"step {step} does not fit the int32 last_seen column")
     return step
+
+
+def sentinel_error(keys: np.ndarray) -> ValueError:
+    """The error for keys holding the reserved sentinel ``EMPTY_KEY`` (names its first position)."""
+    i = int(np.flatnonzero(np.asarray(keys) == K.EMPTY)[0])
+    return ValueError(f"key at position {i} is the reserved sentinel {EMPTY_KEY} (int64 min)")
 
 
 class EmbeddingTable:
@@ -233,7 +257,9 @@ class EmbeddingTable:
         self._alloc_index(self._clamp_capacity(capacity))
         K.rehash(old, self._idx)
 
-    def _grow(self) -> None:
+    def grow(self) -> None:
+        """Room for at least one more row (:attr:`row_limit` > ``len(self)``): the rows grow by
+        ``ROW_GROWTH``, the index by ``INDEX_GROWTH``, as needed; :attr:`version` may change."""
         if self._n >= self._row_cap:
             if self._n >= _MAX_ROWS:
                 raise ValueError(f"table of field {self.field} is full ({_MAX_ROWS} rows)")
@@ -279,10 +305,9 @@ class EmbeddingTable:
         rows = self._lookup(keys, insert=insert, step=step)
         if self.unadmitted == "shared":
             flat = rows.reshape(-1)
-            if K.admit_rows(flat, np.empty(flat.shape[0], dtype=np.bool_), self._meta, self.min_count, shared):
-                # evaluation before the shared row exists: it is made now (as training would)
-                K.admit_rows(flat, np.empty(flat.shape[0], dtype=np.bool_), self._meta, self.min_count,
-                             self._make_shared_row(None))
+            admitted = np.empty(flat.shape[0], dtype=np.bool_)
+            if K.admit_rows(flat, admitted, self._meta, self.min_count, shared):
+                self.map_to_shared(flat, admitted)  # evaluation before the shared row exists
         return rows
 
     def shared_row(self, step: int | None) -> int:
@@ -299,6 +324,12 @@ class EmbeddingTable:
             return self._shared
         return self._make_shared_row(step)
 
+    def map_to_shared(self, rows: np.ndarray, admitted: np.ndarray) -> None:
+        """``unadmitted="shared"``: the rows (int64, in place) that are unknown (-1) or not admitted
+        become the shared row, made now if the table has none yet (an evaluation before training
+        made it: as training would); ``admitted[i]``: row i is trained (here: all)."""
+        K.admit_rows(rows, admitted, self._meta, self.min_count, self._make_shared_row(None))
+
     def _make_shared_row(self, step: int | None) -> int:
         """The shared row, inserted (and admitted) if missing; ``last_seen = step`` if given."""
         if self._shared < 0:
@@ -307,13 +338,13 @@ class EmbeddingTable:
         return self._shared
 
     def _lookup(self, keys: np.ndarray, *, insert: bool, step: int = 0) -> np.ndarray:
-        keys = _as_keys(keys)
+        keys = as_keys(keys)
         flat = keys.reshape(-1)
         out = np.empty(flat.shape[0], dtype=np.int64)
         if insert:
-            step = _check_step(step)
+            step = check_step(step)
             if flat.shape[0] and (flat == K.EMPTY).any():  # checked up front: no partial update
-                self._raise_sentinel(flat)
+                raise sentinel_error(flat)
             n0, pos = self._n, 0
             while True:
                 pos, self._n, status, admitted = K.lookup_insert(
@@ -321,25 +352,20 @@ class EmbeddingTable:
                     self._keys, self._meta, step, self.min_count)
                 self.admitted_total += admitted
                 if status == K.NEED_GROWTH:
-                    self._grow()
+                    self.grow()
                 elif status == K.OK:
                     break
                 else:  # unreachable after the check above; keep the table consistent anyway
                     self._init_rows(n0, self._n)
-                    self._raise_sentinel(flat)
+                    raise sentinel_error(flat)
             self._init_rows(n0, self._n)
         else:  # read-only: ranges of keys on numba's thread count
             bad: list[int] = []
             _threads.run(lambda lo, hi: bad.append(K.lookup_only(self._idx, flat[lo:hi], out[lo:hi])),
                          flat.shape[0], _MIN_PARALLEL_KEYS)
             if max(bad) >= 0:
-                self._raise_sentinel(flat)
+                raise sentinel_error(flat)
         return out.reshape(keys.shape)
-
-    @staticmethod
-    def _raise_sentinel(flat: np.ndarray) -> None:
-        i = int(np.flatnonzero(flat == K.EMPTY)[0])
-        raise ValueError(f"key at position {i} is the reserved sentinel {EMPTY_KEY} (int64 min)")
 
     def gather(self, block: str, keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """``[n, dim]`` values of block ``block`` for these keys and their ``lookup`` rows.
@@ -349,7 +375,7 @@ class EmbeddingTable:
         """
         b = self._block(block)
         spec = self.blocks[b]
-        keys = _as_keys(keys).reshape(-1)
+        keys = as_keys(keys).reshape(-1)
         rows = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1)
         if keys.shape != rows.shape:
             raise ValueError(f"gather: {keys.shape[0]} keys but {rows.shape[0]} rows")
@@ -435,6 +461,41 @@ class EmbeddingTable:
         if self._n < self.capacity * self.max_load / 4 and self.capacity > 4 * MIN_CAPACITY:
             self._rehash(math.ceil(self._n / (self.max_load / INDEX_GROWTH)) + MIN_CAPACITY)
 
+    # ---------------------------------------------------------------- kernels of many tables (fused.py)
+
+    @property
+    def arrays(self) -> TableArrays:
+        """The index and row arrays, as kernels read and write them: the rows ``[0, len(self))``
+        are the table's; valid until :attr:`version` changes."""
+        return TableArrays(self._idx, self._keys, self._meta, tuple(self._data),
+                           tuple(self._steps_or_empty(b) for b in range(len(self.blocks))))
+
+    @property
+    def version(self) -> int:
+        """Changes whenever an array of :attr:`arrays` is replaced (growth, eviction, loading)."""
+        return self._version
+
+    @property
+    def row_limit(self) -> int:
+        """Rows the table may hold before it must :meth:`grow`: its row capacity, or the index's
+        fill bound if lower."""
+        return min(self._row_cap, self._max_fill)
+
+    @property
+    def stream_bases(self) -> tuple[np.uint64, ...]:
+        """Per block, the base of its keys' initial-value streams (``Initializer.stream_base``)."""
+        return tuple(self._bases)
+
+    def commit_rows(self, n_rows: int) -> None:
+        """Rows ``[len(self), n_rows)`` were inserted into :attr:`arrays` by a kernel (their keys,
+        ``meta`` and index slots, as ``_index.insert_keys`` writes them): they are the table's now.
+        Their values and slots are the caller's to initialize (``init.init_block_rows``) before they
+        are read; a :meth:`grow` in between keeps them."""
+        n_rows = int(n_rows)
+        if not self._n <= n_rows <= self.row_limit:
+            raise ValueError(f"commit_rows({n_rows}): the table has {self._n} rows and room for {self.row_limit}")
+        self._n = n_rows
+
     # ---------------------------------------------------------------- inspection
 
     def __len__(self) -> int:
@@ -466,7 +527,7 @@ class EmbeddingTable:
     def initial_values(self, block: str, keys: np.ndarray) -> np.ndarray:
         """The deterministic initial values ``[n, dim]`` of these keys in block ``block``."""
         spec = self.blocks[self._block(block)]
-        return spec.init.values(_as_keys(keys).reshape(-1), spec.dim, seed=self.seed,
+        return spec.init.values(as_keys(keys).reshape(-1), spec.dim, seed=self.seed,
                                 field=self.field, block=spec.name, dtype=self.dtype)
 
     def payload_bytes_per_row(self) -> int:

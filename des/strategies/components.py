@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,11 +30,12 @@ from des.zero_copy import aligned_copy, aligned_empty, to_tensor
 class FieldShard:
     """The hash tables of the fields one rank owns, one value block per model block.
 
-    A DES step drives all the fields at once through fused kernels (``des/hashtable/fused.py``):
-    :meth:`lookup` (key -> row of every field, inserts, admission counts), :meth:`gather_pooled`
-    (one call per block: values gathered and pooled into ``[B, F_i, dim]``) and
-    :meth:`apply_pooled_gradients` (one call per block: un-pooling, duplicate sums, the sparse
-    optimizer). The tables stay one per field (``tables``), checkpointed and re-sharded by field.
+    A DES step drives all the fields at once through fused kernels (``des/hashtable/fused.py``,
+    ``ShardTables``, whose face this is, on a batch and the model's blocks): :meth:`touch` (key ->
+    row of every field, inserts, admission counts), :meth:`gather_pooled` (values gathered and
+    pooled into ``[B, F_i, dim]``, every block in one call) and :meth:`apply_pooled` (un-pooling,
+    duplicate sums, the sparse optimizers). The tables stay one per field (``tables``),
+    checkpointed and re-sharded by field.
     """
 
     def __init__(self, fields: Sequence[int], blocks: Sequence[EmbeddingBlock], optimizers: Optimizers, *,
@@ -57,64 +58,58 @@ class FieldShard:
         self._fused = ShardTables(self.tables, self.fields, [b.name for b in self.blocks])
 
     # -- the owner's side of a batch (DES: every rank pools its own fields of the whole batch) --------------
-    def lookup(self, batch: Any, *, train: bool, step: int) -> Touched:
+    def touch(self, batch: Any, *, train: bool, step: int) -> Touched:
         """Rows of this shard's ids in ``batch`` (all fields, one kernel call): with ``train``,
         missing keys are inserted with their initial values, counts and ``last_seen`` updated and
         admission decided; else read-only (unknown ids: row -1). Reads no embedding value.
 
         Thread safety: the kernels release the GIL, so the lookup of step t+1 may run on another
         thread while TensorFlow computes step t, and while :meth:`gather_pooled` of step t has
-        returned. It must NOT run concurrently with :meth:`apply_pooled_gradients` (or
-        :meth:`gather_pooled`, :meth:`apply_then_gather`, or anything else) on this shard: a
-        table may grow, rehash or move its arrays during a lookup. Between a lookup and the
-        gather/update of its result no eviction or checkpoint load may happen (rows would move). The kernels use the calling
+        returned. It must NOT run concurrently with :meth:`apply_pooled` (or :meth:`gather_pooled`,
+        :meth:`apply_then_gather`, or anything else) on this shard: a table may grow, rehash or
+        move its arrays during a lookup. Between a lookup and the gather/update of its result no
+        eviction or checkpoint load may happen (rows would move). The kernels use the calling
         thread's numba thread count (``numba.set_num_threads``); the results do not depend on it.
         """
-        return self._fused.lookup([batch.fields[f] for f in self.fields], train=train, step=step)
+        return self._fused.touch([batch.fields[f] for f in self.fields], train=train, step=step)
 
-    def gather_pooled(self, batch: Any, touched: Touched, blocks: Sequence[str] | None = None, *,
+    def gather_pooled(self, touched: Touched, blocks: Sequence[str] | None = None, *,
                       catch_up_to: int | None = None) -> list[np.ndarray]:
         """Per block (of ``blocks``, default all), the pooled embeddings ``[B, F_i, dim]`` of the ids
-        ``touched`` (from :meth:`lookup` of this ``batch``), with the values as they are now: run it
-        after the previous step's :meth:`apply_pooled_gradients`. ``catch_up_to``: the rows first
-        take the optimizer steps they skipped up to that step (Adam's catch-up, every block), in the
-        same pass over the fields."""
-        outs = self._pooled_outs(batch, touched, blocks)
-        self._fused.gather_blocks(touched, outs, catch_up_to, self.rates.sparse)
+        ``touched`` (from :meth:`touch`), with the values as they are now: run it after the
+        previous step's :meth:`apply_pooled`. ``catch_up_to``: the rows first take the optimizer
+        steps they skipped up to that step (Adam's catch-up, every block), in the same pass over
+        the fields."""
+        outs = self._pooled_outs(touched, blocks)
+        self._fused.gather_pooled(touched, outs, catch_up_to, self.rates.sparse)
         return list(outs.values())
 
-    def apply_then_gather(self, pooled_grads: Sequence[np.ndarray], touched: Touched, step: int, lr_scale: float,
-                          batch: Any, following: Touched, blocks: Sequence[str] | None = None, *,
-                          catch_up_to: int | None = None) -> list[np.ndarray]:
-        """:meth:`apply_pooled_gradients` of step ``step`` (its schedule factor ``lr_scale``), then
-        :meth:`gather_pooled` of the next ``batch`` (``following``: its lookup, done before this
-        update), in one pass over the fields: the same bytes as the two calls."""
-        outs = self._pooled_outs(batch, following, blocks)
-        self._fused.apply_then_gather(touched, {k: np.asarray(g) for k, g in enumerate(pooled_grads)}, step, lr_scale,
-                                      following, outs, catch_up_to, self.rates.sparse)
-        return list(outs.values())
-
-    def _pooled_outs(self, batch: Any, touched: Touched, blocks: Sequence[str] | None) -> dict[int, np.ndarray]:
-        if batch is not None and len(batch.labels) != touched.size:
-            raise ValueError(f"gather_pooled: batch of {len(batch.labels)} rows, lookup of {touched.size}")
-        return {k: aligned_empty((touched.size, len(self.fields), b.dim), self.dtype)  # TF takes it as it is
-                for k, b in enumerate(self.blocks) if blocks is None or b.name in blocks}
-
-    def gather_ids(self, block: int, touched: Touched, out: np.ndarray) -> None:
-        """One block's values of every id of ``touched``, not pooled, into ``out [nnz, dim]``."""
+    def gather_ids(self, touched: Touched, block: int, out: np.ndarray) -> None:
+        """Block ``block``'s values of every id of ``touched``, not pooled, into ``out [nnz, dim]``."""
         self._fused.gather_ids(touched, block, out)
 
-    def apply_pooled_gradients(self, pooled_grads: Sequence[np.ndarray], touched: Touched, step: int,
-                               lr_scale: float | None = None) -> None:
+    def apply_pooled(self, touched: Touched, grads: Sequence[np.ndarray] | Mapping[int, np.ndarray], step: int,
+                     lr_scale: float | None = None) -> None:
         """Un-pool ``[B, F_i, dim]`` gradients to the ids and run the sparse optimizers (the
-        gradients of an id that occurs several times are summed first), all blocks in one call;
+        gradients of an id that occurs several times are summed first): ``grads`` per block in the
+        model's order, or ``{block position: grads}`` for some of them, all in one call.
         ``lr_scale``: the step's schedule factor (default: the current one)."""
-        self._fused.apply_blocks(touched, {k: np.asarray(g) for k, g in enumerate(pooled_grads)}, step,
-                                 self.rates.sparse if lr_scale is None else lr_scale)
+        self._fused.apply_pooled(touched, _by_block(grads), step, self.rates.sparse if lr_scale is None else lr_scale)
 
-    def apply_block_gradients(self, block: int, grads: np.ndarray, touched: Touched, step: int) -> None:
-        """:meth:`apply_pooled_gradients` of one block (its position in the model's blocks)."""
-        self._fused.apply_pooled(touched, block, grads, step, self.rates.sparse)
+    def apply_then_gather(self, touched: Touched, grads: Sequence[np.ndarray], step: int, lr_scale: float,
+                          following: Touched, blocks: Sequence[str] | None = None, *,
+                          catch_up_to: int | None = None) -> list[np.ndarray]:
+        """:meth:`apply_pooled` of step ``step`` (its schedule factor ``lr_scale``), then
+        :meth:`gather_pooled` of the next batch (``following``: its lookup, done before this
+        update), in one pass over the fields: the same bytes as the two calls."""
+        outs = self._pooled_outs(following, blocks)
+        self._fused.apply_then_gather(touched, _by_block(grads), step, lr_scale, following, outs, catch_up_to,
+                                      self.rates.sparse)
+        return list(outs.values())
+
+    def _pooled_outs(self, touched: Touched, blocks: Sequence[str] | None) -> dict[int, np.ndarray]:
+        return {k: aligned_empty((touched.size, len(self.fields), b.dim), self.dtype)  # TF takes it as it is
+                for k, b in enumerate(self.blocks) if blocks is None or b.name in blocks}
 
     # -- serving rows by key (strategies that move rows) -------------------------------------------------
     def rows(self, field: int, keys: np.ndarray, *, insert: bool, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -136,6 +131,12 @@ class FieldShard:
     def memory(self) -> dict[str, int]:
         return {"rows": sum(len(t) for t in self.tables.values()),
                 "table_bytes": sum(int(t.memory()["bytes"]) for t in self.tables.values())}
+
+
+def _by_block(grads: Sequence[np.ndarray] | Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Gradients by block position: a mapping as it is, a sequence in the blocks' order."""
+    items = grads.items() if isinstance(grads, Mapping) else enumerate(grads)
+    return {int(k): np.asarray(g) for k, g in items}
 
 
 class RowLayout:

@@ -139,7 +139,7 @@ class DES(Strategy):
         """The key->row lookup of step ``step`` (inserts and admission counts only, no values) and
         the exchange's routing: on the background thread while the previous step computes
         (``--pipeline on``)."""
-        touched = self.shard.lookup(batch, train=True, step=step)
+        touched = self.shard.touch(batch, train=True, step=step)
         batch.prepared = (step, touched, self.exchange.route(batch, touched) if self.exchange else None)
         return batch
 
@@ -153,7 +153,7 @@ class DES(Strategy):
                 if step != self.step_count:
                     raise RuntimeError(f"batch prepared for step {step} trained at step {self.step_count}")
             else:
-                touched = self.shard.lookup(batch, train=train, step=self.step_count)
+                touched = self.shard.touch(batch, train=train, step=self.step_count)
                 route = self.exchange.route(batch, touched) if self.exchange else None
         # a training step's forward reads the rows as dense Adam would hold them now: caught up
         catch_up_to = self.step_count if train else None
@@ -161,11 +161,11 @@ class DES(Strategy):
             with phase("update"):  # the previous step's sparse update and this batch's gather, one pass
                 grads, previous, step, lr_scale = self._sparse_update
                 self._sparse_update = None
-                pooled = self.shard.apply_then_gather(grads, previous, step, lr_scale, batch, touched,
+                pooled = self.shard.apply_then_gather(previous, grads, step, lr_scale, touched,
                                                       self.split_form.split_blocks, catch_up_to=catch_up_to)
         else:
             with phase("lookup"):
-                pooled = self.shard.gather_pooled(batch, touched, self.split_form.split_blocks, catch_up_to=catch_up_to)
+                pooled = self.shard.gather_pooled(touched, self.split_form.split_blocks, catch_up_to=catch_up_to)
         with phase("lookup"):
             xpooled = self.exchange.gather(route) if self.exchange else None
         if train:
@@ -286,7 +286,7 @@ class DES(Strategy):
         if self._sparse_update is not None:
             grads, touched, step, lr_scale = self._sparse_update
             self._sparse_update = None
-            self.shard.apply_pooled_gradients(grads, touched, step, lr_scale)
+            self.shard.apply_pooled(touched, grads, step, lr_scale)
 
     def _settle_dense(self) -> None:
         """Wait for the dense optimizer step running in the background (re-raises its error): before
@@ -328,7 +328,7 @@ class DES(Strategy):
         """The sparse optimizers, ONCE per row per step: a block both a split and an exchanged
         operator read is updated on the real batch joined to the exchange's synthetic one."""
         if self.exchange is None:
-            self.shard.apply_pooled_gradients(pooled_grads, touched, self.step_count)
+            self.shard.apply_pooled(touched, pooled_grads, self.step_count)
             return
         from des.strategies.exchange import join_samples
 
@@ -340,11 +340,11 @@ class DES(Strategy):
             if block.name in split and block.name in exchanged:
                 joined = joined or join_samples(touched, route.synthetic)
                 grads = np.concatenate([split[block.name], exchanged[block.name]], axis=0)
-                self.shard.apply_block_gradients(k, grads, joined, self.step_count)
+                self.shard.apply_pooled(joined, {k: grads}, self.step_count)
             elif block.name in split:
-                self.shard.apply_block_gradients(k, split[block.name], touched, self.step_count)
+                self.shard.apply_pooled(touched, {k: split[block.name]}, self.step_count)
             elif block.name in exchanged:
-                self.shard.apply_block_gradients(k, exchanged[block.name], route.synthetic, self.step_count)
+                self.shard.apply_pooled(route.synthetic, {k: exchanged[block.name]}, self.step_count)
 
     def predict(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
         self._settle()

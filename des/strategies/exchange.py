@@ -152,7 +152,7 @@ class BlockExchange:
         parts = []
         for k, d in zip(self.block_index, self.dims):
             out = np.empty((route.synthetic.keys.shape[0], d), dtype=self.dtype)
-            self.shard.gather_ids(k, route.synthetic, out)
+            self.shard.gather_ids(route.synthetic, k, out)
             parts.append(out)
         values = np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
         return values[route.synthetic.key_offsets[route.send_fields] + route.send_samples]
