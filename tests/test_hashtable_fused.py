@@ -336,8 +336,8 @@ def test_one_hot_sums_are_the_stored_first_gradient_plus_the_others() -> None:
     unused = np.zeros(size, np.int64)  # what the sums do not read: keys, rows, admission, distinct rows
     ids = TouchedArrays(unused, np.array([0, size]), np.arange(size + 1)[None], np.ones(0), np.zeros(1, np.bool_),
                         np.ones(1, np.bool_), unused, unused.astype(np.bool_), unused, np.array([rows]), inverse)
-    _sum_fields(0, 1, _Sums(np.array([g.ctypes.data for g in grads]), np.array([a.ctypes.data for a in sums]),
-                            np.array([8, 1]), np.array([0, rows])), ids, grads[0])
+    _sum_fields(0, 1, tuple(_Sums(np.array([g.ctypes.data for g in grads]), np.array([a.ctypes.data for a in sums]),
+                                  np.array([8, 1]), np.array([0, rows]))), tuple(ids), grads[0])
     for g, got in zip(grads, sums):
         expected = np.empty_like(got)
         seen = set()

@@ -58,12 +58,14 @@ from ._prefetch import prefetch2
 from ._views import view1, view2
 from .distinct import distinct_keys, distinct_rows
 from .init import init_block_rows
-from .optimizers import catch_up_rows, update_rows
+from .optimizers import StepArgs, catch_up_rows, update_rows
 from .pooling import one_hot_fields, pool_or_unpool
 from .table import EmbeddingTable, as_keys, check_step, sentinel_error
 
-# columns of the address table: index, row keys, meta, then per block its values+slots and steps
+# columns of the address table: index, row keys, meta, then per block its values+slots and steps;
+# per array its address, rows and width (1 for vectors)
 _IDX, _KEYS, _META, _BLOCKS = 0, 1, 2, 3
+_ADDR, _ROWS, _WIDTH = 0, 1, 2
 PENDING = -1  # a field's lookup status before (and, after growth, again until) it completes
 _MAX_SLOTS = 2  # optimizer slots per value column at most (Adam: m, v; FTRL: z, n)
 _MIN_PARALLEL = 20_000  # ids of work below which one thread does it all (a hand-off costs more than it saves)
@@ -82,11 +84,13 @@ _TILE = 128
 
 
 # ------------------------------------------------------------------------ the kernels' arguments
-# The kernels take their arrays grouped in named tuples (numba passes them as structs): a batch's
-# ids (TouchedArrays), the shard's tables (_Tables), one value block of every field (_Block), the
-# state of a lookup (_Lookup), the update's sums (_Sums) and an optimizer step (optimizers.StepArgs). Each is
-# built once (the tables' and blocks' when a table changes, a batch's by its lookup) and updated in
-# place.
+# The kernels take their arrays grouped: a batch's ids (TouchedArrays), the shard's tables
+# (_Tables), one value block of every field (_Block) and its initial values (_Init), the state of a
+# lookup (_Lookup), the update's sums (_Sums) and an optimizer step (optimizers.StepArgs). Each group
+# is built once (the tables' and blocks' when the shard is made, then updated in place; a batch's by
+# its lookup) and goes in
+# as a plain tuple, which each kernel names on entry (``_Tables(*shard)``): numba types a plain
+# tuple of arrays as fast as the arrays themselves, a named tuple in Python at every call.
 
 
 class TouchedArrays(NamedTuple):
@@ -109,20 +113,23 @@ class _Tables(NamedTuple):
     """The shard's tables as the kernels see them, field j in row j: the addresses of their arrays
     (``_views.py``) and what the kernels need of each table."""
 
-    addr: np.ndarray  # int64 [F, cols]: array addresses (columns _IDX, _KEYS, _META, then per block its values+slots, steps)
-    lens: np.ndarray  # int64 [F, cols]: their first dimension (the views' rows)
-    widths: np.ndarray  # int64 [F, cols]: their second dimension (1 for vectors)
+    views: np.ndarray  # int64 [F, cols, 3]: per array (_IDX, _KEYS, _META, then per block its values+slots
+    # and steps) its address, first dimension and second dimension (1 for vectors): _ADDR, _ROWS, _WIDTH
     n_rows: np.ndarray  # int64 [F]: the table's rows (the lookup's kernel counts its inserts here)
     min_count: np.ndarray  # int64 [F]
     zero: np.ndarray  # bool [F]: unadmitted="zero"
 
 
 class _Block(NamedTuple):
-    """One value block of every field: its columns in the address table and what its initializer and
-    optimizer need."""
+    """One value block of every field: its arrays in the address table, its width."""
 
-    col: int  # the values' column in _Tables.addr (the steps': col + 1)
+    col: int  # the values' column in _Tables.views (the steps': col + 1)
     dims: np.ndarray  # int64 [F]
+
+
+class _Init(NamedTuple):
+    """One value block's initial values and slots of every field (``init.init_block_rows``)."""
+
     bases: np.ndarray  # uint64 [F]: the initial values' stream bases
     kinds: np.ndarray  # int64 [F]: Initializer codes
     scales: np.ndarray  # float64 [F]
@@ -140,9 +147,9 @@ class _Lookup(NamedTuple):
     status: np.ndarray  # int64 [F]: PENDING, K.OK, K.NEED_GROWTH or K.BAD_KEY
     admissions: np.ndarray  # int64 [F]: rows admitted in this lookup
     outside: np.ndarray  # bool [F]: an id is neither admitted nor mapped to the shared row
-    uniq: np.ndarray  # Distinct: the distinct keys, then rows
-    count: np.ndarray
-    inverse: np.ndarray
+    uniq: np.ndarray  # int64 [nnz]: per field its distinct keys, then rows (training: Distinct.uniq)
+    count: np.ndarray  # int64 [F]: their number (Distinct.count)
+    inverse: np.ndarray  # int32 [nnz]: each id's place among them (Distinct.inverse)
 
 
 class _Sums(NamedTuple):
@@ -197,7 +204,7 @@ class Touched:
     #: each field's distinct trained rows and each id's place among them: what the gather reads
     #: and the update sums by
     distinct: Distinct | None = field(default=None, repr=False, compare=False)
-    arrays: TouchedArrays = field(init=False, repr=False, compare=False)  # for the kernels
+    arrays: tuple = field(init=False, repr=False, compare=False)  # TouchedArrays, as the kernels take it
 
     def __post_init__(self) -> None:
         if self.hot is None:
@@ -205,8 +212,8 @@ class Touched:
         if self.distinct is None:
             self.distinct = Distinct.of(self.rows, self.admitted, self.key_offsets)
         d = self.distinct
-        self.arrays = TouchedArrays(self.keys, self.key_offsets, self.offsets, self.weights, self.weighted, self.hot,
-                                    self.rows, self.admitted, d.uniq, d.count, d.inverse)
+        self.arrays = tuple(TouchedArrays(self.keys, self.key_offsets, self.offsets, self.weights, self.weighted,
+                                          self.hot, self.rows, self.admitted, d.uniq, d.count, d.inverse))
 
     @property
     def size(self) -> int:
@@ -290,13 +297,15 @@ class ShardTables:
         self.fields = [int(f) for f in fields]
         self.blocks = list(blocks)
         n, cols = len(self.fields), _BLOCKS + 2 * len(self.blocks)
-        self._tables = _Tables(np.zeros((n, cols), dtype=np.int64), np.zeros((n, cols), dtype=np.int64),
-                               np.zeros((n, cols), dtype=np.int64), np.zeros(n, dtype=np.int64),
+        self._tables = _Tables(np.zeros((n, cols, 3), dtype=np.int64), np.zeros(n, dtype=np.int64),
                                np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.bool_))
-        self._blocks = [_Block(_BLOCKS + 2 * b, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.uint64),
-                               np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.float64),
-                               np.zeros((n, _MAX_SLOTS), dtype=np.float64), np.zeros(n, dtype=np.int64))
-                        for b in range(len(self.blocks))]
+        self._blocks = [_Block(_BLOCKS + 2 * b, np.zeros(n, dtype=np.int64)) for b in range(len(self.blocks))]
+        self._inits = [_Init(np.zeros(n, dtype=np.uint64), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.float64),
+                             np.zeros((n, _MAX_SLOTS), dtype=np.float64), np.zeros(n, dtype=np.int64))
+                       for _ in self.blocks]
+        # the same arrays, as the kernels take them
+        self._tables_arg = tuple(self._tables)
+        self._block_args = [(tuple(b), tuple(i)) for b, i in zip(self._blocks, self._inits)]
         self._seen: list[tuple[EmbeddingTable, int] | None] = [None] * n  # (table, version) held
         self._pinned: list[Any] = [None] * n  # each table's arrays, kept alive behind the addresses
         self._last_distinct = np.zeros(n, dtype=np.float64)  # per field, of the last training lookup
@@ -307,11 +316,13 @@ class ShardTables:
     def _sync(self) -> list[EmbeddingTable]:
         """The current tables, with the address table and the row counts up to date."""
         tables = [self.tables[f] for f in self.fields]
+        rows = []
         for j, t in enumerate(tables):
             seen = self._seen[j]
             if seen is None or seen[0] is not t or seen[1] != t.version:
                 self._refresh(j, t)
-            self._tables.n_rows[j] = len(t)
+            rows.append(len(t))
+        self._tables.n_rows[:] = rows
         return tables
 
     def _optimizer_groups(self, block: int) -> list[tuple[Any, list[int], np.ndarray]]:
@@ -343,15 +354,13 @@ class ShardTables:
         for c, a in enumerate(arrays):
             if not a.flags.c_contiguous:
                 raise ValueError(f"table of field {t.field}: array {c} is not C-contiguous")
-            tables.addr[j, c] = a.ctypes.data
-            tables.lens[j, c] = a.shape[0]
-            tables.widths[j, c] = a.shape[1] if a.ndim == 2 else 1
+            tables.views[j, c] = a.ctypes.data, a.shape[0], a.shape[1] if a.ndim == 2 else 1
         self._pinned[j] = held  # keeps the memory behind the addresses alive
-        for block, spec, base in zip(self._blocks, t.blocks, t.stream_bases):
+        for block, init, spec, base in zip(self._blocks, self._inits, t.blocks, t.stream_bases):
             slots = spec.optimizer.slot_initial_values()
-            block.dims[j], block.bases[j], block.n_slots[j] = spec.dim, base, len(slots)
-            block.kinds[j], block.scales[j] = spec.init.code, spec.init.scale
-            block.slot_init[j, :len(slots)] = slots
+            block.dims[j], init.bases[j], init.n_slots[j] = spec.dim, base, len(slots)
+            init.kinds[j], init.scales[j] = spec.init.code, spec.init.scale
+            init.slot_init[j, :len(slots)] = slots
         tables.zero[j], tables.min_count[j] = t.unadmitted == "zero", t.min_count
         self._seen[j] = (t, t.version)
 
@@ -369,20 +378,37 @@ class ShardTables:
         # per field, the shared out-of-vocabulary row or -1 (EmbeddingTable.shared_row: a training
         # lookup inserts a missing one and refreshes its count and last_seen)
         shared = np.array([self.tables[f].shared_row(step if train else None) for f in self.fields], dtype=np.int64)
+        work, tables = self._lookup(keys, key_offsets, shared, step, train)
+        rows, admitted = work.rows, work.admitted
+        for j in np.flatnonzero(work.outside & (shared < 0)):
+            if tables[j].unadmitted == "shared":  # evaluation before the shared row exists: made now
+                tables[j].map_to_shared(rows[key_offsets[j]:key_offsets[j + 1]],
+                                        admitted[key_offsets[j]:key_offsets[j + 1]])
+        n = len(tables)
+        every_one_hot = offsets is _ONE_HOT_LAYOUTS.get((n, offsets.shape[1] - 1), (None, None))[1]  # _pack_one_block
+        distinct = Distinct(work.uniq, work.count, work.inverse) if train else None
+        return Touched(keys, key_offsets, offsets, weights, weighted, rows, admitted, bool(train), step,
+                       hot=np.ones(n, dtype=np.bool_) if every_one_hot else None, distinct=distinct)
+
+    def _lookup(self, keys: np.ndarray, key_offsets: np.ndarray, shared: np.ndarray, step: int,
+                train: bool) -> tuple[_Lookup, list[EmbeddingTable]]:
+        """:meth:`touch`'s kernel over the fields, again for the fields that had to grow, until
+        every field is done; the inserted rows committed to their tables and initialized. Returns
+        the lookup and the tables."""
         tables = self._sync()
         n = len(tables)
         n0 = self._tables.n_rows.copy()
-        distinct = Distinct.empty(keys.shape[0], n)  # a training lookup numbers the distinct rows too
         work = _Lookup(np.empty(keys.shape[0], dtype=np.int64), np.empty(keys.shape[0], dtype=np.bool_),
                        np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), np.full(n, PENDING, dtype=np.int64),
-                       np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.bool_), distinct.uniq, distinct.count,
-                       distinct.inverse)
+                       np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.bool_), np.empty(keys.shape[0], dtype=np.int64),
+                       np.zeros(n, dtype=np.int64), np.empty(keys.shape[0], dtype=np.int32))
+        work_arg = tuple(work)
         while True:
             work.max_rows[:] = [t.row_limit for t in tables]
             weight = np.where(work.status == PENDING,
                               np.diff(key_offsets) - work.pos + _LOOKUP_ROW_COST * self._last_distinct, 0)
-            _threads.run(lambda j0, j1: _lookup_fields(j0, j1, self._tables, keys, key_offsets, work, shared, step,
-                                                       train), weight, _MIN_PARALLEL)
+            _threads.run(lambda j0, j1: _lookup_fields(j0, j1, self._tables_arg, keys, key_offsets, work_arg, shared,
+                                                       step, train), weight, _MIN_PARALLEL)
             for j in np.flatnonzero(self._tables.n_rows != n0):
                 tables[j].commit_rows(self._tables.n_rows[j])
             bad = np.flatnonzero(work.status == K.BAD_KEY)
@@ -401,15 +427,8 @@ class ShardTables:
             self._init_new_rows(n0)
             for j in np.flatnonzero(work.admissions):
                 tables[j].admitted_total += int(work.admissions[j])
-            self._last_distinct = distinct.count.astype(np.float64)
-        rows, admitted = work.rows, work.admitted
-        for j in np.flatnonzero(work.outside & (shared < 0)):
-            if tables[j].unadmitted == "shared":  # evaluation before the shared row exists: made now
-                tables[j].map_to_shared(rows[key_offsets[j]:key_offsets[j + 1]],
-                                        admitted[key_offsets[j]:key_offsets[j + 1]])
-        every_one_hot = offsets is _ONE_HOT_LAYOUTS.get((n, offsets.shape[1] - 1), (None, None))[1]  # _pack_one_block
-        return Touched(keys, key_offsets, offsets, weights, weighted, rows, admitted, bool(train), step,
-                       hot=np.ones(n, dtype=np.bool_) if every_one_hot else None, distinct=distinct if train else None)
+            self._last_distinct = work.count.astype(np.float64)
+        return work, tables
 
     def _init_new_rows(self, n0: np.ndarray) -> None:
         """Values and slots of the rows inserted since ``n0`` (per field), one call per block."""
@@ -417,9 +436,9 @@ class ShardTables:
             return
         tables = self._sync()  # a field may have grown
         like = np.empty((0, 0), dtype=tables[0].dtype)
-        for block in self._blocks:
+        for block, init in self._block_args:
             # a new row costs ~10x a looked-up id (the normal draws)
-            _threads.run(lambda j0, j1: _init_fields(j0, j1, self._tables, block, n0, like),
+            _threads.run(lambda j0, j1: _init_fields(j0, j1, self._tables_arg, block, init, n0, like),
                          10 * (self._tables.n_rows - n0), _MIN_PARALLEL)
 
     # ---------------------------------------------------------------- gather + pool
@@ -453,18 +472,18 @@ class ShardTables:
                 raise ValueError(f"gather_pooled: out {out.dtype}{out.shape} does not fit block {self.blocks[block]!r}")
             slot = np.empty(touched.keys.shape[0], dtype=np.int32)
             values = np.empty((touched.keys.shape[0], out.shape[2]), dtype=out.dtype)  # field j's from key_offsets[j]
-            calls.append((self._blocks[block], out, slot, values))
-        shard = self._tables
+            calls.append((self._block_args[block], out, slot, values))
+        shard = self._tables_arg
 
         def by_fields(j0: int, j1: int) -> None:
             for block, member, args in catch_calls:
                 _catch_up_fields(j0, j1, shard, block, ids, member, args)
-            for block, out, slot, values in calls:
-                _gather_field_rows(j0, j1, shard, block, ids, out, bad, slot, values)
+            for (block, init), out, slot, values in calls:
+                _gather_field_rows(j0, j1, shard, block, init, ids, out, bad, slot, values)
 
         def by_samples(b0: int, b1: int) -> None:
             for _, out, slot, values in calls:
-                _copy_one_hot_samples(b0, b1, ids, bad, slot, values, out)
+                _copy_one_hot_samples(b0, b1, touched.key_offsets, touched.hot, bad, slot, values, out)
 
         def finish() -> None:
             # the rows by fields, then the one-hot fields' samples by samples: a thread writes whole
@@ -486,8 +505,9 @@ class ShardTables:
         if (self._blocks[block].dims != out.shape[1]).any() or any(t.dtype != out.dtype for t in tables):
             raise ValueError(f"gather_ids: out {out.dtype}{out.shape} does not fit block {self.blocks[block]!r}")
         bad = np.full(len(tables), -1, dtype=np.int64)
-        _threads.run(lambda j0, j1: _gather_ids_fields(j0, j1, self._tables, self._blocks[block], touched.arrays, out,
-                                                       bad), np.diff(touched.key_offsets), _MIN_PARALLEL)
+        _threads.run(lambda j0, j1: _gather_ids_fields(j0, j1, self._tables_arg, *self._block_args[block],
+                                                       touched.arrays, out, bad), np.diff(touched.key_offsets),
+                     _MIN_PARALLEL)
         self._check_rows(tables, touched, bad)
 
     # ---------------------------------------------------------------- catch-up before the forward
@@ -507,7 +527,7 @@ class ShardTables:
                 if args is None:
                     continue
                 work[members] += _CATCH_UP_ROW_COST * touched.distinct.count[members]
-                calls.append((self._blocks[block], member, args))
+                calls.append((self._block_args[block][0], member, tuple(args)))
         return calls, work
 
     # ---------------------------------------------------------------- un-pool + optimizer
@@ -565,11 +585,12 @@ class ShardTables:
             arrays.append((g, acc))
             for optimizer, members, member in self._optimizer_groups(block):  # one kernel call per optimizer
                 work[members] += _UPDATE_ROW_COST * count[members]
-                calls.append((self._blocks[block], member, acc, optimizer.kernel_args(dtype, lr_scale, int(step) + 1)))
-        sums = _Sums(np.array([g.ctypes.data for g, _ in arrays], dtype=np.int64),
-                     np.array([a.ctypes.data for _, a in arrays], dtype=np.int64),
-                     np.array([g.shape[2] for g, _ in arrays], dtype=np.int64), base)
-        shard = self._tables
+                calls.append((self._block_args[block][0], member, acc, tuple(optimizer.kernel_args(dtype, lr_scale,
+                                                                                                    int(step) + 1))))
+        sums = tuple(_Sums(np.array([g.ctypes.data for g, _ in arrays], dtype=np.int64),
+                           np.array([a.ctypes.data for _, a in arrays], dtype=np.int64),
+                           np.array([g.shape[2] for g, _ in arrays], dtype=np.int64), base))
+        shard = self._tables_arg
 
         def kernel(j0: int, j1: int) -> None:
             if not arrays:
@@ -616,17 +637,25 @@ def _bad_offsets(offsets, key_offsets) -> int:
 @njit(nogil=True, inline="always")
 def _values(shard, j, col, like):
     """Field j's block at column ``col`` of the address table: values and slots ``[rows, width]``."""
-    return view2(shard.addr[j, col], shard.lens[j, col], shard.widths[j, col], like)
+    v = shard.views
+    return view2(v[j, col, _ADDR], v[j, col, _ROWS], v[j, col, _WIDTH], like)
 
 
 @njit(nogil=True, inline="always")
 def _steps(shard, j, col):
     """Field j's step counts of the block at column ``col`` (empty: none)."""
-    return view1(shard.addr[j, col + 1], shard.lens[j, col + 1], np.int32)
+    return view1(shard.views[j, col + 1, _ADDR], shard.views[j, col + 1, _ROWS], np.int32)
+
+
+@njit(nogil=True, inline="always")
+def _row_keys(shard, j):
+    """Field j's row keys."""
+    return view1(shard.views[j, _KEYS, _ADDR], shard.views[j, _KEYS, _ROWS], np.int64)
 
 
 @njit(cache=True, nogil=True)
 def _lookup_fields(j0, j1, shard, keys, key_offsets, work, shared, step, insert):
+    shard, work = _Tables(*shard), _Lookup(*work)
     for j in range(j0, j1):
         if work.status[j] == PENDING:
             _lookup_field(shard, j, keys, key_offsets, work, shared, step, insert)
@@ -648,8 +677,8 @@ def _lookup_field(shard, j, keys, key_offsets, work, shared, step, insert):
     pos, status, count, uniq, inverse = work.pos, work.status, work.count, work.uniq, work.inverse
     rows, admitted, n_rows, min_count = work.rows, work.admitted, shard.n_rows, shard.min_count
     lo, hi = key_offsets[j], key_offsets[j + 1]
-    idx = view2(shard.addr[j, _IDX], shard.lens[j, _IDX], 3, np.int32)
-    meta = view2(shard.addr[j, _META], shard.lens[j, _META], 2, np.int32)
+    idx = view2(shard.views[j, _IDX, _ADDR], shard.views[j, _IDX, _ROWS], 3, np.int32)
+    meta = view2(shard.views[j, _META, _ADDR], shard.views[j, _META, _ROWS], 2, np.int32)
     field_keys, field_rows = keys[lo:hi], rows[lo:hi]
     if insert:
         if pos[j] == 0:  # no partial update of a field with a bad key
@@ -659,9 +688,8 @@ def _lookup_field(shard, j, keys, key_offsets, work, shared, step, insert):
                 return
             count[j] = distinct_keys(field_keys, uniq[lo:hi], inverse[lo:hi])
         u = count[j]
-        row_keys = view1(shard.addr[j, _KEYS], shard.lens[j, _KEYS], np.int64)
-        p, n, st, a = K.insert_keys(idx, uniq[lo:lo + u], field_rows, pos[j], n_rows[j], work.max_rows[j], row_keys,
-                                    meta, step, min_count[j], False)
+        p, n, st, a = K.insert_keys(idx, uniq[lo:lo + u], field_rows, pos[j], n_rows[j], work.max_rows[j],
+                                    _row_keys(shard, j), meta, step, min_count[j], False)
         pos[j], n_rows[j] = p, n
         work.admissions[j] += a
         if st != K.OK:
@@ -684,15 +712,15 @@ def _lookup_field(shard, j, keys, key_offsets, work, shared, step, insert):
 
 
 @njit(cache=True, nogil=True)
-def _init_fields(j0, j1, shard, block, n0, like):
+def _init_fields(j0, j1, shard, block, init, n0, like):
     """Per field, ``init_block_rows`` of its new rows ``[n0, n_rows)`` in block ``block``."""
+    shard, block, init = _Tables(*shard), _Block(*block), _Init(*init)
     for j in range(j0, j1):
         start, stop = n0[j], shard.n_rows[j]
         if stop > start:
-            row_keys = view1(shard.addr[j, _KEYS], shard.lens[j, _KEYS], np.int64)
-            init_block_rows(_values(shard, j, block.col, like), block.dims[j], _steps(shard, j, block.col), row_keys,
-                            start, stop, block.bases[j], block.kinds[j], block.scales[j],
-                            block.slot_init[j, :block.n_slots[j]])
+            init_block_rows(_values(shard, j, block.col, like), block.dims[j], _steps(shard, j, block.col),
+                            _row_keys(shard, j), start, stop, init.bases[j], init.kinds[j], init.scales[j],
+                            init.slot_init[j, :init.n_slots[j]])
 
 
 @njit(cache=True, nogil=True)
@@ -703,13 +731,14 @@ def _distinct_fields(j0, j1, rows, admitted, key_offsets, uniq, count, inverse):
 
 
 @njit(cache=True, nogil=True)
-def _gather_field_rows(j0, j1, shard, block, ids, out, bad, slot, values):
+def _gather_field_rows(j0, j1, shard, block, init, ids, out, bad, slot, values):
     """Fields [j0, j1), by distinct rows: each field's distinct trained rows are read from its table
     once, into ``values[key_offsets[j]:]`` (an id that is not among them gets a row of its own
     there, as ``gather_row`` reads it), and ``slot`` says which row each id reads; then the fields
     that are not one-hot are pooled from them into ``out[:, j]``. The one-hot fields are copied
     by :func:`_copy_one_hot_samples`. The same floats as gathering every id: a table row's values,
     or an id's initial value or zeros."""
+    shard, block, init, ids = _Tables(*shard), _Block(*block), _Init(*init), TouchedArrays(*ids)
     dim, inverse = out.shape[2], ids.inverse
     for j in range(j0, j1):
         lo, hi = ids.key_offsets[j], ids.key_offsets[j + 1]
@@ -720,8 +749,10 @@ def _gather_field_rows(j0, j1, shard, block, ids, out, bad, slot, values):
             else:
                 slot[i] = m
                 m += 1
-        _gather_field_values(_values(shard, j, block.col, out), dim, j, lo, hi, shard, block, ids, slot[lo:hi],
-                             values[lo:lo + m], bad)
+        bad[j] = _gather_field_values(_values(shard, j, block.col, out), dim, ids.keys[lo:hi], ids.rows[lo:hi],
+                                      ids.admitted[lo:hi], ids.uniq[lo:lo + ids.count[j]], shard.n_rows[j],
+                                      shard.zero[j], init.bases[j], init.kinds[j], init.scales[j], slot[lo:hi],
+                                      values[lo:lo + m])
         if not ids.hot[j] and bad[j] < 0:
             dst = out[:, j, :]
             for b in range(dst.shape[0]):
@@ -732,11 +763,11 @@ def _gather_field_rows(j0, j1, shard, block, ids, out, bad, slot, values):
 
 
 @njit(cache=True, nogil=True)
-def _copy_one_hot_samples(b0, b1, ids, bad, slot, values, out):
+def _copy_one_hot_samples(b0, b1, key_offsets, hot, bad, slot, values, out):
     """Samples [b0, b1) of every one-hot field (one id per sample: sample b's is id
     ``key_offsets[j] + b``) from the rows :func:`_gather_field_rows` read, tile of samples by tile
     (``_TILE``): each cache line of ``out`` is written whole while it is cached."""
-    dim, key_offsets, hot = out.shape[2], ids.key_offsets, ids.hot
+    dim = out.shape[2]
     for t0 in range(b0, b1, _TILE):
         t1 = min(t0 + _TILE, b1)
         for j in range(out.shape[1]):
@@ -749,40 +780,39 @@ def _copy_one_hot_samples(b0, b1, ids, bad, slot, values, out):
 
 
 @njit(nogil=True)
-def _gather_field_values(data, dim, j, lo, hi, shard, block, ids, slot, values, bad):
-    """Field j (ids ``lo..hi``): its ``u`` distinct trained rows ``uniq[lo:lo + u]`` into
-    ``values[:u]``, then each other id into its own row ``values[slot[i - lo]]`` (``gather_row``,
-    ``stored`` = present and admitted or not read as zero). A row that is not the table's sets
-    ``bad[j]`` to the first such id's position."""
-    uniq, u, rows, admitted, n_rows, zero = ids.uniq, ids.count[j], ids.rows, ids.admitted, shard.n_rows, shard.zero
+def _gather_field_values(data, dim, keys, rows, admitted, uniq, n_rows, zero, base, kind, scale, slot, values):
+    """One field's ids (its ``keys``, ``rows``, ``admitted``; its table ``data`` of ``n_rows`` rows):
+    its distinct trained rows ``uniq`` into ``values[:u]``, then each other id into its own row
+    ``values[slot[i]]`` (``gather_row``, ``stored`` = present and admitted or not read as zero).
+    Returns the position of the first id whose row is not the table's, or -1."""
+    u = uniq.shape[0]
     for p in range(u):
         if p + K.PF < u:
-            rp = uniq[lo + p + K.PF]
-            if rp >= 0 and rp < n_rows[j]:
+            rp = uniq[p + K.PF]
+            if rp >= 0 and rp < n_rows:
                 prefetch2(data, rp, 0)
-        r = uniq[lo + p]
-        if r < 0 or r >= n_rows[j]:
-            bad[j] = K.first_bad_row(rows[lo:hi], admitted[lo:hi], False, n_rows[j])
-            return
+        r = uniq[p]
+        if r < 0 or r >= n_rows:
+            return K.first_bad_row(rows, admitted, False, n_rows)
         for c in range(dim):
             values[p, c] = data[r, c]
-    for i in range(lo, hi):
-        s = slot[i - lo]
+    for i in range(rows.shape[0]):
+        s = slot[i]
         if s >= u:
             r = rows[i]
-            if r >= n_rows[j] or r < -1:
-                bad[j] = K.first_bad_row(rows[lo:hi], admitted[lo:hi], False, n_rows[j])
-                return
-            stored = r >= 0 and (admitted[i] or not zero[j])
-            K.gather_row(data, dim, r, stored, zero[j], ids.keys[i], block.bases[j], block.kinds[j], block.scales[j],
-                         values, s)
+            if r >= n_rows or r < -1:
+                return K.first_bad_row(rows, admitted, False, n_rows)
+            stored = r >= 0 and (admitted[i] or not zero)
+            K.gather_row(data, dim, r, stored, zero, keys[i], base, kind, scale, values, s)
+    return -1
 
 
 @njit(cache=True, nogil=True)
-def _gather_ids_fields(j0, j1, shard, block, ids, out, bad):
+def _gather_ids_fields(j0, j1, shard, block, init, ids, out, bad):
     """Fields [j0, j1): ``gather_row`` of each id into its own row of ``out`` (no pooling; ``stored``
     = present and admitted or not read as zero); at a row that is not the table's, ``bad[j]`` (its
     position in the field) and the field is left."""
+    shard, block, init, ids = _Tables(*shard), _Block(*block), _Init(*init), TouchedArrays(*ids)
     dim, rows, admitted, n_rows, zero = out.shape[1], ids.rows, ids.admitted, shard.n_rows, shard.zero
     for j in range(j0, j1):
         lo, hi = ids.key_offsets[j], ids.key_offsets[j + 1]
@@ -797,7 +827,7 @@ def _gather_ids_fields(j0, j1, shard, block, ids, out, bad):
                 bad[j] = i - lo
                 break
             stored = r >= 0 and (admitted[i] or not zero[j])
-            K.gather_row(data, dim, r, stored, zero[j], ids.keys[i], block.bases[j], block.kinds[j], block.scales[j],
+            K.gather_row(data, dim, r, stored, zero[j], ids.keys[i], init.bases[j], init.kinds[j], init.scales[j],
                          out, i)
 
 
@@ -806,6 +836,7 @@ def _catch_up_fields(j0, j1, shard, block, ids, member, args):
     """The ``member`` fields of [j0, j1): ``catch_up_rows`` of their distinct rows (Adam's w, m, v
     side by side in the block, ``optimizers.StepArgs`` ``args``). A field with a row that is not its
     table's is left to the gather, which reports it."""
+    shard, block, ids, args = _Tables(*shard), _Block(*block), TouchedArrays(*ids), StepArgs(*args)
     for j in range(j0, j1):
         if not member[j]:
             continue
@@ -814,7 +845,7 @@ def _catch_up_fields(j0, j1, shard, block, ids, member, args):
             continue
         data, dim = _values(shard, j, block.col, args.hp), block.dims[j]
         catch_up_rows(data[:, :dim], data[:, dim:2 * dim], data[:, 2 * dim:3 * dim], _steps(shard, j, block.col), rows,
-                      args.hp, args.alphas, args.t, args.horizon)
+                      args)
 
 
 @njit(nogil=True, inline="always")
@@ -868,6 +899,7 @@ def _sum_fields(j0, j1, sums, ids, like):
     ``grads[:, j]`` itself, read tile of samples by tile, two blocks in the same pass over the ids
     (DeepFM's and W&D's order-1 and embedding blocks: one pass instead of two); the others'
     are un-pooled into the sums (``pool_or_unpool``). Reads no table."""
+    sums, ids = _Sums(*sums), TouchedArrays(*ids)
     grad_addr, acc_addr, dims, base = sums.grad_addr, sums.acc_addr, sums.dims, sums.base
     key_offsets, offsets, weights, weighted, hot, inverse = (ids.key_offsets, ids.offsets, ids.weights, ids.weighted,
                                                              ids.hot, ids.inverse)
@@ -907,6 +939,7 @@ def _update_fields(j0, j1, shard, block, ids, member, base, acc, args, bad):
     field's distinct trained rows with their gradient sums ``acc[base[j]:base[j + 1]]``
     (:func:`_sum_fields`, ``update_rows``). A field with a row that is not its table's (``bad``)
     is left as it is."""
+    shard, block, ids, args = _Tables(*shard), _Block(*block), TouchedArrays(*ids), StepArgs(*args)
     dim, key_offsets, uniq, count, n_rows = acc.shape[1], ids.key_offsets, ids.uniq, ids.count, shard.n_rows
     for j in range(j0, j1):
         if not member[j]:
@@ -921,6 +954,5 @@ def _update_fields(j0, j1, shard, block, ids, member, base, acc, args, bad):
         if bad[j] >= 0:
             continue
         data = _values(shard, j, block.col, acc)
-        update_rows(args.code, data[:, :dim], data[:, dim:2 * dim], data[:, 2 * dim:3 * dim],
-                    _steps(shard, j, block.col), uniq[lo:lo + count[j]], acc[base[j]:base[j + 1]], args.hp,
-                    args.alphas, args.t, args.horizon)
+        update_rows(data[:, :dim], data[:, dim:2 * dim], data[:, 2 * dim:3 * dim], _steps(shard, j, block.col),
+                    uniq[lo:lo + count[j]], acc[base[j]:base[j + 1]], args)

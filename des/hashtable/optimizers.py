@@ -184,11 +184,12 @@ def _adam_flush_kernel(w, m, v, last, n_rows, hp, alphas, t, horizon):
 
 
 @njit(nogil=True, error_model="numpy")
-def catch_up_rows(w, m, v, last, rows, hp, alphas, t, horizon):
+def catch_up_rows(w, m, v, last, rows, args):
     """Rows ``rows`` (distinct) take the zero-gradient steps they skipped up to global step
-    ``t - 1`` (``catch_up_args``' ``t``), as before a checkpoint, here before the rows are
-    read for a step's forward: the values a dense Adam would hold then. Only the rows that
-    skipped steps are passed on (most of a batch's rows were updated the step before)."""
+    ``t - 1`` (``args``: ``catch_up_args``' :class:`StepArgs`), as before a checkpoint, here before
+    the rows are read for a step's forward: the values a dense Adam would hold then. Only the rows
+    that skipped steps are passed on (most of a batch's rows were updated the step before)."""
+    hp, alphas, t, horizon = args.hp, args.alphas, args.t, args.horizon
     behind = np.empty(rows.shape[0], np.int64)
     k = 0
     for i in range(rows.shape[0]):
@@ -352,9 +353,11 @@ class StepArgs(NamedTuple):
 
 
 @njit(nogil=True, error_model="numpy")
-def update_rows(code, w, s0, s1, steps, rows, g, hp, alphas, t, horizon):
-    """Optimizer ``code`` on ``w[rows]`` with gradients ``g``; ``s0``/``s1`` its slots (unused
-    ones: any array of w's type), ``steps`` Adam's per-row counter (else any int32 array)."""
+def update_rows(w, s0, s1, steps, rows, g, args):
+    """The optimizer of :class:`StepArgs` ``args`` on ``w[rows]`` with gradients ``g``; ``s0``/``s1``
+    its slots (unused ones: any array of w's type), ``steps`` Adam's per-row counter (else any
+    int32 array)."""
+    code, hp, alphas, t, horizon = args
     if code == SGD_ROWS:
         _sgd_rows(w, rows, g, hp)
     elif code == ADAGRAD_ROWS:
@@ -369,7 +372,7 @@ def update_rows(code, w, s0, s1, steps, rows, g, hp, alphas, t, horizon):
 
 @njit(cache=True, nogil=True)
 def _update_rows_kernel(w, s0, s1, steps, rows, g, args):
-    update_rows(args.code, w, s0, s1, steps, rows, g, args.hp, args.alphas, args.t, args.horizon)
+    update_rows(w, s0, s1, steps, rows, g, StepArgs(*args))  # args: a plain tuple (see fused.py)
 
 
 _NO_STEPS = np.zeros(0, dtype=np.int32)
@@ -454,7 +457,7 @@ class _OptimizerBase:
         s0 = slots[0] if slots else w
         s1 = slots[1] if len(slots) > 1 else s0
         _update_rows_kernel(w, s0, s1, _NO_STEPS if steps is None else steps, rows, g,
-                            self.kernel_args(w.dtype, lr_scale, step))
+                            tuple(self.kernel_args(w.dtype, lr_scale, step)))
 
     def catch_up(self, w: np.ndarray, slots: tuple[np.ndarray, ...], steps: np.ndarray | None, n_rows: int,
                  step: int, lr_scale: float = 1.0) -> None:

@@ -178,7 +178,8 @@ class EmbeddingTable:
         self.admitted_total = 0  # admissions ever (a key evicted and admitted again counts twice)
         self.last_update_step: int | None = None
         self._n = 0
-        self._version = 0  # bumped whenever an array is replaced (see the module docstring)
+        #: changes whenever an array of :attr:`arrays` is replaced (growth, eviction, loading); read only
+        self.version = 0
         self._shared = -1  # row of SHARED_KEY once known (unadmitted="shared"); rows move on evict
         self._slot_init = [np.array(b.optimizer.slot_initial_values(), dtype=np.float64) for b in self.blocks]
         self._scratch_bufs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -201,7 +202,7 @@ class EmbeddingTable:
         self._idx = K.new_index(capacity)
         # keep one slot free at least, so probing always terminates
         self._max_fill = min(capacity - 1, int(capacity * self.max_load))
-        self._version += 1
+        self.version += 1
 
     def _alloc_rows(self, row_cap: int) -> None:
         # row arrays may be longer than the capacity (address space reserved for growth)
@@ -211,7 +212,7 @@ class EmbeddingTable:
         self._steps = [row_array(row_cap, (), np.int32, reserve=True) if b.optimizer.needs_step else None
                        for b in self.blocks]
         self._row_cap = row_cap
-        self._version += 1
+        self.version += 1
 
     def _row_arrays(self) -> list[np.ndarray]:
         arrays = [self._keys, self._meta, *self._data]
@@ -240,7 +241,7 @@ class EmbeddingTable:
         self._steps = [None if s is None else resized(s) for s in self._steps]
         growing = row_cap > self._row_cap
         self._row_cap = row_cap
-        self._version += moved_any
+        self.version += moved_any
         if growing:  # the next growth step's rows, committed while these fill (see _memory.py)
             self._committing = commit_ahead(self._row_arrays(), row_cap, self._next_row_cap())
 
@@ -469,11 +470,6 @@ class EmbeddingTable:
         are the table's; valid until :attr:`version` changes."""
         return TableArrays(self._idx, self._keys, self._meta, tuple(self._data),
                            tuple(self._steps_or_empty(b) for b in range(len(self.blocks))))
-
-    @property
-    def version(self) -> int:
-        """Changes whenever an array of :attr:`arrays` is replaced (growth, eviction, loading)."""
-        return self._version
 
     @property
     def row_limit(self) -> int:
