@@ -34,7 +34,7 @@ def test_error_on_one_rank_aborts_the_job() -> None:
 
 
 def test_a_waiting_rank_yields_its_core_then_sleeps(monkeypatch) -> None:
-    """``_wait``: a request not done at once is polled with the core given to a peer between polls
+    """``Communicator.wait``: a request not done at once is polled with the core given to a peer between polls
     (``sched_yield``: ranks that share cores keep the collective's protocol rounds moving), and
     only a long wait (past ``yield_seconds``) sleeps between polls."""
     import os
@@ -57,12 +57,12 @@ def test_a_waiting_rank_yields_its_core_then_sleeps(monkeypatch) -> None:
             return self.n <= 0
 
     comm = Communicator(MPI.COMM_SELF, yield_seconds=2e-2, poll_sleep_seconds=2e-4)
-    comm._wait(Request(1))
+    comm.wait(Request(1))
     assert calls == []
-    comm._wait(Request(4))  # a few yields
+    comm.wait(Request(4))  # a few yields
     assert calls == ["yield"] * 3
     clock[0], calls[:] = 0.0, []
-    comm._wait(Request(200))  # a long wait: ~18 yields until 20 ms, then sleeps
+    comm.wait(Request(200))  # a long wait: ~18 yields until 20 ms, then sleeps
     first_sleep = calls.index("sleep")
     assert set(calls[:first_sleep]) == {"yield"} and 15 < first_sleep < 21
     assert set(calls[first_sleep:]) == {"sleep"}

@@ -45,7 +45,7 @@ class TableModel(RuleBasedStateMachine):
     def admitted(self, k: int) -> bool:
         return self.model[k]["count"] >= self.t.min_count
 
-    def _insert(self, keys: list[int]) -> None:
+    def insert_keys(self, keys: list[int]) -> None:
         rows = self.t.lookup(np.array(keys, dtype=np.int64), insert=True, step=self.step)
         init = self.t.initial_values("w", np.array(keys, dtype=np.int64))[:, 0] if keys else []
         for k, w0 in zip(keys, init):
@@ -63,13 +63,13 @@ class TableModel(RuleBasedStateMachine):
 
     @rule(keys=batches)
     def insert(self, keys: list[int]) -> None:
-        self._insert(keys)
+        self.insert_keys(keys)
 
     @rule(n=st.integers(1, 300))
     def bulk_insert(self, n: int) -> None:  # forces index and row growth
         keys = list(range(self.fresh, self.fresh + n))
         self.fresh += n
-        self._insert(keys)
+        self.insert_keys(keys)
 
     @rule(dt=st.integers(1, 3))
     def tick(self, dt: int) -> None:

@@ -22,7 +22,7 @@ With one rank nothing is sent, no MPI call is made, and the counters show zero b
 
 Waiting: a rank that reaches a collective early (its peers are still evaluating or writing) would
 spin at a full CPU share inside a blocking MPI call and slow the working ranks when ranks share
-cores. So every collective is issued non-blocking and completed by :meth:`Communicator._wait`, which
+cores. So every collective is issued non-blocking and completed by :meth:`Communicator.wait`, which
 polls ``Test()``, yielding the core between polls (``sched_yield``: a peer on the same core runs,
 else the poll comes right back, as a spin would) for ``yield_seconds``, then sleeping 0.2 ms
 between polls. MPICH moves a non-blocking collective on only inside ``Test()``, so a sleeping rank
@@ -109,7 +109,7 @@ class Communicator:
         return self._node_memory or None
 
     def _quiet_barrier(self) -> None:
-        self._wait(self.comm.Ibarrier())
+        self.wait(self.comm.Ibarrier())
 
     # ----------------------------------------------------------------------------- accounting
     def _account(self, site: str, sent: float, received: float, seconds: float) -> None:
@@ -122,7 +122,7 @@ class Communicator:
     def stats_dict(self) -> dict[str, dict[str, float]]:
         return {site: s.as_dict() for site, s in sorted(self.stats.items())}
 
-    def _wait(self, request: MPI.Request) -> None:
+    def wait(self, request: MPI.Request) -> None:
         """Complete ``request`` without hogging a core while peers are busy (see module doc)."""
         polite = time.perf_counter() + self.yield_seconds
         while time.perf_counter() < polite:
@@ -138,7 +138,7 @@ class Communicator:
         _require_contiguous(buffer, site)
         start = time.perf_counter()
         if self.size > 1:
-            self._wait(self.comm.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM))
+            self.wait(self.comm.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM))
         moved = 2.0 * (self.size - 1) / self.size * buffer.nbytes
         self._account(site, moved, moved, time.perf_counter() - start)
         return buffer
@@ -169,7 +169,7 @@ class Communicator:
             out = self._node().reduce_scatter_rows_sum(buffer, bounds)
         elif self.size > 1:
             counts = np.diff(bounds).astype(np.int64) * row_items
-            self._wait(self.comm.Ireduce_scatter(buffer, out, counts, op=MPI.SUM))
+            self.wait(self.comm.Ireduce_scatter(buffer, out, counts, op=MPI.SUM))
         else:
             out[...] = buffer
         moved = buffer.nbytes - out.nbytes
@@ -191,7 +191,7 @@ class Communicator:
             row_items = int(np.prod(block.shape[1:], dtype=np.int64))
             counts = np.diff(bounds).astype(np.int64) * row_items
             displs = np.asarray(bounds[:-1], dtype=np.int64) * row_items
-            self._wait(self.comm.Iallgatherv(block, [out.reshape(-1), (counts, displs)]))
+            self.wait(self.comm.Iallgatherv(block, [out.reshape(-1), (counts, displs)]))
         else:
             out[...] = block
         moved = out.nbytes - block.nbytes
@@ -204,7 +204,7 @@ class Communicator:
         out = np.empty((self.size,) + block.shape, dtype=block.dtype)
         start = time.perf_counter()
         if self.size > 1:
-            self._wait(self.comm.Iallgather(block, out))
+            self.wait(self.comm.Iallgather(block, out))
         else:
             out[0] = block
         moved = (self.size - 1) * block.nbytes
@@ -219,7 +219,7 @@ class Communicator:
         start = time.perf_counter()
         if self.size > 1:
             displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
-            self._wait(self.comm.Iallgatherv(block, [out, (counts, displs)]))
+            self.wait(self.comm.Iallgatherv(block, [out, (counts, displs)]))
         else:
             out[:] = block
         moved = out.nbytes - block.nbytes
@@ -251,7 +251,7 @@ class Communicator:
             r_items = recv_counts * row_items
             s_displ = np.concatenate([[0], np.cumsum(s_items)[:-1]])
             r_displ = np.concatenate([[0], np.cumsum(r_items)[:-1]])
-            self._wait(
+            self.wait(
                 self.comm.Ialltoallv(
                     [send.reshape(-1), (s_items, s_displ)], [out.reshape(-1), (r_items, r_displ)]
                 )
@@ -269,7 +269,7 @@ class Communicator:
         recv_counts = np.empty(self.size, dtype=np.int64)
         start = time.perf_counter()
         if self.size > 1:
-            self._wait(self.comm.Ialltoall(send_counts, recv_counts))
+            self.wait(self.comm.Ialltoall(send_counts, recv_counts))
         else:
             recv_counts[:] = send_counts
         moved = (self.size - 1) * 8
@@ -281,7 +281,7 @@ class Communicator:
         _require_contiguous(buffer, site)
         start = time.perf_counter()
         if self.size > 1:
-            self._wait(self.comm.Ibcast(buffer, root=root))
+            self.wait(self.comm.Ibcast(buffer, root=root))
         if self.rank == root:
             sent, received = (self.size - 1) * buffer.nbytes, 0
         else:
@@ -311,7 +311,7 @@ class Communicator:
         """Send a contiguous array to ``dest`` (the receiver learns its length by probing)."""
         array = np.ascontiguousarray(array)
         start = time.perf_counter()
-        self._wait(self.comm.Isend(array, dest=dest, tag=tag))
+        self.wait(self.comm.Isend(array, dest=dest, tag=tag))
         self._account(site, array.nbytes, 0, time.perf_counter() - start)
 
     def poll(self, source: int = -1, tag: int = -1) -> tuple[int, int] | None:
@@ -339,7 +339,7 @@ class Communicator:
     def barrier(self, site: str = "barrier") -> None:
         start = time.perf_counter()
         if self.size > 1:
-            self._wait(self.comm.Ibarrier())
+            self.wait(self.comm.Ibarrier())
         self._account(site, 0, 0, time.perf_counter() - start)
 
     def abort(self, code: int = 1) -> None:
@@ -360,7 +360,7 @@ class Pending:
     def wait(self) -> np.ndarray:
         """Complete it; returns the buffer. Accounted seconds: from the start (overlapped time included)."""
         if self.request is not None:
-            self.comm._wait(self.request)
+            self.comm.wait(self.request)
             self.request = None
         self.comm._account(self.site, self.moved, self.moved, time.perf_counter() - self.started)
         return self.buffer
