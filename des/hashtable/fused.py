@@ -88,9 +88,10 @@ _TILE = 128
 # (_Tables), one value block of every field (_Block) and its initial values (_Init), the state of a
 # lookup (_Lookup), the update's sums (_Sums) and an optimizer step (optimizers.StepArgs). Each group
 # is built once (the tables' and blocks' when the shard is made, then updated in place; a batch's by
-# its lookup) and goes in
-# as a plain tuple, which each kernel names on entry (``_Tables(*shard)``): numba types a plain
-# tuple of arrays as fast as the arrays themselves, a named tuple in Python at every call.
+# its lookup) and goes in as a plain tuple, which each kernel names on entry (``_Tables(*shard)``):
+# numba types a plain tuple of arrays as fast as the arrays themselves, a named tuple in Python at
+# every call. A field's own work (a helper called once per field) takes that field's slices and
+# values, not the groups, which would be copied into every such call.
 
 
 class TouchedArrays(NamedTuple):
