@@ -327,8 +327,8 @@ class EmbeddingTable:
 
     def map_to_shared(self, rows: np.ndarray, admitted: np.ndarray) -> None:
         """``unadmitted="shared"``: the rows (int64, in place) that are unknown (-1) or not admitted
-        become the shared row, made now if the table has none yet (an evaluation before training
-        made it: as training would); ``admitted[i]``: row i is trained (here: all)."""
+        become the shared row, which is made now if the table has none yet (an evaluation before
+        any training step: as training would make it); ``admitted[i]`` is set: every row is trained."""
         K.admit_rows(rows, admitted, self._meta, self.min_count, self._make_shared_row(None))
 
     def _make_shared_row(self, step: int | None) -> int:

@@ -1,10 +1,11 @@
 """The pieces strategies are assembled from (composition, not inheritance):
 
-* :class:`FieldShard` -- one rank's tables (its fields): lookup, then gather + pooling of a batch
-  (fused kernels over all its fields), serving rows by key, and the sparse optimizers on the
-  touched rows;
+* :class:`FieldShard` -- one rank's tables (its fields): a batch's lookup (``touch``), then gather +
+  pooling (fused kernels over all its fields), serving rows by key, and the sparse optimizers on
+  the touched rows;
 * :class:`RowLayout` -- all value blocks of a row side by side (``[u, Σ dim]``), for strategies that
-  move rows: pooling fetched rows per sample and summing row gradients per unique id;
+  move rows: pooling fetched rows per sample and summing row gradients per unique id (with
+  ``des.hashtable.pooling``);
 * :class:`DenseParams` -- the field slices of substituted weights (a rank's own fields, or all of
   them where a strategy replicates them) and the top network, their dense optimizers, ``l2_dense``
   added exactly once, flattening for transport and a checksum.
