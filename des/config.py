@@ -13,12 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from des.builtin_names import MODELS, default_strategy_names
 from des.errors import ArgumentParser, ConfigError, UsageError
-from des.strategies import default_strategy_names
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 SHIPPED_SAMPLE = PACKAGE_ROOT / "datasets" / "criteo_sample.txt.gz"
-MODELS = ("lr", "fm", "wdl", "deepfm")
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
