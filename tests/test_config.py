@@ -139,7 +139,7 @@ def test_help_documents_every_option() -> None:
 def test_a_strategy_refuses_what_it_cannot_do(flags: list[str], message: str) -> None:
     """Checked after --plugins are loaded (a user strategy declares what it supports), still before
     any communication: a UsageError, one line from rank 0."""
-    from des.runner import strategy_class
+    from des.building import strategy_class
 
     with pytest.raises(UsageError, match=message):
         strategy_class(load_config(flags))

@@ -405,19 +405,21 @@ def test_a_steps_time_counts_reading_its_batch(tmp_path: Path, monkeypatch: pyte
     from des import runner
     from des.collectives import Communicator
     from des.config import load_config
+    from des.run import Run
+    from des.startup import setup
 
     criteo_head(tmp_path / "small.tsv", 600)
     config = load_config(["--data", str(tmp_path / "small.tsv"), "--cache-dir", str(tmp_path / "cache"),
                           "--output", str(tmp_path / "run"), "--model", "lr", "--batch-size", "64", "--max-steps", "4",
                           "--eval-every", "100", "--pipeline", "off", "--no-progress"])
-    run = runner.setup(config, Communicator())
-    read = runner.Run.batch
+    run = setup(config, Communicator())
+    read = Run.batch
 
     def slow_read(self, epoch: int, index: int):
         time.sleep(0.2)
         return read(self, epoch, index)
 
-    monkeypatch.setattr(runner.Run, "batch", slow_read)
+    monkeypatch.setattr(Run, "batch", slow_read)
     runner.loop(run)
     run.strategy.close()
     assert run.meter.steps == 4 and run.meter.seconds >= 3 * 0.2  # the first step is not timed
@@ -433,6 +435,7 @@ def test_tables_are_sized_from_the_data(tmp_path: Path) -> None:
     from des.collectives import Communicator
     from des.config import load_config
     from des.options import TableOptions
+    from des.startup import setup
 
     criteo_head(tmp_path / "small.tsv", 1200)
     grown = {}
@@ -440,7 +443,7 @@ def test_tables_are_sized_from_the_data(tmp_path: Path) -> None:
         config = load_config(["--data", str(tmp_path / "small.tsv"), "--cache-dir", str(tmp_path / "cache"),
                               "--output", str(tmp_path / capacity), "--model", "fm", "--batch-size", "128",
                               "--epochs", "1", "--eval-every", "0", "--table-capacity", capacity, "--no-progress"])
-        run = runner.setup(config, Communicator())
+        run = setup(config, Communicator())
         tables = run.strategy.shard.tables
         start = {f: (t.capacity, t._row_cap, t._version) for f, t in tables.items()}
         distinct = [run.store.distinct_count(f) for f in sorted(tables)]
