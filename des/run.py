@@ -22,10 +22,13 @@ from des.schedules import Plateau, Schedule
 
 
 class Meter:
-    """Steps, samples and mean loss of this run on this rank; throughput leaves out the run's first
-    step (it compiles the numba kernels on a fresh install and traces the TF functions: seconds)."""
+    """Steps, samples and mean loss of this run on this rank. Throughput, and the strategy's phase
+    timers, leave out the run's first ``warmup`` steps (at least one: the first compiles the numba
+    kernels on a fresh install and traces the TF functions; a benchmark's warm-up also fills the
+    tables)."""
 
-    def __init__(self) -> None:
+    def __init__(self, warmup: int = 1) -> None:
+        self.warmup = max(1, warmup)
         self.steps = self.samples = self.timed_samples = 0
         self.seconds = self.loss_sum = 0.0
         self.loss_count = 0
@@ -35,9 +38,9 @@ class Meter:
         self.steps += 1
         self.losses.append(loss)
         self.samples += samples
-        if self.steps == 1:
+        if self.steps == self.warmup:
             timer.reset()
-        else:
+        elif self.steps > self.warmup:
             self.seconds += seconds
             self.timed_samples += samples
         self.loss_sum, self.loss_count = self.loss_sum + loss, self.loss_count + 1

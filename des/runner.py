@@ -20,13 +20,16 @@ from des.config import TrainConfig
 from des.errors import DesError
 from des.metrics import evaluate_split
 from des.reporting import progress_bar, summarize
-from des.run import Meter, Run  # noqa: F401  (Meter: the benchmarks restart it)
+from des.run import Meter, Run
 from des.startup import setup
 
 
-def train(config: TrainConfig, comm: Communicator) -> dict[str, Any]:
-    """Train as ``config`` says on this rank (collective: every rank of ``comm`` calls it)."""
+def train(config: TrainConfig, comm: Communicator, *, warmup_steps: int = 1) -> dict[str, Any]:
+    """Train as ``config`` says on this rank (collective: every rank of ``comm`` calls it).
+    Throughput and the phase timers leave out the first ``warmup_steps`` steps of this run (the
+    first one traces and compiles; the benchmarks leave out more)."""
     run = setup(config, comm)
+    run.meter = Meter(warmup_steps)
     results: dict[str, Any] = {}
     if run.strategy.role == "serve":
         run.strategy.serve()
