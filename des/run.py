@@ -97,6 +97,7 @@ class Run:
     start_step: int = 0
     meter: Meter = field(default_factory=Meter)
     last_validation: dict[str, Any] | None = None
+    validations: int = 0  # validations run so far (with or without validation rows)
     checkpoint: Path | None = None
     saved_step: int = -1
     run_folder: RunFolder | None = None
@@ -139,6 +140,7 @@ class Run:
         result = evaluate_split(self.strategy, self.store, "validation", self.config.eval_batch_size)
         if self.strategy.synchronous:  # every rank takes the same early-stopping decision
             result = self.comm.bcast_json(result, "validation", root=self.strategy.evaluators[0])
+        self.validations += 1
         record = {"step": step, "epoch": epoch, "samples": self.meter.samples, "train_loss": self.meter.take_mean_loss(),
                   "samples_per_second": self.meter.samples_per_second}
         if result:

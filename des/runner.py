@@ -85,10 +85,10 @@ def loop(run: Run) -> None:
 
 
 def finish(run: Run) -> dict[str, Any]:
-    """After the last step: validation (if the loop did none), the final checkpoint, the test split."""
+    """After the last step: validation (if the loop ran none), the final checkpoint, the test split."""
     strategy, config = run.strategy, run.config
     evaluating = run.comm.rank in strategy.evaluators
-    if run.last_validation is None and run.meter.steps and evaluating:
+    if not run.validations and run.meter.steps and evaluating:
         epoch = (run.total_steps - 1) // run.steps_per_epoch
         run.validate(run.total_steps, epoch)
     if run.training.best_checkpoint:  # --early-stop: the best model is the result

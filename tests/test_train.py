@@ -399,6 +399,18 @@ def test_a_diverging_run_stops_with_one_line(work: Path) -> None:
         assert proc.stderr.count("error:") == 1, proc.stderr
 
 
+def test_data_without_validation_rows_says_each_epoch_once(work: Path) -> None:
+    """``--split 1,0,0``: each epoch's end writes its line (train loss and throughput, no validation
+    metrics) and the end of the run adds none: the last step's line is not repeated with the mean
+    loss of no steps."""
+    proc = train(work, 1, "no-validation-rows", "--model", "lr", "--epochs", "2", "--split", "1,0,0")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["7", "14"], proc.stdout
+    assert not any("val auc" in line or "train loss 0.0000" in line for line in lines), lines
+    records = [json.loads(line) for line in (work / "no-validation-rows" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [7, 14] and all(r["train_loss"] > 0 for r in records)
+
+
 def test_a_steps_time_counts_reading_its_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """samples/s is over the steps' wall time including reading each batch: a reader that takes
     0.2 s a batch bounds it by batch / 0.2 s (the step alone takes a few ms here)."""
