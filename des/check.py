@@ -138,7 +138,9 @@ def _worker(out: Path, steps: int, batch_size: int) -> None:
     from des.checkpoint import save_checkpoint
     from des.collectives import Communicator
     from des.config import load_config
-    from des.runner import loop, predict_split, setup
+    from des.metrics import predict_split
+    from des.runner import loop
+    from des.startup import setup
 
     comm = Communicator()
     runtime.configure_threads()
