@@ -3,6 +3,7 @@ own model, substitution or strategy.
 
     .venv/bin/python -m des.check --model deepfm --strategy des --ranks 1,2,3
     .venv/bin/python -m des.check --model fwlr --plugins examples/field_weighted_lr.py --strategy alltoall
+    .venv/bin/python -m des.check --model deepfm --data movielens.csv --schema examples/movielens.toml --plan exchange
 
 Expect ``des.check: ok`` and one line per rank count with the largest difference found (about
 1e-16 .. 1e-13 relative in float64). For each rank count it launches the venv's ``mpiexec -n N``,
@@ -138,7 +139,9 @@ def _worker(out: Path, steps: int, batch_size: int) -> None:
     from des.checkpoint import save_checkpoint
     from des.collectives import Communicator
     from des.config import load_config
-    from des.runner import loop, predict_split, setup
+    from des.metrics import predict_split
+    from des.runner import loop
+    from des.startup import setup
 
     comm = Communicator()
     runtime.configure_threads()
@@ -250,7 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ranks", default="1,2,3", help="rank counts to compare with 1 rank (default: 1,2,3)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--data", default=str(SHIPPED_SAMPLE), help="raw Criteo file or prepared directory")
+    parser.add_argument("--data", default=str(SHIPPED_SAMPLE), help="raw file (another schema than Criteo's: with "
+                        "--schema, which goes to des.train as any further flag does) or prepared directory")
     parser.add_argument("--dtype", default="float64", choices=("float64", "float32"))
     parser.add_argument("--rtol", type=float, default=1e-9)
     parser.add_argument("--compare", default="all", choices=("all", "predictions"),

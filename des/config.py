@@ -1,7 +1,9 @@
 """The training configuration: one dataclass, filled from defaults < a TOML file < command-line flags.
 
 Every field is a flag (``--batch-size``), a TOML key (``batch_size = 2048``) and an entry of the
-run folder's ``config.json``; the help text lives next to the field, once.
+run folder's ``config.json``; the help text lives next to the field, once. What ``auto`` means for
+the optimizers, admission, l2 and early stopping is the model class's ``defaults``
+(``des.models.ModelDefaults``), looked up when first resolved.
 """
 
 from __future__ import annotations
@@ -13,12 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from des.builtin_names import MODELS, default_strategy_names
 from des.errors import ArgumentParser, ConfigError, UsageError
-from des.strategies import default_strategy_names
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 SHIPPED_SAMPLE = PACKAGE_ROOT / "datasets" / "criteo_sample.txt.gz"
-MODELS = ("lr", "fm", "wdl", "deepfm")
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -120,30 +121,37 @@ class TrainConfig:
                            "without it or --resume a non-empty run folder is refused")
     progress: bool = _opt(True, "progress bar on rank 0")
 
+    def model_defaults(self) -> Any:
+        """What ``auto`` means for ``--model``: its class's ``defaults`` (a
+        :class:`des.models.ModelDefaults`; a user model's once ``--plugins`` are loaded). Imports
+        the models, and so TensorFlow: only the run's set-up and the tools that build a model ask."""
+        from des.models import get_model
+
+        return get_model(self.model).defaults
+
     def linear_optimizer_spec(self) -> str:
+        """``--linear-optimizer`` resolved: auto is the model's."""
         if self.linear_optimizer != "auto":
             return self.linear_optimizer
-        if self.model == "lr":
-            return "adagrad:lr=0.1"
-        alpha = {"fm": 0.5}.get(self.model, 0.05)
-        return f"ftrl:alpha={alpha},beta=1.0,l1=0.0,l2=0.0"
+        return self.model_defaults().linear_optimizer
 
     def embedding_optimizer_spec(self) -> str:
+        """``--embedding-optimizer`` resolved: auto is the model's."""
         if self.embedding_optimizer != "auto":
             return self.embedding_optimizer
-        return "adam:lr=0.001" if self.model in ("lr", "fm") else "adam:lr=0.001,catchup=1"
+        return self.model_defaults().embedding_optimizer
 
     def l2_embedding_value(self) -> float:
-        """``--l2-embedding`` resolved: auto (-1) is 0.01 for lr, 0 for the other models."""
+        """``--l2-embedding`` resolved: auto (-1) is the model's (0.01 for lr, 0 for the others)."""
         if self.l2_embedding != -1:
             return self.l2_embedding
-        return 0.01 if self.model == "lr" else 0.0
+        return self.model_defaults().l2_embedding
 
     def unadmitted_mode(self) -> str:
-        """``--unadmitted`` resolved: auto is ``init`` for fm, ``shared`` for the other models."""
+        """``--unadmitted`` resolved: auto is the model's (``init`` for fm, ``shared`` for the others)."""
         if self.unadmitted != "auto":
             return self.unadmitted
-        return "init" if self.model == "fm" else "shared"
+        return self.model_defaults().unadmitted
 
     def min_count_value(self) -> int:
         """``--min-count`` resolved: auto (0) is 2 when ids not admitted share a row, else 1."""
@@ -219,12 +227,11 @@ class TrainConfig:
             raise ConfigError(f"{users[0]} needs validation rows, and the data has none ({remedy})")
 
     def early_stop_patience(self, validation_rows: int) -> int:
-        """``--early-stop`` resolved: auto (-1) is 2 for a run by --epochs with validation rows, else 0
-        (always 0 for lr: early stopping on the sample's ~1.6k validation rows ended LR runs before
-        their best held-out AUC)."""
+        """``--early-stop`` resolved: auto (-1) is the model's patience (2; 0 for lr) for a run by
+        --epochs with validation rows, else 0."""
         if self.early_stop >= 0:
             return self.early_stop
-        return 2 if validation_rows and not self.max_steps and self.model != "lr" else 0
+        return self.model_defaults().early_stop if validation_rows and not self.max_steps else 0
 
     def schedules(self) -> dict[str, Any]:
         """``{"sparse": Schedule, "dense": Schedule}`` (a one-line :class:`ConfigError` if malformed)."""

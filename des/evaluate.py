@@ -45,12 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     comm = Communicator()
     import numpy as np
 
+    from des.building import build_strategy, open_data
     from des.checkpoint import load_checkpoint, read_manifest
     from des.data.inputs import WHOLE_FILE
-    from des.metrics import auc_or_none, logloss
-    from des.plugins import load_plugins
     from des.data.schema import trained_schema
-    from des.runner import build_strategy, open_data, predict_split
+    from des.metrics import auc_or_none, logloss, predict_split
+    from des.plugins import load_plugins
 
     folder, manifest = read_manifest(args.checkpoint)
     config = TrainConfig(**manifest["config"])

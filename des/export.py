@@ -481,7 +481,7 @@ def export(checkpoint: str | Path, output: str | Path, *, force: bool = False, s
     from des.config import TrainConfig
     from des.data.schema import trained_schema
     from des.plugins import load_plugins
-    from des.runner import build_model
+    from des.building import build_model
 
     start = time.perf_counter()
     folder, manifest = read_manifest(checkpoint)

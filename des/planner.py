@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from des.data.batch_reader import row_bounds
+from des.row_blocks import row_bounds
 
 PARTIALS, EXCHANGE = "partials", "exchange"
 MODES = (PARTIALS, EXCHANGE)

@@ -25,12 +25,14 @@ def before_tensorflow(config: TrainConfig) -> None:
         will_compute_in_bfloat16()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, warmup_steps: int = 1) -> int:
+    """``warmup_steps``: the first steps that the throughput and the phase timers leave out (the
+    benchmarks' warm-up; :func:`des.runner.train`)."""
     config = load_config(argv)
     before_tensorflow(config)
     from des.runner import train
 
-    train(config, Communicator())
+    train(config, Communicator(), warmup_steps=warmup_steps)
     return 0
 
 

@@ -27,7 +27,7 @@ worker), each phase either communication or local work (each strategy's ``phases
             ``server_ms_per_phase`` per worker step: lookups, optimizers, dense pulls/pushes).
 
 Each configuration is one job of ``--warmup + --steps`` steps whose phase timers restart after the
-warm-up steps (``benchlib.train_with_timer_restart``), so the table shows steps warmup+1 ..
+warm-up steps (``benchlib.train_with_warmup``), so the table shows steps warmup+1 ..
 warmup+steps only: the first steps trace the tf.functions and would otherwise dominate.
 Figure: stacked bars of the categories.
 """

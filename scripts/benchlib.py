@@ -1,5 +1,5 @@
 """Shared helpers of the benchmark scripts (``scripts/bench_*.py`` import it; it is run as a script
-only inside :meth:`Bench.steady`'s jobs, see :func:`train_with_timer_restart`).
+only inside :meth:`Bench.steady`'s jobs, see :func:`train_with_warmup`).
 
 * :func:`entry` -- a run's result as an entry of ``docs/benchmarks.md``: a title, the table of
   date, machine, command and commit, the result tables and the notes. Every script prints one at
@@ -9,8 +9,8 @@ only inside :meth:`Bench.steady`'s jobs, see :func:`train_with_timer_restart`).
   ``log.txt`` (every child's command line and output), and at the end ``results.csv``,
   ``results.json``, ``table.md`` (the entry) and ``figure.png``; :meth:`Bench.train` runs one
   ``python -m des.train`` job under the venv's ``mpiexec`` with a timeout and returns its
-  ``summary.json``; :meth:`Bench.steady` runs one job of ``W + K`` steps whose phase timers restart
-  after step ``W`` and returns the steady-state ms per phase and samples/s of steps ``W+1 .. W+K``
+  ``summary.json``; :meth:`Bench.steady` runs one job of ``W + K`` steps whose throughput and phase
+  timers leave out the first ``W`` (des.train's warm-up) and returns the steady-state ms per phase and samples/s of steps ``W+1 .. W+K``
   (the first steps trace the tf.functions and fill the tables: seconds, not milliseconds).
 * :func:`markdown_table` / :func:`write_csv` -- the writers (tested in ``tests/test_bench_scripts.py``).
 * :func:`machine_note` -- the line every table carries about this machine vs the paper's cluster.
@@ -299,7 +299,7 @@ class Bench:
               **flags: Any) -> dict[str, Any] | None:
         """``mpiexec -n ranks python -m des.train --flag value ...``; returns summary.json (with the
         job's wall seconds and command), or None after logging the failure. With
-        ``restart_timers_after=W`` the job runs through :func:`train_with_timer_restart`."""
+        ``restart_timers_after=W`` the job runs through :func:`train_with_warmup`."""
         output = self.jobs / tag
         entry = ["-m", "des.train"] if not restart_timers_after else [
             __file__, "--restart-timers-after", str(restart_timers_after)]
@@ -355,7 +355,7 @@ class Bench:
     def steady(self, ranks: int, tag: str, warmup: int, steps: int, **flags: Any) -> dict[str, Any] | None:
         """One job of ``warmup + steps`` steps (``--epochs 0``; per worker for ``ps``, whose
         ``--max-steps`` counts the batches of all workers) with its timers restarted after
-        ``warmup`` steps (:func:`restart_timers_after`). Returns its summary plus ``steady``:
+        ``warmup`` steps (:func:`train_with_warmup`). Returns its summary plus ``steady``:
         ``ms_per_phase`` of the last ``steps`` steps (rank 0, or the first ps worker) and
         ``samples_per_second``: for des/alltoall des.train's own figure (rank 0's training samples
         over its training wall seconds, of the steps after ``warmup``; the job validates once,
@@ -437,58 +437,22 @@ def train_many(spec: str) -> None:
     run_main(main, "des.train")
 
 
-# ---------------------------------------------------------------------------------------- timer restart
-def restart_timers_after(warmup: int) -> None:
-    """Patch des so that a job's timing covers the steps after the first ``warmup`` only: each
-    strategy's phase timer (``strategy.timer``, the source of ``ms_per_phase``) restarts once it
-    has trained ``warmup`` steps (``strategy.step_count``; a ps worker counts its own steps), and
-    so does the runner's throughput meter (``samples_per_second`` in ``summary.json``: the samples
-    and training seconds of the later steps). Only the reporting changes (``steps_this_run`` and
-    ``bytes_per_step`` then count the later steps too)."""
-    from des import runner
-    from des.strategies import default_strategies
-
-    def wrap(cls):
-        original = cls.train_step
-
-        def train_step(self, batch):
-            loss = original(self, batch)
-            # step_count counts every step trained (the runner itself restarts the timer after
-            # the first step of a run, so timer.steps is not the step number)
-            if self.step_count == warmup and not getattr(self, "_bench_timer_restarted", False):
-                self._bench_timer_restarted = True
-                self.timer.reset()
-            return loss
-
-        cls.train_step = train_step
-
-    for cls in default_strategies():
-        wrap(cls)
-    record = runner.Meter.record
-
-    def record_after_warmup(self, loss, samples, seconds, timer):
-        record(self, loss, samples, seconds, timer)
-        if self.steps == warmup:  # the throughput counts the steps after this one
-            self.seconds, self.timed_samples = 0.0, 0
-
-    runner.Meter.record = record_after_warmup
-
-
-def train_with_timer_restart(warmup: int, argv: Sequence[str]) -> None:
+# ---------------------------------------------------------------------------------------- warm-up
+def train_with_warmup(warmup: int, argv: Sequence[str]) -> None:
     """``mpiexec -n N python scripts/benchlib.py --restart-timers-after W <des.train flags>``:
-    des.train unchanged but for :func:`restart_timers_after` ``W``."""
+    des.train with a warm-up of ``W`` steps (``des.train.main(warmup_steps=W)``): the phase timers
+    (``ms_per_phase``) and the throughput meter (``samples_per_second`` in ``summary.json``)
+    restart once a rank has trained ``W`` steps of this run (a ps worker counts its own steps).
+    Only the reporting changes (``steps_this_run`` and ``bytes_per_step`` count every step)."""
     from des import train as des_train
     from des.collectives import run_main
-    from des.config import load_config
 
-    des_train.before_tensorflow(load_config(list(argv)))  # the strategies' import loads TensorFlow
-    restart_timers_after(warmup)
-    run_main(lambda: des_train.main(list(argv)), "des.train")
+    run_main(lambda: des_train.main(list(argv), warmup_steps=warmup), "des.train")
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--restart-timers-after":
-        train_with_timer_restart(int(sys.argv[2]), sys.argv[3:])
+        train_with_warmup(int(sys.argv[2]), sys.argv[3:])
     elif len(sys.argv) == 3 and sys.argv[1] == "--train-many":
         train_many(sys.argv[2])
     else:

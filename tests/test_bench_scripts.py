@@ -127,18 +127,13 @@ def test_mean_std():
     assert all(math.isnan(x) for x in benchlib.mean_std([]))
 
 
-def test_steady_speeds(monkeypatch: pytest.MonkeyPatch):
-    # a bench job's throughput counts the steps after the warm-up ones: the runner's meter (which
-    # leaves out the first step) restarts once 3 steps are recorded
-    from des import runner
-    from des.strategies import default_strategies
+def test_steady_speeds():
+    # a bench job's throughput counts the steps after the warm-up ones: the run's meter with a
+    # warm-up of 3 steps (des.train's warmup_steps, which benchlib.train_with_warmup sets)
+    from des.run import Meter
     from des.strategies.base import PhaseTimer
 
-    monkeypatch.setattr(runner.Meter, "record", runner.Meter.record)  # restored after the test
-    for cls in default_strategies():
-        monkeypatch.setattr(cls, "train_step", cls.train_step)
-    benchlib.restart_timers_after(3)
-    meter, timer = runner.Meter(), PhaseTimer(["top"])
+    meter, timer = Meter(warmup=3), PhaseTimer(["top"])
     for seconds in (9.0, 5.0, 5.0, 1.0, 3.0):  # step 1 (tracing), 2-3 warm-up, 4-5 timed
         meter.record(0.5, 4096, seconds, timer)
     assert meter.samples_per_second == pytest.approx(2 * 4096 / 4.0) and meter.samples == 5 * 4096

@@ -88,6 +88,30 @@ def test_auto_admission_and_l2_depend_on_the_model() -> None:
             load_config(flags)
 
 
+def test_auto_is_what_the_model_class_declares() -> None:
+    """``auto`` resolves from the model class's ``defaults``: W&D and DeepFM keep Model's, a user
+    model inherits its parent's or declares its own once registered."""
+    import dataclasses
+
+    from des.models import LR, MODEL_REGISTRY, DeepFM, Model, ModelDefaults, WideAndDeep, register_model
+
+    assert WideAndDeep.defaults == DeepFM.defaults == Model.defaults == ModelDefaults()
+
+    class SharpLR(LR):
+        name = "sharp_lr"
+        defaults = dataclasses.replace(LR.defaults, l2_embedding=0.5, unadmitted="init")
+
+    register_model(SharpLR)
+    try:
+        c = TrainConfig(model="sharp_lr")
+        assert (c.linear_optimizer_spec(), c.min_count_value(), c.unadmitted_mode(), c.l2_embedding_value(),
+                c.early_stop_patience(100)) == ("adagrad:lr=0.1", 1, "init", 0.5, 0)
+    finally:
+        MODEL_REGISTRY.unregister("sharp_lr")
+    with pytest.raises(ValueError, match="unadmitted"):
+        ModelDefaults(unadmitted="never")
+
+
 def test_auto_early_stop_depends_on_the_model() -> None:
     """Chosen by 3-fold cross-validation on the training rows (scripts/select_defaults.py --cv 3):
     LR trains all --epochs; the other models stop 2 validations after their best."""
@@ -115,7 +139,7 @@ def test_help_documents_every_option() -> None:
 def test_a_strategy_refuses_what_it_cannot_do(flags: list[str], message: str) -> None:
     """Checked after --plugins are loaded (a user strategy declares what it supports), still before
     any communication: a UsageError, one line from rank 0."""
-    from des.runner import strategy_class
+    from des.building import strategy_class
 
     with pytest.raises(UsageError, match=message):
         strategy_class(load_config(flags))

@@ -77,7 +77,7 @@ class _PairwiseOnly(Model):
 def test_a_model_that_takes_no_dense_features_is_refused_on_data_that_has_some(monkeypatch) -> None:
     import des.models
     from des.config import TrainConfig
-    from des.runner import build_model
+    from des.building import build_model
 
     assert build_model(TrainConfig(model="deepfm"), 5, num_dense=2).num_dense == 2
     monkeypatch.setattr(des.models, "get_model", lambda name: _PairwiseOnly)

@@ -399,25 +399,39 @@ def test_a_diverging_run_stops_with_one_line(work: Path) -> None:
         assert proc.stderr.count("error:") == 1, proc.stderr
 
 
+def test_data_without_validation_rows_says_each_epoch_once(work: Path) -> None:
+    """``--split 1,0,0``: each epoch's end writes its line (train loss and throughput, no validation
+    metrics) and the end of the run adds none: the last step's line is not repeated with the mean
+    loss of no steps."""
+    proc = train(work, 1, "no-validation-rows", "--model", "lr", "--epochs", "2", "--split", "1,0,0")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["7", "14"], proc.stdout
+    assert not any("val auc" in line or "train loss 0.0000" in line for line in lines), lines
+    records = [json.loads(line) for line in (work / "no-validation-rows" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [7, 14] and all(r["train_loss"] > 0 for r in records)
+
+
 def test_a_steps_time_counts_reading_its_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """samples/s is over the steps' wall time including reading each batch: a reader that takes
     0.2 s a batch bounds it by batch / 0.2 s (the step alone takes a few ms here)."""
     from des import runner
     from des.collectives import Communicator
     from des.config import load_config
+    from des.run import Run
+    from des.startup import setup
 
     criteo_head(tmp_path / "small.tsv", 600)
     config = load_config(["--data", str(tmp_path / "small.tsv"), "--cache-dir", str(tmp_path / "cache"),
                           "--output", str(tmp_path / "run"), "--model", "lr", "--batch-size", "64", "--max-steps", "4",
                           "--eval-every", "100", "--pipeline", "off", "--no-progress"])
-    run = runner.setup(config, Communicator())
-    read = runner.Run.batch
+    run = setup(config, Communicator())
+    read = Run.batch
 
     def slow_read(self, epoch: int, index: int):
         time.sleep(0.2)
         return read(self, epoch, index)
 
-    monkeypatch.setattr(runner.Run, "batch", slow_read)
+    monkeypatch.setattr(Run, "batch", slow_read)
     runner.loop(run)
     run.strategy.close()
     assert run.meter.steps == 4 and run.meter.seconds >= 3 * 0.2  # the first step is not timed
@@ -433,6 +447,7 @@ def test_tables_are_sized_from_the_data(tmp_path: Path) -> None:
     from des.collectives import Communicator
     from des.config import load_config
     from des.options import TableOptions
+    from des.startup import setup
 
     criteo_head(tmp_path / "small.tsv", 1200)
     grown = {}
@@ -440,7 +455,7 @@ def test_tables_are_sized_from_the_data(tmp_path: Path) -> None:
         config = load_config(["--data", str(tmp_path / "small.tsv"), "--cache-dir", str(tmp_path / "cache"),
                               "--output", str(tmp_path / capacity), "--model", "fm", "--batch-size", "128",
                               "--epochs", "1", "--eval-every", "0", "--table-capacity", capacity, "--no-progress"])
-        run = runner.setup(config, Communicator())
+        run = setup(config, Communicator())
         tables = run.strategy.shard.tables
         start = {f: (t.capacity, t.memory()["row_capacity"], t.version) for f, t in tables.items()}
         distinct = [run.store.distinct_count(f) for f in sorted(tables)]

@@ -52,7 +52,7 @@ import numpy as np
 from mpi4py import MPI
 
 from des.collectives.node_memory import NodeBuffers
-from des.data import batch_reader
+from des.row_blocks import row_bounds
 from des.zero_copy import aligned_empty
 
 
@@ -154,7 +154,7 @@ class Communicator:
     def row_bounds(self, rows: int) -> list[int]:
         """Rank r's row block of ``rows`` rows is ``[bounds[r], bounds[r+1])``: ``r·rows // N``, so the
         remainder is spread evenly (the same split as a sharded batch reader's)."""
-        return batch_reader.row_bounds(rows, self.size)
+        return row_bounds(rows, self.size)
 
     def reduce_scatter_rows_sum(self, buffer: np.ndarray, site: str) -> np.ndarray:
         """This rank's row block (:meth:`row_bounds`) of the sum over ranks of ``buffer [rows, ...]``.

@@ -18,10 +18,8 @@ recorded in ``manifest.json`` and they are opened with ``np.memmap``)::
 One-hot fields carry no offsets (45M rows x 39 fields of offsets would be 14 GB); row ``r`` of
 such a field is ``one_hot_keys[r, j]``. They are stored row-major because training reads random
 rows: a batch's row of Criteo's 39 keys is 312 contiguous bytes (5-6 cache lines), where
-field-major columns cost a cache and TLB miss per key. Measured (2026-11-27, 4096 random rows of
-a 20M-row store in the page cache): 0.56 ms against 7.0 ms per batch; DeepFM B=4096 trained on
-that store 1.04-1.10x faster at N=1 (the read runs beside TF), 1.10x at N=2 and 1.10-1.15x at
-N=4 (each rank reads every step).
+field-major columns cost a cache and TLB miss per key (docs/benchmarks.md, "The column store's
+layout", has the measurement).
 
 Version 1 stores (one ``NN_<field>.keys.bin`` of int64 [N] per one-hot field, no
 ``one_hot.keys.bin``) are still read; their :attr:`ColumnStore.fingerprint` is the same as the

@@ -7,7 +7,7 @@ distribution code (see :mod:`des.models.base`).
 from __future__ import annotations
 
 from des.registry import Registry
-from des.models.base import CRITEO_NUM_FIELDS, DeepTower, EmbeddingBlock, EmbeddingModel, Model
+from des.models.base import CRITEO_NUM_FIELDS, DeepTower, EmbeddingBlock, EmbeddingModel, Model, ModelDefaults
 from des.models.conformance import ModelConformanceError, check_model
 from des.models.deepfm import DeepFM
 from des.models.fm import FM
@@ -45,6 +45,7 @@ __all__ = [
     "EmbeddingModel",
     "Model",
     "ModelConformanceError",
+    "ModelDefaults",
     "check_model",
     "WideAndDeep",
     "default_models",

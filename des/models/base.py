@@ -7,7 +7,9 @@ A model file declares
 * :meth:`Model.substitutions` -- the weight-rich operators, in the order their partials are packed
   into the step buffer;
 * :meth:`Model.top_params` and :meth:`Model.top` -- the small network that runs, replicated, on the
-  combined outputs of the substitutions and produces one logit per sample.
+  combined outputs of the substitutions and produces one logit per sample;
+* :attr:`Model.defaults` -- what ``auto`` means for its options (:class:`ModelDefaults`): a
+  subclass inherits its parent's or declares its own.
 
 There is no MPI, no hash table and no optimizer here: the same model runs under any strategy.
 """
@@ -29,6 +31,31 @@ _ACTIVATIONS = {"relu": tf.nn.relu, "tanh": tf.tanh, "sigmoid": tf.sigmoid, "lin
 
 
 @dataclass(frozen=True)
+class ModelDefaults:
+    """What ``auto`` means for a model's training options (``des.train --help``), chosen on the
+    shipped sample's validation split (``scripts/select_defaults.py``). These are those of W&D,
+    DeepFM and user models; LR and FM declare their own, a user model may too (``defaults =
+    dataclasses.replace(Model.defaults, l2_embedding=0.001)``)."""
+
+    #: ``--linear-optimizer`` (the order-1 weights)
+    linear_optimizer: str = "ftrl:alpha=0.05,beta=1.0,l1=0.0,l2=0.0"
+    #: ``--embedding-optimizer`` (``catchup=1``: TensorFlow's dense Adam semantics)
+    embedding_optimizer: str = "adam:lr=0.001,catchup=1"
+    #: ``--l2-embedding``
+    l2_embedding: float = 0.0
+    #: ``--unadmitted`` (and so ``--min-count``: 2 with ``shared``, else 1)
+    unadmitted: str = "shared"
+    #: ``--early-stop`` of a run by ``--epochs`` on data with validation rows (0: off)
+    early_stop: int = 2
+
+    def __post_init__(self) -> None:
+        if self.unadmitted not in ("init", "zero", "shared"):
+            raise ValueError(f"ModelDefaults.unadmitted must be init, zero or shared, got {self.unadmitted!r}")
+        if self.l2_embedding < 0 or self.early_stop < 0:
+            raise ValueError("ModelDefaults.l2_embedding and early_stop must not be negative")
+
+
+@dataclass(frozen=True)
 class EmbeddingBlock:
     """One value block of the per-field tables: ``dim`` floats per id, initialized by ``init``
     (``zeros``, ``normal``, ``uniform`` or ``truncated_normal``) with ``scale``."""
@@ -43,6 +70,8 @@ class Model(ABC):
     """Base class of LR, FM, W&D, DeepFM and user models."""
 
     name: ClassVar[str]
+    #: what ``auto`` means for this model's options
+    defaults: ClassVar[ModelDefaults] = ModelDefaults()
 
     def __init__(self, num_fields: int = CRITEO_NUM_FIELDS, l2_embedding: float = 0.0, l2_dense: float = 0.0,
                  num_dense: int = 0) -> None:

@@ -7,12 +7,15 @@ from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
-from des.models.base import EmbeddingModel
+from des.models.base import EmbeddingModel, ModelDefaults
 from des.substitutions import FirstOrderLinear, FMOrder2, Substitution
 
 
 class FM(EmbeddingModel):
     name = "fm"
+    #: FTRL's larger step without a deep part; every id its own row on first sight
+    defaults = ModelDefaults(linear_optimizer="ftrl:alpha=0.5,beta=1.0,l1=0.0,l2=0.0",
+                             embedding_optimizer="adam:lr=0.001", unadmitted="init")
 
     def substitutions(self) -> list[Substitution]:
         return [FirstOrderLinear(self.num_fields, num_dense=self.num_dense), FMOrder2(self.num_fields, self.embedding_dim)]

@@ -16,22 +16,14 @@ from __future__ import annotations
 
 import importlib
 
+from des.builtin_names import STRATEGIES, default_strategy_names
 from des.registry import Registry
 from des.strategies.base import CATEGORIES, PhaseTimer, ShardState, Strategy, StrategyContext
 
-# name -> (module, class) of the built-ins, in this order; imported on first use
-_DEFAULTS = {"des": ("des.strategies.des", "DES"), "alltoall": ("des.strategies.alltoall", "AllToAll"),
-             "ps": ("des.strategies.ps", "ParameterServer")}
-
-
-def default_strategy_names() -> tuple[str, ...]:
-    """The built-in strategies' names (without importing them)."""
-    return tuple(_DEFAULTS)
-
 
 def default_strategies() -> list[type[Strategy]]:
-    """The built-in strategy classes, in a fixed order."""
-    return [getattr(importlib.import_module(module), cls) for module, cls in _DEFAULTS.values()]
+    """The built-in strategy classes, in a fixed order (imported on first use)."""
+    return [getattr(importlib.import_module(module), cls) for module, cls in STRATEGIES.values()]
 
 
 def _check_categories(cls: type[Strategy]) -> None:

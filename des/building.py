@@ -1,0 +1,133 @@
+"""A job's parts built from its configuration: the strategy class (its options checked), the
+model, the optimizers, this rank's strategy with its tables, and the data every rank opens.
+
+``des.train`` (through :mod:`des.startup`), ``des.evaluate``, ``des.export`` and ``des.check``
+build with these; strategies and models never import this module.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+
+from des.collectives import Communicator
+from des.config import TrainConfig
+from des.errors import ConfigError, UsageError
+
+
+def build_model(config: TrainConfig, num_fields: int, num_dense: int = 0):
+    """The model named by ``--model`` with the hyper-parameters its constructor accepts, for data of
+    ``num_fields`` fields and ``num_dense`` dense features."""
+    from des.models import get_model
+
+    cls = get_model(config.model)
+    candidates = {
+        "num_fields": num_fields, "embedding_dim": config.embedding_dim, "hidden": tuple(config.hidden_units()),
+        "activation": config.activation, "init_scale": config.init_scale, "l2_embedding": config.l2_embedding_value(),
+        "l2_dense": config.l2_dense,
+    }
+    accepted = inspect.signature(cls.__init__).parameters
+    if num_dense:
+        candidates["num_dense"] = num_dense
+    model = cls(**{k: v for k, v in candidates.items() if k in accepted})
+    if num_dense and not any(sub.dense_params() for sub in model.substitutions()):
+        raise ConfigError(f"--model {config.model} takes no dense features, and the data has {num_dense} "
+                          "(declare them as bucketized numbers in the schema, or give the model an operator "
+                          "that reads them)")
+    return model
+
+
+def build_optimizers(config: TrainConfig):
+    from des.hashtable import optimizer_from_spec
+    from des.options import Optimizers
+
+    def parse(flag: str, spec: str):
+        try:
+            return optimizer_from_spec(spec)
+        except ValueError as exc:
+            raise ConfigError(f"--{flag} {spec!r}: {exc}") from None
+
+    return Optimizers(
+        sparse={"linear": parse("linear-optimizer", config.linear_optimizer_spec()),
+                "embedding": parse("embedding-optimizer", config.embedding_optimizer_spec())},
+        dense=parse("dense-optimizer", config.dense_optimizer),
+    )
+
+
+def strategy_class(config: TrainConfig):
+    """``--strategy``'s class (after ``--plugins`` are imported), its options checked. Every rank
+    fails here alike, before any communication: a :class:`UsageError` (one line from rank 0)."""
+    from des.plugins import load_plugins
+    from des.strategies import get_strategy
+
+    try:
+        load_plugins(config.plugins)
+        cls = get_strategy(config.strategy)
+        cls.check_options(config.to_dict())
+    except UsageError:
+        raise
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    return cls
+
+
+def build_strategy(config: TrainConfig, comm: Communicator, num_fields: int, distinct: list[int], *,
+                   cls: Any = None, strategy: str | None = None, placement: list[list[int]] | None = None,
+                   loads_tables: bool = False, num_dense: int = 0):
+    """The strategy object of this rank, with its model, optimizers, placement and tables
+    (``--table-capacity 0``: sized from ``distinct``, unless ``loads_tables``: a checkpoint's
+    tables replace them, and two full-size sets would be held at once)."""
+    from des.options import TableOptions
+    from des.strategies import StrategyContext, get_strategy
+
+    cls = cls or get_strategy(strategy or config.strategy)
+    options = config.to_dict()
+    if placement is None:
+        placement = cls.place(num_fields, comm.size, config.placement, distinct, options)
+    context = StrategyContext(
+        model=build_model(config, num_fields, num_dense), comm=comm, optimizers=build_optimizers(config), placement=placement,
+        seed=config.seed, dtype=np.dtype(config.dtype),
+        tables=TableOptions(config.table_capacity, config.min_count_value(), config.unadmitted_mode(),
+                            () if loads_tables else tuple(distinct)),
+        options=options,
+        compute_dtype=None if config.compute_dtype == "auto" else config.compute_dtype)
+    return cls(context)
+
+
+def open_data(config: TrainConfig, comm: Communicator, data: str | None = None, split=None, bad_rows: str | None = None,
+              schema: Any = None):
+    """Rank 0 prepares raw files into the cache (once); then every rank opens the same store: the
+    one of ``--data`` (split by ``--split``), or, with ``--train-data``, the separate inputs of each
+    split read as one (``des.data.inputs``; ``data`` given: that one, as ``des.evaluate`` does).
+    Raw files are read with ``schema`` (default ``--schema``: criteo when empty); a prepared
+    directory must have been prepared with it (:func:`des.data.schema.check_same_schema`)."""
+    from des.data import ColumnStore, ConcatStore, open_dataset, open_inputs
+    from des.data.schema import check_same_schema, load_schema
+
+    separate = config.train_data and data is None
+    if comm.rank == 0:
+        cache_dir, bad_rows = config.cache_dir or None, bad_rows or config.bad_rows
+        wanted = load_schema(schema if schema is not None else config.schema or None)
+        if separate:
+            store = open_inputs({"train": config.train_data, "validation": config.validation_data,
+                                 "test": config.test_data}, cache_dir=cache_dir, bad_rows=bad_rows, schema=wanted)
+        else:
+            store = open_dataset(data or config.data, cache_dir=cache_dir,
+                                 split=config.split_fractions() if split is None else split, seed=config.split_seed,
+                                 bad_rows=bad_rows, schema=wanted)
+        if schema is not None or config.schema:  # a schema asked for: the prepared data must be of it
+            check_same_schema(store.schema, wanted, f"--data {data or config.data or config.train_data}",
+                              resolved=schema is not None and not isinstance(schema, str))
+        opened = store.to_json() if separate else str(store.path)
+    opened = comm.bcast_json(opened if comm.rank == 0 else None, "setup")
+    if comm.rank == 0:
+        return store
+    return ConcatStore.from_json(opened) if separate else ColumnStore.open(opened)
+
+
+def data_fingerprint(store) -> str:
+    """Identifies the data by content (a store's manifest: sources' sha256, split, counts; separate
+    inputs: those of the training and validation inputs, in order)."""
+    return store.fingerprint

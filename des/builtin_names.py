@@ -1,0 +1,18 @@
+"""The built-in models and strategies by name, readable without importing them: the command
+line's help and checks list them before TensorFlow is loaded, and the registries
+(``des.models``, ``des.strategies``) import the classes on first use.
+"""
+
+from __future__ import annotations
+
+#: ``--model`` values of the built-in models (``des.models.default_models``, in that order)
+MODELS = ("lr", "fm", "wdl", "deepfm")
+
+#: ``--strategy`` value -> (module, class) of the built-in strategies, in this order
+STRATEGIES = {"des": ("des.strategies.des", "DES"), "alltoall": ("des.strategies.alltoall", "AllToAll"),
+              "ps": ("des.strategies.ps", "ParameterServer")}
+
+
+def default_strategy_names() -> tuple[str, ...]:
+    """The built-in strategies' names (without importing them)."""
+    return tuple(STRATEGIES)

@@ -1,0 +1,198 @@
+"""Everything before a run's first step (``docs/design.md``, "The runner"): the strategy class, the
+data, the step counts, the options that ``auto`` leaves to the run (early stopping, the pipeline,
+``--plan``), the strategy, a resumed checkpoint, the run folder, ``config.json`` and the start-up
+report. Every user error is found here, before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+from typing import Any
+
+import numpy as np
+
+from des import runtime
+from des.building import build_model, build_optimizers, build_strategy, data_fingerprint, open_data, strategy_class
+from des.collectives import Communicator
+from des.config import MODELS, TrainConfig
+from des.errors import ConfigError, DesError
+from des.reporting import startup_report, versions
+from des.run import Run, TrainingState
+from des.run_folder import RunFolder
+from des.schedules import Schedule
+from des.tensorboard import ScalarWriter, learning_rates
+
+
+def setup(config: TrainConfig, comm: Communicator) -> Run:
+    """This rank's run, ready for its first step (collective: every rank of ``comm`` calls it)."""
+    if not config.plugins and config.model not in MODELS:
+        raise ConfigError(f"unknown model {config.model!r} (choose one of: {', '.join(MODELS)}, or load one with --plugins)")
+    cls = strategy_class(config)
+    store = open_data(config, comm)
+    if store.num_rows == 0:
+        raise DesError(f"dataset {store.source} is empty")
+    distinct = [store.distinct_count(f) for f in range(store.num_fields)]
+    placement = cls.place(store.num_fields, comm.size, config.placement, distinct, config.to_dict())
+    train_rows, validation_rows = len(store.split_rows("train")), len(store.split_rows("validation"))
+    steps_per_epoch, total_steps = count_steps(config, train_rows, store.display_name)
+    build_optimizers(config)  # a bad optimizer spec fails before TensorFlow is started
+    if config.early_stop == -1:  # auto: a plain value from here on (config.json, checkpoints)
+        config = dataclasses.replace(config, early_stop=config.early_stop_patience(validation_rows)
+                                     if cls.synchronous else 0)
+    schedules = check_validation_use(config, cls, validation_rows)
+    run_folder = plan_run_folder(config, comm)
+    threads = runtime.configure_threads(config.threads)
+    pipeline_auto = config.pipeline == "auto"
+    if pipeline_auto:  # per rank (never changes results): the overlap needs a spare core
+        config = dataclasses.replace(config, pipeline="on" if threads.intra_op >= 2 else "off")
+    config, unique = resolve_plan(config, cls, store, placement)
+    strategy = build_strategy(config, comm, store.num_fields, distinct, cls=cls, placement=placement,
+                              loads_tables=bool(config.resume), num_dense=store.num_dense)
+    data_order = batch_order(config, store)
+    manifest = resume(config, strategy, store, data_order, steps_per_epoch) if config.resume else None
+    create_run_folder(run_folder, comm)
+    run = Run(config, comm, store, strategy, run_folder.work, steps_per_epoch, total_steps, data_order,
+              start_step=strategy.step_count, run_folder=run_folder, schedules=schedules,
+              training=TrainingState.from_dict(manifest.get("training_state") if manifest else None))
+    run.tensorboard = ScalarWriter(run.folder, run.talks, learning_rates(strategy.context.optimizers))
+    hosts = runtime.describe_hosts(comm)  # collective
+    if comm.rank == 0:
+        write_config_json(run)
+    plan = communication_plan(config, strategy, store, comm.size, unique)
+    run.planner = plan[1] if plan is not None else None
+    if run.talks:
+        for line in startup_report(run, train_rows=train_rows, validation_rows=validation_rows, distinct=distinct,
+                                   hosts=hosts, threads=threads, pipeline_auto=pipeline_auto,
+                                   plan_text=plan[0] if plan is not None else None, manifest=manifest):
+            print(line, flush=True)
+    return run
+
+
+def count_steps(config: TrainConfig, train_rows: int, data_name: str) -> tuple[int, int]:
+    """Steps per epoch and in the whole run (``--epochs``, at most ``--max-steps``)."""
+    batch = config.batch_size
+    steps_per_epoch = train_rows // batch if config.drop_last else -(-train_rows // batch)
+    if steps_per_epoch == 0:
+        raise ConfigError(f"--batch-size {batch} is larger than the {train_rows} training rows of {data_name}")
+    total_steps = config.epochs * steps_per_epoch if config.epochs else config.max_steps
+    if config.max_steps:
+        total_steps = min(total_steps, config.max_steps)
+    return steps_per_epoch, total_steps
+
+
+def check_validation_use(config: TrainConfig, cls: Any, validation_rows: int) -> dict[str, Schedule]:
+    """The non-constant schedules; ``--early-stop`` and plateau schedules need validation rows and a
+    synchronous strategy (an asynchronous one validates once, at the end)."""
+    schedules = {group: s for group, s in config.schedules().items() if s.kind != "constant"}
+    users = config.validation_users()
+    config.check_validation_rows(validation_rows)
+    if (users or schedules) and not cls.synchronous:
+        what = users[0] if users else f"--{next(iter(schedules))}-schedule"
+        raise ConfigError(f"{what} is not supported with --strategy {cls.name} (asynchronous: servers apply pushes "
+                          "on arrival and validation runs once, at the end)")
+    return schedules
+
+
+def batch_order(config: TrainConfig, store: Any) -> dict[str, Any]:
+    """What fixes the order of the batches: a checkpoint's position only means the same batch in a
+    run with the same data, batch size, seed and drop-last (and, with ``--train-data``, the same
+    training and validation inputs)."""
+    order = {"data_fingerprint": data_fingerprint(store), "batch_size": config.batch_size, "seed": config.seed,
+             "drop_last": config.drop_last}
+    if config.train_data:  # a resume with other training or validation files names them
+        order["inputs"] = store.input_names()
+    return order
+
+
+def resume(config: TrainConfig, strategy: Any, store: Any, data_order: dict[str, Any],
+           steps_per_epoch: int) -> dict[str, Any]:
+    """Load ``--resume``'s checkpoint into ``strategy`` (collective); returns its manifest."""
+    from des.checkpoint import check_schema, load_checkpoint, read_manifest
+
+    check_schema(read_manifest(config.resume), store.schema)
+    manifest = load_checkpoint(strategy, config.resume, data_order=data_order)
+    if strategy.step_count != manifest["epoch"] * steps_per_epoch + manifest["next_batch"]:
+        raise ConfigError(f"checkpoint {config.resume}: step {strategy.step_count} is not epoch "
+                          f"{manifest['epoch']} batch {manifest['next_batch']} of {steps_per_epoch} per epoch")
+    return manifest
+
+
+def resolve_plan(config: TrainConfig, cls: Any, store: Any, placement: list[list[int]]) -> tuple[TrainConfig, Any]:
+    """``--plan auto`` -> the planner's cheapest plan for this data, batch size and placement
+    (``des/planner.py``: distinct ids counted on the first 4 batches of the training order, the
+    same on every rank), written into the config (``config.json`` says what ran). Returns the
+    config and the id statistics (None on one rank or for a strategy the planner does not model)."""
+    ranks = len(placement)
+    if cls.communication_plan is None or ranks == 1:
+        if config.plan == "auto":  # one rank: nothing travels, every plan is the same step
+            config = dataclasses.replace(config, plan="partials")
+        return config, None
+    from des import planner
+
+    unique = planner.estimate_unique_ids(store, config.batch_size, ranks, seed=config.seed, drop_last=config.drop_last)
+    if config.plan == "auto" and getattr(cls, "fixed_plan", None) is None:
+        if config.upper == "replicated":
+            best = "partials"
+        else:
+            shape = planner.model_shape(build_model(config, store.num_fields, store.num_dense))
+            best = planner.format_plan(planner.best_plan(shape, config.batch_size, placement, unique,
+                                                         np.dtype(config.dtype).itemsize).plan)
+        config = dataclasses.replace(config, plan=best)
+    return config, unique
+
+
+def communication_plan(config: TrainConfig, strategy: Any, store: Any, ranks: int, unique: Any = None
+                       ) -> tuple[str, dict[str, Any]] | None:
+    """The planner's view of this run (``des/planner.py``), for a strategy whose traffic it models,
+    on several ranks: the start-up table (per operator, predicted bytes/step/rank as partials and
+    as an exchange, which is cheaper and why) and what ``summary.json`` records next to the
+    measured bytes (``unique``: :func:`resolve_plan`'s id statistics)."""
+    if strategy.communication_plan is None or ranks == 1 or unique is None:
+        return None
+    from des import planner
+
+    shape = planner.model_shape(strategy.model)
+    plan = getattr(strategy, "plan", strategy.communication_plan)
+    size = np.dtype(config.dtype).itemsize
+    upper = getattr(strategy, "upper", "data-parallel")
+    cost = planner.plan_cost(shape, plan, config.batch_size, strategy.placement, unique, size, upper=upper)
+    best = planner.best_plan(shape, config.batch_size, strategy.placement, unique, size)
+    record = {"plan": cost.plan, "upper": upper, "predicted_bytes_per_step": cost.mean,
+              "predicted_sites": {site: float(np.mean(v)) for site, v in cost.sites().items()},
+              "cheapest_plan": best.plan, "cheapest_bytes_per_step": best.mean, "batches_sampled": unique.batches}
+    text = planner.report(shape, config.batch_size, strategy.placement, unique, size)
+    text += (f"\n  this run: --plan {planner.format_plan(cost.plan)}"
+             + (f" (upper {upper})" if upper != "data-parallel" else "")
+             + f", predicted {cost.mean:,.0f} bytes/step/rank (summary.json: planner)")
+    return text, record
+
+
+def plan_run_folder(config: TrainConfig, comm: Communicator) -> RunFolder:
+    """The run folder, checked (writable, not in use, no other run in it) but not created yet: a
+    run that fails during set-up (a bad checkpoint, say) leaves nothing behind."""
+    if comm.rank == 0:
+        plan = RunFolder.plan(config.output, model=config.model, resume=config.resume,
+                              overwrite=config.overwrite).to_json()
+    return RunFolder.from_json(comm.bcast_json(plan if comm.rank == 0 else None, "setup"))
+
+
+def create_run_folder(folder: RunFolder, comm: Communicator) -> None:
+    # Every rank first finishes its set-up (a rank that fails to load its fields aborts the job
+    # here, before rank 0 has created anything). Rank 0 then holds the folder's lock until exit.
+    comm.barrier("setup")
+    if comm.rank == 0:
+        folder.create()
+    comm.barrier("setup")
+
+
+def write_config_json(run: Run) -> None:
+    """``config.json``: the effective config, the ranks, the placement, the model, the data and the
+    versions (rank 0)."""
+    strategy, store = run.strategy, run.store
+    (run.folder / "config.json").write_text(json.dumps({
+        "config": run.config.to_dict(), "ranks": run.comm.size, "placement": strategy.placement,
+        "model": strategy.model.describe(), "data": store.source, "data_fingerprint": data_fingerprint(store),
+        "versions": versions(), "python": platform.python_version(),
+    }, indent=1))
