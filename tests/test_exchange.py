@@ -15,13 +15,15 @@ from des.strategies.exchange import distinct_ids, join_samples
 
 def _pool_received(values, base, inverse, id_start, offsets, weights, weighted, hot, field_ids, out) -> None:
     """The row owner's pooling (``BlockExchange.pool``): ``out [rows, F, width]`` from the distinct ids' values."""
-    pool_fields(out, values, FieldIds(inverse, base, id_start, offsets, weights, weighted, hot), field_ids, False)
+    pool_fields(out, values, tuple(FieldIds(inverse, base, id_start, offsets, weights, weighted, hot)), field_ids,
+                False)
 
 
 def _sum_received(grads, base, inverse, id_start, offsets, weights, weighted, hot, field_ids, out) -> None:
     """Its adjoint (``BlockExchange.sum_gradients``): ``grads [rows, F, width]`` summed into the
     distinct ids' rows of ``out`` (zeroed)."""
-    pool_fields(grads, out, FieldIds(inverse, base, id_start, offsets, weights, weighted, hot), field_ids, True)
+    pool_fields(grads, out, tuple(FieldIds(inverse, base, id_start, offsets, weights, weighted, hot)), field_ids,
+                True)
 
 
 def _first_occurrence(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -90,8 +90,8 @@ _TILE = 128
 # is built once (the tables' and blocks' when the shard is made, then updated in place; a batch's by
 # its lookup) and goes in as a plain tuple, which each kernel names on entry (``_Tables(*shard)``):
 # numba types a plain tuple of arrays as fast as the arrays themselves, a named tuple in Python at
-# every call. A field's own work (a helper called once per field) takes that field's slices and
-# values, not the groups, which would be copied into every such call.
+# every call. A function called once per field takes that field's slices and values, not the
+# groups, which would be copied into every such call.
 
 
 class TouchedArrays(NamedTuple):
@@ -759,7 +759,7 @@ def _gather_field_rows(j0, j1, shard, block, init, ids, out, bad, slot, values):
             for b in range(dst.shape[0]):
                 for c in range(dim):
                     dst[b, c] = 0
-            pool_or_unpool(values[lo:lo + m], slot[lo:hi], ids.offsets[j], ids.weights[lo:hi], ids.weighted[j], dst,
+            pool_or_unpool(values[lo:lo + m], slot[lo:hi], ids.offsets[j], ids.weights[lo:hi], ids.weighted[j], out, j,
                            False)
 
 
@@ -930,8 +930,8 @@ def _sum_fields(j0, j1, sums, ids, like):
                 grads_k = grads0 if k == k0 else grads1
                 acc_k = acc0 if k == k0 else acc1
                 dim = dims[k]
-                pool_or_unpool(grads_k[:, j * dim:(j + 1) * dim], inverse[lo:hi], offsets[j], weights[lo:hi],
-                               weighted[j], acc_k[base[j]:base[j + 1]], True)
+                pool_or_unpool(acc_k[base[j]:base[j + 1]], inverse[lo:hi], offsets[j], weights[lo:hi], weighted[j],
+                               grads_k.reshape((size, n_fields, dim)), j, True)
 
 
 @njit(cache=True, nogil=True)

@@ -36,40 +36,49 @@ ROW_TILE = 64
 
 
 @njit(nogil=True, inline="always")
-def _pool_samples(src, index, offsets, weights, has_weights, out, adjoint, b0, b1, filled, value):
+def _pool_samples(rows, index, offsets, weights, has_weights, batch, g, adjoint, b0, b1, filled, value):
     """Samples ``[b0, b1)`` of :func:`pool_or_unpool`; ``filled``: the adjoint's rows stored so far
-    (returned updated), or -1: every term is added into ``out`` (zeroed by the caller; the rows
-    may then be numbered in any order); ``value``: a ``[1, width]`` scratch row of out's dtype."""
+    (returned updated), or -1: every term is added into ``rows`` (zeroed by the caller; they may
+    then be numbered in any order); ``value``: a ``[1, width]`` scratch row of rows' dtype."""
     indexed = index.shape[0] > 0
+    width = rows.shape[1]
     for b in range(b0, b1):
         for t in range(offsets[b], offsets[b + 1]):
             w = weights[t] if has_weights else 1.0
             s = index[t] if indexed else t
-            if adjoint:
+            if adjoint:  # each product rounded once into rows' dtype (by weight 1: the gradient itself)
                 if s >= 0:
-                    for c in range(src.shape[1]):
-                        value[0, c] = w * src[b, c]
-                    filled = add_to_distinct(out, 0, s, filled, value, 0)
-            else:
-                for c in range(src.shape[1]):
-                    out[b, c] += w * src[s, c]
+                    if has_weights:
+                        for c in range(width):
+                            value[0, c] = w * batch[b, g, c]
+                    else:
+                        for c in range(width):
+                            value[0, c] = batch[b, g, c]
+                    filled = add_to_distinct(rows, 0, s, filled, value, 0)
+            elif has_weights:
+                for c in range(width):
+                    batch[b, g, c] += w * rows[s, c]
+            else:  # weight 1: the same sums in the arrays' dtype (a float32 sum formed in float64 and
+                for c in range(width):  # rounded once is the float32 sum)
+                    batch[b, g, c] += rows[s, c]
     return filled
 
 
 @njit(cache=True, nogil=True)
-def pool_or_unpool(src, index, offsets, weights, has_weights, out, adjoint):  # pragma: no cover - numba
-    """Pooling ``out[b] += w_t · src[s_t]`` over the ids t of sample b, or its adjoint (``adjoint``)
-    ``out[s_t] += w_t · src[b]``: one loop nest, so the two stay each other's transpose. ``w_t`` is
-    ``weights[t]`` (as float64) or 1.0. ``s_t`` is ``index[t]``, or ``t`` when ``index`` is empty.
+def pool_or_unpool(rows, index, offsets, weights, has_weights, batch, g, adjoint):  # pragma: no cover - numba
+    """Pooling ``batch[b, g] += w_t · rows[s_t]`` over the ids t of sample b (field ``g`` of a
+    ``[B, F, dim]`` array), or its adjoint (``adjoint``) ``rows[s_t] += w_t · batch[b, g]``: one loop
+    nest, so the two stay each other's transpose. ``w_t`` is ``weights[t]`` (as float64) or 1.0.
+    ``s_t`` is ``index[t]``, or ``t`` when ``index`` is empty.
 
-    Pooling: products formed in float64 and added into out (rounded once per addition). With an
-    index, the ids read their values from a table of distinct rows.
-    Adjoint: each product rounded once into out's dtype, then summed per row ``s`` in id order, the
+    Pooling: products formed in float64 and added into ``batch`` (rounded once per addition). With
+    an index, the ids read their values from a table of distinct rows.
+    Adjoint: each product rounded once into rows' dtype, then summed per row ``s`` in id order, the
     first stored (``add_to_distinct``: ``index`` numbers rows in order of first occurrence, as
     ``distinct_rows`` does; ids with ``s_t < 0`` are skipped). Without an index every id has its own
-    row: ``out[t] = w_t · src[b]``, the per-id gradients; with one, the sums per distinct row."""
-    value = np.empty((1, src.shape[1]), dtype=out.dtype)
-    _pool_samples(src, index, offsets, weights, has_weights, out, adjoint, 0, offsets.shape[0] - 1, 0, value)
+    row: ``rows[t] = w_t · batch[b, g]``, the per-id gradients; with one, the sums per distinct row."""
+    value = np.empty((1, rows.shape[1]), dtype=rows.dtype)
+    _pool_samples(rows, index, offsets, weights, has_weights, batch, g, adjoint, 0, offsets.shape[0] - 1, 0, value)
 
 
 @njit(nogil=True, inline="always")
@@ -107,32 +116,43 @@ class FieldIds(NamedTuple):
 
 @njit(cache=True, nogil=True)
 def pool_fields(pooled, values, ids, field_ids, adjoint):  # pragma: no cover - numba
-    """Every field's ids (:class:`FieldIds`) pooled per row, ``pooled[r, field_ids[f]] = Σ w ·
-    values[base[f] + inverse[id]]``, or (``adjoint``) the transpose: ``pooled`` (the gradients)
-    added into each field's distinct rows of ``values`` (zeroed by the caller), in row order
-    whatever the tiling: :func:`pool_or_unpool`'s two directions. Pooling writes every
-    ``pooled[r, field_ids[f]]`` (a row without ids: zeros) and copies a single unweighted id (a
-    one-hot field, ``hot``: every row). Tile of rows by tile (:data:`ROW_TILE`)."""
-    rows = ids.offsets.shape[1] - 1
-    width = values.shape[1]
+    """Every field's ids (:class:`FieldIds`, a plain tuple of its arrays) pooled per row,
+    ``pooled[r, field_ids[f]] = Σ w · values[base[f] + inverse[id]]``, or (``adjoint``) the
+    transpose: ``pooled`` (the gradients) added into those rows of ``values`` (zeroed by the
+    caller), in row order whatever the tiling: :func:`pool_or_unpool`'s two directions. Pooling
+    writes every ``pooled[r, field_ids[f]]`` (a row without ids: zeros) and copies a single
+    unweighted id; a one-hot field (``hot``: one such id in every row) is copied or added row by
+    row. Tile of rows by tile (:data:`ROW_TILE`)."""
+    ids = FieldIds(*ids)
+    rows, width = pooled.shape[0], values.shape[1]
     value = np.empty((1, width), dtype=values.dtype)
     for r0 in range(0, rows, ROW_TILE):
         r1 = min(rows, r0 + ROW_TILE)
         for f in range(ids.offsets.shape[0]):
-            start, end = ids.id_start[f], ids.id_start[f] + ids.offsets[f, rows]
-            index, table, column = ids.inverse[start:end], values[ids.base[f]:], pooled[:, field_ids[f], :]
-            offsets, weights, weighted = ids.offsets[f], ids.weights[start:end], ids.weighted[f]
-            if adjoint:
-                _pool_samples(column, index, offsets, weights, weighted, table, True, r0, r1, -1, value)
-                continue
-            for r in range(r0, r1):
-                if ids.hot[f] or (offsets[r + 1] - offsets[r] == 1 and not weighted):
+            g, start, offsets, weighted = field_ids[f], ids.id_start[f], ids.offsets[f], ids.weighted[f]
+            end = start + offsets[rows]
+            index, table, weights = ids.inverse[start:end], values[ids.base[f]:], ids.weights[start:end]
+            if ids.hot[f]:  # id r is row r's, weight 1: a copy, or an addition of the row's gradient
+                for r in range(r0, r1):
+                    k = index[r]
+                    if adjoint:
+                        for c in range(width):
+                            table[k, c] += pooled[r, g, c]
+                    else:
+                        for c in range(width):
+                            pooled[r, g, c] = table[k, c]
+            elif adjoint:
+                _pool_samples(table, index, offsets, weights, weighted, pooled, g, True, r0, r1, -1, value)
+            else:
+                for r in range(r0, r1):
+                    if offsets[r + 1] - offsets[r] == 1 and not weighted:
+                        k = index[offsets[r]]
+                        for c in range(width):
+                            pooled[r, g, c] = table[k, c]
+                        continue
                     for c in range(width):
-                        column[r, c] = table[index[offsets[r]], c]
-                    continue
-                for c in range(width):
-                    column[r, c] = 0.0
-                _pool_samples(table, index, offsets, weights, weighted, column, False, r, r + 1, 0, value)
+                        pooled[r, g, c] = 0.0
+                    _pool_samples(table, index, offsets, weights, weighted, pooled, g, False, r, r + 1, 0, value)
 
 
 def is_one_hot(offsets: np.ndarray, weights: np.ndarray | None) -> bool:
@@ -149,10 +169,10 @@ def pool(values: np.ndarray, offsets: np.ndarray, weights: np.ndarray | None, ou
     if is_one_hot(offsets, weights):
         out[...] = values if index is None else values[index]
         return
-    tmp = np.zeros(out.shape, dtype=values.dtype)
+    tmp = np.zeros((out.shape[0], 1, out.shape[1]), dtype=values.dtype)
     pool_or_unpool(values, NO_INDEX if index is None else np.ascontiguousarray(index), offsets,
-                   _NO_WEIGHTS if weights is None else weights, weights is not None, tmp, False)
-    out[...] = tmp
+                   _NO_WEIGHTS if weights is None else weights, weights is not None, tmp, 0, False)
+    out[...] = tmp[:, 0]
 
 
 def unpool(grad: np.ndarray, offsets: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
@@ -160,6 +180,6 @@ def unpool(grad: np.ndarray, offsets: np.ndarray, weights: np.ndarray | None) ->
     if is_one_hot(offsets, weights):
         return np.ascontiguousarray(grad)
     out = np.empty((int(offsets[-1]), grad.shape[1]), dtype=grad.dtype)
-    pool_or_unpool(np.ascontiguousarray(grad), NO_INDEX, offsets, _NO_WEIGHTS if weights is None else weights,
-                   weights is not None, out, True)
+    pool_or_unpool(out, NO_INDEX, offsets, _NO_WEIGHTS if weights is None else weights, weights is not None,
+                   np.ascontiguousarray(grad)[:, None, :], 0, True)
     return out

@@ -44,7 +44,7 @@ class Route:
     send_counts: np.ndarray  # int64 [N]: values sent to each row owner
     recv_counts: np.ndarray  # int64 [N]: values received from each owner
     rows: int  # b_r: this rank's rows
-    ids: FieldIds  # the row owner's ids, every field (receive order) of its rows, over what arrives
+    ids: tuple  # FieldIds (as pool_fields takes them): the row owner's ids, every field (receive order) of its rows
 
 
 def distinct_ids(touched: Touched, bounds: Sequence[int]) -> tuple[Touched, np.ndarray]:
@@ -141,7 +141,7 @@ class BlockExchange:
         base = np.cumsum(distinct) - distinct
         recv_counts = np.zeros(comm.size, dtype=np.int64)
         np.add.at(recv_counts, self._owner_of, distinct)
-        ids = FieldIds(inverse, base, id_start, offsets, weights, weighted, one_hot_fields(offsets, weighted))
+        ids = tuple(FieldIds(inverse, base, id_start, offsets, weights, weighted, one_hot_fields(offsets, weighted)))
         return Route(synthetic, send_samples.astype(np.int64), send_fields.astype(np.int64), send_counts.astype(np.int64),
                      recv_counts, hi - lo, ids)
 
