@@ -2,8 +2,8 @@
 
 ``pooled[b] = Σ_{t in offsets[b]:offsets[b+1]} w_t · rows[s_t]`` (``w_t`` the id's weight or 1,
 ``s_t`` its row); a one-hot field (one id per sample, no weights) pools to its rows unchanged,
-which callers copy. The loop nest exists once (:func:`pool_or_unpool`, over a range of samples)
-and runs, in both directions:
+which callers copy. The loop nest exists once (``_pool_samples``, over a range of samples, behind
+:func:`pool_or_unpool` and :func:`pool_fields`) and runs, in both directions:
 
 * in the fused shard kernels (``fused.py``): a field's ids pooled from its distinct rows, the
   update's gradients un-pooled onto them;
@@ -12,9 +12,10 @@ and runs, in both directions:
 * from Python (:func:`pool`, :func:`unpool`): rows that travel (``RowLayout``, ps) and the
   per-table path the fused kernels are tested against.
 
-Forward, products are formed in float64 and added into the output (rounded once per addition);
-the adjoint rounds each product once into the output's dtype and sums them per row in id order,
-the first stored (``distinct.add_to_distinct``: rows numbered in order of first occurrence).
+Forward, products are formed in float64 and added into the output (rounded once per addition;
+at weight 1 that is the sum in the arrays' dtype); the adjoint rounds each product once into the
+output's dtype and sums them per row in id order, the first stored (``distinct.add_to_distinct``:
+rows numbered in order of first occurrence).
 """
 
 from __future__ import annotations
