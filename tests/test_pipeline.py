@@ -79,8 +79,8 @@ def test_the_background_lookup_runs_at_idle_priority(tmp_path: Path, monkeypatch
     batch = next(iter(BatchReader(store, "train", batch_size=64, seed=0, **engine.reader_options())))
     background: list[tuple[str, int]] = []
     engine.prefetch(lambda: (background.extend(where()), batch)[1], step=0)
-    engine.overlap_next()  # what the step calls once it has gathered its values
-    engine.await_next()
+    engine.pipeline.overlap_next()  # what the step calls once it has gathered its values
+    engine.pipeline.await_next()
     engine.close()
     foreground = where()
     assert engine.overlapped_steps == 1 and batch.prepared is not None
@@ -138,7 +138,7 @@ def test_validations_and_checkpoints_do_not_change_what_is_trained(tmp_path: Pat
 
 def test_a_pipelined_step_finishes_its_updates_later(tmp_path: Path) -> None:
     """With the next batch prefetched, a step hands its dense optimizer step to the idle-priority
-    background thread (the next step waits for it before TF reads the weights, ``DES._settle_dense``)
+    background thread (the next step waits for it before TF reads the weights, ``Pipeline.dense_done``)
     and leaves its sparse update to the next step, which runs it in one pass with its gather
     (``ShardTables.apply_then_gather``): the same bytes as updating both in the step, with each
     step's own schedule factors although the next step's are set before the updates run, and
@@ -161,9 +161,9 @@ def test_a_pipelined_step_finishes_its_updates_later(tmp_path: Path) -> None:
             if pipelined and i + 1 < len(batches):
                 engine.prefetch(lambda after=batches[i + 1]: after, engine.step_count + 1)
             engine.train_step(batch)
-            pending.append((engine._dense_update is not None, engine._sparse_update is not None))
+            pending.append(engine.pipeline.pending)
         state = engine.state()
-        assert engine._dense_update is None and engine._sparse_update is None
+        assert engine.pipeline.pending == (False, False)
         for table in state.tables.values():
             table.catch_up(engine.step_count)
         trained.append([v.tobytes() for v in (*state.dense.field_params.values(), *state.dense.top_params.values())]

@@ -67,7 +67,7 @@ def test_a_training_step_leaves_the_arrays_it_was_handed_unchanged(tmp_path: Pat
     engine = DES.build(model, Communicator(MPI.COMM_SELF), place_fields(store.num_fields, 1), optimizers,
                        dtype=np.float64)
     batch = next(iter(BatchReader(store, "train", batch_size=64, seed=0, **engine.reader_options())))
-    pooled, _, _ = engine._pooled(batch, train=False)
+    pooled = engine.shard.gather_pooled(engine.shard.touch(batch, train=False, step=0), engine.split_form.split_blocks)
     dense = engine.dense
     params = [dense.field_params[name] for name in engine.split_form.split_params]
     top = list(dense.top_params.values())
@@ -76,7 +76,7 @@ def test_a_training_step_leaves_the_arrays_it_was_handed_unchanged(tmp_path: Pat
     # the step hands TF the weights as tensors made once over their memory (DenseParams.as_tensors)
     held = dense.as_tensors([*params, *top])
     assert all(np.shares_memory(to_numpy(t), a) for t, a in zip(held, [*params, *top]))
-    assert all(x is y for x, y in zip(held, [*engine._split_params(), *dense.as_tensors(top)]))
+    assert all(x is y for x, y in zip(held, [*dense.as_tensors(params), *dense.as_tensors(top)]))
     before = [a.copy() for a in lent]
     labels = np.asarray(batch.labels, dtype=np.float64)
     form = engine.split_form

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from concurrent.futures import Future, ThreadPoolExecutor
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from des.errors import ConfigError
+from des.strategies.pipeline import Pipeline, Prefetch
 
 if TYPE_CHECKING:  # the protocol itself loads no TensorFlow
     from des.collectives import Communicator
@@ -119,35 +119,6 @@ class ShardState:
         return sorted(self.tables)
 
 
-class Prefetch:
-    """The next step's batch, read and :meth:`Strategy.prepare`-d (parameter-free work, e.g. DES's
-    key->row lookup) on a background thread (PICASSO's pipelining). The strategy starts it where
-    its step allows (:meth:`Strategy.overlap_next`: after it has read the tables' values) and waits
-    for it before it updates them (:meth:`Strategy.await_next`); never started, :meth:`batch` does
-    the work in the caller's thread, so results never depend on whether the step overlapped."""
-
-    def __init__(self, read: Callable[[], Any], prepare: Callable[[Any], Any]) -> None:
-        self._work = lambda: prepare(read())
-        self._future: Future | None = None
-
-    def start(self, executor: ThreadPoolExecutor) -> None:
-        if self._future is None:
-            self._future = executor.submit(self._work)
-
-    def wait(self) -> None:
-        """Block until the background work is done (re-raises its error here)."""
-        if self._future is not None:
-            self._future.result()
-
-    def batch(self) -> Any:
-        """The prepared batch (doing the work now if it was never started)."""
-        if self._future is None:
-            future: Future = Future()
-            future.set_result(self._work())
-            self._future = future
-        return self._future.result()
-
-
 class Strategy(ABC):
     """One rank of a training job. Subclasses set the class attributes and implement the methods."""
 
@@ -180,9 +151,8 @@ class Strategy(ABC):
         self.dtype = np.dtype(context.dtype)
         self.timer = PhaseTimer(self.phases)
         self.step_count = 0
-        self._next: Prefetch | None = None
-        self._background: ThreadPoolExecutor | None = None
-        self.overlapped_steps = 0  # steps whose next batch was prepared in the background
+        #: the overlap of a step with the next one (``--pipeline on``): des/strategies/pipeline.py
+        self.pipeline = Pipeline(self.prepare)
 
     @classmethod
     def build(cls, model: "Model", comm: "Communicator", placement: Sequence[Sequence[int]],
@@ -247,38 +217,24 @@ class Strategy(ABC):
     def prefetch(self, read: Callable[[], Any], step: int) -> Prefetch:
         """The batch of global step ``step``, trained right after the coming :meth:`train_step`
         (``--pipeline on``; nothing such as a validation or checkpoint in between): ``read()`` it
-        and :meth:`prepare` it, in the background where this strategy's step overlaps it."""
-        self._next = Prefetch(read, lambda batch: self.prepare(batch, step))
-        return self._next
+        and :meth:`prepare` it, in the background where this strategy's step overlaps it
+        (:class:`~des.strategies.pipeline.Pipeline`)."""
+        return self.pipeline.prefetch(read, step)
 
     def prepare(self, batch: Any, step: int) -> Any:
         """Parameter-free work on ``batch`` before its step ``step`` (default: none). It may run
         while the previous step computes, so it must not read or write parameter values."""
         return batch
 
-    def overlap_next(self) -> None:
-        """Start the prefetched batch's work on the background thread (called by the step once it
-        no longer reads the tables' values)."""
-        if self._next is not None:
-            self._next.start(self.background())
-            self.overlapped_steps += 1
+    @property
+    def overlapped_steps(self) -> int:
+        """Steps whose next batch was prepared in the background."""
+        return self.pipeline.overlapped_steps
 
-    def background(self) -> ThreadPoolExecutor:
-        """The strategy's one background thread, at idle priority (it must not take TF's cores:
-        des/hashtable/_threads.py): the next batch's work, and whatever else a step overlaps
-        (DES: its dense optimizer step). Tasks run one after another, in submission order."""
-        if self._background is None:
-            from des.hashtable import background_thread
-
-            self._background = ThreadPoolExecutor(1, thread_name_prefix="des-background",
-                                                  initializer=background_thread)
-        return self._background
-
-    def await_next(self) -> None:
-        """Wait for the prefetched batch's work (called by the step before it updates the tables)."""
-        if self._next is not None:
-            next_batch, self._next = self._next, None
-            next_batch.wait()
+    def settle(self) -> None:
+        """Finish the updates a pipelined step left for the next one: before anything but that step
+        reads or replaces the weights (:meth:`predict`, :meth:`state` and the methods below call it)."""
+        self.pipeline.settle()
 
     @abstractmethod
     def train_step(self, batch: Any) -> float:
@@ -291,12 +247,11 @@ class Strategy(ABC):
 
     def end_training(self) -> None:
         """Called on training ranks after their last step, before the final evaluation."""
+        self.settle()
 
     def close(self) -> None:
         """Called on training ranks when the job is done with this strategy (after evaluation)."""
-        if self._background is not None:
-            self._background.shutdown(wait=True)
-            self._background = None
+        self.pipeline.close()
 
     def serve(self) -> None:
         """Run a serving rank until the training ranks are done (``role == "serve"`` only)."""
@@ -309,6 +264,7 @@ class Strategy(ABC):
 
     def load_state(self, state: ShardState) -> None:
         """Adopt a state filled by :func:`des.checkpoint.load_checkpoint`."""
+        self.settle()
         self.step_count = state.step
 
     # ------------------------------------------------------------------ reporting

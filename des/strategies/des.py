@@ -32,7 +32,7 @@ Both need ``combine`` and ``Model.top`` to be row-wise (``check_substitution``/`
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -41,6 +41,7 @@ from des.errors import ConfigError
 from des.strategies.base import ShardState, Strategy, StrategyContext, untimed
 from des.strategies.components import DenseParams, FieldShard
 from des.strategies.forms import ModelSplitForm
+from des.strategies.pipeline import StepRates
 from des.zero_copy import to_numpy
 
 
@@ -97,10 +98,6 @@ class DES(Strategy):
         self.dense = DenseParams(self.model, self.shard.fields, context.optimizers, seed=self.seed, dtype=self.dtype,
                                  replicated=exchanged)
         self.split_form = ModelSplitForm(self.model, self.dense, self.dtype, context.compute_dtype, exchanged)
-        self._dense_update: Future | None = None  # the previous step's dense optimizer step, in the background
-        # a pipelined step's sparse update, run by the next step with its gather: (pooled gradients,
-        # lookup, step, schedule factor)
-        self._sparse_update: tuple[list, Any, int, float] | None = None
         self.exchange = None
         if exchanged:
             from des.strategies.exchange import BlockExchange
@@ -143,9 +140,30 @@ class DES(Strategy):
         batch.prepared = (step, touched, self.exchange.route(batch, touched) if self.exchange else None)
         return batch
 
-    def _pooled(self, batch: Any, *, train: bool) -> tuple[list, Any, Any]:
-        """Step 1: this rank's fields of the whole global batch, looked up, gathered and pooled
-        (the blocks a split operator reads), and the exchange's route."""
+    # ------------------------------------------------------------------ the step, stage by stage
+    def train_step(self, batch: Any) -> float:
+        """One step of the paper's Algorithm 1 (the module docstring numbers its stages)."""
+        rates = StepRates(self.shard.rates.sparse, self.dense.rates.dense)  # this step's schedule factors
+        looked_up = self._lookup(batch, train=True)  # 1
+        with self.timer("update"):  # TF reads the dense weights (in place): the previous step's update first
+            self.pipeline.dense_done()
+        if self.comm.size == 1 and self.exchange is None:
+            grads = self._one_rank_step(batch, looked_up)  # 2, 4, 6 in one TF call
+        elif self.upper == "replicated":
+            grads = self._replicated_step(batch, looked_up)  # 2, 3, 4, 6
+        else:
+            grads = self._data_parallel_step(batch, looked_up)  # 2 to 7
+        self._update(looked_up, grads, rates)  # 8
+        self.step_count += 1
+        self.timer.steps += 1
+        return grads.loss
+
+    def _lookup(self, batch: Any, *, train: bool) -> _LookedUp:
+        """Step 1: this rank's fields of the whole global batch, looked up (or as prepared in the
+        background), gathered and pooled (the blocks a split operator reads), and the exchange's
+        route and gathered values. A training step first catches its rows up (they are read as
+        dense Adam would hold them now) and runs the previous step's deferred sparse update in the
+        same pass over the fields."""
         phase = self.timer if train else untimed  # evaluation is not timed
         with phase("lookup"):
             if train and batch.prepared is not None:
@@ -155,23 +173,94 @@ class DES(Strategy):
             else:
                 touched = self.shard.touch(batch, train=train, step=self.step_count)
                 route = self.exchange.route(batch, touched) if self.exchange else None
-        # a training step's forward reads the rows as dense Adam would hold them now: caught up
         catch_up_to = self.step_count if train else None
-        if train and self._sparse_update is not None:
-            with phase("update"):  # the previous step's sparse update and this batch's gather, one pass
-                grads, previous, step, lr_scale = self._sparse_update
-                self._sparse_update = None
-                pooled = self.shard.apply_then_gather(previous, grads, step, lr_scale, touched,
+        late = self.pipeline.take_sparse() if train else None
+        if late is not None:
+            with phase("update"):
+                pooled = self.shard.apply_then_gather(late.touched, late.grads, late.step, late.rates.sparse, touched,
                                                       self.split_form.split_blocks, catch_up_to=catch_up_to)
         else:
             with phase("lookup"):
                 pooled = self.shard.gather_pooled(touched, self.split_form.split_blocks, catch_up_to=catch_up_to)
         with phase("lookup"):
-            xpooled = self.exchange.gather(route) if self.exchange else None
+            gathered = self.exchange.gather(route) if self.exchange else None
         if train:
-            self.overlap_next()  # the next batch is read and looked up while TF computes this step
-        return pooled, touched, (route, xpooled)
+            self.pipeline.overlap_next()  # the next batch is read and looked up while TF computes this step
+        return _LookedUp(pooled, touched, route, gathered)
 
+    def _one_rank_step(self, batch: Any, looked_up: _LookedUp) -> _Gradients:
+        """Steps 2, 4 and 6 on one rank: the row block is the batch and nothing is reduced."""
+        form, size = self.split_form, len(batch.labels)
+        with self.timer("fused_step"):
+            loss, pooled_grads, field_grads, top_grads = form.train_whole(
+                looked_up.pooled, self._split_params(), self._top(), self._labels(batch), size, form.dense_rows(batch))
+            return _Gradients(float(loss), _arrays(pooled_grads), [], _arrays(field_grads), _arrays(top_grads))
+
+    def _replicated_step(self, batch: Any, looked_up: _LookedUp) -> _Gradients:
+        """Steps 2, 3, 4, 6 as in the paper: one AllReduce of the partials, the top network on the
+        whole batch on every rank (its gradients are the same everywhere: nothing else travels)."""
+        form, size = self.split_form, len(batch.labels)
+        buffer = self._partials(looked_up.pooled, size, train=True)
+        with self.timer("allreduce"):
+            self.comm.allreduce_sum_(buffer, "forward_partials")
+        with self.timer("top"):
+            loss, buffer_grad, _, _, top_grads = form.top_train(buffer, [], [], self._labels(batch), self._top(), size,
+                                                                form.dense_rows(batch))
+        pooled_grads, field_grads = self._local_backward(looked_up.pooled, buffer_grad)
+        return _Gradients(float(loss), pooled_grads, [], self._field_gradients(field_grads, []), _arrays(top_grads))
+
+    def _data_parallel_step(self, batch: Any, looked_up: _LookedUp) -> _Gradients:
+        """Steps 2 to 7 with the upper network on this rank's row block: the partials reduce-scattered
+        by rows (and the exchanged operators' inputs sent to the row owners), the top network on
+        B/N rows, its gradients AllReduced while ``G`` is all-gathered and sent back through
+        ``local``."""
+        form, comm, timer, size = self.split_form, self.comm, self.timer, len(batch.labels)
+        buffer = self._partials(looked_up.pooled, size, train=True)
+        xpooled, xparams = self._exchanged_inputs(looked_up, train=True)
+        lo, hi = comm.row_bounds(size)[comm.rank : comm.rank + 2]
+        with timer("reduce_scatter"):
+            rows = (comm.reduce_scatter_rows_sum(buffer, "partials_reduce_scatter") if form.width
+                    else np.zeros((hi - lo, 0), dtype=self.dtype))
+        with timer("top"):
+            loss, rows_grad, xpooled_grads, xparam_grads, top_grads = form.top_train(
+                rows, xpooled, xparams, self._labels(batch)[lo:hi], self._top(), size, form.dense_rows(batch, lo, hi))
+            # this rank's loss share and dense gradients, summed over the ranks while G travels
+            packed = np.concatenate([[float(loss)], *[to_numpy(g).reshape(-1) for g in xparam_grads],
+                                     *[to_numpy(g).reshape(-1) for g in top_grads]]).astype(self.dtype)
+        with timer("allreduce"):
+            pending = comm.start_allreduce_sum_(packed, "top_gradients")
+        exchange_grads = self._exchange_backward(looked_up.route, xpooled_grads) if self.exchange else []
+        buffer_grad = None
+        if form.width:
+            with timer("allgather"):
+                buffer_grad = comm.allgather_rows(to_numpy(rows_grad), size, "gradient_allgather")
+        pooled_grads, field_grads = self._local_backward(looked_up.pooled, buffer_grad)
+        with timer("allreduce"):
+            pending.wait()
+            loss, xparam_grads, top_grads = self._unpack(packed)
+        return _Gradients(loss, pooled_grads, exchange_grads, self._field_gradients(field_grads, xparam_grads),
+                          top_grads)
+
+    def _update(self, looked_up: _LookedUp, grads: _Gradients, rates: StepRates) -> None:
+        """Step 8: the dense optimizers, then the sparse ones, each with this step's factors. When
+        the next step follows (``--pipeline on``) only its TF call reads the dense weights, so their
+        step runs on the background thread meanwhile, and (without an exchange) the sparse update
+        waits for the next step's gather: the same bytes either way."""
+        with self.timer("update"):
+            if self.pipeline.follows:
+                self.pipeline.defer_dense(self.dense.apply, grads.fields, grads.top, rates.dense)
+            else:  # before the sparse update: the next batch's lookup may still be running
+                self.dense.apply(grads.fields, grads.top, rates.dense)
+        defer = self.pipeline.follows and self.exchange is None
+        with self.timer("lookup"):
+            self.pipeline.await_next()  # the next batch's lookup may grow the tables: done before they change
+        if defer:
+            self.pipeline.defer_sparse(_LateSparse(self.shard, grads.pooled, looked_up.touched, self.step_count, rates))
+        else:
+            with self.timer("update"):
+                self._apply_sparse(looked_up, grads, rates)
+
+    # ------------------------------------------------------------------ the stages' pieces
     def _partials(self, pooled: list, rows: int, *, train: bool) -> np.ndarray:
         """Step 2: this rank's partials ``[B, P]`` of the whole global batch."""
         with (self.timer if train else untimed)("partials"):
@@ -182,118 +271,33 @@ class DES(Strategy):
                 buffer = np.array(buffer, order="C", copy=True)  # the AllReduce sums in place: TF's memory is not ours
         return buffer
 
-    def _exchanged_inputs(self, route_values: Any, *, train: bool) -> tuple[list, list]:
+    def _exchanged_inputs(self, looked_up: _LookedUp, *, train: bool) -> tuple[list, list]:
         """The row owner's pooled values of the exchanged blocks (after the values' Alltoallv) and
         the exchanged operators' field weights (every field)."""
         form = self.split_form
         xparams = [self.dense.field_params[n] for n in form.exchange_params]
         if self.exchange is None:
             return [], xparams
-        route, gathered = route_values
         with (self.timer if train else untimed)("exchange_values"):
-            got = self.exchange.send_values(route, gathered, train=train)
+            got = self.exchange.send_values(looked_up.route, looked_up.gathered, train=train)
         with (self.timer if train else untimed)("lookup"):
-            return self.exchange.pool(route, got), xparams
+            return self.exchange.pool(looked_up.route, got), xparams
 
-    def train_step(self, batch: Any) -> float:
-        timer, form, dense, comm = self.timer, self.split_form, self.dense, self.comm
-        size = len(batch.labels)
-        labels = np.asarray(batch.labels, dtype=self.dtype)
-        top = dense.as_tensors(dense.top_params.values())
-        pooled, touched, route_values = self._pooled(batch, train=True)
-        with timer("update"):  # TF reads the dense weights (in place): the previous step's update first
-            self._settle_dense()
-        split_params = self._split_params()
-        if comm.size == 1 and self.exchange is None:  # the row block is the batch: steps 2-6 in one TF call
-            with timer("fused_step"):
-                loss, pooled_grads, field_grads, top_grads = form.train_whole(pooled, split_params, top, labels, size,
-                                                                              form.dense_rows(batch))
-                loss, top_grads = float(loss), [to_numpy(g) for g in top_grads]
-                field_grads, exchange_grads = [to_numpy(g) for g in field_grads], []
-                pooled_grads = [to_numpy(g) for g in pooled_grads]
-        else:
-            buffer = self._partials(pooled, size, train=True)
-            if self.upper == "replicated":
-                with timer("allreduce"):
-                    comm.allreduce_sum_(buffer, "forward_partials")
-                with timer("top"):
-                    loss, buffer_grad, _, _, top_grads = form.top_train(buffer, [], [], labels, top, size,
-                                                                        form.dense_rows(batch))
-                    loss, top_grads, xparam_grads, exchange_grads = float(loss), [to_numpy(g) for g in top_grads], [], []
-            else:
-                xpooled, xparams = self._exchanged_inputs(route_values, train=True)
-                lo, hi = comm.row_bounds(size)[comm.rank : comm.rank + 2]
-                with timer("reduce_scatter"):
-                    rows = (comm.reduce_scatter_rows_sum(buffer, "partials_reduce_scatter") if form.width
-                            else np.zeros((hi - lo, 0), dtype=self.dtype))
-                with timer("top"):
-                    loss, rows_grad, xpooled_grads, xparam_grads, top_grads = form.top_train(
-                        rows, xpooled, xparams, labels[lo:hi], top, size, form.dense_rows(batch, lo, hi))
-                    # this rank's loss share and dense gradients, summed over the ranks while G travels
-                    packed = np.concatenate([[float(loss)], *[to_numpy(g).reshape(-1) for g in xparam_grads],
-                                             *[to_numpy(g).reshape(-1) for g in top_grads]]).astype(self.dtype)
-                with timer("allreduce"):
-                    pending = comm.start_allreduce_sum_(packed, "top_gradients")
-                exchange_grads = []
-                if self.exchange is not None:
-                    exchange_grads = self._exchange_backward(route_values[0], xpooled_grads)
-                if form.width:
-                    with timer("allgather"):
-                        buffer_grad = comm.allgather_rows(to_numpy(rows_grad), size, "gradient_allgather")
-            if form.width:
-                with timer("local_backward"):
-                    pooled_grads, field_grads = form.local_backward(pooled, split_params, buffer_grad)
-                    pooled_grads, field_grads = [to_numpy(g) for g in pooled_grads], [to_numpy(g) for g in field_grads]
-            else:
-                pooled_grads, field_grads = [], []
-            if self.upper != "replicated":
-                with timer("allreduce"):
-                    pending.wait()
-                    loss, xparam_grads, top_grads = self._unpack(packed)
-            field_grads = self._field_gradients(field_grads, xparam_grads)
-        with timer("update"):
-            if self._next is not None:
-                # pipelined: the next step follows, and only its TF call reads these weights; the
-                # dense optimizer runs on the idle-priority background thread (once the next batch's
-                # lookup there is done), in the gaps the sparse update, the gather and the Python
-                # between them leave; with this step's schedule factor (the runner sets the next
-                # step's before it runs): bit for bit the same step
-                self._dense_update = self.background().submit(dense.apply, field_grads, top_grads,
-                                                              dense.rates.dense)
-            else:  # before the sparse update: the next batch's lookup may still be running
-                dense.apply(field_grads, top_grads)
-        pipelined = self._next is not None
-        with timer("lookup"):
-            self.await_next()  # the next batch's lookup may grow the tables: done before they change
-        if pipelined and self.exchange is None:
-            # the next step follows: this update runs at its start, in one pass over the fields with
-            # the gather of its batch (ShardTables.apply_then_gather), with this step's schedule factor
-            self._sparse_update = (pooled_grads, touched, self.step_count, self.shard.rates.sparse)
-        else:
-            with timer("update"):
-                self._apply_sparse(pooled_grads, exchange_grads, touched, route_values)
-        self.step_count += 1
-        timer.steps += 1
-        return loss
+    def _local_backward(self, pooled: list, buffer_grad: Any) -> tuple[list, list]:
+        """Step 6: ``G`` back through this rank's ``local`` (eq. 9): the gradients of its pooled
+        blocks and field slices (none when every operator is exchanged)."""
+        if not self.split_form.width:
+            return [], []
+        with self.timer("local_backward"):
+            pooled_grads, field_grads = self.split_form.local_backward(pooled, self._split_params(), buffer_grad)
+            return _arrays(pooled_grads), _arrays(field_grads)
 
-    # ------------------------------------------------------------------ the step's pieces
-    def _settle(self) -> None:
-        """The previous step's updates done: the dense optimizer step running in the background
-        (re-raises its error) and the sparse update waiting for the next step's gather (with the
-        schedule factor of its step). Before anything but the next training step reads or
-        replaces the weights."""
-        self._settle_dense()
-        if self._sparse_update is not None:
-            grads, touched, step, lr_scale = self._sparse_update
-            self._sparse_update = None
-            self.shard.apply_pooled(touched, grads, step, lr_scale)
+    def _top(self) -> list[Any]:
+        """The top network's weights (and the dense features'), as TF tensors over their memory."""
+        return self.dense.as_tensors(self.dense.top_params.values())
 
-    def _settle_dense(self) -> None:
-        """Wait for the dense optimizer step running in the background (re-raises its error): before
-        anything reads or replaces the dense weights."""
-        if self._dense_update is not None:
-            update, self._dense_update = self._dense_update, None
-            update.result()
+    def _labels(self, batch: Any) -> np.ndarray:
+        return np.asarray(batch.labels, dtype=self.dtype)
 
     def _split_params(self) -> list[Any]:
         """The split operators' field weights (this rank's slices), in the split form's order, as
@@ -324,38 +328,40 @@ class DES(Strategy):
         by_name.update(zip(self.split_form.exchange_params, exchanged))
         return [by_name[name] for name in self.dense.field_params]
 
-    def _apply_sparse(self, pooled_grads: list, exchange_grads: list, touched: Any, route_values: Any) -> None:
+    def _apply_sparse(self, looked_up: _LookedUp, grads: _Gradients, rates: StepRates) -> None:
         """The sparse optimizers, ONCE per row per step: a block both a split and an exchanged
         operator read is updated on the real batch joined to the exchange's synthetic one."""
+        touched, step, scale = looked_up.touched, self.step_count, rates.sparse
         if self.exchange is None:
-            self.shard.apply_pooled(touched, pooled_grads, self.step_count)
+            self.shard.apply_pooled(touched, grads.pooled, step, scale)
             return
         from des.strategies.exchange import join_samples
 
-        split = dict(zip(self.split_form.split_blocks, pooled_grads))
-        exchanged = dict(zip(self.split_form.exchange_blocks, exchange_grads))
-        route = route_values[0]
+        split = dict(zip(self.split_form.split_blocks, grads.pooled))
+        exchanged = dict(zip(self.split_form.exchange_blocks, grads.exchanged))
+        synthetic = looked_up.route.synthetic
         joined = None
         for k, block in enumerate(self.model.blocks()):
             if block.name in split and block.name in exchanged:
-                joined = joined or join_samples(touched, route.synthetic)
-                grads = np.concatenate([split[block.name], exchanged[block.name]], axis=0)
-                self.shard.apply_pooled(joined, {k: grads}, self.step_count)
+                joined = joined or join_samples(touched, synthetic)
+                both = np.concatenate([split[block.name], exchanged[block.name]], axis=0)
+                self.shard.apply_pooled(joined, {k: both}, step, scale)
             elif block.name in split:
-                self.shard.apply_pooled(touched, {k: split[block.name]}, self.step_count)
+                self.shard.apply_pooled(touched, {k: split[block.name]}, step, scale)
             elif block.name in exchanged:
-                self.shard.apply_pooled(route.synthetic, {k: exchanged[block.name]}, self.step_count)
+                self.shard.apply_pooled(synthetic, {k: exchanged[block.name]}, step, scale)
 
+    # ------------------------------------------------------------------ evaluation and state
     def predict(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
-        self._settle()
-        pooled, _, route_values = self._pooled(batch, train=False)
+        self.settle()
+        looked_up = self._lookup(batch, train=False)
         size = len(batch.labels)
-        buffer = self._partials(pooled, size, train=False)
-        top, comm, form = self.dense.as_tensors(self.dense.top_params.values()), self.comm, self.split_form
+        buffer = self._partials(looked_up.pooled, size, train=False)
+        top, comm, form = self._top(), self.comm, self.split_form
         if self.exchange is None and (self.upper == "replicated" or comm.size == 1):
             comm.allreduce_sum_(buffer, "eval_partials")
             return form.top_predict(buffer, [], [], top, form.dense_rows(batch)).numpy(), np.asarray(batch.labels)
-        xpooled, xparams = self._exchanged_inputs(route_values, train=False)
+        xpooled, xparams = self._exchanged_inputs(looked_up, train=False)
         lo, hi = comm.row_bounds(size)[comm.rank : comm.rank + 2]
         rows = (comm.reduce_scatter_rows_sum(buffer, "eval_partials") if form.width
                 else np.zeros((hi - lo, 0), dtype=self.dtype))
@@ -364,21 +370,9 @@ class DES(Strategy):
         return comm.allgather_rows(p, size, "eval_predictions"), np.asarray(batch.labels)
 
     def state(self) -> ShardState:
-        self._settle()
+        self.settle()
         return ShardState(self.model, self.dtype, self.seed, self.placement, self.step_count, self.shard.tables,
                           self.dense)
-
-    def load_state(self, state: ShardState) -> None:
-        self._settle()
-        super().load_state(state)
-
-    def end_training(self) -> None:
-        self._settle()
-        super().end_training()
-
-    def close(self) -> None:
-        self._settle()
-        super().close()
 
     def describe(self) -> str:
         from des.planner import format_plan
@@ -391,3 +385,43 @@ class DES(Strategy):
 
     def memory(self) -> dict[str, int]:
         return {**self.shard.memory(), "dense_bytes": self.dense.nbytes}
+
+
+@dataclass
+class _LookedUp:
+    """Step 1's result: this rank's pooled blocks, its lookup, and the exchange's route and values."""
+
+    pooled: list
+    touched: Any
+    route: Any = None
+    gathered: Any = None
+
+
+@dataclass
+class _Gradients:
+    """Steps 2 to 7's result: the loss and the gradients of this rank's pooled blocks, of the ids
+    the exchange brought back, of the field weights and of the top network's."""
+
+    loss: float
+    pooled: list
+    exchanged: list
+    fields: list
+    top: list
+
+
+@dataclass
+class _LateSparse:
+    """A pipelined step's sparse update, run by the next step with its gather (or alone)."""
+
+    shard: FieldShard
+    grads: list
+    touched: Any
+    step: int
+    rates: StepRates
+
+    def apply(self) -> None:
+        self.shard.apply_pooled(self.touched, self.grads, self.step, self.rates.sparse)
+
+
+def _arrays(tensors: Any) -> list[np.ndarray]:
+    return [to_numpy(t) for t in tensors]
