@@ -37,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import benchlib
+
 from des.data.schema import load_schema
 
 PYTHON = sys.executable
@@ -138,18 +140,21 @@ def main() -> None:
                 ("prepare parquet", "parquet", inputs["parquet"], str(parquet_toml)),
                 ("prepare criteo", "criteo", inputs["criteo"], "criteo"),
                 ("pandas read_csv", "pandas", inputs["csv"], "-")]
-        print(f"{args.rows:,} rows each; input sizes: " + ", ".join(
-            f"{p.name} {p.stat().st_size / 1e6:,.1f} MB" for p in inputs.values()), flush=True)
-        header = f"| {'what':<16} | {'seconds':>8} | {'rows/s':>11} | {'MB/s':>7} | {'peak RSS MiB':>12} |"
-        print(header)
-        print("|" + "|".join("-" * (len(cell)) for cell in header.split("|")[1:-1]) + "|", flush=True)
+        sizes = ", ".join(f"{p.name} {p.stat().st_size / 1e6:,.1f} MB" for p in inputs.values())
+        print(f"{args.rows:,} rows each; input sizes: {sizes}", flush=True)
+        rows = []
         for label, kind, source, schema in runs:
             result, peak = run_child([kind, str(source), str(work / f"store-{kind}"), schema, str(args.chunk_rows)])
             seconds = result["seconds"]
-            megabytes = source.stat().st_size / 1e6
-            print(f"| {label:<16} | {seconds:8.2f} | {result['rows'] / seconds:11,.0f} | {megabytes / seconds:7.1f} | "
-                  f"{peak / 2**20:12,.0f} |", flush=True)
+            rows.append({"what": label, "seconds": seconds, "rows_s": result["rows"] / seconds,
+                         "mb_s": source.stat().st_size / 1e6 / seconds, "rss": peak / 2**20})
+            print(f"  {label}: {seconds:.2f} s", flush=True)
             shutil.rmtree(work / f"store-{kind}", ignore_errors=True)
+        columns = [("what", "what", ""), ("seconds", "seconds", ".2f"), ("rows_s", "rows/s", ",.0f"),
+                   ("mb_s", "MB/s", ".1f"), ("rss", "peak RSS MiB", ",.0f")]
+        print(benchlib.entry("bench_prepare", benchlib.environment(), sys.argv[1:], [("", columns, rows)],
+                             [f"{args.rows:,} rows each; input sizes: {sizes}; each measurement in a process of "
+                              "its own (imports and a warm-up not timed; peak RSS of the whole process)"]))
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
