@@ -37,7 +37,7 @@ route the sum of their input gradients back once; ``des/strategies/exchange.py``
     weights     2 (N-1)/N · s · Σ_{j∈E} |W_j|               the replicated W_j's gradients, in the top AllReduce
 
 No keys and no counts travel: every rank reads the whole batch, so owner and row owner both know
-the distinct ids of a field in a row block (sorted, ``np.unique``) and how many there are.
+the distinct ids of a field in a row block (in order of first occurrence) and how many there are.
 
 **shared** by every plan (the data-parallel upper network)::
 
@@ -165,7 +165,7 @@ def unique_ids_of_batches(batches: Iterable[Any], ranks: int, num_fields: int) -
         for q in range(ranks):
             block = batch.take(bounds[q], bounds[q + 1])
             for f in range(num_fields):
-                counts[q, f] = np.unique(block.fields[f].keys).size  # what the exchange moves (np.unique)
+                counts[q, f] = np.unique(block.fields[f].keys).size  # what the exchange moves: its distinct ids
         total = counts if total is None else total + counts
         count += 1
     if not count:
