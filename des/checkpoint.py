@@ -83,16 +83,34 @@ def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, c
         # Eviction runs here, on every rank at the same step, so it is part of the saved state.
         evicted = sum(table.evict(ttl, state.step) for table in state.tables.values())
     name = f"step-{state.step:08d}"
-    final = root / name
     tmp = root / f".{name}.tmp"
     if comm.rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     comm.barrier("checkpoint")
+    written = _write_files(state, tmp, top=comm.rank == 0)
+    (tmp / f"rank-{comm.rank}.json").write_text(json.dumps(written))
+    comm.barrier("checkpoint")
+    if comm.rank == 0:
+        manifest = {
+            "format": FORMAT, "model": state.model.config(), "dtype": state.dtype.name, "seed": state.seed,
+            "num_fields": state.model.num_fields, "step": state.step, "epoch": epoch, "next_batch": next_batch,
+            "ranks": comm.size, "placement": state.placement, "evicted_rows": evicted, "config": config,
+            "data_order": data_order or {}, "training_state": training_state or {},
+            "files": _gather_checksums(tmp, comm.size),
+        }
+        if schema is not None:
+            manifest["schema"] = schema
+        _publish(tmp, root, name, manifest)
+    comm.barrier("checkpoint")
+    return root / name
 
-    dense = state.dense
-    written: dict[str, str] = {}
+
+def _write_files(state: Any, tmp: Path, *, top: bool) -> dict[str, str]:
+    """This rank's files of a checkpoint (its fields' tables and dense slices; the top network's
+    weights when ``top``), by name with their sha256."""
+    dense, written = state.dense, []
     for field in state.fields:  # the owner writes a field's table and its dense slices
         stem = _field_stem(field)
         state.tables[field].save(tmp / f"{stem}.table")
@@ -101,56 +119,40 @@ def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, c
             arrays[f"{pname}__value"] = value[dense.index(pname, field)]
             arrays.update(_state_arrays(pname, dense.field_state(pname, field)))
         np.savez(tmp / f"{stem}.dense.npz", **arrays)
-        written[f"{stem}.table"] = written[f"{stem}.dense.npz"] = ""
-    if comm.rank == 0:
+        written += [f"{stem}.table", f"{stem}.dense.npz"]
+    if top:
         arrays = {}
         for pname, value in dense.top_params.items():
             arrays[f"{pname}__value"] = value
             arrays.update(_state_arrays(pname, dense.top_states[pname]))
         np.savez(tmp / "dense.npz", **arrays)
-        written["dense.npz"] = ""
-    written = {file: _sha256(tmp / file) for file in written}
-    (tmp / f"rank-{comm.rank}.json").write_text(json.dumps(written))
-    comm.barrier("checkpoint")
+        written.append("dense.npz")
+    return {file: _sha256(tmp / file) for file in written}
 
-    if comm.rank == 0:
-        files: dict[str, str] = {}
-        for r in range(comm.size):
-            part = tmp / f"rank-{r}.json"
-            files.update(json.loads(part.read_text()))
-            part.unlink()
-        manifest = {
-            "format": FORMAT,
-            "model": state.model.config(),
-            "dtype": state.dtype.name,
-            "seed": state.seed,
-            "num_fields": state.model.num_fields,
-            "step": state.step,
-            "epoch": epoch,
-            "next_batch": next_batch,
-            "ranks": comm.size,
-            "placement": state.placement,
-            "evicted_rows": evicted,
-            "config": config,
-            "data_order": data_order or {},
-            "training_state": training_state or {},
-            "files": dict(sorted(files.items())),
-        }
-        if schema is not None:
-            manifest["schema"] = schema
-        _write_atomically(tmp / "manifest.json", json.dumps(manifest, indent=1))
-        _write_atomically(tmp / MANIFEST_CHECKSUM, _sha256(tmp / "manifest.json") + "\n")
-        # A checkpoint of this step may exist (a rerun into the same folder): move it aside with
-        # one rename, put the new one in place with another, and only then delete the old one.
-        old = root / f".{name}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        if final.exists():
-            os.replace(final, old)
-        os.replace(tmp, final)
-        _write_atomically(root / "latest", name + "\n")
-        shutil.rmtree(old, ignore_errors=True)
-    comm.barrier("checkpoint")
-    return final
+
+def _gather_checksums(tmp: Path, ranks: int) -> dict[str, str]:
+    """Every rank's files and their sha256 (each rank left them in ``rank-R.json``)."""
+    files: dict[str, str] = {}
+    for r in range(ranks):
+        part = tmp / f"rank-{r}.json"
+        files.update(json.loads(part.read_text()))
+        part.unlink()
+    return dict(sorted(files.items()))
+
+
+def _publish(tmp: Path, root: Path, name: str, manifest: dict[str, Any]) -> None:
+    """Write the manifest and its checksum, then put the folder in place and point ``latest`` at it."""
+    _write_atomically(tmp / "manifest.json", json.dumps(manifest, indent=1))
+    _write_atomically(tmp / MANIFEST_CHECKSUM, _sha256(tmp / "manifest.json") + "\n")
+    # A checkpoint of this step may exist (a rerun into the same folder): move it aside with
+    # one rename, put the new one in place with another, and only then delete the old one.
+    final, old = root / name, root / f".{name}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _write_atomically(root / "latest", name + "\n")
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _write_atomically(path: Path, text: str) -> None:

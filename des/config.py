@@ -129,29 +129,26 @@ class TrainConfig:
 
         return get_model(self.model).defaults
 
+    def _or_model_default(self, name: str, auto):
+        """The option ``name`` as given, or the model's default where it is ``auto``."""
+        value = getattr(self, name)
+        return getattr(self.model_defaults(), name) if value == auto else value
+
     def linear_optimizer_spec(self) -> str:
         """``--linear-optimizer`` resolved: auto is the model's."""
-        if self.linear_optimizer != "auto":
-            return self.linear_optimizer
-        return self.model_defaults().linear_optimizer
+        return self._or_model_default("linear_optimizer", "auto")
 
     def embedding_optimizer_spec(self) -> str:
         """``--embedding-optimizer`` resolved: auto is the model's."""
-        if self.embedding_optimizer != "auto":
-            return self.embedding_optimizer
-        return self.model_defaults().embedding_optimizer
+        return self._or_model_default("embedding_optimizer", "auto")
 
     def l2_embedding_value(self) -> float:
         """``--l2-embedding`` resolved: auto (-1) is the model's (0.01 for lr, 0 for the others)."""
-        if self.l2_embedding != -1:
-            return self.l2_embedding
-        return self.model_defaults().l2_embedding
+        return self._or_model_default("l2_embedding", -1)
 
     def unadmitted_mode(self) -> str:
         """``--unadmitted`` resolved: auto is the model's (``init`` for fm, ``shared`` for the others)."""
-        if self.unadmitted != "auto":
-            return self.unadmitted
-        return self.model_defaults().unadmitted
+        return self._or_model_default("unadmitted", "auto")
 
     def min_count_value(self) -> int:
         """``--min-count`` resolved: auto (0) is 2 when ids not admitted share a row, else 1."""

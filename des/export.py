@@ -250,41 +250,18 @@ def _read_checkpoint(folder: Path, manifest: dict[str, Any], model: Any) -> dict
     import numpy as np
 
     from des.checkpoint import as_checkpoint_error, verified_file
-    from des.hashtable import EmbeddingTable
-    from des.hashtable.table import SHARED_KEY
 
     blocks = [b.name for b in model.blocks()]
     keys, values, shared = [], {b: [] for b in blocks}, {b: [] for b in blocks}
     field_params: dict[str, list[np.ndarray]] = {}
-    table_specs: dict[str, Any] = {}
-    table_options: dict[str, Any] = {}
+    table: dict[str, Any] = {}
     for field in range(model.num_fields):
-        path = verified_file(folder, manifest, f"field-{field:03d}.table")
-        with as_checkpoint_error(path):
-            table = EmbeddingTable.load(path)
-        if table.field != field or [b.name for b in table.blocks] != blocks:
-            raise ConfigError(f"{path} holds field {table.field} with blocks {[b.name for b in table.blocks]}, "
-                              f"expected field {field} with {blocks}")
-        table_specs = {b.name: b for b in table.blocks}
-        table_options = {"seed": table.seed, "min_count": table.min_count, "unadmitted": table.unadmitted,
-                         "dtype": table.dtype}
-        field_keys = table.keys()
-        rows = np.arange(field_keys.size, dtype=np.int64)
-        if table.unadmitted == "shared":
-            # An evaluation lookup of the shared key itself: its row (made as training would make it,
-            # with its initial value, if the table has none yet). Unadmitted keys are left out: served
-            # as unknown, they get this row, as lookup maps them to it.
-            shared_key = np.array([SHARED_KEY], dtype=np.int64)
-            shared_row = table.lookup(shared_key, insert=False)
-            for b in blocks:
-                shared[b].append(table.gather(b, shared_key, shared_row)[0])
-            keep = (field_keys != SHARED_KEY) & table.metadata(rows)["admitted"]
-            field_keys, rows = field_keys[keep], rows[keep]
-        keys.append(field_keys)
+        table = _read_field_table(folder, manifest, field, blocks)
+        keys.append(table["keys"])
         for b in blocks:
-            # gather applies admission: a not-yet-admitted row gives its initial value or zero.
-            values[b].append(table.gather(b, field_keys, rows))
-        del table
+            values[b].append(table["values"][b])
+            if table["shared"]:
+                shared[b].append(table["shared"][b])
         path = verified_file(folder, manifest, f"field-{field:03d}.dense.npz")
         with as_checkpoint_error(path), np.load(path, allow_pickle=False) as arrays:
             for name in arrays.files:
@@ -296,11 +273,45 @@ def _read_checkpoint(folder: Path, manifest: dict[str, Any], model: Any) -> dict
     return {
         "keys": keys,
         "offsets": np.concatenate([[0], np.cumsum([k.size for k in keys])]).astype(np.int64),
-        "values": {b: np.concatenate(v) if v else np.zeros((0, table_specs[b].dim)) for b, v in values.items()},
+        "values": {b: np.concatenate(v) if v else np.zeros((0, table["specs"][b].dim)) for b, v in values.items()},
         "field_params": {k: np.stack(v) for k, v in field_params.items()},
-        "top": top, "specs": table_specs, **table_options,
+        "top": top, "specs": table["specs"], **table["options"],
         "shared": {b: np.stack(v) for b, v in shared.items() if v},
     }
+
+
+def _read_field_table(folder: Path, manifest: dict[str, Any], field: int, blocks: list[str]) -> dict[str, Any]:
+    """One field's table: the keys to serve, their values per block (as training gathers them),
+    the shared row's values (``--unadmitted shared``), the blocks' specs and the table's options."""
+    import numpy as np
+
+    from des.checkpoint import as_checkpoint_error, verified_file
+    from des.hashtable import EmbeddingTable
+    from des.hashtable.table import SHARED_KEY
+
+    path = verified_file(folder, manifest, f"field-{field:03d}.table")
+    with as_checkpoint_error(path):
+        table = EmbeddingTable.load(path)
+    if table.field != field or [b.name for b in table.blocks] != blocks:
+        raise ConfigError(f"{path} holds field {table.field} with blocks {[b.name for b in table.blocks]}, "
+                          f"expected field {field} with {blocks}")
+    field_keys = table.keys()
+    rows = np.arange(field_keys.size, dtype=np.int64)
+    shared = {}
+    if table.unadmitted == "shared":
+        # An evaluation lookup of the shared key itself: its row (made as training would make it,
+        # with its initial value, if the table has none yet). Unadmitted keys are left out: served
+        # as unknown, they get this row, as lookup maps them to it.
+        shared_key = np.array([SHARED_KEY], dtype=np.int64)
+        shared_row = table.lookup(shared_key, insert=False)
+        shared = {b: table.gather(b, shared_key, shared_row)[0] for b in blocks}
+        keep = (field_keys != SHARED_KEY) & table.metadata(rows)["admitted"]
+        field_keys, rows = field_keys[keep], rows[keep]
+    # gather applies admission: a not-yet-admitted row gives its initial value or zero
+    return {"keys": field_keys, "values": {b: table.gather(b, field_keys, rows) for b in blocks}, "shared": shared,
+            "specs": {b.name: b for b in table.blocks},
+            "options": {"seed": table.seed, "min_count": table.min_count, "unadmitted": table.unadmitted,
+                        "dtype": table.dtype}}
 
 
 # ---------------------------------------------------------------------------------- the module
@@ -369,86 +380,101 @@ def request_signature(schema: Any) -> dict[str, Any]:
     return ServingFeatures(schema).signature()
 
 
+class ServedModel:
+    """The trained model as TF variables and hash tables (held by :attr:`module`, the
+    ``tf.Module`` that is saved), and its forward on a request's ids."""
+
+    def __init__(self, model: Any, state: dict[str, Any]) -> None:
+        import tensorflow as tf
+
+        from des.hashtable import Initializer
+
+        self.model, self.substitutions = model, model.substitutions()
+        self.dtype = tf.as_dtype(state["dtype"])
+        self.unadmitted, self.specs = state["unadmitted"], state["specs"]
+        # one table per field (a field's keys are unique within it): key -> row of the values
+        self.tables = []
+        for f, field_keys in enumerate(state["keys"]):
+            table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1)
+            table.insert(tf.constant(field_keys, tf.int64),
+                         tf.range(field_keys.size, dtype=tf.int64) + int(state["offsets"][f]))
+            self.tables.append(table)
+        self.values = {b: tf.Variable(v, trainable=False, name=f"values_{b}") for b, v in state["values"].items()}
+        self.field_params = {k: tf.Variable(v, trainable=False, name=k.replace(":", "_"))
+                             for k, v in state["field_params"].items()}
+        self.top = {k: tf.Variable(v, trainable=False, name=k.replace(":", "_")) for k, v in state["top"].items()}
+        # --unadmitted shared: per block, [fields, dim] values of every field's shared row
+        self.shared = {b: tf.Variable(v, trainable=False, name=f"shared_{b}") for b, v in state["shared"].items()}
+        # uint64 stream bases per (block, field), as des.hashtable.init.Initializer.stream_base
+        self.bases = {b: [Initializer.stream_base(state["seed"], f, b) for f in range(model.num_fields)]
+                      for b in self.specs}
+        #: what is saved: every table and variable above
+        self.module = tf.Module(name="des_export")
+        self.module.tables, self.module.values, self.module.shared = self.tables, self.values, self.shared
+        self.module.field_params, self.module.top = self.field_params, self.top
+
+    def unknown_values(self, f: int, keys: Any, block: str) -> Any:
+        """What field ``f``'s unknown (or unadmitted) ``keys`` are looked up as: ``[n, dim]``."""
+        import tensorflow as tf
+
+        dim, count = self.specs[block].dim, tf.shape(keys)[0]
+        if self.unadmitted == "shared":
+            return tf.repeat(self.shared[block][f][None, :], count, axis=0)
+        init = self.specs[block].init
+        if self.unadmitted == "zero" or init.kind == "zeros":
+            return tf.zeros([count, dim], self.dtype)
+        bases = tf.fill(tf.shape(keys), tf.constant(self.bases[block][f], tf.uint64))
+        return tf.cast(initial_values(keys, bases, init.kind, init.scale, dim), self.dtype)
+
+    def pooled(self, f: int, ids: FieldIds, rows: Any, size: Any, block: str) -> Any:
+        """``[B, dim]``: field ``f``'s values of ``block``, pooled per sample (as the tables' gather
+        pools them: each id's value times its weight, summed), for its ids and their rows (-1:
+        unknown)."""
+        import tensorflow as tf
+
+        out = tf.gather(self.values[block], tf.maximum(rows, 0))
+        unknown = tf.where(rows < 0)
+        out = tf.tensor_scatter_nd_update(out, unknown, self.unknown_values(f, tf.gather_nd(ids.keys, unknown), block))
+        if ids.row_ids is None:  # one id per sample: its value
+            return out
+        if ids.weights is not None:
+            out *= tf.cast(ids.weights, self.dtype)[:, None]
+        return tf.math.unsorted_segment_sum(out, ids.row_ids, size)
+
+    def probability(self, fields: list[FieldIds], dense: Any, size: Any) -> Any:
+        """The whole model's forward (each substitution's ``reference``, then the top network)."""
+        import tensorflow as tf
+
+        rows = [self.tables[f].lookup(ids.keys) for f, ids in enumerate(fields)]
+        pooled = {b: tf.stack([self.pooled(f, ids, r, size, b) for f, (ids, r) in enumerate(zip(fields, rows))],
+                              axis=1) for b in self.specs}
+        dense = None if dense is None else tf.cast(dense, self.dtype)
+        outputs = []
+        for i, sub in enumerate(self.substitutions):
+            params = _named(self.field_params, f"{i}:{sub.name}:")
+            if sub.dense_params():
+                outputs.append(sub.reference(pooled[sub.block], params, dense, _named(self.top, f"{i}:{sub.name}:")))
+            else:
+                outputs.append(sub.reference(pooled[sub.block], params))
+        return tf.sigmoid(self.model.top(self.top, outputs))
+
+
+def _named(weights: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The weights named ``prefix`` + name, by name."""
+    return {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+
+
 def build_module(model: Any, state: dict[str, Any], schema: Any) -> Any:
     """A ``tf.Module`` whose ``serve`` is the ``serving_default`` signature (see the module doc)."""
-    import numpy as np
     import tensorflow as tf
 
-    from des.hashtable import Initializer
-
-    dtype = tf.as_dtype(state["dtype"])
-    substitutions = model.substitutions()
-    unadmitted = state["unadmitted"]
-    specs = state["specs"]
-
-    class Exported(tf.Module):
-        def __init__(self) -> None:
-            super().__init__(name="des_export")
-            # one table per field (a field's keys are unique within it): key -> row of the values
-            self.tables = []
-            for f, field_keys in enumerate(state["keys"]):
-                table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1)
-                table.insert(tf.constant(field_keys, tf.int64),
-                             tf.range(field_keys.size, dtype=tf.int64) + int(state["offsets"][f]))
-                self.tables.append(table)
-            self.values = {b: tf.Variable(v, trainable=False, name=f"values_{b}") for b, v in state["values"].items()}
-            self.field_params = {k.replace(":", "_"): tf.Variable(v, trainable=False)
-                                 for k, v in state["field_params"].items()}
-            self.field_names = dict(zip(state["field_params"], self.field_params))
-            self.top = {k: tf.Variable(v, trainable=False, name=k.replace(":", "_")) for k, v in state["top"].items()}
-            # --unadmitted shared: per block, [fields, dim] values of every field's shared row
-            self.shared = {b: tf.Variable(v, trainable=False, name=f"shared_{b}") for b, v in state["shared"].items()}
-            # uint64 stream bases per (block, field), as des.hashtable.init.Initializer.stream_base
-            self.bases = {b: [Initializer.stream_base(state["seed"], f, b) for f in range(model.num_fields)]
-                          for b in specs}
-
-        def pooled(self, f: int, ids: FieldIds, rows: Any, size: Any, block: str) -> Any:
-            """``[B, dim]``: field ``f``'s values of ``block``, pooled per sample (as the tables' gather
-            pools them: each id's value times its weight, summed), for its ids and their rows (-1:
-            unknown)."""
-            dim = specs[block].dim
-            out = tf.gather(self.values[block], tf.maximum(rows, 0))
-            unknown = tf.where(rows < 0)
-            if unadmitted == "shared":
-                fill = tf.repeat(self.shared[block][f][None, :], tf.shape(unknown)[0], axis=0)
-            elif unadmitted == "zero" or specs[block].init.kind == "zeros":
-                fill = tf.zeros([tf.shape(unknown)[0], dim], dtype)
-            else:
-                unknown_keys = tf.gather_nd(ids.keys, unknown)
-                bases = tf.fill(tf.shape(unknown_keys), tf.constant(self.bases[block][f], tf.uint64))
-                init = specs[block].init
-                fill = tf.cast(initial_values(unknown_keys, bases, init.kind, init.scale, dim), dtype)
-            out = tf.tensor_scatter_nd_update(out, unknown, fill)
-            if ids.row_ids is None:  # one id per sample: its value
-                return out
-            if ids.weights is not None:
-                out *= tf.cast(ids.weights, dtype)[:, None]
-            return tf.math.unsorted_segment_sum(out, ids.row_ids, size)
-
-        def probability(self, fields: list[FieldIds], dense: Any, size: Any) -> Any:
-            rows = [self.tables[f].lookup(ids.keys) for f, ids in enumerate(fields)]
-            pooled = {b: tf.stack([self.pooled(f, ids, r, size, b) for f, (ids, r) in enumerate(zip(fields, rows))],
-                                  axis=1) for b in specs}
-            dense = None if dense is None else tf.cast(dense, dtype)
-            outputs = []
-            for i, sub in enumerate(substitutions):
-                prefix = f"{i}:{sub.name}:"
-                params = {k[len(prefix):]: self.field_params[v] for k, v in self.field_names.items()
-                          if k.startswith(prefix)}
-                if sub.dense_params():
-                    weights = {k[len(prefix):]: v for k, v in self.top.items() if k.startswith(prefix)}
-                    outputs.append(sub.reference(pooled[sub.block], params, dense, weights))
-                else:
-                    outputs.append(sub.reference(pooled[sub.block], params))
-            return tf.sigmoid(model.top(self.top, outputs))
-
-    module = Exported()
-    signature = request_signature(schema)
+    served = ServedModel(model, state)
+    module, signature = served.module, request_signature(schema)
 
     @tf.function(input_signature=[signature], autograph=False)
     def serve(request):
         fields, dense = request_fields(schema, request)
-        return {"probability": module.probability(fields, dense, tf.shape(next(iter(request.values())))[0])}
+        return {"probability": served.probability(fields, dense, tf.shape(next(iter(request.values())))[0])}
 
     # A signature function takes keyword arguments: wrap so each column is its own named input.
     @tf.function(input_signature=list(signature.values()), autograph=False)

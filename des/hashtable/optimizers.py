@@ -254,49 +254,15 @@ def _catch_up(w, m, v, last, rows, t, g, step, hp, alphas, horizon):
     n, dim, upto = rows.shape[0], w.shape[1], t - 1
     if n == 0:
         return
-    # a row with nothing skipped (never updated: m = v = 0, nothing moves; or last step t - 1)
-    # sorts with the newest and never joins the range
-    since = np.empty(n, np.int64)
-    for i in range(n):
-        if i + _PF < n:
-            prefetch1(last, rows[i + _PF])
-        lr_i = np.int64(last[rows[i]])
-        since[i] = lr_i if lr_i != 0 and lr_i < upto else upto
+    since = _skipped_since(last, rows, upto)
     if step and since.min() == upto:  # nothing skipped (the rows were caught up before the step's
-        alpha = lr * alphas[t]  # forward): the step in place, the same operations as below
-        for i in range(n):
-            if i + _PF < n:
-                prefetch2(w, rows[i + _PF], 0)
-                prefetch2(v, rows[i + _PF], v.shape[1] - 1)
-            _adam_row(w, m, v, rows[i], g, i, alpha, omb1, omb2, eps)
-            last[rows[i]] = t
+        _step_in_place(w, m, v, last, rows, t, g, lr * alphas[t], omb1, omb2, eps)  # forward)
         return
     order = _stable_order(since, upto)
-    mm, vv, ww = np.empty(n * dim, w.dtype), np.empty(n * dim, w.dtype), np.empty(n * dim, w.dtype)
-    for k in range(n):
-        if k + _PF < n:  # a row and its slots are co-located: two cache lines
-            prefetch2(w, rows[order[k + _PF]], 0)
-            prefetch2(v, rows[order[k + _PF]], v.shape[1] - 1)
-        r = rows[order[k]]
-        for j in range(dim):
-            mm[k * dim + j], vv[k * dim + j], ww[k * dim + j] = m[r, j], v[r, j], w[r, j]
+    mm, vv, ww = _side_by_side(m, v, w, rows, order)
     for c0 in range(0, n, _CATCH_UP_GROUP):  # a group's values stay in L1 over all its steps
-        c1 = min(c0 + _CATCH_UP_GROUP, n)
-        lo = hi = c0  # rows [lo, hi) (in order) take step s: last < s <= last + horizon
-        s = since[order[c0]] + 1
-        while s <= upto:
-            while hi < c1 and since[order[hi]] < s:
-                hi += 1
-            while lo < hi and since[order[lo]] + horizon < s:
-                lo += 1
-            if lo == hi:  # nobody moves at s: on to the next row's first skipped step
-                if hi == c1:
-                    break
-                s = since[order[hi]] + 1
-                continue
-            _zero_gradient_step(mm[lo * dim:hi * dim], vv[lo * dim:hi * dim], ww[lo * dim:hi * dim], b1, b2,
-                                lr * alphas[s], eps)
-            s += 1
+        _skipped_steps(mm, vv, ww, since, order, c0, min(c0 + _CATCH_UP_GROUP, n), upto, horizon, dim, b1, b2, lr,
+                       alphas, eps)
     for k in range(n):
         rest = upto - min(upto, since[order[k]] + horizon)  # steps past the horizon: only decay
         if rest > 0:
@@ -313,6 +279,69 @@ def _catch_up(w, m, v, last, rows, t, g, step, hp, alphas, horizon):
         for j in range(dim):
             m[r, j], v[r, j], w[r, j] = mm[k * dim + j], vv[k * dim + j], ww[k * dim + j]
         last[r] = t if step else upto
+
+
+@njit(nogil=True, inline="always")
+def _skipped_since(last, rows, upto):
+    """Per row, the last step it took; a row with nothing skipped (never updated: m = v = 0,
+    nothing moves; or last step ``upto``) counts as ``upto`` (it sorts with the newest and never
+    joins the catching-up range)."""
+    n = rows.shape[0]
+    since = np.empty(n, np.int64)
+    for i in range(n):
+        if i + _PF < n:
+            prefetch1(last, rows[i + _PF])
+        lr_i = np.int64(last[rows[i]])
+        since[i] = lr_i if lr_i != 0 and lr_i < upto else upto
+    return since
+
+
+@njit(nogil=True, error_model="numpy", inline="always")
+def _step_in_place(w, m, v, last, rows, t, g, alpha, omb1, omb2, eps):
+    """Step ``t`` of rows that skipped nothing, in place (the same operations as after a catch-up)."""
+    n = rows.shape[0]
+    for i in range(n):
+        if i + _PF < n:
+            prefetch2(w, rows[i + _PF], 0)
+            prefetch2(v, rows[i + _PF], v.shape[1] - 1)
+        _adam_row(w, m, v, rows[i], g, i, alpha, omb1, omb2, eps)
+        last[rows[i]] = t
+
+
+@njit(nogil=True, inline="always")
+def _side_by_side(m, v, w, rows, order):
+    """The rows' m, v, w in ``order``, each as one ``[n * dim]`` array."""
+    n, dim = rows.shape[0], w.shape[1]
+    mm, vv, ww = np.empty(n * dim, w.dtype), np.empty(n * dim, w.dtype), np.empty(n * dim, w.dtype)
+    for k in range(n):
+        if k + _PF < n:  # a row and its slots are co-located: two cache lines
+            prefetch2(w, rows[order[k + _PF]], 0)
+            prefetch2(v, rows[order[k + _PF]], v.shape[1] - 1)
+        r = rows[order[k]]
+        for j in range(dim):
+            mm[k * dim + j], vv[k * dim + j], ww[k * dim + j] = m[r, j], v[r, j], w[r, j]
+    return mm, vv, ww
+
+
+@njit(nogil=True, error_model="numpy", inline="always")
+def _skipped_steps(mm, vv, ww, since, order, c0, c1, upto, horizon, dim, b1, b2, lr, alphas, eps):
+    """The zero-gradient steps of the rows ``c0 .. c1`` (in order) up to the horizon, step by step
+    over the rows still catching up at each step."""
+    lo = hi = c0  # rows [lo, hi) (in order) take step s: last < s <= last + horizon
+    s = since[order[c0]] + 1
+    while s <= upto:
+        while hi < c1 and since[order[hi]] < s:
+            hi += 1
+        while lo < hi and since[order[lo]] + horizon < s:
+            lo += 1
+        if lo == hi:  # nobody moves at s: on to the next row's first skipped step
+            if hi == c1:
+                break
+            s = since[order[hi]] + 1
+            continue
+        _zero_gradient_step(mm[lo * dim:hi * dim], vv[lo * dim:hi * dim], ww[lo * dim:hi * dim], b1, b2,
+                            lr * alphas[s], eps)
+        s += 1
 
 
 @njit(inline="always", nogil=True)

@@ -15,11 +15,11 @@ Layout (see ``_index.py`` for the kernels):
   rows have just grown), so the worst case is ``1.15 * (payload + 8 B meta) + 12 B * 1.5 /
   max_load`` per row: for the benchmark's FTRL[1] + Adam[8] float32 row (payload 120 B: key 8 +
   12 + 96 + Adam step 4) that is (1.15 * 128 + 25.7) / 120 = 1.44x the raw payload at any size
-  past the initial allocation (measured over 50k..1.5M keys: 1.22-1.42x; with 1.25x row growth it
-  reached 1.52x at ~1.14M keys). Large row arrays live in address-space reservations of 8x
-  (``_memory.py``): growing inside a reservation commits the new rows in bulk and moves nothing;
-  outgrowing it copies the live rows into a new reservation (each row is copied ~1/7 times on
-  average; it was ~7 times when every growth step copied). The memory figures count the row
+  past the initial allocation (``docs/benchmarks.md`` has the measured figures). Large row arrays
+  live in address-space reservations of 8x (``_memory.py``): growing inside a reservation commits
+  the new rows in bulk and moves nothing; outgrowing it copies the live rows into a new
+  reservation, so a row is copied a fraction of a time on average instead of at every growth
+  step. The memory figures count the row
   capacity, never the reserved address space (which holds no memory until used); the next
   growth step's rows are committed in the background ahead of it, so the resident memory may run
   up to one step (15 % of the rows) ahead of the figures.

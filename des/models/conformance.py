@@ -68,7 +68,16 @@ def check_model(model: type[Model] | Model, *, batch_size: int = 5, seed: int = 
     name = getattr(model, "name", None)
     if not isinstance(name, str) or not name:
         raise ModelConformanceError(f"{type(model).__name__} must set a class attribute `name`")
+    dims = _check_blocks(model, name)
+    subs = _check_substitutions(model, name, dims)
+    specs = model.top_params()
+    _check_top(model, name, subs, specs, batch_size, seed)
+    return ModelReport(name, tuple(dims), tuple(s.name for s in subs), sum(s.width for s in subs),
+                       int(sum(np.prod(s.shape) for s in specs.values())))
 
+
+def _check_blocks(model: Model, name: str) -> dict[str, int]:
+    """``blocks()``: at least one, unique names, positive widths, known initializers; name -> dim."""
     blocks = model.blocks()
     if not blocks:
         raise ModelConformanceError(f"{name}: blocks() declares no embedding block")
@@ -78,8 +87,12 @@ def check_model(model: type[Model] | Model, *, batch_size: int = 5, seed: int = 
     for b in blocks:
         if b.dim < 1 or b.init not in INITIALIZERS:
             raise ModelConformanceError(f"{name}: block {b.name!r} needs dim >= 1 and an init in {INITIALIZERS}")
-    dims = {b.name: b.dim for b in blocks}
+    return {b.name: b.dim for b in blocks}
 
+
+def _check_substitutions(model: Model, name: str, dims: dict[str, int]) -> list[Substitution]:
+    """``substitutions()``: registered (so checked at registration), reading declared blocks of
+    their width, of the model's fields and dense features, conforming at this size."""
     subs = model.substitutions()
     if not subs:
         raise ModelConformanceError(f"{name}: substitutions() declares none (the step buffer would be empty)")
@@ -103,12 +116,17 @@ def check_model(model: type[Model] | Model, *, batch_size: int = 5, seed: int = 
             check_substitution(sub, rank_counts=(1, 2, 3))
         except (AssertionError, ValueError) as exc:
             raise ModelConformanceError(f"{name}: {exc}") from None
-
     if getattr(model, "num_dense", 0) and not any(sub.dense_params() for sub in subs):
         raise ModelConformanceError(f"{name}: the model has {model.num_dense} dense features but no substitution "
                                     "reads them (declare dense_params and local_dense, as FirstOrderLinear does)")
+    return subs
+
+
+def _check_top(model: Model, name: str, subs: list[Substitution], specs: dict[str, Any], batch_size: int,
+               seed: int) -> None:
+    """``top_params()`` / ``top()``: logits ``[B]`` from the substitutions' outputs (combined from
+    random partials), depending on every output, row-wise."""
     rng = np.random.default_rng(seed)
-    specs = model.top_params()
     params = {k: tf.constant(draw_param(spec, seed, name, "top", k) + rng.normal(0, 0.1, spec.shape))
               for k, spec in specs.items()}
     unknown = sorted(set(model.regularized_params()) - set(specs))
@@ -135,8 +153,6 @@ def check_model(model: type[Model] | Model, *, batch_size: int = 5, seed: int = 
     unused = [s.name for s, g in zip(subs, grads) if g is None]
     if unused:
         raise ModelConformanceError(f"{name}: top() ignores the output of {', '.join(unused)}")
-    return ModelReport(name, tuple(names), tuple(s.name for s in subs), sum(s.width for s in subs),
-                       int(sum(np.prod(s.shape) for s in specs.values())))
 
 
 __all__ = ["ModelConformanceError", "ModelReport", "check_model", "small_instance"]

@@ -62,74 +62,120 @@ def check_substitution(
 ) -> ConformanceReport:
     """Check that ``substitution`` (an instance, or a class built with ``cls.example``) is exact."""
     sub = substitution.example(num_fields) if isinstance(substitution, type) else substitution
-    num_fields = sub.num_fields
     name = getattr(sub, "name", type(sub).__name__)
     if sub.collective != "allreduce":
         raise SubstitutionConformanceError(
             f"{name}: collective {sub.collective!r} is not supported; the step reduces every partial "
             "with one AllReduce-sum ('allreduce')")
     rng = np.random.default_rng(seed)
-
-    emb = tf.constant(rng.normal(size=(batch_size, num_fields, sub.dim)))
-    all_fields = list(range(num_fields))
-    params_np = sub.init_field_params(seed, all_fields, np.float64)
-    # Perturb so zero-initialized parameters still get a non-trivial test.
-    params = {k: tf.constant(v + rng.normal(scale=0.1, size=v.shape)) for k, v in params_np.items()}
-    upstream = tf.constant(rng.normal(size=(batch_size, sub.output_dim)))
-
-    _check_init_slices(sub, seed, params_np, rng)
-    dense_np = sub.init_dense_params(seed, np.float64)
-    dense_params = {k: tf.constant(v + rng.normal(scale=0.1, size=v.shape)) for k, v in dense_np.items()}
-    dense = tf.constant(rng.normal(size=(batch_size, sub.num_dense))) if dense_params else None
-    dense_args = (dense, dense_params) if dense_params else ()
-
-    with tf.GradientTape() as tape:
-        tape.watch([emb, *params.values(), *dense_params.values()])
-        reference = sub.reference(emb, params, *dense_args)
-        objective = tf.reduce_sum(upstream * reference)
-    _expect_shape(name, "reference", reference, (batch_size, sub.output_dim))
-    ref_grads = tape.gradient(objective, [emb, *params.values(), *dense_params.values()], unconnected_gradients="zero")
-    ref_grads, ref_dense_grads = ref_grads[: 1 + len(params)], ref_grads[1 + len(params):]
-
-    checked = tuple(n for n in rank_counts if 1 <= n <= num_fields)  # a rank owns at least one field
+    probe = _Probe.draw(sub, name, batch_size, seed, rng, rtol)
+    checked = tuple(n for n in rank_counts if 1 <= n <= sub.num_fields)  # a rank owns at least one field
     if not checked:
-        raise ValueError(f"check_substitution: no rank count in {rank_counts} fits {num_fields} fields")
+        raise ValueError(f"check_substitution: no rank count in {rank_counts} fits {sub.num_fields} fields")
     forward_err = grad_err = 0.0
     for n in checked:
-        groups = _random_partition(num_fields, n, rng)
+        groups = _random_partition(sub.num_fields, n, rng)
+        buffer_grad, err, dense_err = probe.forward(groups, rng)
+        forward_err, grad_err = max(forward_err, err), max(grad_err, dense_err, probe.backward(groups, buffer_grad))
+    return ConformanceReport(name, sub.width, probe.weights, forward_err, grad_err, checked)
+
+
+@dataclass
+class _Probe:
+    """Random inputs and weights of one substitution, its reference operator's output and gradients
+    (float64), and the checks of its split form against them on a partition of the fields."""
+
+    sub: Substitution
+    name: str
+    rtol: float
+    emb: tf.Tensor
+    params: dict[str, tf.Tensor]
+    dense: tf.Tensor | None
+    dense_params: dict[str, tf.Tensor]
+    upstream: tf.Tensor
+    reference: tf.Tensor = None
+    ref_grads: list = None
+    ref_dense_grads: list = None
+    weights: int = 0
+
+    @classmethod
+    def draw(cls, sub: Substitution, name: str, batch_size: int, seed: int, rng: np.random.Generator,
+             rtol: float) -> "_Probe":
+        params_np = sub.init_field_params(seed, list(range(sub.num_fields)), np.float64)
+        _check_init_slices(sub, seed, params_np, rng)
+        dense_np = sub.init_dense_params(seed, np.float64)
+        # Perturbed so zero-initialized parameters still get a non-trivial test.
+        perturbed = lambda arrays: {k: tf.constant(v + rng.normal(scale=0.1, size=v.shape))  # noqa: E731
+                                    for k, v in arrays.items()}
+        emb = tf.constant(rng.normal(size=(batch_size, sub.num_fields, sub.dim)))
+        params, dense_params = perturbed(params_np), perturbed(dense_np)
+        upstream = tf.constant(rng.normal(size=(batch_size, sub.output_dim)))
+        dense = tf.constant(rng.normal(size=(batch_size, sub.num_dense))) if dense_params else None
+        probe = cls(sub, name, rtol, emb, params, dense, dense_params, upstream)
+        probe.weights = sum(int(np.prod(v.shape)) for v in (*params_np.values(), *dense_np.values()))
+        probe.weights += sub.num_fields * sub.dim
+        probe._reference()
+        return probe
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.emb.shape[0])
+
+    def _reference(self) -> None:
+        """The reference operator's output and its gradients (embeddings, field and dense weights)."""
+        watched = [self.emb, *self.params.values(), *self.dense_params.values()]
+        with tf.GradientTape() as tape:
+            tape.watch(watched)
+            dense_args = (self.dense, self.dense_params) if self.dense_params else ()
+            self.reference = self.sub.reference(self.emb, self.params, *dense_args)
+            objective = tf.reduce_sum(self.upstream * self.reference)
+        _expect_shape(self.name, "reference", self.reference, (self.batch_size, self.sub.output_dim))
+        grads = tape.gradient(objective, watched, unconnected_gradients="zero")
+        self.ref_grads, self.ref_dense_grads = grads[: 1 + len(self.params)], grads[1 + len(self.params):]
+
+    def forward(self, groups: list[list[int]], rng: np.random.Generator) -> tuple[tf.Tensor, float, float]:
+        """``combine(Σ local + local_dense)`` against the reference, row-wise; returns ``G`` (the
+        gradient of the reduced buffer), the forward error and the dense weights' gradient error."""
+        sub, name, n, size = self.sub, self.name, len(groups), self.batch_size
         partials = []
         for group in groups:
-            local = sub.local(tf.gather(emb, group, axis=1), _slice(params, group))
-            _expect_shape(name, f"local (fields {group})", local, (batch_size, sub.width))
+            local = sub.local(tf.gather(self.emb, group, axis=1), _slice(self.params, group))
+            _expect_shape(name, f"local (fields {group})", local, (size, sub.width))
             partials.append(local)
         reduced = tf.add_n(partials)
         with tf.GradientTape(persistent=True) as tape:
-            tape.watch([reduced, *dense_params.values()])
-            summed = reduced + _local_dense(sub, name, dense, dense_params, batch_size) if dense_params else reduced
+            tape.watch([reduced, *self.dense_params.values()])
+            summed = reduced + _local_dense(sub, name, self.dense, self.dense_params, size) if self.dense_params \
+                else reduced
             output = sub.combine(summed)
-            objective = tf.reduce_sum(upstream * output)
-        _expect_shape(name, "combine", output, (batch_size, sub.output_dim))
-        forward_err = max(forward_err, _compare(name, f"forward, {n} ranks", output, reference, rtol))
+            objective = tf.reduce_sum(self.upstream * output)
+        _expect_shape(name, "combine", output, (size, sub.output_dim))
+        forward_err = _compare(name, f"forward, {n} ranks", output, self.reference, self.rtol)
         # Row-wise: sample i's output depends on row i only (the data-parallel upper network
         # combines each rank's own row block, with the dense features of those rows).
-        rows = np.sort(rng.choice(batch_size, size=max(1, batch_size // 2), replace=False))
+        rows = np.sort(rng.choice(size, size=max(1, size // 2), replace=False))
         on_rows = tf.gather(reduced, rows)
-        if dense_params:
-            on_rows += sub.local_dense(tf.gather(dense, rows), dense_params)
+        if self.dense_params:
+            on_rows += sub.local_dense(tf.gather(self.dense, rows), self.dense_params)
         _compare(name, f"combine on rows {rows.tolist()} (combine must be row-wise"
-                       f"{', and so must local_dense' if dense_params else ''})",
-                 sub.combine(on_rows), tf.gather(output, rows), rtol)
+                       f"{', and so must local_dense' if self.dense_params else ''})",
+                 sub.combine(on_rows), tf.gather(output, rows), self.rtol)
         buffer_grad = tape.gradient(objective, reduced)
-        for (key, g), ref in zip(zip(dense_params, tape.gradient(objective, list(dense_params.values()))),
-                                 ref_dense_grads):
-            grad_err = max(grad_err, _compare(name, f"gradient of the dense features' {key}, {n} ranks", g, ref, rtol))
+        dense_err = 0.0
+        for (key, g), ref in zip(zip(self.dense_params, tape.gradient(objective, list(self.dense_params.values()))),
+                                 self.ref_dense_grads):
+            dense_err = max(dense_err, _compare(name, f"gradient of the dense features' {key}, {n} ranks", g, ref,
+                                                self.rtol))
         del tape
+        return buffer_grad, forward_err, dense_err
 
-        emb_grad = np.zeros(emb.shape)
-        param_grads = {k: np.zeros(v.shape) for k, v in params.items()}
+    def backward(self, groups: list[list[int]], buffer_grad: tf.Tensor) -> float:
+        """``G`` back through each group's ``local_backward``, against the reference's gradients."""
+        sub, name, n = self.sub, self.name, len(groups)
+        emb_grad = np.zeros(self.emb.shape)
+        param_grads = {k: np.zeros(v.shape) for k, v in self.params.items()}
         for group in groups:
-            local_emb = tf.gather(emb, group, axis=1)
-            local_params = _slice(params, group)
+            local_emb, local_params = tf.gather(self.emb, group, axis=1), _slice(self.params, group)
             local_emb_grad, local_param_grads = sub.local_backward(local_emb, local_params, buffer_grad)
             _expect_shape(name, f"local_backward's embedding gradient (fields {group})", local_emb_grad,
                           tuple(local_emb.shape))
@@ -142,13 +188,10 @@ def check_substitution(
                 _expect_shape(name, f"local_backward's gradient of {key} (fields {group})", g,
                               tuple(local_params[key].shape))
                 param_grads[key][group] = g.numpy()
-        grad_err = max(grad_err, _compare(name, f"embedding gradient, {n} ranks", emb_grad, ref_grads[0], rtol))
-        for (key, g), ref in zip(param_grads.items(), ref_grads[1:]):
-            grad_err = max(grad_err, _compare(name, f"gradient of {key}, {n} ranks", g, ref, rtol))
-
-    weights = (num_fields * sub.dim + sum(int(np.prod(v.shape)) for v in params_np.values())
-               + sum(int(np.prod(v.shape)) for v in dense_np.values()))
-    return ConformanceReport(name, sub.width, weights, forward_err, grad_err, checked)
+        err = _compare(name, f"embedding gradient, {n} ranks", emb_grad, self.ref_grads[0], self.rtol)
+        for (key, g), ref in zip(param_grads.items(), self.ref_grads[1:]):
+            err = max(err, _compare(name, f"gradient of {key}, {n} ranks", g, ref, self.rtol))
+        return err
 
 
 def _local_dense(sub: Substitution, name: str, dense: tf.Tensor, params: dict[str, tf.Tensor],
