@@ -7,7 +7,9 @@ build with these; strategies and models never import this module.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -18,8 +20,8 @@ from des.errors import ConfigError, UsageError
 
 
 def build_model(config: TrainConfig, num_fields: int, num_dense: int = 0):
-    """The model named by ``--model`` with the hyper-parameters its constructor accepts, for data of
-    ``num_fields`` fields and ``num_dense`` dense features."""
+    """The model named by ``--model`` with the hyper-parameters its constructor accepts and its own
+    ``--model-options``, for data of ``num_fields`` fields and ``num_dense`` dense features."""
     from des.models import get_model
 
     cls = get_model(config.model)
@@ -31,12 +33,59 @@ def build_model(config: TrainConfig, num_fields: int, num_dense: int = 0):
     accepted = inspect.signature(cls.__init__).parameters
     if num_dense:
         candidates["num_dense"] = num_dense
-    model = cls(**{k: v for k, v in candidates.items() if k in accepted})
-    if num_dense and not any(sub.dense_params() for sub in model.substitutions()):
+    arguments = {k: v for k, v in candidates.items() if k in accepted}
+    arguments.update(parse_model_options(config.model, cls, config.model_options, reserved=[*candidates, "num_dense"]))
+    try:
+        model = cls(**arguments)
+    except ValueError as exc:
+        raise ConfigError(f"--model {config.model}: {exc}") from None
+    if num_dense and not any(sub.reads_dense for sub in model.substitutions()):
         raise ConfigError(f"--model {config.model} takes no dense features, and the data has {num_dense} "
                           "(declare them as bucketized numbers in the schema, or give the model an operator "
                           "that reads them)")
     return model
+
+
+def model_options(cls: type) -> dict[str, Any]:
+    """The options ``--model-options`` may set for model class ``cls``: its constructor's keyword
+    arguments that no other flag sets, with their defaults."""
+    flags = {f.name for f in dataclasses.fields(TrainConfig)} | {"num_fields", "num_dense"}
+    return {name: p.default for name, p in inspect.signature(cls.__init__).parameters.items()
+            if name != "self" and name not in flags and p.default is not inspect.Parameter.empty}
+
+
+def parse_model_options(model: str, cls: type, text: str, reserved: Sequence[str] = ()) -> dict[str, Any]:
+    """``--model-options`` (``name=value;name=value``) as constructor arguments, each value of its
+    default's type (a tuple: comma-separated integers); a one-line :class:`ConfigError` otherwise."""
+    known = model_options(cls)
+    out: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        name, sep, value = (x.strip() for x in item.partition("="))
+        if name in reserved:
+            raise ConfigError(f"--model-options {name}: set it with --{name.replace('_', '-')}")
+        if not sep or name not in known:
+            listed = ", ".join(f"{k}={_option_text(v)}" for k, v in known.items()) or "none"
+            raise ConfigError(f"--model-options {item!r}: {model} takes name=value pairs of {listed}")
+        out[name] = _option_value(model, name, value, known[name])
+    return out
+
+
+def _option_text(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+
+
+def _option_value(model: str, name: str, text: str, default: Any) -> Any:
+    try:
+        if isinstance(default, bool):
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError
+            return text.lower() in ("true", "1")
+        if isinstance(default, (tuple, list)):
+            return tuple(int(x) for x in text.split(",") if x.strip())
+        return type(default)(text) if default is not None else text
+    except ValueError:
+        raise ConfigError(f"--model-options {name}={text}: {model} expects a value like {_option_text(default)!r}"
+                          ) from None
 
 
 def build_optimizers(config: TrainConfig):

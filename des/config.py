@@ -49,6 +49,9 @@ class TrainConfig:
     embedding_dim: int = _opt(8, "embedding size k")
     hidden: str = _opt("400,400,400", "DNN layer widths, the first is the substituted FC layer")
     activation: str = _opt("relu", "DNN activation", choices=("relu", "tanh", "sigmoid"))
+    model_options: str = _opt("", "the model's own constructor options as name=value pairs separated by ';', a "
+                              "list comma-separated (dcnv2: 'cross_layers=2;structure=stacked;cross=mix', dlrm: "
+                              "'bottom=512,256'); a name the model does not take lists those it does")
     init_scale: float = _opt(1e-4, "std of the normal initializer of embeddings (DeepCTR's default; chosen on the "
                              "sample's validation split: scripts/select_defaults.py)")
     l2_embedding: float = _opt(-1.0, "l2 on looked-up embeddings and order-1 weights (per sample, batch mean); -1: "

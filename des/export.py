@@ -452,7 +452,7 @@ class ServedModel:
         outputs = []
         for i, sub in enumerate(self.substitutions):
             params = _named(self.field_params, f"{i}:{sub.name}:")
-            if sub.dense_params():
+            if sub.reads_dense:
                 outputs.append(sub.reference(pooled[sub.block], params, dense, _named(self.top, f"{i}:{sub.name}:")))
             else:
                 outputs.append(sub.reference(pooled[sub.block], params))

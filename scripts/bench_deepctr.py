@@ -1,10 +1,10 @@
-""".venv/bin/python scripts/bench_deepctr.py [--quick] [--data STORE] [--seeds 0,1,2] [--models lr,fm,wdl,deepfm] [--systems des,deepctr,sklearn] [--des-flags "..."]
+""".venv/bin/python scripts/bench_deepctr.py [--quick] [--data STORE] [--seeds 0,1,2] [--models lr,fm,wdl,deepfm,dcnv2,dlrm] [--systems des,deepctr,sklearn] [--des-flags "..."]
 
 Model quality of des's *default command* next to outside references on the same split of the shipped
 Criteo sample (90/5/5, split seed 0): every model trained with ``python -m des.train --model M
 --seed S`` (its defaults: early stopping on the validation split, the best checkpoint restored;
 LR all 20 epochs without it),
-DeepCTR's DeepFM (0.9.4) with DeepCTR's defaults (one Adam lr 0.001 for everything, embeddings
+DeepCTR's DeepFM (0.9.4; for dcnv2 its DCN with full-rank cross layers) with DeepCTR's defaults (one Adam lr 0.001 for everything, embeddings
 N(0, 1e-4), l2 1e-5 on the embedding and linear tables, batch 512; up to ``--epochs`` 3 epochs in
 des's batch order, the epoch with the best validation AUC), and scikit-learn's LogisticRegression on
 one-hot ids of the training rows with C chosen by 3-fold cross-validation on them. Test AUC and
@@ -128,8 +128,26 @@ def deepctr_inputs(store) -> tuple[list[InputFeature], dict]:
 DEFAULT_INIT_STD, DEFAULT_L2 = 1e-4, 1e-5  # DeepCTR's own defaults (embedding init std; l2 on the tables)
 
 
-def _deepfm(store_path: str, seed: int, hidden: Sequence[int], dim: int, init_std: float, l2: float):
-    """DeepCTR's DeepFM over the store's fields and dense features (:func:`deepctr_inputs`),
+#: des model -> DeepCTR's model of the same network: DeepFM, and DCN with the full-rank cross layers of
+#: DCN-v2 (``cross_parameterization="matrix"``; parallel with the DNN, a linear logit, as des's dcnv2)
+DEEPCTR_MODELS = {"deepfm": "DeepFM", "dcnv2": "DCN (cross_parameterization='matrix')"}
+DCN_CROSS_LAYERS = 3  # des's dcnv2 default
+
+
+def _deepctr_model(name: str, columns: list, hidden: Sequence[int], l2: float, seed: int):
+    """DeepCTR's model for des model ``name`` (:data:`DEEPCTR_MODELS`), its defaults otherwise."""
+    from deepctr.models import DCN, DeepFM
+
+    common = dict(dnn_hidden_units=tuple(hidden), l2_reg_linear=l2, l2_reg_embedding=l2, l2_reg_dnn=0.0,
+                  dnn_dropout=0.0, dnn_activation="relu", seed=seed, task="binary")
+    if name == "dcnv2":
+        return DCN(columns, columns, cross_num=DCN_CROSS_LAYERS, cross_parameterization="matrix", **common)
+    return DeepFM(columns, columns, **common)
+
+
+def _deepfm(store_path: str, seed: int, hidden: Sequence[int], dim: int, init_std: float, l2: float,
+            model_name: str = "deepfm"):
+    """DeepCTR's DeepFM (or ``model_name``'s model, :data:`DEEPCTR_MODELS`) over the store's fields and dense features (:func:`deepctr_inputs`),
     compiled with Adam (lr 0.001), in this process (.venv-deepctr, TF_USE_LEGACY_KERAS=1). Returns
     ``(store, inputs, labels, model, timer)``: ``inputs`` maps every Keras input's name to its array
     over all rows; ``timer`` is a Keras callback recording the end time of every training batch of
@@ -146,7 +164,6 @@ def _deepfm(store_path: str, seed: int, hidden: Sequence[int], dim: int, init_st
     tf.config.threading.set_intra_op_parallelism_threads(os.cpu_count() or 1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     from deepctr.feature_column import DenseFeat, SparseFeat, VarLenSparseFeat
-    from deepctr.models import DeepFM
 
     from des.data import ColumnStore
 
@@ -167,8 +184,7 @@ def _deepfm(store_path: str, seed: int, hidden: Sequence[int], dim: int, init_st
         # weight_norm=False: the weights as they are (DeepCTR's default softmax-normalizes them)
         columns.append(sparse if feature.kind == "sparse" else VarLenSparseFeat(
             sparse, maxlen=feature.maxlen, combiner="sum", weight_name=feature.weight_name, weight_norm=False))
-    model = DeepFM(columns, columns, dnn_hidden_units=tuple(hidden), l2_reg_linear=l2, l2_reg_embedding=l2,
-                   l2_reg_dnn=0.0, dnn_dropout=0.0, dnn_activation="relu", seed=seed, task="binary")
+    model = _deepctr_model(model_name, columns, hidden, l2, seed)
     model.compile(tf.keras.optimizers.Adam(learning_rate=0.001), "binary_crossentropy")
 
     class StepTimer(tf.keras.callbacks.Callback):
@@ -214,9 +230,10 @@ def batch_order(store, batch: int, seed: int, epoch: int, batches: int | None = 
 
 
 def deepctr_child(store_path: str, seed: int, epochs: int, batch: int, warmup: int, hidden: Sequence[int],
-                  dim: int, init_std: float = 0.01, l2: float = 0.0) -> dict:
-    """Train DeepCTR's DeepFM in this process (.venv-deepctr, TF_USE_LEGACY_KERAS=1); returns metrics."""
-    store, inputs, labels, model, timer = _deepfm(store_path, seed, hidden, dim, init_std, l2)
+                  dim: int, init_std: float = 0.01, l2: float = 0.0, model_name: str = "deepfm") -> dict:
+    """Train DeepCTR's DeepFM (or ``model_name``'s model) in this process (.venv-deepctr,
+    TF_USE_LEGACY_KERAS=1); returns metrics."""
+    store, inputs, labels, model, timer = _deepfm(store_path, seed, hidden, dim, init_std, l2, model_name)
     import numpy as np
     import tensorflow as tf
     from sklearn.metrics import log_loss, roc_auc_score
@@ -249,10 +266,11 @@ def deepctr_child(store_path: str, seed: int, epochs: int, batch: int, warmup: i
 
 
 def deepctr_throughput_child(store_path: str, seed: int, batch: int, warmup: int, steps: int, hidden: Sequence[int],
-                             dim: int, init_std: float = DEFAULT_INIT_STD, l2: float = DEFAULT_L2) -> dict:
+                             dim: int, init_std: float = DEFAULT_INIT_STD, l2: float = DEFAULT_L2,
+                             model_name: str = "deepfm") -> dict:
     """Throughput only: one ``model.fit`` over ``warmup + steps`` batches in des's batch order (as
     many epochs of the training split as that takes), no validation; samples/s of the last ``steps``."""
-    store, inputs, labels, model, timer = _deepfm(store_path, seed, hidden, dim, init_std, l2)
+    store, inputs, labels, model, timer = _deepfm(store_path, seed, hidden, dim, init_std, l2, model_name)
     import tensorflow as tf
 
     order = batch_order(store, batch, seed, 0, warmup + steps)
@@ -326,14 +344,14 @@ def store_note(store) -> str:
 
 def run_deepctr(bench: benchlib.Bench, store_path: str, *, label: str, seed: int, batch: int, warmup: int,
                 hidden: Sequence[int], dim: int, init_std: float = DEFAULT_INIT_STD, l2: float = DEFAULT_L2,
-                epochs: int = 1, throughput_steps: int = 0) -> dict:
+                epochs: int = 1, throughput_steps: int = 0, model: str = "deepfm") -> dict:
     """Run this script's child in .venv-deepctr (:func:`ensure_venv` first): the quality run
     (:func:`deepctr_child`, ``epochs``) or, with ``throughput_steps``, :func:`deepctr_throughput_child`.
     Returns the child's result; raises :class:`benchlib.BenchError` (or ValueError on bad output)."""
     cmd = [str(DEEPCTR_PYTHON), __file__, "--child", str(store_path), "--seed", str(seed), "--epochs", str(epochs),
            "--batch-size", str(batch), "--warmup", str(warmup), "--hidden", ",".join(map(str, hidden)),
            "--embedding-dim", str(dim), "--init-std", str(init_std), "--l2", str(l2),
-           "--throughput-steps", str(throughput_steps)]
+           "--throughput-steps", str(throughput_steps), "--deepctr-model", model]
     out = bench.run_command(cmd, label=label, env={"TF_USE_LEGACY_KERAS": "1"}).stdout
     lines = [line for line in out.splitlines() if line.startswith("DEEPCTR ")]
     if not lines:
@@ -418,17 +436,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--child", metavar="STORE", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--throughput-steps", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--deepctr-model", default="deepfm", help=argparse.SUPPRESS)
     benchlib.add_common_arguments(parser)
     args = parser.parse_args(argv)
     hidden = [int(h) for h in args.hidden.split(",")]
     if args.child and args.throughput_steps:
         result = deepctr_throughput_child(args.child, args.seed, args.batch_size, args.warmup, args.throughput_steps,
-                                          hidden, args.embedding_dim, args.init_std, args.l2)
+                                          hidden, args.embedding_dim, args.init_std, args.l2, args.deepctr_model)
         print("DEEPCTR " + json.dumps(result), flush=True)
         return 0
     if args.child:
         result = deepctr_child(args.child, args.seed, args.epochs, args.batch_size, args.warmup, hidden,
-                               args.embedding_dim, args.init_std, args.l2)
+                               args.embedding_dim, args.init_std, args.l2, args.deepctr_model)
         print("DEEPCTR " + json.dumps(result), flush=True)
         return 0
     if args.quick:
@@ -453,16 +472,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench.log(f"  scikit-learn LR: C {result['C']:g}, test AUC {result['test_auc']:.4f}")
     extra = des_flags(args.des_flags)
     for seed in seeds:
-        if installed and "deepfm" in args.models.split(",") and "deepctr" in systems:
+        for model in [m for m in args.models.split(",") if m in DEEPCTR_MODELS] if installed and "deepctr" in systems \
+                else ():
             try:
-                result = run_deepctr(bench, str(store.path), label=f"deepctr seed {seed}", seed=seed,
+                result = run_deepctr(bench, str(store.path), label=f"deepctr {model} seed {seed}", seed=seed,
                                      batch=args.batch_size, warmup=args.warmup, hidden=hidden, dim=args.embedding_dim,
-                                     init_std=args.init_std, l2=args.l2, epochs=args.epochs)
-                runs.append({"system": "DeepCTR 0.9.4 DeepFM (its defaults, best epoch on validation)", "model": "deepfm",
-                             "ranks": 1, "seed": seed, **result})
-                bench.log(f"  deepctr seed {seed}: AUC {result['test_auc']:.4f} (epoch {result['best_epoch']})")
+                                     init_std=args.init_std, l2=args.l2, epochs=args.epochs, model=model)
+                runs.append({"system": f"DeepCTR 0.9.4 {DEEPCTR_MODELS[model]} (its defaults, best epoch on validation)",
+                             "model": model, "ranks": 1, "seed": seed, **result})
+                bench.log(f"  deepctr {model} seed {seed}: AUC {result['test_auc']:.4f} (epoch {result['best_epoch']})")
             except (benchlib.BenchError, ValueError) as exc:
-                bench.failures.append(f"deepctr seed {seed}: {exc}")
+                bench.failures.append(f"deepctr {model} seed {seed}: {exc}")
         for model in args.models.split(",") if "des" in systems else ():
             for n in [int(x) for x in args.des_ranks.split(",")]:
                 tag = f"des-{model}-n{n}-s{seed}"
@@ -490,7 +510,8 @@ def main(argv: Sequence[str] | None = None) -> int:
          f"--data {args.data} --seed S`")
         + f" (its defaults{', plus ' + args.des_flags if extra else ''}; early stopping on the validation split "
         "restores the best checkpoint, except for LR, which trains all 20 epochs).",
-        f"DeepCTR 0.9.4 DeepFM with its defaults: one Adam (lr 0.001) for everything, embeddings N(0, {args.init_std:g}), "
+        f"DeepCTR 0.9.4 DeepFM (and for dcnv2 its DCN with {DCN_CROSS_LAYERS} full-rank cross layers, "
+        "cross_parameterization='matrix', parallel with the MLP, l2 1e-5 on the cross kernels) with its defaults: one Adam (lr 0.001) for everything, embeddings N(0, {args.init_std:g}), "
         f"l2 {args.l2:g} on the embedding and linear tables, batch {args.batch_size}, k={args.embedding_dim}, MLP "
         f"{args.hidden}, up to {args.epochs} epoch(s) in des's batch order, the epoch with the best validation AUC"
         + ("." if sample else "; " + DEEPCTR_COLUMNS_NOTE),

@@ -1,7 +1,7 @@
 """The property we sell: training with N ranks is the same computation as training with 1 rank,
 checked through the public harness ``des.check`` (what a user runs on their own model/strategy).
 
-For LR, FM, W&D and DeepFM, K = 12 steps from the same seed with N = 1, 2, 3, 4 ranks give the same
+For LR, FM, W&D, DeepFM, DCN-v2 and DLRM, K = 12 steps from the same seed with N = 1, 2, 3, 4 ranks give the same
 held-out predictions, the same table rows (every id's values, optimizer slots and step counts), the
 same field slices of the first FC layer and the same top parameters with their optimizer states:
 ≤ 1e-9 relative in float64, ≤ 1e-5 in float32 (all parameters with AdaGrad embeddings; predictions
@@ -18,7 +18,9 @@ case costs its set-up and trace on each rank of each launch. So the four models 
 every N; the variants (replicated upper network, multi-hot data with balanced placement, float32,
 the plans) run with DeepFM, the model with every operator, on two or three N, and some on one N with
 the other models: N = 4 (the most partial sums, fields split unevenly) or N = 3 (rows of the batch
-split unevenly), so every N meets every variant at least once.
+split unevenly), so every N meets every variant at least once. DCN-v2 and DLRM, whose operators
+include the concatenated embeddings, also run on the multi-hot data with dense features under
+each plan, the replicated upper network, alltoall and ps.
 """
 
 from __future__ import annotations
@@ -31,7 +33,12 @@ import pytest
 from des.check import Case, check
 from tests.conftest import criteo_head, mpi_env
 
-MODELS = ("lr", "fm", "wdl", "deepfm")
+MODELS = ("lr", "fm", "wdl", "deepfm", "dcnv2", "dlrm")
+# DCN-v2's other form: stacked, a mixture of low-rank experts (DCNMix)
+MIX = ("--model-options", "cross_layers=2;structure=stacked;cross=mix;low_rank=3;experts=2")
+# (model, flags, plan, ranks) on the multi-hot data with dense features
+NEW_MODEL_PLANS = [("dcnv2", (), "partials", (2,)), ("dcnv2", MIX, "exchange", (3,)),
+                   ("dlrm", (), "exchange", (2,)), ("dlrm", (), "partials", (4,))]
 EVERY_KIND = Path(__file__).parent / "data" / "every_kind.toml"
 MIXED_PLAN = "fm2=exchange"  # (see the plans below)
 # The schema's data under every plan: all partials, all exchange, and the two mixed plans.
@@ -111,6 +118,11 @@ def results(datasets, monkeypatch_module) -> dict[tuple, object]:
     cases.append(Case("deepfm", "ps", synth, "float64", SMALL + ADAM + PER_ID))
     cases += [Case("deepfm", "des", datasets["schema"], "float64", SMALL + ADAM + ("--plan", plan), ranks=n)
               for plan, n in SCHEMA_PLANS.items()]
+    cases += [Case(m, "des", synth, "float64", SMALL + ADAM + flags + ("--plan", plan), ranks=n)
+              for m, flags, plan, n in NEW_MODEL_PLANS]
+    cases.append(Case("dcnv2", "des", synth, "float64", SMALL + ADAM + MIX + REPLICATED, ranks=(4,)))
+    cases.append(Case("dlrm", "alltoall", criteo, "float64", SMALL + ADAM, ranks=(3,), reference_strategy="des"))
+    cases.append(Case("dcnv2", "ps", synth, "float64", SMALL + ADAM + PER_ID))
     # Learning-rate schedules (a factor of the global step; plateau: of the validation history) and
     # Adam with TF's dense semantics caught up lazily (adam:catchup=1), one shared row per field for
     # the ids seen fewer than --min-count times (--unadmitted shared).
@@ -261,3 +273,21 @@ def test_a_declared_schema_is_exact_under_every_plan(results, datasets, plan: st
     """Data of a declared schema (tests/data/every_kind.toml, from its raw CSV): mean-pooled and
     weighted multi-valued fields, bucketized numbers, dense features, derived fields."""
     assert_ok(results[("deepfm", "des", datasets["schema"], "float64", "all", False, ranks, plan)])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("model", "flags", "plan", "ranks"),
+                         [(m, f, p, n) for m, f, p, ns in NEW_MODEL_PLANS for n in ns])
+def test_dcnv2_and_dlrm_on_multi_hot_data_with_dense_features(results, datasets, model, flags, plan, ranks) -> None:
+    """The concatenated embeddings split (partials) or exchanged, with the dense features in its
+    last columns (DLRM's bottom MLP reads them); DCN-v2 also stacked with a mixture of experts."""
+    assert_ok(results[(model, "des", datasets["synth"], "float64", "all", False, ranks, plan)])
+
+
+@pytest.mark.mpi
+def test_dcnv2_and_dlrm_under_the_other_strategies(results, datasets) -> None:
+    """DCN-v2 with the replicated upper network and under ps (one server, one worker); DLRM under
+    alltoall."""
+    assert_ok(results[("dcnv2", "des", datasets["synth"], "float64", "all", True, 4)])
+    assert_ok(results[("dcnv2", "ps", datasets["synth"], "float64", "all", False, 2)])
+    assert_ok(results[("dlrm", "alltoall", datasets["criteo"], "float64", "all", False, 3)])

@@ -26,6 +26,9 @@ RUNS = [  # (name, model, ranks, flags)
     ("deepfm-1", "deepfm", 1, ["--unadmitted", "init"]),
     ("wdl-2", "wdl", 2, ["--strategy", "alltoall"]),  # its defaults: --min-count 2 --unadmitted shared
     ("lr-1", "lr", 1, []),
+    # the dense features in x_0 and a mixture of low-rank experts; DLRM's bottom MLP on them
+    ("dcnv2-2", "dcnv2", 2, ["--model-options", "cross_layers=2;cross=mix;low_rank=3;experts=2"]),
+    ("dlrm-1", "dlrm", 1, ["--model-options", "bottom=8"]),
 ]
 # Rows a service may receive (rating, row_id, user, item, tags, scores, price, clicks, age, income,
 # time): values never seen, every value missing, lists longer than max_length, weights given and not.

@@ -32,7 +32,8 @@ def store(tmp_path_factory):
 
 
 def _model(name: str, num_fields: int, **options):
-    kwargs = {"lr": {}, "fm": {"embedding_dim": 4}}.get(name, {"embedding_dim": 4, "hidden": HIDDEN})
+    kwargs = {"lr": {}, "fm": {"embedding_dim": 4}, "dcnv2": {"embedding_dim": 4, "hidden": HIDDEN, "cross_layers": 2}
+              }.get(name, {"embedding_dim": 4, "hidden": HIDDEN})
     return get_model(name)(num_fields=num_fields, **kwargs, **options)
 
 
@@ -40,7 +41,7 @@ def _model(name: str, num_fields: int, **options):
 OPTIONS = {"tanh-l2": dict(activation="tanh", l2_embedding=2.0**-6, l2_dense=2.0**-8)}
 
 
-@pytest.mark.parametrize("name", ["lr", "fm", "wdl", "deepfm", "deepfm-tanh-l2"])
+@pytest.mark.parametrize("name", ["lr", "fm", "wdl", "deepfm", "deepfm-tanh-l2", "dcnv2", "dlrm"])
 def test_engine_matches_plain_tensorflow(store, name: str) -> None:
     # Hyper-parameters exactly representable in float32: Keras rounds its hyper-parameters to
     # float32 even for float64 weights, which would otherwise show up as 1e-7..1e-5 differences.
@@ -62,13 +63,17 @@ def test_engine_matches_plain_tensorflow(store, name: str) -> None:
 
     # The reference's vocabulary: every id it will meet; initial values read from the engine.
     vocab = [np.unique(np.concatenate([b.fields[f].keys for b in [*batches, held_out]])) for f in fields]
-    linear_init = [engine.shard.tables[f].initial_values("linear", vocab[f]) for f in fields]
+    blocks = [b.name for b in engine.model.blocks()]
+    linear_init = [engine.shard.tables[f].initial_values("linear", vocab[f]) for f in fields] if "linear" in blocks \
+        else []
     embedding_init = None
-    if any(b.name == "embedding" for b in engine.model.blocks()):
+    if "embedding" in blocks:
         embedding_init = [engine.shard.tables[f].initial_values("embedding", vocab[f]) for f in fields]
-    first_fc = next((v for k, v in engine.dense.field_params.items() if k.endswith("first_fc:kernel")), None)
-    if first_fc is not None:
-        first_fc = first_fc.reshape(-1, first_fc.shape[-1]).copy()  # [F, k, H] -> [F·k, H]
+    # the whole first FC kernels, [F, k, H] -> [F·k, H]: DCN-v2's first cross layer's W_0, then the DNN's
+    kernels = [v.reshape(-1, v.shape[-1]).copy() for k, v in engine.dense.field_params.items()
+               if k.endswith("first_fc:kernel")]
+    cross = kernels.pop(0) if name == "dcnv2" else None
+    first_fc = kernels[0] if kernels else None
     reference = PlainTFModel(
         name, vocab, linear_init, embedding_init, first_fc,
         {k: v.copy() for k, v in engine.dense.top_params.items()}, HIDDEN,
@@ -84,7 +89,7 @@ def test_engine_matches_plain_tensorflow(store, name: str) -> None:
                 learning_rate=adam["lr"], beta_1=adam["beta1"], beta_2=adam["beta2"], epsilon=eps
             ),
         },
-        **options,
+        **options, cross_kernel=cross, cross_layers=getattr(engine.model, "cross_layers", 0),
     )
 
     np.testing.assert_allclose(engine.predict(held_out)[0], reference.predict(held_out), rtol=1e-12)

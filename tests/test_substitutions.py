@@ -17,6 +17,7 @@ from des.plugins import load_plugins
 from des.substitutions import (
     FirstFC,
     FMOrder2,
+    FieldEmbeddings,
     FirstOrderLinear,
     Substitution,
     SubstitutionConformanceError,
@@ -34,6 +35,9 @@ def test_builtins_conform(cls: type[Substitution]) -> None:
     report = check_substitution(cls, num_fields=9, batch_size=7)
     assert report.max_forward_error < 1e-12
     assert report.max_gradient_error < 1e-12
+    if cls is FieldEmbeddings:  # its partials are its inputs, the dense features after them
+        assert report.width == report.weights_per_sample + cls.example(9).num_dense
+        return
     # The partial result is far smaller than the weights a sample touches.
     assert report.width < report.weights_per_sample
 
@@ -127,7 +131,7 @@ def test_report_names_the_rank_counts_actually_checked() -> None:
 
 
 def test_registry_defaults_and_user_addition() -> None:
-    assert [c.name for c in default_substitutions()] == ["linear", "fm2", "first_fc"]
+    assert [c.name for c in default_substitutions()] == ["linear", "fm2", "first_fc", "embeddings"]
     assert get_substitution("first_fc") is FirstFC
     with pytest.raises(ConfigError, match="unknown substitution 'nope'"):
         get_substitution("nope")
@@ -187,12 +191,13 @@ def test_builtins_backpropagate_without_recomputing_the_forward(cls: type[Substi
     sub = cls.example(5)
     rng = np.random.default_rng(0)
     emb = tf.constant(rng.normal(size=(4, 3, sub.dim)))
-    params = {k: tf.constant(v) for k, v in sub.init_field_params(0, [0, 2, 4], np.float64).items()}
+    weights = {k: tf.constant(v) for k, v in sub.init_field_params(0, [0, 2, 4], np.float64).items()}
+    params = {**weights, "field_indices": tf.constant([0, 2, 4])} if sub.reads_field_indices else weights
     grad = tf.constant(rng.normal(size=(4, sub.width)))
     with tf.GradientTape() as tape:
-        tape.watch([emb, *params.values()])
+        tape.watch([emb, *weights.values()])
         out = sub.local(emb, params)
-    expected = tape.gradient(out, [emb, *params.values()], output_gradients=grad, unconnected_gradients="zero")
+    expected = tape.gradient(out, [emb, *weights.values()], output_gradients=grad, unconnected_gradients="zero")
 
     def forbidden(*args):
         raise AssertionError("local_backward re-ran the forward")

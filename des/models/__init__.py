@@ -1,4 +1,4 @@
-"""Models: LR, FM, Wide&Deep and DeepFM, plus a registry for user models.
+"""Models: LR, FM, Wide&Deep, DeepFM, DCN-v2 and DLRM, plus a registry for user models.
 
 A model declares its embedding blocks, its substitutions and its replicated top network; it has no
 distribution code (see :mod:`des.models.base`).
@@ -9,14 +9,16 @@ from __future__ import annotations
 from des.registry import Registry
 from des.models.base import CRITEO_NUM_FIELDS, DeepTower, EmbeddingBlock, EmbeddingModel, Model, ModelDefaults
 from des.models.conformance import ModelConformanceError, check_model
+from des.models.dcnv2 import DCNv2
 from des.models.deepfm import DeepFM
+from des.models.dlrm import DLRM
 from des.models.fm import FM
 from des.models.lr import LR
 from des.models.wdl import WideAndDeep
 
 
 def default_models() -> list[type[Model]]:
-    return [LR, FM, WideAndDeep, DeepFM]
+    return [LR, FM, WideAndDeep, DeepFM, DCNv2, DLRM]
 
 
 MODEL_REGISTRY: Registry[type[Model]] = Registry("model", Model, default_models)
@@ -37,6 +39,8 @@ def get_model(name: str) -> type[Model]:
 
 __all__ = [
     "CRITEO_NUM_FIELDS",
+    "DCNv2",
+    "DLRM",
     "FM",
     "LR",
     "DeepFM",

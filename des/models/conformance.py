@@ -53,7 +53,7 @@ def small_instance(cls: type[Model], num_fields: int = 5, num_dense: int = 2) ->
     sizes = {"num_fields": num_fields, "embedding_dim": 3, "hidden": (6, 4), "num_dense": num_dense}
     accepted = inspect.signature(cls.__init__).parameters
     model = cls(**{k: v for k, v in sizes.items() if k in accepted})
-    if getattr(model, "num_dense", 0) and not any(sub.dense_params() for sub in model.substitutions()):
+    if getattr(model, "num_dense", 0) and not any(sub.reads_dense for sub in model.substitutions()):
         return small_instance(cls, num_fields, 0)  # a model for data without dense features
     return model
 
@@ -109,14 +109,14 @@ def _check_substitutions(model: Model, name: str, dims: dict[str, int]) -> list[
         if sub.num_fields != model.num_fields:
             raise ModelConformanceError(f"{name}: substitution {sub.name} has {sub.num_fields} fields, "
                                         f"the model {model.num_fields}")
-        if sub.dense_params() and sub.num_dense != model.num_dense:
+        if sub.reads_dense and sub.num_dense != model.num_dense:
             raise ModelConformanceError(f"{name}: substitution {sub.name} reads {sub.num_dense} dense features, "
                                         f"the model has {model.num_dense}")
         try:
             check_substitution(sub, rank_counts=(1, 2, 3))
         except (AssertionError, ValueError) as exc:
             raise ModelConformanceError(f"{name}: {exc}") from None
-    if getattr(model, "num_dense", 0) and not any(sub.dense_params() for sub in subs):
+    if getattr(model, "num_dense", 0) and not any(sub.reads_dense for sub in subs):
         raise ModelConformanceError(f"{name}: the model has {model.num_dense} dense features but no substitution "
                                     "reads them (declare dense_params and local_dense, as FirstOrderLinear does)")
     return subs

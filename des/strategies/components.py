@@ -200,6 +200,8 @@ class DenseParams:
         self.dtype = np.dtype(dtype)
         self.l2 = float(model.l2_dense)
         self.rates = optimizers.rates
+        #: the fields this rank owns (a split operator's partials are theirs)
+        self.own_fields = own
         self.field_params: dict[str, np.ndarray] = {}
         #: name -> the fields of its leading axis, in order
         self.param_fields: dict[str, list[int]] = {}

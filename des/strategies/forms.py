@@ -89,7 +89,7 @@ class ModelSplitForm:
                                   "only 'allreduce' is supported")
         self.exchanged = frozenset(int(i) for i in exchanged)
         #: the operators that read the dense features (their part is added where the rows are)
-        self.reads_dense = frozenset(i for i, sub in enumerate(self.substitutions) if sub.dense_params())
+        self.reads_dense = frozenset(i for i, sub in enumerate(self.substitutions) if sub.reads_dense)
         self.split = [i for i in range(len(self.substitutions)) if i not in self.exchanged]
         # Buffer layout: the split substitutions' partials side by side, in their order
         self.width = sum(self.substitutions[i].width for i in self.split)
@@ -109,7 +109,8 @@ class ModelSplitForm:
         return sub.low_precision_local and self.compute_dtype != self.tf_dtype
 
     def _cast_in(self, *tensors: Any) -> list[Any]:
-        return [tf.cast(t, self.compute_dtype) for t in tensors]
+        # floats only: a field_indices argument stays int32
+        return [tf.cast(t, self.compute_dtype) if t.dtype.is_floating else t for t in tensors]
 
     def _sub_local(self, sub: Any, emb: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
         """``sub.local``; in the compute dtype where the substitution allows it (``low_precision_local``:
@@ -159,11 +160,21 @@ class ModelSplitForm:
         prefix = f"{i}:{self.substitutions[i].name}:"
         return {n[len(prefix):]: v for n, v in zip(names, values) if n.startswith(prefix)}
 
+    def _operator_params(self, i: int, names: Sequence[str], values: Sequence[Any], *, whole: bool) -> dict[str, Any]:
+        """Substitution ``i``'s field weights among ``names``/``values`` and, when it reads them
+        (``Substitution.reads_field_indices``), the global indices of the fields it runs on: every
+        field when it runs ``whole`` (exchanged), else this rank's."""
+        params = self._params_of(i, names, values)
+        if self.substitutions[i].reads_field_indices:
+            fields = range(self.model.num_fields) if whole else self.dense.own_fields
+            params["field_indices"] = tf.constant(list(fields), dtype=tf.int32)
+        return params
+
     def _local_parts(self, pooled: Sequence[tf.Tensor], params: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         """Each split substitution's ``local`` on this rank's fields: the buffer's column blocks."""
         by_block = dict(zip(self.split_blocks, pooled))
         return [self._sub_local(self.substitutions[i], by_block[self.substitutions[i].block],
-                                self._params_of(i, self.split_params, params))
+                                self._operator_params(i, self.split_params, params, whole=False))
                 for i in self.split]
 
     def _columns(self, buffer: tf.Tensor) -> list[tf.Tensor]:
@@ -184,8 +195,8 @@ class ModelSplitForm:
         param_grads: dict[str, tf.Tensor] = {}
         for i, part_grad in zip(self.split, part_grads):
             sub = self.substitutions[i]
-            emb_grad, grads = self._sub_local_backward(sub, by_block[sub.block],
-                                                       self._params_of(i, self.split_params, params), part_grad)
+            emb_grad, grads = self._sub_local_backward(
+                sub, by_block[sub.block], self._operator_params(i, self.split_params, params, whole=False), part_grad)
             block_grads[sub.block].append(emb_grad)
             param_grads.update({f"{i}:{sub.name}:{name}": g for name, g in grads.items()})
         l2 = self.model.l2_embedding
@@ -210,7 +221,7 @@ class ModelSplitForm:
             if i in self.exchanged:  # every field here: the split form on one virtual rank, which
                 # check_substitution proved equal to ``reference`` (FM's textbook double sum over field
                 # pairs costs several times its eq. (6) form, forward + backward)
-                emb, params = by_block[sub.block], self._params_of(i, self.exchange_params, xparams)
+                emb, params = by_block[sub.block], self._operator_params(i, self.exchange_params, xparams, whole=True)
                 summed = self._sub_local(sub, emb, params)
             else:
                 summed = next(reduced)

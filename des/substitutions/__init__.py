@@ -1,7 +1,7 @@
 """Substitutions: weight-rich operators rewritten as local partials, a sum, and a cheap combine.
 
 Public: :class:`Substitution` (the base class), :class:`FieldParam`, the built-ins
-:class:`FirstOrderLinear`, :class:`FMOrder2`, :class:`FirstFC`, the registry
+:class:`FirstOrderLinear`, :class:`FMOrder2`, :class:`FirstFC`, :class:`FieldEmbeddings`, the registry
 (:func:`register_substitution`, :func:`get_substitution`, :func:`default_substitutions`,
 :func:`registered_substitutions`) and the conformance checker :func:`check_substitution`.
 """
@@ -12,6 +12,7 @@ from des.substitutions.conformance import (
     SubstitutionConformanceError,
     check_substitution,
 )
+from des.substitutions.embeddings import FieldEmbeddings
 from des.substitutions.first_fc import FirstFC
 from des.substitutions.fm import FMOrder2
 from des.substitutions.linear import FirstOrderLinear
@@ -26,6 +27,7 @@ from des.substitutions.registry import (
 __all__ = [
     "ConformanceReport",
     "FMOrder2",
+    "FieldEmbeddings",
     "FieldParam",
     "ParamSpec",
     "draw_param",

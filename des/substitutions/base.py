@@ -111,6 +111,12 @@ class Substitution(ABC):
     #: bf16 kernels accumulate in float32; false (default) for sums of many terms or of squares
     #: (FM's eq. (6)), which bf16's 8-bit mantissa would swamp
     low_precision_local: ClassVar[bool] = False
+    #: :meth:`local` and :meth:`local_backward` find the global indices of ``emb``'s fields (int32
+    #: ``[F_i]``, in the order of ``emb``'s second axis) in ``params["field_indices"]``: for an
+    #: operator that puts each field in columns of its own, as the concatenation of the embeddings
+    #: does (:class:`~des.substitutions.embeddings.FieldEmbeddings`). Not a weight: never trained
+    #: nor saved.
+    reads_field_indices: ClassVar[bool] = False
 
     def __init__(self, block: str, dim: int, num_fields: int, num_dense: int = 0) -> None:
         self.block = block
@@ -145,6 +151,13 @@ class Substitution(ABC):
         this operator reads them: none by default, and none when the data has no dense features."""
         return {}
 
+    @property
+    def reads_dense(self) -> bool:
+        """Whether :meth:`local_dense` adds the dense features to the reduced partials: when the
+        operator declares weights for them (:meth:`dense_params`), or overrides this (an operator
+        that passes them on unweighted, as the concatenation of the inputs does)."""
+        return bool(self.dense_params())
+
     # -- the two forms ----------------------------------------------------------------------
     @abstractmethod
     def local(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
@@ -162,18 +175,19 @@ class Substitution(ABC):
         forward. ``check_substitution`` compares the result with the reference operator's gradients."""
         if _closed_form_applies(type(self)):
             return self.local_gradient(emb, params, grad)  # type: ignore[attr-defined]
+        weights = {k: v for k, v in params.items() if k != "field_indices"}
         with tf.GradientTape() as tape:
-            tape.watch([emb, *params.values()])
+            tape.watch([emb, *weights.values()])
             out = self.local(emb, params)
-        grads = tape.gradient(out, [emb, *params.values()], output_gradients=grad,
+        grads = tape.gradient(out, [emb, *weights.values()], output_gradients=grad,
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        return grads[0], dict(zip(params, grads[1:]))
+        return grads[0], dict(zip(weights, grads[1:]))
 
     def local_dense(self, dense: tf.Tensor, params: Mapping[str, tf.Tensor]) -> tf.Tensor:
         """The dense features' part of the buffer: ``dense [B, D]``, ``params`` of
         :meth:`dense_params` -> ``[B, width]``, added to the reduced partials before ``combine``.
-        Only called when :meth:`dense_params` declares weights."""
-        raise NotImplementedError(f"{type(self).__name__} declares dense parameters but no local_dense")
+        Only called when :attr:`reads_dense`."""
+        raise NotImplementedError(f"{type(self).__name__} reads dense features but has no local_dense")
 
     @abstractmethod
     def combine(self, reduced: tf.Tensor) -> tf.Tensor:
@@ -183,7 +197,7 @@ class Substitution(ABC):
     def reference(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor], dense: tf.Tensor | None = None,
                   dense_params: Mapping[str, tf.Tensor] | None = None) -> tf.Tensor:
         """The original operator on all fields: ``emb [B, F, dim]`` -> ``[B, output_dim]``; with the
-        dense features ``dense [B, D]`` and their weights when :meth:`dense_params` declares some
+        dense features ``dense [B, D]`` and their weights (``{}`` if none) when :attr:`reads_dense`
         (an operator that reads none may leave both arguments out of its signature)."""
 
     # -- helpers ----------------------------------------------------------------------------
@@ -211,7 +225,7 @@ class Substitution(ABC):
 
     def describe(self) -> dict[str, object]:
         described: dict[str, object] = {"name": self.name, "block": self.block, "dim": self.dim, "width": self.width}
-        if self.dense_params():
+        if self.reads_dense:
             described["num_dense"] = self.num_dense
         return described
 

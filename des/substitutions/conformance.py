@@ -13,7 +13,7 @@ non-contiguous groups, it checks in float64:
    parameter equal those of the reference operator;
 4. initialization: a rank's slices of the field parameters equal the slices of the whole, so they
    do not depend on the number of ranks or the placement;
-5. dense features, when the substitution declares weights for them: ``local_dense`` is added to
+5. dense features, when the substitution reads them (:attr:`Substitution.reads_dense`): ``local_dense`` is added to
    the reduced partials before ``combine`` on each row block (it is row-wise), and the forward and
    the gradients of those weights equal the reference operator's.
 
@@ -110,7 +110,7 @@ class _Probe:
         emb = tf.constant(rng.normal(size=(batch_size, sub.num_fields, sub.dim)))
         params, dense_params = perturbed(params_np), perturbed(dense_np)
         upstream = tf.constant(rng.normal(size=(batch_size, sub.output_dim)))
-        dense = tf.constant(rng.normal(size=(batch_size, sub.num_dense))) if dense_params else None
+        dense = tf.constant(rng.normal(size=(batch_size, sub.num_dense))) if sub.reads_dense else None
         probe = cls(sub, name, rtol, emb, params, dense, dense_params, upstream)
         probe.weights = sum(int(np.prod(v.shape)) for v in (*params_np.values(), *dense_np.values()))
         probe.weights += sub.num_fields * sub.dim
@@ -126,7 +126,7 @@ class _Probe:
         watched = [self.emb, *self.params.values(), *self.dense_params.values()]
         with tf.GradientTape() as tape:
             tape.watch(watched)
-            dense_args = (self.dense, self.dense_params) if self.dense_params else ()
+            dense_args = (self.dense, self.dense_params) if self.sub.reads_dense else ()
             self.reference = self.sub.reference(self.emb, self.params, *dense_args)
             objective = tf.reduce_sum(self.upstream * self.reference)
         _expect_shape(self.name, "reference", self.reference, (self.batch_size, self.sub.output_dim))
@@ -139,13 +139,13 @@ class _Probe:
         sub, name, n, size = self.sub, self.name, len(groups), self.batch_size
         partials = []
         for group in groups:
-            local = sub.local(tf.gather(self.emb, group, axis=1), _slice(self.params, group))
+            local = sub.local(tf.gather(self.emb, group, axis=1), _local_params(sub, self.params, group))
             _expect_shape(name, f"local (fields {group})", local, (size, sub.width))
             partials.append(local)
         reduced = tf.add_n(partials)
         with tf.GradientTape(persistent=True) as tape:
             tape.watch([reduced, *self.dense_params.values()])
-            summed = reduced + _local_dense(sub, name, self.dense, self.dense_params, size) if self.dense_params \
+            summed = reduced + _local_dense(sub, name, self.dense, self.dense_params, size) if sub.reads_dense \
                 else reduced
             output = sub.combine(summed)
             objective = tf.reduce_sum(self.upstream * output)
@@ -155,10 +155,10 @@ class _Probe:
         # combines each rank's own row block, with the dense features of those rows).
         rows = np.sort(rng.choice(size, size=max(1, size // 2), replace=False))
         on_rows = tf.gather(reduced, rows)
-        if self.dense_params:
+        if sub.reads_dense:
             on_rows += sub.local_dense(tf.gather(self.dense, rows), self.dense_params)
         _compare(name, f"combine on rows {rows.tolist()} (combine must be row-wise"
-                       f"{', and so must local_dense' if self.dense_params else ''})",
+                       f"{', and so must local_dense' if sub.reads_dense else ''})",
                  sub.combine(on_rows), tf.gather(output, rows), self.rtol)
         buffer_grad = tape.gradient(objective, reduced)
         dense_err = 0.0
@@ -176,7 +176,8 @@ class _Probe:
         param_grads = {k: np.zeros(v.shape) for k, v in self.params.items()}
         for group in groups:
             local_emb, local_params = tf.gather(self.emb, group, axis=1), _slice(self.params, group)
-            local_emb_grad, local_param_grads = sub.local_backward(local_emb, local_params, buffer_grad)
+            local_emb_grad, local_param_grads = sub.local_backward(
+                local_emb, _local_params(sub, self.params, group), buffer_grad)
             _expect_shape(name, f"local_backward's embedding gradient (fields {group})", local_emb_grad,
                           tuple(local_emb.shape))
             if set(local_param_grads) != set(local_params):
@@ -210,6 +211,15 @@ def _random_partition(num_fields: int, n: int, rng: np.random.Generator) -> list
 
 def _slice(params: dict[str, tf.Tensor], group: list[int]) -> dict[str, tf.Tensor]:
     return {k: tf.gather(v, group, axis=0) for k, v in params.items()}
+
+
+def _local_params(sub: Substitution, params: dict[str, tf.Tensor], group: list[int]) -> dict[str, tf.Tensor]:
+    """What a rank owning ``group`` hands ``local``: its slices and, to an operator that reads
+    them, its fields' global indices."""
+    local = _slice(params, group)
+    if sub.reads_field_indices:
+        local["field_indices"] = tf.constant(group, dtype=tf.int32)
+    return local
 
 
 def _check_init_slices(

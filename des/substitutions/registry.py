@@ -14,6 +14,7 @@ from __future__ import annotations
 from des.registry import Registry
 from des.substitutions.base import Substitution
 from des.substitutions.conformance import check_substitution
+from des.substitutions.embeddings import FieldEmbeddings
 from des.substitutions.first_fc import FirstFC
 from des.substitutions.fm import FMOrder2
 from des.substitutions.linear import FirstOrderLinear
@@ -21,7 +22,7 @@ from des.substitutions.linear import FirstOrderLinear
 
 def default_substitutions() -> list[type[Substitution]]:
     """The built-ins, in a fixed order."""
-    return [FirstOrderLinear, FMOrder2, FirstFC]
+    return [FirstOrderLinear, FMOrder2, FirstFC, FieldEmbeddings]
 
 
 SUBSTITUTION_REGISTRY: Registry[type[Substitution]] = Registry(
