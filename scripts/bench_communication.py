@@ -234,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows.sort(key=lambda r: (r["ranks"], r["batch"], models.index(r["model"])))
     measured_rows = [r for r in rows if any(f"{key}_measured" in r for key in
                                             ("des", "des_partials", "des_replicated", "alltoall"))]
-    shapes = {m: build_shape(m, fields, k, hidden) for m in ("fm", "wdl", "deepfm")}
+    shapes = {m: build_shape(m, fields, k, hidden) for m in models}
     notes = [
         benchlib.STRATEGY_NOTE + " Savings compare des-partials (data-parallel) with alltoall, as the paper's R.",
         "Bytes are what a rank SENDS per training step, mean over the ranks (summary.json's bytes_per_step), "
@@ -245,10 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "of all batches of epoch 0; predicted = the same with the unique ids of the measured batches (the first "
         f"{args.steps}): 'meas./pred.' should be 1.0000 (mean over ranks), 'rank 0' the same for rank 0 alone, "
         "'worst site %' the largest deviation of one Communicator site.",
-        f"DES: P = 1 / {shapes['fm'].buffer_width} / {shapes['wdl'].buffer_width} / "
-        f"{shapes['deepfm'].buffer_width} floats per sample (LR / FM / W&D / DeepFM; k={k}, H1={hidden[0]}). "
-        f"alltoall: w = 1 (LR) or {1 + k} floats per row; dense params D = 1 (LR, FM) or "
-        f"{dense_params(shapes['wdl']):,} (W&D, DeepFM: first FC {fields}x{k}x{hidden[0]} + upper layers).",
+        "DES: P = " + " / ".join(f"{shapes[m].buffer_width} ({m})" for m in models) + f" floats per sample (k={k}, "
+        f"H1={hidden[0]}); alltoall: the pooled values of each block a model reads ({1 + k} floats per row with an "
+        "order-1 and a k-wide block), plus the AllReduce of the dense parameters: "
+        + ", ".join(f"{dense_params(shapes[m]):,} ({m})" for m in models) + ".",
         "'saving sparse-only' is the paper's definition of R: DES bytes vs the id/row/gradient exchange alone "
         "(alltoall without its dense-gradient AllReduce).",
         "Paper Table 2 is on Tencent's Company* data (about 950 unique feature values per sample, 147k-1.4M unique "

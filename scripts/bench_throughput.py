@@ -1,4 +1,4 @@
-""".venv/bin/python scripts/bench_throughput.py [--quick] [--models lr,fm,wdl,deepfm] [--ranks 1,2,4] [--batch-size 4096,512] [--deepctr] [--warmup 3] [--steps 10] [--rounds 1] [--data criteo|multihot|PATH]
+""".venv/bin/python scripts/bench_throughput.py [--quick] [--models lr,fm,wdl,deepfm,dcnv2,dlrm] [--ranks 1,2,4] [--batch-size 4096,512] [--deepctr] [--warmup 3] [--steps 10] [--rounds 1] [--data criteo|multihot|PATH]
 
 Shows the DES paper's Table 5 on this machine, and des on one process against what a dense TF
 program and DeepCTR reach, all measured in one run, for every batch size of ``--batch-size`` (a
@@ -9,15 +9,16 @@ comma-separated list, default 4096):
   same global batch, over ``--steps`` timed steps after ``--warmup`` steps (the first steps trace
   the tf.functions and fill the tables: excluded), plus the peak RSS per rank. ``--steps`` counts
   at the largest batch; a smaller batch runs proportionally more steps (the same samples timed).
-* **TF-only roofline** (W&D and DeepFM; LR's and FM's logit is a sum of the partials, no top
-  network), at 2 threads (what one rank gets) and 1 thread (what each of 2 or 4 ranks gets):
+* **TF-only roofline** (W&D, DeepFM, DCN-v2 and DLRM; LR's and FM's logit is a sum of the
+  partials, no top network), at 2 threads (what one rank gets) and 1 thread (what each of 2 or 4 ranks gets):
   "top network only" = the top network every ``des-replicated`` rank repeats on the whole batch
   (DeepFM: FM combine + the MLP 400-400-400-1 behind the substituted first layer, on the [B, 410]
   buffer; forward + backward); "dense roofline" = the same model as a plain TF program: order-1
   sum of [B, 39, 1] + FM of [B, 39, 8] + the MLP 312-400-400-400-1 as dense matmuls, forward,
   backward (with the gradients of both inputs) and Adam (``ResourceApplyAdam``) on its 446,402
   dense parameters in one ``tf.function``; the embeddings are given as dense inputs: no hash
-  tables, lookups, pooling or sparse updates.
+  tables, lookups, pooling or sparse updates. DCN-v2 and DLRM: each substitution's textbook
+  ``reference`` on the dense inputs and the model's top network, with all its weights, likewise.
 * **Rounds** (``--rounds R``): every des/alltoall/ps job, the rooflines and DeepCTR run R times,
   round-robin over the configurations of a batch size (so a drift in the machine's load hits all of
   them alike); a row is the median job (its phases and memory with it) and shows the min-max over
@@ -25,7 +26,7 @@ comma-separated list, default 4096):
   samples/s moves between otherwise identical runs by more than many of the differences measured
   here: small ratios of single jobs are not readable without rounds.
 * **des vs the roofline and DeepCTR** (one process): per model and batch, the dense roofline at
-  2 threads, DeepCTR 0.9.4's DeepFM (``model.fit`` over ``--warmup`` + the timed steps of the
+  2 threads, DeepCTR 0.9.4's DeepFM (for DCN-v2: its DCN with matrix cross layers) (``model.fit`` over ``--warmup`` + the timed steps of the
   shipped sample in des's batch order, same batch size and network, its defaults: Adam on
   everything, l2 1e-5 on the tables; 2 TF threads), des at N = 1, des / roofline and des / DeepCTR.
   DeepCTR runs in ``.venv-deepctr`` (see ``scripts/bench_deepctr.py``): ``--deepctr`` runs it and
@@ -69,15 +70,14 @@ import benchlib
 STRATEGY_RANKS = {"des": (1, 2, 4), "des-partials": (2, 4), "des-replicated": (1, 2, 4), "des-bf16": (1, 2, 4),
                   "alltoall": (1, 2, 4), "ps": (2, 4)}
 FIELDS, EMBEDDING_DIM, HIDDEN = 39, 8, (400, 400, 400)  # des.train's defaults: the network measured
-TITLES = {"lr": "LR", "fm": "FM", "wdl": "W&D", "deepfm": "DeepFM"}
+TITLES = {"lr": "LR", "fm": "FM", "wdl": "W&D", "deepfm": "DeepFM", "dcnv2": "DCN-v2", "dlrm": "DLRM"}
 
-ROOFLINE_MODELS = ("wdl", "deepfm")  # the models with a top network (LR's and FM's top is a sum)
+ROOFLINE_MODELS = ("wdl", "deepfm", "dcnv2", "dlrm")  # the models with a top network (LR's and FM's top is a sum)
 ROOFLINE_THREADS = (2, 1)  # what one rank gets on 2 cores, and what each of 2 or 4 ranks gets
 NO_TOP_NETWORK = {
     "lr": "LR: no top network (logit = sum of the 39 per-field partials + bias), so no TF-only roofline",
     "fm": "FM: no top network (logit = combine of the order-1 and order-2 partials), so no TF-only roofline",
 }
-DEEPCTR_MODEL = "deepfm"  # the model bench_deepctr trains with DeepCTR
 #: ``--data multihot``: every categorical field multi-hot with 0-50 ids, vocabularies x20 (about 650
 #: ids and 148 distinct ids per row block per sample at B=4096, N=4: the paper's kind of data, where
 #: a sample has hundreds of feature values), 40,000 rows; generated once into the cache
@@ -173,6 +173,31 @@ def plain_network(name: str, fields: int = FIELDS, dim: int = EMBEDDING_DIM, hid
     return variables, logits
 
 
+def reference_network(model: Any):
+    """Any des model as a plain TF program on dense inputs: ``(variables, logits)``, the variables
+    its whole field weights (every field's slice) and its top network, ``logits(linear, embedding)``
+    = the top network on each substitution's ``reference`` (the textbook operator on all fields).
+    For DCN-v2 and DLRM, whose operators' references are matmuls and a reshape; W&D's and DeepFM's
+    hand-written :func:`plain_network` keeps FM's eq. (6) (its reference is the double sum)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from des.substitutions.base import draw_param
+
+    fields = range(model.num_fields)
+    weights = [{name: tf.Variable(value.astype(np.float32)) for name, value in sub.init_field_params(0, fields).items()}
+               for sub in model.substitutions()]
+    top = {name: tf.Variable(draw_param(spec, 0, model.name, "top", name).astype(np.float32))
+           for name, spec in model.top_params().items()}
+
+    def logits(linear, embedding):
+        pooled = {"linear": linear, "embedding": embedding}
+        return model.top(top, [sub.reference(pooled[sub.block], params)
+                               for sub, params in zip(model.substitutions(), weights)])
+
+    return [v for params in weights for v in params.values()] + list(top.values()), logits
+
+
 def _roofline_model(name: str, batch: int, repeats: int) -> dict:
     """Seconds per call of ``top`` (des's top network on the [B, P] buffer, forward + backward) and
     ``plain`` (:func:`plain_network`, forward + backward + Adam): the wall time of ``repeats`` calls
@@ -180,10 +205,10 @@ def _roofline_model(name: str, batch: int, repeats: int) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from des.models import DeepFM, WideAndDeep
+    from des.models import get_model
     from des.substitutions.base import draw_param
 
-    model = {"deepfm": DeepFM, "wdl": WideAndDeep}[name](num_fields=FIELDS, embedding_dim=EMBEDDING_DIM, hidden=HIDDEN)
+    model = get_model(name)(num_fields=FIELDS, embedding_dim=EMBEDDING_DIM, hidden=HIDDEN)
     subs = model.substitutions()
     starts = np.concatenate([[0], np.cumsum([s.width for s in subs])]).astype(int).tolist()
     names = list(model.top_params())
@@ -204,7 +229,7 @@ def _roofline_model(name: str, batch: int, repeats: int) -> dict:
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits))
         return tape.gradient(loss, [buf, params])
 
-    variables, plain_logits = plain_network(name)
+    variables, plain_logits = plain_network(name) if name in ("wdl", "deepfm") else reference_network(model)
     slots = [(tf.Variable(tf.zeros_like(v)), tf.Variable(tf.zeros_like(v))) for v in variables]
     adam_step = tf.Variable(0.0)
     lr, beta1, beta2, epsilon = 0.001, 0.9, 0.999, 1e-7  # Keras's Adam defaults
@@ -214,7 +239,8 @@ def _roofline_model(name: str, batch: int, repeats: int) -> dict:
         with tf.GradientTape() as tape:
             tape.watch([lin, e])
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=plain_logits(lin, e)))
-        grads = tape.gradient(loss, [lin, e, *variables])
+        # (DLRM reads no order-1 weights: their gradient is zeros)
+        grads = tape.gradient(loss, [lin, e, *variables], unconnected_gradients=tf.UnconnectedGradients.ZERO)
         t = adam_step.assign_add(1.0)
         for var, (m, v), g in zip(variables, slots, grads[2:]):
             tf.raw_ops.ResourceApplyAdam(var=var.handle, m=m.handle, v=v.handle, beta1_power=tf.pow(beta1, t),
@@ -271,18 +297,19 @@ def deepctr_store(bench: benchlib.Bench):
     return bench_deepctr.open_store()
 
 
-def deepctr_rows(bench: benchlib.Bench, store, batch: int, warmup: int, steps: int) -> list[dict]:
-    """DeepCTR's DeepFM, throughput only, at one batch size (bench_deepctr's child)."""
-    label = f"deepctr b{batch}"
+def deepctr_rows(bench: benchlib.Bench, store, batch: int, warmup: int, steps: int, model: str = "deepfm") -> list[dict]:
+    """DeepCTR's model of des's ``model`` (bench_deepctr.DEEPCTR_MODELS: DeepFM, DCN with matrix
+    cross layers), throughput only, at one batch size (bench_deepctr's child)."""
+    label = f"deepctr {model} b{batch}"
     try:
         r = bench_deepctr.run_deepctr(bench, str(store.path), label=label, seed=0, batch=batch, warmup=warmup,
-                                      hidden=HIDDEN, dim=EMBEDDING_DIM, throughput_steps=steps)
+                                      hidden=HIDDEN, dim=EMBEDDING_DIM, throughput_steps=steps, model=model)
     except (benchlib.BenchError, ValueError) as exc:
         bench.failures.append(f"{label}: {exc}")
         return []
     bench.log(f"  {label}: {r['samples_per_second']:,.0f} samples/s over {r['measured_steps']} steps "
               f"(TF {r['tensorflow']}, {r['params']:,} parameters)")
-    return [{"kind": "deepctr", "model": DEEPCTR_MODEL, "batch": batch, "load_average": os.getloadavg()[0],
+    return [{"kind": "deepctr", "model": model, "batch": batch, "load_average": os.getloadavg()[0],
              **{k: r[k] for k in ("samples_per_second", "ms_per_step", "measured_steps", "params", "tensorflow")}}]
 
 
@@ -392,7 +419,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     models, strategies = args.models.split(","), args.strategies.split(",")
     ranks = [int(x) for x in args.ranks.split(",")]
     criteo = args.data == "criteo"  # the roofline and DeepCTR model the Criteo sample's one-hot inputs
-    with_deepctr = criteo and DEEPCTR_MODEL in models and (
+    deepctr_models = [m for m in models if m in bench_deepctr.DEEPCTR_MODELS]
+    with_deepctr = criteo and deepctr_models and (
         args.deepctr if args.deepctr is not None else not args.quick and bench_deepctr.DEEPCTR_PYTHON.exists())
     bench = benchlib.Bench(__file__, args)
     data = dataset(bench, args.data, args.cache)
@@ -418,11 +446,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 for row in roofline_rows(bench, threads, batch, scaled_steps(args.repeats, batch, batches),
                                                          roof_models)])
             if store is not None:
-                deepctr_rounds.append(deepctr_rows(bench, store, batch, args.warmup, steps))
+                deepctr_rounds.append([row for model in deepctr_models
+                                       for row in deepctr_rows(bench, store, batch, args.warmup, steps, model)])
         rows += [throughput_row(model, strategy, n, batch, runs[(model, strategy, n)])
                  for model, strategy, n in configs]
         roof_rows += median_of_rounds(roof_rounds, key=lambda r: (r["model"], r["kind"], r["threads"]))
-        deepctr += median_of_rounds(deepctr_rounds)
+        deepctr += median_of_rounds(deepctr_rounds, key=lambda r: r["model"])
     for row in rows:  # speed-up over DES on one rank, and over alltoall at the same N (same model and batch)
         for key, strategy, base_ranks in (("vs_des_n1", "des", 1), ("vs_alltoall", "alltoall", row["ranks"])):
             base = next((r for r in rows if (r["model"], r["batch"]) == (row["model"], row["batch"])
@@ -485,7 +514,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                        f"{bench_deepctr.DEFAULT_L2:g} on the tables), one model.fit over the warm-up + timed steps "
                        "of the shipped sample's training split in des's batch order; samples/s of the steps after "
                        "the warm-up from per-batch callbacks; 2 TF threads."
-                       if with_deepctr else f"not run ({TITLES[DEEPCTR_MODEL]} only; --deepctr runs it, by default "
+                       + (" For dcnv2: DeepCTR's DCN with cross_parameterization='matrix' and "
+                          f"{bench_deepctr.DCN_CROSS_LAYERS} cross layers (des's dcnv2 network)."
+                          if "dcnv2" in deepctr_models else "")
+                       if with_deepctr else "not run (DeepFM and DCN-v2 only; --deepctr runs it, by default "
                        "only when .venv-deepctr exists and not --quick)."),
         "Other engineers' jobs may have shared the 2 cores during these runs (load average per job in results.csv): "
         "compare ratios within the run, not absolute numbers across runs.",

@@ -1,4 +1,4 @@
-""".venv/bin/python scripts/select_defaults.py [--quick] [--models lr,fm,wdl,deepfm] [--seeds 0,1,2] [--cv K] [--candidates 'a;b']
+""".venv/bin/python scripts/select_defaults.py [--quick] [--models lr,fm,wdl,deepfm,dcnv2,dlrm] [--seeds 0,1,2] [--cv K] [--candidates 'a;b']
 
 How des.train's defaults were chosen: for each model, a few candidate settings (below; the first of
 each model is the baseline) are trained on the shipped sample's training split with early
@@ -50,7 +50,7 @@ _OPTIMIZERS = {"adam 1e-3 lazy": "adam:lr=0.001", "adam 1e-3 catchup": "adam:lr=
 
 
 #: flags that some candidates set (below) and the value of the others of the same model
-_EXTRA_DEFAULTS = {"sparse_schedule": "constant", "early_stop": "2", "monitor": "auc"}
+_EXTRA_DEFAULTS = {"sparse_schedule": "constant", "early_stop": "2", "monitor": "auc", "model_options": ""}
 
 
 def _candidates(*settings: tuple) -> dict[str, dict[str, str]]:
@@ -114,6 +114,18 @@ CANDIDATES: dict[str, dict[str, dict[str, str]]] = {
         ("adagrad 0.1", 256, None, True, "0.01", {"monitor": "logloss"})),
 }
 CANDIDATES["wdl"] = {name: flags for name, flags in CANDIDATES["deepfm"].items() if "batch 128" not in name}
+# DCN-v2 and DLRM: DeepFM's default, then one change at a time (their own options, --model-options;
+# DLRM on data with dense features: --data a store prepared with examples/criteo_dense.toml)
+_DEEPFM_DEFAULT = ("adam 1e-3 catchup", 256, "1e-4", True)
+CANDIDATES["dcnv2"] = _candidates(
+    _DEEPFM_DEFAULT, (*_DEEPFM_DEFAULT, None, {"model_options": "cross_layers=2"}),
+    (*_DEEPFM_DEFAULT, None, {"model_options": "structure=stacked"}),
+    (*_DEEPFM_DEFAULT, None, {"model_options": "cross=mix"}),
+    (*_DEEPFM_DEFAULT, None, {"model_options": "linear=false"}),
+    ("adam 1e-3 catchup", 256, "0.01", True), ("adam 1e-3 catchup", 512, "1e-4", True))
+CANDIDATES["dlrm"] = _candidates(
+    _DEEPFM_DEFAULT, ("adam 1e-3 catchup", 256, "0.01", True), ("adam 3e-3 catchup", 256, "1e-4", True),
+    ("adam 1e-3 catchup", 512, "1e-4", True), (*_DEEPFM_DEFAULT, None, {"model_options": "bottom=256,64"}))
 
 
 def cv_folds(data: str, k: int, folder: Path, cache_dir: Path | None = None) -> tuple[Path, list[tuple[Path, Path]]]:

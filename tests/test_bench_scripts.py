@@ -303,6 +303,35 @@ def test_plain_roofline_network_is_the_model():
     np.testing.assert_allclose(dfm(linear, emb).numpy() - wdl(linear, emb).numpy(), fm, rtol=1e-4, atol=1e-5)
 
 
+def test_reference_roofline_network_is_the_model():
+    """DCN-v2's and DLRM's dense roofline: all their dense parameters, and the engine's forward on
+    one rank (its split form, reduced over nothing) for the same weights and inputs."""
+    import numpy as np
+    import tensorflow as tf
+
+    from des.models import get_model
+
+    for name in ("dcnv2", "dlrm"):
+        model = get_model(name)(num_fields=39, embedding_dim=8, hidden=(400, 400, 400))
+        variables, _ = throughput.reference_network(model)
+        assert sum(v.shape.num_elements() for v in variables) == comm.dense_params(comm.build_shape(name, 39))
+        small = get_model(name)(num_fields=3, embedding_dim=2, hidden=(4, 3))
+        variables, logits = throughput.reference_network(small)
+        rng = np.random.default_rng(2)
+        linear, emb = rng.normal(size=(5, 3, 1)).astype(np.float32), rng.normal(size=(5, 3, 2)).astype(np.float32)
+        weights = dict(zip([f"{i}:{p}" for i, sub in enumerate(small.substitutions()) for p in sub.field_params()],
+                           variables))
+        top = dict(zip(small.top_params(), variables[len(weights):]))
+        pooled = {"linear": linear, "embedding": emb}
+        outputs = []
+        for i, sub in enumerate(small.substitutions()):
+            params = {p: weights[f"{i}:{p}"] for p in sub.field_params()}
+            if sub.reads_field_indices:
+                params["field_indices"] = tf.constant([0, 1, 2])
+            outputs.append(sub.combine(sub.local(tf.constant(pooled[sub.block]), params)))
+        np.testing.assert_allclose(logits(linear, emb).numpy(), small.top(top, outputs).numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_deepctr_batch_order(tmp_path):
     """DeepCTR trains des's batches: one epoch (last partial batch dropped), or N batches over epochs."""
     from des.data import BatchReader, open_dataset

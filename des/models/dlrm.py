@@ -15,12 +15,13 @@ the step allows, and the bottom MLP, the interaction and the top MLP run where t
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from des.models.base import CRITEO_NUM_FIELDS, DeepTower, EmbeddingBlock, EmbeddingModel
+from des.models.base import CRITEO_NUM_FIELDS, DeepTower, EmbeddingBlock, EmbeddingModel, ModelDefaults
 from des.substitutions import FieldEmbeddings, ParamSpec, Substitution
 
 
@@ -29,6 +30,9 @@ class DLRM(EmbeddingModel):
     units (none without dense features), ``hidden``: the top MLP's before its logit."""
 
     name = "dlrm"
+    #: Adam at 3e-3 on the embeddings (its interaction is all embeddings, no order-1 term), chosen on
+    #: the validation split of the Criteo sample with dense features (scripts/select_defaults.py)
+    defaults = replace(ModelDefaults(), embedding_optimizer="adam:lr=0.003,catchup=1")
 
     def __init__(
         self,
