@@ -294,17 +294,9 @@ INSTALL_STEPS = [
 
 
 def ensure_venv(bench: benchlib.Bench, skip: bool) -> None:
-    if not DEEPCTR_PYTHON.exists():
-        if skip:
-            raise benchlib.BenchError(f"{DEEPCTR_VENV} does not exist (run without --skip-install)")
-        bench.run_command([str(benchlib.PYTHON), "-m", "venv", str(DEEPCTR_VENV)], label="venv", timeout=300)
-    if not skip:
-        for step in INSTALL_STEPS:
-            bench.run_command([str(DEEPCTR_PYTHON), *step], label="pip " + " ".join(step[3:]), timeout=1200)
-    probe = bench.run_command([str(DEEPCTR_PYTHON), "-c", "import os; os.environ['TF_USE_LEGACY_KERAS']='1'; "
-                               "import tensorflow as tf, tf_keras, deepctr; print('PROBE', tf.__version__, "
-                               "tf.keras.__name__, deepctr.__version__)"], label="import probe", timeout=300)
-    bench.log(" ".join(line for line in probe.stdout.splitlines() if line.startswith("PROBE")))
+    benchlib.ensure_venv(bench, DEEPCTR_VENV, INSTALL_STEPS,
+                         "import os; os.environ['TF_USE_LEGACY_KERAS']='1'; import tensorflow as tf, tf_keras, deepctr; "
+                         "print('PROBE', tf.__version__, tf.keras.__name__, deepctr.__version__)", skip)
 
 
 def open_store(data: str | os.PathLike = benchlib.SAMPLE):
@@ -511,7 +503,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         + f" (its defaults{', plus ' + args.des_flags if extra else ''}; early stopping on the validation split "
         "restores the best checkpoint, except for LR, which trains all 20 epochs).",
         f"DeepCTR 0.9.4 DeepFM (and for dcnv2 its DCN with {DCN_CROSS_LAYERS} full-rank cross layers, "
-        "cross_parameterization='matrix', parallel with the MLP, l2 1e-5 on the cross kernels) with its defaults: one Adam (lr 0.001) for everything, embeddings N(0, {args.init_std:g}), "
+        "cross_parameterization='matrix', parallel with the MLP, l2 1e-5 on the cross kernels) with its defaults: "
+        f"one Adam (lr 0.001) for everything, embeddings N(0, {args.init_std:g}), "
         f"l2 {args.l2:g} on the embedding and linear tables, batch {args.batch_size}, k={args.embedding_dim}, MLP "
         f"{args.hidden}, up to {args.epochs} epoch(s) in des's batch order, the epoch with the best validation AUC"
         + ("." if sample else "; " + DEEPCTR_COLUMNS_NOTE),

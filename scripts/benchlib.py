@@ -323,7 +323,9 @@ class Bench:
             summary["restart_timers_after"] = restart_timers_after
         phases = " ".join(f"{k} {v:.0f}" for k, v in (summary.get("ms_per_phase") or {}).items())
         self.log(f"  {tag}: {summary['steps']} steps, {summary['samples_per_second']:,.0f} samples/s (job), "
-                 f"{summary['bytes_per_step'] or 0:,.0f} B/step, test AUC {summary.get('test_auc') or float('nan'):.4f}, "
+                 + (f"{summary['bytes_per_step']:,.0f} B/step" if summary["bytes_per_step"] is not None
+                    else "bytes not counted (timers restarted)")
+                 + f", test AUC {summary.get('test_auc') or float('nan'):.4f}, "
                  f"ms {phases} ({summary['job_seconds']:.0f} s; {self.elapsed():.0f} s so far)")
         return summary
 
@@ -418,6 +420,26 @@ def train_flags(output: Path, flags: Mapping[str, Any]) -> list[str]:
         else:
             argv += [flag, str(value)]
     return argv
+
+
+def ensure_venv(bench: Bench, venv: Path, steps: Sequence[Sequence[str]], probe: str, skip: bool) -> str:
+    """A venv of its own for an outside system, next to ``.venv`` (``.venv-deepctr``,
+    ``.venv-torchrec``): created with this venv's Python if missing, then ``steps`` run in it (each
+    the arguments after its ``python``, e.g. ``["-m", "pip", "install", ...]``); ``skip`` uses it as
+    it is (and refuses a missing one). Then ``python -c probe``: its lines starting ``PROBE`` are
+    logged and returned."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        if skip:
+            raise BenchError(f"{venv} does not exist (run without --skip-install)")
+        bench.run_command([str(PYTHON), "-m", "venv", str(venv)], label="venv", timeout=300)
+    if not skip:
+        for step in steps:
+            bench.run_command([str(python), *step], label="pip " + " ".join(step[3:]), timeout=1200)
+    out = bench.run_command([str(python), "-c", probe], label="import probe", timeout=300).stdout
+    found = " ".join(line for line in out.splitlines() if line.startswith("PROBE"))
+    bench.log(found)
+    return found
 
 
 def train_many(spec: str) -> None:

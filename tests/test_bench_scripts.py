@@ -23,12 +23,13 @@ import bench_communication as comm  # noqa: E402
 import bench_deepctr as deepctr  # noqa: E402
 import bench_synthetic as synthetic  # noqa: E402
 import bench_throughput as throughput  # noqa: E402
+import bench_torchrec as torchrec  # noqa: E402
 import select_defaults  # noqa: E402
 
 # The paper's tables and figures (des.train jobs, with --quick); the other bench_* scripts are
 # single-process micro-benchmarks (bench_data, bench_hashtable).
 BENCH_SCRIPTS = ("bench_communication", "bench_throughput", "bench_quality", "bench_breakdown", "bench_deepctr",
-                 "bench_synthetic")
+                 "bench_synthetic", "bench_torchrec")
 ALL_SCRIPTS = tuple(sorted(p.stem for p in SCRIPTS.glob("bench_*.py")))
 
 
@@ -466,3 +467,88 @@ def test_train_flags_command_line(tmp_path):
                                                    "overwrite": True})
     assert argv == ["--no-progress", "--output", str(tmp_path / "run"), "--batch-size", "512", "--strategy", "des",
                     "--no-pipeline", "--overwrite"]
+
+
+# ------------------------------------------------------------------------------------ TorchRec's DLRM
+def _tiny_store(path: Path, fields, batches, dense=None):
+    """A 4-row column store written by hand (split 50/25/25, split seed 0)."""
+    import numpy as np
+
+    from des.data import ColumnStore
+    from des.data.store import StoreWriter
+
+    path.mkdir()
+    names = [] if dense is None else [f"x{j}" for j in range(dense.shape[1])]
+    with StoreWriter(path, fields, [0.5, 0.25, 0.25], 0, dense_names=names) as writer:
+        writer.append(np.array([0, 1, 0, 1], dtype=np.uint8), batches, dense=dense)
+        writer.finish(sources=[])
+    return ColumnStore.open(path)
+
+
+def test_torchrec_arrays_by_hand(tmp_path):
+    """The child's arrays: per field the keys re-indexed 0..V-1 (sorted keys) over all rows, fields side
+    by side under DeepCTR's input names, the dense values, labels and split rows as the store has
+    them; stores the child is not given (multi-hot or weighted fields, no dense features) refused."""
+    import numpy as np
+
+    from des.data import FieldBatch
+    from des.data.store import MULTI_HOT, FieldSpec
+
+    one_hot = np.arange(5)
+    site = FieldBatch(one_hot, np.array([30, 10, 30, 20]), None)
+    ad = FieldBatch(one_hot, np.array([7, 7, 7, 7]), None)
+    dense = np.array([[0.5, 1], [-1, 2], [2, 3], [0, 4]], dtype=np.float32)
+    store = _tiny_store(tmp_path / "s", [FieldSpec("site", "categorical"), FieldSpec("ad id", "categorical")],
+                        [site, ad], dense)
+    arrays = torchrec.export_arrays(store)
+    assert arrays["sparse_ids"].dtype == np.int32 and arrays["sparse_ids"].tolist() == [[2, 0], [0, 0], [2, 0], [1, 0]]
+    assert arrays["vocab_sizes"].tolist() == [3, 1] and arrays["keys"].tolist() == ["f0_site", "f1_ad_id"]
+    assert arrays["dense"].dtype == np.float32 and np.array_equal(arrays["dense"], dense)
+    assert arrays["labels"].dtype == np.float32 and arrays["labels"].tolist() == [0, 1, 0, 1]
+    splits = [arrays[s].tolist() for s in ("train", "validation", "test")]
+    assert splits == [list(store.split_rows(s)) for s in ("train", "validation", "test")]
+    assert sorted(sum(splits, [])) == [0, 1, 2, 3]
+    assert all(a.dtype != object for a in arrays.values())  # np.savez / np.load(allow_pickle=False)
+
+    tags = FieldBatch(np.array([0, 2, 2, 3, 4]), np.array([5, 7, 7, 9]), None)
+    multi = _tiny_store(tmp_path / "m", [FieldSpec("site", "categorical"), FieldSpec("tags", "categorical", MULTI_HOT)],
+                        [site, tags], dense)
+    with pytest.raises(ValueError, match="only one-hot fields without weights.*: tags"):
+        torchrec.export_arrays(multi)
+    no_dense = _tiny_store(tmp_path / "n", [FieldSpec("site", "categorical")], [site])
+    with pytest.raises(ValueError, match="needs dense features"):
+        torchrec.export_arrays(no_dense)
+
+
+def test_torchrec_child_gets_the_parents_network(tmp_path):
+    """The defaults are des's DLRM's; the child's command line carries every network flag as the
+    parent parsed it; the table: a row per seed, then mean ± std (sample std) over them."""
+    import argparse
+
+    parent = argparse.ArgumentParser()
+    torchrec.network_arguments(parent)
+    defaults = parent.parse_args([])
+    assert (defaults.embedding_dim, defaults.bottom, defaults.hidden, defaults.batch_size, defaults.epochs) == (
+        8, "512,256", "400,400,400", 256, 3)
+    assert (defaults.dense_lr, defaults.embedding_lr, defaults.init, defaults.init_std) == (0.001, 0.003, "des", 1e-4)
+    args = parent.parse_args(["--bottom", "16", "--hidden", "4,2", "--init", "torchrec", "--embedding-lr", "0.01",
+                              "--epochs", "1"])
+    argv = torchrec.child_argv(tmp_path / "data.npz", 3, args)
+    assert argv[:5] == [str(SCRIPTS / "bench_torchrec.py"), "--child", str(tmp_path / "data.npz"), "--seed", "3"]
+    child = argparse.ArgumentParser()
+    child.add_argument("--child")
+    child.add_argument("--seed", type=int)
+    torchrec.network_arguments(child)
+    parsed = child.parse_args(argv[1:])
+    assert {k: getattr(parsed, k) for k in torchrec.NETWORK_FLAGS} == {k: getattr(args, k) for k in torchrec.NETWORK_FLAGS}
+    assert vars(parent.parse_args([])).keys() == set(torchrec.NETWORK_FLAGS)
+    assert torchrec.widths("512,256") == [512, 256] and torchrec.widths("") == []
+
+    runs = [{"seed": s, "best_epoch": 1, "test_auc": auc, "test_logloss": 0.5, "validation_auc": 0.78,
+             "samples_per_second": 100.0 * (s + 1)} for s, auc in enumerate((0.75, 0.76, 0.77))]
+    rows = torchrec.table_rows(runs)
+    assert [r["seed"] for r in rows] == ["0", "1", "2", "mean ± std (3)"]
+    assert rows[-1]["auc"] == "0.7600 ± 0.0100" and rows[-1]["logloss"] == "0.5000 ± 0.0000"
+    assert rows[-1]["samples_per_second"] == 200.0 and rows[-1]["best_epoch"] == "1,1,1"
+    assert torchrec.table_rows([]) == []
+

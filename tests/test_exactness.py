@@ -38,6 +38,7 @@ MODELS = ("lr", "fm", "wdl", "deepfm", "dcnv2", "dlrm")
 MIX = ("--model-options", "cross_layers=2;structure=stacked;cross=mix;low_rank=3;experts=2")
 # (model, flags, plan, ranks) on the multi-hot data with dense features
 NEW_MODEL_PLANS = [("dcnv2", (), "partials", (2,)), ("dcnv2", MIX, "exchange", (3,)),
+                   ("dcnv2", (), "embeddings=exchange", (4,)),  # a mixed plan: the cross and deep layers split
                    ("dlrm", (), "exchange", (2,)), ("dlrm", (), "partials", (4,))]
 EVERY_KIND = Path(__file__).parent / "data" / "every_kind.toml"
 MIXED_PLAN = "fm2=exchange"  # (see the plans below)
