@@ -118,6 +118,8 @@ class TrainConfig:
     monitor: str = _opt("auc", "validation metric of --early-stop and plateau schedules", choices=("auc", "logloss"))
     eval_batch_size: int = _opt(8192, "batch size for validation and test")
     checkpoint_every: int = _opt(0, "checkpoint every N steps (0: only at the end)")
+    keep_checkpoints: int = _opt(5, "keep this run's newest N step checkpoints, delete older ones (0: keep all; "
+                                 "checkpoints/best/ is kept apart)")
     output: str = _opt("", "run folder (default runs/<model>-<timestamp>)")
     resume: str = _opt("", "checkpoint directory to continue from (inside --output: continue that run)")
     overwrite: bool = _opt(False, "replace the run already in --output (atomically, once this run succeeds); "
@@ -179,7 +181,8 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{_flag(name)} must be at least 1, got {getattr(self, name)}")
-        for name in ("epochs", "max_steps", "ttl", "eval_every", "checkpoint_every", "threads", "min_count",
+        for name in ("epochs", "max_steps", "ttl", "eval_every", "checkpoint_every", "keep_checkpoints", "threads",
+                     "min_count",
                      "table_capacity"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{_flag(name)} must not be negative, got {getattr(self, name)}")

@@ -199,6 +199,8 @@ class Run:
                         shutil.rmtree(old, ignore_errors=True)
             return path
         self.checkpoint, self.saved_step = path, self.strategy.step_count
+        if self.comm.rank == 0 and self.config.keep_checkpoints:
+            prune_checkpoints(root, self.config.keep_checkpoints)
         return path
 
     def restore_best(self) -> None:
@@ -219,3 +221,18 @@ class Run:
             os.replace(tmp, root / "latest")
         self.checkpoint, self.saved_step = best, self.strategy.step_count
         self.comm.barrier("checkpoint")
+
+
+def prune_checkpoints(root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` step checkpoints directly under ``root`` (by step; what
+    ``latest`` names is always among them, ``best/`` is not looked at); returns those deleted. A
+    deletion that fails halfway leaves a folder whose manifest may be gone: it is never taken for
+    a checkpoint, and the next pruning retries it."""
+    steps = sorted((p for p in root.glob("step-*") if p.is_dir() and p.name[5:].isdigit()),
+                   key=lambda p: int(p.name[5:]))
+    latest = (root / "latest").read_text().strip() if (root / "latest").is_file() else ""
+    old = [p for p in steps[: max(len(steps) - keep, 0)] if p.name != latest]
+    for folder in old:
+        (folder / "manifest.json").unlink(missing_ok=True)  # first: never a half-deleted "checkpoint"
+        shutil.rmtree(folder, ignore_errors=True)
+    return old

@@ -38,6 +38,22 @@ def train_args(work: Path, output: str, *flags: str) -> list[str]:
 # --- in-process: the lock and the overwrite ---------------------------------------------------
 
 
+def test_pruning_keeps_the_newest_checkpoints_and_what_latest_names(tmp_path: Path) -> None:
+    from des.run import prune_checkpoints
+
+    for step in (4, 8, 12, 16, 100):
+        (tmp_path / f"step-{step:08d}").mkdir()
+        (tmp_path / f"step-{step:08d}" / "manifest.json").write_text("{}")
+    (tmp_path / "best" / "step-00000004").mkdir(parents=True)
+    (tmp_path / ".step-00000120.tmp").mkdir()  # a checkpoint being written: not a step folder
+    (tmp_path / "latest").write_text("step-00000008\n")  # (after a resume from step 8, say)
+    deleted = prune_checkpoints(tmp_path, 2)
+    assert sorted(p.name for p in deleted) == ["step-00000004", "step-00000012"]  # by step, not by name
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".step-00000120.tmp", "best", "latest", "step-00000008",
+                                                          "step-00000016", "step-00000100"]
+    assert (tmp_path / "best" / "step-00000004").is_dir()
+
+
 def test_a_second_job_is_refused_naming_the_holder_and_stale_locks_are_taken(tmp_path: Path) -> None:
     first = RunFolder.plan(str(tmp_path / "run"), model="lr")
     first.create()
@@ -115,6 +131,16 @@ def test_auc_of_one_class_is_none_with_one_warning(capsys) -> None:
 
 
 # --- end to end -------------------------------------------------------------------------------
+
+
+def test_a_run_keeps_its_newest_checkpoints(work: Path) -> None:
+    """--keep-checkpoints N (default 5, as TensorFlow's max_to_keep): periodic checkpoints beyond the
+    newest N are deleted as the run goes; 0 keeps them all."""
+    run_here(train_args(work, "keep2", "--max-steps", "10", "--checkpoint-every", "2", "--keep-checkpoints", "2"))
+    assert sorted(p.name for p in (work / "keep2" / "checkpoints").glob("step-*")) == ["step-00000008",
+                                                                                      "step-00000010"]
+    run_here(train_args(work, "keep-all", "--max-steps", "10", "--checkpoint-every", "2", "--keep-checkpoints", "0"))
+    assert len(list((work / "keep-all" / "checkpoints").glob("step-*"))) == 5
 
 
 def test_reused_folder_needs_resume_or_overwrite(work: Path) -> None:
