@@ -145,13 +145,14 @@ def _deepctr_model(name: str, columns: list, hidden: Sequence[int], l2: float, s
     return DeepFM(columns, columns, **common)
 
 
-def _deepfm(store_path: str, seed: int, hidden: Sequence[int], dim: int, init_std: float, l2: float,
-            model_name: str = "deepfm"):
-    """DeepCTR's DeepFM (or ``model_name``'s model, :data:`DEEPCTR_MODELS`) over the store's fields and dense features (:func:`deepctr_inputs`),
-    compiled with Adam (lr 0.001), in this process (.venv-deepctr, TF_USE_LEGACY_KERAS=1). Returns
-    ``(store, inputs, labels, model, timer)``: ``inputs`` maps every Keras input's name to its array
-    over all rows; ``timer`` is a Keras callback recording the end time of every training batch of
-    a ``fit`` (``timer.ends``; ``timer.steady(warmup)``)."""
+def _compiled_model(store_path: str, seed: int, hidden: Sequence[int], dim: int, init_std: float, l2: float,
+                    model_name: str = "deepfm"):
+    """DeepCTR's model of des's ``model_name`` (:data:`DEEPCTR_MODELS`: DeepFM, DCN) over the store's
+    fields and dense features (:func:`deepctr_inputs`), compiled with Adam (lr 0.001), in this
+    process (.venv-deepctr, TF_USE_LEGACY_KERAS=1). Returns ``(store, inputs, labels, model,
+    timer)``: ``inputs`` maps every Keras input's name to its array over all rows; ``timer`` is a
+    Keras callback recording the end time of every training batch of a ``fit`` (``timer.ends``;
+    ``timer.steady(warmup)``)."""
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
     import des  # noqa: F401  (TensorFlow's log level and oneDNN exactly as des sets them for itself)
     import numpy as np
@@ -233,7 +234,7 @@ def deepctr_child(store_path: str, seed: int, epochs: int, batch: int, warmup: i
                   dim: int, init_std: float = 0.01, l2: float = 0.0, model_name: str = "deepfm") -> dict:
     """Train DeepCTR's DeepFM (or ``model_name``'s model) in this process (.venv-deepctr,
     TF_USE_LEGACY_KERAS=1); returns metrics."""
-    store, inputs, labels, model, timer = _deepfm(store_path, seed, hidden, dim, init_std, l2, model_name)
+    store, inputs, labels, model, timer = _compiled_model(store_path, seed, hidden, dim, init_std, l2, model_name)
     import numpy as np
     import tensorflow as tf
     from sklearn.metrics import log_loss, roc_auc_score
@@ -270,7 +271,7 @@ def deepctr_throughput_child(store_path: str, seed: int, batch: int, warmup: int
                              model_name: str = "deepfm") -> dict:
     """Throughput only: one ``model.fit`` over ``warmup + steps`` batches in des's batch order (as
     many epochs of the training split as that takes), no validation; samples/s of the last ``steps``."""
-    store, inputs, labels, model, timer = _deepfm(store_path, seed, hidden, dim, init_std, l2, model_name)
+    store, inputs, labels, model, timer = _compiled_model(store_path, seed, hidden, dim, init_std, l2, model_name)
     import tensorflow as tf
 
     order = batch_order(store, batch, seed, 0, warmup + steps)

@@ -6,14 +6,14 @@
     parallel: logit = w_out · [x_L | MLP(x_0)] (+ Σ_j w_j x_j)          figure 2 (b)
     stacked:  logit = MLP(x_L) (+ Σ_j w_j x_j)                          figure 2 (a)
 
-(``g = tanh``, ``G`` the softmax over the experts of ``x_l · w_gate_e``, as DeepCTR's ``DCNMix``; the
-optional linear term is DeepCTR's ``DCN``'s.) What decomposes by fields is substituted: the linear
-term, the concatenation ``x_0`` itself (:class:`~des.substitutions.FieldEmbeddings`), the first
-cross layer's ``W_0 x_0`` (or, mixed, ``V_eᵀ x_0`` and the gates' ``x_0 · w_gate_e``: linear in
-``x_0``, so a first FC layer over the fields) and, parallel, the deep tower's first layer; the
+(``g = tanh``, ``G`` the softmax over the experts of ``x_l · w_gate_e``, as DeepCTR's ``DCNMix``;
+the optional linear term is DeepCTR's ``DCN``'s.) What decomposes by fields is substituted: the
+linear term, the concatenation ``x_0`` itself (:class:`~des.substitutions.FieldEmbeddings`), the
+first cross layer's ``W_0 x_0`` (or, mixed, ``V_eᵀ x_0`` and the gates' ``x_0 · w_gate_e``: linear
+in ``x_0``, so a first FC layer over the fields) and, parallel, the deep tower's first layer; the
 other cross layers need ``x_l`` whole and run in the top network. The planner exchanges the
-concatenation (its inputs are never more than its partials); dense features are the last columns
-of ``x_0``.
+concatenation on one-hot data (its inputs never cost more than its partials there); dense features
+are the last columns of ``x_0``.
 """
 
 from __future__ import annotations

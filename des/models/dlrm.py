@@ -8,8 +8,8 @@ its output and the field embeddings, a top MLP.
 
 The dot products need the embeddings of a row side by side, so DLRM's one substitution is the
 concatenation of the embeddings (:class:`~des.substitutions.FieldEmbeddings`, the dense features in
-its last columns): the planner exchanges it (moves the pooled inputs to the row owners) wherever
-the step allows, and the bottom MLP, the interaction and the top MLP run where the rows are.
+its last columns): on one-hot data the planner exchanges it (moves the pooled inputs to the row
+owners), and the bottom MLP, the interaction and the top MLP run where the rows are.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ The concatenation is the sum of every field's embedding placed in its own column
 elsewhere), so it splits by fields as the first FC layer does (eq. 7 with the kernel a placement);
 a sum of one value and zeros is that value in any order, so the split form is exact in any
 precision. Partials cost ``F·k`` columns per sample; an exchange moves each remote distinct id's
-``k`` values instead, which is never more, so the planner exchanges it wherever the step allows.
+``k`` values instead: on one-hot data never more (a row block has at most ``F`` distinct ids per
+row), on multi-hot data it can be, and the planner's cost model chooses.
 Dense features ``x [B, D]`` take the last ``D`` columns, unweighted (``local_dense``).
 """
 
