@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,6 +25,7 @@ from des.hashtable.fused import ShardTables, Touched
 from des.hashtable.pooling import pool, unpool
 from des.models.base import EmbeddingBlock, Model
 from des.options import Optimizers, TableOptions
+from des.placement import keep_share
 from des.substitutions.base import draw_param
 from des.zero_copy import aligned_copy, aligned_empty, to_tensor
 
@@ -40,7 +42,8 @@ class FieldShard:
     """
 
     def __init__(self, fields: Sequence[int], blocks: Sequence[EmbeddingBlock], optimizers: Optimizers, *,
-                 seed: int, dtype: np.dtype, tables: TableOptions | None = None) -> None:
+                 seed: int, dtype: np.dtype, tables: TableOptions | None = None,
+                 shares: Mapping[int, tuple[int, int]] | None = None) -> None:
         tables = tables or TableOptions()
         missing = [b.name for b in blocks if b.name not in optimizers.sparse]
         if missing:
@@ -49,11 +52,14 @@ class FieldShard:
         self.blocks = list(blocks)
         self.rates = optimizers.rates  # the schedule's factor of the next step (set by the runner)
         self.dtype = np.dtype(dtype)
+        #: fields split by key (``des/placement.py``): field -> (this shard's share, group size); a
+        #: batch's ids of such a field outside the share are not looked up (another rank holds them)
+        self.shares = {int(f): (int(s), int(n)) for f, (s, n) in (shares or {}).items()}
         specs = [BlockSpec(b.name, b.dim, optimizers.sparse[b.name], Initializer(b.init, b.scale)) for b in blocks]
         self.tables: dict[int, EmbeddingTable] = {
             f: EmbeddingTable(f, specs, seed=seed, dtype=self.dtype, capacity=capacity, rows=rows,
                               min_count=tables.min_count, unadmitted=tables.unadmitted)
-            for f, (capacity, rows) in ((f, tables.initial_size(f)) for f in self.fields)
+            for f, (capacity, rows) in ((f, tables.initial_size(f, self.shares.get(f, (0, 1))[1])) for f in self.fields)
         }
         # reads self.tables at every call: a checkpoint load replaces tables in that dict
         self._fused = ShardTables(self.tables, self.fields, [b.name for b in self.blocks])
@@ -72,7 +78,14 @@ class FieldShard:
         eviction or checkpoint load may happen (rows would move). The kernels use the calling
         thread's numba thread count (``numba.set_num_threads``); the results do not depend on it.
         """
-        return self._fused.touch([batch.fields[f] for f in self.fields], train=train, step=step)
+        touched = self._fused.touch([self._ids(batch, f) for f in self.fields], train=train, step=step)
+        if not self.fields:  # a rank holding only shares of split fields: no ids, but the batch's rows
+            touched = dataclasses.replace(touched, offsets=np.zeros((0, len(batch.labels) + 1), np.int64))
+        return touched
+
+    def _ids(self, batch: Any, field: int) -> Any:
+        share = self.shares.get(field)
+        return batch.fields[field] if share is None else keep_share(batch.fields[field], *share)
 
     def gather_pooled(self, touched: Touched, blocks: Sequence[str] | None = None, *,
                       catch_up_to: int | None = None) -> list[np.ndarray]:
@@ -186,7 +199,9 @@ class DenseParams:
 
     ``fields`` are the fields whose slices this rank holds; the substitutions in ``replicated``
     (indices) hold the slices of every field instead (an operator the planner exchanges runs on
-    the row owner, which needs all of them; their gradients are summed over the ranks).
+    the row owner, which needs all of them; their gradients are summed over the ranks). The fields
+    in ``split`` (split by key over ranks) have their slices on every rank, after ``fields``: their
+    part of an operator runs where the rows are, on the pooled values the partials' sum brings.
 
     The dense features' weights of substitution ``i`` (``Substitution.dense_params``, also named
     ``"{i}:{substitution}:{param}"``) are among :attr:`top_params`: the operators' dense part runs
@@ -194,9 +209,11 @@ class DenseParams:
     """
 
     def __init__(self, model: Model, fields: Sequence[int], optimizers: Optimizers, *, seed: int,
-                 dtype: np.dtype, replicated: Sequence[int] = ()) -> None:
+                 dtype: np.dtype, replicated: Sequence[int] = (), split: Sequence[int] = ()) -> None:
         own = [int(f) for f in fields]
         every = list(range(model.num_fields))
+        #: the fields split by key (``des/placement.py``): every rank holds their slices, after its own
+        self.split_fields = sorted(int(f) for f in split)
         self.dtype = np.dtype(dtype)
         self.l2 = float(model.l2_dense)
         self.rates = optimizers.rates
@@ -206,7 +223,7 @@ class DenseParams:
         #: name -> the fields of its leading axis, in order
         self.param_fields: dict[str, list[int]] = {}
         for i, sub in enumerate(model.substitutions()):
-            held = every if i in replicated else own
+            held = every if i in replicated else own + self.split_fields
             for pname, value in sub.init_field_params(seed, held, self.dtype).items():
                 self.field_params[f"{i}:{sub.name}:{pname}"] = aligned_copy(value)  # TF reads it in place
                 self.param_fields[f"{i}:{sub.name}:{pname}"] = held
