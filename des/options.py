@@ -42,17 +42,18 @@ class TableOptions:
     unadmitted: str = "init"
     distinct: tuple[int, ...] = ()
 
-    def initial_size(self, field: int) -> tuple[int, int | None]:
+    def initial_size(self, field: int, parts: int = 1) -> tuple[int, int | None]:
         """``(index slots, rows)`` field ``field``'s table starts with (rows None: the table's
         default for its index). Sized from the data, the table holds the field's distinct keys
         (and a shared row) without growing, its index at the load a growth leaves it at
         (``INDEX_GROWTH / max_load`` slots a key): a first epoch then inserts its keys without
         rehashing the index and moving the rows a dozen times (each growth a slow step of page
-        faults). The memory is what the grown table takes."""
+        faults). The memory is what the grown table takes. ``parts``: the field is split by key
+        into that many shares, this table holds one."""
         from des.hashtable.table import INDEX_GROWTH, MAX_CAPACITY, MAX_LOAD, MIN_CAPACITY
 
         if self.capacity or field >= len(self.distinct):
             return self.capacity or DEFAULT_CAPACITY, None
-        keys = int(self.distinct[field]) + 1
+        keys = -(-int(self.distinct[field]) // max(int(parts), 1)) + 1
         # beyond the index's limit (2^32 slots, ~2 billion keys at this load) the table grows into it
         return max(MIN_CAPACITY, min(MAX_CAPACITY, math.ceil(keys * INDEX_GROWTH / MAX_LOAD) + 1)), keys

@@ -1,22 +1,40 @@
-"""Which rank owns which field.
+"""Which rank holds which field, or which share of a field.
 
-Every rank owns whole fields: their hash tables, optimizer slots and the field slices of any weight
-(the DES paper, section 5). Two policies, both pure functions of their inputs, so every rank computes
-the same placement without talking:
+A DES rank owns whole fields: their hash tables, optimizer slots and the field slices of any weight
+(the DES paper, section 5). A field may also be **split by key** over a group of ranks: each member
+holds the ids whose key falls in its share (:func:`share_of`, a hash of the key, so every process
+agrees without talking), with their rows and optimizer slots. A placement is one list of fields per
+rank; a field listed by several ranks is split over them, in that order. Three policies, pure
+functions of their inputs, so every rank computes the same placement:
 
-* ``"mod"`` -- field ``f`` goes to rank ``f mod N`` (the paper's choice);
-* ``"balanced"`` -- greedy longest-processing-time on per-field distinct-id counts (the biggest
-  field first, each to the rank with the fewest ids so far; ties to the lower field / rank), which
-  spreads table memory and lookups when a few fields hold most ids, as in Criteo.
+* ``"mod"`` -- field ``f`` goes whole to rank ``f mod N`` (the paper's choice);
+* ``"balanced"`` -- whole fields by greedy longest-processing-time on per-field distinct-id counts
+  (the biggest first, each to the rank with the fewest ids so far; ties to the lower field / rank);
+* ``"split"`` -- the fewest of the largest fields split over every rank (each rank then holds
+  ``1/N`` of each, TorchRec's row-wise sharding), the rest placed whole as ``balanced`` does, so
+  that the predicted table memory of the largest rank is within :data:`SPLIT_TARGET` of the mean.
+  N may exceed the number of fields.
+
+Table memory is proportional to distinct ids (every field's table has the same row layout), the
+counts the data's preparation records.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from des.errors import ConfigError, PlacementError
+import numba
+import numpy as np
 
-PLACEMENTS = ("mod", "balanced")
+from des.errors import ConfigError, PlacementError
+from des.splitmix import mix64
+
+PLACEMENTS = ("mod", "balanced", "split")
+#: ``split``: the largest rank's predicted table memory over the mean it settles for
+SPLIT_TARGET = 1.05
+# Shares hash the key with a salt: the tables place a key by the top bits of splitmix64(key), so a
+# share chosen by the same hash would fill one slice of every member's index.
+_SHARE_SALT = np.uint64(0xD1B54A32D192ED03)
 
 
 def place_fields(
@@ -25,25 +43,117 @@ def place_fields(
     policy: str = "mod",
     distinct_counts: Sequence[int] | None = None,
 ) -> list[list[int]]:
-    """Fields of each rank (sorted), for ``num_ranks`` ranks."""
+    """Fields of each rank (sorted), for ``num_ranks`` ranks; a field listed by every rank is split."""
     if num_ranks < 1:
         raise PlacementError(f"need at least one rank, got {num_ranks}")
-    if num_ranks > num_fields:
+    if policy not in PLACEMENTS:
+        raise ConfigError(f"unknown placement {policy!r} (choose one of: {', '.join(PLACEMENTS)})")
+    if num_ranks > num_fields and policy != "split":
         raise PlacementError(
             f"{num_ranks} ranks but the data has only {num_fields} fields: every rank must own at "
-            f"least one field, so run with at most {num_fields} ranks"
+            f"least one field, so run with at most {num_fields} ranks, or split fields by key "
+            f"(--placement split)"
         )
     if policy == "mod":
         return [[f for f in range(num_fields) if f % num_ranks == r] for r in range(num_ranks)]
+    if distinct_counts is None or len(distinct_counts) != num_fields:
+        raise ConfigError(f"the {policy} placement needs the distinct-id count of every field")
+    cost = [max(int(c), 1) for c in distinct_counts]
     if policy == "balanced":
-        if distinct_counts is None or len(distinct_counts) != num_fields:
-            raise ConfigError("the balanced placement needs the distinct-id count of every field")
-        load = [0] * num_ranks
-        owned: list[list[int]] = [[] for _ in range(num_ranks)]
-        for field in sorted(range(num_fields), key=lambda f: (-int(distinct_counts[f]), f)):
-            # The first num_ranks fields land on distinct (empty) ranks, so none is left without one.
-            rank = min(range(num_ranks), key=lambda r: (load[r], len(owned[r]), r))
-            owned[rank].append(field)
-            load[rank] += max(int(distinct_counts[field]), 1)
-        return [sorted(fields) for fields in owned]
-    raise ConfigError(f"unknown placement {policy!r} (choose one of: {', '.join(PLACEMENTS)})")
+        return _longest_first(range(num_fields), cost, num_ranks)
+    return _split(cost, num_ranks)
+
+
+def _longest_first(fields: Sequence[int], cost: Sequence[int], num_ranks: int,
+                   base: float = 0.0) -> list[list[int]]:
+    """Whole fields by greedy longest-processing-time, each rank starting at load ``base``."""
+    load = [base] * num_ranks
+    owned: list[list[int]] = [[] for _ in range(num_ranks)]
+    for field in sorted(fields, key=lambda f: (-cost[f], f)):
+        # with no base load the first num_ranks fields land on distinct (empty) ranks
+        rank = min(range(num_ranks), key=lambda r: (load[r], len(owned[r]), r))
+        owned[rank].append(field)
+        load[rank] += cost[field]
+    return [sorted(fields) for fields in owned]
+
+
+def _split(cost: Sequence[int], num_ranks: int) -> list[list[int]]:
+    """The ``split`` policy: split the k largest fields over every rank for the smallest k whose
+    predicted max/mean table memory is within :data:`SPLIT_TARGET` (k = every field gives 1)."""
+    order = sorted(range(len(cost)), key=lambda f: (-cost[f], f))
+    mean = sum(cost) / num_ranks
+    for k in range(len(cost) + 1):
+        split, whole = sorted(order[:k]), order[k:]
+        base = sum(cost[f] for f in split) / num_ranks
+        owned = _longest_first(whole, cost, num_ranks, base)
+        if not split and any(not fields for fields in owned):
+            continue  # a rank would hold nothing
+        load = [base + sum(cost[f] for f in fields) for fields in owned]
+        if max(load) <= SPLIT_TARGET * mean or k == len(cost):
+            return [sorted(fields + split) for fields in owned]
+    raise AssertionError("unreachable: splitting every field balances")
+
+
+def check_placement(placement: Sequence[Sequence[int]], num_fields: int, num_ranks: int) -> None:
+    """Every field held by at least one of ``num_ranks`` ranks, no rank without a field."""
+    held = sorted({int(f) for fields in placement for f in fields})
+    if len(placement) != num_ranks or held != list(range(num_fields)) or any(not p for p in placement) \
+            or any(len(set(p)) != len(p) for p in placement):
+        raise PlacementError(f"placement {[list(p) for p in placement]} does not give each of the {num_fields} fields "
+                             f"to one or more of the {num_ranks} ranks, each rank at least one")
+
+
+def split_groups(placement: Sequence[Sequence[int]]) -> dict[int, list[int]]:
+    """The split fields and their groups: ``{field: [ranks holding a share, in share order]}``."""
+    groups: dict[int, list[int]] = {}
+    for rank, fields in enumerate(placement):
+        for f in fields:
+            groups.setdefault(int(f), []).append(rank)
+    return {f: ranks for f, ranks in sorted(groups.items()) if len(ranks) > 1}
+
+
+def whole_fields(placement: Sequence[Sequence[int]], rank: int) -> list[int]:
+    """The fields ``rank`` holds whole."""
+    split = split_groups(placement)
+    return sorted(int(f) for f in placement[rank] if int(f) not in split)
+
+
+def shares(placement: Sequence[Sequence[int]], rank: int) -> dict[int, tuple[int, int]]:
+    """The split fields ``rank`` holds a share of: ``{field: (share, group size)}``."""
+    return {f: (ranks.index(rank), len(ranks)) for f, ranks in split_groups(placement).items() if rank in ranks}
+
+
+@numba.njit(cache=True, nogil=True)
+def share_of(keys, group_size):  # pragma: no cover - numba
+    """The share (0 .. group_size-1) each key falls in: a salted SplitMix64 of the key, fast-ranged."""
+    out = np.empty(keys.shape[0], dtype=np.int64)
+    n = np.uint64(group_size)
+    for i in range(keys.shape[0]):
+        h = mix64(np.uint64(keys[i]) ^ _SHARE_SALT) >> np.uint64(32)
+        out[i] = np.int64((h * n) >> np.uint64(32))
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _keep(keys, offsets, share, group_size, mask_out, offsets_out):  # pragma: no cover - numba
+    """``mask_out[t]``: key t is in ``share``; ``offsets_out``: the rows' CSR pointers of those kept."""
+    shares = share_of(keys, group_size)
+    offsets_out[0] = 0
+    kept = 0
+    for r in range(offsets.shape[0] - 1):
+        for t in range(offsets[r], offsets[r + 1]):
+            mask_out[t] = shares[t] == share
+            kept += mask_out[t]
+        offsets_out[r + 1] = kept
+
+
+def keep_share(ids, share: int, group_size: int):
+    """The ids of one field (a CSR ``FieldBatch``) whose keys fall in ``share``: every row keeps its
+    weights (mean pooling's ``1/n`` of the row's full count), a row without such ids is empty."""
+    from des.data.batch import FieldBatch
+
+    keys = np.ascontiguousarray(ids.keys, dtype=np.int64)
+    mask = np.empty(keys.shape[0], dtype=np.bool_)
+    offsets = np.empty(ids.offsets.shape[0], dtype=np.int64)
+    _keep(keys, np.asarray(ids.offsets, dtype=np.int64), int(share), int(group_size), mask, offsets)
+    return FieldBatch(offsets, keys[mask], None if ids.weights is None else np.asarray(ids.weights)[mask])

@@ -24,6 +24,7 @@ from des.hashtable.fused import ShardTables, Touched
 from des.hashtable.pooling import pool, unpool
 from des.models.base import EmbeddingBlock, Model
 from des.options import Optimizers, TableOptions
+from des.placement import keep_share
 from des.substitutions.base import draw_param
 from des.zero_copy import aligned_copy, aligned_empty, to_tensor
 
@@ -40,7 +41,8 @@ class FieldShard:
     """
 
     def __init__(self, fields: Sequence[int], blocks: Sequence[EmbeddingBlock], optimizers: Optimizers, *,
-                 seed: int, dtype: np.dtype, tables: TableOptions | None = None) -> None:
+                 seed: int, dtype: np.dtype, tables: TableOptions | None = None,
+                 shares: Mapping[int, tuple[int, int]] | None = None) -> None:
         tables = tables or TableOptions()
         missing = [b.name for b in blocks if b.name not in optimizers.sparse]
         if missing:
@@ -49,11 +51,14 @@ class FieldShard:
         self.blocks = list(blocks)
         self.rates = optimizers.rates  # the schedule's factor of the next step (set by the runner)
         self.dtype = np.dtype(dtype)
+        #: fields split by key (``des/placement.py``): field -> (this shard's share, group size); a
+        #: batch's ids of such a field outside the share are not looked up (another rank holds them)
+        self.shares = {int(f): (int(s), int(n)) for f, (s, n) in (shares or {}).items()}
         specs = [BlockSpec(b.name, b.dim, optimizers.sparse[b.name], Initializer(b.init, b.scale)) for b in blocks]
         self.tables: dict[int, EmbeddingTable] = {
             f: EmbeddingTable(f, specs, seed=seed, dtype=self.dtype, capacity=capacity, rows=rows,
                               min_count=tables.min_count, unadmitted=tables.unadmitted)
-            for f, (capacity, rows) in ((f, tables.initial_size(f)) for f in self.fields)
+            for f, (capacity, rows) in ((f, tables.initial_size(f, self.shares.get(f, (0, 1))[1])) for f in self.fields)
         }
         # reads self.tables at every call: a checkpoint load replaces tables in that dict
         self._fused = ShardTables(self.tables, self.fields, [b.name for b in self.blocks])
@@ -72,7 +77,11 @@ class FieldShard:
         eviction or checkpoint load may happen (rows would move). The kernels use the calling
         thread's numba thread count (``numba.set_num_threads``); the results do not depend on it.
         """
-        return self._fused.touch([batch.fields[f] for f in self.fields], train=train, step=step)
+        return self._fused.touch([self._ids(batch, f) for f in self.fields], train=train, step=step)
+
+    def _ids(self, batch: Any, field: int) -> Any:
+        share = self.shares.get(field)
+        return batch.fields[field] if share is None else keep_share(batch.fields[field], *share)
 
     def gather_pooled(self, touched: Touched, blocks: Sequence[str] | None = None, *,
                       catch_up_to: int | None = None) -> list[np.ndarray]:
