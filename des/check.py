@@ -186,10 +186,13 @@ def state_arrays(folder: Path) -> dict[str, np.ndarray]:
     for path in sorted(folder.glob("*.npz")):
         with np.load(path, allow_pickle=False) as arrays:
             out.update({f"{path.name}/{k}": arrays[k] for k in arrays.files})
-    for path in sorted(folder.glob("*.table")):
-        _, arrays = read_table_file(path)
+    parts: dict[str, list[dict[str, np.ndarray]]] = {}
+    for path in sorted(folder.glob("*.table")):  # a field split by key is saved as its shares' parts
+        parts.setdefault(path.name.split(".")[0], []).append(read_table_file(path)[1])
+    for stem, tables in parts.items():
+        arrays = {k: np.concatenate([t[k] for t in tables]) for k in tables[0]}
         order = np.argsort(arrays["keys"], kind="stable")
-        out.update({f"{path.name}/{k}": v[order] for k, v in arrays.items() if k not in BOOKKEEPING})
+        out.update({f"{stem}.table/{k}": v[order] for k, v in arrays.items() if k not in BOOKKEEPING})
     return out
 
 

@@ -92,7 +92,11 @@ class TrainConfig:
                      "pooled inputs per distinct id (exchange); auto: the planner's cost model picks the plan with the "
                      "fewest bytes from the first batches; or OP=MODE,... (docs/design.md, Planner)")
     ps_servers: int = _opt(1, "with --strategy ps: how many ranks serve the tables (the rest are workers)")
-    placement: str = _opt("mod", "field placement over ranks", choices=("mod", "balanced", "split"))
+    placement: str = _opt("mod", "field placement over ranks: whole fields round robin (mod) or by distinct ids "
+                          "(balanced), or some fields split by key over every rank (split)",
+                          choices=("mod", "balanced", "split"))
+    split_fields: str = _opt("auto", "with --placement split, the fields split by key: auto (the fewest largest that "
+                             "balance table memory), all, or NAME,...")
     min_count: int = _opt(0, "admission: occurrences before an id gets a trained row (0: auto, 2 with --unadmitted "
                           "shared, else 1)")
     ttl: int = _opt(0, "eviction: drop rows unseen for this many steps at checkpoint time (0: never)")

@@ -42,12 +42,17 @@ def place_fields(
     num_ranks: int,
     policy: str = "mod",
     distinct_counts: Sequence[int] | None = None,
+    split: str | Sequence[int] = "auto",
 ) -> list[list[int]]:
-    """Fields of each rank (sorted), for ``num_ranks`` ranks; a field listed by every rank is split."""
+    """Fields of each rank (sorted), for ``num_ranks`` ranks; a field listed by every rank is split.
+    ``split`` (policy ``split`` only): ``"auto"`` (the policy's choice), ``"all"``, or the fields to
+    split (the others placed whole, largest first)."""
     if num_ranks < 1:
         raise PlacementError(f"need at least one rank, got {num_ranks}")
     if policy not in PLACEMENTS:
         raise ConfigError(f"unknown placement {policy!r} (choose one of: {', '.join(PLACEMENTS)})")
+    if split != "auto" and policy != "split":
+        raise ConfigError("--split-fields needs --placement split")
     if num_ranks > num_fields and policy != "split":
         raise PlacementError(
             f"{num_ranks} ranks but the data has only {num_fields} fields: every rank must own at "
@@ -61,7 +66,18 @@ def place_fields(
     cost = [max(int(c), 1) for c in distinct_counts]
     if policy == "balanced":
         return _longest_first(range(num_fields), cost, num_ranks)
-    return _split(cost, num_ranks)
+    if split == "auto":
+        return _split(cost, num_ranks)
+    chosen = sorted(range(num_fields) if split == "all" else {int(f) for f in split})
+    if any(not 0 <= f < num_fields for f in chosen):
+        raise ConfigError(f"--split-fields: field numbers must be in 0..{num_fields - 1}, got {list(split)}")
+    whole = [f for f in range(num_fields) if f not in chosen]
+    owned = _longest_first(whole, cost, num_ranks, sum(cost[f] for f in chosen) / num_ranks)
+    if num_ranks > 1 and not chosen and any(not fields for fields in owned):
+        raise PlacementError(f"{num_ranks} ranks and {num_fields} fields, none split: split some (--split-fields)")
+    if num_ranks == 1:
+        return [list(range(num_fields))]
+    return [sorted(fields + chosen) for fields in owned]
 
 
 def _longest_first(fields: Sequence[int], cost: Sequence[int], num_ranks: int,
@@ -80,6 +96,8 @@ def _longest_first(fields: Sequence[int], cost: Sequence[int], num_ranks: int,
 def _split(cost: Sequence[int], num_ranks: int) -> list[list[int]]:
     """The ``split`` policy: split the k largest fields over every rank for the smallest k whose
     predicted max/mean table memory is within :data:`SPLIT_TARGET` (k = every field gives 1)."""
+    if num_ranks == 1:
+        return [list(range(len(cost)))]
     order = sorted(range(len(cost)), key=lambda f: (-cost[f], f))
     mean = sum(cost) / num_ranks
     for k in range(len(cost) + 1):
@@ -157,3 +175,18 @@ def keep_share(ids, share: int, group_size: int):
     offsets = np.empty(ids.offsets.shape[0], dtype=np.int64)
     _keep(keys, np.asarray(ids.offsets, dtype=np.int64), int(share), int(group_size), mask, offsets)
     return FieldBatch(offsets, keys[mask], None if ids.weights is None else np.asarray(ids.weights)[mask])
+
+
+def parse_split_fields(text: str, names: Sequence[str]) -> str | list[int]:
+    """``--split-fields``: ``auto``, ``all`` or field names/numbers ``A,B,...`` -> field numbers."""
+    if text in ("auto", "all"):
+        return text
+    out = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        if item in names:
+            out.append(list(names).index(item))
+        elif item.isdigit() and int(item) < len(names):
+            out.append(int(item))
+        else:
+            raise ConfigError(f"--split-fields: {item!r} is not a field of the data (fields: {', '.join(names)})")
+    return sorted(set(out))

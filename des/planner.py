@@ -241,7 +241,8 @@ class PlanCost:
         sites = {"partials_reduce_scatter": "partials_reduce_scatter", "gradient_allgather": "gradient_allgather",
                  "exchange_values": "rows", "exchange_gradients": "row_gradients"}
         out = {site: t[term] for site, term in sites.items() if term in t}
-        out["top_gradients"] = _add(t.get("field_weight_gradients", [0.0] * n), t["top_gradients"], t["loss"])
+        out["top_gradients"] = _add(t.get("field_weight_gradients", [0.0] * n),
+                                    t.get("split_weight_gradients", [0.0] * n), t["top_gradients"], t["loss"])
         return out
 
 
@@ -250,9 +251,9 @@ def _add(*lists: Sequence[float]) -> list[float]:
 
 
 def _check(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[int]], dtype_size: int) -> None:
-    owned = sorted(f for fields in placement for f in fields)
-    if owned != list(range(shape.num_fields)):
-        raise ValueError(f"placement {placement} does not give each of the {shape.num_fields} fields to one rank")
+    from des.placement import check_placement
+
+    check_placement(placement, shape.num_fields, len(placement))
     if batch_size < 1 or dtype_size < 1:
         raise ValueError(f"batch size {batch_size} and dtype size {dtype_size} must be positive")
 
@@ -309,20 +310,28 @@ def plan_cost(shape: ModelShape, plan: str | Mapping[str, str], batch_size: int,
     ``upper="replicated"`` is the paper's step (``des --upper replicated``), all partials only:
     ONE ring AllReduce of the whole ``[B, P]`` buffer, ``2 (N-1)/N · s · B · P``, and nothing else
     (every rank runs the top network on the whole batch: no gradient leaves a rank)."""
+    from des.placement import split_groups
+
     _check(shape, batch_size, placement, dtype_size)
     plan = normalize_plan(shape, plan)
     n, s = len(placement), dtype_size
     ring = 2.0 * (n - 1) / n * s  # ring AllReduce: bytes sent per float of the payload
     cost = PlanCost(plan, batch_size, n)
+    # fields split by key: their pooled values (every block an operator reads) join the partials'
+    # columns in every plan, and the partials operators' slices of them are trained where the rows are
+    split = sorted(split_groups(placement))
+    share_width = len(split) * sum(shape.blocks[b] for b in {op.block for op in shape.operators})
     if upper == "replicated":
         if set(plan.values()) != {PARTIALS}:
             raise ValueError("the replicated upper network runs the all-partials plan only")
-        cost.terms["forward_partials"] = [ring * batch_size * shape.buffer_width] * n
+        cost.terms["forward_partials"] = [ring * batch_size * (shape.buffer_width + share_width)] * n
         cost.calls = 1 if n > 1 else 0
         return cost
     if upper != "data-parallel":
         raise ValueError(f"upper {upper!r}: not data-parallel or replicated")
-    partial_width = sum(op.width for op in shape.operators if plan[op.name] == PARTIALS)
+    partial_width = sum(op.width for op in shape.operators if plan[op.name] == PARTIALS) + share_width
+    split_weights = sum(op.field_params // shape.num_fields * len(split) for op in shape.operators
+                        if plan[op.name] == PARTIALS)
     if partial_width:
         # one reduce-scatter of the partials operators' columns and one all-gather of G (B - b_r rows each)
         cost.terms["partials_reduce_scatter"] = [b / 2 for b in partials_bytes(partial_width, batch_size, n, s)]
@@ -332,18 +341,21 @@ def plan_cost(shape: ModelShape, plan: str | Mapping[str, str], batch_size: int,
         if unique is None or unique.ranks != n or unique.batch_size != batch_size:
             raise ValueError(f"exchange needs the unique ids of B={batch_size} on {n} row blocks")
         u = unique.per_block  # [N, F]
-        owner = np.empty(shape.num_fields, dtype=np.int64)
+        owner = np.full(shape.num_fields, -1, dtype=np.int64)  # -1: split, its values travel as columns
         for r, fields in enumerate(placement):
-            owner[list(fields)] = r
+            owner[[f for f in fields if f not in split]] = r
+        whole = owner >= 0
         # each block once, whatever the number of operators reading it
         row_floats = sum(shape.blocks[b] for b in {op.block for op in exchanged})
-        remote = [float(u[r][owner != r].sum()) for r in range(n)]  # ids row owner r fetches
+        remote = [float(u[r][whole & (owner != r)].sum()) for r in range(n)]  # ids row owner r fetches
         served = [float(sum(u[q][owner == r].sum() for q in range(n) if q != r)) for r in range(n)]
         cost.terms["rows"] = [s * row_floats * served[r] for r in range(n)]
         cost.terms["row_gradients"] = [s * row_floats * remote[r] for r in range(n)]
         cost.terms["field_weight_gradients"] = [ring * sum(op.field_params for op in exchanged)] * n
         # each (id, row block) pair: routed by its field's owner, pooled by the block's row owner
-        cost.id_pairs = 2.0 * float(u.sum()) / n if n > 1 else 0.0
+        cost.id_pairs = 2.0 * float(u[:, whole].sum()) / n if n > 1 else 0.0
+    if split_weights:
+        cost.terms["split_weight_gradients"] = [ring * split_weights] * n
     cost.terms["top_gradients"] = [ring * shape.top_params] * n
     cost.terms["loss"] = [ring] * n
     # reduce-scatter + all-gather of the partials, two Alltoallv of the exchange, the AllReduce

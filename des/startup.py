@@ -18,6 +18,7 @@ from des.building import build_model, build_optimizers, build_strategy, data_fin
 from des.collectives import Communicator
 from des.config import MODELS, TrainConfig
 from des.errors import ConfigError, DesError
+from des.placement import parse_split_fields
 from des.reporting import startup_report, versions
 from des.run import Run, TrainingState
 from des.run_folder import RunFolder
@@ -34,6 +35,9 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     if store.num_rows == 0:
         raise DesError(f"dataset {store.source} is empty")
     distinct = [store.distinct_count(f) for f in range(store.num_fields)]
+    if config.split_fields not in ("auto", "all"):  # names -> field numbers (config.json says which)
+        numbers = parse_split_fields(config.split_fields, store.field_names)
+        config = dataclasses.replace(config, split_fields=",".join(map(str, numbers)))
     placement = cls.place(store.num_fields, comm.size, config.placement, distinct, config.to_dict())
     train_rows, validation_rows = len(store.split_rows("train")), len(store.split_rows("validation"))
     steps_per_epoch, total_steps = count_steps(config, train_rows, store.display_name)

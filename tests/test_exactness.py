@@ -41,6 +41,12 @@ NEW_MODEL_PLANS = [("dcnv2", (), "partials", (2,)), ("dcnv2", MIX, "exchange", (
                    ("dcnv2", (), "embeddings=exchange", (4,)),  # a mixed plan: the cross and deep layers split
                    ("dlrm", (), "exchange", (2,)), ("dlrm", (), "partials", (4,))]
 EVERY_KIND = Path(__file__).parent / "data" / "every_kind.toml"
+THREE_FIELDS = Path(__file__).parent / "data" / "three_fields.toml"
+# Fields split by key over the ranks (one shared out-of-vocabulary row per field cannot be split:
+# --unadmitted init), with whole fields beside them, on one-hot and multi-hot data
+SPLIT = ("--placement", "split", "--split-fields", "I1,C3,C9,C20", "--unadmitted", "init")
+SPLIT_SCHEMA = ("--placement", "split", "--split-fields", "user,tags,scores", "--unadmitted", "init")
+AUTO_SPLIT = ("--placement", "split", "--unadmitted", "init")  # 3 fields on 4 and 6 ranks: split as needed
 MIXED_PLAN = "fm2=exchange"  # (see the plans below)
 # The schema's data under every plan: all partials, all exchange, and the two mixed plans.
 SCHEMA_PLANS = {"partials": (2, 3), "exchange": (2, 3), MIXED_PLAN: (3,), "linear=exchange,first_fc=exchange": (2,)}
@@ -90,7 +96,10 @@ def datasets(tmp_path_factory) -> dict[str, Path]:
     synthesize_schema(root / "every_kind.csv", 3000, str(EVERY_KIND), seed=3, file_format="raw")
     schema = root / "schema"
     prepare(root / "every_kind.csv", schema, schema=str(EVERY_KIND), split=(0.9, 0.1, 0.0), seed=1)
-    return {"criteo": str(criteo), "synth": str(synth), "schema": str(schema)}
+    synthesize_schema(root / "three.csv", 2000, str(THREE_FIELDS), seed=5, file_format="raw")
+    three = root / "three"
+    prepare(root / "three.csv", three, schema=str(THREE_FIELDS), split=(0.9, 0.1, 0.0), seed=1)
+    return {"criteo": str(criteo), "synth": str(synth), "schema": str(schema), "three": str(three)}
 
 
 @pytest.fixture(scope="module")
@@ -141,10 +150,19 @@ def results(datasets, monkeypatch_module) -> dict[tuple, object]:
     # (predictions still agree to ~3e-7), which would hide real bugs behind a loose bound.
     cases += [Case(m, "des", criteo, "float32", SMALL + ("--embedding-optimizer", "adagrad:lr=0.05"), ranks=n, rtol=1e-5)
               for m, n in FLOAT32_RANKS.items()]
+    # fields split by key: every plan and strategy, both upper networks, one-hot and multi-hot
+    # data with mean and weighted pooling, and more ranks than fields
+    cases += [Case("deepfm", "des", criteo, "float64", SMALL + ADAM + SPLIT + ("--plan", plan), ranks=n)
+              for plan, n in (("partials", (2, 3, 4)), (MIXED_PLAN, (3,)), ("exchange", (4,)))]
+    cases.append(Case("deepfm", "alltoall", criteo, "float64", SMALL + ADAM + SPLIT, ranks=(2,), reference_strategy="des"))
+    cases.append(Case("wdl", "des", criteo, "float64", SMALL + ADAM + SPLIT + REPLICATED, ranks=(4,)))
+    cases += [Case("deepfm", "des", datasets["schema"], "float64", SMALL + ADAM + SPLIT_SCHEMA + ("--plan", plan),
+                   ranks=n) for plan, n in (("partials", (3,)), ("exchange", (2,)))]
+    cases.append(Case("deepfm", "des", datasets["three"], "float64", SMALL + ADAM + AUTO_SPLIT, ranks=(4, 6)))
     cases.append(Case("deepfm", "des", criteo, "float32", SMALL + ("--embedding-optimizer", "adam:lr=0.001"),
                       ranks=(4,), rtol=1e-5, compare="predictions"))
     return {(r.case.model, r.case.strategy, r.case.data, r.case.dtype, r.case.compare,
-             "replicated" in r.case.flags, r.ranks) + plan_of(r.case.flags): r
+             "replicated" in r.case.flags, r.ranks) + plan_of(r.case.flags) + ("split",) * ("split" in r.case.flags): r
             for r in check(cases, RANKS, steps=12, batch_size=64, rtol=1e-9, timeout=600)}
 
 
@@ -292,3 +310,34 @@ def test_dcnv2_and_dlrm_under_the_other_strategies(results, datasets) -> None:
     assert_ok(results[("dcnv2", "des", datasets["synth"], "float64", "all", True, 4)])
     assert_ok(results[("dcnv2", "ps", datasets["synth"], "float64", "all", False, 2)])
     assert_ok(results[("dlrm", "alltoall", datasets["criteo"], "float64", "all", False, 3)])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("data", "strategy", "plan", "ranks"),
+                         [("criteo", "des", "partials", n) for n in (2, 3, 4)]
+                         + [("criteo", "des", MIXED_PLAN, 3), ("criteo", "des", "exchange", 4),
+                            ("criteo", "alltoall", None, 2), ("schema", "des", "partials", 3),
+                            ("schema", "des", "exchange", 2)])
+def test_fields_split_by_key_are_exact(results, datasets, data: str, strategy: str, plan: str | None,
+                                       ranks: int) -> None:
+    """Fields split by key over the ranks (each rank holds the ids of its share), next to whole
+    ones: one-hot Criteo fields, and multi-valued fields with mean and weighted pooling."""
+    result = results[("deepfm", strategy, datasets[data], "float64", "all", False, ranks)
+                     + ((plan,) if plan else ()) + ("split",)]
+    assert_ok(result)
+    tables = {name.split("/")[0] for name in result.dtypes if name.endswith(".table/keys")}
+    assert len(tables) == (39 if data == "criteo" else 12)  # every field's rows compared, split ones merged
+
+
+@pytest.mark.mpi
+def test_fields_split_by_key_with_the_replicated_upper_network(results, datasets) -> None:
+    assert_ok(results[("wdl", "des", datasets["criteo"], "float64", "all", True, 4, "split")])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", (4, 6))
+def test_more_ranks_than_fields(results, datasets, ranks: int) -> None:
+    """Three fields on 4 and 6 ranks: the placement splits them by key, and the training is exact."""
+    result = results[("deepfm", "des", datasets["three"], "float64", "all", False, ranks, "split")]
+    assert_ok(result)
+    assert result.losses[-1] < result.losses[0]

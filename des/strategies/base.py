@@ -167,9 +167,10 @@ class Strategy(ABC):
     def place(cls, num_fields: int, ranks: int, policy: str, distinct: Sequence[int],
               options: Mapping[str, Any]) -> list[list[int]]:
         """Fields of every rank (default: every rank owns fields, by ``--placement``)."""
-        from des.placement import place_fields
+        from des.placement import parse_split_fields, place_fields
 
-        return place_fields(num_fields, ranks, policy, distinct)
+        split = parse_split_fields(str(options.get("split_fields", "auto")), [str(f) for f in range(num_fields)])
+        return place_fields(num_fields, ranks, policy, distinct, split)
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:

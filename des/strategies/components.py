@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -77,7 +78,10 @@ class FieldShard:
         eviction or checkpoint load may happen (rows would move). The kernels use the calling
         thread's numba thread count (``numba.set_num_threads``); the results do not depend on it.
         """
-        return self._fused.touch([self._ids(batch, f) for f in self.fields], train=train, step=step)
+        touched = self._fused.touch([self._ids(batch, f) for f in self.fields], train=train, step=step)
+        if not self.fields:  # a rank holding only shares of split fields: no ids, but the batch's rows
+            touched = dataclasses.replace(touched, offsets=np.zeros((0, len(batch.labels) + 1), np.int64))
+        return touched
 
     def _ids(self, batch: Any, field: int) -> Any:
         share = self.shares.get(field)
@@ -195,7 +199,9 @@ class DenseParams:
 
     ``fields`` are the fields whose slices this rank holds; the substitutions in ``replicated``
     (indices) hold the slices of every field instead (an operator the planner exchanges runs on
-    the row owner, which needs all of them; their gradients are summed over the ranks).
+    the row owner, which needs all of them; their gradients are summed over the ranks). The fields
+    in ``split`` (split by key over ranks) have their slices on every rank, after ``fields``: their
+    part of an operator runs where the rows are, on the pooled values the partials' sum brings.
 
     The dense features' weights of substitution ``i`` (``Substitution.dense_params``, also named
     ``"{i}:{substitution}:{param}"``) are among :attr:`top_params`: the operators' dense part runs
@@ -203,9 +209,11 @@ class DenseParams:
     """
 
     def __init__(self, model: Model, fields: Sequence[int], optimizers: Optimizers, *, seed: int,
-                 dtype: np.dtype, replicated: Sequence[int] = ()) -> None:
+                 dtype: np.dtype, replicated: Sequence[int] = (), split: Sequence[int] = ()) -> None:
         own = [int(f) for f in fields]
         every = list(range(model.num_fields))
+        #: the fields split by key (``des/placement.py``): every rank holds their slices, after its own
+        self.split_fields = sorted(int(f) for f in split)
         self.dtype = np.dtype(dtype)
         self.l2 = float(model.l2_dense)
         self.rates = optimizers.rates
@@ -215,7 +223,7 @@ class DenseParams:
         #: name -> the fields of its leading axis, in order
         self.param_fields: dict[str, list[int]] = {}
         for i, sub in enumerate(model.substitutions()):
-            held = every if i in replicated else own
+            held = every if i in replicated else own + self.split_fields
             for pname, value in sub.init_field_params(seed, held, self.dtype).items():
                 self.field_params[f"{i}:{sub.name}:{pname}"] = aligned_copy(value)  # TF reads it in place
                 self.param_fields[f"{i}:{sub.name}:{pname}"] = held

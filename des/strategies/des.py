@@ -32,7 +32,7 @@ Both need ``combine`` and ``Model.top`` to be row-wise (``check_substitution``/`
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -83,27 +83,33 @@ class DES(Strategy):
 
     def __init__(self, context: StrategyContext) -> None:
         super().__init__(context)
-        owned = sorted(f for fields in self.placement for f in fields)
-        if len(self.placement) != self.comm.size or owned != list(range(self.model.num_fields)):
-            from des.errors import PlacementError
+        from des.placement import check_placement, shares, split_groups, whole_fields
 
-            raise PlacementError(f"placement {self.placement} does not give each of the {self.model.num_fields} "
-                                 f"fields to exactly one of the {self.comm.size} ranks")
+        check_placement(self.placement, self.model.num_fields, self.comm.size)
+        split_fields = sorted(split_groups(self.placement))
+        if split_fields and context.tables is not None and context.tables.unadmitted == "shared":
+            raise ConfigError("--unadmitted shared keeps one out-of-vocabulary row per field, which a field split by "
+                              "key over ranks cannot share: use --unadmitted init or zero, or another --placement")
         self.upper = context.options.get("upper", "data-parallel")
         self.plan = self._resolve_plan(context.options.get("plan", "partials"))
         exchanged = [i for i, mode in enumerate(self.plan.values()) if mode == "exchange"]
-        mine = self.placement[self.comm.rank]
-        self.shard = FieldShard(mine, self.model.blocks(), context.optimizers, seed=self.seed, dtype=self.dtype,
-                                tables=context.tables)
+        whole = [whole_fields(self.placement, r) for r in range(self.comm.size)]
+        self.shard = FieldShard(whole[self.comm.rank], self.model.blocks(), context.optimizers, seed=self.seed,
+                                dtype=self.dtype, tables=context.tables)
+        mine = shares(self.placement, self.comm.rank)
+        #: this rank's shares of the fields split by key (None: it holds none)
+        self.share_shard = FieldShard(sorted(mine), self.model.blocks(), context.optimizers, seed=self.seed,
+                                      dtype=self.dtype, tables=context.tables, shares=mine) if mine else None
         self.dense = DenseParams(self.model, self.shard.fields, context.optimizers, seed=self.seed, dtype=self.dtype,
-                                 replicated=exchanged)
-        self.split_form = ModelSplitForm(self.model, self.dense, self.dtype, context.compute_dtype, exchanged)
+                                 replicated=exchanged, split=split_fields)
+        self.split_form = ModelSplitForm(self.model, self.dense, self.dtype, context.compute_dtype, exchanged,
+                                         shares=sorted(mine))
         self.exchange = None
         if exchanged:
             from des.strategies.exchange import BlockExchange
 
-            self.exchange = BlockExchange(self.shard, self.comm, self.placement, self.model.blocks(),
-                                          self.split_form.exchange_blocks, self.dtype)
+            self.exchange = BlockExchange(self.shard, self.comm, whole, self.model.blocks(),
+                                          self.split_form.exchange_blocks, self.dtype, self.model.num_fields)
 
     def _resolve_plan(self, text: str) -> dict[str, str]:
         """``--plan`` as ``{operator: mode}``; ``auto`` unresolved (the runner resolves it from the
@@ -120,7 +126,8 @@ class DES(Strategy):
 
     @property
     def fields(self) -> list[int]:
-        return self.shard.fields
+        """The fields this rank holds whole or a share of."""
+        return sorted(self.shard.fields + (self.share_shard.fields if self.share_shard else []))
 
     @property
     def buffer_width(self) -> int:
@@ -136,9 +143,14 @@ class DES(Strategy):
         """The key->row lookup of step ``step`` (inserts and admission counts only, no values) and
         the exchange's routing: on the background thread while the previous step computes
         (``--pipeline on``)."""
-        touched = self.shard.touch(batch, train=True, step=step)
-        batch.prepared = (step, touched, self.exchange.route(batch, touched) if self.exchange else None)
+        touched = self._touch(batch, train=True, step=step)
+        batch.prepared = (step, touched, self.exchange.route(batch, touched.whole) if self.exchange else None)
         return batch
+
+    def _touch(self, batch: Any, *, train: bool, step: int) -> _Touched:
+        """The lookup of this rank's whole fields and of its shares of the split ones."""
+        shares = self.share_shard.touch(batch, train=train, step=step) if self.share_shard else None
+        return _Touched(self.shard.touch(batch, train=train, step=step), shares)
 
     # ------------------------------------------------------------------ the step, stage by stage
     def train_step(self, batch: Any) -> float:
@@ -171,22 +183,40 @@ class DES(Strategy):
                 if step != self.step_count:
                     raise RuntimeError(f"batch prepared for step {step} trained at step {self.step_count}")
             else:
-                touched = self.shard.touch(batch, train=train, step=self.step_count)
-                route = self.exchange.route(batch, touched) if self.exchange else None
+                touched = self._touch(batch, train=train, step=self.step_count)
+                route = self.exchange.route(batch, touched.whole) if self.exchange else None
         catch_up_to = self.step_count if train else None
         late = self.pipeline.take_sparse() if train else None
-        if late is not None:
-            with phase("update"):
-                pooled = self.shard.apply_then_gather(late.touched, late.grads, late.step, late.rates.sparse, touched,
-                                                      self.split_form.split_blocks, catch_up_to=catch_up_to)
-        else:
-            with phase("lookup"):
-                pooled = self.shard.gather_pooled(touched, self.split_form.split_blocks, catch_up_to=catch_up_to)
+        pooled, spooled = [], []
+        for shard, now, before, grads, blocks in self._shards(touched, late):
+            if before is not None:
+                with phase("update"):
+                    out = shard.apply_then_gather(before, grads, late.step, late.rates.sparse, now, blocks,
+                                                  catch_up_to=catch_up_to)
+            else:
+                with phase("lookup"):
+                    out = shard.gather_pooled(now, blocks, catch_up_to=catch_up_to)
+            (pooled if shard is self.shard else spooled).extend(out)
         with phase("lookup"):
             gathered = self.exchange.gather(route) if self.exchange else None
         if train:
             self.pipeline.overlap_next()  # the next batch is read and looked up while TF computes this step
-        return _LookedUp(pooled, touched, route, gathered)
+        return _LookedUp(pooled, touched, route, gathered, spooled or self._no_shares(len(batch.labels)))
+
+    def _shards(self, touched: _Touched, late: _LateSparse | None) -> list[tuple]:
+        """Per shard (whole fields, shares): it, this batch's lookup, the deferred update's lookup and
+        gradients (None without one) and the blocks to gather."""
+        out = [(self.shard, touched.whole, late and late.touched.whole, late and late.grads,
+                self.split_form.split_blocks)]
+        if self.share_shard is not None:
+            out.append((self.share_shard, touched.shares, late and late.touched.shares, late and late.share_grads,
+                        self.split_form.share_blocks))
+        return out
+
+    def _no_shares(self, rows: int) -> list[np.ndarray]:
+        """The pooled values of no share (a rank outside every split field's group)."""
+        dims = {b.name: b.dim for b in self.model.blocks()}
+        return [np.zeros((rows, 0, dims[b]), dtype=self.dtype) for b in self.split_form.share_blocks]
 
     def _one_rank_step(self, batch: Any, looked_up: _LookedUp) -> _Gradients:
         """Steps 2, 4 and 6 on one rank: the row block is the batch and nothing is reduced."""
@@ -200,14 +230,15 @@ class DES(Strategy):
         """Steps 2, 3, 4, 6 as in the paper: one AllReduce of the partials, the top network on the
         whole batch on every rank (its gradients are the same everywhere: nothing else travels)."""
         form, size = self.split_form, len(batch.labels)
-        buffer = self._partials(looked_up.pooled, size, train=True)
+        buffer = self._partials(looked_up, size, train=True)
         with self.timer("allreduce"):
             self.comm.allreduce_sum_(buffer, "forward_partials")
         with self.timer("top"):
-            loss, buffer_grad, _, _, top_grads = form.top_train(buffer, [], [], self._labels(batch), self._top(), size,
-                                                                form.dense_rows(batch))
-        pooled_grads, field_grads = self._local_backward(looked_up.pooled, buffer_grad)
-        return _Gradients(float(loss), pooled_grads, [], self._field_gradients(field_grads, []), _arrays(top_grads))
+            loss, buffer_grad, _, _, sparam_grads, top_grads = form.top_train(
+                buffer, [], [], self._split_params(), self._labels(batch), self._top(), size, form.dense_rows(batch))
+        pooled_grads, field_grads, share_grads = self._local_backward(looked_up, buffer_grad)
+        return _Gradients(float(loss), pooled_grads, [], self._field_gradients(field_grads, [], _arrays(sparam_grads)),
+                          _arrays(top_grads), share_grads)
 
     def _data_parallel_step(self, batch: Any, looked_up: _LookedUp) -> _Gradients:
         """Steps 2 to 7 with the upper network on this rank's row block: the partials reduce-scattered
@@ -215,17 +246,19 @@ class DES(Strategy):
         B/N rows, its gradients AllReduced while ``G`` is all-gathered and sent back through
         ``local``."""
         form, comm, timer, size = self.split_form, self.comm, self.timer, len(batch.labels)
-        buffer = self._partials(looked_up.pooled, size, train=True)
+        buffer = self._partials(looked_up, size, train=True)
         xpooled, xparams = self._exchanged_inputs(looked_up, train=True)
         lo, hi = comm.row_bounds(size)[comm.rank : comm.rank + 2]
         with timer("reduce_scatter"):
             rows = (comm.reduce_scatter_rows_sum(buffer, "partials_reduce_scatter") if form.width
                     else np.zeros((hi - lo, 0), dtype=self.dtype))
         with timer("top"):
-            loss, rows_grad, xpooled_grads, xparam_grads, top_grads = form.top_train(
-                rows, xpooled, xparams, self._labels(batch)[lo:hi], self._top(), size, form.dense_rows(batch, lo, hi))
+            loss, rows_grad, xpooled_grads, xparam_grads, sparam_grads, top_grads = form.top_train(
+                rows, xpooled, xparams, self._split_params(), self._labels(batch)[lo:hi], self._top(), size,
+                form.dense_rows(batch, lo, hi))
             # this rank's loss share and dense gradients, summed over the ranks while G travels
             packed = np.concatenate([[float(loss)], *[to_numpy(g).reshape(-1) for g in xparam_grads],
+                                     *[to_numpy(g).reshape(-1) for g in sparam_grads],
                                      *[to_numpy(g).reshape(-1) for g in top_grads]]).astype(self.dtype)
         with timer("allreduce"):
             pending = comm.start_allreduce_sum_(packed, "top_gradients")
@@ -234,12 +267,12 @@ class DES(Strategy):
         if form.width:
             with timer("allgather"):
                 buffer_grad = comm.allgather_rows(to_numpy(rows_grad), size, "gradient_allgather")
-        pooled_grads, field_grads = self._local_backward(looked_up.pooled, buffer_grad)
+        pooled_grads, field_grads, share_grads = self._local_backward(looked_up, buffer_grad)
         with timer("allreduce"):
             pending.wait()
-            loss, xparam_grads, top_grads = self._unpack(packed)
-        return _Gradients(loss, pooled_grads, exchange_grads, self._field_gradients(field_grads, xparam_grads),
-                          top_grads)
+            loss, xparam_grads, sparam_grads, top_grads = self._unpack(packed)
+        return _Gradients(loss, pooled_grads, exchange_grads,
+                          self._field_gradients(field_grads, xparam_grads, sparam_grads), top_grads, share_grads)
 
     def _update(self, looked_up: _LookedUp, grads: _Gradients, rates: StepRates) -> None:
         """Step 8: the dense optimizers, then the sparse ones, each with this step's factors. When
@@ -255,18 +288,20 @@ class DES(Strategy):
         with self.timer("lookup"):
             self.pipeline.await_next()  # the next batch's lookup may grow the tables: done before they change
         if defer:
-            self.pipeline.defer_sparse(_LateSparse(self.shard, grads.pooled, looked_up.touched, self.step_count, rates))
+            self.pipeline.defer_sparse(_LateSparse(self, grads.pooled, grads.shares, looked_up.touched, self.step_count,
+                                                   rates))
         else:
             with self.timer("update"):
                 self._apply_sparse(looked_up, grads, rates)
 
     # ------------------------------------------------------------------ the stages' pieces
-    def _partials(self, pooled: list, rows: int, *, train: bool) -> np.ndarray:
-        """Step 2: this rank's partials ``[B, P]`` of the whole global batch."""
+    def _partials(self, looked_up: _LookedUp, rows: int, *, train: bool) -> np.ndarray:
+        """Step 2: this rank's partials ``[B, P]`` of the whole global batch (and its shares' pooled
+        values of the fields split by key)."""
         with (self.timer if train else untimed)("partials"):
             if not self.split_form.width:  # every operator exchanged
                 return np.zeros((rows, 0), dtype=self.dtype)
-            buffer = to_numpy(self.split_form.partials(pooled, self._split_params()))
+            buffer = to_numpy(self.split_form.partials(looked_up.pooled, self._split_params(), looked_up.spooled))
             if self.upper == "replicated" and self.comm.size > 1:
                 buffer = np.array(buffer, order="C", copy=True)  # the AllReduce sums in place: TF's memory is not ours
         return buffer
@@ -283,14 +318,16 @@ class DES(Strategy):
         with (self.timer if train else untimed)("lookup"):
             return self.exchange.pool(looked_up.route, got), xparams
 
-    def _local_backward(self, pooled: list, buffer_grad: Any) -> tuple[list, list]:
+    def _local_backward(self, looked_up: _LookedUp, buffer_grad: Any) -> tuple[list, list, list]:
         """Step 6: ``G`` back through this rank's ``local`` (eq. 9): the gradients of its pooled
-        blocks and field slices (none when every operator is exchanged)."""
+        blocks and field slices (none when every operator is exchanged), and of its shares' pooled
+        values (their columns of ``G``)."""
         if not self.split_form.width:
-            return [], []
+            return [], [], []
         with self.timer("local_backward"):
-            pooled_grads, field_grads = self.split_form.local_backward(pooled, self._split_params(), buffer_grad)
-            return _arrays(pooled_grads), _arrays(field_grads)
+            pooled_grads, field_grads, share_grads = self.split_form.local_backward(looked_up.pooled,
+                                                                                    self._split_params(), buffer_grad)
+            return _arrays(pooled_grads), _arrays(field_grads), _arrays(share_grads)
 
     def _top(self) -> list[Any]:
         """The top network's weights (and the dense features'), as TF tensors over their memory."""
@@ -313,17 +350,25 @@ class DES(Strategy):
         with timer("sparse_backward"):
             return self.exchange.scatter_gradients(route, got)
 
-    def _unpack(self, packed: np.ndarray) -> tuple[float, list[np.ndarray], list[np.ndarray]]:
-        """The summed loss, exchanged field-weight gradients and top gradients from the AllReduce's buffer."""
-        out, offset = [], 1
-        for name in self.split_form.exchange_params:
-            shape = self.dense.field_params[name].shape
+    def _unpack(self, packed: np.ndarray) -> tuple[float, list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+        """The summed loss, the gradients of the exchanged field weights, of the split fields' slices
+        and of the top network, from the AllReduce's buffer."""
+        form, offset = self.split_form, 1
+        shapes = [self.dense.field_params[name].shape for name in form.exchange_params]
+        if form.split_fields:
+            shapes += [(len(form.split_fields), *self.dense.field_params[name].shape[1:]) for name in form.split_params]
+        out = []
+        for shape in shapes:
             out.append(packed[offset : offset + int(np.prod(shape))].reshape(shape))
             offset += out[-1].size
-        return float(packed[0]), out, self.dense.split_top(packed[offset:])
+        exchanged = len(form.exchange_params)
+        return float(packed[0]), out[:exchanged], out[exchanged:], self.dense.split_top(packed[offset:])
 
-    def _field_gradients(self, split: list, exchanged: list) -> list[np.ndarray]:
-        """The field weights' gradients in :attr:`DenseParams.field_params` order."""
+    def _field_gradients(self, split: list, exchanged: list, shares: list) -> list[np.ndarray]:
+        """The field weights' gradients in :attr:`DenseParams.field_params` order: a split
+        operator's slices of this rank's fields, then (``shares``) of the fields split by key."""
+        if self.split_form.split_fields:
+            split = [np.concatenate([own, rest]) for own, rest in zip(split, shares)]
         by_name = dict(zip(self.split_form.split_params, split))
         by_name.update(zip(self.split_form.exchange_params, exchanged))
         return [by_name[name] for name in self.dense.field_params]
@@ -331,7 +376,9 @@ class DES(Strategy):
     def _apply_sparse(self, looked_up: _LookedUp, grads: _Gradients, rates: StepRates) -> None:
         """The sparse optimizers, ONCE per row per step: a block both a split and an exchanged
         operator read is updated on the real batch joined to the exchange's synthetic one."""
-        touched, step, scale = looked_up.touched, self.step_count, rates.sparse
+        touched, step, scale = looked_up.touched.whole, self.step_count, rates.sparse
+        if self.share_shard is not None:
+            self.share_shard.apply_pooled(looked_up.touched.shares, grads.shares, step, scale)
         if self.exchange is None:
             self.shard.apply_pooled(touched, grads.pooled, step, scale)
             return
@@ -356,23 +403,24 @@ class DES(Strategy):
         self.settle()
         looked_up = self._lookup(batch, train=False)
         size = len(batch.labels)
-        buffer = self._partials(looked_up.pooled, size, train=False)
-        top, comm, form = self._top(), self.comm, self.split_form
+        buffer = self._partials(looked_up, size, train=False)
+        top, comm, form, sparams = self._top(), self.comm, self.split_form, self._split_params()
         if self.exchange is None and (self.upper == "replicated" or comm.size == 1):
             comm.allreduce_sum_(buffer, "eval_partials")
-            return form.top_predict(buffer, [], [], top, form.dense_rows(batch)).numpy(), np.asarray(batch.labels)
+            return (form.top_predict(buffer, [], [], sparams, top, form.dense_rows(batch)).numpy(),
+                    np.asarray(batch.labels))
         xpooled, xparams = self._exchanged_inputs(looked_up, train=False)
         lo, hi = comm.row_bounds(size)[comm.rank : comm.rank + 2]
         rows = (comm.reduce_scatter_rows_sum(buffer, "eval_partials") if form.width
                 else np.zeros((hi - lo, 0), dtype=self.dtype))
-        p = np.ascontiguousarray(form.top_predict(rows, xpooled, xparams, top, form.dense_rows(batch, lo, hi)).numpy(),
-                                 dtype=self.dtype)
+        p = np.ascontiguousarray(form.top_predict(rows, xpooled, xparams, sparams, top,
+                                                  form.dense_rows(batch, lo, hi)).numpy(), dtype=self.dtype)
         return comm.allgather_rows(p, size, "eval_predictions"), np.asarray(batch.labels)
 
     def state(self) -> ShardState:
         self.settle()
-        return ShardState(self.model, self.dtype, self.seed, self.placement, self.step_count, self.shard.tables,
-                          self.dense)
+        tables = {**self.shard.tables, **(self.share_shard.tables if self.share_shard else {})}
+        return ShardState(self.model, self.dtype, self.seed, self.placement, self.step_count, tables, self.dense)
 
     def describe(self) -> str:
         from des.planner import format_plan
@@ -384,7 +432,8 @@ class DES(Strategy):
         return {"upper": self.upper, "plan": dict(self.plan)}
 
     def memory(self) -> dict[str, int]:
-        return {**self.shard.memory(), "dense_bytes": self.dense.nbytes}
+        held = [self.shard.memory()] + ([self.share_shard.memory()] if self.share_shard else [])
+        return {key: sum(m[key] for m in held) for key in held[0]} | {"dense_bytes": self.dense.nbytes}
 
 
 @dataclass
@@ -392,9 +441,18 @@ class _LookedUp:
     """Step 1's result: this rank's pooled blocks, its lookup, and the exchange's route and values."""
 
     pooled: list
-    touched: Any
+    touched: _Touched
     route: Any = None
     gathered: Any = None
+    spooled: list = field(default_factory=list)  # this rank's shares' pooled values (per share block)
+
+
+@dataclass
+class _Touched:
+    """A batch's lookup in this rank's whole fields and in its shares of the split ones (or None)."""
+
+    whole: Any
+    shares: Any = None
 
 
 @dataclass
@@ -407,20 +465,23 @@ class _Gradients:
     exchanged: list
     fields: list
     top: list
+    shares: list = field(default_factory=list)  # gradients of this rank's shares' pooled values
 
 
 @dataclass
 class _LateSparse:
     """A pipelined step's sparse update, run by the next step with its gather (or alone)."""
 
-    shard: FieldShard
+    strategy: DES
     grads: list
-    touched: Any
+    share_grads: list
+    touched: _Touched
     step: int
     rates: StepRates
 
     def apply(self) -> None:
-        self.shard.apply_pooled(self.touched, self.grads, self.step, self.rates.sparse)
+        for shard, _, touched, grads, _ in self.strategy._shards(self.touched, self):
+            shard.apply_pooled(touched, grads, self.step, self.rates.sparse)
 
 
 def _arrays(tensors: Any) -> list[np.ndarray]:

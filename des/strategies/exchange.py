@@ -92,17 +92,21 @@ def join_samples(a: Touched, b: Touched) -> Touched:
 class BlockExchange:
     """Moves the exchanged blocks' values between field owners and row owners (module docstring).
 
-    ``blocks``: the model's blocks in table order; ``exchanged``: the names of those that travel.
+    ``blocks``: the model's blocks in table order; ``exchanged``: the names of those that travel;
+    ``placement``: the fields each rank holds whole (``num_fields``: the model's, when it leaves some out).
     """
 
     def __init__(self, shard: FieldShard, comm: Any, placement: Sequence[Sequence[int]], blocks: Sequence[Any],
-                 exchanged: Sequence[str], dtype: np.dtype) -> None:
+                 exchanged: Sequence[str], dtype: np.dtype, num_fields: int | None = None) -> None:
         self.shard, self.comm = shard, comm
         self.dtype = np.dtype(dtype)
         self.block_index = [k for k, b in enumerate(blocks) if b.name in exchanged]
         self.dims = [blocks[k].dim for k in self.block_index]
         self.width = int(sum(self.dims))  # the exchanged blocks of an id, side by side
-        self.num_fields = sum(len(p) for p in placement)
+        held = sum(len(p) for p in placement)
+        #: the model's fields: those the placement leaves out (split by key) travel in the partials' sum
+        self.num_fields = held if num_fields is None else int(num_fields)
+        self._all_held = held == self.num_fields
         #: fields in the order their values arrive: by owner rank, each owner's in shard order
         self.receive_order = np.array([f for fields in placement for f in sorted(fields)], dtype=np.int64)
         self._owner_of = np.array([r for r, fields in enumerate(placement) for _ in fields], dtype=np.int64)
@@ -131,7 +135,8 @@ class BlockExchange:
         np.cumsum(sizes[:-1], out=id_start[1:])
         keys = (np.concatenate([p.keys[a:b] for p, (a, b) in zip(parts, cut)]) if parts
                 else np.zeros(0, np.int64)).astype(np.int64, copy=False)
-        offsets = np.stack([np.asarray(p.offsets[lo : hi + 1], dtype=np.int64) - a for p, (a, _) in zip(parts, cut)])
+        offsets = (np.stack([np.asarray(p.offsets[lo : hi + 1], dtype=np.int64) - a for p, (a, _) in zip(parts, cut)])
+                   if parts else np.zeros((0, hi - lo + 1), np.int64))  # every field split by key
         weighted = np.array([p.weights is not None for p in parts], dtype=np.bool_)
         weights = np.zeros(0, np.float64)
         if weighted.any():
@@ -165,7 +170,8 @@ class BlockExchange:
 
     def pool(self, route: Route, got: np.ndarray) -> list[np.ndarray]:
         """Row owner, local: per exchanged block, ``[b_r, F, dim]`` pooled for its rows."""
-        out = np.empty((route.rows, self.num_fields, self.width), dtype=self.dtype)  # every field is written
+        # every held field is written; a split field's values come from the partials' sum (zeros here)
+        out = (np.empty if self._all_held else np.zeros)((route.rows, self.num_fields, self.width), dtype=self.dtype)
         pool_fields(out, np.ascontiguousarray(got), route.ids, self.receive_order, False)
         if len(self.dims) == 1:
             return [out]

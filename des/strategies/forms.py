@@ -72,7 +72,7 @@ class ModelSplitForm:
     """
 
     def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype, compute_dtype: str | None = None,
-                 exchanged: Sequence[int] = ()) -> None:
+                 exchanged: Sequence[int] = (), shares: Sequence[int] = ()) -> None:
         self.model = model
         self.dense = dense
         self.tf_dtype = tf.as_dtype(dtype)
@@ -103,6 +103,27 @@ class ModelSplitForm:
         names = list(dense.field_params)
         self.exchange_params = [n for n in names if int(n.split(":", 1)[0]) in self.exchanged]
         self.split_params = [n for n in names if n not in self.exchange_params]
+        # Fields split by key: every rank's pooled values of its share of them (zeros where it holds
+        # none) follow the partials in the buffer, so the sum over the ranks brings each field's
+        # pooled values whole to where the rows are, and every operator's part of those fields runs
+        # there, with their weight slices (held by every rank after its own fields'). The pooled
+        # values are k floats a field where an operator's partials are its width (the first FC
+        # layer's H): the cheaper of the two to sum.
+        self.split_fields = list(dense.split_fields)
+        self.shares = [int(f) for f in shares]
+        self.own_count = len(dense.own_fields)
+        #: the blocks the split fields' pooled values are sent of: those some operator reads
+        self.share_blocks = read_by(range(len(self.substitutions))) if self.split_fields else []
+        dims = {b.name: b.dim for b in model.blocks()}
+        self.share_widths = [len(self.split_fields) * dims[b] for b in self.share_blocks]
+        self.width += sum(self.share_widths)
+        position = {f: j for j, f in enumerate(self.split_fields)}
+        # where this rank's shares go among the split fields (a missing one reads the zero slice)
+        mine = {position[f]: j for j, f in enumerate(self.shares)}
+        self._share_slots = [mine.get(j, len(self.shares)) for j in range(len(self.split_fields))]
+        # every field in order from [exchanged values of the whole fields | the split fields' values]
+        split_at = {f: model.num_fields + j for j, f in enumerate(self.split_fields)}
+        self._merged_order = [split_at.get(f, f) for f in range(model.num_fields)]
         self._build_split()
 
     def _in_compute_dtype(self, sub: Any) -> bool:
@@ -160,13 +181,18 @@ class ModelSplitForm:
         prefix = f"{i}:{self.substitutions[i].name}:"
         return {n[len(prefix):]: v for n, v in zip(names, values) if n.startswith(prefix)}
 
-    def _operator_params(self, i: int, names: Sequence[str], values: Sequence[Any], *, whole: bool) -> dict[str, Any]:
-        """Substitution ``i``'s field weights among ``names``/``values`` and, when it reads them
-        (``Substitution.reads_field_indices``), the global indices of the fields it runs on: every
-        field when it runs ``whole`` (exchanged), else this rank's."""
+    def _operator_params(self, i: int, names: Sequence[str], values: Sequence[Any], *, on: str,
+                         cut: bool = True) -> dict[str, Any]:
+        """Substitution ``i``'s field weights among ``names``/``values`` for the fields it runs
+        ``on``: ``"every"`` field (exchanged), this rank's ``"own"`` or the ``"split"`` fields (with
+        ``cut``, the held slices are cut to those: a rank holds the split fields' after its own)
+        and, when it reads them (``Substitution.reads_field_indices``), those fields' global indices."""
         params = self._params_of(i, names, values)
+        fields = {"every": range(self.model.num_fields), "own": self.dense.own_fields, "split": self.split_fields}[on]
+        if on != "every" and cut and self.split_fields:
+            part = slice(None, self.own_count) if on == "own" else slice(self.own_count, None)
+            params = {name: value[part] for name, value in params.items()}
         if self.substitutions[i].reads_field_indices:
-            fields = range(self.model.num_fields) if whole else self.dense.own_fields
             params["field_indices"] = tf.constant(list(fields), dtype=tf.int32)
         return params
 
@@ -174,15 +200,38 @@ class ModelSplitForm:
         """Each split substitution's ``local`` on this rank's fields: the buffer's column blocks."""
         by_block = dict(zip(self.split_blocks, pooled))
         return [self._sub_local(self.substitutions[i], by_block[self.substitutions[i].block],
-                                self._operator_params(i, self.split_params, params, whole=False))
+                                self._operator_params(i, self.split_params, params, on="own"))
                 for i in self.split]
 
+    def _share_columns(self, spooled: Sequence[tf.Tensor], rows: Any) -> list[tf.Tensor]:
+        """This rank's pooled values of its shares (per share block ``[B, S_r, dim]``) as the
+        buffer's split-field columns ``[B, S·dim]`` (zeros for the split fields it holds none of)."""
+        out = []
+        for values, width in zip(spooled, self.share_widths):
+            dim = width // len(self.split_fields)
+            if len(self.shares) != len(self.split_fields):
+                padded = tf.concat([values, tf.zeros([rows, 1, dim], values.dtype)], axis=1)
+                values = tf.gather(padded, self._share_slots, axis=1)
+            out.append(tf.reshape(values, [rows, width]))
+        return out
+
     def _columns(self, buffer: tf.Tensor) -> list[tf.Tensor]:
-        """The buffer cut into the split substitutions' column blocks (``tf.split``: its gradient is
-        one concat, where a slice's gradient would be a zero-filled buffer per substitution)."""
-        if not self.split:
-            return []
-        return tf.split(buffer, [self.substitutions[i].width for i in self.split], axis=1)
+        """The buffer cut into the split substitutions' column blocks, then the split fields' pooled
+        values per share block ``[rows, S·dim]`` (``tf.split``: its gradient is one concat, where a
+        slice's gradient would be a zero-filled buffer per substitution)."""
+        widths = [self.substitutions[i].width for i in self.split] + self.share_widths
+        return tf.split(buffer, widths, axis=1) if widths else []
+
+    def _share_values(self, columns: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        """The split fields' pooled values per share block ``[rows, S, dim]`` from their columns."""
+        fields = len(self.split_fields)
+        return [tf.reshape(c, [tf.shape(c)[0], fields, w // fields]) for c, w in zip(columns, self.share_widths)]
+
+    def _share_gradients(self, columns: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        """This rank's shares' pooled gradients (per share block ``[B, S_r, dim]``) from the
+        split fields' columns of ``G``."""
+        take = [self.split_fields.index(f) for f in self.shares]
+        return [tf.gather(g, take, axis=1) for g in self._share_values(columns)]
 
     def _local_backward(self, pooled: Sequence[tf.Tensor], params: Sequence[tf.Tensor],
                         part_grads: Sequence[tf.Tensor]) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
@@ -196,7 +245,7 @@ class ModelSplitForm:
         for i, part_grad in zip(self.split, part_grads):
             sub = self.substitutions[i]
             emb_grad, grads = self._sub_local_backward(
-                sub, by_block[sub.block], self._operator_params(i, self.split_params, params, whole=False), part_grad)
+                sub, by_block[sub.block], self._operator_params(i, self.split_params, params, on="own"), part_grad)
             block_grads[sub.block].append(emb_grad)
             param_grads.update({f"{i}:{sub.name}:{name}": g for name, g in grads.items()})
         l2 = self.model.l2_embedding
@@ -208,12 +257,16 @@ class ModelSplitForm:
                         for name in self.split_blocks]
         return pooled_grads, [param_grads[name] for name in self.split_params]
 
-    def _logits(self, parts: Sequence[tf.Tensor], xpooled: Sequence[tf.Tensor], xparams: Sequence[tf.Tensor],
-                top: Sequence[tf.Tensor], dense: Any) -> tf.Tensor:
-        """The top network's logits from the split operators' reduced column blocks ``parts``, the
-        exchanged operators' inputs, and these rows' dense features ``dense`` (None: the data has
-        none), whose part every operator that reads them adds before its ``combine``."""
+    def _logits(self, columns: Sequence[tf.Tensor], xpooled: Sequence[tf.Tensor], xparams: Sequence[tf.Tensor],
+                sparams: Sequence[tf.Tensor], top: Sequence[tf.Tensor], dense: Any) -> tf.Tensor:
+        """The top network's logits from the reduced buffer's column blocks (:meth:`_columns`: the
+        split operators' partials, then the split fields' pooled values), the split fields' slices
+        ``sparams`` of the split operators' weights (in :attr:`split_params` order), the exchanged
+        operators' inputs, and these rows' dense features ``dense`` (None: the data has none), whose
+        part every operator that reads them adds before its ``combine``."""
+        parts = columns[: len(self.split)]
         by_block = dict(zip(self.exchange_blocks, xpooled))
+        shared = dict(zip(self.share_blocks, self._share_values(columns[len(self.split):])))
         weights = dict(zip(self.dense.top_params, top))  # the dense features' weights are among them
         reduced = iter(parts)
         outputs = []
@@ -221,10 +274,16 @@ class ModelSplitForm:
             if i in self.exchanged:  # every field here: the split form on one virtual rank, which
                 # check_substitution proved equal to ``reference`` (FM's textbook double sum over field
                 # pairs costs several times its eq. (6) form, forward + backward)
-                emb, params = by_block[sub.block], self._operator_params(i, self.exchange_params, xparams, whole=True)
+                emb = by_block[sub.block]
+                if self.split_fields:  # the whole fields' exchanged values and the split fields' summed ones
+                    emb = tf.gather(tf.concat([emb, shared[sub.block]], axis=1), self._merged_order, axis=1)
+                params = self._operator_params(i, self.exchange_params, xparams, on="every")
                 summed = self._sub_local(sub, emb, params)
             else:
                 summed = next(reduced)
+                if self.split_fields:  # the split fields' part of the operator, where the rows are
+                    summed += self._sub_local(sub, shared[sub.block],
+                                              self._operator_params(i, self.split_params, sparams, on="split", cut=False))
             if i in self.reads_dense:
                 summed += self._sub_local_dense(sub, dense, self._params_of(i, weights, list(weights.values())))
             outputs.append(sub.combine(summed))
@@ -232,16 +291,20 @@ class ModelSplitForm:
 
     def _build_split(self) -> None:
         @compiled
-        def partials(pooled, params):
-            return tf.concat(self._local_parts(pooled, params), axis=1)
+        def partials(pooled, params, spooled):
+            rows = tf.shape([*pooled, *spooled][0])[0]
+            return tf.concat(self._local_parts(pooled, params) + self._share_columns(spooled, rows), axis=1)
 
         @compiled
         def local_backward(pooled, params, buffer_grad):
-            return self._local_backward(pooled, params, self._columns(buffer_grad))
+            columns = self._columns(buffer_grad)
+            pooled_grads, field_grads = self._local_backward(pooled, params, columns[: len(self.split)])
+            return pooled_grads, field_grads, self._share_gradients(columns[len(self.split):])
 
         @compiled
-        def top_predict(buffer, xpooled, xparams, top, dense):
-            return tf.sigmoid(self._logits(self._columns(buffer), xpooled, xparams, top, dense))
+        def top_predict(buffer, xpooled, xparams, sparams, top, dense):
+            sliced = [p[self.own_count:] for p in sparams]  # the split fields' slices, after this rank's own
+            return tf.sigmoid(self._logits(self._columns(buffer), xpooled, xparams, sliced, top, dense))
 
         @compiled
         def train_whole(pooled, params, top, labels, global_size, dense):
@@ -249,7 +312,8 @@ class ModelSplitForm:
             # network, so the three run as one graph (one call instead of three) and the partials
             # go to the top network as they are (no buffer is packed or cut)
             parts = self._local_parts(pooled, params)
-            loss, part_grads, _, _, top_grads = self._top_train_parts(parts, [], [], labels, top, global_size, dense)
+            loss, part_grads, _, _, _, top_grads = self._top_train_parts(parts, [], [], [], labels, top, global_size,
+                                                                         dense)
             pooled_grads, field_grads = self._local_backward(pooled, params, part_grads)
             return loss, pooled_grads, field_grads, top_grads
 
@@ -258,32 +322,38 @@ class ModelSplitForm:
         self.top_train = compiled(self._top_train)
 
     def _top_train(self, buffer: tf.Tensor, xpooled: Sequence[tf.Tensor], xparams: Sequence[tf.Tensor],
-                   labels: tf.Tensor, top: Sequence[tf.Tensor], global_size: Any, dense: Any
-                   ) -> tuple[tf.Tensor, tf.Tensor, list[tf.Tensor], list[tf.Tensor], list[tf.Tensor]]:
+                   sparams: Sequence[tf.Tensor], labels: tf.Tensor, top: Sequence[tf.Tensor], global_size: Any,
+                   dense: Any) -> tuple:
         """Loss of these rows (their share of the global batch's mean: all of it when they are the
         batch), ``G = ∂L/∂buffer``, the gradients of the exchanged blocks' pooled values and field
-        weights, and the top network's gradients (the dense features' weights among them); ``dense``:
+        weights, of the split fields' slices of the split operators' weights (``sparams``: the whole
+        weights as held), and the top network's (the dense features' weights among them); ``dense``:
         these rows' dense features, or None."""
-        loss, part_grads, xpooled_grads, xparam_grads, top_grads = self._top_train_parts(
-            self._columns(buffer), xpooled, xparams, labels, top, global_size, dense)
-        buffer_grad = tf.concat(part_grads, axis=1) if part_grads else tf.zeros_like(buffer)
-        return loss, buffer_grad, xpooled_grads, xparam_grads, top_grads
+        loss, column_grads, xpooled_grads, xparam_grads, sparam_grads, top_grads = self._top_train_parts(
+            self._columns(buffer), xpooled, xparams, sparams, labels, top, global_size, dense)
+        buffer_grad = tf.concat(column_grads, axis=1) if column_grads else tf.zeros_like(buffer)
+        return loss, buffer_grad, xpooled_grads, xparam_grads, sparam_grads, top_grads
 
-    def _top_train_parts(self, parts: Sequence[tf.Tensor], xpooled: Sequence[tf.Tensor], xparams: Sequence[tf.Tensor],
-                         labels: tf.Tensor, top: Sequence[tf.Tensor], global_size: Any, dense: Any
-                         ) -> tuple[tf.Tensor, list[tf.Tensor], list[tf.Tensor], list[tf.Tensor], list[tf.Tensor]]:
+    def _top_train_parts(self, columns: Sequence[tf.Tensor], xpooled: Sequence[tf.Tensor],
+                         xparams: Sequence[tf.Tensor], sparams: Sequence[tf.Tensor], labels: tf.Tensor,
+                         top: Sequence[tf.Tensor], global_size: Any, dense: Any) -> tuple:
         """:meth:`_top_train` on the buffer's column blocks: their gradients, one per block."""
-        parts = list(parts)
+        columns = list(columns)
         with tf.GradientTape() as tape:
-            tape.watch([parts, xpooled, xparams, top])
-            logits = self._logits(parts, xpooled, xparams, top, dense)
+            # the split fields' slices of the weights as held (after this rank's own fields')
+            sliced = [p[self.own_count:] for p in sparams]
+            tape.watch([columns, xpooled, xparams, sliced, top])
+            logits = self._logits(columns, xpooled, xparams, sliced, top, dense)
             loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)) / global_size
             objective = loss  # the reported loss is the data term, as the owners' l2 is not in it either
             l2 = self.model.l2_embedding
+            # l2 on pooled values is added where those of all rows are: the split fields' here
+            squares = [tf.reduce_sum(tf.square(c)) for c in columns[len(self.split):]] if l2 else []
             if l2 and self.row_owner_l2_blocks:
                 by_block = dict(zip(self.exchange_blocks, xpooled))
-                objective += l2 * tf.add_n([tf.reduce_sum(tf.square(by_block[b]))
-                                            for b in self.row_owner_l2_blocks]) / global_size
-        part_grads, xpooled_grads, xparam_grads, top_grads = tape.gradient(
-            objective, [parts, xpooled, xparams, top], unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        return loss, part_grads, xpooled_grads, xparam_grads, top_grads
+                squares += [tf.reduce_sum(tf.square(by_block[b])) for b in self.row_owner_l2_blocks]
+            if squares:
+                objective += l2 * tf.add_n(squares) / global_size
+        column_grads, xpooled_grads, xparam_grads, sparam_grads, top_grads = tape.gradient(
+            objective, [columns, xpooled, xparams, sliced, top], unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return loss, column_grads, xpooled_grads, xparam_grads, sparam_grads, top_grads

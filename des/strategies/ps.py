@@ -72,6 +72,9 @@ class ParameterServer(Strategy):
     def place(cls, num_fields: int, ranks: int, policy: str, distinct: Sequence[int],
               options: Mapping[str, Any]) -> list[list[int]]:
         """Servers own fields (``mod`` over the servers), workers none."""
+        if policy == "split":
+            raise ConfigError("--placement split: the parameter server places whole fields on its servers (split "
+                              "fields by key with --strategy des or alltoall)")
         servers = int(options.get("ps_servers", 1))
         if not 1 <= servers < ranks:
             raise ConfigError(f"--strategy ps needs 1 <= --ps-servers < ranks, got {servers} servers of {ranks} ranks")
@@ -237,8 +240,8 @@ class ParameterServer(Strategy):
     def train_step(self, batch: Any) -> float:
         pooled, unique = self._pull(batch, insert=True)  # times lookup and pull
         with self.timer("forward_backward"):
-            loss, _, read_grads, field_grads, top_grads = self.form.top_train(
-                self._no_partials(batch), [pooled[k] for k in self._read], list(self.dense.field_params.values()),
+            loss, _, read_grads, field_grads, _, top_grads = self.form.top_train(
+                self._no_partials(batch), [pooled[k] for k in self._read], list(self.dense.field_params.values()), [],
                 np.asarray(batch.labels, dtype=self.dtype), list(self.dense.top_params.values()), batch.size,
                 self.form.dense_rows(batch))
             loss, field_grads, top_grads = float(loss), [g.numpy() for g in field_grads], [g.numpy() for g in top_grads]
@@ -253,7 +256,7 @@ class ParameterServer(Strategy):
     def predict(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
         pooled, _ = self._pull(batch, insert=False)
         probabilities = self.form.top_predict(self._no_partials(batch), [pooled[k] for k in self._read],
-                                              list(self.dense.field_params.values()),
+                                              list(self.dense.field_params.values()), [],
                                               list(self.dense.top_params.values()), self.form.dense_rows(batch))
         return probabilities.numpy(), np.asarray(batch.labels)
 
