@@ -178,21 +178,17 @@ def _worker(out: Path, steps: int, batch_size: int) -> None:
 def state_arrays(folder: Path) -> dict[str, np.ndarray]:
     """Every number a checkpoint holds but bookkeeping: dense weights and their optimizer state,
     and each table's keys, values, slots and step counts ordered by key."""
-    from des.checkpoint import resolve_checkpoint
-    from des.hashtable.format import read_table_file
+    from des.checkpoint import field_table, read_manifest, table_file
 
-    folder = resolve_checkpoint(folder)
+    folder, manifest = read_manifest(folder)
     out: dict[str, np.ndarray] = {}
     for path in sorted(folder.glob("*.npz")):
         with np.load(path, allow_pickle=False) as arrays:
             out.update({f"{path.name}/{k}": arrays[k] for k in arrays.files})
-    parts: dict[str, list[dict[str, np.ndarray]]] = {}
-    for path in sorted(folder.glob("*.table")):  # a field split by key is saved as its shares' parts
-        parts.setdefault(path.name.split(".")[0], []).append(read_table_file(path)[1])
-    for stem, tables in parts.items():
-        arrays = {k: np.concatenate([t[k] for t in tables]) for k in tables[0]}
+    for field in range(manifest["num_fields"]):  # a field split by key: its shares as one table
+        arrays = field_table(folder, manifest, field).to_arrays()
         order = np.argsort(arrays["keys"], kind="stable")
-        out.update({f"{stem}.table/{k}": v[order] for k, v in arrays.items() if k not in BOOKKEEPING})
+        out.update({f"{table_file(field)}/{k}": v[order] for k, v in arrays.items() if k not in BOOKKEEPING})
     return out
 
 

@@ -8,12 +8,18 @@ Layout of ``<run>/checkpoints/step-00000120/``::
                             written before it existed, still load)
     dense.npz               the replicated top parameters and their optimizer state (rank 0)
     field-007.table         field 7's hash table: keys, values, optimizer slots, counters
+    field-003.share-1-of-4.table
+                            share 1 of field 3, split by key over 4 ranks (``des/placement.py``):
+                            the table of the keys in that share, written by the rank holding it
     field-007.dense.npz     field 7's slices of substituted dense weights and their optimizer state
+                            (of a split field: written once, by the rank holding share 0)
 
 Everything is stored **per field, not per rank**, so a checkpoint written by N ranks loads on M
-ranks: each rank reads the fields the new placement gives it. The data order is a pure function of
-(seed, epoch, batch index) and initial values of (seed, field, key), so ``(epoch, next_batch,
-step)`` is all the "RNG state" a resume needs.
+ranks: each rank reads the fields the new placement gives it, a field saved in shares as one table
+and a share from a field saved whole or in shares of another size (:func:`field_table`, which
+export and ``des.check`` read too). The data order is a pure function of (seed, epoch, batch
+index) and initial values of (seed, field, key), so ``(epoch, next_batch, step)`` is all the "RNG
+state" a resume needs.
 
 Atomicity: all ranks write into ``.step-XXXXXXXX.tmp``; after a barrier, rank 0 writes the manifest
 (with every file's checksum), renames the folder into place and then updates the ``latest``
@@ -26,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +43,7 @@ import numpy as np
 
 from des.errors import DesError
 from des.hashtable import EmbeddingTable
+from des.placement import share_of, shares
 
 FORMAT = "des-checkpoint/2"
 # Format 1 had no manifest.sha256; it loads unverified (a format-2 manifest without it is refused).
@@ -57,6 +65,15 @@ def _sha256(path: Path) -> str:
 
 def _field_stem(field: int) -> str:
     return f"field-{field:03d}"
+
+
+def table_file(field: int, share: tuple[int, int] | None = None) -> str:
+    """The file of ``field``'s table: whole, or its share ``(share, group size)``."""
+    stem = _field_stem(field)
+    return f"{stem}.table" if share is None else f"{stem}.share-{share[0]}-of-{share[1]}.table"
+
+
+_TABLE_FILE = re.compile(r"field-(\d+)(?:\.share-(\d+)-of-(\d+))?\.table")
 
 
 def _state_arrays(prefix: str, state: Any) -> dict[str, np.ndarray]:
@@ -89,7 +106,7 @@ def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, c
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     comm.barrier("checkpoint")
-    written = _write_files(state, tmp, top=comm.rank == 0)
+    written = _write_files(state, tmp, rank=comm.rank)
     (tmp / f"rank-{comm.rank}.json").write_text(json.dumps(written))
     comm.barrier("checkpoint")
     if comm.rank == 0:
@@ -107,20 +124,24 @@ def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, c
     return root / name
 
 
-def _write_files(state: Any, tmp: Path, *, top: bool) -> dict[str, str]:
-    """This rank's files of a checkpoint (its fields' tables and dense slices; the top network's
-    weights when ``top``), by name with their sha256."""
-    dense, written = state.dense, []
+def _write_files(state: Any, tmp: Path, *, rank: int) -> dict[str, str]:
+    """Rank ``rank``'s files of a checkpoint (its fields' tables or shares, and dense slices; rank 0:
+    the top network's weights), by name with their sha256."""
+    dense, written, split = state.dense, [], shares(state.placement, rank)
     for field in state.fields:  # the owner writes a field's table and its dense slices
+        share = split.get(field)
+        state.tables[field].save(tmp / table_file(field, share))
+        written.append(table_file(field, share))
+        if share is not None and share[0] != 0:
+            continue  # the dense slices of a split field: every member holds them, share 0 writes them
         stem = _field_stem(field)
-        state.tables[field].save(tmp / f"{stem}.table")
         arrays: dict[str, np.ndarray] = {}
         for pname, value in dense.field_params.items():  # an owner holds every slice of its fields
             arrays[f"{pname}__value"] = value[dense.index(pname, field)]
             arrays.update(_state_arrays(pname, dense.field_state(pname, field)))
         np.savez(tmp / f"{stem}.dense.npz", **arrays)
-        written += [f"{stem}.table", f"{stem}.dense.npz"]
-    if top:
+        written.append(f"{stem}.dense.npz")
+    if rank == 0:
         arrays = {}
         for pname, value in dense.top_params.items():
             arrays[f"{pname}__value"] = value
@@ -261,17 +282,17 @@ def verified_file(folder: Path, manifest: dict[str, Any], file: str) -> Path:
 
 
 def load_checkpoint(strategy: Any, path: str | Path, *, data_order: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Load a checkpoint into ``strategy`` (written on any number of ranks); returns its manifest.
-    With ``data_order`` (a resume), the checkpoint must come from the same batch order."""
+    """Load a checkpoint into ``strategy`` (written on any number of ranks, any placement); returns
+    its manifest. A field split by key over ranks (``state.placement``) loads on this rank as the
+    table of its share. With ``data_order`` (a resume), the checkpoint must come from the same batch order."""
     folder, manifest = read_manifest(path)
     state = strategy.state()
     check_compatible(manifest, state, folder)
     if data_order is not None:
         check_data_order(manifest, data_order, folder)
-    for field in state.fields:
-        table_path = verified_file(folder, manifest, f"{_field_stem(field)}.table")
-        with as_checkpoint_error(table_path):
-            state.tables[field] = EmbeddingTable.load(table_path)
+    split = shares(state.placement, strategy.comm.rank)
+    for field in state.fields:  # whole, or this rank's share of a split field
+        state.tables[field] = field_table(folder, manifest, field, split.get(field))
     dense = state.dense
     for field in dense.fields:  # own fields, and every field of a weight the strategy replicates
         dense_path = verified_file(folder, manifest, f"{_field_stem(field)}.dense.npz")
@@ -292,6 +313,54 @@ def load_checkpoint(strategy: Any, path: str | Path, *, data_order: dict[str, An
     state.step = int(manifest["step"])
     strategy.load_state(state)
     return manifest
+
+
+def field_table(folder: Path, manifest: dict[str, Any], field: int,
+                share: tuple[int, int] | None = None) -> EmbeddingTable:
+    """The table of ``field`` in a checkpoint (:func:`read_manifest`'s answer): whole, or cut to
+    ``share`` = (share, group size), the keys :func:`des.placement.share_of` puts in it. Saved
+    whole or in shares of any group size: every file it needs is verified (sha256) and merged
+    (``EmbeddingTable.load_parts``); a share of the group size saved is its own file alone."""
+    saved = _table_parts(folder, manifest, field)
+    if share is not None and share[1] == 1:
+        share = None
+    if share is None:
+        plan = [(file, None) for file in saved.values()]
+    elif share in saved:  # saved with this group size: that share's file is the share
+        plan = [(saved[share], None)]
+    else:
+        index, size = share
+        plan = [(file, lambda keys: share_of(keys, size) == index) for file in saved.values()]
+    parts = [(verified_file(folder, manifest, file), cut) for file, cut in plan]
+    if len(parts) == 1 and parts[0][1] is None:
+        with as_checkpoint_error(parts[0][0]):
+            table = EmbeddingTable.load(parts[0][0])
+    else:
+        try:
+            table = EmbeddingTable.load_parts(parts)
+        except (OSError, ValueError, KeyError) as exc:  # the message names the file
+            raise CheckpointError(f"checkpoint table of field {field} cannot be loaded: {exc}") from None
+    if table.field != field:
+        raise CheckpointError(f"checkpoint file {parts[0][0]} holds field {table.field}, not {field}")
+    return table
+
+
+def _table_parts(folder: Path, manifest: dict[str, Any], field: int) -> dict[tuple[int, int] | None, str]:
+    """The table files of ``field`` the manifest lists: ``{None: whole}`` or ``{(share, size): file}``
+    for every share of one group size, in share order."""
+    found: dict[tuple[int, int] | None, str] = {}
+    for file in manifest["files"]:
+        match = _TABLE_FILE.fullmatch(file)
+        if match and int(match[1]) == field:
+            found[None if match[2] is None else (int(match[2]), int(match[3]))] = file
+    if not found:
+        raise CheckpointError(f"checkpoint {folder} has no {table_file(field)}")
+    sizes = {key[1] for key in found if key is not None}
+    if None in found and len(found) > 1 or len(sizes) > 1 or \
+            sizes and set(found) != {(s, size) for size in sizes for s in range(size)}:
+        raise CheckpointError(f"checkpoint {folder} holds an inconsistent set of field {field}'s tables: "
+                              f"{', '.join(sorted(found.values()))}")
+    return dict(sorted(found.items(), key=lambda item: (-1, 0) if item[0] is None else item[0]))
 
 
 @contextmanager

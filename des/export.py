@@ -285,16 +285,13 @@ def _read_field_table(folder: Path, manifest: dict[str, Any], field: int, blocks
     the shared row's values (``--unadmitted shared``), the blocks' specs and the table's options."""
     import numpy as np
 
-    from des.checkpoint import as_checkpoint_error, verified_file
-    from des.hashtable import EmbeddingTable
+    from des.checkpoint import field_table
     from des.hashtable.table import SHARED_KEY
 
-    path = verified_file(folder, manifest, f"field-{field:03d}.table")
-    with as_checkpoint_error(path):
-        table = EmbeddingTable.load(path)
-    if table.field != field or [b.name for b in table.blocks] != blocks:
-        raise ConfigError(f"{path} holds field {table.field} with blocks {[b.name for b in table.blocks]}, "
-                          f"expected field {field} with {blocks}")
+    table = field_table(folder, manifest, field)  # a field split by key: its shares as one table
+    if [b.name for b in table.blocks] != blocks:
+        raise ConfigError(f"checkpoint {folder}: field {field}'s table has blocks {[b.name for b in table.blocks]}, "
+                          f"expected {blocks}")
     field_keys = table.keys()
     rows = np.arange(field_keys.size, dtype=np.int64)
     shared = {}

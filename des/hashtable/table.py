@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -66,6 +66,8 @@ _MAX_ROWS = 2**31 - 1  # row numbers are int32 in the index
 _NO_STEPS = np.zeros(0, dtype=np.int32)  # a block without a step count
 _MIN_PARALLEL_ROWS = 4096  # new rows below which one thread initializes them all
 _MIN_PARALLEL_KEYS = 1 << 15  # keys below which one thread looks them all up (read-only)
+#: which rows of a table file :meth:`EmbeddingTable.load_parts` keeps: int64 keys -> bool mask
+KeyFilter = Callable[[np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -567,8 +569,9 @@ class EmbeddingTable:
 
     # ---------------------------------------------------------------- persistence
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the table atomically in the format of ``des/hashtable/format.py`` (no pickle)."""
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The live rows as the arrays :meth:`save` writes (named as in ``format.py``): views, valid
+        until the table next changes."""
         n = self._n
         arrays: dict[str, np.ndarray] = {"keys": self._keys[:n], "count": self._meta[:n, K.COUNT],
                                          "last_seen": self._meta[:n, K.LAST]}
@@ -579,70 +582,155 @@ class EmbeddingTable:
                 arrays[f"block.{b}.slot.{name}"] = data[:n, dim * (s + 1):dim * (s + 2)]
             if self._steps[b] is not None:
                 arrays[f"block.{b}.steps"] = self._steps[b][:n]
+        return arrays
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the table atomically in the format of ``des/hashtable/format.py`` (no pickle)."""
         header = {"field": self.field, "seed": self.seed, "dtype": self.dtype.name,
                   "min_count": self.min_count, "unadmitted": self.unadmitted,
-                  "max_load": self.max_load, "n_rows": n, "evicted_count": self.evicted_count,
+                  "max_load": self.max_load, "n_rows": self._n, "evicted_count": self.evicted_count,
                   "admitted_total": self.admitted_total,
                   "last_update_step": self.last_update_step,
                   "blocks": [b.to_dict() for b in self.blocks]}
-        write_table_file(path, header, arrays)
+        write_table_file(path, header, self.to_arrays())
 
     @classmethod
     def load(cls, path: str | os.PathLike, capacity: int | None = None) -> "EmbeddingTable":
         """Read a table written by :meth:`save`; ``capacity`` (index slots) is a lower bound, the
         default fits the rows at about ``max_load / 1.5``. Raises :class:`TableFormatError`."""
-        header, arrays = read_table_file(path)
+        return cls.load_parts([(path, None)], capacity)
+
+    @classmethod
+    def load_parts(cls, parts: Sequence[tuple[str | os.PathLike, KeyFilter | None]],
+                   capacity: int | None = None) -> "EmbeddingTable":
+        """One table of the rows of several files written by :meth:`save` (the parts of one field,
+        such as its shares): of each part ``(path, keep)`` the rows whose keys ``keep(keys)`` (a bool
+        mask) selects, every row where ``keep`` is None. The parts must agree on field, seed, dtype,
+        ``min_count``, ``unadmitted`` and blocks, and hold distinct keys; the one exception is the
+        shared row (``SHARED_KEY``, ``unadmitted="shared"``): the field's, not a key's, so ``keep``
+        never drops it and the first part holding it gives it. Counters: a part read whole adds its
+        ``evicted_count`` and ``admitted_total``; a part cut by ``keep`` adds only its kept rows'
+        admitted count (which of its keys it evicted or admitted before is not known: the lower
+        bound a file without the counter loads with); ``last_update_step`` is the latest of the parts.
+        ``capacity``: as :meth:`load`, for the rows kept. Raises :class:`TableFormatError` naming the file.
+        """
+        pieces: list[tuple[str, dict[str, np.ndarray]]] = []
+        first: dict[str, Any] = {}
+        evicted = admitted = 0
+        last: int | None = None
+        shared_seen = False
+        for path, keep in parts:
+            path = os.fspath(path)
+            header, arrays = read_table_file(path)
+            try:
+                if not first:
+                    first = {"path": path, "header": header, "dtype": np.dtype(header["dtype"]),
+                             "blocks": [BlockSpec.from_dict(d) for d in header["blocks"]]}
+                differ = [k for k in _PART_LAYOUT if header[k] != first["header"][k]]
+                if differ:
+                    raise TableFormatError(f"{path}: its {', '.join(differ)} differ from those of {first['path']}")
+                n = int(header["n_rows"])
+                _check_arrays(arrays, first["blocks"], first["dtype"], n)
+                keys = arrays["keys"]
+                mask = None if keep is None else np.asarray(keep(keys), dtype=np.bool_)
+                if mask is not None and mask.shape != (n,):
+                    raise ValueError(f"keep gave a mask of shape {mask.shape} for {n} keys")
+                if header["unadmitted"] == "shared" and n:
+                    shared = keys == SHARED_KEY
+                    if shared.any():  # the first part's shared row, whatever its key's share
+                        mask = np.ones(n, dtype=np.bool_) if mask is None else mask
+                        mask[shared] = not shared_seen
+                        shared_seen = True
+                if mask is not None and not mask.all():
+                    arrays = {name: a[mask] for name, a in arrays.items()}
+                if keep is None:  # read whole: its counters
+                    evicted += int(header["evicted_count"])
+                    total = header.get("admitted_total")  # absent in files of older versions of des
+                    admitted += _admitted(arrays, header) if total is None else int(total)
+                else:
+                    admitted += _admitted(arrays, header)
+                step = header.get("last_update_step")
+                if step is not None:
+                    last = int(step) if last is None else max(last, int(step))
+            except TableFormatError:
+                raise
+            except (KeyError, TypeError, ValueError) as e:
+                raise TableFormatError(f"{path}: inconsistent table file "
+                                       f"({type(e).__name__}: {e})".replace("\n", " ")) from e
+            pieces.append((path, arrays))
+        arrays = {}  # the parts' (kept) rows are the pieces', released as they are copied
+        if not first:
+            raise ValueError("load_parts: no parts")
+        header = first["header"]
+        n = sum(int(arrays["keys"].shape[0]) for _, arrays in pieces)
+        max_load = float(header["max_load"])
+        needed = math.ceil(n / max_load) + 1
+        cap = max(needed, int(capacity) if capacity is not None else math.ceil(n * INDEX_GROWTH / max_load),
+                  MIN_CAPACITY)
         try:
-            n = int(header["n_rows"])
-            blocks = [BlockSpec.from_dict(d) for d in header["blocks"]]
-            max_load = float(header["max_load"])
-            needed = math.ceil(n / max_load) + 1
-            cap = max(needed, int(capacity) if capacity is not None
-                      else math.ceil(n * INDEX_GROWTH / max_load), MIN_CAPACITY)
-            table = cls(field=int(header["field"]), blocks=blocks, seed=int(header["seed"]),
-                        dtype=header["dtype"], capacity=cap, max_load=max_load,
+            table = cls(field=int(header["field"]), blocks=first["blocks"], seed=int(header["seed"]),
+                        dtype=first["dtype"], capacity=cap, max_load=max_load,
                         min_count=int(header["min_count"]), unadmitted=header["unadmitted"])
-            table.evicted_count = int(header["evicted_count"])
-            last = header.get("last_update_step")
-            table.last_update_step = None if last is None else int(last)
-            table._fill_from(arrays, n)
-            admitted = header.get("admitted_total")  # absent in files of older versions of des
-            table.admitted_total = table.admitted_count if admitted is None else int(admitted)
-        except TableFormatError:
-            raise
         except (KeyError, TypeError, ValueError) as e:
-            raise TableFormatError(f"{os.fspath(path)}: inconsistent table file "
+            raise TableFormatError(f"{first['path']}: inconsistent table file "
                                    f"({type(e).__name__}: {e})".replace("\n", " ")) from e
+        table.evicted_count, table.admitted_total, table.last_update_step = evicted, admitted, last
+        table._fill_parts(pieces, n)
         return table
 
-    def _fill_from(self, arrays: dict[str, np.ndarray], n: int) -> None:
-        expected = {"keys": (np.int64, (n,)), "count": (np.int32, (n,)),
-                    "last_seen": (np.int32, (n,))}
-        for b, spec in enumerate(self.blocks):
-            expected[f"block.{b}.values"] = (self.dtype, (n, spec.dim))
-            for name in spec.optimizer.slot_names:
-                expected[f"block.{b}.slot.{name}"] = (self.dtype, (n, spec.dim))
-            if spec.optimizer.needs_step:
-                expected[f"block.{b}.steps"] = (np.int32, (n,))
-        if set(arrays) != set(expected):
-            raise ValueError(f"arrays {sorted(arrays)} do not match the blocks ({sorted(expected)})")
-        for name, (dtype, shape) in expected.items():
-            a = arrays[name]
-            if a.dtype != np.dtype(dtype) or a.shape != shape:
-                raise ValueError(f"array {name} is {a.dtype}{a.shape}, expected {np.dtype(dtype)}{shape}")
+    def _fill_parts(self, pieces: list[tuple[str, dict[str, np.ndarray]]], n: int) -> None:
+        """Rows ``[0, n)`` from the (checked) arrays of each part in turn, released once copied."""
         self._resize_rows(max(MIN_CAPACITY, n))
-        self._keys[:n] = arrays["keys"]
-        self._meta[:n, K.COUNT] = arrays["count"]
-        self._meta[:n, K.LAST] = arrays["last_seen"]
-        for b, spec in enumerate(self.blocks):
-            data, dim = self._data[b], spec.dim
-            data[:n, :dim] = arrays[f"block.{b}.values"]
-            for s, name in enumerate(spec.optimizer.slot_names):
-                data[:n, dim * (s + 1):dim * (s + 2)] = arrays[f"block.{b}.slot.{name}"]
-            if self._steps[b] is not None:
-                self._steps[b][:n] = arrays[f"block.{b}.steps"]
+        starts = [0]
+        for i, (_, arrays) in enumerate(pieces):
+            lo = starts[-1]
+            hi = lo + int(arrays["keys"].shape[0])
+            self._keys[lo:hi] = arrays["keys"]
+            self._meta[lo:hi, K.COUNT] = arrays["count"]
+            self._meta[lo:hi, K.LAST] = arrays["last_seen"]
+            for b, spec in enumerate(self.blocks):
+                data, dim = self._data[b], spec.dim
+                data[lo:hi, :dim] = arrays[f"block.{b}.values"]
+                for s, name in enumerate(spec.optimizer.slot_names):
+                    data[lo:hi, dim * (s + 1):dim * (s + 2)] = arrays[f"block.{b}.slot.{name}"]
+                if self._steps[b] is not None:
+                    self._steps[b][lo:hi] = arrays[f"block.{b}.steps"]
+            pieces[i] = (pieces[i][0], {})  # the part's arrays may go
+            starts.append(hi)
         bad = K.rebuild_index(self._keys, n, self._idx)
         if bad >= 0:
-            raise ValueError(f"key {self._keys[bad]} (row {bad}) is duplicated or the sentinel")
+            key = int(self._keys[bad])
+            part = int(np.searchsorted(starts, bad, side="right")) - 1
+            first = int(np.flatnonzero(self._keys[:n] == key)[0])
+            other = int(np.searchsorted(starts, first, side="right")) - 1
+            where = f" (also in {pieces[other][0]})" if other != part else ""
+            raise TableFormatError(f"{pieces[part][0]}: inconsistent table file (ValueError: key {key} (row "
+                                   f"{bad - starts[part]}) is duplicated or the sentinel{where})")
         self._n = n
         self._shared = -1
+
+
+#: the header entries the parts of one table (:meth:`EmbeddingTable.load_parts`) must agree on
+_PART_LAYOUT = ("field", "seed", "dtype", "min_count", "unadmitted", "blocks")
+
+
+def _admitted(arrays: dict[str, np.ndarray], header: dict[str, Any]) -> int:
+    """Admitted rows among a table file's (kept) rows."""
+    return int(np.count_nonzero(arrays["count"] >= int(header["min_count"])))
+
+
+def _check_arrays(arrays: dict[str, np.ndarray], blocks: Sequence[BlockSpec], dtype: np.dtype, n: int) -> None:
+    """A table file's arrays are those of ``n`` rows of these blocks (ValueError if not)."""
+    expected = {"keys": (np.int64, (n,)), "count": (np.int32, (n,)), "last_seen": (np.int32, (n,))}
+    for b, spec in enumerate(blocks):
+        expected[f"block.{b}.values"] = (dtype, (n, spec.dim))
+        for name in spec.optimizer.slot_names:
+            expected[f"block.{b}.slot.{name}"] = (dtype, (n, spec.dim))
+        if spec.optimizer.needs_step:
+            expected[f"block.{b}.steps"] = (np.int32, (n,))
+    if set(arrays) != set(expected):
+        raise ValueError(f"arrays {sorted(arrays)} do not match the blocks ({sorted(expected)})")
+    for name, (kind, shape) in expected.items():
+        a = arrays[name]
+        if a.dtype != np.dtype(kind) or a.shape != shape:
+            raise ValueError(f"array {name} is {a.dtype}{a.shape}, expected {np.dtype(kind)}{shape}")
