@@ -326,7 +326,7 @@ def test_fields_split_by_key_are_exact(results, datasets, data: str, strategy: s
                      + ((plan,) if plan else ()) + ("split",)]
     assert_ok(result)
     tables = {name.split("/")[0] for name in result.dtypes if name.endswith(".table/keys")}
-    assert len(tables) == (39 if data == "criteo" else 12)  # every field's rows compared, split ones merged
+    assert len(tables) == (39 if data == "criteo" else 9)  # every field's rows compared, split ones merged
 
 
 @pytest.mark.mpi

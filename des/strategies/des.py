@@ -422,6 +422,13 @@ class DES(Strategy):
         tables = {**self.shard.tables, **(self.share_shard.tables if self.share_shard else {})}
         return ShardState(self.model, self.dtype, self.seed, self.placement, self.step_count, tables, self.dense)
 
+    def load_state(self, state: ShardState) -> None:
+        """Adopt a loaded state: its tables go back to the shard that holds their field (whole or a share)."""
+        super().load_state(state)
+        for shard in (self.shard, self.share_shard):
+            if shard is not None:
+                shard.tables.update((f, state.tables[f]) for f in shard.fields)
+
     def describe(self) -> str:
         from des.planner import format_plan
 
