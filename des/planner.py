@@ -62,6 +62,7 @@ from typing import Any
 
 import numpy as np
 
+from des.errors import ConfigError
 from des.row_blocks import row_bounds
 
 PARTIALS, EXCHANGE = "partials", "exchange"
@@ -253,7 +254,10 @@ def _add(*lists: Sequence[float]) -> list[float]:
 def _check(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[int]], dtype_size: int) -> None:
     from des.placement import check_placement
 
-    check_placement(placement, shape.num_fields, len(placement))
+    try:
+        check_placement(placement, shape.num_fields, len(placement))
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
     if batch_size < 1 or dtype_size < 1:
         raise ValueError(f"batch size {batch_size} and dtype size {dtype_size} must be positive")
 

@@ -59,7 +59,7 @@ def test_bfloat16_runs_the_first_fc_partials_in_bf16_and_keeps_fm_in_float32() -
     rng = np.random.default_rng(0)
     pooled = [rng.normal(0, 0.3, (7, 5, b.dim)).astype(np.float32) for b in model.blocks()]
     params = [dense.field_params[n] for n in forms[None].split_params]
-    fp32, bf16 = (forms[c].partials(pooled, params).numpy() for c in (None, "bfloat16"))
+    fp32, bf16 = (forms[c].partials(pooled, params, []).numpy() for c in (None, "bfloat16"))
     first_fc = slice(fp32.shape[1] - 6, None)  # linear (1), FM (k + 1), then the first FC layer (6)
     np.testing.assert_array_equal(bf16[:, : first_fc.start], fp32[:, : first_fc.start])
     kernel = dense.field_params["2:first_fc:kernel"]
@@ -69,8 +69,8 @@ def test_bfloat16_runs_the_first_fc_partials_in_bf16_and_keeps_fm_in_float32() -
     assert not np.array_equal(bf16[:, first_fc], fp32[:, first_fc])
 
     grad = rng.normal(0, 1, fp32.shape).astype(np.float32)
-    (emb32, field32), (emb16, field16) = ([[g.numpy() for g in part] for part in forms[c].local_backward(pooled, params, grad)]
-                                          for c in (None, "bfloat16"))
+    (emb32, field32, _), (emb16, field16, _) = (
+        [[g.numpy() for g in part] for part in forms[c].local_backward(pooled, params, grad)] for c in (None, "bfloat16"))
     names = forms[None].split_params
     for name, g32, g16 in zip(names, field32, field16):
         if "first_fc" in name:  # V_iᵀ G in bf16: every value a bf16 number
