@@ -87,6 +87,7 @@ class Comparison:
     arrays: int = 0
     failures: list[str] = field(default_factory=list)
     dtypes: dict[str, Any] = field(default_factory=dict)  # of the N-rank run's arrays
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # of the arrays compared
     losses: list[float] = field(default_factory=list)  # the 1-rank run's training losses
 
 
@@ -209,7 +210,7 @@ def _compare(case: Case, ranks: int, one: Path, many: Path, rtol: float) -> Comp
             result.failures.append(f"{key} has shape {b.shape}, the 1-rank run {a.shape}")
             continue
         result.arrays += 1
-        result.dtypes[key] = b.dtype
+        result.dtypes[key], result.shapes[key] = b.dtype, b.shape
         if a.dtype.kind in "iub":
             if not np.array_equal(a, b):
                 result.failures.append(f"{key} differs ({int(np.sum(a != b))} of {a.size} entries)")

@@ -85,20 +85,18 @@ def _load_state(prefix: str, arrays: Any, state: Any) -> None:
     state.load_state_dict({k[len(tag):]: arrays[k] for k in arrays.files if k.startswith(tag)})
 
 
-def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, config: dict[str, Any], ttl: int = 0,
-                    data_order: dict[str, Any] | None = None, training_state: dict[str, Any] | None = None,
-                    schema: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, config: dict[str, Any],
+                    evicted_rows: int = 0, data_order: dict[str, Any] | None = None,
+                    training_state: dict[str, Any] | None = None, schema: dict[str, Any] | None = None) -> Path:
     """Write a checkpoint of ``strategy.state()`` under ``root``; collective (every rank calls it).
-    ``data_order``: what fixes the batch order (data, batch size, seed...), checked on resume;
+    ``evicted_rows``: rows the caller evicted right before (all ranks' sum, ``des.run.Run.evict``),
+    kept in the manifest; ``data_order``: what fixes the batch order (data, batch size, seed...),
+    checked on resume;
     ``training_state``: the runner's state besides the parameters (early stopping, plateau
     schedules), JSON, kept in the manifest (older checkpoints have none: a fresh state);
     ``schema``: the data's resolved schema (``des.data.schema``, with its training statistics:
     evaluation and serving read raw rows with it), None for Criteo's (no manifest entry)."""
     comm, state = strategy.comm, strategy.state()
-    evicted = 0
-    if ttl:
-        # Eviction runs here, on every rank at the same step, so it is part of the saved state.
-        evicted = sum(table.evict(ttl, state.step) for table in state.tables.values())
     name = f"step-{state.step:08d}"
     tmp = root / f".{name}.tmp"
     if comm.rank == 0:
@@ -113,8 +111,8 @@ def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, c
         manifest = {
             "format": FORMAT, "model": state.model.config(), "dtype": state.dtype.name, "seed": state.seed,
             "num_fields": state.model.num_fields, "step": state.step, "epoch": epoch, "next_batch": next_batch,
-            "ranks": comm.size, "placement": state.placement, "evicted_rows": evicted, "config": config,
-            "data_order": data_order or {}, "training_state": training_state or {},
+            "ranks": comm.size, "placement": state.placement, "evicted_rows": evicted_rows,
+            "config": config, "data_order": data_order or {}, "training_state": training_state or {},
             "files": _gather_checksums(tmp, comm.size),
         }
         if schema is not None:

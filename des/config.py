@@ -99,7 +99,14 @@ class TrainConfig:
                              "balance table memory), all, or NAME,...")
     min_count: int = _opt(0, "admission: occurrences before an id gets a trained row (0: auto, 2 with --unadmitted "
                           "shared, else 1)")
-    ttl: int = _opt(0, "eviction: drop rows unseen for this many steps at checkpoint time (0: never)")
+    ttl: int = _opt(0, "eviction: drop rows unseen for this many steps, at checkpoints or every --evict-every steps "
+                    "(0: never)")
+    max_rows_per_field: int = _opt(0, "eviction: a table holding more rows drops the least recently seen (ties: the "
+                                   "smaller key first) down to this many, after --ttl, at checkpoints or every "
+                                   "--evict-every steps; a field split by key over G ranks keeps ceil(N / G) rows per "
+                                   "share (0: no budget)")
+    evict_every: int = _opt(0, "evict (--ttl, --max-rows-per-field) every N steps, on every rank between steps (0: at "
+                            "checkpoints)")
     unadmitted: str = _opt("auto", "what unknown/unadmitted ids contribute: their initial value, zeros, or one "
                            "trained out-of-vocabulary row per field that all of them share (FuxiCTR's treatment "
                            "of ids seen fewer than --min-count times); auto: shared for lr, wdl, deepfm and user "
@@ -185,9 +192,8 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{_flag(name)} must be at least 1, got {getattr(self, name)}")
-        for name in ("epochs", "max_steps", "ttl", "eval_every", "checkpoint_every", "keep_checkpoints", "threads",
-                     "min_count",
-                     "table_capacity"):
+        for name in ("epochs", "max_steps", "ttl", "max_rows_per_field", "evict_every", "eval_every",
+                     "checkpoint_every", "keep_checkpoints", "threads", "min_count", "table_capacity"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{_flag(name)} must not be negative, got {getattr(self, name)}")
         if self.compute_dtype == "bfloat16" and self.dtype != "float32":
@@ -196,6 +202,8 @@ class TrainConfig:
             raise ConfigError(f"--l2-embedding must be -1 (auto) or at least 0, got {self.l2_embedding}")
         if self.early_stop < -1:
             raise ConfigError(f"--early-stop must be -1 (auto), 0 (off) or a patience >= 1, got {self.early_stop}")
+        if self.evict_every and not (self.ttl or self.max_rows_per_field):
+            raise ConfigError("--evict-every needs --ttl or --max-rows-per-field (what to evict)")
         if self.epochs == 0 and self.max_steps == 0:
             raise ConfigError("nothing to train: --epochs and --max-steps are both 0")
         self.hidden_units()

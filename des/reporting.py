@@ -218,6 +218,7 @@ def summary_record(run: Any, results: dict[str, Any]) -> dict[str, Any]:
         "peak_rss_bytes_per_rank": per_rank[:, 0].tolist(),
         "table_rows_per_rank": per_rank[:, 1].tolist(),
         "table_bytes_per_rank": per_rank[:, 2].tolist(),
+        "evicted_rows": run.evicted,  # this run's, by field (--ttl, --max-rows-per-field)
         **strategy.summary(),
         "checkpoint": str(run.run_folder.public(results["checkpoint"])) if results.get("checkpoint") else None,
         "best_step": run.training.best_step if run.config.early_stop else None,

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from des.collectives import Communicator
 from des.config import TrainConfig
 from des.metrics import evaluate_split
@@ -105,6 +107,7 @@ class Run:
     training: TrainingState = field(default_factory=TrainingState)
     schedules: dict[str, Schedule] = field(default_factory=dict)
     planner: dict[str, Any] | None = None  # communication_plan()'s record for summary.json
+    evicted: dict[str, int] = field(default_factory=dict)  # rows evicted this run, by field name (summary.json)
     _reader: Any = None
 
     @property
@@ -154,6 +157,31 @@ class Run:
             self.tensorboard.scalars(step, record)
             (progress.write if progress is not None else self.say)(format_record(record))
 
+    @property
+    def evicts(self) -> bool:
+        """Does this run evict rows (``--ttl``, ``--max-rows-per-field``)?"""
+        return bool(self.config.ttl or self.config.max_rows_per_field)
+
+    def evict(self) -> int:
+        """Evict rows on every rank at this step (collective; docs/design.md, section 4): every
+        ``--evict-every`` steps, or before each checkpoint without it. One ``metrics.jsonl`` record of
+        the rows evicted and left, by field; returns the rows evicted (all ranks)."""
+        state = self.strategy.state()  # settles a pipelined step's deferred updates: rows are about to move
+        evicted = state.evict(self.comm.rank, self.config.ttl, self.config.max_rows_per_field)
+        names = self.store.field_names
+        counts = np.zeros((len(names), 2), np.int64)
+        for f, n in evicted.items():
+            counts[f] = n, len(state.tables[f])
+        counts = self.comm.allgather(counts, "eviction").sum(axis=0)  # a split field's shares add up
+        for f, name in enumerate(names):
+            self.evicted[name] = self.evicted.get(name, 0) + int(counts[f, 0])
+        if self.talks:
+            record = {"step": state.step, "evicted_rows": dict(zip(names, counts[:, 0].tolist())),
+                      "rows": dict(zip(names, counts[:, 1].tolist()))}
+            with open(self.folder / "metrics.jsonl", "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+        return int(counts[:, 0].sum())
+
     def catch_up(self) -> None:
         """Rows of a lazily caught-up optimizer (``adam:catchup=1``) take their deferred steps, so
         that evaluation and checkpoints see every row at the current step. (An asynchronous
@@ -188,9 +216,11 @@ class Run:
         from des.checkpoint import save_checkpoint
 
         root = self.folder / "checkpoints" / ("best" if best else "")
+        # without --evict-every, eviction runs at each checkpoint, on every rank alike: part of the saved state
+        evicted = self.evict() if self.evicts and not best and not self.config.evict_every else 0
         self.catch_up()
         path = save_checkpoint(self.strategy, root, epoch=epoch, next_batch=next_batch, config=self.config.to_dict(),
-                               ttl=0 if best else self.config.ttl, data_order=self.data_order,
+                               evicted_rows=evicted, data_order=self.data_order,
                                training_state=self.training.to_dict(), schema=self.store.schema)
         if best:
             if self.comm.rank == 0:

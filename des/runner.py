@@ -41,8 +41,8 @@ def train(config: TrainConfig, comm: Communicator, *, warmup_steps: int = 1) -> 
 
 
 def loop(run: Run) -> None:
-    """Train this rank's batches from the strategy's step to the run's end, with validation and
-    checkpoints on their cadence (steps counted in global batches, the same on every rank)."""
+    """Train this rank's batches from the strategy's step to the run's end, with eviction, validation
+    and checkpoints on their cadence (steps counted in global batches, the same on every rank)."""
     strategy, config = run.strategy, run.config
     mine = strategy.steps(strategy.step_count, run.total_steps) if not run.training.stopped else range(0)
     progress = progress_bar(run.talks and config.progress, strategy.step_count + len(mine), strategy.step_count)
@@ -55,9 +55,11 @@ def loop(run: Run) -> None:
         validates = strategy.synchronous and (done % config.eval_every == 0 if config.eval_every
                                               else index + 1 == run.steps_per_epoch)
         saves = bool(config.checkpoint_every) and done % config.checkpoint_every == 0
+        # --evict-every: between steps, never inside one (a prefetched lookup's rows would move)
+        evicts = bool(config.evict_every) and done % config.evict_every == 0
         following = None
-        if config.pipeline == "on" and i + 1 < len(mine) and not (validates or saves):
-            # nothing between this step and the next reads or saves the tables: overlap them
+        if config.pipeline == "on" and i + 1 < len(mine) and not (validates or saves or evicts):
+            # nothing between this step and the next reads, saves or evicts the tables: overlap them
             following = strategy.prefetch(lambda after=mine[i + 1]: run.batch(*divmod(after, run.steps_per_epoch)),
                                           mine[i + 1])
         run.set_rates(step)
@@ -71,6 +73,8 @@ def loop(run: Run) -> None:
         if progress is not None:
             progress.update(1)
             progress.set_postfix(loss=f"{loss:.4f}", sps=f"{run.meter.samples_per_second:,.0f}")
+        if evicts:  # before validating and saving: they see the tables the next step trains
+            run.evict()
         if validates:
             run.validate(done, epoch, progress)
         if saves:

@@ -18,7 +18,8 @@ case costs its set-up and trace on each rank of each launch. So the four models 
 every N; the variants (replicated upper network, multi-hot data with balanced placement, float32,
 the plans) run with DeepFM, the model with every operator, on two or three N, and some on one N with
 the other models: N = 4 (the most partial sums, fields split unevenly) or N = 3 (rows of the batch
-split unevenly), so every N meets every variant at least once. DCN-v2 and DLRM, whose operators
+split unevenly), so every N meets every variant at least once. Bounded tables (a row budget and a
+TTL every 4 steps) run on N = 2. DCN-v2 and DLRM, whose operators
 include the concatenated embeddings, also run on the multi-hot data with dense features under
 each plan, the replicated upper network, alltoall and ps.
 """
@@ -51,6 +52,8 @@ MIXED_PLAN = "fm2=exchange"  # (see the plans below)
 # The schema's data under every plan: all partials, all exchange, and the two mixed plans.
 SCHEMA_PLANS = {"partials": (2, 3), "exchange": (2, 3), MIXED_PLAN: (3,), "linear=exchange,first_fc=exchange": (2,)}
 RANKS = (1, 2, 3, 4)
+BUDGET = 300
+BOUNDED = ("--max-rows-per-field", str(BUDGET), "--evict-every", "4", "--ttl", "6")
 SMALL = ("--embedding-dim", "4", "--hidden", "16,8", "--linear-optimizer", "ftrl:alpha=0.1,l1=0.01,l2=0.001",
          "--dense-optimizer", "adam:lr=0.01")
 ADAM = ("--embedding-optimizer", "adam:lr=0.01")
@@ -163,8 +166,11 @@ def results(datasets, monkeypatch_module) -> dict[tuple, object]:
     cases.append(Case("deepfm", "des", datasets["three"], "float64", SMALL + ADAM + AUTO_SPLIT, ranks=(4, 6)))
     cases.append(Case("deepfm", "des", criteo, "float32", SMALL + ("--embedding-optimizer", "adam:lr=0.001"),
                       ranks=(4,), rtol=1e-5, compare="predictions"))
+    # bounded tables: a row budget and a TTL every 4 steps, with the shared row (DeepFM's auto)
+    cases.append(Case("deepfm", "des", criteo, "float64", SMALL + ADAM + BOUNDED, ranks=(2,)))
     return {(r.case.model, r.case.strategy, r.case.data, r.case.dtype, r.case.compare,
-             "replicated" in r.case.flags, r.ranks) + plan_of(r.case.flags) + ("split",) * ("split" in r.case.flags): r
+             "replicated" in r.case.flags, r.ranks) + plan_of(r.case.flags) + ("split",) * ("split" in r.case.flags)
+            + ("bounded",) * ("--evict-every" in r.case.flags): r
             for r in check(cases, RANKS, steps=12, batch_size=64, rtol=1e-9, timeout=600)}
 
 
@@ -343,3 +349,15 @@ def test_more_ranks_than_fields(results, datasets, ranks: int) -> None:
     result = results[("deepfm", "des", datasets["three"], "float64", "all", False, ranks, "split")]
     assert_ok(result)
     assert result.losses[-1] < result.losses[0]
+
+
+@pytest.mark.mpi
+def test_bounded_tables_are_exact(results, datasets) -> None:
+    """--max-rows-per-field and --ttl every 4 steps (--evict-every) on 2 ranks evict the rows 1 rank
+    evicts: the same rows left, trained alike; the largest tables were cut to the budget."""
+    bounded = results[("deepfm", "des", datasets["criteo"], "float64", "all", False, 2, "bounded")]
+    assert_ok(bounded)
+    unbounded = results[("deepfm", "des", datasets["criteo"], "float64", "all", False, 2)]
+    rows = {name: shape[0] for name, shape in bounded.shapes.items() if name.endswith(".table/keys")}
+    assert len(rows) == 39 and max(rows.values()) <= BUDGET
+    assert any(unbounded.shapes[name][0] > BUDGET for name in rows)

@@ -335,18 +335,17 @@ def _delete_slot(idx, s):
 
 
 @njit(cache=True, nogil=True)
-def evict_plan(idx, row_keys, meta, n_rows, ttl, step):
-    """Delete expired keys (``step - last_seen > ttl``) from the index and plan the compaction.
+def evict_plan(idx, row_keys, n_rows, dead):
+    """Delete the keys of the rows marked ``dead`` (a bool per row, chosen by the caller: expired,
+    over a budget) from the index and plan the compaction.
 
     Returns ``(src, dst, n_live)``: live rows ``src[i] >= n_live`` move into holes
     ``dst[i] < n_live``; their index entries already point to the new rows. The caller moves the
     row payloads.
     """
-    dead = np.zeros(n_rows, dtype=np.bool_)
     n_dead = 0
     for r in range(n_rows):
-        if np.int64(step) - np.int64(meta[r, LAST]) > ttl:
-            dead[r] = True
+        if dead[r]:
             n_dead += 1
             _delete_slot(idx, find_slot(idx, row_keys[r]))
     n_live = n_rows - n_dead

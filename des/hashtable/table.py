@@ -437,25 +437,52 @@ class EmbeddingTable:
             self._scratch_bufs[dim] = (uniq, acc)
         return uniq, acc
 
-    def evict(self, ttl: int, step: int) -> int:
-        """Remove every key with ``step - last_seen > ttl``; returns how many were removed.
+    def evict(self, ttl: int | None, step: int, max_rows: int = 0) -> int:
+        """Remove every key with ``step - last_seen > ttl`` (``ttl`` None: none by age), then, while
+        more than ``max_rows`` > 0 rows remain, the least recently seen: the smallest ``last_seen``
+        first, of equal ones the smaller key (as int64), so the rows kept depend on the table's rows alone.
+        Returns how many were removed. The shared row (``unadmitted="shared"``) is the field's, not
+        an id's: never removed (it counts toward ``max_rows``, which must then be at least 1).
 
         The index deletes by backward shift (no tombstones); the last rows move into the holes, so
         rows stay dense and earlier ``lookup`` results become stale. Oversized storage shrinks.
         """
-        if self._n == 0:
+        n = self._n
+        if n == 0:
             return 0
-        src, dst, n_live = K.evict_plan(self._idx, self._keys, self._meta, self._n, int(ttl),
-                                        int(step))
-        n_dead = self._n - n_live
+        last = self._meta[:n, K.LAST]
+        dead = np.zeros(n, dtype=np.bool_) if ttl is None else np.int64(step) - last > int(ttl)
+        kept = self.shared_row(None)
+        if kept >= 0:
+            dead[kept] = False
+        over = n - int(np.count_nonzero(dead)) - int(max_rows)
+        if max_rows > 0 and over > 0:
+            dead[self._least_recent(dead, kept, over)] = True
+        src, dst, n_live = K.evict_plan(self._idx, self._keys, n, dead)
+        n_dead = n - n_live
         if src.shape[0]:
             for a in self._row_arrays():
                 a[dst] = a[src]
         self._n = n_live
-        self._shared = -1  # rows moved (or the shared key expired)
+        self._shared = -1  # rows moved
         self.evicted_count += n_dead
         self._maybe_shrink()
         return n_dead
+
+    def _least_recent(self, dead: np.ndarray, kept: int, count: int) -> np.ndarray:
+        """The ``count`` live rows (not ``dead``, not row ``kept``) seen least recently, of equal
+        ``last_seen`` the smaller keys: the count-th smallest ``last_seen`` by selection, then only the
+        rows at it by key (linear time, where sorting every row by both would not be)."""
+        rows = np.flatnonzero(~dead)
+        if kept >= 0:
+            rows = rows[rows != kept]
+        last = self._meta[rows, K.LAST]
+        cut = np.partition(last, count - 1)[count - 1]
+        older, tied = rows[last < cut], rows[last == cut]
+        need = count - older.shape[0]
+        if need < tied.shape[0]:  # keys are distinct: the `need` smallest are one set
+            tied = tied[np.argpartition(self._keys[tied], need - 1)[:need]]
+        return np.concatenate([older, tied])
 
     def _maybe_shrink(self) -> None:
         target = max(MIN_CAPACITY, math.ceil(self._n * ROW_GROWTH))

@@ -118,6 +118,18 @@ class ShardState:
     def fields(self) -> list[int]:
         return sorted(self.tables)
 
+    def evict(self, rank: int, ttl: int, max_rows: int) -> dict[int, int]:
+        """Eviction of rank ``rank``'s tables at this step (every rank at the same steps): rows unseen
+        for more than ``ttl`` steps (0: none by age), then each table down to ``max_rows`` rows (0: no
+        budget; :meth:`EmbeddingTable.evict`). A share of a field split by key over G ranks keeps
+        ceil(max_rows / G) rows: the rows kept depend on the share's rows alone, as they do for a
+        whole field, but are not exactly those one table of the field would keep. Rows evicted, by field."""
+        from des.placement import shares
+
+        split = shares(self.placement, rank)
+        return {field: table.evict(ttl or None, self.step, -(-max_rows // split.get(field, (0, 1))[1]))
+                for field, table in self.tables.items()}
+
 
 class Strategy(ABC):
     """One rank of a training job. Subclasses set the class attributes and implement the methods."""
@@ -180,6 +192,11 @@ class Strategy(ABC):
                 if options.get(flag):
                     raise ConfigError(f"--{flag.replace('_', '-')} is not supported with --strategy {cls.name} "
                                       "(it writes no checkpoints)")
+        if not cls.synchronous:
+            for flag in ("evict_every", "max_rows_per_field"):  # eviction runs at the same steps on every rank
+                if options.get(flag):
+                    raise ConfigError(f"--{flag.replace('_', '-')} is not supported with --strategy {cls.name} "
+                                      "(an asynchronous strategy's ranks do not step together)")
         if not cls.synchronous and options.get("eval_every"):
             raise ConfigError(f"--eval-every is not supported with --strategy {cls.name} "
                               "(an asynchronous strategy validates once, at the end)")
