@@ -103,8 +103,7 @@ class TrainConfig:
                     "(0: never)")
     max_rows_per_field: int = _opt(0, "eviction: a table holding more rows drops the least recently seen (ties: the "
                                    "smaller key first) down to this many, after --ttl, at checkpoints or every "
-                                   "--evict-every steps; a field split by key over G ranks keeps ceil(N / G) rows per "
-                                   "share (0: no budget)")
+                                   "--evict-every steps; not with fields split by key (0: no budget)")
     evict_every: int = _opt(0, "evict (--ttl, --max-rows-per-field) every N steps, on every rank between steps (0: at "
                             "checkpoints)")
     unadmitted: str = _opt("auto", "what unknown/unadmitted ids contribute: their initial value, zeros, or one "

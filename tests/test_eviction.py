@@ -85,15 +85,31 @@ def test_the_shared_row_is_never_evicted() -> None:
     assert plain.evict(None, 1, max_rows=1) == 2 and plain.keys().tolist() == [4]
 
 
-def test_a_split_fields_shares_keep_the_budget_over_the_group_size() -> None:
-    """Field 0 whole on rank 0, field 1 split over ranks 0 and 1: rank 0's share keeps ceil(N / 2)."""
+def test_a_rank_evicts_each_table_by_its_budget_and_age() -> None:
     tables = {f: make(field=f) for f in (0, 1)}
     for t in tables.values():
         t.lookup(np.arange(50, dtype=np.int64), insert=True, step=0)
-    state = ShardState(None, np.dtype(np.float64), 3, [[0, 1], [1]], 2, tables, None)
-    assert state.evict(0, 0, 9) == {0: 41, 1: 45}
-    assert len(tables[0]) == 9 and len(tables[1]) == 5
-    assert state.evict(0, 1, 0) == {0: 9, 1: 5}  # --ttl 1 at step 2: rows of step 0 expire
+    state = ShardState(None, np.dtype(np.float64), 3, [[0, 1]], 2, tables, None)
+    assert state.evict(0, 0, 9) == {0: 41, 1: 41}
+    assert len(tables[0]) == 9 and len(tables[1]) == 9
+    assert state.evict(0, 1, 0) == {0: 9, 1: 9}  # --ttl 1 at step 2: rows of step 0 expire
+
+
+def test_a_budget_over_fields_split_by_key_is_refused() -> None:
+    """One table's ranking of its rows by when they were last seen cannot be made by its shares apart."""
+    from types import SimpleNamespace
+
+    from des.errors import ConfigError
+    from des.hashtable import AdaGrad, FTRL
+    from des.models import get_model
+    from des.options import Optimizers, TableOptions
+    from des.strategies import get_strategy
+
+    model = get_model("fm")(num_fields=3, embedding_dim=4)
+    optimizers = Optimizers(sparse={"linear": FTRL(0.1), "embedding": AdaGrad(0.1)}, dense=None)
+    with pytest.raises(ConfigError, match="--max-rows-per-field"):
+        get_strategy("des").build(model, SimpleNamespace(rank=0, size=2), [[0, 1, 2], [0, 2]], optimizers,
+                                  tables=TableOptions(), max_rows_per_field=10)
 
 
 @pytest.mark.parametrize(("flags", "message"), [

@@ -121,14 +121,9 @@ class ShardState:
     def evict(self, rank: int, ttl: int, max_rows: int) -> dict[int, int]:
         """Eviction of rank ``rank``'s tables at this step (every rank at the same steps): rows unseen
         for more than ``ttl`` steps (0: none by age), then each table down to ``max_rows`` rows (0: no
-        budget; :meth:`EmbeddingTable.evict`). A share of a field split by key over G ranks keeps
-        ceil(max_rows / G) rows: the rows kept depend on the share's rows alone, as they do for a
-        whole field, but are not exactly those one table of the field would keep. Rows evicted, by field."""
-        from des.placement import shares
-
-        split = shares(self.placement, rank)
-        return {field: table.evict(ttl or None, self.step, -(-max_rows // split.get(field, (0, 1))[1]))
-                for field, table in self.tables.items()}
+        budget; :meth:`EmbeddingTable.evict`; a strategy refuses a budget over fields split by key,
+        whose shares' rows one table would rank together). Rows evicted, by field."""
+        return {field: table.evict(ttl or None, self.step, max_rows) for field, table in self.tables.items()}
 
 
 class Strategy(ABC):

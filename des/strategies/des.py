@@ -90,6 +90,9 @@ class DES(Strategy):
         if split_fields and context.tables is not None and context.tables.unadmitted == "shared":
             raise ConfigError("--unadmitted shared keeps one out-of-vocabulary row per field, which a field split by "
                               "key over ranks cannot share: use --unadmitted init or zero, or another --placement")
+        if split_fields and context.options.get("max_rows_per_field"):
+            raise ConfigError("--max-rows-per-field ranks a table's rows by when they were last seen, which the "
+                              "shares of a field split by key over ranks cannot do apart: use --ttl, or whole fields")
         self.upper = context.options.get("upper", "data-parallel")
         self.plan = self._resolve_plan(context.options.get("plan", "partials"))
         exchanged = [i for i, mode in enumerate(self.plan.values()) if mode == "exchange"]
