@@ -87,7 +87,8 @@ def _load_state(prefix: str, arrays: Any, state: Any) -> None:
 
 def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, config: dict[str, Any],
                     evicted_rows: int = 0, data_order: dict[str, Any] | None = None,
-                    training_state: dict[str, Any] | None = None, schema: dict[str, Any] | None = None) -> Path:
+                    training_state: dict[str, Any] | None = None, schema: dict[str, Any] | None = None,
+                    stream: dict[str, Any] | None = None) -> Path:
     """Write a checkpoint of ``strategy.state()`` under ``root``; collective (every rank calls it).
     ``evicted_rows``: rows the caller evicted right before (all ranks' sum, ``des.run.Run.evict``),
     kept in the manifest; ``data_order``: what fixes the batch order (data, batch size, seed...),
@@ -95,7 +96,8 @@ def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, c
     ``training_state``: the runner's state besides the parameters (early stopping, plateau
     schedules), JSON, kept in the manifest (older checkpoints have none: a fresh state);
     ``schema``: the data's resolved schema (``des.data.schema``, with its training statistics:
-    evaluation and serving read raw rows with it), None for Criteo's (no manifest entry)."""
+    evaluation and serving read raw rows with it), None for Criteo's (no manifest entry);
+    ``stream``: a ``--stream`` run's position in its files (``des.sources.StreamSource.position``)."""
     comm, state = strategy.comm, strategy.state()
     name = f"step-{state.step:08d}"
     tmp = root / f".{name}.tmp"
@@ -117,6 +119,8 @@ def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, c
         }
         if schema is not None:
             manifest["schema"] = schema
+        if stream is not None:
+            manifest["stream"] = stream
         _publish(tmp, root, name, manifest)
     comm.barrier("checkpoint")
     return root / name

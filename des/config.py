@@ -41,6 +41,20 @@ class TrainConfig:
     test_data: str = _opt("", "test input with --train-data (the same forms), evaluated at the end", nargs="+")
     schema: str = _opt("", "the data's schema: criteo, avazu or a TOML file (README, \"Your own data\"); empty: "
                        "criteo for raw files, a prepared directory's own")
+    stream: str = _opt("", "continuous training instead of --data: a directory (its files matching --stream-glob) "
+                       "or comma-separated files, read in name order, one pass, each file prepared when it comes, "
+                       "tested by the current model (progressive validation), then trained on (README, "
+                       "\"Continuous training\")")
+    stream_glob: str = _opt("*", "the files of a --stream directory (names starting with '.' or ending '.tmp' "
+                            "are never read: a producer writes there first, then renames)")
+    stream_shuffle: str = _opt("on", "a stream file's batches in a seeded order (default_rng([seed, file index])), "
+                               "or off: in file order", choices=("on", "off"))
+    follow: bool = _opt(False, "--stream directory: when its files are done, wait for new ones (every "
+                        "--follow-interval seconds) until SIGTERM/SIGINT or --follow-timeout")
+    follow_interval: float = _opt(10.0, "seconds between two listings of a followed --stream directory")
+    follow_timeout: float = _opt(0.0, "end a followed stream after this many seconds without a new file (0: never)")
+    progressive_every_rows: int = _opt(0, "progressive validation of a stream every R rows (whole batches, in "
+                                       "training order) instead of per file (0)")
     cache_dir: str = _opt("", "where raw files are prepared (default ~/.cache/des)")
     split: str = _opt("0.9,0.05,0.05", "train,validation,test fractions of a raw file")
     split_seed: int = _opt(0, "seed of the train/validation/test split")
@@ -192,7 +206,8 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{_flag(name)} must be at least 1, got {getattr(self, name)}")
         for name in ("epochs", "max_steps", "ttl", "max_rows_per_field", "evict_every", "eval_every",
-                     "checkpoint_every", "keep_checkpoints", "threads", "min_count", "table_capacity"):
+                     "checkpoint_every", "keep_checkpoints", "threads", "min_count", "table_capacity",
+                     "follow_interval", "follow_timeout", "progressive_every_rows"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{_flag(name)} must not be negative, got {getattr(self, name)}")
         if self.compute_dtype == "bfloat16" and self.dtype != "float32":
@@ -203,7 +218,7 @@ class TrainConfig:
             raise ConfigError(f"--early-stop must be -1 (auto), 0 (off) or a patience >= 1, got {self.early_stop}")
         if self.evict_every and not (self.ttl or self.max_rows_per_field):
             raise ConfigError("--evict-every needs --ttl or --max-rows-per-field (what to evict)")
-        if self.epochs == 0 and self.max_steps == 0:
+        if self.epochs == 0 and self.max_steps == 0 and not self.stream:
             raise ConfigError("nothing to train: --epochs and --max-steps are both 0")
         self.hidden_units()
         self.split_fractions()
@@ -228,6 +243,35 @@ class TrainConfig:
         if not self.validation_data:  # known before any input is read
             self.check_validation_rows(0)
         return dataclasses.replace(self, data="", split="")
+
+    def check_stream(self, given: set[str]) -> "TrainConfig":
+        """``--stream`` is its own training data, one pass in file order, tested file by file: the
+        options of a split, of epochs and of a validation split do not apply to it (one line)."""
+        stream_only = ("stream_glob", "stream_shuffle", "follow", "follow_interval", "follow_timeout",
+                       "progressive_every_rows")
+        if not self.stream:
+            used = [name for name in stream_only if name in given]
+            if used:
+                raise ConfigError(f"--{_flag(used[0])} needs --stream")
+            return self
+        clash = [name for name in ("data", "split", "split_seed", "train_data", "validation_data", "test_data",
+                                   "eval_every") if name in given]
+        if clash:
+            raise ConfigError(f"--stream and --{_flag(clash[0])} do not go together (a stream is its own training "
+                              "data, each file tested before it is trained on: progressive validation)")
+        if "epochs" in given and self.epochs != 1:
+            raise ConfigError(f"--epochs {self.epochs} does not apply to --stream: a stream is one pass over its "
+                              "files in order (--max-steps stops it sooner)")
+        if self.early_stop > 0:
+            raise ConfigError(f"--early-stop {self.early_stop} does not apply to --stream: it has no validation "
+                              "split (each file is tested before it is trained on)")
+        for group, schedule in self.schedules().items():
+            if schedule.kind in ("linear", "cosine") and not self.max_steps:
+                raise ConfigError(f"--{group}-schedule {schedule.kind} needs the run's length: with --stream give "
+                                  "--max-steps")
+        if self.follow_interval <= 0:
+            raise ConfigError(f"--follow-interval must be positive, got {self.follow_interval}")
+        return dataclasses.replace(self, data="", split="", epochs=1, early_stop=0)
 
     def validation_users(self) -> list[str]:
         """The options set that need validation rows: ``--early-stop P`` and plateau schedules."""
@@ -311,7 +355,7 @@ def load_config(argv: list[str] | None = None, prog: str = "des.train") -> Train
         values.update({k: ",".join(v) if isinstance(v, list) else v for k, v in args.items()})
         config = TrainConfig(**values)
         config.validate()
-        config = config.check_inputs(set(values))
+        config = config.check_inputs(set(values)).check_stream(set(values))
     except UsageError:
         raise
     except ConfigError as exc:

@@ -183,7 +183,8 @@ def estimate_unique_ids(store: Any, batch_size: int, ranks: int, *, batches: int
     from des.data import BatchReader
 
     reader = BatchReader(store, split, batch_size=batch_size, seed=seed, epoch=0, drop_last=drop_last)
-    taken = range(min(batches, len(reader)))
+    # full batches only (the statistics are per batch size), unless the data has no full batch
+    taken = range(min(batches, max(reader.num_rows // batch_size, 1), len(reader)))
     return unique_ids_of_batches((reader.batch(i) for i in taken), ranks, store.num_fields)
 
 

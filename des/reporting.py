@@ -27,11 +27,10 @@ def startup_report(run: Any, *, train_rows: int, validation_rows: int, distinct:
     """The lines a run starts with: what trains on what, where the ranks run, the resolved options,
     the placement with its table memory, the run folder."""
     config, strategy, store = run.config, run.strategy, run.store
+    data, steps = run.source.describe(train_rows, validation_rows)
     lines = [
-        f"des.train: {strategy.model.name} with strategy {strategy.name} on {store.display_name} "
-        f"({store.num_rows} rows, {train_rows} train, {validation_rows} validation), {run.comm.size} rank(s), batch "
-        f"{config.batch_size}, {run.total_steps} steps ({config.epochs} epoch(s) of {run.steps_per_epoch}), "
-        f"dtype {config.dtype}",
+        f"des.train: {strategy.model.name} with strategy {strategy.name} on {data}, {run.comm.size} rank(s), batch "
+        f"{config.batch_size}, {steps}, dtype {config.dtype}",
         hosts,
         threads.describe(),
         f"  pipeline {config.pipeline}" + (f" (auto: {threads.intra_op} thread(s) per rank)" if pipeline_auto else ""),
@@ -47,7 +46,8 @@ def startup_report(run: Any, *, train_rows: int, validation_rows: int, distinct:
         describe_config(config),
     ]
     if manifest is not None:
-        lines.append(f"  resumed from {config.resume} at step {strategy.step_count} (epoch {manifest['epoch']}, batch "
+        where = f"file {manifest['stream']['name']}" if manifest.get("stream") else f"epoch {manifest['epoch']}"
+        lines.append(f"  resumed from {config.resume} at step {strategy.step_count} ({where}, batch "
                      f"{manifest['next_batch']}), written by {manifest['ranks']} rank(s)")
     lines.append(describe_placement(strategy.placement, distinct, store.field_names, _empty_table(strategy),
                                     strategy.context.tables))
@@ -158,6 +158,26 @@ def format_record(record: dict[str, Any]) -> str:
     return text + f"  {record['samples_per_second']:,.0f} samples/s"
 
 
+def format_progressive(record: dict[str, Any]) -> str:
+    """A progressive validation's line: the rows about to be trained on, by the model before them."""
+    auc = "n/a" if record["progressive_auc"] is None else f"{record['progressive_auc']:.4f}"
+    rows = f"{record['rows']} rows" + (f" from batch {record['batch']}" if "batch" in record else "")
+    return (f"step {record['step']:6d}  file {record['file']} ({rows}): progressive auc {auc}  "
+            f"logloss {record['progressive_logloss']:.4f}")
+
+
+def progressive_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """A stream's progressive validations for ``summary.json``, and their means weighted by rows
+    over the files after the first (the first is tested by a model that has seen nothing)."""
+    if not records:
+        return {}
+    later = [r for r in records if r["index"] > 0 and r["progressive_auc"] is not None]
+    rows = sum(r["rows"] for r in later)
+    mean = (lambda key: sum(r[key] * r["rows"] for r in later) / rows) if rows else (lambda key: None)
+    return {"progressive": records, "progressive_auc_mean": mean("progressive_auc"),
+            "progressive_logloss_mean": mean("progressive_logloss")}
+
+
 # ---------------------------------------------------------------------------------------------- the summary
 def summarize(run: Any, results: dict[str, Any]) -> dict[str, Any]:
     """``summary.json`` (collective: :func:`summary_record`), its TensorBoard scalars, then the run
@@ -224,6 +244,7 @@ def summary_record(run: Any, results: dict[str, Any]) -> dict[str, Any]:
         "best_step": run.training.best_step if run.config.early_stop else None,
         "stopped_early": run.training.stopped,
         "run_folder": str(run.run_folder.path),
+        **progressive_summary(run.training.progressive),
     }
 
 
@@ -254,6 +275,9 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  ms/step: {phases}\n"
         f"  summary: {s['run_folder']}/summary.json"
     )
+    if "progressive" in s:
+        text += (f"\n  progressive validation: {len(s['progressive'])} record(s), mean AUC "
+                 f"{num(s['progressive_auc_mean'], '.4f')} over the files after the first")
     if "staleness_mean" in s:
         text += f"\n  staleness of dense pushes: mean {s['staleness_mean']:.2f}, max {s['staleness_max']}"
     return text

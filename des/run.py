@@ -1,7 +1,8 @@
 """A training run on this rank, and what the loop (:mod:`des.runner`) does with it between steps:
-the batch of a step, the schedules' rates, validation with early stopping and plateau schedules,
-checkpoints and the best one. :class:`Meter` counts the run's steps, samples and throughput;
-:class:`TrainingState` is what a checkpoint keeps of the run besides the parameters.
+the batch of a step (from its source, :mod:`des.sources`), the schedules' rates, validation with
+early stopping and plateau schedules, a stream's progressive validation, checkpoints and the best
+one. :class:`Meter` counts the run's steps, samples and throughput; :class:`TrainingState` is what
+a checkpoint keeps of the run besides the parameters.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import numpy as np
 
 from des.collectives import Communicator
 from des.config import TrainConfig
-from des.metrics import evaluate_split
-from des.reporting import format_record
+from des.metrics import auc_or_none, evaluate_split, logloss
+from des.reporting import format_progressive, format_record
 from des.run_folder import RunFolder
 from des.schedules import Plateau, Schedule
 
@@ -61,7 +62,8 @@ class Meter:
 class TrainingState:
     """What a resume needs besides the parameters and the position: the best validation so far
     (``--monitor``), validations since it, the best checkpoint (``--early-stop``), whether the run
-    stopped, and each plateau schedule's state. Saved in every checkpoint's manifest."""
+    stopped, each plateau schedule's state and a stream's progressive validations so far. Saved in
+    every checkpoint's manifest."""
 
     best: float | None = None
     best_step: int = -1
@@ -70,13 +72,14 @@ class TrainingState:
     bad: int = 0
     stopped: bool = False
     plateau: dict[str, Plateau] = field(default_factory=lambda: {"sparse": Plateau(), "dense": Plateau()})
+    progressive: list[dict[str, Any]] = field(default_factory=list)
 
     def improves(self, value: float, monitor: str) -> bool:
         return self.best is None or (value > self.best if monitor == "auc" else value < self.best)
 
     def to_dict(self) -> dict[str, Any]:
         return {**{k: getattr(self, k) for k in ("best", "best_step", "best_validation", "best_checkpoint", "bad",
-                                                 "stopped")},
+                                                 "stopped", "progressive")},
                 "plateau": {k: vars(v) for k, v in self.plateau.items()}}
 
     @classmethod
@@ -93,9 +96,7 @@ class Run:
     store: Any
     strategy: Any
     folder: Path  # where this job writes (the run folder, or its staging sibling with --overwrite)
-    steps_per_epoch: int
-    total_steps: int
-    data_order: dict[str, Any]
+    source: Any  # des.sources.EpochSource or StreamSource: the steps' batches and positions
     start_step: int = 0
     meter: Meter = field(default_factory=Meter)
     last_validation: dict[str, Any] | None = None
@@ -108,7 +109,6 @@ class Run:
     schedules: dict[str, Schedule] = field(default_factory=dict)
     planner: dict[str, Any] | None = None  # communication_plan()'s record for summary.json
     evicted: dict[str, int] = field(default_factory=dict)  # rows evicted this run, by field name (summary.json)
-    _reader: Any = None
 
     @property
     def talks(self) -> bool:
@@ -119,16 +119,14 @@ class Run:
         if self.talks:
             print(text, flush=True)
 
-    def batch(self, epoch: int, index: int):
-        """Global batch ``index`` of ``epoch`` (this rank's part of it): a pure function of (data,
-        seed, epoch, index), so a resumed or asynchronous run sees the same batches."""
-        from des.data.batch_reader import BatchReader
+    @property
+    def total_steps(self) -> int:
+        """The steps the run ends at (a stream without --max-steps: 0, none known)."""
+        return self.source.total_steps
 
-        if self._reader is None or self._reader.epoch != epoch:
-            self._reader = BatchReader(self.store, "train", batch_size=self.config.batch_size, seed=self.config.seed,
-                                       epoch=epoch, drop_last=self.config.drop_last,
-                                       **self.strategy.reader_options())
-        return self._reader.batch(index)
+    def batch(self, at):
+        """The batch of position ``at`` (this rank's part of it), from the run's source."""
+        return self.source.batch(at)
 
     def set_rates(self, step: int) -> None:
         """The schedules' factors of global step ``step`` (the same on every rank) for the optimizers."""
@@ -150,12 +148,33 @@ class Run:
             record.update({"auc": result["auc"], "logloss": result["logloss"]})
             self.last_validation = result
             if self.strategy.synchronous:
-                record.update(self.observe(step, epoch, result))
+                record.update(self.observe(step, result))
+        self.publish(record, format_record(record), progress)
+
+    def progressive(self, segment, progress=None) -> None:
+        """Progressive validation ("test, then train"): the current model's AUC and logloss on the
+        rows of ``segment`` before it trains on them, on the evaluating ranks; one line of
+        ``metrics.jsonl``, and kept in the training state (the summary's mean, resumes)."""
+        self.catch_up()
+        predicted = segment.test()
+        record = None
+        if self.talks and predicted is not None:
+            p, y = predicted
+            auc = auc_or_none(y, p, f"stream file {segment.label['file']}")
+            record = {**segment.label, "step": self.strategy.step_count, "progressive_auc": auc,
+                      "progressive_logloss": logloss(y, p), "rows": int(y.size)}
+        record = self.comm.bcast_json(record, "validation", root=self.strategy.evaluators[0])
+        if record is not None:
+            self.training.progressive.append(record)
+            self.publish(record, format_progressive(record), progress)
+
+    def publish(self, record: dict[str, Any], line: str, progress=None) -> None:
+        """A record in ``metrics.jsonl`` and TensorBoard, and its line (by the talking rank)."""
         if self.talks:
             with open(self.folder / "metrics.jsonl", "a") as fh:
                 fh.write(json.dumps(record) + "\n")
-            self.tensorboard.scalars(step, record)
-            (progress.write if progress is not None else self.say)(format_record(record))
+            self.tensorboard.scalars(record["step"], {k: v for k, v in record.items() if k not in ("index", "batch")})
+            (progress.write if progress is not None else self.say)(line)
 
     @property
     def evicts(self) -> bool:
@@ -190,7 +209,7 @@ class Run:
             for table in self.strategy.state().tables.values():
                 table.catch_up(self.strategy.step_count, self.strategy.context.optimizers.rates.sparse)
 
-    def observe(self, step: int, epoch: int, result: dict[str, Any]) -> dict[str, Any]:
+    def observe(self, step: int, result: dict[str, Any]) -> dict[str, Any]:
         """Track the best validation, keep its checkpoint (``--early-stop``), count validations
         without improvement, reduce plateau schedules; returns the entries for the metrics record."""
         state, config = self.training, self.config
@@ -206,22 +225,23 @@ class Run:
         if config.early_stop:
             state.stopped = state.bad >= config.early_stop
             if improved:
-                state.best_checkpoint = str(self.save(epoch, step - epoch * self.steps_per_epoch, best=True))
+                state.best_checkpoint = str(self.save(best=True))
             out.update({"best_step": state.best_step, "stop": state.stopped})
         return out
 
-    def save(self, epoch: int, next_batch: int, best: bool = False) -> Path:
-        """A checkpoint (collective) in ``checkpoints/``, or with ``best`` in ``checkpoints/best/``
-        (only the newest best is kept)."""
+    def save(self, best: bool = False) -> Path:
+        """A checkpoint (collective) of the run after its steps so far, in ``checkpoints/``, or with
+        ``best`` in ``checkpoints/best/`` (only the newest best is kept)."""
         from des.checkpoint import save_checkpoint
 
         root = self.folder / "checkpoints" / ("best" if best else "")
         # without --evict-every, eviction runs at each checkpoint, on every rank alike: part of the saved state
         evicted = self.evict() if self.evicts and not best and not self.config.evict_every else 0
         self.catch_up()
+        epoch, next_batch, stream = self.source.position(self.strategy.step_count)
         path = save_checkpoint(self.strategy, root, epoch=epoch, next_batch=next_batch, config=self.config.to_dict(),
-                               evicted_rows=evicted, data_order=self.data_order,
-                               training_state=self.training.to_dict(), schema=self.store.schema)
+                               evicted_rows=evicted, data_order=self.source.data_order,
+                               training_state=self.training.to_dict(), schema=self.store.schema, stream=stream)
         if best:
             if self.comm.rank == 0:
                 for old in root.glob("step-*"):

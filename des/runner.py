@@ -5,7 +5,8 @@ start-up report) + :func:`loop` (batches, steps, validation and checkpoint caden
 :func:`finish` (final validation, checkpoint, test) + :func:`des.reporting.summarize`
 (``summary.json``). A strategy's serving ranks (a parameter server) run :meth:`Strategy.serve`
 instead of the loop. What the loop does between steps (a batch, the rates, a validation, a
-checkpoint) is :class:`des.run.Run`'s. ``python -m des.train`` is a thin command line over this
+checkpoint) is :class:`des.run.Run`'s; where batches come from (epochs over a store, or a stream of
+files) is its source's (:mod:`des.sources`). ``python -m des.train`` is a thin command line over this
 module; strategies never import it.
 """
 
@@ -41,28 +42,42 @@ def train(config: TrainConfig, comm: Communicator, *, warmup_steps: int = 1) -> 
 
 
 def loop(run: Run) -> None:
-    """Train this rank's batches from the strategy's step to the run's end, with eviction, validation
+    """Train this rank's batches from the strategy's step to the run's end, segment by segment of
+    the run's source (a stream tests each segment before training it), with eviction, validation
     and checkpoints on their cadence (steps counted in global batches, the same on every rank)."""
+    strategy, source = run.strategy, run.source
+    planned = source.planned_steps(strategy.step_count) if not run.training.stopped else 0
+    progress = progress_bar(run.talks and run.config.progress,
+                            None if planned is None else strategy.step_count + planned, strategy.step_count)
+    with source.running():  # a stream: SIGTERM/SIGINT stop it after the current step
+        for segment in source.segments(strategy.step_count) if not run.training.stopped else ():
+            if segment.test is not None:  # progressive validation: test on rows before training on them
+                run.progressive(segment, progress)
+            if not train_segment(run, segment, progress):
+                break
+    strategy.end_training()
+    if progress is not None:
+        progress.close()
+
+
+def train_segment(run: Run, segment, progress) -> bool:
+    """Train the steps of one segment, the next batch prefetched within it (``--pipeline on``);
+    False when the run stops (early stopping, a stream asked to stop)."""
     strategy, config = run.strategy, run.config
-    mine = strategy.steps(strategy.step_count, run.total_steps) if not run.training.stopped else range(0)
-    progress = progress_bar(run.talks and config.progress, strategy.step_count + len(mine), strategy.step_count)
-    following = None  # the next batch, prefetched (--pipeline on)
-    for i, step in enumerate(mine):
-        epoch, index = divmod(step, run.steps_per_epoch)
+    following = None  # the next batch, prefetched
+    for i, at in enumerate(segment):
         start = time.perf_counter()  # a step's time includes reading its batch (or waiting for the prefetch)
-        batch = following.batch() if following is not None else run.batch(epoch, index)
-        done = step + 1  # global batches trained so far
-        validates = strategy.synchronous and (done % config.eval_every == 0 if config.eval_every
-                                              else index + 1 == run.steps_per_epoch)
+        batch = following.batch() if following is not None else run.batch(at)
+        done = at.step + 1  # global batches trained so far
+        validates = strategy.synchronous and run.source.validates(at)
         saves = bool(config.checkpoint_every) and done % config.checkpoint_every == 0
         # --evict-every: between steps, never inside one (a prefetched lookup's rows would move)
         evicts = bool(config.evict_every) and done % config.evict_every == 0
         following = None
-        if config.pipeline == "on" and i + 1 < len(mine) and not (validates or saves or evicts):
+        if config.pipeline == "on" and i + 1 < len(segment) and not (validates or saves or evicts):
             # nothing between this step and the next reads, saves or evicts the tables: overlap them
-            following = strategy.prefetch(lambda after=mine[i + 1]: run.batch(*divmod(after, run.steps_per_epoch)),
-                                          mine[i + 1])
-        run.set_rates(step)
+            following = strategy.prefetch(lambda after=segment[i + 1]: run.batch(after), segment[i + 1].step)
+        run.set_rates(at.step)
         loss = strategy.train_step(batch)
         if not math.isfinite(loss) and (not strategy.synchronous or run.comm.rank == strategy.evaluators[0]):
             # a synchronous step gives every rank the same loss: one says it (one line); the others
@@ -76,30 +91,29 @@ def loop(run: Run) -> None:
         if evicts:  # before validating and saving: they see the tables the next step trains
             run.evict()
         if validates:
-            run.validate(done, epoch, progress)
+            run.validate(done, at.part, progress)
         if saves:
-            run.save(epoch, index + 1)
+            run.save()
         if run.training.stopped:  # --early-stop: validation stopped improving
             run.say(f"early stop at step {done}: no better validation {config.monitor} since step "
                     f"{run.training.best_step}")
-            break
-    strategy.end_training()
-    if progress is not None:
-        progress.close()
+            return False
+        if run.source.stopping():  # a stream asked to stop (a signal): the final checkpoint follows
+            run.say(f"stopping at step {done}: asked to by a signal")
+            return False
+    return True
 
 
 def finish(run: Run) -> dict[str, Any]:
     """After the last step: validation (if the loop ran none), the final checkpoint, the test split."""
     strategy, config = run.strategy, run.config
     evaluating = run.comm.rank in strategy.evaluators
-    if not run.validations and run.meter.steps and evaluating:
-        epoch = (run.total_steps - 1) // run.steps_per_epoch
-        run.validate(run.total_steps, epoch)
+    if run.source.validation and not run.validations and run.meter.steps and evaluating:
+        run.validate(run.total_steps, (run.total_steps - 1) // run.source.steps_per_epoch)
     if run.training.best_checkpoint:  # --early-stop: the best model is the result
         run.restore_best()
     elif strategy.checkpoints and run.saved_step != strategy.step_count:
-        epoch, index = divmod(strategy.step_count - 1, run.steps_per_epoch)
-        run.save(epoch, index + 1)
+        run.save()
     run.catch_up()
     test = evaluate_split(strategy, run.store, "test", config.eval_batch_size) if evaluating else None
     return {"validation": run.last_validation, "test": test,

@@ -17,12 +17,13 @@ from des import runtime
 from des.building import build_model, build_optimizers, build_strategy, data_fingerprint, open_data, strategy_class
 from des.collectives import Communicator
 from des.config import MODELS, TrainConfig
-from des.errors import ConfigError, DesError
+from des.errors import ConfigError, DesError, UsageError
 from des.placement import parse_split_fields
 from des.reporting import startup_report, versions
 from des.run import Run, TrainingState
 from des.run_folder import RunFolder
 from des.schedules import Schedule
+from des.sources import EpochSource, StreamSource
 from des.tensorboard import ScalarWriter, learning_rates
 
 
@@ -31,7 +32,11 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     if not config.plugins and config.model not in MODELS:
         raise ConfigError(f"unknown model {config.model!r} (choose one of: {', '.join(MODELS)}, or load one with --plugins)")
     cls = strategy_class(config)
-    store = open_data(config, comm)
+    if config.stream and not cls.synchronous:
+        raise UsageError(f"--stream needs a synchronous strategy, not {cls.name} (each file is tested on every "
+                         "rank before it is trained on, in lock-step)")
+    stream = StreamSource(config, comm) if config.stream else None  # lists the files, opens the first
+    store = stream.store if stream else open_data(config, comm)
     if store.num_rows == 0:
         raise DesError(f"dataset {store.source} is empty")
     distinct = [store.distinct_count(f) for f in range(store.num_fields)]
@@ -40,7 +45,8 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
         config = dataclasses.replace(config, split_fields=",".join(map(str, numbers)))
     placement = cls.place(store.num_fields, comm.size, config.placement, distinct, config.to_dict())
     train_rows, validation_rows = len(store.split_rows("train")), len(store.split_rows("validation"))
-    steps_per_epoch, total_steps = count_steps(config, train_rows, store.display_name)
+    source = stream or EpochSource(config, store, *count_steps(config, train_rows, store.display_name),
+                                   batch_order(config, store))
     build_optimizers(config)  # a bad optimizer spec fails before TensorFlow is started
     if config.early_stop == -1:  # auto: a plain value from here on (config.json, checkpoints)
         config = dataclasses.replace(config, early_stop=config.early_stop_patience(validation_rows)
@@ -54,10 +60,10 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     config, unique = resolve_plan(config, cls, store, placement)
     strategy = build_strategy(config, comm, store.num_fields, distinct, cls=cls, placement=placement,
                               loads_tables=bool(config.resume), num_dense=store.num_dense)
-    data_order = batch_order(config, store)
-    manifest = resume(config, strategy, store, data_order, steps_per_epoch) if config.resume else None
+    source.strategy = strategy
+    manifest = resume(config, strategy, store, source) if config.resume else None
     create_run_folder(run_folder, comm)
-    run = Run(config, comm, store, strategy, run_folder.work, steps_per_epoch, total_steps, data_order,
+    run = Run(config, comm, store, strategy, run_folder.work, source,
               start_step=strategy.step_count, run_folder=run_folder, schedules=schedules,
               training=TrainingState.from_dict(manifest.get("training_state") if manifest else None))
     run.tensorboard = ScalarWriter(run.folder, run.talks, learning_rates(strategy.context.optimizers))
@@ -110,16 +116,14 @@ def batch_order(config: TrainConfig, store: Any) -> dict[str, Any]:
     return order
 
 
-def resume(config: TrainConfig, strategy: Any, store: Any, data_order: dict[str, Any],
-           steps_per_epoch: int) -> dict[str, Any]:
-    """Load ``--resume``'s checkpoint into ``strategy`` (collective); returns its manifest."""
+def resume(config: TrainConfig, strategy: Any, store: Any, source: Any) -> dict[str, Any]:
+    """Load ``--resume``'s checkpoint into ``strategy`` (collective) and continue the source at its
+    position; returns its manifest."""
     from des.checkpoint import check_schema, load_checkpoint, read_manifest
 
     check_schema(read_manifest(config.resume), store.schema)
-    manifest = load_checkpoint(strategy, config.resume, data_order=data_order)
-    if strategy.step_count != manifest["epoch"] * steps_per_epoch + manifest["next_batch"]:
-        raise ConfigError(f"checkpoint {config.resume}: step {strategy.step_count} is not epoch "
-                          f"{manifest['epoch']} batch {manifest['next_batch']} of {steps_per_epoch} per epoch")
+    manifest = load_checkpoint(strategy, config.resume, data_order=source.data_order)
+    source.resume(config.resume, manifest, strategy.step_count)
     return manifest
 
 
@@ -197,6 +201,7 @@ def write_config_json(run: Run) -> None:
     strategy, store = run.strategy, run.store
     (run.folder / "config.json").write_text(json.dumps({
         "config": run.config.to_dict(), "ranks": run.comm.size, "placement": strategy.placement,
-        "model": strategy.model.describe(), "data": store.source, "data_fingerprint": data_fingerprint(store),
+        "model": strategy.model.describe(), "data": run.config.stream or store.source,
+        "data_fingerprint": data_fingerprint(store),
         "versions": versions(), "python": platform.python_version(),
     }, indent=1))

@@ -4,8 +4,9 @@
     .venv/bin/pip install tensorboard && .venv/bin/tensorboard --logdir runs/   # to look at them
 
 Tags: ``train/loss``, ``train/samples_per_second``, ``validation/auc``, ``validation/logloss``,
-``test/auc``, ``test/logloss``, ``bytes_per_step/<site>`` and ``learning_rate/<group>`` (the
-configured rate of each optimizer group: the rates are constant today).
+``test/auc``, ``test/logloss``, a stream's ``progressive/auc`` and ``progressive/logloss``,
+``bytes_per_step/<site>`` and ``learning_rate/<group>`` (the configured rate of each optimizer
+group: the rates are constant today).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ TAGS = {
     "logloss": "validation/logloss",
     "test_auc": "test/auc",
     "test_logloss": "test/logloss",
+    "progressive_auc": "progressive/auc",
+    "progressive_logloss": "progressive/logloss",
+    "progressive_auc_mean": "progressive/auc_mean",
 }
 
 
@@ -80,7 +84,8 @@ def learning_rates(optimizers: Any) -> dict[str, float]:
 
 def summary_scalars(summary: Mapping[str, Any]) -> dict[str, float]:
     """The end-of-run scalars of a ``summary.json``: test AUC / logloss and bytes per step per site."""
-    out = {k: summary[k] for k in ("test_auc", "test_logloss", "samples_per_second") if summary.get(k) is not None}
+    out = {k: summary[k] for k in ("test_auc", "test_logloss", "samples_per_second", "progressive_auc_mean")
+           if summary.get(k) is not None}
     for site, value in (summary.get("bytes_per_step_by_site") or {}).items():
         out[f"bytes_per_step/{site}"] = value
     if "bytes_per_step" in summary:

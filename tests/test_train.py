@@ -427,9 +427,9 @@ def test_a_steps_time_counts_reading_its_batch(tmp_path: Path, monkeypatch: pyte
     run = setup(config, Communicator())
     read = Run.batch
 
-    def slow_read(self, epoch: int, index: int):
+    def slow_read(self, at):
         time.sleep(0.2)
-        return read(self, epoch, index)
+        return read(self, at)
 
     monkeypatch.setattr(Run, "batch", slow_read)
     runner.loop(run)

@@ -145,7 +145,7 @@ def check_layouts(inputs: Sequence[tuple[str, str, list[tuple[str, str, str, boo
     if first is None:
         raise DataError("--train-data: no training input given")
     for role, given, layout in inputs:
-        difference = _layout_difference(layout, first[2])
+        difference = layout_difference(layout, first[2])
         if difference:
             raise DataError(f"{FLAGS[role]}: {given}: another column layout than the training data {first[1]}: "
                             f"{difference}")
@@ -323,7 +323,7 @@ class ConcatStore:
         return FieldBatch(offsets, keys, weights)
 
 
-def _layout_difference(layout: list[tuple[str, str, str, bool]], expected: list[tuple[str, str, str, bool]]) -> str:
+def layout_difference(layout: list[tuple[str, str, str, bool]], expected: list[tuple[str, str, str, bool]]) -> str:
     """How a column layout differs from the expected one ("" if it does not)."""
     if len(layout) != len(expected):
         return f"{len(layout)} fields, the training data has {len(expected)}"
