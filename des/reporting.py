@@ -223,6 +223,7 @@ def summary_record(run: Any, results: dict[str, Any]) -> dict[str, Any]:
         "best_step": run.training.best_step if run.config.early_stop else None,
         "stopped_early": run.training.stopped,
         "run_folder": str(run.run_folder.path),
+        "exports": run.exports,
     }
 
 

@@ -54,7 +54,9 @@ def loop(run: Run) -> None:
         done = step + 1  # global batches trained so far
         validates = strategy.synchronous and (done % config.eval_every == 0 if config.eval_every
                                               else index + 1 == run.steps_per_epoch)
-        saves = bool(config.checkpoint_every) and done % config.checkpoint_every == 0
+        exports = bool(config.export_every) and done % config.export_every == 0
+        # an export is made from the checkpoint of its step (so it is what des.evaluate of that gives)
+        saves = exports or (bool(config.checkpoint_every) and done % config.checkpoint_every == 0)
         following = None
         if config.pipeline == "on" and i + 1 < len(mine) and not (validates or saves):
             # nothing between this step and the next reads or saves the tables: overlap them
@@ -75,6 +77,8 @@ def loop(run: Run) -> None:
             run.validate(done, epoch, progress)
         if saves:
             run.save(epoch, index + 1)
+        if exports:
+            run.export(progress)
         if run.training.stopped:  # --early-stop: validation stopped improving
             run.say(f"early stop at step {done}: no better validation {config.monitor} since step "
                     f"{run.training.best_step}")
@@ -96,6 +100,8 @@ def finish(run: Run) -> dict[str, Any]:
     elif strategy.checkpoints and run.saved_step != strategy.step_count:
         epoch, index = divmod(strategy.step_count - 1, run.steps_per_epoch)
         run.save(epoch, index + 1)
+    if config.export_every and run.checkpoint and (not run.exports or run.exports[-1]["step"] != run.saved_step):
+        run.export()  # the run's result (the best one after an early stop) becomes the highest version
     run.catch_up()
     test = evaluate_split(strategy, run.store, "test", config.eval_batch_size) if evaluating else None
     return {"validation": run.last_validation, "test": test,
