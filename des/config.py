@@ -144,6 +144,10 @@ class TrainConfig:
     checkpoint_every: int = _opt(0, "checkpoint every N steps (0: only at the end)")
     keep_checkpoints: int = _opt(5, "keep this run's newest N step checkpoints, delete older ones (0: keep all; "
                                  "checkpoints/best/ is kept apart)")
+    export_every: int = _opt(0, "every N steps and at the end, write the model as a SavedModel version of "
+                             "--export-dir, from the checkpoint of that step (0: off)")
+    export_dir: str = _opt("", "with --export-every, where the versions go: DIR/<step>/ in TF Serving's layout")
+    keep_exports: int = _opt(5, "keep the newest N versions in --export-dir, delete older ones (0: keep all)")
     output: str = _opt("", "run folder (default runs/<model>-<timestamp>)")
     resume: str = _opt("", "checkpoint directory to continue from (inside --output: continue that run)")
     overwrite: bool = _opt(False, "replace the run already in --output (atomically, once this run succeeds); "
@@ -207,9 +211,11 @@ class TrainConfig:
                 raise ConfigError(f"--{_flag(name)} must be at least 1, got {getattr(self, name)}")
         for name in ("epochs", "max_steps", "ttl", "max_rows_per_field", "evict_every", "eval_every",
                      "checkpoint_every", "keep_checkpoints", "threads", "min_count", "table_capacity",
-                     "follow_interval", "follow_timeout", "progressive_every_rows"):
+                     "follow_interval", "follow_timeout", "progressive_every_rows", "export_every", "keep_exports"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{_flag(name)} must not be negative, got {getattr(self, name)}")
+        if bool(self.export_every) != bool(self.export_dir.strip()):
+            raise ConfigError("--export-every K and --export-dir DIR go together (versioned exports: both, or neither)")
         if self.compute_dtype == "bfloat16" and self.dtype != "float32":
             raise ConfigError(f"--compute-dtype bfloat16 needs --dtype float32 (its master weights), got {self.dtype}")
         if self.l2_embedding < 0 and self.l2_embedding != -1:

@@ -52,7 +52,7 @@ from des import runtime  # noqa: F401  (quiets TensorFlow before it is imported)
 from des.collectives import run_main
 from des.data.features import MISSING_INT  # an integer column's "missing" in a request
 from des.data.features import tf_mix64
-from des.errors import ArgumentParser, ConfigError, UsageError
+from des.errors import ArgumentParser, ConfigError, DesError, UsageError
 from des.splitmix import GOLDEN_GAMMA
 
 _GOLDEN = int(GOLDEN_GAMMA)
@@ -498,6 +498,22 @@ def describe_inputs(schema: Any) -> str:
 def export(checkpoint: str | Path, output: str | Path, *, force: bool = False, schema: str = "") -> dict[str, Any]:
     """Write the SavedModel of ``checkpoint`` to ``output`` (atomically); returns what was written.
     ``schema``: a ``--schema`` given by the user, which must be the checkpoint's."""
+    start = time.perf_counter()
+    output = Path(output).resolve()
+    if output.exists() and not force:
+        raise ConfigError(f"output folder {output} exists (use --force to replace it)")
+    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    info = write_savedmodel(checkpoint, tmp, schema)
+    _put_in_place(tmp, output, output.with_name(f".{output.name}.old-{os.getpid()}"))
+    info["seconds"] = time.perf_counter() - start
+    info["bytes"] = sum(p.stat().st_size for p in output.rglob("*") if p.is_file())
+    return info
+
+
+def write_savedmodel(checkpoint: str | Path, folder: Path, schema: str = "") -> dict[str, Any]:
+    """Write the SavedModel of ``checkpoint`` and its ``des_export.json`` into ``folder`` (replaced
+    if present; the caller renames it into place), verified and synced; returns the json's content.
+    A bad checkpoint fails before anything is written."""
     import tensorflow as tf
 
     from des.checkpoint import read_manifest
@@ -506,40 +522,118 @@ def export(checkpoint: str | Path, output: str | Path, *, force: bool = False, s
     from des.plugins import load_plugins
     from des.building import build_model
 
-    start = time.perf_counter()
-    folder, manifest = read_manifest(checkpoint)
-    output = Path(output).resolve()
-    if output.exists() and not force:
-        raise ConfigError(f"output folder {output} exists (use --force to replace it)")
+    folder, (checkpoint, manifest) = Path(folder), read_manifest(checkpoint)
     config = TrainConfig(**manifest["config"])
     load_plugins(config.plugins)  # a user model (or a schema's transform) is rebuilt from its plugin
-    data_schema = trained_schema(manifest.get("schema"), schema, f"checkpoint {folder}")
+    data_schema = trained_schema(manifest.get("schema"), schema, f"checkpoint {checkpoint}")
     if len(data_schema.field_names) != manifest["num_fields"]:
-        raise ConfigError(f"checkpoint {folder} has {manifest['num_fields']} fields; its schema "
+        raise ConfigError(f"checkpoint {checkpoint} has {manifest['num_fields']} fields; its schema "
                           f"{data_schema.name!r} has {len(data_schema.field_names)}")
     model = build_model(config, manifest["num_fields"], manifest["model"].get("num_dense", 0))
-    state = _read_checkpoint(folder, manifest, model)
+    state = _read_checkpoint(checkpoint, manifest, model)
     module = build_module(model, state, data_schema)
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tf.saved_model.save(module, str(tmp), signatures={"serving_default": module.serving_default})
-    info = {"checkpoint": str(folder), "step": manifest["step"], "ranks": manifest["ranks"],
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    tf.saved_model.save(module, str(folder), signatures={"serving_default": module.serving_default})
+    info = {"checkpoint": str(checkpoint), "step": manifest["step"], "ranks": manifest["ranks"],
             "model": manifest["model"], "dtype": manifest["dtype"], "rows": int(state["offsets"][-1]),
             "unadmitted": state["unadmitted"], "min_count": state["min_count"], "missing_int": MISSING_INT,
             "schema": data_schema.to_dict(), "inputs": describe_inputs(data_schema),
             "outputs": {"probability": manifest["dtype"]}}
-    (tmp / "des_export.json").write_text(json.dumps(info, indent=1))
-    # Replace an existing folder with two renames, so a crash leaves the old or the new one.
-    old = output.with_name(f".{output.name}.old-{os.getpid()}")
-    if output.exists():
-        os.replace(output, old)
-    os.replace(tmp, output)
-    shutil.rmtree(old, ignore_errors=True)
-    info["seconds"] = time.perf_counter() - start
-    info["bytes"] = sum(p.stat().st_size for p in output.rglob("*") if p.is_file())
+    (folder / "des_export.json").write_text(json.dumps(info, indent=1))
+    _verify_savedmodel(folder, set(request_signature(data_schema)))
+    _sync_tree(folder)
     return info
+
+
+def _verify_savedmodel(folder: Path, inputs: set[str]) -> None:
+    """What a model server reads first, read back: the graph parses and its ``serving_default``
+    takes ``inputs`` and returns ``probability``; the variables' index is there."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((folder / "saved_model.pb").read_bytes())
+    signature = saved.meta_graphs[0].signature_def["serving_default"]
+    if set(signature.inputs) != inputs or set(signature.outputs) != {"probability"} or \
+            not (folder / "variables" / "variables.index").is_file():
+        raise DesError(f"the SavedModel written to {folder} is incomplete: not putting it in place")
+
+
+def _sync_tree(folder: Path) -> None:
+    """fsync every file and folder below ``folder``: a rename must never publish a folder whose
+    contents a crash of the machine could still lose."""
+    for path in [*folder.rglob("*"), folder]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _put_in_place(tmp: Path, final: Path, old: Path) -> None:
+    """Rename ``tmp`` to ``final``; an existing ``final`` is moved to ``old`` first and deleted
+    last, so a crash leaves the old folder or the new one under ``final``, never half of one."""
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------- versions
+# des.train --export-every: numbered SavedModels in TF Serving's layout (it serves the highest
+# numeric subfolder and ignores others, so hidden names hide what is not complete).
+_LEFTOVER_PREFIXES = (".tmp-", ".old-", ".del-")
+
+
+def check_export_dir(path: str) -> Path:
+    """``--export-dir`` resolved; a one-line :class:`ConfigError` if it is a file or cannot be
+    written (nothing is created: the first export creates it)."""
+    root = Path(path).resolve()
+    existing = root
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise ConfigError(f"--export-dir {root}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"--export-dir {root} is not writable: {existing} is not a writable directory")
+    return root
+
+
+def exported_versions(root: Path) -> list[int]:
+    """The versions in ``root`` (its numeric subfolders), in increasing order."""
+    if not root.is_dir():
+        return []
+    return sorted(int(p.name) for p in root.iterdir() if p.name.isascii() and p.name.isdigit() and p.is_dir())
+
+
+def export_version(checkpoint: str | Path, root: Path, version: int, keep: int = 0) -> dict[str, Any]:
+    """Write ``checkpoint`` as ``root/<version>/`` (built in ``root/.tmp-<version>``, verified,
+    then renamed into place; what a crashed export left is removed first). The new version is then
+    the highest: versions above it (of a job that got further before this one resumed from an
+    earlier checkpoint, or the steps after the best one an early stop went back to) are removed,
+    and with ``keep`` all but the newest ``keep``. Returns ``{"version", "step", "path"}`` and
+    ``bytes``, ``seconds``, ``removed``."""
+    start = time.perf_counter()
+    root.mkdir(parents=True, exist_ok=True)
+    for leftover in root.iterdir():
+        if leftover.name.startswith(_LEFTOVER_PREFIXES):
+            shutil.rmtree(leftover, ignore_errors=True)
+    final = root / str(version)
+    info = write_savedmodel(checkpoint, root / f".tmp-{version}")
+    _put_in_place(root / f".tmp-{version}", final, root / f".old-{version}")
+    versions = exported_versions(root)
+    removed = [v for v in versions if v > version]
+    if keep:  # the newest ``keep`` are this one and the ``keep - 1`` below it
+        below = [v for v in versions if v < version]
+        removed += below[: max(len(below) - (keep - 1), 0)]
+    for v in removed:  # hidden by a rename first: a deletion cut short is never served
+        os.replace(root / str(v), root / f".del-{v}")
+        shutil.rmtree(root / f".del-{v}", ignore_errors=True)
+    return {"version": version, "step": info["step"], "path": str(final), "removed": removed,
+            "bytes": sum(p.stat().st_size for p in final.rglob("*") if p.is_file()),
+            "seconds": time.perf_counter() - start}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -245,6 +245,7 @@ def summary_record(run: Any, results: dict[str, Any]) -> dict[str, Any]:
         "stopped_early": run.training.stopped,
         "run_folder": str(run.run_folder.path),
         **progressive_summary(run.training.progressive),
+        "exports": run.exports,
     }
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from des.collectives import Communicator
 from des.config import TrainConfig
+from des.errors import DesError
 from des.metrics import auc_or_none, evaluate_split, logloss
 from des.reporting import format_progressive, format_record
 from des.run_folder import RunFolder
@@ -109,6 +110,7 @@ class Run:
     schedules: dict[str, Schedule] = field(default_factory=dict)
     planner: dict[str, Any] | None = None  # communication_plan()'s record for summary.json
     evicted: dict[str, int] = field(default_factory=dict)  # rows evicted this run, by field name (summary.json)
+    exports: list[dict[str, Any]] = field(default_factory=list)  # --export-every: the versions written
 
     @property
     def talks(self) -> bool:
@@ -252,6 +254,24 @@ class Run:
         if self.comm.rank == 0 and self.config.keep_checkpoints:
             prune_checkpoints(root, self.config.keep_checkpoints)
         return path
+
+    def export(self, progress=None) -> None:
+        """Version ``step`` of ``--export-dir`` from the checkpoint just saved (or restored) at
+        ``step``, written by rank 0 from its files; the other ranks wait for its record (collective)."""
+        if self.comm.rank == 0:
+            from des.export import export_version
+
+            root = Path(self.config.export_dir).resolve()
+            try:
+                record = export_version(self.checkpoint, root, self.saved_step, self.config.keep_exports)
+            except OSError as exc:  # a full disk, say: one line, not a traceback
+                raise DesError(f"--export-dir {root}: exporting step {self.saved_step} failed: {exc}") from None
+        record = self.comm.bcast_json(record if self.comm.rank == 0 else None, "checkpoint")
+        self.exports.append({k: record[k] for k in ("version", "step", "path")})
+        removed = f", removed {', '.join(map(str, record['removed']))}" if record["removed"] else ""
+        (progress.write if progress is not None else self.say)(
+            f"exported version {record['version']} to {record['path']}: {record['bytes'] / 2**20:.1f} MiB in "
+            f"{record['seconds']:.1f} s{removed}")
 
     def restore_best(self) -> None:
         """Load the best checkpoint (collective) and make it the run's result: ``checkpoints/latest``

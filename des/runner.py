@@ -70,7 +70,9 @@ def train_segment(run: Run, segment, progress) -> bool:
         batch = following.batch() if following is not None else run.batch(at)
         done = at.step + 1  # global batches trained so far
         validates = strategy.synchronous and run.source.validates(at)
-        saves = bool(config.checkpoint_every) and done % config.checkpoint_every == 0
+        exports = bool(config.export_every) and done % config.export_every == 0
+        # an export is made from the checkpoint of its step (so it is what des.evaluate of that gives)
+        saves = exports or (bool(config.checkpoint_every) and done % config.checkpoint_every == 0)
         # --evict-every: between steps, never inside one (a prefetched lookup's rows would move)
         evicts = bool(config.evict_every) and done % config.evict_every == 0
         following = None
@@ -94,6 +96,8 @@ def train_segment(run: Run, segment, progress) -> bool:
             run.validate(done, at.part, progress)
         if saves:
             run.save()
+        if exports:
+            run.export(progress)
         if run.training.stopped:  # --early-stop: validation stopped improving
             run.say(f"early stop at step {done}: no better validation {config.monitor} since step "
                     f"{run.training.best_step}")
@@ -114,6 +118,8 @@ def finish(run: Run) -> dict[str, Any]:
         run.restore_best()
     elif strategy.checkpoints and run.saved_step != strategy.step_count:
         run.save()
+    if config.export_every and run.checkpoint and (not run.exports or run.exports[-1]["step"] != run.saved_step):
+        run.export()  # the run's result (the best one after an early stop) becomes the highest version
     run.catch_up()
     test = evaluate_split(strategy, run.store, "test", config.eval_batch_size) if evaluating else None
     return {"validation": run.last_validation, "test": test,

@@ -179,10 +179,18 @@ def communication_plan(config: TrainConfig, strategy: Any, store: Any, ranks: in
 
 def plan_run_folder(config: TrainConfig, comm: Communicator) -> RunFolder:
     """The run folder, checked (writable, not in use, no other run in it) but not created yet: a
-    run that fails during set-up (a bad checkpoint, say) leaves nothing behind."""
+    run that fails during set-up (a bad checkpoint, say) leaves nothing behind. ``--export-dir``
+    is checked alike."""
     if comm.rank == 0:
-        plan = RunFolder.plan(config.output, model=config.model, resume=config.resume,
-                              overwrite=config.overwrite).to_json()
+        folder = RunFolder.plan(config.output, model=config.model, resume=config.resume, overwrite=config.overwrite)
+        if config.export_every:
+            from des.export import check_export_dir
+
+            exports = check_export_dir(config.export_dir)
+            if folder.overwrite and exports.is_relative_to(folder.path):  # the job writes the new run elsewhere
+                raise ConfigError(f"--export-dir {exports} is inside the run folder that --overwrite replaces; "
+                                  "choose another")
+        plan = folder.to_json()
     return RunFolder.from_json(comm.bcast_json(plan if comm.rank == 0 else None, "setup"))
 
 
