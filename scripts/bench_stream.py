@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"budget {args.max_rows}": {"max_rows_per_field": args.max_rows}}
     results = {(s, b): run_stream(bench, f"{s}-{b.split()[0]}", path, args, **flags)
                for s, path in streams.items() for b, flags in bounds.items()}
-    rows, tables = [], []
+    rows, tables, means_notes = [], [], []
     for s in streams:
         per_bound = {b: results[(s, b)].get("per_file", []) for b in bounds}
         for i in range(max(len(v) for v in per_bound.values())):
@@ -121,11 +121,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                   [(f"rows {b}", f"rows held, {b}", ",") for b in bounds]
         tables.append((f"{s}: per file, judged before training on it", columns, [r for r in rows if r["stream"] == s]))
         means = {b: (results[(s, b)].get("summary") or {}).get("progressive_auc_mean") for b in bounds}
-        bench.log(f"{s}: progressive AUC mean (files after the first) " + ", ".join(
-            f"{b} {m:.4f}" if m is not None else f"{b} n/a" for b, m in means.items()))
+        means_notes.append(f"{s}: progressive AUC mean (files after the first, by rows) " + ", ".join(
+            f"{b} {m:.4f}" if m is not None else f"{b} n/a" for b, m in means.items()) + ".")
+        bench.log(means_notes[-1])
     notes = [f"One rank, {args.model}, batch {args.batch_size}, evicting every {args.evict_every} steps; rows held = "
              "rows of all tables at the last eviction of the file (the unbounded run's TTL evicts nothing). "
-             f"drift-{args.files}: {args.files} x {args.rows_per_file:,} synthetic rows, churn {args.churn}."]
+             f"drift-{args.files}: {args.files} x {args.rows_per_file:,} synthetic rows, churn {args.churn}.",
+             *means_notes]
     bench.finish(rows, tables, notes)
     return 1 if bench.failures else 0
 
