@@ -118,6 +118,8 @@ class TrainConfig:
     max_rows_per_field: int = _opt(0, "eviction: a table holding more rows drops the least recently seen (ties: the "
                                    "smaller key first) down to this many, after --ttl, at checkpoints or every "
                                    "--evict-every steps; not with fields split by key (0: no budget)")
+    ttl_files: int = _opt(0, "with --stream: after each file, evict the rows not seen in the last N files (and apply "
+                          "--max-rows-per-field; 0: off)")
     evict_every: int = _opt(0, "evict (--ttl, --max-rows-per-field) every N steps, on every rank between steps (0: at "
                             "checkpoints)")
     unadmitted: str = _opt("auto", "what unknown/unadmitted ids contribute: their initial value, zeros, or one "
@@ -211,7 +213,8 @@ class TrainConfig:
                 raise ConfigError(f"--{_flag(name)} must be at least 1, got {getattr(self, name)}")
         for name in ("epochs", "max_steps", "ttl", "max_rows_per_field", "evict_every", "eval_every",
                      "checkpoint_every", "keep_checkpoints", "threads", "min_count", "table_capacity",
-                     "follow_interval", "follow_timeout", "progressive_every_rows", "export_every", "keep_exports"):
+                     "follow_interval", "follow_timeout", "progressive_every_rows", "export_every", "keep_exports",
+                     "ttl_files"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{_flag(name)} must not be negative, got {getattr(self, name)}")
         if bool(self.export_every) != bool(self.export_dir.strip()):
@@ -254,7 +257,7 @@ class TrainConfig:
         """``--stream`` is its own training data, one pass in file order, tested file by file: the
         options of a split, of epochs and of a validation split do not apply to it (one line)."""
         stream_only = ("stream_glob", "stream_shuffle", "follow", "follow_interval", "follow_timeout",
-                       "progressive_every_rows")
+                       "progressive_every_rows", "ttl_files")
         if not self.stream:
             used = [name for name in stream_only if name in given]
             if used:

@@ -183,12 +183,13 @@ class Run:
         """Does this run evict rows (``--ttl``, ``--max-rows-per-field``)?"""
         return bool(self.config.ttl or self.config.max_rows_per_field)
 
-    def evict(self) -> int:
+    def evict(self, ttl: int | None = None, about: dict[str, Any] | None = None) -> int:
         """Evict rows on every rank at this step (collective; docs/design.md, section 4): every
-        ``--evict-every`` steps, or before each checkpoint without it. One ``metrics.jsonl`` record of
-        the rows evicted and left, by field; returns the rows evicted (all ranks)."""
+        ``--evict-every`` steps, or before each checkpoint without it, or (``ttl``: an age in steps
+        instead of ``--ttl``) after a stream's file with ``--ttl-files``. One ``metrics.jsonl``
+        record of the rows evicted and left, by field (with ``about``); returns the rows evicted."""
         state = self.strategy.state()  # settles a pipelined step's deferred updates: rows are about to move
-        evicted = state.evict(self.comm.rank, self.config.ttl, self.config.max_rows_per_field)
+        evicted = state.evict(self.comm.rank, self.config.ttl if ttl is None else ttl, self.config.max_rows_per_field)
         names = self.store.field_names
         counts = np.zeros((len(names), 2), np.int64)
         for f, n in evicted.items():
@@ -197,7 +198,7 @@ class Run:
         for f, name in enumerate(names):
             self.evicted[name] = self.evicted.get(name, 0) + int(counts[f, 0])
         if self.talks:
-            record = {"step": state.step, "evicted_rows": dict(zip(names, counts[:, 0].tolist())),
+            record = {"step": state.step, **(about or {}), "evicted_rows": dict(zip(names, counts[:, 0].tolist())),
                       "rows": dict(zip(names, counts[:, 1].tolist()))}
             with open(self.folder / "metrics.jsonl", "a") as fh:
                 fh.write(json.dumps(record) + "\n")

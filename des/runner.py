@@ -92,6 +92,8 @@ def train_segment(run: Run, segment, progress) -> bool:
             progress.set_postfix(loss=f"{loss:.4f}", sps=f"{run.meter.samples_per_second:,.0f}")
         if evicts:  # before validating and saving: they see the tables the next step trains
             run.evict()
+        if config.ttl_files and segment.closes is not None and i + 1 == len(segment):
+            evict_after_file(run, segment)
         if validates:
             run.validate(done, at.part, progress)
         if saves:
@@ -106,6 +108,14 @@ def train_segment(run: Run, segment, progress) -> bool:
             run.say(f"stopping at step {done}: asked to by a signal")
             return False
     return True
+
+
+def evict_after_file(run: Run, segment) -> None:
+    """``--ttl-files N``: at a stream file's end, the rows none of the last N files used go (an age
+    in files: steps since the first step of the oldest of them)."""
+    oldest = run.source.first_step(segment.closes - run.config.ttl_files + 1)
+    if oldest is not None:
+        run.evict(ttl=run.strategy.step_count - oldest, about={"file": segment.label.get("file")})
 
 
 def finish(run: Run) -> dict[str, Any]:

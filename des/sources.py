@@ -38,11 +38,14 @@ class Position:
 class Segment(Sequence[Position]):
     """This rank's ``steps`` as positions (``locate``: a step's part and index). ``test``: the
     predictions and labels of the rows these steps train, made before they are trained (a stream's
-    progressive validation; None: no test), ``label`` what its record says about them."""
+    progressive validation; None: no test), ``label`` what its record says about them, ``closes``
+    the index of the stream file its last step ends (None: it ends none)."""
 
     def __init__(self, steps: range, locate: Callable[[int], tuple[int, int]],
-                 test: Callable[[], Any] | None = None, label: dict[str, Any] | None = None) -> None:
+                 test: Callable[[], Any] | None = None, label: dict[str, Any] | None = None,
+                 closes: int | None = None) -> None:
         self.steps, self.locate, self.test, self.label = steps, locate, test, label or {}
+        self.closes = closes
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -165,8 +168,9 @@ class StreamSource:
                 test = self._test(store, reader, j, end, window < n) if j % window == 0 else None
                 label = {"file": self.files[k]["name"], "index": k, **({"batch": j} if window < n else {})}
                 self.segment = (k, j, step)
+                self.files[k]["start"] = step - j  # the file's first step (--ttl-files counts from it)
                 yield Segment(range(step, step + count), lambda s, k=k, j=j, first=step: (k, j + s - first), test,
-                              label)
+                              label, k if j + count == n else None)
                 step, j = step + count, j + count
                 if j < end:  # --max-steps
                     return
@@ -174,6 +178,10 @@ class StreamSource:
 
     def batch(self, at: Position):
         return self._reader.batch(at.index)
+
+    def first_step(self, k: int) -> int | None:
+        """The first step of file ``k`` (None: before the stream or unknown)."""
+        return self.files[k].get("start") if 0 <= k < len(self.files) else None
 
     def validates(self, at: Position) -> bool:
         return False
@@ -184,7 +192,7 @@ class StreamSource:
         files done before it (name and size)."""
         k, first, step = self.segment
         at = first + steps_done - step
-        done = [{key: f[key] for key in ("name", "size")} for f in self.files[:k]]
+        done = [{key: f[key] for key in ("name", "size", "start") if key in f} for f in self.files[:k]]
         record = {key: self.files[k][key] for key in ("name", "size", "sha256", "batches")}
         return k, at, {"file": k, **record, "next_batch": at, "done": done}
 
@@ -208,7 +216,7 @@ class StreamSource:
                 how = "other content" if size == was["size"] else f"{was['size']} bytes, now {size}"
                 raise CheckpointError(f"checkpoint {folder}: the stream's file {was['name']} changed since it was "
                                       f"trained on ({how})")
-            now.update({key: was[key] for key in ("size", "sha256", "batches") if key in was})
+            now.update({key: was[key] for key in ("size", "sha256", "batches", "start") if key in was})
         self.next = (k, record["next_batch"]) if record["next_batch"] < record["batches"] else (k + 1, 0)
         self.segment = (k, record["next_batch"], steps_done)
 

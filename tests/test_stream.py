@@ -20,7 +20,7 @@ from tests.conftest import REPO, criteo_head, mpi_env, run_job
 ROWS = [250, 200, 300, 250]  # the files' rows: 4, 4, 5 and 4 batches of 64 (the last ones partial)
 FLAGS = ["--model", "wdl", "--embedding-dim", "4", "--hidden", "16,8", "--batch-size", "64", "--dtype", "float64",
          "--unadmitted", "init", "--no-drop-last", "--no-progress", "--table-capacity", "256",
-         "--eval-batch-size", "512"]
+         "--eval-batch-size", "512", "--ttl-files", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +47,8 @@ def train(work: Path, ranks: int, output: str, *flags: str, check: bool = True):
     return run_job(ranks, args, check=check, timeout=180)
 
 
-def records(work: Path, output: str) -> list[dict]:
-    return [json.loads(line) for line in (work / output / "metrics.jsonl").read_text().splitlines()]
+def records(work: Path, output: str, kind: str = "progressive_auc") -> list[dict]:
+    return [r for r in map(json.loads, (work / output / "metrics.jsonl").read_text().splitlines()) if kind in r]
 
 
 def summary(work: Path, output: str) -> dict:
@@ -91,6 +91,18 @@ def test_a_stream_trains_every_row_once_in_file_order(work: Path, straight: Path
     assert s["progressive_auc_mean"] == pytest.approx(
         sum(r["progressive_auc"] * r["rows"] for r in later) / sum(r["rows"] for r in later))
     assert [step for step, _ in read_scalars(straight)["progressive/auc"]] == [r["step"] for r in got]
+    # --ttl-files 2: after each file, the tables hold the ids of the last two files, no others
+    from des.data.build import open_dataset
+    from des.data.stream import TRAIN_ALL
+
+    stores = [open_dataset(work / "stream" / f"day-0{k}.tsv", cache_dir=work / "cache", split=TRAIN_ALL)
+              for k in range(len(ROWS))]
+    evictions = records(work, "straight", "evicted_rows")
+    assert [r["file"] for r in evictions] == [f"day-0{k}.tsv" for k in range(1, len(ROWS))]
+    for k, record in enumerate(evictions, start=1):
+        kept = [np.unique(np.concatenate([s.field(f)[1] for s in stores[k - 1:k + 1]])).size
+                for f in range(stores[0].num_fields)]
+        assert list(record["rows"].values()) == kept
     manifest = json.loads((straight / "checkpoints" / "step-00000006" / "manifest.json").read_text())
     assert manifest["stream"]["name"] == "day-01.tsv" and manifest["stream"]["next_batch"] == 2
     assert [f["name"] for f in manifest["stream"]["done"]] == ["day-00.tsv"]
