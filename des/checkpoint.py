@@ -13,6 +13,18 @@ Layout of ``<run>/checkpoints/step-00000120/``::
                             the table of the keys in that share, written by the rank holding it
     field-007.dense.npz     field 7's slices of substituted dense weights and their optimizer state
                             (of a split field: written once, by the rank holding share 0)
+    field-007.evicted.npy   (an incremental checkpoint's) the keys field 7 evicted since its base
+
+**Incremental checkpoints** (``--full-checkpoint-every K``, format 3): between full ones, a
+checkpoint's table files hold only the rows looked up in training since the previous checkpoint
+(its *base*, named in the manifest with its manifest's sha256), its ``.evicted.npy`` files the keys
+evicted since, and the dense files are whole. A chain is a full checkpoint and its increments; the
+table of a field is the full checkpoint's, then per increment: its evicted keys deleted, the
+catch-ups the run made since its base replayed (``catch_ups``: Adam ``catchup=1`` moves rows no
+step touched when a validation or a checkpoint catches every row up: replaying them gives the
+writer's bits, where one catch-up later would not under a sparse schedule, whose rate of the moment
+it applies to every skipped step, nor past the horizon, which a catch-up restarts), its rows
+upserted (:func:`field_table`).
 
 Everything is stored **per field, not per rank**, so a checkpoint written by N ranks loads on M
 ranks: each rank reads the fields the new placement gives it, a field saved in shares as one table
@@ -36,6 +48,7 @@ import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +59,24 @@ from des.hashtable import EmbeddingTable
 from des.placement import share_of, shares
 
 FORMAT = "des-checkpoint/2"
+# An increment's own format: a reader that knows no chains refuses it, never taking its rows for a table.
+INCREMENTAL_FORMAT = "des-checkpoint/3"
 # Format 1 had no manifest.sha256; it loads unverified (a format-2 manifest without it is refused).
-FORMATS = ("des-checkpoint/1", FORMAT)
+FORMATS = ("des-checkpoint/1", FORMAT, INCREMENTAL_FORMAT)
 MANIFEST_CHECKSUM = "manifest.sha256"
+
+
+@dataclass(frozen=True)
+class Increment:
+    """What makes a checkpoint incremental: its ``base`` (the run's previous checkpoint, a folder
+    beside it), ``since`` (the base's step: rows looked up from that step on are written),
+    ``depth`` (increments since the chain's full checkpoint, this one included) and the
+    ``catch_ups`` (global step, sparse rate factor) the run's tables took since the base."""
+
+    base: Path
+    since: int
+    depth: int
+    catch_ups: tuple[tuple[int, float], ...] = ()
 
 
 class CheckpointError(DesError):
@@ -76,6 +104,11 @@ def table_file(field: int, share: tuple[int, int] | None = None) -> str:
 _TABLE_FILE = re.compile(r"field-(\d+)(?:\.share-(\d+)-of-(\d+))?\.table")
 
 
+def evicted_file(table: str) -> str:
+    """The file of the keys evicted since the base, beside table file ``table`` of an increment."""
+    return table[:-len(".table")] + ".evicted.npy"
+
+
 def _state_arrays(prefix: str, state: Any) -> dict[str, np.ndarray]:
     return {f"{prefix}__state__{k}": v for k, v in state.state_dict().items()}
 
@@ -88,7 +121,8 @@ def _load_state(prefix: str, arrays: Any, state: Any) -> None:
 def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, config: dict[str, Any],
                     evicted_rows: int = 0, data_order: dict[str, Any] | None = None,
                     training_state: dict[str, Any] | None = None, schema: dict[str, Any] | None = None,
-                    stream: dict[str, Any] | None = None) -> Path:
+                    stream: dict[str, Any] | None = None, increment: Increment | None = None,
+                    chained: bool = False) -> Path:
     """Write a checkpoint of ``strategy.state()`` under ``root``; collective (every rank calls it).
     ``evicted_rows``: rows the caller evicted right before (all ranks' sum, ``des.run.Run.evict``),
     kept in the manifest; ``data_order``: what fixes the batch order (data, batch size, seed...),
@@ -97,7 +131,9 @@ def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, c
     schedules), JSON, kept in the manifest (older checkpoints have none: a fresh state);
     ``schema``: the data's resolved schema (``des.data.schema``, with its training statistics:
     evaluation and serving read raw rows with it), None for Criteo's (no manifest entry);
-    ``stream``: a ``--stream`` run's position in its files (``des.sources.StreamSource.position``)."""
+    ``stream``: a ``--stream`` run's position in its files (``des.sources.StreamSource.position``);
+    ``increment``: write an incremental checkpoint on that base (the tables must track evictions);
+    ``chained``: the run writes increments: every table tracks its evictions from here on."""
     comm, state = strategy.comm, strategy.state()
     name = f"step-{state.step:08d}"
     tmp = root / f".{name}.tmp"
@@ -106,7 +142,7 @@ def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, c
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     comm.barrier("checkpoint")
-    written = _write_files(state, tmp, rank=comm.rank)
+    written = _write_files(state, tmp, rank=comm.rank, increment=increment, chained=chained)
     (tmp / f"rank-{comm.rank}.json").write_text(json.dumps(written))
     comm.barrier("checkpoint")
     if comm.rank == 0:
@@ -121,19 +157,36 @@ def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, c
             manifest["schema"] = schema
         if stream is not None:
             manifest["stream"] = stream
+        if increment is not None:
+            manifest.update(format=INCREMENTAL_FORMAT, kind="incremental", base=increment.base.name,
+                            base_manifest_sha256=_sha256(increment.base / "manifest.json"), depth=increment.depth,
+                            catch_ups=[list(c) for c in increment.catch_ups])
+        else:
+            manifest.update(kind="full", depth=0)
         _publish(tmp, root, name, manifest)
     comm.barrier("checkpoint")
     return root / name
 
 
-def _write_files(state: Any, tmp: Path, *, rank: int) -> dict[str, str]:
+def _write_files(state: Any, tmp: Path, *, rank: int, increment: Increment | None = None,
+                 chained: bool = False) -> dict[str, str]:
     """Rank ``rank``'s files of a checkpoint (its fields' tables or shares, and dense slices; rank 0:
-    the top network's weights), by name with their sha256."""
+    the top network's weights), by name with their sha256; of an ``increment``, the tables' rows
+    changed since its base and their keys evicted since."""
     dense, written, split = state.dense, [], shares(state.placement, rank)
     for field in state.fields:  # the owner writes a field's table and its dense slices
-        share = split.get(field)
-        state.tables[field].save(tmp / table_file(field, share))
+        share, table = split.get(field), state.tables[field]
+        evicted = table.track_evictions() if chained or increment is not None else None
+        if increment is None:
+            table.save(tmp / table_file(field, share))
+        else:
+            table.save(tmp / table_file(field, share), since=increment.since)
         written.append(table_file(field, share))
+        if increment is not None:
+            if evicted is None:  # the caller starts tracking at the base (Run.save, Run.continue_chain)
+                raise RuntimeError(f"field {field}: an incremental checkpoint of a table not tracking its evictions")
+            np.save(tmp / evicted_file(table_file(field, share)), evicted)
+            written.append(evicted_file(table_file(field, share)))
         if share is not None and share[0] != 0:
             continue  # the dense slices of a split field: every member holds them, share 0 writes them
         stem = _field_stem(field)
@@ -214,6 +267,9 @@ def read_manifest(path: str | Path) -> tuple[Path, dict[str, Any]]:
         raise CheckpointError(f"{manifest_path} is not a {' or '.join(FORMATS)} manifest")
     if manifest["format"] != FORMATS[0] and not manifest_path.with_name(MANIFEST_CHECKSUM).is_file():
         raise CheckpointError(f"checkpoint {folder} has no {MANIFEST_CHECKSUM} (required by its format {FORMAT})")
+    if (manifest["format"] == INCREMENTAL_FORMAT) != (manifest.get("kind") == "incremental"):
+        raise CheckpointError(f"checkpoint manifest {manifest_path} is corrupt: format {manifest['format']} "
+                              f"with kind {manifest.get('kind')!r}")
     for key, kind in _MANIFEST_KEYS.items():
         if not isinstance(manifest.get(key), kind) or isinstance(manifest.get(key), bool):
             raise CheckpointError(f"checkpoint manifest {manifest_path} is corrupt: {key!r} is missing or not a {kind.__name__}")
@@ -322,10 +378,39 @@ def field_table(folder: Path, manifest: dict[str, Any], field: int,
     """The table of ``field`` in a checkpoint (:func:`read_manifest`'s answer): whole, or cut to
     ``share`` = (share, group size), the keys :func:`des.placement.share_of` puts in it. Saved
     whole or in shares of any group size: every file it needs is verified (sha256) and merged
-    (``EmbeddingTable.load_parts``); a share of the group size saved is its own file alone."""
-    saved = _table_parts(folder, manifest, field)
+    (``EmbeddingTable.load_parts``); a share of the group size saved is its own file alone. Of an
+    incremental checkpoint, its chain replayed (:func:`checkpoint_chain`; the module docstring)."""
     if share is not None and share[1] == 1:
         share = None
+    chain = checkpoint_chain(folder, manifest)
+    table, whole = _saved_table(*chain[0], field, share)
+    for link, link_manifest in chain[1:]:
+        for file in _table_parts(link, link_manifest, field).values():
+            path = verified_file(link, link_manifest, evicted_file(file))
+            with as_checkpoint_error(path):
+                keys = np.load(path, allow_pickle=False)
+                if keys.dtype != np.int64 or keys.ndim != 1:
+                    raise ValueError(f"evicted keys are {keys.dtype}{list(keys.shape)}, not int64 [n]")
+            table.delete(keys)
+        for step, rate in link_manifest["catch_ups"]:  # what every row took in memory, in order
+            table.catch_up(int(step), float(rate))
+        rows, rows_whole = _saved_table(link, link_manifest, field, share)
+        with as_checkpoint_error(link):
+            table.upsert(rows.to_arrays())
+        whole = whole and rows_whole
+        table.last_update_step = rows.last_update_step if rows.last_update_step is not None else table.last_update_step
+        if rows_whole:  # the writer's counters; a cut share knows only its rows (as a cut full table)
+            table.evicted_count, table.admitted_total = rows.evicted_count, rows.admitted_total
+    if not whole:
+        table.admitted_total = max(table.admitted_total, table.admitted_count)
+    return table
+
+
+def _saved_table(folder: Path, manifest: dict[str, Any], field: int,
+                 share: tuple[int, int] | None) -> tuple[EmbeddingTable, bool]:
+    """The table (or rows) of ``field`` that this one checkpoint's files hold, cut to ``share``,
+    and whether every file was read whole (its counters then are the writer's)."""
+    saved = _table_parts(folder, manifest, field)
     if share is None:
         plan = [(file, None) for file in saved.values()]
     elif share in saved:  # saved with this group size: that share's file is the share
@@ -344,7 +429,31 @@ def field_table(folder: Path, manifest: dict[str, Any], field: int,
             raise CheckpointError(f"checkpoint table of field {field} cannot be loaded: {exc}") from None
     if table.field != field:
         raise CheckpointError(f"checkpoint file {parts[0][0]} holds field {table.field}, not {field}")
-    return table
+    return table, all(cut is None for _, cut in plan)
+
+
+def checkpoint_chain(folder: Path, manifest: dict[str, Any]) -> list[tuple[Path, dict[str, Any]]]:
+    """The chain of a checkpoint (:func:`read_manifest`'s answer), its full checkpoint first: itself
+    alone if full, else its base's chain and itself. Every link's manifest is verified, and must
+    be the one the next link was written on (its sha256), of the same model, at an earlier step."""
+    chain = [(folder, manifest)]
+    while chain[-1][1].get("kind") == "incremental":
+        link, m = chain[-1]
+        base, catch_ups = m.get("base"), m.get("catch_ups")
+        if not isinstance(base, str) or not re.fullmatch(r"step-\d+", base) or not isinstance(catch_ups, list) \
+                or not all(isinstance(c, list) and len(c) == 2 for c in catch_ups):
+            raise CheckpointError(f"checkpoint manifest {link / 'manifest.json'} is corrupt: a bad base or catch_ups")
+        folder_of_base = link.parent / base
+        if not (folder_of_base / "manifest.json").is_file():
+            raise CheckpointError(f"checkpoint {link} is an increment of {base}, which is missing")
+        _, base_manifest = read_manifest(folder_of_base)
+        if _sha256(folder_of_base / "manifest.json") != m.get("base_manifest_sha256"):
+            raise CheckpointError(f"checkpoint {link} is an increment of {base}, which was replaced since")
+        if any(base_manifest[k] != m[k] for k in ("model", "dtype", "seed", "num_fields")) or \
+                base_manifest["step"] >= m["step"] or len(chain) > 1 << 16:
+            raise CheckpointError(f"checkpoint {link} is an increment of {base}, which is not its base")
+        chain.append((folder_of_base, base_manifest))
+    return chain[::-1]
 
 
 def _table_parts(folder: Path, manifest: dict[str, Any], field: int) -> dict[tuple[int, int] | None, str]:

@@ -144,8 +144,12 @@ class TrainConfig:
     monitor: str = _opt("auc", "validation metric of --early-stop and plateau schedules", choices=("auc", "logloss"))
     eval_batch_size: int = _opt(8192, "batch size for validation and test")
     checkpoint_every: int = _opt(0, "checkpoint every N steps (0: only at the end)")
+    full_checkpoint_every: int = _opt(0, "every Nth checkpoint is full, those in between incremental: the rows looked "
+                                      "up and the keys evicted since the previous checkpoint, the dense weights "
+                                      "(a chain: a full checkpoint and its increments; 0: every checkpoint full)")
     keep_checkpoints: int = _opt(5, "keep this run's newest N step checkpoints, delete older ones (0: keep all; "
-                                 "checkpoints/best/ is kept apart)")
+                                 "checkpoints/best/ is kept apart; with --full-checkpoint-every: the newest N full "
+                                 "ones and their increments)")
     export_every: int = _opt(0, "every N steps and at the end, write the model as a SavedModel version of "
                              "--export-dir, from the checkpoint of that step (0: off)")
     export_dir: str = _opt("", "with --export-every, where the versions go: DIR/<step>/ in TF Serving's layout")
@@ -212,9 +216,9 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{_flag(name)} must be at least 1, got {getattr(self, name)}")
         for name in ("epochs", "max_steps", "ttl", "max_rows_per_field", "evict_every", "eval_every",
-                     "checkpoint_every", "keep_checkpoints", "threads", "min_count", "table_capacity",
-                     "follow_interval", "follow_timeout", "progressive_every_rows", "export_every", "keep_exports",
-                     "ttl_files"):
+                     "checkpoint_every", "full_checkpoint_every", "keep_checkpoints", "threads", "min_count",
+                     "table_capacity", "follow_interval", "follow_timeout", "progressive_every_rows", "export_every",
+                     "keep_exports", "ttl_files"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{_flag(name)} must not be negative, got {getattr(self, name)}")
         if bool(self.export_every) != bool(self.export_dir.strip()):

@@ -111,6 +111,10 @@ class Run:
     planner: dict[str, Any] | None = None  # communication_plan()'s record for summary.json
     evicted: dict[str, int] = field(default_factory=dict)  # rows evicted this run, by field name (summary.json)
     exports: list[dict[str, Any]] = field(default_factory=list)  # --export-every: the versions written
+    # --full-checkpoint-every: the checkpoint the next one may be an increment of (its folder, step and
+    # depth in its chain), and the catch-ups every row took since (its loading replays them)
+    chain: tuple[Path, int, int] | None = None
+    catch_ups: list[tuple[int, float]] = field(default_factory=list)
 
     @property
     def talks(self) -> bool:
@@ -209,8 +213,11 @@ class Run:
         that evaluation and checkpoints see every row at the current step. (An asynchronous
         strategy's tables live on its servers: there rows catch up when next touched only.)"""
         if self.strategy.role == "train" and self.strategy.synchronous:
+            step, rate = self.strategy.step_count, self.strategy.context.optimizers.rates.sparse
             for table in self.strategy.state().tables.values():
-                table.catch_up(self.strategy.step_count, self.strategy.context.optimizers.rates.sparse)
+                table.catch_up(step, rate)
+            if self.chain is not None and (not self.catch_ups or self.catch_ups[-1] != (step, rate)):
+                self.catch_ups.append((step, float(rate)))  # (a repeat moves nothing)
 
     def observe(self, step: int, result: dict[str, Any]) -> dict[str, Any]:
         """Track the best validation, keep its checkpoint (``--early-stop``), count validations
@@ -242,9 +249,12 @@ class Run:
         evicted = self.evict() if self.evicts and not best and not self.config.evict_every else 0
         self.catch_up()
         epoch, next_batch, stream = self.source.position(self.strategy.step_count)
+        chained = self.config.full_checkpoint_every > 1 and not best  # best/ holds one full checkpoint
+        increment = self.increment(root) if chained else None
         path = save_checkpoint(self.strategy, root, epoch=epoch, next_batch=next_batch, config=self.config.to_dict(),
                                evicted_rows=evicted, data_order=self.source.data_order,
-                               training_state=self.training.to_dict(), schema=self.store.schema, stream=stream)
+                               training_state=self.training.to_dict(), schema=self.store.schema, stream=stream,
+                               increment=increment, chained=chained)
         if best:
             if self.comm.rank == 0:
                 for old in root.glob("step-*"):
@@ -252,6 +262,8 @@ class Run:
                         shutil.rmtree(old, ignore_errors=True)
             return path
         self.checkpoint, self.saved_step = path, self.strategy.step_count
+        if chained:
+            self.chain, self.catch_ups = (path, self.saved_step, 0 if increment is None else increment.depth), []
         if self.comm.rank == 0 and self.config.keep_checkpoints:
             prune_checkpoints(root, self.config.keep_checkpoints)
         return path
@@ -274,6 +286,29 @@ class Run:
             f"exported version {record['version']} to {record['path']}: {record['bytes'] / 2**20:.1f} MiB in "
             f"{record['seconds']:.1f} s{removed}")
 
+    def increment(self, root: Path):
+        """The :class:`des.checkpoint.Increment` the next checkpoint in ``root`` is (None: full): on
+        the run's previous checkpoint in ``root`` unless the chain holds ``--full-checkpoint-every``
+        checkpoints already (the same answer on every rank)."""
+        from des.checkpoint import Increment
+
+        if self.chain is None:
+            return None
+        base, step, depth = self.chain
+        if depth + 1 >= self.config.full_checkpoint_every or step >= self.strategy.step_count \
+                or base.parent.resolve() != root.resolve():
+            return None
+        return Increment(base=base, since=step, depth=depth + 1, catch_ups=tuple(self.catch_ups))
+
+    def continue_chain(self, folder: Path, manifest: dict[str, Any]) -> None:
+        """After a resume from ``folder`` (its manifest): the run's next checkpoint may be an
+        increment of it (if in this run's ``checkpoints/``); the tables track evictions from now."""
+        if self.config.full_checkpoint_every <= 1:
+            return
+        for table in self.strategy.state().tables.values():
+            table.track_evictions()
+        self.chain, self.catch_ups = (Path(folder), int(manifest["step"]), int(manifest.get("depth", 0))), []
+
     def restore_best(self) -> None:
         """Load the best checkpoint (collective) and make it the run's result: ``checkpoints/latest``
         points at it, so ``des.evaluate RUN_FOLDER`` evaluates the best model."""
@@ -282,6 +317,7 @@ class Run:
         best = Path(self.training.best_checkpoint)
         if self.strategy.step_count != self.training.best_step:
             load_checkpoint(self.strategy, best)
+            self.chain = None  # the tables were replaced: no increment of the run's last checkpoint
         self.last_validation = self.training.best_validation
         if self.comm.rank == 0:
             root = self.folder / "checkpoints"
@@ -295,15 +331,40 @@ class Run:
 
 
 def prune_checkpoints(root: Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` step checkpoints directly under ``root`` (by step; what
-    ``latest`` names is always among them, ``best/`` is not looked at); returns those deleted. A
-    deletion that fails halfway leaves a folder whose manifest may be gone: it is never taken for
-    a checkpoint, and the next pruning retries it."""
+    """Delete all but the newest ``keep`` full step checkpoints directly under ``root`` (by step)
+    with their increments (``--full-checkpoint-every``: every link of a kept chain stays); what
+    ``latest`` names and its chain always stay, ``best/`` is not looked at. Returns those deleted,
+    newest first: an increment goes before its base, so a pruning that fails halfway never leaves
+    an increment without its base, and a folder whose manifest is gone is never taken for a
+    checkpoint (the next pruning retries it)."""
     steps = sorted((p for p in root.glob("step-*") if p.is_dir() and p.name[5:].isdigit()),
                    key=lambda p: int(p.name[5:]))
+    bases = {p.name: _base_of(p) for p in steps}
+
+    def chain(name: str) -> list[str]:  # the links from ``name`` back to its full checkpoint
+        links = [name]
+        while bases.get(links[-1]) in bases and len(links) <= len(bases):
+            links.append(bases[links[-1]])
+        return links
+
+    fulls = [p.name for p in steps if bases[p.name] is None]
+    kept_fulls = set(fulls[max(len(fulls) - keep, 0):])
     latest = (root / "latest").read_text().strip() if (root / "latest").is_file() else ""
-    old = [p for p in steps[: max(len(steps) - keep, 0)] if p.name != latest]
+    kept = set(chain(latest)) if latest in bases else set()
+    kept.update(name for name in bases if chain(name)[-1] in kept_fulls)
+    old = [p for p in reversed(steps) if p.name not in kept]
     for folder in old:
         (folder / "manifest.json").unlink(missing_ok=True)  # first: never a half-deleted "checkpoint"
         shutil.rmtree(folder, ignore_errors=True)
     return old
+
+
+def _base_of(folder: Path) -> str | None:
+    """The base an incremental checkpoint names (None: a full one, or no readable manifest)."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("kind") != "incremental":
+        return None
+    return manifest["base"] if isinstance(manifest.get("base"), str) else ""  # "": an increment of nothing known

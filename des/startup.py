@@ -66,6 +66,10 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     run = Run(config, comm, store, strategy, run_folder.work, source,
               start_step=strategy.step_count, run_folder=run_folder, schedules=schedules,
               training=TrainingState.from_dict(manifest.get("training_state") if manifest else None))
+    if manifest is not None:  # --full-checkpoint-every: the next checkpoint may be an increment of it
+        from des.checkpoint import resolve_checkpoint
+
+        run.continue_chain(resolve_checkpoint(config.resume), manifest)
     run.tensorboard = ScalarWriter(run.folder, run.talks, learning_rates(strategy.context.optimizers))
     hosts = runtime.describe_hosts(comm)  # collective
     if comm.rank == 0:

@@ -92,6 +92,19 @@ def run_job(ranks: int, args: list[str], *, check: bool = True, timeout: float =
     return run_here(args, check=check) if ranks == 1 else run_mpi(ranks, args, check=check, timeout=timeout)
 
 
+def assert_states_equal(expected: dict, got: dict, rtol: float = 1e-9) -> None:
+    """Two checkpoints' numbers (``des.check.state_arrays``): the same arrays, integers equal and
+    floats to ``rtol``."""
+    import numpy as np
+
+    assert sorted(got) == sorted(expected)
+    for key, value in expected.items():
+        if value.dtype.kind in "iu":
+            np.testing.assert_array_equal(got[key], value, err_msg=key)
+        else:
+            np.testing.assert_allclose(got[key], value, rtol=rtol, atol=1e-12, err_msg=key)
+
+
 def criteo_head(path: Path, rows: int) -> Path:
     """The first ``rows`` rows of the shipped Criteo sample, as a plain TSV at ``path``."""
     import gzip

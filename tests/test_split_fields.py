@@ -13,7 +13,7 @@ from des.check import state_arrays
 from des.data.batch import FieldBatch
 from des.errors import ConfigError, PlacementError
 from des.placement import keep_share, parse_split_fields, place_fields, share_of, split_groups, whole_fields
-from tests.conftest import criteo_head, run_job
+from tests.conftest import assert_states_equal, criteo_head, run_job
 
 
 def test_split_balances_what_whole_fields_cannot() -> None:
@@ -82,13 +82,7 @@ def test_resume_from_whole_fields_onto_split_ones_and_back(tmp_path: Path) -> No
     run_job(2, [*common, "--output", str(tmp_path / "whole"), "--max-steps", "12", "--placement", "balanced",
                 "--resume", str(split)])
     for step, folder in ((8, split), (12, tmp_path / "whole" / "checkpoints" / "step-00000012")):
-        expected, got = state_arrays(straight / f"step-{step:08d}"), state_arrays(folder)
-        assert sorted(got) == sorted(expected)
-        for key, value in expected.items():
-            if value.dtype.kind in "iu":
-                np.testing.assert_array_equal(got[key], value, err_msg=key)
-            else:
-                np.testing.assert_allclose(got[key], value, rtol=1e-9, atol=1e-12, err_msg=key)
+        assert_states_equal(state_arrays(straight / f"step-{step:08d}"), state_arrays(folder))
 
 
 def test_what_split_fields_refuse() -> None:

@@ -21,7 +21,8 @@ import psutil
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from tests.conftest import MPIEXEC, REPO, criteo_head, mpi_env, mpich_shm, run_here, run_job, run_mpi
+from tests.conftest import (MPIEXEC, REPO, assert_states_equal, criteo_head, mpi_env, mpich_shm, run_here, run_job,
+                            run_mpi)
 
 SMALL = ["--embedding-dim", "4", "--hidden", "16,8", "--batch-size", "256", "--eval-batch-size", "1024",
          "--no-progress", "--table-capacity", "256"]
@@ -65,13 +66,7 @@ def checkpoint_arrays(folder: Path) -> dict[str, np.ndarray]:
 
 
 def assert_checkpoints_equal(a: Path, b: Path, rtol: float = 1e-9) -> None:
-    left, right = checkpoint_arrays(a), checkpoint_arrays(b)
-    assert sorted(left) == sorted(right)
-    for key, value in left.items():
-        if value.dtype.kind in "iu":
-            np.testing.assert_array_equal(right[key], value, err_msg=key)
-        else:
-            np.testing.assert_allclose(right[key], value, rtol=rtol, atol=1e-12, err_msg=key)
+    assert_states_equal(checkpoint_arrays(a), checkpoint_arrays(b), rtol)
 
 
 def test_run_folder_and_summary(work: Path) -> None:

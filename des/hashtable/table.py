@@ -179,6 +179,7 @@ class EmbeddingTable:
         self.evicted_count = 0
         self.admitted_total = 0  # admissions ever (a key evicted and admitted again counts twice)
         self.last_update_step: int | None = None
+        self._evicted_keys: list[np.ndarray] | None = None  # kept while tracked (track_evictions)
         self._n = 0
         #: changes whenever an array of :attr:`arrays` is replaced (growth, eviction, loading); read only
         self.version = 0
@@ -458,16 +459,76 @@ class EmbeddingTable:
         over = n - int(np.count_nonzero(dead)) - int(max_rows)
         if max_rows > 0 and over > 0:
             dead[self._least_recent(dead, kept, over)] = True
+        if self._evicted_keys is not None:
+            self._evicted_keys.append(self._keys[:n][dead])
+        n_dead = self._remove(dead)
+        self.evicted_count += n_dead
+        return n_dead
+
+    def _remove(self, dead: np.ndarray) -> int:
+        """Remove the rows ``dead`` (a bool mask of the live rows) and their index slots; the last
+        rows move into the holes. Returns how many were removed."""
+        n = self._n
         src, dst, n_live = K.evict_plan(self._idx, self._keys, n, dead)
-        n_dead = n - n_live
         if src.shape[0]:
             for a in self._row_arrays():
                 a[dst] = a[src]
         self._n = n_live
         self._shared = -1  # rows moved
-        self.evicted_count += n_dead
         self._maybe_shrink()
-        return n_dead
+        return n - n_live
+
+    def track_evictions(self) -> np.ndarray | None:
+        """The keys :meth:`evict` removed since the previous call (None at the first: not tracked
+        until then); from this call on, evicted keys are kept until the next (an incremental
+        checkpoint records them, so that loading it deletes them)."""
+        taken = self._evicted_keys
+        self._evicted_keys = []
+        return None if taken is None else (np.concatenate(taken) if taken else np.zeros(0, np.int64))
+
+    def delete(self, keys: np.ndarray) -> int:
+        """Remove these keys' rows (keys the table lacks are ignored), as :meth:`evict` removes rows
+        but without counting them as evicted (replaying a checkpoint's evictions). Returns how many."""
+        keys = as_keys(keys).reshape(-1)
+        if self._n == 0 or keys.shape[0] == 0:
+            return 0
+        rows = np.empty(keys.shape[0], dtype=np.int64)
+        if K.lookup_only(self._idx, keys, rows) >= 0:
+            raise sentinel_error(keys)
+        dead = np.zeros(self._n, dtype=np.bool_)
+        dead[rows[rows >= 0]] = True
+        return self._remove(dead) if dead.any() else 0
+
+    def upsert(self, arrays: dict[str, np.ndarray]) -> int:
+        """Rows given as :meth:`to_arrays` gives them (distinct keys): a key the table holds has
+        its row replaced (counts, ``last_seen``, values, slots, step counts), a new key gets a new
+        row. Counters (``evicted_count``, ``admitted_total``) are left alone. Returns the new rows."""
+        _check_arrays(arrays, self.blocks, self.dtype, int(np.asarray(arrays["keys"]).shape[0]))
+        keys = as_keys(arrays["keys"])
+        if keys.shape[0] and (keys == K.EMPTY).any():
+            raise sentinel_error(keys)
+        rows = np.empty(keys.shape[0], dtype=np.int64)
+        n0, pos = self._n, 0
+        while True:  # count=False: inserts missing keys, leaves meta to the copy below
+            pos, self._n, status, _ = K.insert_keys(self._idx, keys, rows, pos, self._n, self.row_limit,
+                                                    self._keys, self._meta, 0, self.min_count, False)
+            if status == K.NEED_GROWTH:
+                self.grow()
+            elif status == K.OK:
+                break
+            else:
+                raise sentinel_error(keys)
+        self._meta[rows, K.COUNT] = arrays["count"]
+        self._meta[rows, K.LAST] = arrays["last_seen"]
+        for b, spec in enumerate(self.blocks):
+            data, dim = self._data[b], spec.dim
+            data[rows, :dim] = arrays[f"block.{b}.values"]
+            for s, name in enumerate(spec.optimizer.slot_names):
+                data[rows, dim * (s + 1):dim * (s + 2)] = arrays[f"block.{b}.slot.{name}"]
+            if self._steps[b] is not None:
+                self._steps[b][rows] = arrays[f"block.{b}.steps"]
+        self._shared = -1
+        return self._n - n0
 
     def _least_recent(self, dead: np.ndarray, kept: int, count: int) -> np.ndarray:
         """The ``count`` live rows (not ``dead``, not row ``kept``) seen least recently, of equal
@@ -596,9 +657,10 @@ class EmbeddingTable:
 
     # ---------------------------------------------------------------- persistence
 
-    def to_arrays(self) -> dict[str, np.ndarray]:
+    def to_arrays(self, since: int | None = None) -> dict[str, np.ndarray]:
         """The live rows as the arrays :meth:`save` writes (named as in ``format.py``): views, valid
-        until the table next changes."""
+        until the table next changes; with ``since``, copies of the rows looked up in training at
+        step ``since`` or later (``last_seen >= since``, inserted rows included)."""
         n = self._n
         arrays: dict[str, np.ndarray] = {"keys": self._keys[:n], "count": self._meta[:n, K.COUNT],
                                          "last_seen": self._meta[:n, K.LAST]}
@@ -609,17 +671,22 @@ class EmbeddingTable:
                 arrays[f"block.{b}.slot.{name}"] = data[:n, dim * (s + 1):dim * (s + 2)]
             if self._steps[b] is not None:
                 arrays[f"block.{b}.steps"] = self._steps[b][:n]
+        if since is not None:
+            changed = arrays["last_seen"] >= since
+            arrays = {name: a[changed] for name, a in arrays.items()}
         return arrays
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the table atomically in the format of ``des/hashtable/format.py`` (no pickle)."""
+    def save(self, path: str | os.PathLike, since: int | None = None) -> None:
+        """Write the table atomically in the format of ``des/hashtable/format.py`` (no pickle); with
+        ``since``, only the rows :meth:`to_arrays` gives for it (an incremental checkpoint's)."""
+        arrays = self.to_arrays(since)
         header = {"field": self.field, "seed": self.seed, "dtype": self.dtype.name,
                   "min_count": self.min_count, "unadmitted": self.unadmitted,
-                  "max_load": self.max_load, "n_rows": self._n, "evicted_count": self.evicted_count,
-                  "admitted_total": self.admitted_total,
+                  "max_load": self.max_load, "n_rows": int(arrays["keys"].shape[0]),
+                  "evicted_count": self.evicted_count, "admitted_total": self.admitted_total,
                   "last_update_step": self.last_update_step,
                   "blocks": [b.to_dict() for b in self.blocks]}
-        write_table_file(path, header, self.to_arrays())
+        write_table_file(path, header, arrays)
 
     @classmethod
     def load(cls, path: str | os.PathLike, capacity: int | None = None) -> "EmbeddingTable":
