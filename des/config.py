@@ -152,6 +152,8 @@ class TrainConfig:
                                  "ones and their increments)")
     export_every: int = _opt(0, "every N steps and at the end, write the model as a SavedModel version of "
                              "--export-dir, from the checkpoint of that step (0: off)")
+    export_every_files: int = _opt(0, "with --stream: after every N files, and at the end, write a SavedModel version "
+                                   "of --export-dir as --export-every does (0: off)")
     export_dir: str = _opt("", "with --export-every, where the versions go: DIR/<step>/ in TF Serving's layout")
     keep_exports: int = _opt(5, "keep the newest N versions in --export-dir, delete older ones (0: keep all)")
     output: str = _opt("", "run folder (default runs/<model>-<timestamp>)")
@@ -217,12 +219,13 @@ class TrainConfig:
                 raise ConfigError(f"--{_flag(name)} must be at least 1, got {getattr(self, name)}")
         for name in ("epochs", "max_steps", "ttl", "max_rows_per_field", "evict_every", "eval_every",
                      "checkpoint_every", "full_checkpoint_every", "keep_checkpoints", "threads", "min_count",
-                     "table_capacity", "follow_interval", "follow_timeout", "progressive_every_rows", "export_every",
+                     "table_capacity", "follow_interval", "follow_timeout", "progressive_every_rows", "export_every", "export_every_files",
                      "keep_exports", "ttl_files"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{_flag(name)} must not be negative, got {getattr(self, name)}")
-        if bool(self.export_every) != bool(self.export_dir.strip()):
-            raise ConfigError("--export-every K and --export-dir DIR go together (versioned exports: both, or neither)")
+        if bool(self.export_every or self.export_every_files) != bool(self.export_dir.strip()):
+            raise ConfigError("--export-every K (or --export-every-files K) and --export-dir DIR go together "
+                              "(versioned exports: both, or neither)")
         if self.compute_dtype == "bfloat16" and self.dtype != "float32":
             raise ConfigError(f"--compute-dtype bfloat16 needs --dtype float32 (its master weights), got {self.dtype}")
         if self.l2_embedding < 0 and self.l2_embedding != -1:
@@ -261,7 +264,7 @@ class TrainConfig:
         """``--stream`` is its own training data, one pass in file order, tested file by file: the
         options of a split, of epochs and of a validation split do not apply to it (one line)."""
         stream_only = ("stream_glob", "stream_shuffle", "follow", "follow_interval", "follow_timeout",
-                       "progressive_every_rows", "ttl_files")
+                       "progressive_every_rows", "ttl_files", "export_every_files")
         if not self.stream:
             used = [name for name in stream_only if name in given]
             if used:

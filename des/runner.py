@@ -70,7 +70,9 @@ def train_segment(run: Run, segment, progress) -> bool:
         batch = following.batch() if following is not None else run.batch(at)
         done = at.step + 1  # global batches trained so far
         validates = strategy.synchronous and run.source.validates(at)
-        exports = bool(config.export_every) and done % config.export_every == 0
+        closes = segment.closes if i + 1 == len(segment) else None  # the stream file this step ends
+        exports = (bool(config.export_every) and done % config.export_every == 0) or (
+            bool(config.export_every_files) and closes is not None and (closes + 1) % config.export_every_files == 0)
         # an export is made from the checkpoint of its step (so it is what des.evaluate of that gives)
         saves = exports or (bool(config.checkpoint_every) and done % config.checkpoint_every == 0)
         # --evict-every: between steps, never inside one (a prefetched lookup's rows would move)
@@ -92,7 +94,7 @@ def train_segment(run: Run, segment, progress) -> bool:
             progress.set_postfix(loss=f"{loss:.4f}", sps=f"{run.meter.samples_per_second:,.0f}")
         if evicts:  # before validating and saving: they see the tables the next step trains
             run.evict()
-        if config.ttl_files and segment.closes is not None and i + 1 == len(segment):
+        if config.ttl_files and closes is not None:
             evict_after_file(run, segment)
         if validates:
             run.validate(done, at.part, progress)
@@ -128,7 +130,8 @@ def finish(run: Run) -> dict[str, Any]:
         run.restore_best()
     elif strategy.checkpoints and run.saved_step != strategy.step_count:
         run.save()
-    if config.export_every and run.checkpoint and (not run.exports or run.exports[-1]["step"] != run.saved_step):
+    if (config.export_every or config.export_every_files) and run.checkpoint and (
+            not run.exports or run.exports[-1]["step"] != run.saved_step):
         run.export()  # the run's result (the best one after an early stop) becomes the highest version
     run.catch_up()
     test = evaluate_split(strategy, run.store, "test", config.eval_batch_size) if evaluating else None

@@ -187,7 +187,7 @@ def plan_run_folder(config: TrainConfig, comm: Communicator) -> RunFolder:
     is checked alike."""
     if comm.rank == 0:
         folder = RunFolder.plan(config.output, model=config.model, resume=config.resume, overwrite=config.overwrite)
-        if config.export_every:
+        if config.export_every or config.export_every_files:
             from des.export import check_export_dir
 
             exports = check_export_dir(config.export_dir)

@@ -71,7 +71,8 @@ def assert_same_state(a: Path, b: Path) -> None:
 @pytest.fixture(scope="module")
 def straight(work: Path) -> Path:
     """The whole stream on one rank, a checkpoint every 2 steps (all kept)."""
-    train(work, 1, "straight", "--checkpoint-every", "2", "--keep-checkpoints", "0")
+    train(work, 1, "straight", "--checkpoint-every", "2", "--keep-checkpoints", "0", "--export-every-files", "2",
+          "--export-dir", str(work / "exports"))
     return work / "straight"
 
 
@@ -103,6 +104,10 @@ def test_a_stream_trains_every_row_once_in_file_order(work: Path, straight: Path
         kept = [np.unique(np.concatenate([s.field(f)[1] for s in stores[k - 1:k + 1]])).size
                 for f in range(stores[0].num_fields)]
         assert list(record["rows"].values()) == kept
+    # --export-every-files 2: a SavedModel version after the second and the fourth (last) file
+    ends = list(np.cumsum(batches(ROWS)))
+    assert [e["step"] for e in s["exports"]] == [ends[1], ends[3]]
+    assert sorted(p.name for p in (work / "exports").iterdir()) == sorted(str(ends[k]) for k in (1, 3))
     manifest = json.loads((straight / "checkpoints" / "step-00000006" / "manifest.json").read_text())
     assert manifest["stream"]["name"] == "day-01.tsv" and manifest["stream"]["next_batch"] == 2
     assert [f["name"] for f in manifest["stream"]["done"]] == ["day-00.tsv"]

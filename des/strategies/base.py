@@ -183,7 +183,7 @@ class Strategy(ABC):
     def check_options(cls, options: Mapping[str, Any]) -> None:
         """Refuse options this strategy cannot honour (one-line :class:`ConfigError`)."""
         if not cls.checkpoints:
-            for flag in ("resume", "checkpoint_every", "export_every"):
+            for flag in ("resume", "checkpoint_every", "export_every", "export_every_files"):
                 if options.get(flag):
                     raise ConfigError(f"--{flag.replace('_', '-')} is not supported with --strategy {cls.name} "
                                       "(it writes no checkpoints)")
