@@ -50,6 +50,13 @@ def mpi_env(ranks: int) -> dict[str, str]:
     return env
 
 
+def driver_env(ranks: int) -> dict[str, str]:
+    """:func:`mpi_env` for THIS process, where a driver (``des.check``) launches the jobs: without
+    ``NUMBA_NUM_THREADS``, which numba re-reads before every compilation and refuses to see change
+    once its pool runs (a cold cache compiles in this process later). The launches set it."""
+    return {k: v for k, v in mpi_env(ranks).items() if k != "NUMBA_NUM_THREADS"}
+
+
 def run_mpi(
     ranks: int, args: list[str], *, timeout: float = 240, check: bool = True, cwd: Path | None = None
 ) -> subprocess.CompletedProcess:

@@ -14,7 +14,7 @@ import tensorflow as tf
 from des.models import EmbeddingBlock, Model, check_model, default_models
 from des.models.conformance import ModelConformanceError
 from des.substitutions import FirstOrderLinear, Substitution
-from tests.conftest import REPO, criteo_head, mpi_env, run_here
+from tests.conftest import REPO, criteo_head, driver_env, run_here
 
 EXAMPLE = REPO / "examples" / "field_weighted_lr.py"
 
@@ -104,7 +104,7 @@ def small_data(tmp_path_factory) -> Path:
 def des_check(monkeypatch, *args: str) -> subprocess.CompletedProcess:
     """``python -m des.check ARGS`` (its driver in this process; it launches the mpiexec jobs,
     each with a timeout) in the test environment."""
-    for key, value in mpi_env(2).items():
+    for key, value in driver_env(2).items():
         monkeypatch.setenv(key, value)
     return run_here(["-m", "des.check", "--timeout", "300", *args], check=False)
 

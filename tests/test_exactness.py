@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 from des.check import Case, check
-from tests.conftest import criteo_head, mpi_env
+from tests.conftest import criteo_head, driver_env
 
 MODELS = ("lr", "fm", "wdl", "deepfm", "dcnv2", "dlrm")
 # DCN-v2's other form: stacked, a mixture of low-rank experts (DCNMix)
@@ -183,7 +183,7 @@ def plan_of(flags: tuple[str, ...]) -> tuple[str, ...]:
 def monkeypatch_module():
     """The launches get the test environment (quiet TF, one BLAS thread, this checkout first)."""
     mp = pytest.MonkeyPatch()
-    for key, value in mpi_env(4).items():
+    for key, value in driver_env(4).items():
         mp.setenv(key, value)
     yield mp
     mp.undo()
