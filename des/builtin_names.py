@@ -10,7 +10,8 @@ MODELS = ("lr", "fm", "wdl", "deepfm", "dcnv2", "dlrm")
 
 #: ``--strategy`` value -> (module, class) of the built-in strategies, in this order
 STRATEGIES = {"des": ("des.strategies.des", "DES"), "alltoall": ("des.strategies.alltoall", "AllToAll"),
-              "ps": ("des.strategies.ps", "ParameterServer")}
+              "ps": ("des.strategies.ps", "ParameterServer"), "persia": ("des.strategies.persia", "Persia"),
+              "hierarchical": ("des.strategies.hierarchical", "Hierarchical")}
 
 
 def default_strategy_names() -> tuple[str, ...]:

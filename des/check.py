@@ -14,9 +14,10 @@ agree to ``--rtol`` (1e-9) relative to the largest magnitude of each array. Admi
 last-seen steps are bookkeeping, not parameters, and are not compared. It exits 1 with one line
 per failure.
 
-An asynchronous strategy (``ps``) is not expected to match across N; for it the check says so and
-checks instead that one server and one worker (2 ranks) train exactly what ``des`` trains on one
-rank: with a single worker nothing is stale.
+A strategy whose model depends on N (``ps``: its asynchronous workers; ``hierarchical``: its groups,
+``Strategy.exact_over_ranks``) is not expected to match across N; for it the check says so and
+checks instead that 2 ranks under ``Strategy.des_equivalent_flags`` train exactly what ``des`` trains
+on one rank: one ps server and one worker (nothing is stale), one hierarchical group of 2 ranks.
 
 :func:`check_model` checks a model's declarations in-process, without MPI (see
 :mod:`des.models.conformance`).
@@ -58,10 +59,10 @@ class Case:
     dtype: str = "float64"
     flags: tuple[str, ...] = ()  # further des.train flags (e.g. "--placement", "balanced")
     plugins: str = ""
-    #: rank counts to compare (empty: those given to :func:`check`; an asynchronous strategy: 2)
+    #: rank counts to compare (empty: those given to :func:`check`; a strategy not exact over ranks: 2)
     ranks: tuple[int, ...] = ()
-    #: the 1-rank run to compare with is this strategy's (empty: the same strategy; an
-    #: asynchronous strategy: ``des``)
+    #: the 1-rank run to compare with is this strategy's (empty: the same strategy; a strategy
+    #: not exact over ranks: ``des``)
     reference_strategy: str = ""
     #: tolerance (0: the one given to :func:`check`)
     rtol: float = 0.0
@@ -100,9 +101,11 @@ def check(cases: Sequence[Case], ranks: Sequence[int] = (1, 2, 3), *, steps: int
 
     resolved = []
     for case in cases:
-        synchronous = get_strategy(case.strategy).synchronous
-        resolved.append(replace(case, ranks=tuple(sorted(set(case.ranks or (ranks if synchronous else (2,))) - {1})),
-                                reference_strategy=case.reference_strategy or ("" if synchronous else "des")))
+        cls = get_strategy(case.strategy)
+        if not cls.exact_over_ranks and not case.ranks:  # 2 ranks training what des trains on 1
+            case = replace(case, ranks=(2,), flags=case.flags + cls.des_equivalent_flags(2))
+        resolved.append(replace(case, ranks=tuple(sorted(set(case.ranks or ranks) - {1})),
+                                reference_strategy=case.reference_strategy or ("" if cls.exact_over_ranks else "des")))
     wanted: dict[int, dict[str, Case]] = {}
     for case in resolved:
         wanted.setdefault(1, {})[case.reference().name] = case.reference()
@@ -283,9 +286,12 @@ def main(argv: Sequence[str] | None = None) -> int:
              for s in args.strategy.split(",")]
 
     for s in dict.fromkeys(c.strategy for c in cases):
-        if not get_strategy(s).synchronous:
-            print(f"des.check: {s} is asynchronous, so N ranks are not expected to match 1 rank; checking instead "
-                  "that 1 server + 1 worker (2 ranks) train exactly what des trains on 1 rank", flush=True)
+        cls = get_strategy(s)
+        if not cls.exact_over_ranks:
+            flags = " ".join(cls.des_equivalent_flags(2))
+            print(f"des.check: {s}'s model depends on the number of ranks, so N ranks are not expected to match 1 "
+                  f"rank; checking instead that 2 ranks{' with ' + flags if flags else ''} train exactly what des "
+                  "trains on 1 rank", flush=True)
     print(f"des.check: {args.model} under {args.strategy}, {args.dtype}, {args.steps} steps of {args.batch_size} rows "
           f"on {Path(data).name}, ranks {','.join(map(str, ranks))}", flush=True)
     results = check(cases, ranks, steps=args.steps, batch_size=args.batch_size, rtol=args.rtol, timeout=args.timeout)

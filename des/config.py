@@ -106,6 +106,18 @@ class TrainConfig:
                      "pooled inputs per distinct id (exchange); auto: the planner's cost model picks the plan with the "
                      "fewest bytes from the first batches; or OP=MODE,... (docs/design.md, Planner)")
     ps_servers: int = _opt(1, "with --strategy ps: how many ranks serve the tables (the rest are workers)")
+    staleness: int = _opt(1, "with --strategy persia: the bound tau of Persia's hybrid training; a step reads "
+                          "embeddings that miss at most the sparse updates of the previous tau steps (always that many: "
+                          "deterministic), the dense network synchronous; 0: = alltoall")
+    group_size: int = _opt(1, "with --strategy hierarchical: ranks per group (Hierarchical Training); each group "
+                           "trains its own replica of the upper network on its rows, the tables and field slices are "
+                           "one copy; must divide the ranks (= ranks: des)")
+    group_sync: str = _opt("easgd", "with --strategy hierarchical: how the groups' replicas are reconciled every "
+                           "--sync-every steps: elastic averaging (EASGD, against a center variable) or model averaging",
+                           choices=("easgd", "average"))
+    sync_every: int = _opt(4, "with --strategy hierarchical: steps between reconciliations of the groups' replicas")
+    easgd_alpha: float = _opt(0.0, "with --group-sync easgd: the moving rate alpha (0: auto, 0.9 / groups, the EASGD "
+                              "paper's beta = 0.9)")
     placement: str = _opt("mod", "field placement over ranks: whole fields round robin (mod) or by distinct ids "
                           "(balanced), or some fields split by key over every rank (split)",
                           choices=("mod", "balanced", "split"))

@@ -63,6 +63,11 @@ STRATEGY_FLAGS: dict[str, dict[str, str]] = {
     "des-bf16": {"strategy": "des", "upper": "data-parallel", "plan": "auto", "compute_dtype": "bfloat16"},
     "alltoall": {"strategy": "alltoall"},
     "ps": {"strategy": "ps"},
+    "persia-1": {"strategy": "persia", "staleness": "1"},
+    "persia-4": {"strategy": "persia", "staleness": "4"},
+    "persia-16": {"strategy": "persia", "staleness": "16"},
+    "hierarchical-g1": {"strategy": "hierarchical", "group_size": "1"},
+    "hierarchical-g2": {"strategy": "hierarchical", "group_size": "2"},
 }
 STRATEGY_NOTE = ("des = the default command: the upper network data-parallel (reduce-scatter of the partials by "
                  "rows, all-gather of their gradient, AllReduce of the top gradients) and --plan auto (the planner "
@@ -72,7 +77,10 @@ STRATEGY_NOTE = ("des = the default command: the upper network data-parallel (re
                  "(--upper replicated: one AllReduce, every rank runs the upper network on the whole batch); des-bf16 "
                  "= des with --compute-dtype bfloat16 (the upper network and the first FC layer's matmuls in bf16 on float32 master "
                  "weights); alltoall "
-                 "= every operator exchanged (--plan exchange, TorchRec-style).")
+                 "= every operator exchanged (--plan exchange, TorchRec-style); persia-T = Persia's hybrid training "
+                 "(alltoall's step, the sparse updates applied T steps late: --strategy persia --staleness T); "
+                 "hierarchical-gG = Hierarchical Training (groups of G ranks, each its own upper network, EASGD every "
+                 "4 steps: --strategy hierarchical --group-size G).")
 
 
 def strategy_flags(name: str) -> dict[str, str]:

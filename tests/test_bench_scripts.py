@@ -188,7 +188,8 @@ def test_breakdown_places_every_declared_phase():
         assert set(phases.values()) <= set(CATEGORIES) == set(breakdown.CATEGORIES), strategy
     communication = {s: {p for p, c in m.items() if c == "communication"} for s, m in mapping.items()}
     des = {"allreduce", "reduce_scatter", "allgather", "exchange_values", "exchange_gradients"}
-    assert communication == {"des": des, "alltoall": des, "ps": {"pull", "push"}}
+    assert communication == {"des": des, "alltoall": des, "ps": {"pull", "push"}, "persia": des,
+                             "hierarchical": des | {"group_sync"}}
     assert set(breakdown.server_phases()) == {"serve_rows", "apply_rows", "serve_dense", "apply_dense"}
     timer = PhaseTimer(mapping["des"])
     with timer("top"):

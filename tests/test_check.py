@@ -113,14 +113,17 @@ def des_check(monkeypatch, *args: str) -> subprocess.CompletedProcess:
 def test_a_plugin_model_passes_under_every_synchronous_strategy(small_data: Path, monkeypatch) -> None:
     # --unadmitted init: ps counts an id once per requesting worker and step, so admission with
     # --min-count 2 (a user model's auto) is not des's
-    proc = des_check(monkeypatch, "--model", "fwlr", "--plugins", str(EXAMPLE), "--strategy", "des,alltoall,ps",
+    proc = des_check(monkeypatch, "--model", "fwlr", "--plugins", str(EXAMPLE), "--strategy",
+                     "des,alltoall,ps,persia,hierarchical",
                      "--ranks", "1,2", "--steps", "4", "--data", str(small_data), "--unadmitted", "init")
     assert proc.returncode == 0 and "des.check: ok" in proc.stdout, proc.stdout + proc.stderr
-    for strategy in ("des", "alltoall"):
+    for strategy in ("des", "alltoall", "persia"):
         assert f"fwlr {strategy} 2 ranks vs {strategy} on 1 rank, float64: max relative difference" in proc.stdout
-    # ps is asynchronous: the harness says what it checks instead, and checks it
-    assert "ps is asynchronous, so N ranks are not expected to match 1 rank" in proc.stdout
-    assert "fwlr ps 2 ranks vs des on 1 rank, float64: max relative difference" in proc.stdout
+    # ps's and hierarchical's models depend on N: the harness says what it checks instead, and checks it
+    assert "ps's model depends on the number of ranks, so N ranks are not expected to match 1 rank" in proc.stdout
+    assert "2 ranks with --group-size 2 train exactly what des trains on 1 rank" in proc.stdout
+    for strategy in ("ps", "hierarchical"):
+        assert f"fwlr {strategy} 2 ranks vs des on 1 rank, float64: max relative difference" in proc.stdout
 
 
 @pytest.mark.mpi

@@ -47,13 +47,14 @@ THREE_FIELDS = Path(__file__).parent / "data" / "three_fields.toml"
 # --unadmitted init), with whole fields beside them, on one-hot and multi-hot data
 SPLIT = ("--placement", "split", "--split-fields", "I1,C3,C9,C20", "--unadmitted", "init")
 SPLIT_SCHEMA = ("--placement", "split", "--split-fields", "user,tags,scores", "--unadmitted", "init")
-AUTO_SPLIT = ("--placement", "split", "--unadmitted", "init")  # 3 fields on 4 and 6 ranks: split as needed
+AUTO_SPLIT = ("--placement", "split", "--unadmitted", "init")  # 3 fields on 4 ranks: split as needed
 MIXED_PLAN = "fm2=exchange"  # (see the plans below)
 # The schema's data under every plan: all partials, all exchange, and the two mixed plans.
 SCHEMA_PLANS = {"partials": (2, 3), "exchange": (2, 3), MIXED_PLAN: (3,), "linear=exchange,first_fc=exchange": (2,)}
 RANKS = (1, 2, 3, 4)
 BUDGET = 300
 BOUNDED = ("--max-rows-per-field", str(BUDGET), "--evict-every", "4", "--ttl", "6")
+SGD_AVERAGE = ("--dense-optimizer", "sgd:lr=0.05", "--group-sync", "average", "--sync-every", "1")
 SMALL = ("--embedding-dim", "4", "--hidden", "16,8", "--linear-optimizer", "ftrl:alpha=0.1,l1=0.01,l2=0.001",
          "--dense-optimizer", "adam:lr=0.01")
 ADAM = ("--embedding-optimizer", "adam:lr=0.01")
@@ -163,15 +164,30 @@ def results(datasets, monkeypatch_module) -> dict[tuple, object]:
     cases.append(Case("wdl", "des", criteo, "float64", SMALL + ADAM + SPLIT + REPLICATED, ranks=(4,)))
     cases += [Case("deepfm", "des", datasets["schema"], "float64", SMALL + ADAM + SPLIT_SCHEMA + ("--plan", plan),
                    ranks=n) for plan, n in (("exchange", (2,)),)]
-    cases.append(Case("deepfm", "des", datasets["three"], "float64", SMALL + ADAM + AUTO_SPLIT, ranks=(4, 6)))
+    cases.append(Case("deepfm", "des", datasets["three"], "float64", SMALL + ADAM + AUTO_SPLIT, ranks=(4,)))
     cases.append(Case("deepfm", "des", criteo, "float32", SMALL + ("--embedding-optimizer", "adam:lr=0.001"),
                       ranks=(4,), rtol=1e-5, compare="predictions"))
     # bounded tables: a row budget and a TTL every 4 steps, with the shared row (DeepFM's auto)
     cases.append(Case("deepfm", "des", criteo, "float64", SMALL + ADAM + BOUNDED, ranks=(2,)))
+    # Persia's hybrid training: its bound held at every step (so N-independent), and tau = 0 is alltoall
+    cases.append(Case("deepfm", "persia", criteo, "float64", SMALL + ADAM + ("--staleness", "0"), ranks=(2,),
+                      reference_strategy="alltoall"))
+    cases.append(Case("deepfm", "persia", criteo, "float64", SMALL + ADAM + ("--staleness", "3"), ranks=(3,)))
+    # Hierarchical Training: one group is des; with SGD and the replicas averaged every step, any
+    # number of groups of equal rows trains des's model (the mean of the groups' mean gradients)
+    cases.append(Case("deepfm", "hierarchical", criteo, "float64", SMALL + ADAM + ("--group-size", "2"), ranks=(2,),
+                      reference_strategy="des"))
+    cases += [Case("deepfm", "hierarchical", criteo, "float64", SMALL + ADAM + SGD_AVERAGE + ("--group-size", g),
+                   ranks=(n,), reference_strategy="des") for g, n in (("1", 2), ("2", 4))]
     return {(r.case.model, r.case.strategy, r.case.data, r.case.dtype, r.case.compare,
              "replicated" in r.case.flags, r.ranks) + plan_of(r.case.flags) + ("split",) * ("split" in r.case.flags)
-            + ("bounded",) * ("--evict-every" in r.case.flags): r
+            + ("bounded",) * ("--evict-every" in r.case.flags) + strategy_options(r.case.flags): r
             for r in check(cases, RANKS, steps=12, batch_size=64, rtol=1e-9, timeout=600)}
+
+
+def strategy_options(flags: tuple[str, ...]) -> tuple[str, ...]:
+    """The persia and hierarchical options a case sets, as ``("--staleness=3",)``."""
+    return tuple(f"{name}={flags[flags.index(name) + 1]}" for name in ("--staleness", "--group-size") if name in flags)
 
 
 def plan_of(flags: tuple[str, ...]) -> tuple[str, ...]:
@@ -342,9 +358,9 @@ def test_fields_split_by_key_with_the_replicated_upper_network(results, datasets
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks", (4, 6))
-def test_more_ranks_than_fields(results, datasets, ranks: int) -> None:
-    """Three fields on 4 and 6 ranks: the placement splits them by key, and the training is exact."""
+def test_more_ranks_than_fields(results, datasets) -> None:
+    """Three fields on 4 ranks: the placement splits them by key, and the training is exact."""
+    ranks = 4
     result = results[("deepfm", "des", datasets["three"], "float64", "all", False, ranks, "split")]
     assert_ok(result)
     assert result.losses[-1] < result.losses[0]
@@ -360,3 +376,36 @@ def test_bounded_tables_are_exact(results, datasets) -> None:
     rows = {name: shape[0] for name, shape in bounded.shapes.items() if name.endswith(".table/keys")}
     assert len(rows) == 39 and max(rows.values()) <= BUDGET
     assert any(unbounded.shapes[name][0] > BUDGET for name in rows)
+
+
+@pytest.mark.mpi
+def test_persia_without_staleness_is_alltoall(results, datasets) -> None:
+    """tau = 0: every sparse update lands before the next step reads, the synchronous step."""
+    assert_ok(results[("deepfm", "persia", datasets["criteo"], "float64", "all", False, 2, "--staleness=0")])
+
+
+@pytest.mark.mpi
+def test_persia_staleness_is_the_same_on_any_number_of_ranks(results, datasets) -> None:
+    """Updates landing tau = 3 steps late, on every owner alike: 3 ranks train what 1 rank trains,
+    and it is not the synchronous model (from step 1 on, a step misses the updates before it)."""
+    stale = results[("deepfm", "persia", datasets["criteo"], "float64", "all", False, 3, "--staleness=3")]
+    assert_ok(stale)
+    synchronous = results[("deepfm", "persia", datasets["criteo"], "float64", "all", False, 2, "--staleness=0")]
+    assert stale.losses[0] == synchronous.losses[0]
+    assert all(abs(a - b) > 1e-6 for a, b in zip(stale.losses[1:], synchronous.losses[1:]))
+
+
+@pytest.mark.mpi
+def test_hierarchical_with_one_group_is_des(results, datasets) -> None:
+    assert_ok(results[("deepfm", "hierarchical", datasets["criteo"], "float64", "all", False, 2, "--group-size=2")])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("group_size", "ranks"), ((1, 2), (2, 4)))
+def test_hierarchical_groups_averaged_every_step_under_sgd_are_des(results, datasets, group_size: int,
+                                                                    ranks: int) -> None:
+    """Each group's replica steps on its rows' mean gradient and the replicas are averaged: with
+    SGD that is des's step on the batch. Holds the groups' reduction, its scaling and the
+    averaging (2 groups of 1 rank; 2 groups of 2, each with its own row blocks)."""
+    assert_ok(results[("deepfm", "hierarchical", datasets["criteo"], "float64", "all", False, ranks,
+                       f"--group-size={group_size}")])

@@ -103,6 +103,14 @@ class Communicator:
         # their first call, which every rank makes): des/collectives/node_memory.py
         self._node_memory: NodeBuffers | bool | None = None if node_memory and self.size > 1 else False
 
+    def split(self, color: int) -> "Communicator":
+        """The communicator of the ranks that pass the same ``color`` (collective: every rank calls
+        it), ordered by rank, accounting into this one's sites (the summary reads one set)."""
+        sub = Communicator(self.comm.Split(int(color), self.rank), yield_seconds=self.yield_seconds,
+                           poll_sleep_seconds=self.poll_sleep_seconds)
+        sub.stats = self.stats
+        return sub
+
     def _node(self) -> NodeBuffers | None:
         if self._node_memory is None:
             self._node_memory = NodeBuffers(self.comm, self._quiet_barrier) if NodeBuffers.available(self.comm) else False

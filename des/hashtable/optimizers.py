@@ -723,6 +723,11 @@ class DenseOptimizerState:
         slots = tuple(s.reshape(1, -1) for s in self._slots)
         self.optimizer.apply_rows(w, slots, self._steps, self._rows, grad.reshape(1, -1), lr_scale)
 
+    def slot_arrays(self) -> list[np.ndarray]:
+        """The slots, param-shaped, in ``slot_names`` order: views a caller may write (e.g. to
+        average replicas' states)."""
+        return self._slot_views()
+
     def state_dict(self) -> dict[str, np.ndarray]:
         """Copies of the slots (param-shaped, named by ``slot_names``) and ``step`` if any."""
         return self._state_dict(self._slot_views())

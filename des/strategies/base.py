@@ -136,6 +136,10 @@ class Strategy(ABC):
     #: every rank ends every step with the same parameters as one rank would: the public N-vs-1
     #: checks (``python -m des.check``) apply. An asynchronous strategy validates only at the end.
     synchronous: ClassVar[bool] = True
+    #: N ranks train what one rank trains (``python -m des.check`` compares them); a strategy whose
+    #: model depends on N (a ps's workers, hierarchical groups) is checked instead on 2 ranks under
+    #: :meth:`des_equivalent_flags` against ``des`` on one
+    exact_over_ranks: ClassVar[bool] = True
     #: it can write and resume checkpoints
     checkpoints: ClassVar[bool] = True
     #: phase -> category (:data:`CATEGORIES`) of the phases :attr:`timer` times on training ranks
@@ -195,6 +199,12 @@ class Strategy(ABC):
         if not cls.synchronous and options.get("eval_every"):
             raise ConfigError(f"--eval-every is not supported with --strategy {cls.name} "
                               "(an asynchronous strategy validates once, at the end)")
+
+    @classmethod
+    def des_equivalent_flags(cls, ranks: int) -> tuple[str, ...]:
+        """``des.train`` flags under which this strategy on ``ranks`` ranks trains what ``des``
+        trains on one (the conformance check of a strategy that is not :attr:`exact_over_ranks`)."""
+        return ()
 
     @property
     def role(self) -> str:

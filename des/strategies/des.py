@@ -264,7 +264,7 @@ class DES(Strategy):
                                      *[to_numpy(g).reshape(-1) for g in sparam_grads],
                                      *[to_numpy(g).reshape(-1) for g in top_grads]]).astype(self.dtype)
         with timer("allreduce"):
-            pending = comm.start_allreduce_sum_(packed, "top_gradients")
+            pending = self._reduce_top(packed, size)
         exchange_grads = self._exchange_backward(looked_up.route, xpooled_grads) if self.exchange else []
         buffer_grad = None
         if form.width:
@@ -352,6 +352,11 @@ class DES(Strategy):
             got = self.exchange.send_gradients(route, send)
         with timer("sparse_backward"):
             return self.exchange.scatter_gradients(route, got)
+
+    def _reduce_top(self, packed: np.ndarray, size: int) -> Any:
+        """Start the sum of the loss shares and the replicated weights' gradients (``packed``) over
+        the ranks that train one replica of them: every rank (a pending AllReduce)."""
+        return self.comm.start_allreduce_sum_(packed, "top_gradients")
 
     def _unpack(self, packed: np.ndarray) -> tuple[float, list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
         """The summed loss, the gradients of the exchanged field weights, of the split fields' slices

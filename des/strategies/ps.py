@@ -44,7 +44,6 @@ from typing import Any
 
 import numpy as np
 
-from des.collectives import Communicator
 from des.errors import ConfigError
 from des.placement import place_fields
 from des.strategies.base import ShardState, Strategy, StrategyContext, untimed
@@ -61,6 +60,7 @@ class ParameterServer(Strategy):
     name = "ps"
     description = "asynchronous parameter server (--ps-servers ranks serve, the others train)"
     synchronous = False
+    exact_over_ranks = False  # with one server and one worker (the default on 2 ranks) it is des
     checkpoints = False
     phases = {"lookup": "lookup", "pull": "communication", "forward_backward": "top",
               "sparse_backward": "backward", "push": "communication"}
@@ -100,7 +100,7 @@ class ParameterServer(Strategy):
                                    exchanged=range(len(self.model.substitutions())))
         self._read = [[b.name for b in self.model.blocks()].index(name) for name in self.form.exchange_blocks]
         # collective over all ranks, so made here: the workers' own communicator
-        self.worker_comm = Communicator(self.comm.comm.Split(0 if self.is_server else 1, self.comm.rank))
+        self.worker_comm = self.comm.split(0 if self.is_server else 1)
         self.pushes_applied = 0
         self.staleness: list[int] = []
         self._pull_version = 0

@@ -1,0 +1,201 @@
+"""``--strategy hierarchical``: Hierarchical Training (Huang et al., KDD 2021) on the DES step.
+
+HT replaces each trainer of an EASGD system by a group of nodes that trains one replica of the
+dense network synchronously; the groups' replicas are reconciled in the background by EASGD
+(ShadowSync), and the embedding tables live once, on sparse parameter servers every group uses.
+Here, with ``N`` ranks in ``K = N / G`` groups of ``--group-size G`` consecutive ranks:
+
+* the tables and the field slices of the substituted operators are one copy, owned by field over
+  all N ranks as in ``des`` (HT's shared sparse servers; DES puts the first FC layer's field slices
+  with the fields). The DES step runs unchanged up to the top network: every rank computes the
+  partials of the whole global batch for its fields, and the reduce-scatter brings each rank its
+  row block, so group ``g`` holds the rows of its ranks, ``B/K`` of them;
+* each group trains its own replica of the upper network (the layers above the substituted ones,
+  and the dense features' weights) on its rows: the loss shares and top gradients are summed over
+  the group only (an AllReduce of the group's communicator), as the mean over the group's rows;
+* the buffer gradient ``G`` is the global batch's (normalised by B, gathered from every rank), so
+  the shared tables and field slices take one update per step from every group's rows: HT's
+  pushes to its sparse servers without their staleness (each group's gradient applied at once);
+* every ``--sync-every`` steps the replicas are reconciled, with one AllReduce over all ranks of
+  the groups' weights (each group's first rank contributes, the others zeros):
+  ``--group-sync easgd`` (Zhang, Choromanska & LeCun 2015, synchronous EASGD, their eqs. 5-6):
+  ``x_g <- x_g - alpha (x_g - c)``, ``c <- c + alpha Σ_g (x_g - c)`` with a center ``c`` held
+  alike on every rank; ``average``: ``x_g <- mean_g x_g`` (model averaging). Each group keeps its
+  optimizer state.
+
+A validation, a checkpoint, an eviction and the end of training read one model: they first make
+the replicas one (:meth:`settle`: weights and optimizer state averaged over the groups, the center
+set to that average), so checkpoints hold one model and a resumed run equals a straight one with
+the same checkpoints. With ``G = N`` (one group) nothing differs from ``des``, bit for bit; with
+SGD and ``average`` every step, any G trains what ``des`` trains (the groups' mean gradient is the
+batch's), which ``tests/test_exactness.py`` checks. The reconciliation is in the step (blocking)
+rather than in the background: deterministic, and its cost is in the measured speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from des.errors import ConfigError
+from des.strategies.base import StrategyContext
+from des.strategies.des import DES
+
+#: EASGD's ``beta = K alpha`` (the EASGD paper's recommended 0.9): ``--easgd-alpha 0`` means ``0.9 / K``
+EASGD_BETA = 0.9
+
+
+class Hierarchical(DES):
+    """DES with one replica of the upper network per group of ranks, reconciled every few steps."""
+
+    name = "hierarchical"
+    description = ("Hierarchical Training: groups of --group-size ranks, each training its own replica of the upper "
+                   "network, reconciled by EASGD or averaging; tables and field slices one copy")
+    exact_over_ranks = False  # the model depends on the number of groups
+    fixed_plan = "partials"
+    communication_plan = None  # the planner does not model the groups' traffic
+    phases = {**DES.phases, "group_sync": "communication"}
+    traffic_sites = (*DES.traffic_sites, "group_sync")
+    allreduce_sites = (*DES.allreduce_sites, "group_sync")
+
+    @classmethod
+    def des_equivalent_flags(cls, ranks: int) -> tuple[str, ...]:
+        return ("--group-size", str(ranks))  # one group: des
+
+    @classmethod
+    def check_options(cls, options) -> None:
+        if options.get("upper", "data-parallel") != "data-parallel":
+            raise ConfigError("--upper replicated is not supported with --strategy hierarchical (each group trains "
+                              "its replica of the upper network on its rows)")
+        if options.get("plan", "auto") not in ("auto", "partials"):
+            raise ConfigError(f"--plan {options.get('plan')}: --strategy hierarchical runs every operator as partials "
+                              "(an exchanged operator's weights would be one copy trained with the groups' tops)")
+        if options.get("placement") == "split":
+            raise ConfigError("--placement split is not supported with --strategy hierarchical (a split field's "
+                              "weight slices are trained with the upper network, which each group holds apart)")
+        if int(options.get("group_size", 1)) < 1 or int(options.get("sync_every", 4)) < 1:
+            raise ConfigError(f"--group-size and --sync-every must be at least 1, got {options.get('group_size')} "
+                              f"and {options.get('sync_every')}")
+        if not 0 <= float(options.get("easgd_alpha", 0.0)) <= 1:
+            raise ConfigError(f"--easgd-alpha must be within [0, 1], got {options.get('easgd_alpha')}")
+        super().check_options({**options, "plan": cls.fixed_plan})
+
+    @classmethod
+    def place(cls, num_fields, ranks, policy, distinct, options):
+        group_size = int(options.get("group_size", 1))
+        if ranks % group_size:
+            raise ConfigError(f"--group-size {group_size} does not divide the {ranks} ranks")
+        return super().place(num_fields, ranks, policy, distinct, options)
+
+    def __init__(self, context: StrategyContext) -> None:
+        super().__init__(replace(context, options={**context.options, "plan": self.fixed_plan}))
+        options, comm = context.options, self.comm
+        self.group_size = int(options.get("group_size", 1))
+        if comm.size % self.group_size:
+            raise ConfigError(f"--group-size {self.group_size} does not divide the {comm.size} ranks")
+        #: K: replicas of the upper network
+        self.groups = comm.size // self.group_size
+        self.group = comm.rank // self.group_size
+        #: the ranks of this rank's group (one group: the job's communicator, so G = N is des's step)
+        self.group_comm = comm if self.groups == 1 else comm.split(self.group)
+        self.sync_mode = str(options.get("group_sync", "easgd"))
+        self.sync_every = int(options.get("sync_every", 4))
+        self.alpha = float(options.get("easgd_alpha", 0.0)) or EASGD_BETA / self.groups
+        #: EASGD's center variable (the same on every rank)
+        #: the replicas (none for a model without layers above the substituted ones)
+        self.replicated = self.groups > 1 and bool(self.dense.top_params)
+        self.center = self._top_weights() if self.replicated and self.sync_mode == "easgd" else None
+        self.syncs = 0
+        self._apart = False  # the replicas may differ (trained since they were last made one)
+
+    # ------------------------------------------------------------------ the step
+    def _reduce_top(self, packed: np.ndarray, size: int) -> Any:
+        """The loss and top gradients summed over the group, as the mean over the group's rows."""
+        if self.groups == 1:
+            return super()._reduce_top(packed, size)
+        bounds = self.comm.row_bounds(size)
+        rows = bounds[(self.group + 1) * self.group_size] - bounds[self.group * self.group_size]
+        packed *= size / rows  # a rank's share was normalised by the whole batch
+        return self.group_comm.start_allreduce_sum_(packed, "top_gradients")
+
+    def train_step(self, batch: Any) -> float:
+        loss = super().train_step(batch)
+        if self.replicated:
+            self._apart = True
+            if self.step_count % self.sync_every == 0:
+                with self.timer("group_sync"):
+                    self.pipeline.dense_done()  # the step's dense update, on the background thread
+                    self._reconcile()
+        return loss
+
+    def _reconcile(self) -> None:
+        """EASGD's elastic step or model averaging, over the groups' weights."""
+        weights = self._top_weights()
+        if self.sync_mode == "average":
+            self._set_top_weights(self._mean_over_groups(weights))
+        else:
+            difference = weights - self.center
+            total = self._mean_over_groups(difference) * self.groups  # Σ_g (x_g - c)
+            self._set_top_weights(weights - self.alpha * difference)
+            self.center += self.alpha * total
+        self.syncs += 1
+
+    def settle(self) -> None:
+        """The deferred updates, then one model: the groups' weights and optimizer states averaged
+        (collective: every rank settles at the same points)."""
+        super().settle()
+        if not self._apart:
+            return
+        states = [state.slot_arrays() for state in self.dense.top_states.values()]
+        parts = [self._top_weights(), *[np.concatenate([s[i].reshape(-1) for s in states])
+                                        for i in range(len(states[0]) if states else 0)]]
+        mean = self._mean_over_groups(np.concatenate(parts))
+        size = parts[0].size
+        self._set_top_weights(mean[:size])
+        for i in range(len(parts) - 1):
+            offset = size * (i + 1)
+            for slot, value in zip((s[i] for s in states), self.dense.split_top(mean[offset : offset + size])):
+                slot[...] = value
+        if self.center is not None:
+            self.center = mean[:size].copy()
+        self._apart = False
+
+    def load_state(self, state) -> None:
+        super().load_state(state)
+        self._apart = False
+        if self.center is not None:
+            self.center = self._top_weights()
+
+    # ------------------------------------------------------------------ pieces
+    def _top_weights(self) -> np.ndarray:
+        """This rank's replica of the upper network, flat (a copy)."""
+        return np.concatenate([w.reshape(-1) for w in self.dense.top_params.values()])
+
+    def _set_top_weights(self, flat: np.ndarray) -> None:
+        for value, part in zip(self.dense.top_params.values(), self.dense.split_top(flat)):
+            value[...] = part  # in place: the TF tensors over them stay current
+
+    def _mean_over_groups(self, values: np.ndarray) -> np.ndarray:
+        """The mean over the groups of a vector each group holds alike on its ranks."""
+        buffer = values.astype(self.dtype) if self.group_comm.rank == 0 else np.zeros_like(values, dtype=self.dtype)
+        self.comm.allreduce_sum_(buffer, "group_sync")
+        return buffer / self.groups
+
+    # ------------------------------------------------------------------ reporting
+    def describe(self) -> str:
+        sync = (f"EASGD alpha {self.alpha:g}" if self.sync_mode == "easgd" else "model averaging")
+        return (f"{self.groups} group(s) of {self.group_size} rank(s), each its own upper network ({sync} every "
+                f"{self.sync_every} steps); tables and field slices one copy; buffer {self.buffer_width} floats/sample")
+
+    def summary(self) -> dict[str, Any]:
+        return {**super().summary(), "group_size": self.group_size, "groups": self.groups,
+                "group_sync": self.sync_mode, "sync_every": self.sync_every,
+                "easgd_alpha": self.alpha if self.sync_mode == "easgd" else None, "syncs": self.syncs}
+
+    def memory(self) -> dict[str, int]:
+        held = super().memory()
+        if self.center is not None:
+            held["dense_bytes"] += self.center.nbytes
+        return held
