@@ -47,11 +47,11 @@ CATEGORY_TITLES = {"lookup": "lookup", "partials": "partial compute", "communica
 
 
 def category_of(strategy: str) -> dict[str, str]:
-    """Phase -> category of the paper's Figure 7, as the strategy declares it (``Strategy.phases``;
-    its timer refuses any other phase)."""
+    """Phase -> category of the paper's Figure 7, as the strategy (a benchmark's name or a
+    ``--strategy``) declares it (``Strategy.phases``; its timer refuses any other phase)."""
     from des.strategies import get_strategy  # loads TensorFlow: only when a table is made
 
-    return dict(get_strategy(benchlib.strategy_flags(strategy)["strategy"]).phases)
+    return dict(get_strategy(benchlib.STRATEGY_FLAGS.get(strategy, {"strategy": strategy})["strategy"]).phases)
 
 
 def server_phases() -> tuple[str, ...]:
