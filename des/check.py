@@ -64,6 +64,9 @@ class Case:
     #: the 1-rank run to compare with is this strategy's (empty: the same strategy; a strategy
     #: not exact over ranks: ``des``)
     reference_strategy: str = ""
+    #: the 1-rank run's flags, where they differ (a strategy's own options the reference does not
+    #: take, e.g. ``--group-size``: its run is then shared with the cases that have those flags)
+    reference_flags: tuple[str, ...] | None = None
     #: tolerance (0: the one given to :func:`check`)
     rtol: float = 0.0
     #: ``"all"`` or ``"predictions"`` (float32 with Adam: only predictions are held to 1e-5)
@@ -77,6 +80,7 @@ class Case:
 
     def reference(self) -> "Case":
         return replace(self, strategy=self.reference_strategy or self.strategy, ranks=(1,), reference_strategy="",
+                       flags=self.flags if self.reference_flags is None else self.reference_flags, reference_flags=None,
                        rtol=0.0, compare="all")
 
 

@@ -1,4 +1,4 @@
-""".venv/bin/python scripts/bench_strategies.py [--quick] [--strategies des,alltoall,persia-1,persia-4,persia-16,hierarchical-g1,hierarchical-g2,ps] [--ranks 4] [--seeds 0,1,2] [--synth-rows 500000] [--synth-seeds 0] [--speed-ranks 2,4] [--speed-batches 4096,512] [--warmup 3] [--steps 10]
+""".venv/bin/python scripts/bench_strategies.py [--quick] [--strategies des,alltoall,persia-1,persia-4,persia-16,hierarchical-g1,hierarchical-g2,ps] [--ranks 4] [--seeds 0,1,2] [--synth-rows 500000] [--synth-seeds 0,1,2] [--speed-ranks 2,4] [--speed-batches 4096,512] [--warmup 3] [--steps 10]
 
 Shows des next to the related systems it is compared with, as strategies of the same engine on
 the same data, all in one run: Persia's hybrid training (``persia-T``: alltoall's step with the
@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, default=4, help="ranks of the quality jobs (ps: 1 server + the rest)")
     parser.add_argument("--seeds", default="0,1,2", help="seeds of the Criteo sample's jobs")
     parser.add_argument("--synth-rows", type=int, default=500_000, help="rows of the synthetic store (0: skip it)")
-    parser.add_argument("--synth-seeds", default="0", help="seeds of the synthetic store's jobs")
+    parser.add_argument("--synth-seeds", default="0,1,2", help="seeds of the synthetic store's jobs")
     parser.add_argument("--speed-ranks", default="2,4")
     parser.add_argument("--speed-batches", default="4096,512")
     parser.add_argument("--warmup", type=int, default=3, help="steps of a speed job not timed (per worker for ps)")
@@ -118,8 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 s = bench.steady(n, f"speed-{strategy}-n{n}-b{batch}", args.warmup, steps, model="deepfm",
                                  batch_size=batch, **benchlib.strategy_flags(strategy))
                 speed.append({"strategy": strategy, "ranks": n, "batch": batch,
-                              "samples_per_second": None if s is None else s["steady"]["samples_per_second"],
-                              "bytes_per_step": None if s is None else s.get("bytes_per_step")})
+                              "samples_per_second": None if s is None else s["steady"]["samples_per_second"]})
     for row in speed:
         base = next((r["samples_per_second"] for r in speed if r["strategy"] == "des" and r["ranks"] == row["ranks"]
                      and r["batch"] == row["batch"]), None)
@@ -137,8 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("auc_gap_to_oracle", "gap to oracle", ".4f")], [oracle_row, *synthetic]))
     tables.append(("Speed (samples/s, one job each, this run)", [
         ("strategy", "strategy", ""), ("ranks", "N", "d"), ("batch", "batch", "d"),
-        ("samples_per_second", "samples/s", ",.0f"), ("vs_des", "vs des", ".2f"),
-        ("bytes_per_step", "bytes sent/step/rank", ",.0f")], speed))
+        ("samples_per_second", "samples/s", ",.0f"), ("vs_des", "vs des", ".2f")], speed))
     notes = [
         benchlib.STRATEGY_NOTE,
         f"Quality: DeepFM with des.train's defaults, one epoch (equal samples for every strategy), --early-stop 0; "

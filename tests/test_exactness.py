@@ -171,14 +171,16 @@ def results(datasets, monkeypatch_module) -> dict[tuple, object]:
     cases.append(Case("deepfm", "des", criteo, "float64", SMALL + ADAM + BOUNDED, ranks=(2,)))
     # Persia's hybrid training: its bound held at every step (so N-independent), and tau = 0 is alltoall
     cases.append(Case("deepfm", "persia", criteo, "float64", SMALL + ADAM + ("--staleness", "0"), ranks=(2,),
-                      reference_strategy="alltoall"))
+                      reference_strategy="alltoall", reference_flags=SMALL + ADAM))
     cases.append(Case("deepfm", "persia", criteo, "float64", SMALL + ADAM + ("--staleness", "3"), ranks=(3,)))
     # Hierarchical Training: one group is des; with SGD and the replicas averaged every step, any
     # number of groups of equal rows trains des's model (the mean of the groups' mean gradients)
+    # (the references: des's runs on 1 rank, shared)
     cases.append(Case("deepfm", "hierarchical", criteo, "float64", SMALL + ADAM + ("--group-size", "2"), ranks=(2,),
-                      reference_strategy="des"))
+                      reference_strategy="des", reference_flags=SMALL + ADAM))
     cases += [Case("deepfm", "hierarchical", criteo, "float64", SMALL + ADAM + SGD_AVERAGE + ("--group-size", g),
-                   ranks=(n,), reference_strategy="des") for g, n in (("1", 2), ("2", 4))]
+                   ranks=(n,), reference_strategy="des", reference_flags=SMALL + ADAM + SGD_AVERAGE)
+              for g, n in (("1", 2), ("2", 4))]
     return {(r.case.model, r.case.strategy, r.case.data, r.case.dtype, r.case.compare,
              "replicated" in r.case.flags, r.ranks) + plan_of(r.case.flags) + ("split",) * ("split" in r.case.flags)
             + ("bounded",) * ("--evict-every" in r.case.flags) + strategy_options(r.case.flags): r

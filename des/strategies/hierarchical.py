@@ -134,10 +134,10 @@ class Hierarchical(DES):
         """EASGD's elastic step or model averaging, over the groups' weights."""
         weights = self._top_weights()
         if self.sync_mode == "average":
-            self._set_top_weights(self._mean_over_groups(weights))
+            self._set_top_weights(self._sum_over_groups(weights) / self.groups)
         else:
             difference = weights - self.center
-            total = self._mean_over_groups(difference) * self.groups  # Σ_g (x_g - c)
+            total = self._sum_over_groups(difference)  # Σ_g (x_g - c)
             self._set_top_weights(weights - self.alpha * difference)
             self.center += self.alpha * total
         self.syncs += 1
@@ -148,18 +148,15 @@ class Hierarchical(DES):
         super().settle()
         if not self._apart:
             return
-        states = [state.slot_arrays() for state in self.dense.top_states.values()]
-        parts = [self._top_weights(), *[np.concatenate([s[i].reshape(-1) for s in states])
-                                        for i in range(len(states[0]) if states else 0)]]
-        mean = self._mean_over_groups(np.concatenate(parts))
-        size = parts[0].size
-        self._set_top_weights(mean[:size])
-        for i in range(len(parts) - 1):
-            offset = size * (i + 1)
-            for slot, value in zip((s[i] for s in states), self.dense.split_top(mean[offset : offset + size])):
-                slot[...] = value
+        held = [*self.dense.top_params.values(),
+                *[slot for state in self.dense.top_states.values() for slot in state.slot_arrays()]]
+        mean = self._sum_over_groups(np.concatenate([a.reshape(-1) for a in held])) / self.groups
+        offset = 0
+        for array in held:  # in place: the TF tensors and the optimizers hold these arrays
+            array[...] = mean[offset : offset + array.size].reshape(array.shape)
+            offset += array.size
         if self.center is not None:
-            self.center = mean[:size].copy()
+            self.center = self._top_weights()
         self._apart = False
 
     def load_state(self, state) -> None:
@@ -177,11 +174,11 @@ class Hierarchical(DES):
         for value, part in zip(self.dense.top_params.values(), self.dense.split_top(flat)):
             value[...] = part  # in place: the TF tensors over them stay current
 
-    def _mean_over_groups(self, values: np.ndarray) -> np.ndarray:
-        """The mean over the groups of a vector each group holds alike on its ranks."""
+    def _sum_over_groups(self, values: np.ndarray) -> np.ndarray:
+        """The sum over the groups of a vector each group holds alike on its ranks (its first rank
+        contributes, the others zeros: one AllReduce over every rank)."""
         buffer = values.astype(self.dtype) if self.group_comm.rank == 0 else np.zeros_like(values, dtype=self.dtype)
-        self.comm.allreduce_sum_(buffer, "group_sync")
-        return buffer / self.groups
+        return self.comm.allreduce_sum_(buffer, "group_sync")
 
     # ------------------------------------------------------------------ reporting
     def describe(self) -> str:
