@@ -1,4 +1,4 @@
-""".venv/bin/python scripts/bench_strategies.py [--quick] [--strategies des,alltoall,persia-1,persia-4,persia-16,hierarchical-g1,hierarchical-g2,ps] [--ranks 4] [--seeds 0,1,2] [--synth-rows 500000] [--synth-seeds 0,1,2] [--speed-ranks 2,4] [--speed-batches 4096,512] [--warmup 3] [--steps 10]
+""".venv/bin/python scripts/bench_strategies.py [--quick] [--strategies des,alltoall,persia-1,persia-4,persia-16,hierarchical-g1,hierarchical-g2,ps] [--ranks 4] [--seeds 0,1,2] [--synth-rows 500000] [--synth-seeds 0,1,2] [--speed-ranks 2,4] [--speed-batches 4096,512] [--warmup 3] [--steps 10] [--rounds 1] [--parts quality,speed]
 
 Shows des next to the related systems it is compared with, as strategies of the same engine on
 the same data, all in one run: Persia's hybrid training (``persia-T``: alltoall's step with the
@@ -15,14 +15,18 @@ The DES paper's Table 4, extended to these systems and to seeds:
     ``--synth-seeds``.
 * **Speed**: samples/s of the same strategies on the shipped sample at every N of
   ``--speed-ranks`` and B of ``--speed-batches``, over ``--steps`` timed steps after ``--warmup``
-  (per worker for ps), one job each, in this run; the ratio to des at the same N and B.
+  (per worker for ps), each job ``--rounds`` times round-robin (the median), in this run; the
+  ratio to des at the same N and B. Single jobs at B = 512 move by 10-25% between runs here: read
+  the speed table from ``--rounds 3``.
 
-Expect (a 2-core machine, about an hour; recorded runs in ``docs/benchmarks.md``, "Related
-systems"): des and alltoall equal in quality; persia and hierarchical at or below them, by more as
-the staleness grows and the groups shrink; ps the lowest. In speed persia is alltoall (a late
-update is the same work: the asynchrony Persia buys speed with has no idle resource to fill when
-every rank's core is busy), hierarchical at des's speed (its reconciliation every 4 steps moves as
-many bytes as one step's top gradients), ps far behind at N = 2 (one worker).
+Expect (a 2-core machine, about half an hour; recorded runs in ``docs/benchmarks.md``, "Related
+systems"): des and alltoall equal in quality; persia below them by more as the staleness grows
+(tau = 1 within noise, tau = 16 about 0.01 AUC lower), hierarchical within noise of des at one
+epoch, ps the lowest. In speed persia is alltoall's step (a late update is the same work: the
+asynchrony Persia buys speed with has no idle resource to fill when every rank's core is busy),
+hierarchical at or above des (its upper network's AllReduce spans a group, not every rank: most
+visible at B = 512), ps slowest at N = 2 (one worker) and fastest at N = 4 (three workers that
+never wait), with the lowest quality.
 """
 
 from __future__ import annotations
@@ -83,9 +87,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="steps of a speed job not timed (per worker for ps)")
     parser.add_argument("--steps", type=int, default=10,
                         help="timed steps of a speed job at the largest batch; smaller batches run proportionally more")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every speed job this many times, round-robin, and report the median")
+    parser.add_argument("--parts", default="quality,speed", help="quality, speed or both")
     parser.add_argument("--cache", default=os.environ.get("DES_CACHE_DIR", str(Path.home() / ".cache" / "des")))
     benchlib.add_common_arguments(parser)
     args = parser.parse_args(argv)
+    parts = set(args.parts.split(","))
+    if not parts <= {"quality", "speed"} or args.rounds < 1:
+        raise SystemExit(f"--parts takes quality and/or speed and --rounds at least 1, got {args.parts!r}, {args.rounds}")
     if args.quick:
         args.strategies, args.seeds, args.synth_rows = "des,persia-4,hierarchical-g1,ps", "0", 0
         args.speed_ranks, args.speed_batches, args.steps, args.ranks = "2", "512", 3, 2
@@ -96,10 +106,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = benchlib.Bench(__file__, args)
 
     # ------------------------------------------------------------------ quality
-    runs = quality_runs(bench, str(benchlib.SAMPLE), "criteo", strategies, args.ranks, seeds, 256)
-    rows = quality_rows(runs, "criteo", strategies, None)
-    oracle = None
-    if args.synth_rows:
+    runs, rows, oracle = [], [], None
+    if "quality" in parts:
+        runs = quality_runs(bench, str(benchlib.SAMPLE), "criteo", strategies, args.ranks, seeds, 256)
+        rows = quality_rows(runs, "criteo", strategies, None)
+    if "quality" in parts and args.synth_rows:
         from bench_synthetic import synthetic_store
 
         store = synthetic_store(bench, args.synth_rows, 0, 1.0, 1.0, Path(args.cache))
@@ -109,16 +120,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows += quality_rows(runs, "synthetic", strategies, oracle)
 
     # ------------------------------------------------------------------ speed
-    speed = []
     batches = sorted((int(b) for b in args.speed_batches.split(",")), reverse=True)
-    for n in [int(x) for x in args.speed_ranks.split(",")]:
-        for batch in batches:
-            steps = args.steps * batches[0] // batch
-            for strategy in strategies:
-                s = bench.steady(n, f"speed-{strategy}-n{n}-b{batch}", args.warmup, steps, model="deepfm",
-                                 batch_size=batch, **benchlib.strategy_flags(strategy))
-                speed.append({"strategy": strategy, "ranks": n, "batch": batch,
-                              "samples_per_second": None if s is None else s["steady"]["samples_per_second"]})
+    configs = [(strategy, n, batch) for n in [int(x) for x in args.speed_ranks.split(",")] for batch in batches
+               for strategy in strategies] if "speed" in parts else []
+    measured: dict[tuple, list[float]] = {c: [] for c in configs}
+    for round_ in range(args.rounds):  # round-robin: a drift in the machine's load hits every job alike
+        for strategy, n, batch in configs:
+            tag = f"speed-{strategy}-n{n}-b{batch}" + (f"-r{round_}" if args.rounds > 1 else "")
+            s = bench.steady(n, tag, args.warmup, args.steps * batches[0] // batch, model="deepfm", batch_size=batch,
+                             **benchlib.strategy_flags(strategy))
+            if s is not None:
+                measured[(strategy, n, batch)].append(s["steady"]["samples_per_second"])
+    speed = []
+    for (strategy, n, batch), values in measured.items():
+        values = sorted(values)
+        speed.append({"strategy": strategy, "ranks": n, "batch": batch, "rounds": len(values),
+                      "samples_per_second": values[(len(values) - 1) // 2] if values else None,
+                      "spread": f"{values[0]:,.0f}-{values[-1]:,.0f}" if values else None})
     for row in speed:
         base = next((r["samples_per_second"] for r in speed if r["strategy"] == "des" and r["ranks"] == row["ranks"]
                      and r["batch"] == row["batch"]), None)
@@ -127,16 +145,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     quality_columns = [("strategy", "strategy", ""), ("ranks", "N", "d"), ("steps", "steps", "d"),
                        ("seeds", "seeds", "d"), ("auc", "test AUC (mean ± std)", ""),
                        ("auc_vs_des", "AUC - des", "+.4f"), ("logloss", "test logloss (mean ± std)", "")]
-    tables = [("Quality: the shipped Criteo sample", quality_columns, [r for r in rows if r["data"] == "criteo"])]
+    tables = [("Quality: the shipped Criteo sample", quality_columns, [r for r in rows if r["data"] == "criteo"])] \
+        if rows else []
     if oracle is not None:
         synthetic = [r for r in rows if r["data"] == "synthetic"]
         oracle_row = {"strategy": "oracle (true probabilities)", "auc": f"{oracle['auc']:.4f}",
                       "logloss": f"{oracle['logloss']:.4f}"}
         tables.append(("Quality: the synthetic store", quality_columns + [
             ("auc_gap_to_oracle", "gap to oracle", ".4f")], [oracle_row, *synthetic]))
-    tables.append(("Speed (samples/s, one job each, this run)", [
-        ("strategy", "strategy", ""), ("ranks", "N", "d"), ("batch", "batch", "d"),
-        ("samples_per_second", "samples/s", ",.0f"), ("vs_des", "vs des", ".2f")], speed))
+    if speed:
+        tables.append((f"Speed (samples/s, the median of {args.rounds} job(s) each, this run)", [
+            ("strategy", "strategy", ""), ("ranks", "N", "d"), ("batch", "batch", "d"),
+            ("samples_per_second", "samples/s", ",.0f"), ("spread", "min-max", ""), ("vs_des", "vs des", ".2f")],
+            speed))
     notes = [
         benchlib.STRATEGY_NOTE,
         f"Quality: DeepFM with des.train's defaults, one epoch (equal samples for every strategy), --early-stop 0; "
@@ -152,7 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "0.9/K); tables and first-layer field slices one copy trained with every group's rows. Validations and "
         "checkpoints make them one model first (their design docs: docs/design.md, Strategies).",
         f"Speed: the shipped sample, --warmup {args.warmup} untimed steps then {args.steps} timed steps at batch "
-        f"{batches[0]} (proportionally more at smaller batches), one job per row; ratios to des in the same N and B. "
+        f"{batches[0]} (proportionally more at smaller batches); every job run {args.rounds} time(s), round-robin, "
+        "the median shown with the min-max; ratios to des (its median) in the same N and B. "
         "All ranks share 2 cores: at N = 4 every rank gets half a core.",
     ]
 

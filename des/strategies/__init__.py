@@ -5,6 +5,10 @@ an explicit default list plus user additions, as for models and substitutions.
   the ranks, or (``--plan``) their pooled inputs exchanged, per operator.
 * ``alltoall`` -- :class:`des.strategies.alltoall.AllToAll`: ``des --plan exchange``: embeddings
   sent to the row owners and their gradients back (Alltoallv), dense gradients AllReduced.
+* ``persia`` -- :class:`des.strategies.persia.Persia`: Persia's hybrid training, ``alltoall``
+  with its sparse updates applied ``--staleness`` steps late.
+* ``hierarchical`` -- :class:`des.strategies.hierarchical.Hierarchical`: Hierarchical Training,
+  groups of ranks each with its own replica of the upper network, reconciled by EASGD.
 * ``ps`` -- :class:`des.strategies.ps.ParameterServer`: an asynchronous parameter server.
 
 A user strategy subclasses :class:`Strategy`, calls :func:`register_strategy` (e.g. in a file loaded

@@ -3,7 +3,8 @@ and nothing more (``docs/design.md``, section "Strategies").
 
 A strategy is one rank's share of a training job: the state it holds and the step it runs. The
 built-ins are ``des`` (the paper's step: partial sums, or per operator an exchange of its inputs,
-``--plan``), ``alltoall`` (``des --plan exchange``: the embedding exchange of TorchRec/HugeCTR) and
+``--plan``), ``alltoall`` (``des --plan exchange``: the embedding exchange of TorchRec/HugeCTR),
+``persia`` and ``hierarchical`` (the related systems, as the DES step with one hook changed) and
 ``ps`` (an asynchronous parameter server); each is assembled from the shared components of
 :mod:`des.strategies.components` (a :class:`~des.strategies.components.FieldShard` of tables, a
 :class:`~des.strategies.components.DenseParams`).
