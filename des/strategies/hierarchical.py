@@ -103,9 +103,9 @@ class Hierarchical(DES):
         self.sync_mode = str(options.get("group_sync", "easgd"))
         self.sync_every = int(options.get("sync_every", 4))
         self.alpha = float(options.get("easgd_alpha", 0.0)) or EASGD_BETA / self.groups
-        #: EASGD's center variable (the same on every rank)
-        #: the replicas (none for a model without layers above the substituted ones)
+        #: the replicas differ (not for one group, nor a model without layers above the substituted ones)
         self.replicated = self.groups > 1 and bool(self.dense.top_params)
+        #: EASGD's center variable (the same on every rank)
         self.center = self._top_weights() if self.replicated and self.sync_mode == "easgd" else None
         self.syncs = 0
         self._apart = False  # the replicas may differ (trained since they were last made one)
