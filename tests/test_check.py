@@ -114,10 +114,10 @@ def test_a_plugin_model_passes_under_every_synchronous_strategy(small_data: Path
     # --unadmitted init: ps counts an id once per requesting worker and step, so admission with
     # --min-count 2 (a user model's auto) is not des's
     proc = des_check(monkeypatch, "--model", "fwlr", "--plugins", str(EXAMPLE), "--strategy",
-                     "des,alltoall,ps,persia,hierarchical",
+                     "des,alltoall,ps,hierarchical",
                      "--ranks", "1,2", "--steps", "4", "--data", str(small_data), "--unadmitted", "init")
     assert proc.returncode == 0 and "des.check: ok" in proc.stdout, proc.stdout + proc.stderr
-    for strategy in ("des", "alltoall", "persia"):
+    for strategy in ("des", "alltoall"):
         assert f"fwlr {strategy} 2 ranks vs {strategy} on 1 rank, float64: max relative difference" in proc.stdout
     # ps's and hierarchical's models depend on N: the harness says what it checks instead, and checks it
     assert "ps's model depends on the number of ranks, so N ranks are not expected to match 1 rank" in proc.stdout

@@ -23,7 +23,6 @@ RUNS = [
     ("wdl-1", "wdl", 1, ["--min-count", "2", "--unadmitted", "init"]),
     ("fm-1", "fm", 1, ["--unadmitted", "zero", "--min-count", "2"]),
     ("lr-1", "lr", 1, []),  # its defaults: --min-count 2 --unadmitted shared
-    ("deepfm-shared-1", "deepfm", 1, ["--min-count", "2", "--unadmitted", "shared"]),
 ]
 
 # Rows a service may receive: unknown ids (either case), missing values, integer edge values.
@@ -99,13 +98,13 @@ def test_shared_row_serves_unknown_and_unadmitted_ids(exported: dict) -> None:
     from des.hashtable import EmbeddingTable
     from des.hashtable.table import SHARED_KEY
 
-    folder, _ = read_manifest(exported["root"] / "deepfm-shared-1")
+    folder, _ = read_manifest(exported["root"] / "lr-1")
     table = EmbeddingTable.load(folder / "field-013.table")  # C1
     keys = table.keys()
     admitted = table.metadata(np.arange(keys.size))["admitted"]
     seen_once, known = (keys[(keys != SHARED_KEY) & flag][0] & (2**40 - 1) for flag in (~admitted, admitted))
     values = [f"{seen_once:08x}", "abc00001", "ABC00002", f"{known:08x}"]
-    serve = tf.saved_model.load(str(exported["root"] / "deepfm-shared-1.savedmodel")).signatures["serving_default"]
+    serve = tf.saved_model.load(str(exported["root"] / "lr-1.savedmodel")).signatures["serving_default"]
     request = {f"I{i}": tf.constant([1] * len(values), tf.int64) for i in range(1, 14)}
     request.update({f"C{i}": tf.constant(["68fd1e64"] * len(values)) for i in range(2, 27)}, C1=tf.constant(values))
     p = serve(**request)["probability"].numpy()
