@@ -84,17 +84,21 @@ class Hierarchical(DES):
 
     @classmethod
     def place(cls, num_fields, ranks, policy, distinct, options):
+        cls.group_size_of(options, ranks)  # refused before anything is built
+        return super().place(num_fields, ranks, policy, distinct, options)
+
+    @staticmethod
+    def group_size_of(options, ranks: int) -> int:
+        """``--group-size``, which must divide the ranks."""
         group_size = int(options.get("group_size", 1))
         if ranks % group_size:
             raise ConfigError(f"--group-size {group_size} does not divide the {ranks} ranks")
-        return super().place(num_fields, ranks, policy, distinct, options)
+        return group_size
 
     def __init__(self, context: StrategyContext) -> None:
         super().__init__(replace(context, options={**context.options, "plan": self.fixed_plan}))
         options, comm = context.options, self.comm
-        self.group_size = int(options.get("group_size", 1))
-        if comm.size % self.group_size:
-            raise ConfigError(f"--group-size {self.group_size} does not divide the {comm.size} ranks")
+        self.group_size = self.group_size_of(options, comm.size)
         #: K: replicas of the upper network
         self.groups = comm.size // self.group_size
         self.group = comm.rank // self.group_size

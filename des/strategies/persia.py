@@ -27,6 +27,7 @@ the same checkpoints.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 from des.errors import ConfigError
@@ -56,8 +57,6 @@ class Persia(AllToAll):
 
     def _apply_sparse(self, looked_up: Any, grads: Any, rates: Any) -> None:
         """Queue this step's sparse update; apply the one computed ``tau`` steps ago."""
-        from dataclasses import replace
-
         # keep what the update reads (the lookup and the route's synthetic batch), not the values
         self.in_flight.append((replace(looked_up, pooled=[], gathered=None, spooled=[]), grads, rates))
         while len(self.in_flight) > self.staleness:
