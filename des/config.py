@@ -83,6 +83,8 @@ class TrainConfig:
     compute_dtype: str = _opt("auto", "dtype of the top network's compute: auto (= --dtype) or bfloat16 (float32 "
                               "master weights and optimizer state; needs --dtype float32)", choices=("auto", "bfloat16"))
     threads: int = _opt(0, "TF intra-op and numba threads per rank (0: cores // ranks on this machine)")
+    xla: str = _opt("off", "compile the training step's TF calls with XLA (one fused program per call, not a kernel "
+                    "launch per op: pays where a rank's rows are few)", choices=("on", "off"))
     pipeline: str = _opt("auto", "read and look up the next batch on a background thread while this step computes "
                          "(same results either way); auto: on when a rank has 2 or more threads (--threads), off "
                          "when ranks get one core each, where the extra thread slows the step down",

@@ -166,9 +166,10 @@ def communication_plan(config: TrainConfig, strategy: Any, store: Any, ranks: in
     from des import planner
 
     shape = planner.model_shape(strategy.model)
-    plan = getattr(strategy, "plan", strategy.communication_plan)
+    held = getattr(strategy, "plan", None)  # a DES strategy's stages.Plan
+    plan = dict(held.operators) if held is not None else strategy.communication_plan
     size = np.dtype(config.dtype).itemsize
-    upper = getattr(strategy, "upper", "data-parallel")
+    upper = held.upper if held is not None else "data-parallel"
     cost = planner.plan_cost(shape, plan, config.batch_size, strategy.placement, unique, size, upper=upper)
     best = planner.best_plan(shape, config.batch_size, strategy.placement, unique, size)
     record = {"plan": cost.plan, "upper": upper, "predicted_bytes_per_step": cost.mean,

@@ -81,9 +81,10 @@ def test_the_background_lookup_runs_at_idle_priority(tmp_path: Path, monkeypatch
     engine.prefetch(lambda: (background.extend(where()), batch)[1], step=0)
     engine.pipeline.overlap_next()  # what the step calls once it has gathered its values
     engine.pipeline.await_next()
+    prepared = engine.pipeline.prepared  # (step, the work the background thread prepared)
     engine.close()
     foreground = where()
-    assert engine.overlapped_steps == 1 and batch.prepared is not None
+    assert engine.overlapped_steps == 1 and prepared is not None and prepared[1].batch is batch
     assert [policy for _, policy in background] == [os.SCHED_IDLE] * 2, background
     assert {name.split("_")[0] for name, _ in background} == {"des-background", "des-table-idle"}
     assert [policy for _, policy in foreground] == [os.SCHED_OTHER] * 2, foreground

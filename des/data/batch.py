@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -48,9 +47,6 @@ class Batch:
     global_size: int = -1  # rows of the whole global batch this is a part of (-1: this batch)
     #: the dense (numeric) features ``[B, D]`` float32 of the rows, None when the data has none
     dense: np.ndarray | None = None
-    #: what a strategy computed for this batch ahead of its step (``Strategy.prepare``, e.g. DES's
-    #: key->row lookup on a background thread), or None
-    prepared: Any = None
 
     def __post_init__(self) -> None:
         if self.global_size < 0:

@@ -13,10 +13,7 @@ interchangeable with DES's.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from des.errors import ConfigError
-from des.strategies.base import StrategyContext
 from des.strategies.des import DES
 
 
@@ -33,6 +30,3 @@ class AllToAll(DES):
         if options.get("upper", "data-parallel") != "data-parallel":
             raise ConfigError("--upper replicated is not supported with --strategy alltoall (the rows are split)")
         super().check_options({**options, "plan": cls.fixed_plan})
-
-    def __init__(self, context: StrategyContext) -> None:
-        super().__init__(replace(context, options={**context.options, "plan": self.fixed_plan}))

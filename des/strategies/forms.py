@@ -20,12 +20,14 @@ from des.errors import ConfigError
 from des.strategies.components import DenseParams
 from des.zero_copy import to_tensor
 
-def compiled(fn: Any) -> "_Compiled":
+def compiled(fn: Any, jit: bool = False) -> "_Compiled":
     """How the forms' steps become TF graphs: no retrace per batch size, and no autograph (the model,
     substitution and form code is plain TF ops with Python control flow on Python values only; a
     branch on a tensor's value needs ``tf.cond``/``tf.where``): autograph's rewriting of every
-    called function was two thirds of a model's trace time, seconds at every start-up."""
-    return _Compiled(tf.function(fn, reduce_retracing=True, autograph=False))
+    called function was two thirds of a model's trace time, seconds at every start-up. ``jit``:
+    compiled by XLA (``--xla``): one fused program instead of an op per kernel launch, which pays
+    where a rank's row block is small and the step is many small ops."""
+    return _Compiled(tf.function(fn, reduce_retracing=True, autograph=False, jit_compile=True if jit else None))
 
 
 class _Compiled:
@@ -72,8 +74,9 @@ class ModelSplitForm:
     """
 
     def __init__(self, model: Any, dense: DenseParams, dtype: np.dtype, compute_dtype: str | None = None,
-                 exchanged: Sequence[int] = (), shares: Sequence[int] = ()) -> None:
+                 exchanged: Sequence[int] = (), shares: Sequence[int] = (), jit: bool = False) -> None:
         self.model = model
+        self.jit = bool(jit)  # the training steps compiled by XLA (``compiled``)
         self.dense = dense
         self.tf_dtype = tf.as_dtype(dtype)
         # --compute-dtype bfloat16: the top network runs in bf16 on casts of the fp32 master weights
@@ -290,12 +293,14 @@ class ModelSplitForm:
         return self._top(top, outputs)
 
     def _build_split(self) -> None:
-        @compiled
+        jit = lambda fn: compiled(fn, self.jit)  # noqa: E731
+
+        @jit
         def partials(pooled, params, spooled):
             rows = tf.shape([*pooled, *spooled][0])[0]
             return tf.concat(self._local_parts(pooled, params) + self._share_columns(spooled, rows), axis=1)
 
-        @compiled
+        @jit
         def local_backward(pooled, params, buffer_grad):
             columns = self._columns(buffer_grad)
             pooled_grads, field_grads = self._local_backward(pooled, params, columns[: len(self.split)])
@@ -306,7 +311,7 @@ class ModelSplitForm:
             sliced = [p[self.own_count:] for p in sparams]  # the split fields' slices, after this rank's own
             return tf.sigmoid(self._logits(self._columns(buffer), xpooled, xparams, sliced, top, dense))
 
-        @compiled
+        @jit
         def train_whole(pooled, params, top, labels, global_size, dense):
             # one rank, every operator split: nothing is reduced between the partials and the top
             # network, so the three run as one graph (one call instead of three) and the partials
@@ -319,7 +324,7 @@ class ModelSplitForm:
 
         self.partials, self.local_backward, self.top_predict, self.train_whole = (
             partials, local_backward, top_predict, train_whole)
-        self.top_train = compiled(self._top_train)
+        self.top_train = compiled(self._top_train, self.jit)
 
     def _top_train(self, buffer: tf.Tensor, xpooled: Sequence[tf.Tensor], xparams: Sequence[tf.Tensor],
                    sparams: Sequence[tf.Tensor], labels: tf.Tensor, top: Sequence[tf.Tensor], global_size: Any,

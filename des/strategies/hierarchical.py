@@ -34,7 +34,6 @@ rather than in the background: deterministic, and its cost is in the measured sp
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -42,6 +41,7 @@ import numpy as np
 from des.errors import ConfigError
 from des.strategies.base import StrategyContext
 from des.strategies.des import DES
+from des.strategies.stages import AllRanks
 
 #: EASGD's ``beta = K alpha`` (the EASGD paper's recommended 0.9): ``--easgd-alpha 0`` means ``0.9 / K``
 EASGD_BETA = 0.9
@@ -96,14 +96,14 @@ class Hierarchical(DES):
         return group_size
 
     def __init__(self, context: StrategyContext) -> None:
-        super().__init__(replace(context, options={**context.options, "plan": self.fixed_plan}))
-        options, comm = context.options, self.comm
+        options, comm = context.options, context.comm
         self.group_size = self.group_size_of(options, comm.size)
         #: K: replicas of the upper network
         self.groups = comm.size // self.group_size
         self.group = comm.rank // self.group_size
         #: the ranks of this rank's group (one group: the job's communicator, so G = N is des's step)
         self.group_comm = comm if self.groups == 1 else comm.split(self.group)
+        super().__init__(context)  # builds the step, whose top reduction is the group's (top_reduction)
         self.sync_mode = str(options.get("group_sync", "easgd"))
         self.sync_every = int(options.get("sync_every", 4))
         self.alpha = float(options.get("easgd_alpha", 0.0)) or EASGD_BETA / self.groups
@@ -115,14 +115,11 @@ class Hierarchical(DES):
         self._apart = False  # the replicas may differ (trained since they were last made one)
 
     # ------------------------------------------------------------------ the step
-    def _reduce_top(self, packed: np.ndarray, size: int) -> Any:
+    def top_reduction(self) -> Any:
         """The loss and top gradients summed over the group, as the mean over the group's rows."""
         if self.groups == 1:
-            return super()._reduce_top(packed, size)
-        bounds = self.comm.row_bounds(size)
-        rows = bounds[(self.group + 1) * self.group_size] - bounds[self.group * self.group_size]
-        packed *= size / rows  # a rank's share was normalised by the whole batch
-        return self.group_comm.start_allreduce_sum_(packed, "top_gradients")
+            return super().top_reduction()
+        return GroupReduction(self.group_comm, self.comm, self.group, self.group_size)
 
     def train_step(self, batch: Any) -> float:
         loss = super().train_step(batch)
@@ -200,3 +197,18 @@ class Hierarchical(DES):
         if self.center is not None:
             held["dense_bytes"] += self.center.nbytes
         return held
+
+
+class GroupReduction(AllRanks):
+    """The top reduction over one group's communicator: each rank's share was normalised by the
+    whole batch, so it is rescaled to the mean over the group's rows first."""
+
+    def __init__(self, group_comm: Any, comm: Any, group: int, group_size: int) -> None:
+        super().__init__(group_comm)
+        self.job_comm, self.group, self.group_size = comm, group, group_size
+
+    def start(self, packed: np.ndarray, rows: int) -> Any:
+        bounds = self.job_comm.row_bounds(rows)
+        mine = bounds[(self.group + 1) * self.group_size] - bounds[self.group * self.group_size]
+        packed *= rows / mine
+        return super().start(packed, rows)

@@ -27,12 +27,34 @@ the same checkpoints.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import replace
 from typing import Any
 
 from des.errors import ConfigError
 from des.strategies.alltoall import AllToAll
 from des.strategies.base import StrategyContext
+from des.strategies.stages import SparseUpdate
+
+
+class DelayedSparse:
+    """Persia's sparse-update stage: an update submitted at step ``t`` is applied at the end of step
+    ``t + staleness`` (a first-in first-out queue; ``staleness`` 0 applies it at once). An update
+    holds only what it reads (the lookups, the route's synthetic batch, the gradients), not values."""
+
+    def __init__(self, staleness: int) -> None:
+        self.staleness = staleness
+        #: computed, not yet applied, oldest first
+        self.in_flight: deque[SparseUpdate] = deque()
+
+    def submit(self, update: SparseUpdate) -> None:
+        """Queue this step's sparse update; apply the one computed ``staleness`` steps ago."""
+        self.in_flight.append(update)
+        while len(self.in_flight) > self.staleness:
+            self.in_flight.popleft().apply()
+
+    def settle(self) -> None:
+        """Every update in flight, oldest first."""
+        while self.in_flight:
+            self.in_flight.popleft().apply()
 
 
 class Persia(AllToAll):
@@ -49,24 +71,13 @@ class Persia(AllToAll):
         super().check_options(options)
 
     def __init__(self, context: StrategyContext) -> None:
-        super().__init__(context)
         #: tau: the sparse updates a step may not have seen yet
         self.staleness = int(context.options.get("staleness", 1))
-        #: computed, not yet applied: (the step's lookup, its gradients, its rates), oldest first
-        self.in_flight: deque[tuple[Any, Any, Any]] = deque()
+        super().__init__(context)
 
-    def _apply_sparse(self, looked_up: Any, grads: Any, rates: Any) -> None:
-        """Queue this step's sparse update; apply the one computed ``tau`` steps ago."""
-        # keep what the update reads (the lookup and the route's synthetic batch), not the values
-        self.in_flight.append((replace(looked_up, pooled=[], gathered=None, spooled=[]), grads, rates))
-        while len(self.in_flight) > self.staleness:
-            super()._apply_sparse(*self.in_flight.popleft())
-
-    def settle(self) -> None:
-        """The pipelined step's deferred work, then every update in flight (oldest first)."""
-        super().settle()
-        while self.in_flight:
-            super()._apply_sparse(*self.in_flight.popleft())
+    def sparse_stage(self) -> DelayedSparse:
+        """The delayed stage (module docstring)."""
+        return DelayedSparse(self.staleness)
 
     def describe(self) -> str:
         return f"{super().describe()}; sparse updates applied {self.staleness} step(s) late"

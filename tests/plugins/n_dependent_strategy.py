@@ -16,6 +16,7 @@ class RankCountSeededDES(DES):
         self.dense = DenseParams(self.model, self.shard.fields, context.optimizers, seed=self.seed + self.comm.size,
                                  dtype=self.dtype)
         self.split_form = ModelSplitForm(self.model, self.dense, self.dtype)
+        self.step = self.build_step()  # the stages over these weights
 
 
 register_strategy(RankCountSeededDES)
