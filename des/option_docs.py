@@ -126,7 +126,7 @@ def train_section() -> list[str]:
 def parser_rows(parser: argparse.ArgumentParser) -> list[tuple[str, str, str]]:
     rows = []
     for action in parser._actions:
-        if isinstance(action, argparse._HelpAction):
+        if action.dest == "help":
             continue
         flag = flag_text(action)
         if action.required and action.option_strings:
