@@ -147,7 +147,7 @@ def _worker(out: Path, steps: int, batch_size: int) -> None:
     from des.checkpoint import save_checkpoint
     from des.collectives import Communicator
     from des.config import load_config
-    from des.metrics import predict_split
+    from des.predictions import predict_split
     from des.runner import loop
     from des.startup import setup
 

@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     from des.checkpoint import load_checkpoint, read_manifest
     from des.data.inputs import WHOLE_FILE
     from des.data.schema import trained_schema
-    from des.metrics import auc_or_none, logloss, predict_split
+    from des.metrics import auc_or_none, logloss
+    from des.predictions import predict_split
     from des.plugins import load_plugins
 
     folder, manifest = read_manifest(args.checkpoint)

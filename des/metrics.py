@@ -1,5 +1,5 @@
-"""Exact evaluation metrics over a whole split (not averaged over batches), and a split's
-predictions by a strategy (:func:`predict_split`, :func:`evaluate_split`).
+"""Exact evaluation metrics over a whole split (not averaged over batches): the ground floor,
+arrays in, numbers out (a split's predictions by a strategy are :mod:`des.predictions`).
 
 :func:`roc_auc` is the Mann-Whitney statistic with ties counted as one half, which is exactly what
 ``sklearn.metrics.roc_auc_score`` computes (the trapezoid under the ROC curve), in
@@ -9,7 +9,6 @@ predictions by a strategy (:func:`predict_split`, :func:`evaluate_split`).
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import numpy as np
 
@@ -64,27 +63,3 @@ def logloss(labels: np.ndarray, probabilities: np.ndarray) -> float:
     y = np.asarray(labels, dtype=np.float64).ravel()
     p = np.clip(np.asarray(probabilities, dtype=np.float64).ravel(), _EPS, 1.0 - _EPS)
     return float(-np.mean(y * np.log(p) + (1.0 - y) * np.log1p(-p)))
-
-
-def predict_split(strategy, store, split: str, batch_size: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """Predictions and labels of a whole split of ``store`` in store order, by ``strategy`` (on every
-    rank of its evaluators); ``None`` when the split has no rows."""
-    from des.data.batch_reader import BatchReader
-
-    reader = BatchReader(store, split, batch_size=batch_size, seed=0, shuffle=False, drop_last=False,
-                         **strategy.reader_options())
-    if reader.num_rows == 0:
-        return None
-    parts = [strategy.predict(batch) for batch in reader]
-    return np.concatenate([p for p, _ in parts]), np.concatenate([y for _, y in parts])
-
-
-def evaluate_split(strategy, store, split: str, batch_size: int) -> dict[str, Any] | None:
-    """Exact AUC and logloss over a whole split; AUC ``None`` (n/a, ``null`` in JSON) with one
-    warning from the first evaluating rank when the split has one class."""
-    result = predict_split(strategy, store, split, batch_size)
-    if result is None:
-        return None
-    p, y = result
-    auc = auc_or_none(y, p, f"the {split} split", warn=strategy.comm.rank == strategy.evaluators[0])
-    return {"auc": auc, "logloss": logloss(y, p), "rows": int(y.size)}

@@ -19,7 +19,8 @@ import numpy as np
 from des.collectives import Communicator
 from des.config import TrainConfig
 from des.errors import DesError
-from des.metrics import auc_or_none, evaluate_split, logloss
+from des.metrics import auc_or_none, logloss
+from des.predictions import evaluate_split
 from des.reporting import format_progressive, format_record
 from des.run_folder import RunFolder
 from des.schedules import Plateau, Schedule

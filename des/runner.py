@@ -19,7 +19,7 @@ from typing import Any
 from des.collectives import Communicator
 from des.config import TrainConfig
 from des.errors import DesError
-from des.metrics import evaluate_split
+from des.predictions import evaluate_split
 from des.reporting import progress_bar, summarize
 from des.run import Meter, Run
 from des.startup import setup

@@ -281,7 +281,7 @@ class StreamSource:
     def _test(self, store: Any, reader: Any, first: int, end: int, window: bool) -> Callable[[], Any]:
         """The predictions of the rows of batches ``first`` to ``end`` (a window: in training
         order) or of every row of the file (the last partial batch too), by the current model."""
-        from des.metrics import predict_split
+        from des.predictions import predict_split
 
         if not window:
             return lambda: predict_split(self.strategy, store, "train", self.config.eval_batch_size)

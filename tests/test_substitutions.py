@@ -135,7 +135,7 @@ def test_registry_defaults_and_user_addition() -> None:
     assert get_substitution("first_fc") is FirstFC
     with pytest.raises(ConfigError, match="unknown substitution 'nope'"):
         get_substitution("nope")
-    # The README's example, defined outside the package, registers itself when imported.
+    # docs/models.md's example, defined outside the package, registers itself when imported.
     load_plugins(str(REPO / "examples" / "field_weighted_lr.py"))
     try:
         added = registered_substitutions()["field_weighted_linear"]

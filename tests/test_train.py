@@ -150,7 +150,7 @@ def test_evaluate_with_other_rank_counts(resume_runs, work: Path) -> None:
 
 
 def test_user_model_from_a_plugin_trains(work: Path) -> None:
-    """The README's example: a substitution and a model defined outside the package, trained by
+    """docs/models.md's example: a substitution and a model defined outside the package, trained by
     des.train. (That it trains exactly on 2 ranks, under des, alltoall and ps, is
     tests/test_check.py's python -m des.check on it.)"""
     flags = ["--plugins", str(REPO / "examples" / "field_weighted_lr.py"), "--model", "fwlr",
