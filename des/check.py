@@ -265,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float64", choices=("float64", "float32"))
     parser.add_argument("--rtol", type=float, default=1e-9)
     parser.add_argument("--compare", default="all", choices=("all", "predictions"),
-                        help="what must match (float32 with Adam: predictions only, see the README)")
+                        help="what must match (float32 with Adam: predictions only, see docs/guarantees.md)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per mpiexec launch")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args, flags = parser.parse_known_args(argv)

@@ -28,7 +28,7 @@ def _opt(default: Any, help: str, **extra: Any) -> Any:
 
 @dataclass
 class TrainConfig:
-    """Hyper-parameter defaults are tuned for the shipped 32,852-row Criteo sample (see README)."""
+    """Hyper-parameter defaults are tuned for the shipped 32,852-row Criteo sample (docs/training.md)."""
 
     model: str = _opt("deepfm", f"model to train: {', '.join(MODELS)} or a registered user model")
     plugins: str = _opt("", "comma-separated modules or .py files to import first (user models/substitutions)")
@@ -39,11 +39,11 @@ class TrainConfig:
     validation_data: str = _opt("", "validation input with --train-data (the same forms); without it nothing is "
                                 "validated and --early-stop auto is off", nargs="+")
     test_data: str = _opt("", "test input with --train-data (the same forms), evaluated at the end", nargs="+")
-    schema: str = _opt("", "the data's schema: criteo, avazu or a TOML file (README, \"Your own data\"); empty: "
+    schema: str = _opt("", "the data's schema: criteo, avazu or a TOML file (docs/data.md); empty: "
                        "criteo for raw files, a prepared directory's own")
     stream: str = _opt("", "continuous training instead of --data: a directory (its files matching --stream-glob) "
                        "or comma-separated files, read in name order, one pass, each file prepared when it comes, "
-                       "tested by the current model (progressive validation), then trained on (README, "
+                       "tested by the current model (progressive validation), then trained on (docs/training.md, "
                        "\"Continuous training\")")
     stream_glob: str = _opt("*", "the files of a --stream directory (names starting with '.' or ending '.tmp' "
                             "are never read: a producer writes there first, then renames)")

@@ -29,7 +29,7 @@ DeepCTR does not work with Keras 3 and is NOT installed into the main venv: this
 (for des's data reader), and runs the DeepCTR part in that interpreter as a subprocess with
 ``TF_USE_LEGACY_KERAS=1``. ``--skip-install`` uses the venv as it is.
 
-Expect (a 2-core machine takes minutes per system; seeds 0,1,2): the README's "Model quality"
+Expect (a 2-core machine takes minutes per system; seeds 0,1,2): docs/quality.md's "Model quality"
 table (its runs, with the earlier defaults', are in ``docs/benchmarks.md``, "Model quality"):
 des's DeepFM at or above DeepCTR's and des's LR at or above scikit-learn's on the test split, the
 gaps within the standard error of an AUC on the ~1.7k test rows.
