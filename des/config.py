@@ -106,7 +106,9 @@ class TrainConfig:
                       choices=("data-parallel", "replicated"))
     plan: str = _opt("auto", "des, per substituted operator: its partial sums travel (partials, the paper) or its "
                      "pooled inputs per distinct id (exchange); auto: the planner's cost model picks the plan with the "
-                     "fewest bytes from the first batches; or OP=MODE,... (docs/design.md, Planner)")
+                     "fewest bytes from the first batches, and on a run of 200 steps or more the fastest of that "
+                     "plan and the pure ones measured on the first batches (cached per host: docs/design.md, "
+                     "Planner); measure: measure them on any run; or OP=MODE,...")
     ps_servers: int = _opt(1, "with --strategy ps: how many ranks serve the tables (the rest are workers)")
     staleness: int = _opt(1, "with --strategy persia: the bound tau of Persia's hybrid training; a step reads "
                           "embeddings that miss at most the sparse updates of the previous tau steps (always that many: "

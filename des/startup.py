@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from des import runtime
+from des import plan_trials, runtime
 from des.building import build_model, build_optimizers, build_strategy, data_fingerprint, open_data, strategy_class
 from des.collectives import Communicator
 from des.config import MODELS, TrainConfig
@@ -57,7 +57,12 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     pipeline_auto = config.pipeline == "auto"
     if pipeline_auto:  # per rank (never changes results): the overlap needs a spare core
         config = dataclasses.replace(config, pipeline="on" if threads.intra_op >= 2 else "off")
+    measures = plan_trials.wanted(config, comm.size, getattr(source, "total_steps", 0) or 0) and not config.stream
     config, unique = resolve_plan(config, cls, store, placement)
+    trials = None
+    if measures and unique is not None and getattr(cls, "fixed_plan", None) is None and config.upper != "replicated":
+        trials = measure_plans(config, cls, store, placement, distinct, comm)
+        config = dataclasses.replace(config, plan=trials.chosen)
     strategy = build_strategy(config, comm, store.num_fields, distinct, cls=cls, placement=placement,
                               loads_tables=bool(config.resume), num_dense=store.num_dense)
     source.strategy = strategy
@@ -75,6 +80,8 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     if comm.rank == 0:
         write_config_json(run)
     plan = communication_plan(config, strategy, store, comm.size, unique)
+    if plan is not None and trials is not None:  # the measured times next to the predicted bytes
+        plan = ("\n".join([plan[0], *trials.lines()]), {**plan[1], "trials": trials.record()})
     run.planner = plan[1] if plan is not None else None
     if run.talks:
         for line in startup_report(run, train_rows=train_rows, validation_rows=validation_rows, distinct=distinct,
@@ -138,13 +145,13 @@ def resolve_plan(config: TrainConfig, cls: Any, store: Any, placement: list[list
     config and the id statistics (None on one rank or for a strategy the planner does not model)."""
     ranks = len(placement)
     if cls.communication_plan is None or ranks == 1:
-        if config.plan == "auto":  # one rank: nothing travels, every plan is the same step
+        if config.plan in ("auto", "measure"):  # one rank: nothing travels, every plan is the same step
             config = dataclasses.replace(config, plan="partials")
         return config, None
     from des import planner
 
     unique = planner.estimate_unique_ids(store, config.batch_size, ranks, seed=config.seed, drop_last=config.drop_last)
-    if config.plan == "auto" and getattr(cls, "fixed_plan", None) is None:
+    if config.plan in ("auto", "measure") and getattr(cls, "fixed_plan", None) is None:
         if config.upper == "replicated":
             best = "partials"
         else:
@@ -153,6 +160,35 @@ def resolve_plan(config: TrainConfig, cls: Any, store: Any, placement: list[list
                                                          np.dtype(config.dtype).itemsize).plan)
         config = dataclasses.replace(config, plan=best)
     return config, unique
+
+
+def measure_plans(config: TrainConfig, cls: Any, store: Any, placement: list[list[int]], distinct: list[int],
+                  comm: Communicator) -> plan_trials.Trials:
+    """``--plan auto`` on a long run (or ``--plan measure``): the cost model's plan and the pure ones
+    timed on this machine as throwaway strategies on the first training batches, the fastest
+    chosen (``des/plan_trials.py``; cached per host)."""
+    from des.data import BatchReader
+
+    key = plan_trials.cache_key(config, comm.size, data_fingerprint(store), placement)
+
+    def train_one(plan: str) -> float:
+        def build() -> Any:  # tables grow from empty: the run's own are built after
+            return build_strategy(dataclasses.replace(config, plan=plan), comm, store.num_fields, distinct, cls=cls,
+                                  placement=placement, loads_tables=True, num_dense=store.num_dense)
+
+        def batches(strategy: Any) -> Any:
+            reader = BatchReader(store, "train", batch_size=config.batch_size, seed=config.seed, epoch=0,
+                                 drop_last=True, **strategy.reader_options())
+            return lambda i: reader.batch(i % max(len(reader), 1))
+
+        return plan_trials.trial_step_seconds(build, batches, overlap=config.pipeline == "on")
+
+    # the trials' traffic is not the run's: the summary's bytes per step count the run's steps only
+    kept, comm.stats = comm.stats, type(comm.stats)(comm.stats.default_factory)
+    try:
+        return plan_trials.choose(config, comm, key, config.plan, train_one)
+    finally:
+        comm.stats = kept
 
 
 def communication_plan(config: TrainConfig, strategy: Any, store: Any, ranks: int, unique: Any = None
