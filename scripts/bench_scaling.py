@@ -1,4 +1,4 @@
-""".venv/bin/python scripts/bench_scaling.py [--quick] [--model deepfm] [--ranks 1,2,4,8] [--threads 1] [--strategies des,alltoall] [--plans auto] [--data criteo,multihot,synth] [--scaling strong,weak] [--batch-size 4096,32768] [--rows-per-rank 4096] [--warmup 3] [--steps 10] [--rounds 1] [--time-limit 0] [--out DIR]
+""".venv/bin/python scripts/bench_scaling.py [--quick] [--model deepfm] [--ranks 1,2,4,8] [--threads 1] [--strategies des,alltoall] [--plans auto] [--plan-ranks 8] [--data criteo,multihot,synth] [--strong-data ...] [--weak-data ...] [--scaling strong,weak] [--batch-size 4096,32768] [--rows-per-rank 4096] [--warmup 3] [--steps 10] [--rounds 1] [--time-limit 0] [--out DIR]
 
 How training throughput scales with the number of ranks N at a fixed number of threads per rank:
 samples/s, speed-up over N = 1 of the same strategy and efficiency (speed-up / N) for every data
@@ -25,7 +25,9 @@ once, with the phases of a step at the largest N.
   multi-hot store (40,000 rows, every categorical field 0-50 ids, vocabularies x20); ``synth`` =
   ``--synth-rows`` (default 600,000) Criteo-shaped synthetic rows (``des.data.synth``'s default
   configuration, bench_synthetic's store), enough that the timed steps of a weak-scaling job at
-  N = 8 do not repeat rows. Generated into ``--cache`` on first use.
+  N = 8 do not repeat rows (the Criteo sample's and multihot's jobs wrap their epochs: rows
+  repeat). Generated into ``--cache`` on first use. ``--strong-data`` and ``--weak-data`` give each
+  kind of scaling its own data sets (default: ``--data``).
 * **Timing**: each job runs ``--warmup`` + ``--steps`` steps and reports des.train's own samples/s
   of the steps after the warm-up ones (``benchlib.Bench.steady``). The jobs of one N run in one
   ``mpiexec`` launch per round (``Bench.steady_many``: TensorFlow's start-up is paid once; each run
@@ -200,8 +202,9 @@ def roofline(bench: benchlib.Bench, args: argparse.Namespace, ranks: Sequence[in
             outs = bench.run_together([cmd] * copies, label=label, timeout=min(bench.timeout, remaining))
             results = [throughput.roofline_result(out) for out in outs]
         except (benchlib.BenchError, ValueError) as exc:
-            bench.failures.append(f"{label}: {exc}")
-            bench.log(f"FAILED {label}: {exc}")
+            failure = str(exc) if isinstance(exc, benchlib.BenchError) else f"{label}: {exc}"
+            bench.failures.append(failure)
+            bench.log(f"FAILED {failure}")
             continue
         for b in batches:
             each = [b / r[str(b)][args.model]["plain"] for r in results]
@@ -259,8 +262,10 @@ def scaling_rows(panel: Panel, ranks: Sequence[int], row_labels: Sequence[str], 
 
 
 def phase_rows(rows: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
-    """The rows at the largest measured N with their ms per step per phase as columns."""
-    done = [r for r in rows if r.get("ms_per_phase")]
+    """The rows at the largest measured N with their ms per step per phase as columns (a job once:
+    des-exchange where it is alltoall's)."""
+    done = [r for r in rows if r.get("ms_per_phase") and not (
+        r["strategy"] == "des-exchange" and "-alltoall-" in r["job"])]
     if not done:
         return [], []
     top = max(r["ranks"] for r in done)
@@ -285,6 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plans", default="auto", help="des's --plan values to measure, e.g. auto,partials,exchange")
     parser.add_argument("--plan-ranks", default="", help="the N at which des's plans other than auto run (default: all)")
     parser.add_argument("--data", default="criteo,multihot,synth", help="criteo, multihot and/or synth")
+    parser.add_argument("--strong-data", default="", help="the data of strong scaling (default: --data)")
+    parser.add_argument("--weak-data", default="", help="the data of weak scaling (default: --data)")
     parser.add_argument("--synth-rows", type=int, default=600_000, help="rows of --data synth")
     parser.add_argument("--cache", default=benchlib.CACHE, help="where multihot and synth are generated")
     parser.add_argument("--scaling", default="strong,weak", help="strong and/or weak")
@@ -301,13 +308,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     benchlib.add_common_arguments(parser, out_is_run_folder=True)
     args = parser.parse_args(argv)
     if args.quick:
-        args.ranks, args.warmup, args.steps, args.rounds, args.roofline_repeats = "1,2", 2, 3, 1, 3
+        args.ranks, args.warmup, args.steps, args.roofline_repeats = "1,2", 2, 3, 3
         args.batch_size, args.rows_per_rank, args.synth_rows = "1024", 512, min(args.synth_rows, 60_000)
     ranks = benchlib.positive_ints(args.ranks, "ranks")
     batches = throughput.batch_sizes(args.batch_size)
     plan_ranks = benchlib.positive_ints(args.plan_ranks, "plan-ranks") if args.plan_ranks else ranks
     strategies, plans = args.strategies.split(","), args.plans.split(",")
-    data_names, kinds = args.data.split(","), args.scaling.split(",")
+    kinds = args.scaling.split(",")
+    data_of = {kind: (getattr(args, f"{kind}_data", "") or args.data).split(",") for kind in kinds}
+    data_names = list(dict.fromkeys(name for kind in kinds for name in data_of.get(kind, [])))
     for name in strategies:
         if name not in ("hierarchical", *PLAIN_NAMES):
             benchlib.strategy_flags(name)  # refuses an unknown name before anything runs
@@ -325,8 +334,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = prepare_data(bench, data_names, args)
 
     # the panels and their jobs (a job shared by panels is run once: e.g. weak N=1 = strong at that batch)
-    panels = [Panel(d, "strong", b) for d in data_names if "strong" in kinds for b in batches]
-    panels += [Panel(d, "weak", args.rows_per_rank) for d in data_names if "weak" in kinds]
+    panels = [Panel(d, "strong", b) for d in data_of.get("strong", []) for b in batches]
+    panels += [Panel(d, "weak", args.rows_per_rank) for d in data_of.get("weak", [])]
     skipped: list[str] = []
     jobs: dict[int, list[Job]] = {n: [] for n in ranks}
     flags_of: dict[Job, dict[str, Any]] = {}
@@ -354,12 +363,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for reason in skipped:
         bench.log(f"skipped: {reason}")
 
-    roof = (roofline(bench, args, ranks, panels, deadline)
-            if args.roofline and args.model in throughput.ROOFLINE_MODELS else [])
-
     runs: dict[Job, list[dict]] = {job: [] for job in flags_of}
     launch_seconds: dict[int, float] = {}
-    stopped = ""
+    stopped, roof = "", []
     for round_ in range(args.rounds):
         for n in ranks:
             if not jobs[n]:
@@ -380,6 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if stopped:
             bench.log(stopped)
             break
+        if round_ == 0 and args.roofline and args.model in throughput.ROOFLINE_MODELS:
+            roof = roofline(bench, args, ranks, panels, deadline)  # after the first round: the jobs come first
 
     rows: list[dict[str, Any]] = []
     tables: list[tuple[str, list, list]] = []
@@ -418,9 +426,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(benchlib's steady_many: TensorFlow's start-up paid once; each run has its own tables, tf.functions and "
         f"communicator). {args.rounds} round(s) round-robin over N; a row is the median job (its plan, phases and "
         "ms/step with it), min-max over the rounds it has." + (f" {stopped}." if stopped else ""),
-        "Strong scaling: the global batch is fixed, so ideal samples/s grow N-fold as each rank's share shrinks; weak "
-        f"scaling: {args.rows_per_rank} rows per rank, global batch {args.rows_per_rank} x N, ideal samples/s grow "
-        "N-fold at a constant step time. Speed-up = samples/s over the same strategy's at N = 1 (des-<plan> rows "
+        ("Strong scaling: the global batch is fixed, so ideal samples/s grow N-fold as each rank's share shrinks. "
+         if "strong" in kinds else "")
+        + (f"Weak scaling: {args.rows_per_rank} rows per rank, global batch {args.rows_per_rank} x N, ideal samples/s "
+           "grow N-fold at a constant step time. " if "weak" in kinds else "")
+        + "Speed-up = samples/s over the same strategy's at N = 1 (des-<plan> rows "
         "without an N = 1 row of their own: over des at N = 1); efficiency = speed-up / N; 'vs des (auto) same N' = "
         "a plan's samples/s over the planner's choice at the same N (above 1: the planner missed a faster plan).",
         benchlib.STRATEGY_NOTE,
@@ -433,13 +443,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         notes.append(f"Roofline: bench_throughput's dense roofline of {args.model} (plain TF on dense inputs "
                      "[B, 39, 8] and [B, 39, 1]: the upper network, FM and the first layer as matmuls, forward, "
                      f"backward and Adam; no tables), {args.threads} thread(s) per copy, samples/s over "
-                     f"{args.roofline_repeats} calls after 3 untimed ones, measured once before the jobs; 'N copies' "
+                     f"{args.roofline_repeats} calls after 3 untimed ones, measured once, after the jobs' first round; 'N copies' "
                      "= N processes at once, each at the per-rank batch of N, their samples/s summed: what N "
                      "data-parallel copies of the dense part reach here, the machine's contention included. It models "
                      "the Criteo sample's shape (39 fields of 8 floats), which multi-hot data pool to as well.")
     elif args.roofline:
         notes.append(f"No roofline: bench_throughput's dense roofline has no {args.model} (it has "
                      f"{', '.join(throughput.ROOFLINE_MODELS)}).")
+    repeating = []
+    for panel in panels:
+        mine = [r for r in rows if r["panel"] == panel.title]
+        for r in mine:
+            r["passes"] = (args.warmup + args.steps) * r["batch"] / data[r["data"]]["train_rows"]
+        wrapped = sorted({r["ranks"] for r in mine if r["passes"] > 1})
+        if wrapped:
+            repeating.append(f"{panel.title} at N = {', '.join(map(str, wrapped))} (up to "
+                             f"{max(r['passes'] for r in mine):.1f} passes)")
+    if repeating:
+        notes.append("Rows repeat within a job (its warm-up and timed steps pass over the training split more than "
+                     "once, so its tables hold the ids seen before): " + "; ".join(repeating) + ".")
     if skipped:
         notes.append("Not measured: " + "; ".join(skipped) + ".")
     notes.append("Other processes on the machine move every figure (load average per job in results.json).")
@@ -454,6 +476,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for i_ax, (ax, panel) in enumerate(zip(axes.flat, shown)):
             mine = [r for r in rows if r["panel"] == panel.title and r.get("samples_per_second")]
             for i, label in enumerate(row_labels):
+                if job_label(label, measured) != label and job_label(label, measured) in row_labels:
+                    continue  # des-exchange: alltoall's line
                 points = sorted((r["ranks"], r["samples_per_second"]) for r in mine if r["strategy"] == label)
                 if points:
                     ax.plot(*zip(*points), marker="o", color=f"C{i}", label=label)
@@ -475,6 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for ax in list(axes.flat)[len(shown):]:
             ax.set_visible(False)
         fig.suptitle(f"{args.model}, {args.threads} thread(s) per rank, {cores} cores")
+        fig.tight_layout()
         return fig
 
     job_list = [{"job": job.tag, "data": job.data, "ranks": job.ranks, "batch": job.batch, "strategy": job.strategy,
