@@ -75,8 +75,7 @@ import benchlib
 
 #: seconds kept for writing the results when ``--time-limit`` stops the rounds
 RESERVE_SECONDS = 15.0
-#: --strategies names that are not benchlib.STRATEGY_FLAGS names: the benchmark strategy at N ranks
-#: (None: not measured at that N) and the reason for a None
+#: --strategies names that stand for a benchlib.STRATEGY_FLAGS name (hierarchical: see strategy_at)
 PLAIN_NAMES = {"persia": "persia-1"}
 
 
@@ -138,6 +137,7 @@ def labels(strategies: Sequence[str], plans: Sequence[str]) -> list[str]:
 
 
 def job_flags(label: str, ranks: int) -> tuple[dict[str, str] | None, str]:
+    """:func:`strategy_at` of a row label: ``des-<plan>`` is des with ``--plan <plan>``."""
     if label.startswith("des-") and label not in benchlib.STRATEGY_FLAGS:
         return {**benchlib.strategy_flags("des"), "plan": label[len("des-"):]}, ""
     return strategy_at(label, ranks)

@@ -248,7 +248,8 @@ def environment() -> dict[str, Any]:
         "python": platform.python_version(),
         "versions": versions,
         "mpi": _run_text([str(MPIEXEC), "--version"]).splitlines()[:3],
-        "git_commit": _run_text(["git", "rev-parse", "HEAD"]),
+        # a copy of the tree without its .git (another machine): the commit as the caller gives it
+        "git_commit": _run_text(["git", "rev-parse", "HEAD"]) or os.environ.get("DES_BENCH_COMMIT", ""),
         "git_des_dirty": dirty.splitlines(),
         "load_average_at_start": os.getloadavg(),
         # des's default decides in every child (by its ranks on this machine) unless the user set it
