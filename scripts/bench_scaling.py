@@ -239,6 +239,8 @@ def scaling_rows(panel: Panel, ranks: Sequence[int], row_labels: Sequence[str], 
             if job not in runs or (label.startswith("des-") and n not in plan_ranks):
                 continue
             row = throughput.throughput_row(model, label, n, job.batch, runs[job])
+            for key in ("peak_rss_mib_max", "peak_rss_mib_per_rank"):  # the launch's peak so far, not the run's
+                row.pop(key, None)
             median = throughput.median_job(runs[job], lambda r: r["steady"]["samples_per_second"]) if runs[job] else {}
             row.update({"kind": "scaling", "data": panel.data, "scaling": panel.scaling, "panel": panel.title,
                         "per_rank_batch": panel.per_rank(n), "rounds": len(runs[job]), "job": job.tag,
@@ -362,6 +364,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 jobs[n].append(job)
     for reason in skipped:
         bench.log(f"skipped: {reason}")
+    bench.log(f"{sum(map(len, jobs.values()))} jobs per round, one launch per N: "
+              + ", ".join(f"N={n}: {len(jobs[n])}" for n in ranks) + f"; {args.rounds} round(s)")
 
     runs: dict[Job, list[dict]] = {job: [] for job in flags_of}
     launch_seconds: dict[int, float] = {}
@@ -424,8 +428,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "restarted after the warm-up (training samples over rank 0's training wall time of the timed steps; the job "
         "validates once, after its last step). The jobs of one N run in one mpiexec launch per round "
         "(benchlib's steady_many: TensorFlow's start-up paid once; each run has its own tables, tf.functions and "
-        f"communicator). {args.rounds} round(s) round-robin over N; a row is the median job (its plan, phases and "
-        "ms/step with it), min-max over the rounds it has." + (f" {stopped}." if stopped else ""),
+        "communicator; the order of the runs in a launch is the same in every round; no peak memory: a run's "
+        f"would be its launch's so far). {args.rounds} round(s) round-robin over N; a row is the median job (its plan, "
+        "phases and ms/step with it), min-max over the rounds it has." + (f" {stopped}." if stopped else ""),
         ("Strong scaling: the global batch is fixed, so ideal samples/s grow N-fold as each rank's share shrinks. "
          if "strong" in kinds else "")
         + (f"Weak scaling: {args.rows_per_rank} rows per rank, global batch {args.rows_per_rank} x N, ideal samples/s "

@@ -7,11 +7,17 @@ only inside :meth:`Bench.steady`'s jobs, see :func:`train_with_warmup`).
 * :class:`Bench` -- one benchmark run: its folder ``runs/bench/<script>/<UTC time>/`` with
   ``config.json`` (the script's arguments), ``environment.json`` (machine and versions),
   ``log.txt`` (every child's command line and output), and at the end ``results.csv``,
-  ``results.json``, ``table.md`` (the entry) and ``figure.png``; :meth:`Bench.train` runs one
-  ``python -m des.train`` job under the venv's ``mpiexec`` with a timeout and returns its
-  ``summary.json``; :meth:`Bench.steady` runs one job of ``W + K`` steps whose throughput and phase
-  timers leave out the first ``W`` (des.train's warm-up) and returns the steady-state ms per phase and samples/s of steps ``W+1 .. W+K``
-  (the first steps trace the tf.functions and fill the tables: seconds, not milliseconds).
+  ``results.json``, ``table.md`` (the entry) and ``figure.png`` (left out, with a note, under
+  ``--no-figure`` or where matplotlib does not import: checked when the run starts); a script may
+  make ``--out DIR`` that folder itself (``add_common_arguments(out_is_run_folder=True)``).
+  :meth:`Bench.train` runs one ``python -m des.train`` job under :data:`MPIEXEC` (the venv's, or
+  ``mpiexec`` on PATH with this interpreter where there is no venv: :func:`launcher`) with a
+  timeout and returns its ``summary.json``; :meth:`Bench.steady` runs one job of ``W + K`` steps
+  whose throughput and phase timers leave out the first ``W`` (des.train's warm-up) and returns
+  the steady-state ms per phase and samples/s of steps ``W+1 .. W+K`` (the first steps trace the
+  tf.functions and fill the tables: seconds, not milliseconds); :meth:`Bench.steady_many` does
+  that for several jobs in one launch; :meth:`Bench.run_together` runs commands at the same time.
+* :func:`dataset` -- ``--data criteo|multihot|PATH`` (the multi-hot store made on first use).
 * :func:`markdown_table` / :func:`write_csv` -- the writers (tested in ``tests/test_bench_scripts.py``).
 * :func:`machine_note` -- the line every table carries about this machine vs the paper's cluster.
 
