@@ -32,9 +32,11 @@ once, with the phases of a step at the largest N.
   of the steps after the warm-up ones (``benchlib.Bench.steady``). The jobs of one N run in one
   ``mpiexec`` launch per round (``Bench.steady_many``: TensorFlow's start-up is paid once; each run
   builds its own tables, tf.functions and communicator). ``--rounds R`` repeats every job, round-
-  robin over N; a row is the median job, with the min-max over the rounds. ``--time-limit S``
-  starts no launch that the previous round's same launch says would end after S seconds (nor one
-  after them), and stops a running one there: rows then have fewer rounds (the table says how many).
+  robin over N (N = 1 and the largest N first, then the others); a row is the median job, with the
+  min-max over the rounds. ``--time-limit S`` (seconds for the whole run, results written
+  included) leaves out each launch that the previous round's same launch says would end too late,
+  and stops a running one in time (its finished runs count): rows then have fewer rounds (the
+  table says how many, the notes which launches were left out).
 * **Roofline** (``--roofline``, default on for W&D, DeepFM, DCN-v2 and DLRM): bench_throughput's
   dense roofline (the model as a plain TF program on dense inputs, forward, backward and Adam) at
   ``--threads`` per process: one copy alone at every per-rank batch, then N copies at once at the
@@ -369,16 +371,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     runs: dict[Job, list[dict]] = {job: [] for job in flags_of}
     launch_seconds: dict[int, float] = {}
-    stopped, roof = "", []
+    cut: list[str] = []  # the launches --time-limit left out
+    roof: list[dict[str, Any]] = []
+    order = sorted(ranks, key=lambda n: (n != 1, n != max(ranks), n))  # N=1 and the largest N first
     for round_ in range(args.rounds):
-        for n in ranks:
+        for n in order:
+            remaining = deadline - bench.elapsed()
             if not jobs[n]:
                 continue
-            remaining = deadline - bench.elapsed()
-            if remaining <= 0 or launch_seconds.get(n, 0.0) > remaining:
-                stopped = (f"--time-limit {args.time_limit:g} s: stopped before round {round_ + 1}'s launch of N={n} "
-                           f"({bench.elapsed():.0f} s elapsed)")
-                break
+            if remaining <= 0 or launch_seconds.get(n, 0.0) > remaining:  # its last launch says it would not fit
+                cut.append(f"round {round_ + 1} N={n}")
+                bench.log(f"--time-limit: round {round_ + 1}'s launch of N={n} left out ({bench.elapsed():.0f} s elapsed)")
+                continue
             start = bench.elapsed()
             found = bench.steady_many(n, [(f"{job.tag}-r{round_}", flags_of[job]) for job in jobs[n]], args.warmup,
                                       args.steps, timeout=min(bench.timeout * len(jobs[n]), remaining))
@@ -387,11 +391,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 summary = found[f"{job.tag}-r{round_}"]
                 if summary is not None:
                     runs[job].append(summary)
-        if stopped:
-            bench.log(stopped)
-            break
         if round_ == 0 and args.roofline and args.model in throughput.ROOFLINE_MODELS:
             roof = roofline(bench, args, ranks, panels, deadline)  # after the first round: the jobs come first
+    stopped = f"--time-limit {args.time_limit:g} s left out the launches of {', '.join(cut)}" if cut else ""
 
     rows: list[dict[str, Any]] = []
     tables: list[tuple[str, list, list]] = []
@@ -429,7 +431,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "validates once, after its last step). The jobs of one N run in one mpiexec launch per round "
         "(benchlib's steady_many: TensorFlow's start-up paid once; each run has its own tables, tf.functions and "
         "communicator; the order of the runs in a launch is the same in every round; no peak memory: a run's "
-        f"would be its launch's so far). {args.rounds} round(s) round-robin over N; a row is the median job (its plan, "
+        f"would be its launch's so far). {args.rounds} round(s) round-robin over N (N = 1 and the largest "
+        "first); a row is the median job (its plan, "
         "phases and ms/step with it), min-max over the rounds it has." + (f" {stopped}." if stopped else ""),
         ("Strong scaling: the global batch is fixed, so ideal samples/s grow N-fold as each rank's share shrinks. "
          if "strong" in kinds else "")
