@@ -78,48 +78,11 @@ NO_TOP_NETWORK = {
     "lr": "LR: no top network (logit = sum of the 39 per-field partials + bias), so no TF-only roofline",
     "fm": "FM: no top network (logit = combine of the order-1 and order-2 partials), so no TF-only roofline",
 }
-#: ``--data multihot``: every categorical field multi-hot with 0-50 ids, vocabularies x20 (about 650
-#: ids and 148 distinct ids per row block per sample at B=4096, N=4: the paper's kind of data, where
-#: a sample has hundreds of feature values), 40,000 rows; generated once into the cache
-MULTIHOT = {"rows": 40_000, "max_hot": 50, "vocab_scale": 20.0, "seed": 0}
-
-
-def multihot_config():
-    """The ``des.data.synth`` configuration of ``--data multihot``."""
-    from des.data.synth import FIELD_NAMES, NUM_INT_FIELDS, default_config
-
-    return default_config(seed=MULTIHOT["seed"], multi_hot_fields=FIELD_NAMES[NUM_INT_FIELDS:],
-                          max_hot=MULTIHOT["max_hot"], vocab_scale=MULTIHOT["vocab_scale"])
-
-
-def dataset(bench: benchlib.Bench, data: str, cache: str) -> str | None:
-    """``--data``: None for the shipped Criteo sample (des.train's default), the multi-hot store
-    (made on first use), or a store or data path as given."""
-    if data == "criteo":
-        return None
-    if data != "multihot":
-        return data
-    from pathlib import Path
-
-    path = Path(cache) / "bench-multihot-{rows}-s{seed}-h{max_hot}-v{vocab_scale:g}".format(**MULTIHOT)
-    if not (path / "manifest.json").is_file():
-        from des.data.synth import synthesize_store
-
-        bench.log(f"generating the multi-hot data into {path}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        synthesize_store(path, MULTIHOT["rows"], multihot_config(), overwrite=True)
-    return str(path)
 
 
 def batch_sizes(text: str) -> list[int]:
     """``"4096,512"`` -> ``[4096, 512]`` (``--batch-size``)."""
-    try:
-        sizes = [int(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        raise SystemExit(f"--batch-size must be comma-separated integers, not {text!r}") from None
-    if not sizes or min(sizes) < 1:
-        raise SystemExit(f"--batch-size must be positive integers, not {text!r}")
-    return sizes
+    return benchlib.positive_ints(text, "batch-size")
 
 
 def scaled_steps(steps: int, batch: int, batches: Sequence[int]) -> int:
@@ -263,15 +226,27 @@ def _roofline_model(name: str, batch: int, repeats: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------ parent
+def roofline_command(threads: int, batches: Sequence[int], repeats: int, models: Sequence[str]) -> list[str]:
+    """The command line of a roofline child (:func:`roofline_child`; its output: :func:`roofline_result`)."""
+    return [str(benchlib.PYTHON), __file__, "--roofline-child", str(threads), "--batch-size", ",".join(map(str, batches)),
+            "--repeats", str(repeats), "--roofline-models", ",".join(models)]
+
+
+def roofline_result(output: str) -> dict:
+    """A roofline child's result from its output: ``{batch: {model: {...}}}`` (:func:`roofline_child`)."""
+    lines = [line for line in output.splitlines() if line.startswith("ROOFLINE ")]
+    if not lines:
+        raise ValueError("the roofline child printed no result")
+    return json.loads(lines[-1][len("ROOFLINE "):])
+
+
 def roofline_rows(bench: benchlib.Bench, threads: int, batch: int, repeats: int, models: Sequence[str]) -> list[dict]:
     """The TF-only rooflines of ``models`` at one batch size and thread count (a child process)."""
-    cmd = [str(benchlib.PYTHON), __file__, "--roofline-child", str(threads), "--batch-size", str(batch),
-           "--repeats", str(repeats), "--roofline-models", ",".join(models)]
+    cmd = roofline_command(threads, [batch], repeats, models)
     try:
         proc = bench.run_command(cmd, label=f"roofline b{batch} ({threads} threads)", timeout=bench.timeout)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("ROOFLINE ")]
-        result = json.loads(lines[-1][len("ROOFLINE "):])[str(batch)]
-    except (benchlib.BenchError, IndexError, KeyError, ValueError) as exc:
+        result = roofline_result(proc.stdout)[str(batch)]
+    except (benchlib.BenchError, KeyError, ValueError) as exc:
         bench.failures.append(f"roofline b{batch} ({threads} threads): {exc}")
         return []
     rows, load = [], os.getloadavg()[0]
@@ -401,8 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data", default="criteo",
                         help="criteo (the shipped sample, default), multihot (synthetic, every categorical field "
                              "multi-hot with 0-50 ids; no roofline or DeepCTR), or a data path for des.train")
-    parser.add_argument("--cache", default=os.environ.get("DES_CACHE_DIR", os.path.expanduser("~/.cache/des")),
-                        help="where --data multihot is generated")
+    parser.add_argument("--cache", default=benchlib.CACHE, help="where --data multihot is generated")
     parser.add_argument("--roofline-child", type=int, metavar="THREADS", help=argparse.SUPPRESS)
     parser.add_argument("--roofline-models", default=",".join(ROOFLINE_MODELS), help=argparse.SUPPRESS)
     benchlib.add_common_arguments(parser)
@@ -423,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with_deepctr = criteo and deepctr_models and (
         args.deepctr if args.deepctr is not None else not args.quick and bench_deepctr.DEEPCTR_PYTHON.exists())
     bench = benchlib.Bench(__file__, args)
-    data = dataset(bench, args.data, args.cache)
+    data = benchlib.dataset(bench, args.data, args.cache)
     data_flags = {} if data is None else {"data": data}
 
     rows, roof_rows, deepctr = [], [], []
@@ -479,9 +453,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                             ("des_bf16_vs_roofline", "des-bf16 / roofline", ".2f"),
                             ("des_bf16_vs_deepctr", "des-bf16 / DeepCTR", ".2f")]
     data_note = ("Data: the shipped Criteo sample (one id per field and sample)." if criteo else
-                 f"Data: {args.data}" + (f" ({data}: {MULTIHOT['rows']:,} synthetic rows, every categorical field "
-                                         f"multi-hot with 0-{MULTIHOT['max_hot']} ids, vocabularies x"
-                                         f"{MULTIHOT['vocab_scale']:g}); no roofline or DeepCTR (they model the "
+                 f"Data: {args.data}" + (f" ({data}: {benchlib.MULTIHOT['rows']:,} synthetic rows, every categorical field "
+                                         f"multi-hot with 0-{benchlib.MULTIHOT['max_hot']} ids, vocabularies x"
+                                         f"{benchlib.MULTIHOT['vocab_scale']:g}); no roofline or DeepCTR (they model the "
                                          "Criteo sample's one-hot inputs)" if args.data == "multihot" else "") + ".")
     notes = [
         data_note,

@@ -7,11 +7,17 @@ only inside :meth:`Bench.steady`'s jobs, see :func:`train_with_warmup`).
 * :class:`Bench` -- one benchmark run: its folder ``runs/bench/<script>/<UTC time>/`` with
   ``config.json`` (the script's arguments), ``environment.json`` (machine and versions),
   ``log.txt`` (every child's command line and output), and at the end ``results.csv``,
-  ``results.json``, ``table.md`` (the entry) and ``figure.png``; :meth:`Bench.train` runs one
-  ``python -m des.train`` job under the venv's ``mpiexec`` with a timeout and returns its
-  ``summary.json``; :meth:`Bench.steady` runs one job of ``W + K`` steps whose throughput and phase
-  timers leave out the first ``W`` (des.train's warm-up) and returns the steady-state ms per phase and samples/s of steps ``W+1 .. W+K``
-  (the first steps trace the tf.functions and fill the tables: seconds, not milliseconds).
+  ``results.json``, ``table.md`` (the entry) and ``figure.png`` (left out, with a note, under
+  ``--no-figure`` or where matplotlib does not import: checked when the run starts); a script may
+  make ``--out DIR`` that folder itself (``add_common_arguments(out_is_run_folder=True)``).
+  :meth:`Bench.train` runs one ``python -m des.train`` job under :data:`MPIEXEC` (the venv's, or
+  ``mpiexec`` on PATH with this interpreter where there is no venv: :func:`launcher`) with a
+  timeout and returns its ``summary.json``; :meth:`Bench.steady` runs one job of ``W + K`` steps
+  whose throughput and phase timers leave out the first ``W`` (des.train's warm-up) and returns
+  the steady-state ms per phase and samples/s of steps ``W+1 .. W+K`` (the first steps trace the
+  tf.functions and fill the tables: seconds, not milliseconds); :meth:`Bench.steady_many` does
+  that for several jobs in one launch; :meth:`Bench.run_together` runs commands at the same time.
+* :func:`dataset` -- ``--data criteo|multihot|PATH`` (the multi-hot store made on first use).
 * :func:`markdown_table` / :func:`write_csv` -- the writers (tested in ``tests/test_bench_scripts.py``).
 * :func:`machine_note` -- the line every table carries about this machine vs the paper's cluster.
 
@@ -24,6 +30,7 @@ are sized by ``des.runtime`` (cores // ranks intra-op threads per rank).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime as _dt
 import io
@@ -36,6 +43,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import metadata
@@ -46,8 +54,18 @@ from des._tensorflow_env import onednn_chosen_by_user
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = REPO / ".venv" / "bin"
-MPIEXEC = VENV_BIN / "mpiexec"
-PYTHON = VENV_BIN / "python"
+
+
+def launcher(venv_bin: Path = VENV_BIN) -> tuple[Path, Path]:
+    """``(mpiexec, python)`` of the jobs: the venv's where ``.venv/bin/mpiexec`` exists, else
+    ``mpiexec`` on PATH and this interpreter (a machine without the venv, e.g. one whose packages
+    come from PATH and PYTHONPATH)."""
+    if (venv_bin / "mpiexec").exists():
+        return venv_bin / "mpiexec", venv_bin / "python"
+    return Path(shutil.which("mpiexec") or "mpiexec"), Path(sys.executable)
+
+
+MPIEXEC, PYTHON = launcher()
 SAMPLE = REPO / "datasets" / "criteo_sample.txt.gz"
 
 PAPER_SETUP = ("paper: 4 servers x 2 x 24-core Xeon E5-2670v3 (48 threads each), 10 GbE without RDMA, "
@@ -90,6 +108,42 @@ def strategy_flags(name: str) -> dict[str, str]:
     return dict(STRATEGY_FLAGS[name])
 
 
+# ---------------------------------------------------------------------------------------- data
+#: where generated benchmark data go (``--cache``): des's own cache folder
+CACHE = os.environ.get("DES_CACHE_DIR", os.path.expanduser("~/.cache/des"))
+
+#: ``--data multihot``: every categorical field multi-hot with 0-50 ids, vocabularies x20 (about 650
+#: ids and 148 distinct ids per row block per sample at B=4096, N=4: the paper's kind of data, where
+#: a sample has hundreds of feature values), 40,000 rows; generated once into the cache
+MULTIHOT = {"rows": 40_000, "max_hot": 50, "vocab_scale": 20.0, "seed": 0}
+
+
+def multihot_config():
+    """The ``des.data.synth`` configuration of ``--data multihot``."""
+    from des.data.synth import FIELD_NAMES, NUM_INT_FIELDS, default_config
+
+    return default_config(seed=MULTIHOT["seed"], multi_hot_fields=FIELD_NAMES[NUM_INT_FIELDS:],
+                          max_hot=MULTIHOT["max_hot"], vocab_scale=MULTIHOT["vocab_scale"])
+
+
+def dataset(bench: Bench | None, data: str, cache: str) -> str | None:
+    """``--data``: None for the shipped Criteo sample (des.train's default), the multi-hot store
+    (made on first use), or a store or data path as given."""
+    if data == "criteo":
+        return None
+    if data != "multihot":
+        return data
+    path = Path(cache) / "bench-multihot-{rows}-s{seed}-h{max_hot}-v{vocab_scale:g}".format(**MULTIHOT)
+    if not (path / "manifest.json").is_file():
+        from des.data.synth import synthesize_store
+
+        if bench is not None:
+            bench.log(f"generating the multi-hot data into {path}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        synthesize_store(path, MULTIHOT["rows"], multihot_config(), overwrite=True)
+    return str(path)
+
+
 # ---------------------------------------------------------------------------------------- writers
 Column = tuple[str, str, str]  # (key in the row dict, header, format spec or "" for str())
 
@@ -128,6 +182,17 @@ def write_csv(path: Path | None, rows: Sequence[Mapping[str, Any]]) -> str:
     if path is not None:
         Path(path).write_text(text)
     return text
+
+
+def positive_ints(text: str, flag: str) -> list[int]:
+    """``"4096,512"`` -> ``[4096, 512]``: a flag's comma-separated positive integers, in the order given."""
+    try:
+        values = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--{flag} must be comma-separated integers, not {text!r}") from None
+    if not values or min(values) < 1:
+        raise SystemExit(f"--{flag} must be positive integers, not {text!r}")
+    return values
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -189,7 +254,8 @@ def environment() -> dict[str, Any]:
         "python": platform.python_version(),
         "versions": versions,
         "mpi": _run_text([str(MPIEXEC), "--version"]).splitlines()[:3],
-        "git_commit": _run_text(["git", "rev-parse", "HEAD"]),
+        # a copy of the tree without its .git (another machine): the commit as the caller gives it
+        "git_commit": _run_text(["git", "rev-parse", "HEAD"]) or os.environ.get("DES_BENCH_COMMIT", ""),
         "git_des_dirty": dirty.splitlines(),
         "load_average_at_start": os.getloadavg(),
         # des's default decides in every child (by its ranks on this machine) unless the user set it
@@ -222,7 +288,8 @@ def entry(script: str, env: Mapping[str, Any], argv: Sequence[str],
     """A run as an entry of ``docs/benchmarks.md``: ``### <script>, <date>``, the table of date,
     machine, command and commit, then the result tables (title, columns, rows) and the notes."""
     commit = (env.get("git_commit") or "unknown")[:10] + (" + uncommitted changes in des/" if env.get("git_des_dirty") else "")
-    command = " ".join([".venv/bin/python", f"scripts/{script}.py", *map(shlex.quote, argv)])
+    python = ".venv/bin/python" if PYTHON == VENV_BIN / "python" else PYTHON.name
+    command = " ".join([python, f"scripts/{script}.py", *map(shlex.quote, argv)])
     run = {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"), "machine": machine_description(env),
            "command": f"`{command}`", "commit": commit}
     parts = [f"### {script}, {run['date']}\n", markdown_table([(k, k, "") for k in run], [run])]
@@ -236,10 +303,34 @@ def entry(script: str, env: Mapping[str, Any], argv: Sequence[str],
 
 
 # ---------------------------------------------------------------------------------------- runs
-def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+def add_common_arguments(parser: argparse.ArgumentParser, out_is_run_folder: bool = False) -> None:
+    """``--quick``, ``--timeout``, ``--out`` and ``--no-figure``. ``out_is_run_folder``: ``--out DIR``
+    is the run folder itself (every output in one folder, e.g. one whose files are fetched from
+    another machine; the jobs' run folders then go to a temporary folder, removed at the end)."""
     parser.add_argument("--quick", action="store_true", help="a few-minute smoke-test version")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per des.train job (default 900)")
-    parser.add_argument("--out", default=str(REPO / "runs" / "bench"), help="parent of the run folders")
+    if out_is_run_folder:
+        parser.add_argument("--out", help="the run folder itself, new or empty: config, environment, log, results "
+                                          "and table go there, the jobs to a temporary folder (default: a new "
+                                          "runs/bench/<script>/<UTC time>/ with the jobs in it)")
+        parser.set_defaults(out_is_run_folder=True)
+    else:
+        parser.add_argument("--out", default=str(REPO / "runs" / "bench"), help="parent of the run folders")
+    parser.add_argument("--no-figure", action="store_true",
+                        help="no figure.png (also left out, with a note, where matplotlib does not import)")
+
+
+def figure_unavailable(args: Mapping[str, Any]) -> str | None:
+    """Why a run draws no figure (None: it does): ``--no-figure``, or matplotlib missing. Checked
+    when the run starts, before anything is measured, so a missing optional package never fails a
+    run after its measurements."""
+    if args.get("no_figure"):
+        return "No figure (--no-figure)."
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "No figure: matplotlib does not import here (results.json and table.md hold every number)."
+    return None
 
 
 class BenchError(RuntimeError):
@@ -252,9 +343,17 @@ class Bench:
     def __init__(self, script: str, args: argparse.Namespace) -> None:
         self.script = Path(script).stem
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        self.folder = Path(args.out) / self.script / stamp
-        self.folder.mkdir(parents=True, exist_ok=False)
-        self.jobs = self.folder / "jobs"
+        self.temporary_jobs = bool(getattr(args, "out_is_run_folder", False) and args.out)
+        if self.temporary_jobs:  # --out is the run folder (add_common_arguments(out_is_run_folder=True))
+            self.folder = Path(args.out)
+            if self.folder.is_dir() and any(self.folder.iterdir()):
+                raise SystemExit(f"--out {self.folder}: not empty (the run folder must be new or empty)")
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self.jobs = Path(tempfile.mkdtemp(prefix=f"{self.script}-jobs-"))
+        else:
+            self.folder = Path(args.out or REPO / "runs" / "bench") / self.script / stamp
+            self.folder.mkdir(parents=True, exist_ok=False)
+            self.jobs = self.folder / "jobs"
         self.timeout = float(getattr(args, "timeout", 900))
         self.args = vars(args)
         self.failures: list[str] = []
@@ -264,7 +363,10 @@ class Bench:
         self.env = environment()
         (self.folder / "environment.json").write_text(json.dumps(self.env, indent=1))
         self.log_path = self.folder / "log.txt"
-        self.log(f"{self.script}: run folder {self.folder}")
+        self.log(f"{self.script}: run folder {self.folder}" + (f", jobs in {self.jobs}" if self.temporary_jobs else ""))
+        self.figure_note = figure_unavailable(self.args)
+        if self.figure_note:
+            self.log(self.figure_note)
 
     # -------------------------------------------------------------------- logging
     def log(self, text: str, echo: bool = True) -> None:
@@ -281,27 +383,52 @@ class Bench:
                     label: str = "") -> subprocess.CompletedProcess:
         """Run ``cmd`` (its own process group, killed as a group on timeout); its output (stdout and
         stderr together) goes to log.txt and is returned as ``.stdout``; raises on failure."""
+        out = self.run_together([cmd], timeout=timeout, env=env, label=label)[0]
+        return subprocess.CompletedProcess(cmd, 0, out, None)
+
+    def run_together(self, cmds: Sequence[Sequence[str]], *, timeout: float | None = None,
+                     env: Mapping[str, str] | None = None, label: str = "") -> list[str]:
+        """Run ``cmds`` at the same time (each in its own process group; all killed as groups once
+        ``timeout`` seconds have passed) and wait for all; each one's output (stdout and stderr
+        together) goes to log.txt and is returned, in order; raises if any fails."""
         timeout = timeout or self.timeout
         full_env = dict(os.environ)
         full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         full_env.update(env or {})
-        self.log(f"$ {' '.join(map(str, cmd))}", echo=False)
-        start = time.perf_counter()
-        proc = subprocess.Popen([str(c) for c in cmd], cwd=REPO, env=full_env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            self.log(out or "", echo=False)
-            raise BenchError(f"{label or cmd[0]}: timed out after {timeout:.0f} s") from None
-        seconds = time.perf_counter() - start
-        self.log((out or "").rstrip() + f"\n[exit {proc.returncode}, {seconds:.1f} s]", echo=False)
-        if proc.returncode != 0:
-            last = [line for line in (out or "").splitlines() if line.strip()][-1:] or ["(no output)"]
-            raise BenchError(f"{label or cmd[0]}: exit {proc.returncode}: {last[0]}")
-        return subprocess.CompletedProcess(cmd, proc.returncode, out or "", None)
+        with contextlib.ExitStack() as stack:
+            files, procs = [], []
+            start = time.perf_counter()
+            for cmd in cmds:
+                self.log(f"$ {' '.join(map(str, cmd))}", echo=False)
+                files.append(stack.enter_context(tempfile.TemporaryFile("w+")))
+                procs.append(subprocess.Popen([str(c) for c in cmd], cwd=REPO, env=full_env, stdout=files[-1],
+                                              stderr=subprocess.STDOUT, text=True, start_new_session=True))
+            timed_out = False
+            for proc in procs:
+                try:
+                    proc.wait(timeout=max(0.0, start + timeout - time.perf_counter()))
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    break
+            if timed_out:
+                for proc in procs:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            seconds = time.perf_counter() - start
+            outs = []
+            for proc, fh in zip(procs, files):
+                fh.seek(0)
+                outs.append(fh.read())
+                self.log(outs[-1].rstrip() + f"\n[exit {proc.returncode}, {seconds:.1f} s]", echo=False)
+        name = label or str(cmds[0][0])
+        if timed_out:
+            raise BenchError(f"{name}: timed out after {timeout:.0f} s")
+        for proc, out in zip(procs, outs):
+            if proc.returncode != 0:
+                last = [line for line in out.splitlines() if line.strip()][-1:] or ["(no output)"]
+                raise BenchError(f"{name}: exit {proc.returncode}: {last[0]}")
+        return outs
 
     def train(self, ranks: int, tag: str, *, keep_checkpoints: bool = False, restart_timers_after: int = 0,
               **flags: Any) -> dict[str, Any] | None:
@@ -326,29 +453,37 @@ class Bench:
         summary["job_seconds"] = time.perf_counter() - start
         summary["command"] = " ".join(argv)
         summary["load_average"] = os.getloadavg()[0]
+        self._log_summary(tag, summary, restart_timers_after)
+        return summary
+
+    def _log_summary(self, tag: str, summary: dict[str, Any], restart_timers_after: int) -> None:
         if restart_timers_after:  # bytes_per_step divides all bytes by the steps after the restart
             summary["bytes_per_step"] = summary["bytes_per_step_by_site"] = None
             summary["restart_timers_after"] = restart_timers_after
         phases = " ".join(f"{k} {v:.0f}" for k, v in (summary.get("ms_per_phase") or {}).items())
+        seconds = f"{summary['job_seconds']:.0f} s; " if "job_seconds" in summary else ""
         self.log(f"  {tag}: {summary['steps']} steps, {summary['samples_per_second']:,.0f} samples/s (job), "
                  + (f"{summary['bytes_per_step']:,.0f} B/step" if summary["bytes_per_step"] is not None
                     else "bytes not counted (timers restarted)")
                  + f", test AUC {summary.get('test_auc') or float('nan'):.4f}, "
-                 f"ms {phases} ({summary['job_seconds']:.0f} s; {self.elapsed():.0f} s so far)")
-        return summary
+                 f"ms {phases} ({seconds}{self.elapsed():.0f} s so far)")
 
-    def train_many(self, ranks: int, runs: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any] | None]:
+    def train_many(self, ranks: int, runs: Sequence[tuple[str, Mapping[str, Any]]], *, warmup: int | None = None,
+                   timeout: float | None = None) -> dict[str, dict[str, Any] | None]:
         """Several ``des.train`` runs ``(tag, flags)`` in ONE ``mpiexec`` launch (this file run with
         ``--train-many SPEC``, see :func:`train_many`): a rank's start-up (TensorFlow's import,
         numba's kernels) is paid once. Each run has its own Communicator, run folder and
         summary.json, so bytes and results are those of separate launches; wall times are not (the
-        later runs start warm). Returns tag -> summary (None for a run that did not finish)."""
-        spec = self.jobs / f"launch-n{ranks}-{len(runs)}-runs.json"
+        later runs start warm). ``warmup=W``: each run's timers restart after its first W steps
+        (as :func:`train_with_warmup`; None: des.train's own default). A run that fails ends the launch: it and the runs after it
+        have no summary. Returns tag -> summary (None for a run that did not finish)."""
+        spec = self.jobs / f"launch-n{ranks}-{len(runs)}-runs-{runs[0][0]}.json"
         spec.parent.mkdir(parents=True, exist_ok=True)
-        spec.write_text(json.dumps([train_flags(self.jobs / tag, flags) for tag, flags in runs], indent=1))
+        spec.write_text(json.dumps({"warmup": warmup, "runs": [train_flags(self.jobs / tag, flags) for tag, flags in runs]},
+                                   indent=1))
         try:
             self.run_command([str(MPIEXEC), "-n", str(ranks), str(PYTHON), __file__, "--train-many", str(spec)],
-                             label=f"{len(runs)} runs ({ranks} ranks)")
+                             label=f"{len(runs)} runs ({ranks} ranks)", timeout=timeout)
         except BenchError as exc:
             self.failures.append(str(exc))
             self.log(f"FAILED {exc}")
@@ -356,7 +491,8 @@ class Bench:
         for tag, _ in runs:
             try:
                 out[tag] = json.loads((self.jobs / tag / "summary.json").read_text())
-                self.log(f"  {tag}: {out[tag]['steps']} steps, {out[tag]['bytes_per_step']:,.0f} B/step")
+                out[tag]["load_average"] = os.getloadavg()[0]
+                self._log_summary(tag, out[tag], warmup or 0)
             except (OSError, ValueError):
                 out[tag] = None
             shutil.rmtree(self.jobs / tag / "checkpoints", ignore_errors=True)
@@ -371,21 +507,16 @@ class Bench:
         over its training wall seconds, of the steps after ``warmup``; the job validates once,
         after its last step, so no validation interrupts the pipelined steps), for ps from the
         phase timers (:func:`steady_from_phases`)."""
-        ps = flags.get("strategy") == "ps"
-        workers = ranks - int(flags.get("ps_servers", 1)) if ps else 1
-        flags = {"epochs": 0, **flags, "max_steps": (warmup + steps) * workers}
-        if not ps:
-            flags["eval_every"] = flags["max_steps"]
-        summary = self.train(ranks, tag, restart_timers_after=warmup, **flags)
-        if summary is None:
-            return None
-        summary["ps_servers"] = int(flags.get("ps_servers", 1))
-        batch = int(flags.get("batch_size", 1024))
-        steady = {"ms_per_phase": summary["ms_per_phase"], "measured_steps": steps,
-                  "samples_per_second_from_phases": steady_from_phases(summary, batch)}
-        steady["samples_per_second"] = steady["samples_per_second_from_phases"] if ps else summary["samples_per_second"]
-        summary["steady"] = steady
-        return summary
+        flags = steady_flags(ranks, warmup, steps, flags)
+        return add_steady(self.train(ranks, tag, restart_timers_after=warmup, **flags), flags, steps)
+
+    def steady_many(self, ranks: int, runs: Sequence[tuple[str, Mapping[str, Any]]], warmup: int, steps: int, *,
+                    timeout: float | None = None) -> dict[str, dict[str, Any] | None]:
+        """:meth:`steady` of each run ``(tag, flags)``, all in ONE launch (:meth:`train_many`, its
+        start-up paid once): tag -> summary with ``steady`` (None for a run that did not finish)."""
+        runs = [(tag, steady_flags(ranks, warmup, steps, flags)) for tag, flags in runs]
+        found = self.train_many(ranks, runs, warmup=warmup, timeout=timeout)
+        return {tag: add_steady(found[tag], flags, steps) for tag, flags in runs}
 
     # -------------------------------------------------------------------- results
     def finish(self, rows: Sequence[Mapping[str, Any]], tables: Sequence[tuple[str, Sequence[Column], Sequence[Mapping[str, Any]]]],
@@ -401,10 +532,14 @@ class Bench:
                                    f"{self.env['load_average_at_start'][0]:.2f}."]
         if self.failures:
             all_notes.append("FAILED jobs: " + "; ".join(self.failures))
+        if figure is not None and self.figure_note:
+            all_notes.append(self.figure_note)
         text = entry(self.script, self.env, sys.argv[1:], tables, all_notes)
         (self.folder / "table.md").write_text(text)
         print(text, flush=True)  # before the figure, which needs matplotlib ('.[bench]')
-        if figure is not None:
+        if self.temporary_jobs:
+            shutil.rmtree(self.jobs, ignore_errors=True)
+        if figure is not None and not self.figure_note:
             import matplotlib
 
             matplotlib.use("Agg")
@@ -415,6 +550,32 @@ class Bench:
                 fig.savefig(self.folder / "figure.png", dpi=110, bbox_inches="tight")
                 plt.close(fig)
         return text
+
+
+def steady_flags(ranks: int, warmup: int, steps: int, flags: Mapping[str, Any]) -> dict[str, Any]:
+    """des.train flags of a :meth:`Bench.steady` job: ``warmup + steps`` steps (``--epochs 0``; per
+    worker for ``ps``, whose ``--max-steps`` counts the batches of all workers), validation once at
+    the end."""
+    ps = flags.get("strategy") == "ps"
+    workers = ranks - int(flags.get("ps_servers", 1)) if ps else 1
+    flags = {"epochs": 0, **flags, "max_steps": (warmup + steps) * workers}
+    if not ps:
+        flags["eval_every"] = flags["max_steps"]
+    return flags
+
+
+def add_steady(summary: dict[str, Any] | None, flags: Mapping[str, Any], steps: int) -> dict[str, Any] | None:
+    """A steady job's summary plus ``steady`` (see :meth:`Bench.steady`); None stays None."""
+    if summary is None:
+        return None
+    ps = flags.get("strategy") == "ps"
+    summary["ps_servers"] = int(flags.get("ps_servers", 1))
+    batch = int(flags.get("batch_size", 1024))
+    steady = {"ms_per_phase": summary["ms_per_phase"], "measured_steps": steps,
+              "samples_per_second_from_phases": steady_from_phases(summary, batch)}
+    steady["samples_per_second"] = steady["samples_per_second_from_phases"] if ps else summary["samples_per_second"]
+    summary["steady"] = steady
+    return summary
 
 
 def train_flags(output: Path, flags: Mapping[str, Any]) -> list[str]:
@@ -452,16 +613,18 @@ def ensure_venv(bench: Bench, venv: Path, steps: Sequence[Sequence[str]], probe:
 
 def train_many(spec: str) -> None:
     """``mpiexec -n N python scripts/benchlib.py --train-many SPEC``: ``des.train`` once per
-    command line of the JSON list in SPEC, one after the other in this launch (each
-    ``des.train.main`` builds its own Communicator: byte counters start at zero)."""
+    command line of SPEC's ``runs`` (JSON), one after the other in this launch (each
+    ``des.train.main`` builds its own Communicator: byte counters start at zero), each with
+    SPEC's ``warmup`` if given (:func:`train_with_warmup`)."""
     from des import train as des_train
     from des.collectives import run_main
 
-    runs = json.loads(Path(spec).read_text())
+    spec = json.loads(Path(spec).read_text())
+    warmup = {} if spec["warmup"] is None else {"warmup_steps": spec["warmup"]}
 
     def main() -> int:
-        for argv in runs:
-            des_train.main(list(argv))
+        for argv in spec["runs"]:
+            des_train.main(list(argv), **warmup)
         return 0
 
     run_main(main, "des.train")

@@ -21,6 +21,7 @@ import benchlib  # noqa: E402
 import bench_breakdown as breakdown  # noqa: E402
 import bench_communication as comm  # noqa: E402
 import bench_deepctr as deepctr  # noqa: E402
+import bench_scaling as scaling  # noqa: E402
 import bench_synthetic as synthetic  # noqa: E402
 import bench_throughput as throughput  # noqa: E402
 import bench_torchrec as torchrec  # noqa: E402
@@ -29,7 +30,7 @@ import select_defaults  # noqa: E402
 # The paper's tables and figures (des.train jobs, with --quick); the other bench_* scripts are
 # single-process micro-benchmarks (bench_data, bench_hashtable).
 BENCH_SCRIPTS = ("bench_communication", "bench_throughput", "bench_quality", "bench_breakdown", "bench_deepctr",
-                 "bench_synthetic", "bench_torchrec")
+                 "bench_synthetic", "bench_torchrec", "bench_scaling")
 ALL_SCRIPTS = tuple(sorted(p.stem for p in SCRIPTS.glob("bench_*.py")))
 
 
@@ -239,12 +240,12 @@ def test_throughput_batch_sizes_and_steps():
 def test_throughput_multihot_data_is_multi_hot():
     from des.data.synth import FIELD_NAMES, NUM_INT_FIELDS
 
-    config = throughput.multihot_config()
+    config = benchlib.multihot_config()
     hot = {f.name: f.max_hot for f in config.fields}
-    assert all(hot[n] == throughput.MULTIHOT["max_hot"] for n in FIELD_NAMES[NUM_INT_FIELDS:])
+    assert all(hot[n] == benchlib.MULTIHOT["max_hot"] for n in FIELD_NAMES[NUM_INT_FIELDS:])
     assert not any(hot[n] for n in FIELD_NAMES[:NUM_INT_FIELDS])
-    assert throughput.dataset(None, "criteo", "/nowhere") is None  # des.train's default data
-    assert throughput.dataset(None, "/some/store", "/nowhere") == "/some/store"
+    assert benchlib.dataset(None, "criteo", "/nowhere") is None  # des.train's default data
+    assert benchlib.dataset(None, "/some/store", "/nowhere") == "/some/store"
 
 
 def test_throughput_compare_rows():
@@ -468,6 +469,86 @@ def test_train_flags_command_line(tmp_path):
                                                    "overwrite": True})
     assert argv == ["--no-progress", "--output", str(tmp_path / "run"), "--batch-size", "512", "--strategy", "des",
                     "--no-pipeline", "--overwrite"]
+
+
+# ------------------------------------------------------------------------------------ scaling
+def test_launcher_without_a_venv(tmp_path):
+    """The venv's mpiexec and python where the venv has mpiexec; else mpiexec on PATH and this interpreter."""
+    (tmp_path / "mpiexec").touch()
+    assert benchlib.launcher(tmp_path) == (tmp_path / "mpiexec", tmp_path / "python")
+    mpiexec, python = benchlib.launcher(tmp_path / "nowhere")
+    assert mpiexec.name == "mpiexec" and python == Path(sys.executable)
+
+
+def test_scaling_panels_jobs_and_rows():
+    strong, weak = scaling.Panel("multihot", "strong", 4096), scaling.Panel("synth", "weak", 4096)
+    assert [strong.global_batch(n) for n in (1, 2, 8)] == [4096] * 3 and strong.per_rank(8) == 512
+    assert [weak.global_batch(n) for n in (1, 2, 8)] == [4096, 8192, 32768] and weak.per_rank(8) == 4096
+    labels = scaling.labels(["des", "alltoall", "hierarchical"], ["auto", "partials", "exchange"])
+    assert labels == ["des", "des-partials", "des-exchange", "alltoall", "hierarchical"]
+    assert scaling.job_label("des-exchange", ["des", "alltoall"]) == "alltoall"  # the same step, measured once
+    assert scaling.job_label("des-exchange", ["des"]) == "des-exchange"
+    assert scaling.job_flags("des-partials", 2)[0] == {"strategy": "des", "upper": "data-parallel", "plan": "partials"}
+    assert scaling.strategy_at("persia", 2)[0] == {"strategy": "persia", "staleness": "1"}
+    assert scaling.strategy_at("hierarchical", 1)[0]["group_size"] == "1"
+    assert scaling.strategy_at("hierarchical", 4)[0]["group_size"] == "2"
+    assert scaling.strategy_at("hierarchical", 3) == (None, "hierarchical at N=3: --group-size 2 does not divide 3 ranks")
+    assert scaling.plan_name({"linear": "exchange", "fm": "exchange"}) == "exchange"
+    assert scaling.plan_name({"linear": "partials", "fm": "exchange"}) == "linear partials, fm exchange"
+    assert scaling.plan_name(None) == "-"
+
+    def job(rate: float, plan: str = "partials") -> dict:
+        return {"steady": {"samples_per_second": rate, "measured_steps": 3, "ms_per_phase": {"top": 1.0}},
+                "samples_per_second": rate, "peak_rss_bytes_per_rank": [2**20], "load_average": 1.0,
+                "plan": {"fm": plan}}
+
+    runs = {scaling.Job("synth", 1, 4096, "des"): [job(100.0), job(80.0), job(90.0)],
+            scaling.Job("synth", 2, 8192, "des"): [job(150.0, "exchange")],
+            scaling.Job("synth", 2, 8192, "alltoall"): [job(120.0, "exchange")],  # also des-exchange's
+            scaling.Job("synth", 2, 8192, "des-partials"): [job(180.0)]}
+    roof = [{"copies": 2, "per_copy_batch": 4096, "samples_per_second": 300.0}]
+    rows = scaling.scaling_rows(weak, [1, 2], scaling.labels(["des", "alltoall"], ["auto", "partials", "exchange"]),
+                                ["des", "des-partials", "alltoall", "alltoall"], runs, roof, "deepfm", [2])
+    got = {(r["ranks"], r["strategy"]): r for r in rows}
+    assert sorted(got) == [(1, "des"), (2, "alltoall"), (2, "des"), (2, "des-exchange"), (2, "des-partials")]
+    assert (got[1, "des"]["samples_per_second"], got[1, "des"]["spread"], got[1, "des"]["rounds"]) == (90.0, "80-100", 3)
+    assert got[2, "des"]["speedup"] == pytest.approx(150 / 90) and got[2, "des"]["efficiency"] == pytest.approx(75 / 90)
+    assert got[2, "des"]["plan"] == "exchange" and got[2, "des"]["of_roofline"] == pytest.approx(0.5)
+    assert "speedup" not in got[2, "alltoall"]  # no alltoall row at N=1
+    assert got[2, "des-partials"]["speedup_over"] == "des N=1" and got[2, "des-partials"]["speedup"] == 2.0
+    assert got[2, "des-partials"]["vs_planner"] == pytest.approx(1.2)
+    assert got[2, "des-exchange"]["samples_per_second"] == 120.0 and got[2, "des-exchange"]["job"] == "synth-alltoall-n2-b8192"
+    top, phases = scaling.phase_rows(rows)
+    assert phases == ["top"] and {r["ranks"] for r in top} == {2}
+    assert [r["strategy"] for r in top] == ["des", "des-partials", "alltoall"]  # des-exchange is alltoall's job
+
+
+@pytest.mark.mpi
+def test_scaling_runs_on_one_and_two_ranks(tmp_path):
+    """bench_scaling on 1 and 2 ranks of the shipped sample, a warm-up step and 2 timed steps per job:
+    every output in --out (no jobs, no figure), a row per scaling and N, the job that strong and weak
+    scaling share at N=1 run once, speed-ups and efficiencies as the samples/s give them, and the
+    batch larger than the training split skipped with its reason."""
+    out = tmp_path / "run"
+    code = scaling.main(["--ranks", "1,2", "--data", "criteo", "--strategies", "des", "--batch-size", "512,40000",
+                         "--rows-per-rank", "512", "--warmup", "1", "--steps", "2", "--no-roofline", "--no-figure",
+                         "--out", str(out)])
+    assert code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "environment.json", "log.txt", "results.csv",
+                                                     "results.json", "table.md"]
+    results = json.loads((out / "results.json").read_text())
+    rows = {(r["scaling"], r["ranks"]): r for r in results["rows"]}
+    assert sorted(rows) == [("strong", 1), ("strong", 2), ("weak", 1), ("weak", 2)]
+    assert [rows["weak", n]["batch"] for n in (1, 2)] == [512, 1024] and rows["strong", 2]["batch"] == 512
+    assert rows["strong", 1]["job"] == rows["weak", 1]["job"] and len(results["jobs"]) == 3
+    for kind in ("strong", "weak"):
+        one, two = rows[kind, 1], rows[kind, 2]
+        assert one["speedup"] == 1.0 and one["plan"] in ("partials", "exchange") and two["plan"] != "-"
+        assert two["speedup"] == pytest.approx(two["samples_per_second"] / one["samples_per_second"])
+        assert two["efficiency"] == pytest.approx(two["speedup"] / 2) and two["rounds"] == 1
+        assert set(two["ms_per_phase"]) >= {"lookup", "top", "update"}
+    assert len(results["skipped"]) == 2 and all("global batch 40,000 > the" in s for s in results["skipped"])
+    assert results["failures"] == [] and "No figure (--no-figure)." in (out / "table.md").read_text()
 
 
 # ------------------------------------------------------------------------------------ TorchRec's DLRM
