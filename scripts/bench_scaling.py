@@ -145,6 +145,12 @@ def job_flags(label: str, ranks: int) -> tuple[dict[str, str] | None, str]:
     return strategy_at(label, ranks)
 
 
+def fixed_plan(label: str) -> bool:
+    """A des row with a plan fixed by hand (``des-partials``), measured only at ``--plan-ranks``;
+    ``des`` (auto) and ``des-measure`` (the plans timed on the machine) run at every N."""
+    return label.startswith("des-") and label != "des-measure"
+
+
 def job_label(label: str, measured: Sequence[str]) -> str:
     """The job that measures ``label``: des with the exchange plan is alltoall's step."""
     return "alltoall" if label == "des-exchange" and "alltoall" in measured else label
@@ -238,7 +244,7 @@ def scaling_rows(panel: Panel, ranks: Sequence[int], row_labels: Sequence[str], 
     for n in ranks:
         for label in row_labels:
             job = Job(panel.data, n, panel.global_batch(n), job_label(label, measured))
-            if job not in runs or (label.startswith("des-") and n not in plan_ranks):
+            if job not in runs or (fixed_plan(label) and n not in plan_ranks):
                 continue
             row = throughput.throughput_row(model, label, n, job.batch, runs[job])
             for key in ("peak_rss_mib_max", "peak_rss_mib_per_rank"):  # the launch's peak so far, not the run's
@@ -288,11 +294,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default="deepfm")
     parser.add_argument("--ranks", default="1,2,4,8", help="rank counts N")
     parser.add_argument("--threads", type=int, default=1, help="TF and numba threads per rank (des.train --threads)")
+    parser.add_argument("--xla", choices=("on", "off"), default="off", help="des.train --xla of every job")
     parser.add_argument("--strategies", default="des,alltoall",
                         help="des, alltoall, persia (--staleness 1), hierarchical (--group-size 2), or names of "
                              "benchlib.STRATEGY_FLAGS")
     parser.add_argument("--plans", default="auto", help="des's --plan values to measure, e.g. auto,partials,exchange")
-    parser.add_argument("--plan-ranks", default="", help="the N at which des's plans other than auto run (default: all)")
+    parser.add_argument("--plan-ranks", default="", help="the N at which des's plans other than auto and measure run (default: all)")
     parser.add_argument("--data", default="criteo,multihot,synth", help="criteo, multihot and/or synth")
     parser.add_argument("--strong-data", default="", help="the data of strong scaling (default: --data)")
     parser.add_argument("--weak-data", default="", help="the data of weak scaling (default: --data)")
@@ -327,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "des" not in strategies and plans != ["auto"]:
         raise SystemExit("--plans needs des in --strategies")
     bad = ([d for d in data_names if d not in ("criteo", "multihot", "synth")]
-           + [k for k in kinds if k not in ("strong", "weak")] + [p for p in plans if p not in ("auto", "partials", "exchange")])
+           + [k for k in kinds if k not in ("strong", "weak")] + [p for p in plans if p not in ("auto", "measure", "partials", "exchange")])
     if bad or min(args.threads, args.warmup + 1, args.steps, args.rounds, args.rows_per_rank) < 1:
         raise SystemExit(f"bad arguments: {', '.join(bad) or 'threads, steps, rounds and rows per rank must be >= 1'}")
     row_labels = labels(strategies, plans)
@@ -351,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                f"rows of {panel.data}")
                 continue
             for label, job_name in zip(row_labels, measured):
-                if label.startswith("des-") and n not in plan_ranks:
+                if fixed_plan(label) and n not in plan_ranks:
                     continue
                 job = Job(panel.data, n, batch, job_name)
                 if job in flags_of:
@@ -361,8 +368,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if why not in skipped:
                         skipped.append(why)
                     continue
-                flags_of[job] = {"model": args.model, "batch_size": batch, "threads": args.threads, **strategy,
-                                 **({"data": info["path"]} if info["path"] else {})}
+                flags_of[job] = {"model": args.model, "batch_size": batch, "threads": args.threads, "xla": args.xla,
+                                 **strategy, **({"data": info["path"]} if info["path"] else {})}
                 jobs[n].append(job)
     for reason in skipped:
         bench.log(f"skipped: {reason}")
