@@ -15,7 +15,7 @@ All arithmetic is on ``uint64`` with wrap-around (numba wraps on overflow, as C 
 inline these functions (``des/_numba_cache.py`` resets their caches when this file changes).
 :func:`splitmix64_of` is :func:`splitmix64` of a Python int, for values computed once outside
 kernels. The TensorFlow twins, for served models, are ``des.data.features.tf_mix64`` and
-``des.export.tf_splitmix64``.
+``des.hashtable.tf_init.tf_splitmix64``.
 """
 
 from __future__ import annotations

@@ -247,11 +247,11 @@ def test_a_corrupt_or_missing_share_is_one_error(checkpoints, tmp_path) -> None:
 
 def test_export_and_check_read_a_split_field_as_one_table(checkpoints) -> None:
     from des.check import state_arrays
-    from des.export import _read_field_table
+    from des.serving.state import read_field_table
 
     split, whole = read_manifest(checkpoints.split), read_manifest(checkpoints.whole)
     blocks = ["linear", "embedding", "aux"]
-    a, b = _read_field_table(*split, 1, blocks), _read_field_table(*whole, 1, blocks)
+    a, b = read_field_table(*split, 1, blocks), read_field_table(*whole, 1, blocks)
     order_a, order_b = np.argsort(a["keys"]), np.argsort(b["keys"])
     np.testing.assert_array_equal(a["keys"][order_a], b["keys"][order_b])
     for name in blocks:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -194,3 +196,10 @@ def test_initial_values_are_the_same_bits_everywhere() -> None:
 KNOWN_NORMAL_BITS = ['0x1.6daaefe196b09p-1', '0x1.9866561302eb5p-4', '-0x1.0b7d476560261p+1',
                      '-0x1.a32781db71525p-4', '0x1.2829e6181540bp+0', '0x1.5efa22a0d491dp-1',
                      '-0x1.b7cb1a5d094d8p-1', '-0x1.438e42c96eb5dp+0', '0x1.38151d52dbad7p+1']
+
+
+def test_the_tables_load_tensorflow_only_when_a_twin_is_called() -> None:
+    """``des.hashtable`` and its initializer's TF twin (``tf_init.py``) import without TensorFlow:
+    training never pays for it."""
+    code = "import sys, des.hashtable, des.hashtable.tf_init; assert 'tensorflow' not in sys.modules, 'TF loaded'"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,104 @@
+"""What a table's parts share: its keys (the reserved ones and their checks), its sizing bounds, a
+row's value blocks (:class:`BlockSpec`) and its arrays as kernels see them (:class:`TableArrays`).
+
+The storage (``table.py``) and what acts on it, optimizer application (``updates.py``), eviction
+(``eviction.py``) and persistence (``persistence.py``), all import these from here, never from
+one another, so that each stays a module of its own (``docs/design.md``, section 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import _index as K
+from .init import Initializer
+from .optimizers import FTRL, SGD, AdaGrad, Adam, Optimizer, optimizer_from_dict
+
+EMPTY_KEY: int = int(K.EMPTY)
+SHARED_KEY: int = EMPTY_KEY + 1  # unadmitted="shared": the field's out-of-vocabulary row
+INDEX_GROWTH = 1.5
+ROW_GROWTH = 1.15
+MIN_CAPACITY = 16
+MAX_LOAD = 0.7  # the index's default load bound (keys per slot) before it grows
+INITIAL_ROWS_MAX = 1 << 16
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+MAX_CAPACITY = 2**32  # fastrange uses 32 hash bits
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """One value block of a table row: ``dim`` columns trained by ``optimizer``."""
+
+    name: str
+    dim: int
+    optimizer: Optimizer
+    init: Initializer
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"block name must be a non-empty string, got {self.name!r}")
+        if isinstance(self.dim, bool) or int(self.dim) != self.dim or self.dim < 1:
+            raise ValueError(f"block {self.name!r}: dim must be an integer >= 1, got {self.dim!r}")
+        object.__setattr__(self, "dim", int(self.dim))
+        if not isinstance(self.optimizer, (SGD, AdaGrad, Adam, FTRL)):
+            raise TypeError(f"block {self.name!r}: optimizer must be SGD, AdaGrad, Adam or FTRL")
+        if not isinstance(self.init, Initializer):
+            raise TypeError(f"block {self.name!r}: init must be an Initializer")
+
+    @property
+    def width(self) -> int:
+        """Columns of the co-located row: values then each slot."""
+        return self.dim * (1 + self.optimizer.num_slots)
+
+    def columns(self, data: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+        """The values ``[rows, dim]`` and each slot of this block's co-located array ``data``
+        (views): the one place that knows a row holds its values then each slot."""
+        dim = self.dim
+        return data[:, :dim], tuple(data[:, dim * (s + 1):dim * (s + 2)] for s in range(self.optimizer.num_slots))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dim": self.dim, "optimizer": self.optimizer.to_dict(),
+                "init": self.init.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "BlockSpec":
+        return cls(name=d["name"], dim=int(d["dim"]), optimizer=optimizer_from_dict(d["optimizer"]),
+                   init=Initializer.from_dict(d["init"]))
+
+
+class TableArrays(NamedTuple):
+    """A table's arrays as kernels read and write them, each at least as long as the row capacity
+    (address space may be reserved beyond it); replaced when :attr:`EmbeddingTable.version` changes."""
+
+    index: np.ndarray  # int32 [capacity, 3]: the index's slots (key low, key high, row + 1)
+    keys: np.ndarray  # int64 [rows]: each row's key
+    meta: np.ndarray  # int32 [rows, 2]: each row's (count, last_seen)
+    blocks: tuple[np.ndarray, ...]  # per block, [rows, dim * (1 + slots)]: values, then the optimizer's slots
+    steps: tuple[np.ndarray, ...]  # per block, int32 [rows]: Adam's per-row step count (empty: none)
+
+
+def as_keys(keys: np.ndarray) -> np.ndarray:
+    """Keys as a C-contiguous int64 array (uint64 ids reinterpreted; any other dtype refused)."""
+    a = np.asarray(keys)
+    if a.dtype == np.uint64:
+        a = a.view(np.int64)  # reinterpret the bits: uint64 ids are valid keys too
+    elif a.dtype.kind not in "iu" and a.size:
+        raise TypeError(f"keys must be an integer array, got dtype {a.dtype}")
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def check_step(step: int) -> int:
+    """``step`` as an int that fits the int32 ``last_seen`` column."""
+    step = int(step)
+    if not _INT32_MIN <= step <= _INT32_MAX:
+        raise ValueError(f"step {step} does not fit the int32 last_seen column")
+    return step
+
+
+def sentinel_error(keys: np.ndarray) -> ValueError:
+    """The error for keys holding the reserved sentinel ``EMPTY_KEY`` (names its first position)."""
+    i = int(np.flatnonzero(np.asarray(keys) == K.EMPTY)[0])
+    return ValueError(f"key at position {i} is the reserved sentinel {EMPTY_KEY} (int64 min)")

@@ -1,0 +1,228 @@
+"""A table's rows as files and back: dump (:func:`to_arrays`, :func:`save`), load and merge of a
+field's parts (:func:`load_parts`), and an incremental checkpoint's rows into a live table
+(:func:`upsert`). The file format is ``format.py``'s (a JSON header and named arrays, no pickle);
+``docs/design.md``, sections 4 and 11.
+
+Exact: a file holds every column of its rows (keys, count, last_seen, values, each slot, Adam's
+step counts) as the table holds them, and loading writes them back into rows of a table of the
+same layout, so a loaded table is the saved one bit for bit (its rows in file order). This module
+acts on the storage (``table.py``) through its public surface and builds a new table through the
+class it is given: it never imports the table, which delegates to it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import _index as K
+from .format import TableFormatError, read_table_file, write_table_file
+from .layout import INDEX_GROWTH, MIN_CAPACITY, SHARED_KEY, BlockSpec, as_keys, sentinel_error
+
+#: which rows of a table file :func:`load_parts` keeps: int64 keys -> bool mask
+KeyFilter = Callable[[np.ndarray], np.ndarray]
+#: the header entries the parts of one table (:func:`load_parts`) must agree on
+_PART_LAYOUT = ("field", "seed", "dtype", "min_count", "unadmitted", "blocks")
+
+
+def row_columns(table: Any) -> dict[str, np.ndarray]:
+    """The table's row arrays by the names of a table file (``format.py``), in the file's order:
+    views over every row of the storage (its capacity and beyond), valid while ``table.version``
+    holds. Dump, load and upsert all read or write rows through these."""
+    arrays = table.arrays
+    views = {"keys": arrays.keys, "count": arrays.meta[:, K.COUNT], "last_seen": arrays.meta[:, K.LAST]}
+    for b, spec in enumerate(table.blocks):
+        values, slots = spec.columns(arrays.blocks[b])
+        views[f"block.{b}.values"] = values
+        views.update({f"block.{b}.slot.{name}": s for name, s in zip(spec.optimizer.slot_names, slots)})
+        if spec.optimizer.needs_step:
+            views[f"block.{b}.steps"] = arrays.steps[b]
+    return views
+
+
+def to_arrays(table: Any, since: int | None = None) -> dict[str, np.ndarray]:
+    """The live rows as the arrays :func:`save` writes (named as in ``format.py``): views, valid
+    until the table next changes; with ``since``, copies of the rows looked up in training at
+    step ``since`` or later (``last_seen >= since``, inserted rows included)."""
+    n = len(table)
+    arrays = {name: a[:n] for name, a in row_columns(table).items()}
+    if since is not None:
+        changed = arrays["last_seen"] >= since
+        arrays = {name: a[changed] for name, a in arrays.items()}
+    return arrays
+
+
+def save(table: Any, path: str | os.PathLike, since: int | None = None) -> None:
+    """Write the table atomically in the format of ``format.py`` (no pickle); with ``since``, only
+    the rows :func:`to_arrays` gives for it (an incremental checkpoint's)."""
+    arrays = to_arrays(table, since)
+    header = {"field": table.field, "seed": table.seed, "dtype": table.dtype.name,
+              "min_count": table.min_count, "unadmitted": table.unadmitted,
+              "max_load": table.max_load, "n_rows": int(arrays["keys"].shape[0]),
+              "evicted_count": table.evicted_count, "admitted_total": table.admitted_total,
+              "last_update_step": table.last_update_step,
+              "blocks": [b.to_dict() for b in table.blocks]}
+    write_table_file(path, header, arrays)
+
+
+def upsert(table: Any, arrays: dict[str, np.ndarray]) -> int:
+    """Rows given as :func:`to_arrays` gives them (distinct keys) into ``table``: a key it holds
+    has its row replaced (counts, ``last_seen``, values, slots, step counts), a new key gets a new
+    row. Counters (``evicted_count``, ``admitted_total``) are left alone. Returns the new rows."""
+    _check_arrays(arrays, table.blocks, table.dtype, int(np.asarray(arrays["keys"]).shape[0]))
+    keys = as_keys(arrays["keys"])
+    if keys.shape[0] and (keys == K.EMPTY).any():
+        raise sentinel_error(keys)
+    n0 = len(table)
+    rows = table.claim_rows(keys)
+    for name, column in row_columns(table).items():
+        if name != "keys":  # claim_rows wrote them
+            column[rows] = arrays[name]
+    return len(table) - n0
+
+
+def load_parts(new_table: Callable[..., Any], parts: Sequence[tuple[str | os.PathLike, KeyFilter | None]],
+               capacity: int | None = None) -> Any:
+    """One table (made by ``new_table``, the table's class) of the rows of several files written by
+    :func:`save` (the parts of one field, such as its shares): of each part ``(path, keep)`` the rows
+    whose keys ``keep(keys)`` (a bool mask) selects, every row where ``keep`` is None. The parts must
+    agree on field, seed, dtype, ``min_count``, ``unadmitted`` and blocks, and hold distinct keys;
+    the one exception is the shared row (``SHARED_KEY``, ``unadmitted="shared"``): the field's, not
+    a key's, so ``keep`` never drops it and the first part holding it gives it. Counters: a part
+    read whole adds its ``evicted_count`` and ``admitted_total``; a part cut by ``keep`` adds only
+    its kept rows' admitted count (which of its keys it evicted or admitted before is not known: the
+    lower bound a file without the counter loads with); ``last_update_step`` is the latest of the
+    parts. ``capacity`` (index slots) is a lower bound, the default fits the rows kept at about
+    ``max_load / 1.5``. Raises :class:`TableFormatError` naming the file.
+    """
+    read = _Parts()
+    for path, keep in parts:
+        read.add(os.fspath(path), keep)
+    if not read.first:
+        raise ValueError("load_parts: no parts")
+    header = read.first["header"]
+    n = sum(int(arrays["keys"].shape[0]) for _, arrays in read.pieces)
+    max_load = float(header["max_load"])
+    needed = math.ceil(n / max_load) + 1
+    cap = max(needed, int(capacity) if capacity is not None else math.ceil(n * INDEX_GROWTH / max_load),
+              MIN_CAPACITY)
+    try:
+        table = new_table(field=int(header["field"]), blocks=read.first["blocks"], seed=int(header["seed"]),
+                          dtype=read.first["dtype"], capacity=cap, max_load=max_load,
+                          min_count=int(header["min_count"]), unadmitted=header["unadmitted"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise _inconsistent(read.first["path"], e) from e
+    table.evicted_count, table.admitted_total, table.last_update_step = read.evicted, read.admitted, read.last
+    _fill(table, read.pieces, n)
+    return table
+
+
+class _Parts:
+    """The parts of one table read so far: each one's kept rows, and the counters they add up to."""
+
+    def __init__(self) -> None:
+        self.pieces: list[tuple[str, dict[str, np.ndarray]]] = []
+        self.first: dict[str, Any] = {}  # the first part's path, header, dtype and blocks
+        self.evicted = self.admitted = 0
+        self.last: int | None = None
+        self._shared_seen = False
+
+    def add(self, path: str, keep: KeyFilter | None) -> None:
+        """Read the part at ``path`` and keep its rows ``keep`` selects (see :func:`load_parts`)."""
+        header, arrays = read_table_file(path)
+        try:
+            arrays = self._kept_rows(path, header, arrays, keep)
+            if keep is None:  # read whole: its counters
+                self.evicted += int(header["evicted_count"])
+                total = header.get("admitted_total")  # absent in files of older versions of des
+                self.admitted += _admitted(arrays, header) if total is None else int(total)
+            else:
+                self.admitted += _admitted(arrays, header)
+            step = header.get("last_update_step")
+            if step is not None:
+                self.last = int(step) if self.last is None else max(self.last, int(step))
+        except TableFormatError:
+            raise
+        except (KeyError, TypeError, ValueError) as e:
+            raise _inconsistent(path, e) from e
+        self.pieces.append((path, arrays))
+
+    def _kept_rows(self, path: str, header: dict[str, Any], arrays: dict[str, np.ndarray],
+                   keep: KeyFilter | None) -> dict[str, np.ndarray]:
+        """The part's arrays, checked against the first part's layout, cut to the rows kept."""
+        if not self.first:
+            self.first = {"path": path, "header": header, "dtype": np.dtype(header["dtype"]),
+                          "blocks": [BlockSpec.from_dict(d) for d in header["blocks"]]}
+        differ = [k for k in _PART_LAYOUT if header[k] != self.first["header"][k]]
+        if differ:
+            raise TableFormatError(f"{path}: its {', '.join(differ)} differ from those of {self.first['path']}")
+        n = int(header["n_rows"])
+        _check_arrays(arrays, self.first["blocks"], self.first["dtype"], n)
+        keys = arrays["keys"]
+        mask = None if keep is None else np.asarray(keep(keys), dtype=np.bool_)
+        if mask is not None and mask.shape != (n,):
+            raise ValueError(f"keep gave a mask of shape {mask.shape} for {n} keys")
+        if header["unadmitted"] == "shared" and n:
+            shared = keys == SHARED_KEY
+            if shared.any():  # the first part's shared row, whatever its key's share
+                mask = np.ones(n, dtype=np.bool_) if mask is None else mask
+                mask[shared] = not self._shared_seen
+                self._shared_seen = True
+        if mask is not None and not mask.all():
+            arrays = {name: a[mask] for name, a in arrays.items()}
+        return arrays
+
+
+def _fill(table: Any, pieces: list[tuple[str, dict[str, np.ndarray]]], n: int) -> None:
+    """Rows ``[0, n)`` of the new ``table`` from the (checked) arrays of each part in turn, each
+    part's released once copied; then indexed (a key duplicated across parts is an error naming both)."""
+    table.reserve_rows(n)
+    columns = row_columns(table)
+    starts = [0]
+    for i, (path, arrays) in enumerate(pieces):
+        lo = starts[-1]
+        hi = lo + int(arrays["keys"].shape[0])
+        for name, column in columns.items():
+            column[lo:hi] = arrays[name]
+        pieces[i] = (path, {})  # the part's arrays may go
+        starts.append(hi)
+    bad = table.adopt_rows(n)
+    if bad >= 0:
+        keys = columns["keys"]
+        key = int(keys[bad])
+        part = int(np.searchsorted(starts, bad, side="right")) - 1
+        first = int(np.flatnonzero(keys[:n] == key)[0])
+        other = int(np.searchsorted(starts, first, side="right")) - 1
+        where = f" (also in {pieces[other][0]})" if other != part else ""
+        raise TableFormatError(f"{pieces[part][0]}: inconsistent table file (ValueError: key {key} (row "
+                               f"{bad - starts[part]}) is duplicated or the sentinel{where})")
+
+
+def _inconsistent(path: str, e: Exception) -> TableFormatError:
+    """The error naming the file whose header or arrays raised ``e``."""
+    return TableFormatError(f"{path}: inconsistent table file ({type(e).__name__}: {e})".replace("\n", " "))
+
+
+def _admitted(arrays: dict[str, np.ndarray], header: dict[str, Any]) -> int:
+    """Admitted rows among a table file's (kept) rows."""
+    return int(np.count_nonzero(arrays["count"] >= int(header["min_count"])))
+
+
+def _check_arrays(arrays: dict[str, np.ndarray], blocks: Sequence[BlockSpec], dtype: np.dtype, n: int) -> None:
+    """A table file's arrays are those of ``n`` rows of these blocks (ValueError if not)."""
+    expected = {"keys": (np.int64, (n,)), "count": (np.int32, (n,)), "last_seen": (np.int32, (n,))}
+    for b, spec in enumerate(blocks):
+        expected[f"block.{b}.values"] = (dtype, (n, spec.dim))
+        for name in spec.optimizer.slot_names:
+            expected[f"block.{b}.slot.{name}"] = (dtype, (n, spec.dim))
+        if spec.optimizer.needs_step:
+            expected[f"block.{b}.steps"] = (np.int32, (n,))
+    if set(arrays) != set(expected):
+        raise ValueError(f"arrays {sorted(arrays)} do not match the blocks ({sorted(expected)})")
+    for name, (kind, shape) in expected.items():
+        a = arrays[name]
+        if a.dtype != np.dtype(kind) or a.shape != shape:
+            raise ValueError(f"array {name} is {a.dtype}{a.shape}, expected {np.dtype(kind)}{shape}")
