@@ -148,3 +148,6 @@ def test_inspect_of_a_file_prepared_whole_shows_no_split(tmp_path, small_file, c
     out = capsys.readouterr().out
     assert "split        none: the file prepared whole, its rows in input order" in out
     assert "test 300 (100.00%)" not in out
+    with pytest.raises(SystemExit):
+        main(["prepare", "--help"])
+    assert "(docs/data.md)" in capsys.readouterr().out.replace("\n", " ")
