@@ -79,6 +79,8 @@ def test_criteo_predictions_equal_des_evaluate(criteo: dict) -> None:
     result = model.evaluate(frame)
     assert result["rows"] == predicted.size and 0 < result["auc"] < 1
     assert model.evaluate(frame.drop(columns="label"), label=frame["label"].to_numpy()) == result
+    with pytest.raises(des.data.DataError, match=r"^DataFrame:row 2: column C5: 'xyz' is not 8 hex digits$"):
+        model.predict(frame.head(3).assign(C5=["68fd1e64", "xyz", None]))
 
 
 def test_importance_through_the_api_is_the_command_line_s(criteo: dict) -> None:
@@ -160,3 +162,19 @@ def test_resume_without_output_continues_in_the_run_folder(criteo: dict) -> None
     assert summary["run_folder"] == folder and summary["steps"] == 6 and summary["steps_this_run"] == 2
     assert (Path(folder) / "checkpoints" / "latest").read_text().strip() == "step-00000006"
     assert json.loads((Path(folder) / "config.json").read_text())["config"]["resume"] == str(criteo["checkpoint"])
+
+
+def test_importance_files_without_matplotlib(tmp_path: Path, monkeypatch) -> None:
+    import sys
+
+    from des.importance import format_table, write_importance
+
+    records = [{"input": "(none)", "kind": "baseline", "auc": None, "auc_drop": None, "logloss": 0.5,
+                "logloss_rise": 0.0},
+               {"input": "user", "kind": "categorical", "auc": None, "auc_drop": None, "logloss": 0.75,
+                "logloss_rise": 0.25}]
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+    written = write_importance(records, tmp_path / "out", about={"seed": 0})
+    assert [p.name for p in written] == ["importance.csv", "importance.json"]
+    assert json.loads(written[1].read_text())["inputs"][1]["auc_drop"] is None
+    assert "n/a" in format_table(records).splitlines()[2]
