@@ -111,34 +111,34 @@ def _missing(frame: Any, name: str, schema_name: str) -> DataError:
 def write_criteo_tsv(frame: Any, path: Path) -> Path:
     """``frame``'s rows as Criteo TSV lines at ``path`` (missing values as empty fields; no label
     column: 0)."""
+    import csv
+
     import pandas as pd
 
-    columns = []
+    columns = {}
     for name in COLUMN_NAMES:
         if name not in frame.columns:
             if name != "label":
                 raise _missing(frame, name, "criteo")
-            columns.append(np.full(len(frame), "0", dtype=object))
+            columns[name] = pd.Series(np.zeros(len(frame), np.int64), index=frame.index)
             continue
         series = frame[name]
-        if name == "label" or name.startswith("I"):
-            if pd.api.types.is_float_dtype(series.dtype) or pd.api.types.is_integer_dtype(series.dtype):
-                values = series.to_numpy(dtype=np.float64, na_value=np.nan)
-                fractional = ~np.isnan(values) & (values != np.floor(values))
-                if fractional.any():
-                    row = int(np.flatnonzero(fractional)[0])
-                    raise DataError(f"{FRAME}:row {row + 1}: column {name}: {values[row]!r} is not an integer")
-                series = series.astype("Int64")
-        text = series.astype(object).where(series.notna(), "").astype(str).to_numpy(dtype=object)
-        if name.startswith("C"):
-            bad = [i for i, v in enumerate(text) if "\t" in v or "\n" in v or "\r" in v]
-            if bad:
-                raise DataError(f"{FRAME}:row {bad[0] + 1}: column {name}: {text[bad[0]][:37]!r} is not 8 hex digits")
-        columns.append(text)
-    lines = columns[0]
-    for column in columns[1:]:
-        lines = lines + "\t" + column
-    path.write_text("\n".join(lines) + "\n")
+        if pd.api.types.is_float_dtype(series.dtype) or pd.api.types.is_integer_dtype(series.dtype):
+            values = series.to_numpy(dtype=np.float64, na_value=np.nan)
+            fractional = ~np.isnan(values) & (values != np.floor(values))
+            if fractional.any():
+                row = int(np.flatnonzero(fractional)[0])
+                raise DataError(f"{FRAME}:row {row + 1}: column {name}: {values[row]!r} is not an integer")
+            series = series.astype("Int64")  # 3.0 -> 3
+        else:
+            text = series.astype("string")
+            bad = np.flatnonzero(text.str.contains("[\t\r\n]", regex=True).fillna(False).to_numpy(bool))
+            if bad.size:  # it would break the line apart
+                raise DataError(f"{FRAME}:row {bad[0] + 1}: column {name}: {str(text.iloc[bad[0]])[:37]!r} holds a "
+                                "tab or a line break")
+        columns[name] = series
+    pd.DataFrame(columns).to_csv(path, sep="\t", header=False, index=False, na_rep="", quoting=csv.QUOTE_NONE,
+                                 lineterminator="\n")
     return path
 
 
