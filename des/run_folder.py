@@ -6,6 +6,8 @@
   same folder is refused with one line naming the holder.
 * **One run per folder.** A folder that already holds something is refused unless ``--resume``
   continues the run in it (a checkpoint inside the folder) or ``--overwrite`` replaces it.
+  ``--resume`` without ``--output`` continues in the run folder holding the checkpoint (a
+  checkpoint outside any run folder starts a new ``runs/<model>-<time>``).
 * **Atomic overwrite.** With ``--overwrite`` the job writes into a sibling staging folder
   (``.<name>.overwrite``) and only a job that finished swaps it in (two renames, then the old run
   is deleted): a job that fails or is killed leaves the previous run untouched.
@@ -77,6 +79,17 @@ def is_locked(folder: Path) -> bool:
         os.close(fd)
 
 
+def run_folder_of(checkpoint: str | Path) -> Path | None:
+    """The run folder a checkpoint path belongs to: the path itself when it is a run folder, or
+    the run folder whose ``checkpoints/`` holds it (``checkpoints/``, ``checkpoints/step-N``,
+    ``checkpoints/best/step-N``); None for a checkpoint outside any run folder."""
+    path = Path(checkpoint).resolve()
+    for folder in (path, *path.parents):
+        if (folder / RUN_MARKER).is_file():
+            return folder if folder == path or path.is_relative_to(folder / "checkpoints") else None
+    return None
+
+
 @dataclass
 class RunFolder:
     """Where a job keeps its results. ``path`` is the folder the user named; ``work`` is where the
@@ -92,7 +105,9 @@ class RunFolder:
     def plan(cls, output: str, *, model: str, resume: str = "", overwrite: bool = False) -> RunFolder:
         """Rank 0, before the set-up: decide and check everything, create nothing yet, so user
         errors are reported before TensorFlow is loaded."""
-        path = Path(output or f"runs/{model}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+        # --resume DIR without --output: continue in the run folder that holds DIR
+        continued = run_folder_of(resume) if resume and not output else None
+        path = continued or Path(output or f"runs/{model}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
         existing = path
         while not existing.exists() and existing != existing.parent:
             existing = existing.parent

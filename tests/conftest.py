@@ -122,6 +122,20 @@ def criteo_head(path: Path, rows: int) -> Path:
     return path
 
 
+def schema_requests(root: Path, schema: Path, rows: int, seed: int, kept: int, edited: list[list[str]]) -> None:
+    """``root/train.csv``: ``rows`` synthetic rows of ``schema``; ``root/requests.csv``: its header,
+    its first ``kept`` rows and the ``edited`` ones (rows a service may get)."""
+    import csv
+
+    from des.data.synth_schema import synthesize_schema
+
+    synthesize_schema(root / "train.csv", rows, str(schema), seed=seed, file_format="raw")
+    with open(root / "train.csv", newline="", encoding="utf-8") as handle:
+        lines = list(csv.reader(handle))
+    with open(root / "requests.csv", "w", newline="", encoding="utf-8") as handle:
+        csv.writer(handle).writerows(lines[:kept + 1] + edited)
+
+
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO

@@ -135,3 +135,19 @@ def test_inspect_top_k(tmp_path, small_file, capsys):
     with pytest.raises(SystemExit) as info:
         main(["inspect", str(store.path), "--top-k", "0"])
     assert info.value.code == 2 and re.search(r"--top-k: 0 is not positive", _error_line(capsys))
+
+
+def test_inspect_of_a_file_prepared_whole_shows_no_split(tmp_path, small_file, capsys):
+    """A file of --train-data (or des.evaluate --data) is prepared whole, every row in the test split:
+    inspect says the flag decides what its rows are for, not "test 100%"."""
+    from des.data import open_dataset
+    from des.data.inputs import WHOLE_FILE
+
+    store = open_dataset(small_file, cache_dir=tmp_path / "cache", split=WHOLE_FILE)
+    assert main(["inspect", str(store.path)]) == 0
+    out = capsys.readouterr().out
+    assert "split        none: the file prepared whole, its rows in input order" in out
+    assert "test 300 (100.00%)" not in out
+    with pytest.raises(SystemExit):
+        main(["prepare", "--help"])
+    assert "(docs/data.md)" in capsys.readouterr().out.replace("\n", " ")

@@ -198,3 +198,22 @@ def test_cli_usage_error_is_one_line(capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("des.data: error: ")
+
+
+def test_another_format_read_as_criteo_names_the_schema_flag_and_leaves_no_cache(tmp_path):
+    """A CSV given without --schema is read as Criteo's TSV (the default): the error says so; the
+    cache folder the failed preparation created is removed (one holding anything else stays)."""
+    from des.data import open_dataset
+
+    path = tmp_path / "movies.csv"
+    path.write_text("rating,user,item\n5,ann,7\n")
+    hint = "expected 40 tab-separated columns, found 1 (the default schema is criteo; pass --schema NAME|FILE for " \
+           "other data)"
+    with pytest.raises(DataError, match=exactly(f"{path}:1: {hint}")):
+        open_dataset(path, cache_dir=tmp_path / "new" / "cache")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "other").write_text("x")
+    with pytest.raises(DataError):
+        open_dataset(path, cache_dir=tmp_path / "kept")
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["other"]

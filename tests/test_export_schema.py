@@ -8,7 +8,6 @@ missing values and over-long lists too."""
 
 from __future__ import annotations
 
-import csv
 import json
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, mpi_env, run_mpi
+from tests.conftest import REPO, mpi_env, run_mpi, schema_requests
 
 EVERY_KIND = REPO / "tests" / "data" / "every_kind.toml"
 SMALL = ["--embedding-dim", "4", "--hidden", "16,8", "--batch-size", "128", "--eval-batch-size", "1024",
@@ -43,14 +42,9 @@ EDITED = [
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> dict:
     from des import evaluate, export, train
-    from des.data.synth_schema import synthesize_schema
 
     root = tmp_path_factory.mktemp("export-schema")
-    synthesize_schema(root / "train.csv", 1500, str(EVERY_KIND), seed=5, file_format="raw")
-    with open(root / "train.csv", newline="", encoding="utf-8") as handle:
-        lines = list(csv.reader(handle))
-    with open(root / "requests.csv", "w", newline="", encoding="utf-8") as handle:
-        csv.writer(handle).writerows(lines[:301] + EDITED)  # the header, 300 rows, the edited ones
+    schema_requests(root, EVERY_KIND, 1500, 5, 300, EDITED)  # requests: the header, 300 rows, the edited ones
     expected, models = {}, []
     for name, model, ranks, flags in RUNS:
         args = ["--data", str(root / "train.csv"), "--schema", str(EVERY_KIND), "--cache-dir", str(root / "cache"),

@@ -107,6 +107,20 @@ def test_overwrite_replaces_only_after_success_and_only_run_folders(tmp_path: Pa
     assert RunFolder.plan(str(old), model="lr", resume=str(old)).resuming
 
 
+def test_resume_without_output_continues_the_run_folder_holding_the_checkpoint(tmp_path: Path) -> None:
+    from des.run_folder import run_folder_of
+
+    run = tmp_path / "live"
+    (run / "checkpoints" / "best" / "step-00000004").mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    for checkpoint in (run, run / "checkpoints", run / "checkpoints" / "best" / "step-00000004"):
+        assert run_folder_of(checkpoint) == run
+        folder = RunFolder.plan("", model="lr", resume=str(checkpoint))
+        assert folder.path == run and folder.resuming
+    (tmp_path / "copied").mkdir()  # a checkpoint outside any run folder: a new runs/<model>-<time>
+    assert run_folder_of(tmp_path / "copied") is None and run_folder_of(run / "elsewhere") is None
+
+
 def test_a_utf8_bom_is_skipped(tmp_path: Path) -> None:
     from des.data import prepare
 

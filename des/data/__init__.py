@@ -11,7 +11,8 @@ Separate train/validation/test inputs (several files or globs each) are read as 
 described in ``datasets/README.md``). Other tables are declared by a schema (``des/data/schema.py``:
 ``load_schema``, built in ``avazu`` or a TOML file) and prepared with ``prepare(..., schema=...)``
 (``des/data/tabular.py``); their keys (key scheme 2), transforms and the TensorFlow side of both
-for served models (``ServingFeatures``) are in ``des/data/features.py``.
+for served models (``ServingFeatures``) are in ``des/data/features.py``. A pandas DataFrame of a
+schema's raw columns becomes a store with ``prepare_frame(df, schema, output)`` (``frames.py``).
 """
 
 import os as _os
@@ -36,6 +37,7 @@ from .features import (  # noqa: E402
     encode_rows,
     register_transform,
 )
+from .frames import frame_columns, prepare_frame  # noqa: E402
 from .inputs import ConcatStore, open_inputs  # noqa: E402
 from .keys import (  # noqa: E402
     FIELD_NAMES,
@@ -69,6 +71,8 @@ __all__ = [
     "open_inputs",
     "open_dataset",
     "prepare",
+    "prepare_frame",
+    "frame_columns",
     "atomic_directory",
     "Batch",
     "BatchReader",

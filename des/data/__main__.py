@@ -61,7 +61,7 @@ def _build_parser() -> argparse.ArgumentParser:
     default_split = ",".join(str(x) for x in DEFAULT_SPLIT)
 
     schema_help = (f"dataset schema: built in ({', '.join(BUILT_IN)}; default criteo) or a TOML file "
-                   "(des/data/schema.py)")
+                   "(docs/data.md)")
     plugins_help = "modules or .py files that register transforms (des.data.register_transform), comma-separated"
     prep = commands.add_parser("prepare", help="validate raw files of a schema and write a column store")
     prep.add_argument("--input", nargs="+", required=True, metavar="FILE",

@@ -305,7 +305,28 @@ def open_dataset(
     schema = load_schema(schema)
     target = cache / cache_entry_name(source.name, file_sha256(source), fractions, int(seed), bad_rows, schema)
     if not (target / MANIFEST_NAME).is_file():
-        with atomic_directory(target, "keep") as directory:
+        with _removed_if_left_empty(cache), atomic_directory(target, "keep") as directory:
             _write_store(schema, [os.fspath(source)], directory, fractions, int(seed), bad_rows, DEFAULT_CHUNK_ROWS,
                          progress)
     return ColumnStore.open(target)
+
+
+@contextmanager
+def _removed_if_left_empty(folder: Path) -> Iterator[None]:
+    """On an error, remove ``folder`` and the parents of it that did not exist before, where the
+    failure left them empty (a failed preparation leaves no cache folder it created; one that
+    holds anything, another job's entry or work in progress, stays)."""
+    created = []
+    path = folder.absolute()
+    while not path.exists() and path != path.parent:
+        created.append(path)
+        path = path.parent
+    try:
+        yield
+    except BaseException:
+        for path in created:  # deepest first
+            try:
+                path.rmdir()
+            except OSError:  # not empty, or gone already
+                break
+        raise

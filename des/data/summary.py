@@ -55,7 +55,14 @@ def format_summary(store: ColumnStore, top_k: int = DEFAULT_TOP_K) -> str:
     counts = "  ".join(
         f"{name} {split['rows'][name]:,} ({_percent(split['rows'][name], rows)})" for name in split["names"]
     )
-    lines.append(f"split        {counts}  [fractions {split['fractions']}, seed {split['seed']}]")
+    if [float(x) for x in split["fractions"]] == [0.0, 0.0, 1.0]:
+        # prepared whole (inputs.WHOLE_FILE): a file of --train-data/--validation-data/--test-data or
+        # des.evaluate --data; every row sits in the test split, but its role is the flag's
+        lines.append(f"split        none: the file prepared whole, its rows in input order (a cache entry of "
+                     f"--train-data, --validation-data, --test-data or des.evaluate --data: the flag says what "
+                     f"its rows are for)")
+    else:
+        lines.append(f"split        {counts}  [fractions {split['fractions']}, seed {split['seed']}]")
     for source in manifest.get("sources", []):
         lines.append(f"source       {source['name']}  rows {source['rows']:,}  sha256 {source['sha256']}")
     bad = manifest.get("bad_rows")

@@ -127,6 +127,24 @@ class _Problems:
         self.mask |= bad
 
 
+@dataclass(frozen=True)
+class InMemoryTable:
+    """Rows already in memory (a ``pyarrow.Table`` with the schema's columns, each of its value
+    dtype or text), read as a Parquet file's are; ``name`` names it in messages and the manifest
+    (``des.data.frames``: a pandas DataFrame)."""
+
+    name: str
+    table: Any
+
+    def sha256(self) -> str:
+        import pyarrow as pa
+
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, self.table.schema) as writer:
+            writer.write_table(self.table)
+        return hashlib.sha256(memoryview(sink.getvalue())).hexdigest()
+
+
 class TableReader:
     """Reads a schema's raw files into validated :class:`Chunk` s of at most ``chunk_rows`` rows.
 
@@ -147,18 +165,21 @@ class TableReader:
         self.reports: list[SourceReport] = []
 
     # ------------------------------------------------------------------ files
-    def read(self, paths: Sequence[str | os.PathLike]) -> Iterator[Chunk]:
+    def read(self, paths: Sequence[str | os.PathLike | InMemoryTable]) -> Iterator[Chunk]:
         for path in paths:
-            yield from self._read_file(os.fspath(path))
+            yield from self._read_file(path if isinstance(path, InMemoryTable) else os.fspath(path))
 
-    def _read_file(self, path: str) -> Iterator[Chunk]:
-        report = SourceReport(display_name=path)
+    def _read_file(self, path: str | InMemoryTable) -> Iterator[Chunk]:
+        report = SourceReport(display_name=path.name if isinstance(path, InMemoryTable) else path)
         self.reports.append(report)
-        if not os.path.exists(path):
+        if isinstance(path, InMemoryTable):
+            yield from self._read_in_memory(path, report)
+            path = path.name
+        elif not os.path.exists(path):
             raise DataError(f"{path}: no such file")
-        if os.path.isdir(path):
+        elif os.path.isdir(path):
             raise DataError(f"{path}: is a directory, not a data file")
-        if self.schema.format.type == "parquet":
+        elif self.schema.format.type == "parquet":
             yield from self._read_parquet(path, report)
         else:
             yield from self._read_csv(path, report)
@@ -287,6 +308,15 @@ class TableReader:
                 self.progress.update(size * batch.num_rows / total / 1e6)
         with open(path, "rb") as handle:  # Parquet is read by row groups: its bytes are hashed apart
             report.sha256 = _CountingReader(handle, None).finish()
+
+    def _read_in_memory(self, source: InMemoryTable, report: SourceReport) -> Iterator[Chunk]:
+        self._check_names(source.name, source.table.schema.names, "the table")
+        columns = [self.schema.label.column, *(c.name for c in self.schema.read_columns)]
+        lines = _LineNumbers(0)
+        for batch in source.table.select(columns).to_batches(max_chunksize=self.chunk_rows):
+            if batch.num_rows:
+                yield from self._chunk(source.name, report, batch, lines, [], row_word="row ")
+        report.sha256 = source.sha256()
 
     # ------------------------------------------------------------------ validation
     def _chunk(self, path: str, report: SourceReport, batch: Any, lines: _LineNumbers,
@@ -589,7 +619,7 @@ class progress_bar:
         if enabled:
             from tqdm import tqdm
 
-            total = sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
+            total = sum(os.path.getsize(p) for p in paths if not isinstance(p, InMemoryTable) and os.path.isfile(p))
             self.bar = tqdm(total=total / 1e6, desc=what, unit="MB", dynamic_ncols=True, file=sys.stderr, leave=False,
                             bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} MB "
                                        "[{elapsed}<{remaining}, {rate_fmt}{postfix}]")

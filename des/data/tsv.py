@@ -237,6 +237,9 @@ def _looks_binary(raw: bytes) -> bool:
     return False
 
 
+SCHEMA_HINT = " (the default schema is criteo; pass --schema NAME|FILE for other data)"
+
+
 def _describe_problem(status: int, problem: np.ndarray, buf: bytes) -> str:
     """The column-specific part of a bad-row message."""
     column, start, end = (int(x) for x in problem)
@@ -244,7 +247,9 @@ def _describe_problem(status: int, problem: np.ndarray, buf: bytes) -> str:
         line = buf[start:end]
         if _looks_binary(line):
             return "line is not text (binary data?)"
-        return f"expected {NUM_COLUMNS} tab-separated columns, found {column}"
+        # one column that is not empty: no tab at all, most likely another format read as Criteo's
+        hint = SCHEMA_HINT if column == 1 and line.strip() else ""
+        return f"expected {NUM_COLUMNS} tab-separated columns, found {column}{hint}"
     raw = buf[start:end]
     text = raw.decode("utf-8", errors="backslashreplace")
     shown = repr(text if len(text) <= 40 else text[:37] + "...")
