@@ -77,7 +77,7 @@ def draw_param(spec: ParamSpec, seed: int, *key: object) -> np.ndarray:
     raise ValueError(f"unknown parameter initializer {spec.init!r}")
 
 
-def _closed_form_applies(cls: type) -> bool:
+def closed_form_applies(cls: type) -> bool:
     """Whether ``cls.local_gradient`` was written for the ``local`` in effect: it is defined by the
     class that defines ``local`` or by a subclass of it."""
     def owner(name: str) -> type | None:
@@ -173,7 +173,7 @@ class Substitution(ABC):
         for the ``local`` in effect (defined by the class that defines ``local``, or a subclass: a
         subclass that changes ``local`` is never handed its parent's formula); otherwise differentiates :meth:`local`, which re-runs its
         forward. ``check_substitution`` compares the result with the reference operator's gradients."""
-        if _closed_form_applies(type(self)):
+        if closed_form_applies(type(self)):
             return self.local_gradient(emb, params, grad)  # type: ignore[attr-defined]
         weights = {k: v for k, v in params.items() if k != "field_indices"}
         with tf.GradientTape() as tape:
