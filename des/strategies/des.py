@@ -153,7 +153,7 @@ class DES(Strategy):
         exchange = stages.Exchange(self.exchange, form, self.dense, self.timer) if self.exchange else None
         upper = stages.upper_network(self.plan.upper_for(self.comm.size), form, self.comm, self.top_reduction())
         return stages.DESStep(holders=holders, partials=partials, exchange=exchange, upper=upper, dense=self.dense,
-                              model=self.model, timer=self.timer, rates=None)
+                              model=self.model, timer=self.timer)
 
     def top_reduction(self) -> stages.TopReduction:
         """Hook: how the loss shares and top gradients are summed (des: over every rank)."""

@@ -108,6 +108,8 @@ class DenseUpdate:
 
 @dataclass
 class StepResult:
+    """What a step hands the pipeline: its mean loss and its two updates, run when the pipeline says."""
+
     loss: float
     dense: DenseUpdate
     sparse: SparseUpdate
@@ -277,9 +279,9 @@ class DESStep:
     only when the plan exchanges an operator); ``upper``: the upper network."""
 
     def __init__(self, *, holders: Sequence[FieldHolder], partials: Partials, exchange: Exchange | None,
-                 upper: Any, dense: DenseParams, model: Any, timer: Any, rates: Any) -> None:
+                 upper: Any, dense: DenseParams, model: Any, timer: Any) -> None:
         self.holders, self.partials, self.exchange, self.upper = list(holders), partials, exchange, upper
-        self.dense, self.model, self.timer, self.rates = dense, model, timer, rates
+        self.dense, self.model, self.timer = dense, model, timer
 
     # -- parameter-free (the pipeline may run it in the background) ----------------------------------
     def prepare(self, batch: Any, step: int, *, train: bool = True) -> Work:
