@@ -106,7 +106,7 @@ class TrainConfig:
                       choices=("data-parallel", "replicated"))
     plan: str = _opt("auto", "des, per substituted operator: its partial sums travel (partials, the paper) or its "
                      "pooled inputs per distinct id (exchange); auto: the planner's cost model picks the plan with the "
-                     "fewest bytes from the first batches, and on a run of 200 steps or more the fastest of that "
+                     "fewest bytes from the first batches, and on a run of 1000 steps or more the fastest of that "
                      "plan and the pure ones measured on the first batches (cached per host: docs/design.md, "
                      "Planner); measure: measure them on any run; or OP=MODE,...")
     ps_servers: int = _opt(1, "with --strategy ps: how many ranks serve the tables (the rest are workers)")
@@ -122,8 +122,9 @@ class TrainConfig:
     sync_every: int = _opt(4, "with --strategy hierarchical: steps between reconciliations of the groups' replicas")
     easgd_alpha: float = _opt(0.0, "with --group-sync easgd: the moving rate alpha (0: auto, 0.9 / groups, the EASGD "
                               "paper's beta = 0.9)")
-    placement: str = _opt("mod", "field placement over ranks: whole fields round robin (mod) or by distinct ids "
-                          "(balanced), or some fields split by key over every rank (split)",
+    placement: str = _opt("balanced", "field placement over ranks: whole fields by distinct ids, the largest rank's "
+                          "table memory near the mean (balanced), round robin as the paper (mod), or some fields split "
+                          "by key over every rank (split)",
                           choices=("mod", "balanced", "split"))
     split_fields: str = _opt("auto", "with --placement split, the fields split by key: auto (the fewest largest that "
                              "balance table memory), all, or NAME,...")

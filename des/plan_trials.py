@@ -32,7 +32,7 @@ import numpy as np
 
 #: runs with fewer planned steps keep the cost model's plan (measuring costs a few steps per plan
 #: plus tracing each plan's step: worth it only when the run is long)
-MIN_STEPS = 200
+MIN_STEPS = 1000
 WARMUP, TIMED = 2, 3
 CACHE_FILE = "plan-trials.json"
 
