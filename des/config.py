@@ -155,7 +155,8 @@ class TrainConfig:
     eval_every: int = _opt(0, "validate every N steps (0: at the end of each epoch)")
     early_stop: int = _opt(-1, "stop after this many validations in a row without improvement of --monitor and "
                            "restore the best checkpoint for the summary, the test split and des.evaluate (0: off; "
-                           "-1: auto, 2 when training by --epochs (no --max-steps) on data with validation rows, off "
+                           "-1: auto, 6 when training by --epochs (no --max-steps) on data with validation rows (chosen on "
+                           "validation over the Criteo sample, Avazu and MovieLens: scripts/select_patience.py), off "
                            "for lr: all --epochs, the last checkpoint (chosen by 3-fold cross-validation on the "
                            "shipped sample's training rows: scripts/select_defaults.py --cv 3))")
     monitor: str = _opt("auc", "validation metric of --early-stop and plateau schedules", choices=("auc", "logloss"))

@@ -45,8 +45,9 @@ class ModelDefaults:
     l2_embedding: float = 0.0
     #: ``--unadmitted`` (and so ``--min-count``: 2 with ``shared``, else 1)
     unadmitted: str = "shared"
-    #: ``--early-stop`` of a run by ``--epochs`` on data with validation rows (0: off)
-    early_stop: int = 2
+    #: ``--early-stop`` of a run by ``--epochs`` on data with validation rows (0: off; 6 chosen on
+    #: validation over the Criteo sample, Avazu and MovieLens: scripts/select_patience.py)
+    early_stop: int = 6
 
     def __post_init__(self) -> None:
         if self.unadmitted not in ("init", "zero", "shared"):
