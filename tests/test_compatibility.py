@@ -45,7 +45,7 @@ def test_an_older_criteo_checkpoint_evaluates_exports_and_resumes(tmp_path: Path
     np.testing.assert_allclose(np.loadtxt(tmp_path / "evaluate.txt"), recorded, rtol=0, atol=1e-8)
 
     run_here(["-m", "des.export", "--checkpoint", str(CHECKPOINT), "--output", str(tmp_path / "savedmodel")])
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "serving_client.py"), str(requests),
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "serving_client.py"), str(requests),
                            str(tmp_path / "served-"), str(tmp_path / "savedmodel")], env=mpi_env(1),
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr

@@ -67,7 +67,7 @@ def exported(tmp_path_factory) -> dict:
         expected[name] = np.loadtxt(root / f"{name}.evaluate.txt")
         export.main(["--checkpoint", str(root / name), "--output", str(root / f"{name}.savedmodel")])
         models.append(str(root / f"{name}.savedmodel"))
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "serving_client.py"), str(rows),
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "serving_client.py"), str(rows),
                            str(root / "served-"), *models], cwd=root, env=mpi_env(1), capture_output=True,
                           text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr

@@ -58,7 +58,7 @@ def exported(tmp_path_factory) -> dict:
         expected[name] = np.loadtxt(root / f"{name}.evaluate.txt")
         export.main(["--checkpoint", str(root / name), "--output", str(root / f"{name}.savedmodel")])
         models.append(str(root / f"{name}.savedmodel"))
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "serving_client.py"), str(root / "requests.csv"),
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "serving_client.py"), str(root / "requests.csv"),
                            str(root / "served-"), *models], cwd=root, env=mpi_env(1), capture_output=True,
                           text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
@@ -97,3 +97,23 @@ def test_another_schema_is_refused(exported: dict, tmp_path: Path) -> None:
         export.main(["--checkpoint", str(exported["root"] / "lr-1"), "--output", str(tmp_path / "out"),
                      "--schema", "avazu"])
     assert not (tmp_path / "out").exists()
+
+
+def test_the_serving_client_names_a_column_of_the_wrong_dtype(exported: dict, tmp_path: Path) -> None:
+    """examples/serving_client.py builds each column in its signature's dtype: an int column's value
+    that is not an integer is refused naming the column and row, not by TensorFlow's positional
+    message."""
+    import csv
+
+    with open(exported["root"] / "requests.csv", newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))[:3]
+    rows[1]["item"] = "twelve"
+    with open(tmp_path / "bad.csv", "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "serving_client.py"), str(tmp_path / "bad.csv"),
+                           str(tmp_path / "served-"), str(exported["root"] / "deepfm-1.savedmodel")],
+                          env=mpi_env(1), capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0 and "column item, row 2: 'twelve' is not int64" in proc.stderr, proc.stderr
+    assert not (tmp_path / "served-0.txt").exists()

@@ -65,7 +65,7 @@ def test_versions_served_and_a_crash_before_the_rename(root: Path, monkeypatch) 
     # Version 3 served by a process without des = des.evaluate of the checkpoint of step 3 (the
     # server starts first: its TensorFlow loads while des.evaluate runs here).
     rows = _edited_rows(root / "small.tsv", root / "requests.tsv")
-    server = subprocess.Popen([sys.executable, str(REPO / "tests" / "serving_client.py"), str(rows),
+    server = subprocess.Popen([sys.executable, str(REPO / "examples" / "serving_client.py"), str(rows),
                                str(root / "served-"), str(exports / "3")], cwd=root, env=mpi_env(1),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_here(["-m", "des.evaluate", "--checkpoint", str(root / "run" / "checkpoints" / "step-00000003"),

@@ -1,12 +1,15 @@
-"""A serving client that knows nothing of des: plain TensorFlow on raw rows.
+"""A serving client that knows nothing of des: plain TensorFlow on raw rows (copy it).
 
-    python tests/serving_client.py ROWS OUT_PREFIX SAVEDMODEL...
+    python examples/serving_client.py ROWS OUT_PREFIX SAVEDMODEL...
 
 Loads each SavedModel with ``tf.saved_model.load`` and writes one probability per row of ROWS to
 ``OUT_PREFIX<i>.txt``. ROWS is a raw Criteo TSV (its 39 feature columns become the request: I1..I13
 int64, missing = -2**63; C1..C26 strings, "" = missing) or a CSV with a header, whose columns are
 sent as the signature declares them (int64: missing = -2**63, float64: missing = NaN, string: as
-written, "" = missing). Fails if des was imported.
+written, "" = missing): each column is built in its signature's dtype, so a request of mixed dtypes
+is valid, and a value that is not of its column's dtype is refused naming the column and row
+(TensorFlow's own refusal names an input by its position only). Fails if des was imported (the
+tests run it as the proof that serving needs no des).
 """
 
 import csv
@@ -32,19 +35,26 @@ def criteo_request(path: str) -> dict:
     return columns
 
 
+def typed(name: str, values: list, dtype: tf.DType) -> tf.Tensor:
+    """One column of the request in the signature's dtype; a value that does not convert is refused
+    with the column's name and the row (1: the first after the header)."""
+    convert, missing = {tf.int64: (int, MISSING_INT), tf.float64: (float, np.nan)}.get(dtype, (str, ""))
+    out = []
+    for row, value in enumerate(values, start=1):
+        try:
+            out.append(convert(value) if value not in ("", None) else missing)
+        except ValueError:
+            raise SystemExit(f"column {name}, row {row}: {value!r} is not {dtype.name}") from None
+    return tf.constant(out, dtype)
+
+
 def csv_request(path: str, signature: dict) -> dict:
     with open(path, newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
-    columns = {}
-    for name, spec in signature.items():
-        values = [row[name] for row in rows]
-        if spec.dtype == tf.int64:
-            columns[name] = tf.constant([int(v) if v else MISSING_INT for v in values], tf.int64)
-        elif spec.dtype == tf.float64:
-            columns[name] = tf.constant([float(v) if v else np.nan for v in values], tf.float64)
-        else:
-            columns[name] = tf.constant(values, tf.string)
-    return columns
+    missing = [name for name in signature if rows and name not in rows[0]]
+    if missing:
+        raise SystemExit(f"{path}: no column {', '.join(missing)} (the model takes {', '.join(signature)})")
+    return {name: typed(name, [row[name] for row in rows], spec.dtype) for name, spec in signature.items()}
 
 
 def main() -> None:
