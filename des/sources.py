@@ -69,8 +69,10 @@ class EpochSource:
 
     def describe(self, train_rows: int, validation_rows: int) -> tuple[str, str]:
         """What the start-up report says of the data and of the steps."""
-        return (f"{self.store.display_name} ({self.store.num_rows} rows, {train_rows} train, {validation_rows} "
-                f"validation)", f"{self.total_steps} steps ({self.config.epochs} epoch(s) of {self.steps_per_epoch})")
+        test_rows = len(self.store.split_rows("test"))
+        return (f"{self.store.display_name} ({self.store.num_rows} rows: {train_rows} train, {validation_rows} "
+                f"validation, {test_rows} test)",
+                f"{self.total_steps} steps ({self.config.epochs} epoch(s) of {self.steps_per_epoch})")
 
     def planned_steps(self, start: int) -> int | None:
         return len(self.strategy.steps(start, self.total_steps))
