@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import benchlib
+from bench_scaling import plan_name
 
 sys.path.insert(0, str(benchlib.REPO))
 
@@ -121,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     comm = {p: ms for p, ms in s["ms_per_phase"].items() if phases.get(p) == "communication"}
                     sites = {k: v for k, v in s["bytes_per_step_by_site"].items() if v}
                     row = {"hosts": count, "link": link, "shaping": how, "strategy": strategy,
+                           "plan": plan_name(s.get("plan")),
                            "bytes_per_step": s["bytes_per_step"], "communication_ms": sum(comm.values()),
                            "samples_per_second": s["samples_per_second"],
                            "sites": ", ".join(f"{k} {v / 1e3:,.0f} kB" for k, v in sites.items()),
@@ -135,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             hosts.close()
     columns = [("hosts", "hosts x 1 rank", "d"), ("link", "link", ""), ("strategy", "strategy", ""),
+               ("plan", "plan", ""),
                ("bytes_per_step", "bytes sent/step/rank", ",.0f"), ("sites", "by site (kB/step/rank)", ""),
                ("communication_ms", "communication ms/step", ".1f"), ("communication_phases", "by phase (ms)", ""),
                ("samples_per_second", "samples/s", ",.0f")]
