@@ -239,7 +239,7 @@ def test_measured_bytes_equal_the_prediction(tmp_path: Path) -> None:
     data = criteo_head(tmp_path / "head.tsv", 400)
     flags = ["--model", "deepfm", "--embedding-dim", "4", "--hidden", "16,8", "--dtype", "float64",
              "--batch-size", "63", "--max-steps", "3", "--split", "1,0,0", "--data", str(data),
-             "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
+             "--cache-dir", str(tmp_path / "cache"), "--placement", "mod", "--no-progress"]
     mixed = "first_fc=exchange,linear=exchange"  # FM's partials and the embedding block's exchange
     run_mpi(2, ["-m", "tests.mpi_programs.train_strategies", str(tmp_path / "runs"), "des", "alltoall",
                 f"mixed:des:{mixed}", "--", *flags], timeout=180)
