@@ -82,7 +82,7 @@ class DES(Strategy):
         if options.get("upper", "data-parallel") not in cls.UPPER:
             raise ConfigError(f"--upper: {options.get('upper')!r} is not one of {', '.join(cls.UPPER)}")
         plan = options.get("plan", "partials")
-        if options.get("upper") == "replicated" and plan not in ("partials", "auto"):
+        if options.get("upper") == "replicated" and plan not in ("partials", "auto", "measure"):
             raise ConfigError(f"--plan {plan}: the replicated upper network (--upper replicated) runs every operator "
                               "as partials")
 

@@ -69,7 +69,7 @@ class Hierarchical(DES):
         if options.get("upper", "data-parallel") != "data-parallel":
             raise ConfigError("--upper replicated is not supported with --strategy hierarchical (each group trains "
                               "its replica of the upper network on its rows)")
-        if options.get("plan", "auto") not in ("auto", "partials"):
+        if options.get("plan", "auto") not in ("auto", "measure", "partials"):
             raise ConfigError(f"--plan {options.get('plan')}: --strategy hierarchical runs every operator as partials "
                               "(an exchanged operator's weights would be one copy trained with the groups' tops)")
         if options.get("placement") == "split":
