@@ -81,6 +81,9 @@ def test_run_folder_and_summary(work: Path) -> None:
     assert 0.5 < s["test_auc"] < 1.0
     assert s["allreduce_bytes_per_step"] == 0  # one rank sends nothing
     assert s["planner"] is None and "planner:" not in proc.stdout  # nor does it plan traffic
+    # the start-up line names every split's rows, the test rows too (they add up to the data's)
+    counts = re.search(r"\((\d+) rows: (\d+) train, (\d+) validation, (\d+) test\)", proc.stdout)
+    assert counts and int(counts[1]) == sum(int(counts[i]) for i in (2, 3, 4)) and int(counts[4]) > 0, proc.stdout[:400]
     # The placement report estimates each rank's table memory from the distinct ids of the data.
     estimate_mib = float(re.search(r"rank 0: 39 fields, +\d+ distinct ids, tables ~ *([\d.]+) MiB", proc.stdout)[1])
     assert 0.5 < estimate_mib * 2**20 / s["table_bytes_per_rank"][0] < 2, (estimate_mib, s["table_bytes_per_rank"])
