@@ -525,12 +525,14 @@ def test_scaling_panels_jobs_and_rows():
 
 @pytest.mark.mpi
 def test_scaling_runs_on_one_and_two_ranks(tmp_path):
-    """bench_scaling on 1 and 2 ranks of the shipped sample, a warm-up step and 2 timed steps per job:
+    """bench_scaling on 1 and 2 ranks of the shipped sample (LR: the script, not a model, is tested),
+    a warm-up step and 2 timed steps per job:
     every output in --out (no jobs, no figure), a row per scaling and N, the job that strong and weak
     scaling share at N=1 run once, speed-ups and efficiencies as the samples/s give them, and the
     batch larger than the training split skipped with its reason."""
     out = tmp_path / "run"
-    code = scaling.main(["--ranks", "1,2", "--data", "criteo", "--strategies", "des", "--batch-size", "512,40000",
+    code = scaling.main(["--model", "lr", "--ranks", "1,2", "--data", "criteo", "--strategies", "des",
+                         "--batch-size", "512,40000",
                          "--rows-per-rank", "512", "--warmup", "1", "--steps", "2", "--no-roofline", "--no-figure",
                          "--out", str(out)])
     assert code == 0
