@@ -57,12 +57,7 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     pipeline_auto = config.pipeline == "auto"
     if pipeline_auto:  # per rank (never changes results): the overlap needs a spare core
         config = dataclasses.replace(config, pipeline="on" if threads.intra_op >= 2 else "off")
-    measures = plan_trials.wanted(config, comm.size, getattr(source, "total_steps", 0) or 0) and not config.stream
-    config, unique = resolve_plan(config, cls, store, placement)
-    trials = None
-    if measures and unique is not None and getattr(cls, "fixed_plan", None) is None and config.upper != "replicated":
-        trials = measure_plans(config, cls, store, placement, distinct, comm)
-        config = dataclasses.replace(config, plan=trials.chosen)
+    config, unique, trials = choose_plan(config, cls, store, placement, distinct, comm, source)
     strategy = build_strategy(config, comm, store.num_fields, distinct, cls=cls, placement=placement,
                               loads_tables=bool(config.resume), num_dense=store.num_dense)
     source.strategy = strategy
@@ -160,6 +155,19 @@ def resolve_plan(config: TrainConfig, cls: Any, store: Any, placement: list[list
                                                          np.dtype(config.dtype).itemsize).plan)
         config = dataclasses.replace(config, plan=best)
     return config, unique
+
+
+def choose_plan(config: TrainConfig, cls: Any, store: Any, placement: list[list[int]], distinct: list[int],
+                comm: Communicator, source: Any) -> tuple[TrainConfig, Any, plan_trials.Trials | None]:
+    """``--plan`` resolved (:func:`resolve_plan`), then, on a long run with ``auto`` or with
+    ``measure``, the candidates timed on this machine (:func:`measure_plans`). Returns the config,
+    the id statistics and the trials (None: not measured)."""
+    measures = plan_trials.wanted(config, comm.size, getattr(source, "total_steps", 0) or 0) and not config.stream
+    config, unique = resolve_plan(config, cls, store, placement)
+    if not measures or unique is None or getattr(cls, "fixed_plan", None) is not None or config.upper == "replicated":
+        return config, unique, None
+    trials = measure_plans(config, cls, store, placement, distinct, comm)
+    return dataclasses.replace(config, plan=trials.chosen), unique, trials
 
 
 def measure_plans(config: TrainConfig, cls: Any, store: Any, placement: list[list[int]], distinct: list[int],
