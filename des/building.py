@@ -114,7 +114,7 @@ def strategy_class(config: TrainConfig):
     try:
         load_plugins(config.plugins)
         cls = get_strategy(config.strategy)
-        cls.check_options(config.to_dict())
+        cls.check_options(config)
     except UsageError:
         raise
     except ConfigError as exc:
@@ -124,23 +124,23 @@ def strategy_class(config: TrainConfig):
 
 def build_strategy(config: TrainConfig, comm: Communicator, num_fields: int, distinct: list[int], *,
                    cls: Any = None, strategy: str | None = None, placement: list[list[int]] | None = None,
-                   loads_tables: bool = False, num_dense: int = 0):
-    """The strategy object of this rank, with its model, optimizers, placement and tables
-    (``--table-capacity 0``: sized from ``distinct``, unless ``loads_tables``: a checkpoint's
-    tables replace them, and two full-size sets would be held at once)."""
+                   loads_tables: bool = False, num_dense: int = 0, model: Any = None):
+    """The strategy object of this rank, with its model (``model``, or built from ``config``),
+    optimizers, placement and tables (``--table-capacity 0``: sized from ``distinct``, unless
+    ``loads_tables``: a checkpoint's tables replace them, and two full-size sets would be held at
+    once)."""
     from des.options import TableOptions
     from des.strategies import StrategyContext, get_strategy
 
     cls = cls or get_strategy(strategy or config.strategy)
-    options = config.to_dict()
     if placement is None:
-        placement = cls.place(num_fields, comm.size, config.placement, distinct, options)
+        placement = cls.place(num_fields, comm.size, distinct, config)
     context = StrategyContext(
-        model=build_model(config, num_fields, num_dense), comm=comm, optimizers=build_optimizers(config), placement=placement,
-        seed=config.seed, dtype=np.dtype(config.dtype),
+        model=model or build_model(config, num_fields, num_dense), comm=comm, optimizers=build_optimizers(config),
+        placement=placement, seed=config.seed, dtype=np.dtype(config.dtype),
         tables=TableOptions(config.table_capacity, config.min_count_value(), config.unadmitted_mode(),
                             () if loads_tables else tuple(distinct)),
-        options=options,
+        options=cls.Options.of(config),
         compute_dtype=None if config.compute_dtype == "auto" else config.compute_dtype)
     return cls(context)
 

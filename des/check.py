@@ -6,8 +6,8 @@ own model, substitution or strategy.
     .venv/bin/python -m des.check --model deepfm --data movielens.csv --schema examples/movielens.toml --plan exchange
 
 Expect ``des.check: ok`` and one line per rank count with the largest difference found (about
-1e-16 .. 1e-13 relative in float64). For each rank count it launches the venv's ``mpiexec -n N``,
-trains K steps (``--steps``, default 20) in float64 on the shipped Criteo sample (or ``--data``)
+1e-16 .. 1e-13 relative in float64). For each rank count it launches the venv's ``mpiexec -n N`` (else the
+one on PATH), trains K steps (``--steps``, default 20) in float64 on the shipped Criteo sample (or ``--data``)
 and compares with the 1-rank run: every validation prediction, every table row (keys, values,
 optimizer slots, Adam's per-row step counts) and every dense weight and its optimizer state must
 agree to ``--rtol`` (1e-9) relative to the largest magnitude of each array. Admission counts and
@@ -29,6 +29,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -126,7 +127,9 @@ def check(cases: Sequence[Case], ranks: Sequence[int] = (1, 2, 3), *, steps: int
 def _launch(ranks: int, cases: list[Case], out: Path, steps: int, batch_size: int, timeout: float) -> None:
     out.mkdir(parents=True)
     (out / "cases.json").write_text(json.dumps([asdict(c) for c in cases]))
-    mpiexec = Path(sys.executable).parent / "mpiexec"
+    mpiexec = Path(sys.executable).parent / "mpiexec"  # the venv's; else the one on PATH
+    if not mpiexec.exists():
+        mpiexec = Path(shutil.which("mpiexec") or mpiexec)
     cmd = [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "des.check", "--worker", str(out),
            "--steps", str(steps), "--batch-size", str(batch_size)]
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}

@@ -429,6 +429,29 @@ def best_plan(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[i
     return best
 
 
+@dataclass
+class Planning:
+    """One planner run for a job: the model's shape, the batch size, the placement and the data's
+    id statistics, with the cheapest plan found once (:attr:`best`); what set-up resolves ``auto``
+    to and what the start-up report and ``summary.json`` say of the plan that runs."""
+
+    shape: ModelShape
+    batch_size: int
+    placement: Sequence[Sequence[int]]
+    unique: UniqueIds
+    dtype_size: int = 4
+    best: PlanCost = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.best = best_plan(self.shape, self.batch_size, self.placement, self.unique, self.dtype_size)
+
+    def cost(self, plan: str | Mapping[str, str], upper: str = "data-parallel") -> PlanCost:
+        return plan_cost(self.shape, plan, self.batch_size, self.placement, self.unique, self.dtype_size, upper=upper)
+
+    def report(self) -> str:
+        return report(self.shape, self.batch_size, self.placement, self.unique, self.dtype_size, best=self.best)
+
+
 # ---------------------------------------------------------------------------------------- report
 def _bytes(value: float) -> str:
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -438,7 +461,7 @@ def _bytes(value: float) -> str:
 
 
 def report(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[int]], unique: UniqueIds | None,
-           dtype_size: int = 4, title: str = "") -> str:
+           dtype_size: int = 4, title: str = "", best: PlanCost | None = None) -> str:
     """The start-up table: per operator, predicted bytes/step/rank (mean over ranks) as partials and
     exchanged alone, which is cheaper and why; then the shared terms and the pure and best plans."""
     n = len(placement)
@@ -467,7 +490,7 @@ def report(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[int]
     shared = pure[PARTIALS].term_mean("top_gradients") + pure[PARTIALS].term_mean("loss")
     lines.append(f"  shared by every plan: top gradients + loss {_bytes(shared)} ({shape.top_params:,} + 1 floats); "
                  "exchanged blocks travel once per step even when several operators read them")
-    best = best_plan(shape, batch_size, placement, unique, dtype_size)
+    best = best or best_plan(shape, batch_size, placement, unique, dtype_size)
     totals = ", ".join(f"all {mode} {_bytes(c.mean)}" for mode, c in pure.items())
     chosen = ", ".join(f"{k}={v}" for k, v in best.plan.items())
     lines.append(f"  plans: {totals}; cheapest {chosen} {_bytes(best.mean)} in {best.calls} collective calls "

@@ -21,7 +21,7 @@ from des.config import TrainConfig
 from des.errors import DesError
 from des.predictions import evaluate_split
 from des.reporting import progress_bar, summarize
-from des.run import Meter, Run
+from des.run import Run
 from des.startup import setup
 
 
@@ -29,8 +29,7 @@ def train(config: TrainConfig, comm: Communicator, *, warmup_steps: int = 1) -> 
     """Train as ``config`` says on this rank (collective: every rank of ``comm`` calls it).
     Throughput and the phase timers leave out the first ``warmup_steps`` steps of this run (the
     first one traces and compiles; the benchmarks leave out more)."""
-    run = setup(config, comm)
-    run.meter = Meter(warmup_steps)
+    run = setup(config, comm, warmup_steps=warmup_steps)
     results: dict[str, Any] = {}
     if run.strategy.role == "serve":
         run.strategy.serve()

@@ -61,10 +61,10 @@ class EpochSource:
     validation = True  # the store's validation split is evaluated (--eval-every, per epoch, at the end)
 
     def __init__(self, config: TrainConfig, store: Any, steps_per_epoch: int, total_steps: int,
-                 data_order: dict[str, Any]) -> None:
+                 data_order: dict[str, Any], strategy: Any) -> None:
         self.config, self.store, self.data_order = config, store, data_order
         self.steps_per_epoch, self.total_steps = steps_per_epoch, total_steps
-        self.strategy: Any = None  # set once built (its reader options, its steps)
+        self.strategy = strategy  # its reader options, its steps
         self._reader: Any = None
 
     def describe(self, train_rows: int, validation_rows: int) -> tuple[str, str]:
@@ -124,21 +124,13 @@ class StreamSource:
 
     validation = False  # no validation split: each segment is tested before it is trained on
 
-    def __init__(self, config: TrainConfig, comm: Communicator) -> None:
-        from des.data.schema import Schema, load_schema
-        from des.data.stream import first_listing
-
+    def __init__(self, config: TrainConfig, comm: Communicator, start: StreamStart, strategy: Any) -> None:
         self.config, self.comm = config, comm
-        listing = first_listing(config.stream, config.stream_glob, config.follow) if comm.rank == 0 else None
-        self.files: list[dict[str, Any]] = comm.bcast_json(listing, "setup")
-        self.schema = load_schema(config.schema or None)
-        self.store = self._open(0)  # the layout of the stream, and the schema's statistics
-        if self.store.schema is not None:
-            self.schema = Schema.from_dict(self.store.schema)
+        self.files, self.schema, self.store = start.files, start.schema, start.store
         self.total_steps = config.max_steps  # 0: until the files end
         self.data_order = {"stream": "files in name order", "batch_size": config.batch_size, "seed": config.seed,
                            "drop_last": config.drop_last, "stream_shuffle": config.stream_shuffle}
-        self.strategy: Any = None  # set once built (its reader options, its predictions)
+        self.strategy = strategy  # its reader options, its predictions
         self.next = (0, 0)  # file index and batch of the next step
         self.segment = (0, 0, 0)  # file, first batch and first step of the latest segment
         self._reader: Any = None
@@ -249,31 +241,10 @@ class StreamSource:
         return (self.comm.allreduce_scalar(asked, "stream", "max") if self.comm.size > 1 else asked) > 0
 
     # ------------------------------------------------------------------ files
-    def _open(self, k: int):
-        """File k prepared (all rows training rows) into the cache and opened, of the stream's layout."""
-        from des.data.build import open_dataset
-        from des.data.errors import DataError
-        from des.data.inputs import layout_difference
-        from des.data.stream import TRAIN_ALL
-
-        file = self.files[k]
-        try:
-            store = open_dataset(file["path"], cache_dir=self.config.cache_dir or None, split=TRAIN_ALL, seed=0,
-                                 bad_rows=self.config.bad_rows, schema=self.schema)
-        except DataError as error:
-            raise DataError(f"--stream: {error}") from None
-        if k:
-            difference = layout_difference(store.layout(), self.store.layout())
-            if difference:
-                raise DataError(f"--stream: {file['name']}: another column layout than {self.files[0]['name']}: "
-                                f"{difference}")
-        file.update(sha256=store.manifest["sources"][0]["sha256"], size=os.path.getsize(file["path"]))
-        return store
-
     def _open_file(self, k: int):
         from des.data.batch_reader import BatchReader
 
-        store = self.store if k == 0 else self._open(k)
+        store = self.store if k == 0 else open_stream_file(self.config, self.schema, self.files, k, self.store)
         self._reader = BatchReader(store, "train", batch_size=self.config.batch_size, seed=self.config.seed, epoch=k,
                                    shuffle=self.config.stream_shuffle == "on", drop_last=self.config.drop_last,
                                    **self.strategy.reader_options())
@@ -318,3 +289,48 @@ class StreamSource:
                 deadline = time.monotonic() + self.config.follow_interval
                 while not self._signalled and time.monotonic() < deadline:
                     time.sleep(min(0.1, self.config.follow_interval))
+
+
+@dataclass
+class StreamStart:
+    """``--stream``'s files as rank 0 listed them (every rank gets the list), the schema, and the
+    first file's store: the layout of the stream and the statistics every later file is prepared
+    with (a schema that has them). What set-up needs before the strategy exists."""
+
+    files: list[dict[str, Any]]
+    schema: Any
+    store: Any
+
+    @classmethod
+    def open(cls, config: TrainConfig, comm: Communicator) -> "StreamStart":
+        """Collective: rank 0 lists the files; every rank prepares (or finds) and opens the first."""
+        from des.data.schema import Schema, load_schema
+        from des.data.stream import first_listing
+
+        listing = first_listing(config.stream, config.stream_glob, config.follow) if comm.rank == 0 else None
+        files: list[dict[str, Any]] = comm.bcast_json(listing, "setup")
+        schema = load_schema(config.schema or None)
+        store = open_stream_file(config, schema, files, 0, None)
+        return cls(files, Schema.from_dict(store.schema) if store.schema is not None else schema, store)
+
+
+def open_stream_file(config: TrainConfig, schema: Any, files: list[dict[str, Any]], k: int, first: Any):
+    """File ``k`` prepared (all rows training rows) into the cache and opened; a later file must
+    have the column layout of ``first``, the first file's store. Records its sha256 and size."""
+    from des.data.build import open_dataset
+    from des.data.errors import DataError
+    from des.data.inputs import layout_difference
+    from des.data.stream import TRAIN_ALL
+
+    file = files[k]
+    try:
+        store = open_dataset(file["path"], cache_dir=config.cache_dir or None, split=TRAIN_ALL, seed=0,
+                             bad_rows=config.bad_rows, schema=schema)
+    except DataError as error:
+        raise DataError(f"--stream: {error}") from None
+    if first is not None:
+        difference = layout_difference(store.layout(), first.layout())
+        if difference:
+            raise DataError(f"--stream: {file['name']}: another column layout than {files[0]['name']}: {difference}")
+    file.update(sha256=store.manifest["sources"][0]["sha256"], size=os.path.getsize(file["path"]))
+    return store

@@ -20,22 +20,24 @@ from des.config import MODELS, TrainConfig
 from des.errors import ConfigError, DesError, UsageError
 from des.placement import parse_split_fields
 from des.reporting import startup_report, versions
-from des.run import Run, TrainingState
+from des.run import Meter, Run, TrainingState
 from des.run_folder import RunFolder
 from des.schedules import Schedule
-from des.sources import EpochSource, StreamSource
+from des.sources import EpochSource, StreamSource, StreamStart
 from des.tensorboard import ScalarWriter, learning_rates
 
 
-def setup(config: TrainConfig, comm: Communicator) -> Run:
-    """This rank's run, ready for its first step (collective: every rank of ``comm`` calls it)."""
+def setup(config: TrainConfig, comm: Communicator, *, warmup_steps: int = 1) -> Run:
+    """This rank's run, ready for its first step (collective: every rank of ``comm`` calls it).
+    Every part is made once, in order, and handed to what uses it: nothing is finished later.
+    Throughput leaves out the first ``warmup_steps`` steps (:class:`des.run.Meter`)."""
     if not config.plugins and config.model not in MODELS:
         raise ConfigError(f"unknown model {config.model!r} (choose one of: {', '.join(MODELS)}, or load one with --plugins)")
     cls = strategy_class(config)
     if config.stream and not cls.synchronous:
         raise UsageError(f"--stream needs a synchronous strategy, not {cls.name} (each file is tested on every "
                          "rank before it is trained on, in lock-step)")
-    stream = StreamSource(config, comm) if config.stream else None  # lists the files, opens the first
+    stream = StreamStart.open(config, comm) if config.stream else None  # lists the files, opens the first
     store = stream.store if stream else open_data(config, comm)
     if store.num_rows == 0:
         raise DesError(f"dataset {store.source} is empty")
@@ -43,10 +45,9 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     if config.split_fields not in ("auto", "all"):  # names -> field numbers (config.json says which)
         numbers = parse_split_fields(config.split_fields, store.field_names)
         config = dataclasses.replace(config, split_fields=",".join(map(str, numbers)))
-    placement = cls.place(store.num_fields, comm.size, config.placement, distinct, config.to_dict())
+    placement = cls.place(store.num_fields, comm.size, distinct, config)
     train_rows, validation_rows = len(store.split_rows("train")), len(store.split_rows("validation"))
-    source = stream or EpochSource(config, store, *count_steps(config, train_rows, store.display_name),
-                                   batch_order(config, store))
+    steps = None if stream else count_steps(config, train_rows, store.display_name)
     build_optimizers(config)  # a bad optimizer spec fails before TensorFlow is started
     if config.early_stop == -1:  # auto: a plain value from here on (config.json, checkpoints)
         config = dataclasses.replace(config, early_stop=config.early_stop_patience(validation_rows)
@@ -57,31 +58,32 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     pipeline_auto = config.pipeline == "auto"
     if pipeline_auto:  # per rank (never changes results): the overlap needs a spare core
         config = dataclasses.replace(config, pipeline="on" if threads.intra_op >= 2 else "off")
-    config, unique, trials = choose_plan(config, cls, store, placement, distinct, comm, source)
+    model = build_model(config, store.num_fields, store.num_dense)
+    config, planning, trials = choose_plan(config, cls, store, placement, distinct, comm, model,
+                                           steps[1] if steps else 0)
     strategy = build_strategy(config, comm, store.num_fields, distinct, cls=cls, placement=placement,
-                              loads_tables=bool(config.resume), num_dense=store.num_dense)
-    source.strategy = strategy
+                              loads_tables=bool(config.resume), num_dense=store.num_dense, model=model)
+    source = (StreamSource(config, comm, stream, strategy) if stream else
+              EpochSource(config, store, *steps, batch_order(config, store), strategy))
     manifest = resume(config, strategy, store, source) if config.resume else None
     create_run_folder(run_folder, comm)
+    plan_text, plan_record = communication_plan(config, strategy, planning, trials)
+    talks = comm.rank == strategy.evaluators[0]
     run = Run(config, comm, store, strategy, run_folder.work, source,
-              start_step=strategy.step_count, run_folder=run_folder, schedules=schedules,
-              training=TrainingState.from_dict(manifest.get("training_state") if manifest else None))
+              start_step=strategy.step_count, run_folder=run_folder, schedules=schedules, meter=Meter(warmup_steps),
+              tensorboard=ScalarWriter(run_folder.work, talks, learning_rates(strategy.context.optimizers)),
+              planner=plan_record, training=TrainingState.from_dict(manifest.get("training_state") if manifest else None))
     if manifest is not None:  # --full-checkpoint-every: the next checkpoint may be an increment of it
         from des.checkpoint import resolve_checkpoint
 
         run.continue_chain(resolve_checkpoint(config.resume), manifest)
-    run.tensorboard = ScalarWriter(run.folder, run.talks, learning_rates(strategy.context.optimizers))
     hosts = runtime.describe_hosts(comm)  # collective
     if comm.rank == 0:
         write_config_json(run)
-    plan = communication_plan(config, strategy, store, comm.size, unique)
-    if plan is not None and trials is not None:  # the measured times next to the predicted bytes
-        plan = ("\n".join([plan[0], *trials.lines()]), {**plan[1], "trials": trials.record()})
-    run.planner = plan[1] if plan is not None else None
     if run.talks:
         for line in startup_report(run, train_rows=train_rows, validation_rows=validation_rows, distinct=distinct,
                                    hosts=hosts, threads=threads, pipeline_auto=pipeline_auto,
-                                   plan_text=plan[0] if plan is not None else None, manifest=manifest):
+                                   plan_text=plan_text, manifest=manifest):
             print(line, flush=True)
     return run
 
@@ -133,11 +135,13 @@ def resume(config: TrainConfig, strategy: Any, store: Any, source: Any) -> dict[
     return manifest
 
 
-def resolve_plan(config: TrainConfig, cls: Any, store: Any, placement: list[list[int]]) -> tuple[TrainConfig, Any]:
+def resolve_plan(config: TrainConfig, cls: Any, store: Any, placement: list[list[int]], model: Any
+                 ) -> tuple[TrainConfig, Any]:
     """``--plan auto`` -> the planner's cheapest plan for this data, batch size and placement
     (``des/planner.py``: distinct ids counted on the first 4 batches of the training order, the
     same on every rank), written into the config (``config.json`` says what ran). Returns the
-    config and the id statistics (None on one rank or for a strategy the planner does not model)."""
+    config and the :class:`~des.planner.Planning` (None on one rank or for a strategy the planner
+    does not model)."""
     ranks = len(placement)
     if cls.communication_plan is None or ranks == 1:
         if config.plan in ("auto", "measure"):  # one rank: nothing travels, every plan is the same step
@@ -146,32 +150,30 @@ def resolve_plan(config: TrainConfig, cls: Any, store: Any, placement: list[list
     from des import planner
 
     unique = planner.estimate_unique_ids(store, config.batch_size, ranks, seed=config.seed, drop_last=config.drop_last)
+    planning = planner.Planning(planner.model_shape(model), config.batch_size, placement, unique,
+                                np.dtype(config.dtype).itemsize)
     if config.plan in ("auto", "measure") and getattr(cls, "fixed_plan", None) is None:
-        if config.upper == "replicated":
-            best = "partials"
-        else:
-            shape = planner.model_shape(build_model(config, store.num_fields, store.num_dense))
-            best = planner.format_plan(planner.best_plan(shape, config.batch_size, placement, unique,
-                                                         np.dtype(config.dtype).itemsize).plan)
+        best = "partials" if config.upper == "replicated" else planner.format_plan(planning.best.plan)
         config = dataclasses.replace(config, plan=best)
-    return config, unique
+    return config, planning
 
 
 def choose_plan(config: TrainConfig, cls: Any, store: Any, placement: list[list[int]], distinct: list[int],
-                comm: Communicator, source: Any) -> tuple[TrainConfig, Any, plan_trials.Trials | None]:
+                comm: Communicator, model: Any, total_steps: int) -> tuple[TrainConfig, Any, plan_trials.Trials | None]:
     """``--plan`` resolved (:func:`resolve_plan`), then, on a long run with ``auto`` or with
     ``measure``, the candidates timed on this machine (:func:`measure_plans`). Returns the config,
-    the id statistics and the trials (None: not measured)."""
-    measures = plan_trials.wanted(config, comm.size, getattr(source, "total_steps", 0) or 0) and not config.stream
-    config, unique = resolve_plan(config, cls, store, placement)
-    if not measures or unique is None or getattr(cls, "fixed_plan", None) is not None or config.upper == "replicated":
-        return config, unique, None
-    trials = measure_plans(config, cls, store, placement, distinct, comm)
-    return dataclasses.replace(config, plan=trials.chosen), unique, trials
+    the planning and the trials (None: not measured)."""
+    measures = plan_trials.wanted(config, comm.size, total_steps) and not config.stream
+    config, planning = resolve_plan(config, cls, store, placement, model)
+    if not measures or planning is None or getattr(cls, "fixed_plan", None) is not None \
+            or config.upper == "replicated":
+        return config, planning, None
+    trials = measure_plans(config, cls, store, placement, distinct, comm, model)
+    return dataclasses.replace(config, plan=trials.chosen), planning, trials
 
 
 def measure_plans(config: TrainConfig, cls: Any, store: Any, placement: list[list[int]], distinct: list[int],
-                  comm: Communicator) -> plan_trials.Trials:
+                  comm: Communicator, model: Any) -> plan_trials.Trials:
     """``--plan auto`` on a long run (or ``--plan measure``): the cost model's plan and the pure ones
     timed on this machine as throwaway strategies on the first training batches, the fastest
     chosen (``des/plan_trials.py``; cached per host)."""
@@ -182,7 +184,7 @@ def measure_plans(config: TrainConfig, cls: Any, store: Any, placement: list[lis
     def train_one(plan: str) -> float:
         def build() -> Any:  # tables grow from empty: the run's own are built after
             return build_strategy(dataclasses.replace(config, plan=plan), comm, store.num_fields, distinct, cls=cls,
-                                  placement=placement, loads_tables=True, num_dense=store.num_dense)
+                                  placement=placement, loads_tables=True, num_dense=store.num_dense, model=model)
 
         def batches(strategy: Any) -> Any:
             reader = BatchReader(store, "train", batch_size=config.batch_size, seed=config.seed, epoch=0,
@@ -199,30 +201,30 @@ def measure_plans(config: TrainConfig, cls: Any, store: Any, placement: list[lis
         comm.stats = kept
 
 
-def communication_plan(config: TrainConfig, strategy: Any, store: Any, ranks: int, unique: Any = None
-                       ) -> tuple[str, dict[str, Any]] | None:
+def communication_plan(config: TrainConfig, strategy: Any, planning: Any, trials: plan_trials.Trials | None
+                       ) -> tuple[str | None, dict[str, Any] | None]:
     """The planner's view of this run (``des/planner.py``), for a strategy whose traffic it models,
-    on several ranks: the start-up table (per operator, predicted bytes/step/rank as partials and
-    as an exchange, which is cheaper and why) and what ``summary.json`` records next to the
-    measured bytes (``unique``: :func:`resolve_plan`'s id statistics)."""
-    if strategy.communication_plan is None or ranks == 1 or unique is None:
-        return None
+    on several ranks (``planning``: :func:`resolve_plan`'s): the start-up table (per operator,
+    predicted bytes/step/rank as partials and as an exchange, which is cheaper and why, and the
+    measured times where plans were timed) and what ``summary.json`` records next to the measured
+    bytes. ``(None, None)`` where there is no such view."""
+    if strategy.communication_plan is None or planning is None:
+        return None, None
     from des import planner
 
-    shape = planner.model_shape(strategy.model)
     held = getattr(strategy, "plan", None)  # a DES strategy's stages.Plan
     plan = dict(held.operators) if held is not None else strategy.communication_plan
-    size = np.dtype(config.dtype).itemsize
     upper = held.upper if held is not None else "data-parallel"
-    cost = planner.plan_cost(shape, plan, config.batch_size, strategy.placement, unique, size, upper=upper)
-    best = planner.best_plan(shape, config.batch_size, strategy.placement, unique, size)
+    cost, best = planning.cost(plan, upper=upper), planning.best
     record = {"plan": cost.plan, "upper": upper, "predicted_bytes_per_step": cost.mean,
               "predicted_sites": {site: float(np.mean(v)) for site, v in cost.sites().items()},
-              "cheapest_plan": best.plan, "cheapest_bytes_per_step": best.mean, "batches_sampled": unique.batches}
-    text = planner.report(shape, config.batch_size, strategy.placement, unique, size)
+              "cheapest_plan": best.plan, "cheapest_bytes_per_step": best.mean, "batches_sampled": planning.unique.batches}
+    text = planning.report()
     text += (f"\n  this run: --plan {planner.format_plan(cost.plan)}"
              + (f" (upper {upper})" if upper != "data-parallel" else "")
              + f", predicted {cost.mean:,.0f} bytes/step/rank (summary.json: planner)")
+    if trials is not None:  # the measured times next to the predicted bytes
+        text, record = "\n".join([text, *trials.lines()]), {**record, "trials": trials.record()}
     return text, record
 
 

@@ -97,19 +97,14 @@ def test_a_rank_evicts_each_table_by_its_budget_and_age() -> None:
 
 def test_a_budget_over_fields_split_by_key_is_refused() -> None:
     """One table's ranking of its rows by when they were last seen cannot be made by its shares apart."""
-    from types import SimpleNamespace
-
+    from des.config import TrainConfig
     from des.errors import ConfigError
-    from des.hashtable import AdaGrad, FTRL
-    from des.models import get_model
-    from des.options import Optimizers, TableOptions
     from des.strategies import get_strategy
 
-    model = get_model("fm")(num_fields=3, embedding_dim=4)
-    optimizers = Optimizers(sparse={"linear": FTRL(0.1), "embedding": AdaGrad(0.1)}, dense=None)
+    config = TrainConfig(placement="split", split_fields="all", max_rows_per_field=10)
     with pytest.raises(ConfigError, match="--max-rows-per-field"):
-        get_strategy("des").build(model, SimpleNamespace(rank=0, size=2), [[0, 1, 2], [0, 2]], optimizers,
-                                  tables=TableOptions(), max_rows_per_field=10)
+        get_strategy("des").place(3, 2, [5, 5, 5], config)
+    assert get_strategy("des").place(3, 2, [5, 5, 5], TrainConfig(placement="split", split_fields="all"))
 
 
 @pytest.mark.parametrize(("flags", "message"), [

@@ -95,3 +95,22 @@ def test_a_checkpoint_of_the_previous_version_still_loads(tmp_path: Path) -> Non
               str(tmp_path / "narrow"), "--split", "test", "--predictions", str(out)])
     expected = np.loadtxt(REPO / "tests" / "data" / "checkpoint-v1-predictions.txt")
     np.testing.assert_allclose(np.loadtxt(out), expected, rtol=1e-7)  # written as %.8f then
+
+
+def test_strategy_options_are_declared_once_on_their_class() -> None:
+    """A strategy's own options are a typed ``Options`` on its class, each a ``des.train`` option of
+    the same name and default (so a strategy built in a notebook runs as the command line's), and no
+    strategy reads an option by its name."""
+    import dataclasses
+
+    from des.builtin_names import default_strategy_names
+    from des.config import TrainConfig
+    from des.strategies import get_strategy
+
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    for name in default_strategy_names():
+        for option in dataclasses.fields(get_strategy(name).Options):
+            assert option.name in defaults and option.default == defaults[option.name], (name, option.name)
+    for path in (PACKAGE / "strategies").glob("*.py"):
+        text = path.read_text()
+        assert "options.get(" not in text and "options[" not in text, path.name

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from des.check import state_arrays
+from des.config import TrainConfig
 from des.errors import ConfigError
 from tests.conftest import assert_states_equal, criteo_head, run_job
 
@@ -68,13 +69,15 @@ def test_what_they_refuse() -> None:
 
     hierarchical, persia = get_strategy("hierarchical"), get_strategy("persia")
     with pytest.raises(ConfigError, match="--group-size 3 does not divide the 4 ranks"):
-        hierarchical.place(39, 4, "mod", [1] * 39, {"group_size": 3})
+        hierarchical.place(39, 4, [1] * 39, TrainConfig(strategy="hierarchical", group_size=3))
     for options, message in (({"upper": "replicated"}, "--upper replicated"), ({"plan": "exchange"}, "as partials"),
                              ({"placement": "split"}, "--placement split"), ({"sync_every": 0}, "at least 1"),
-                             ({"easgd_alpha": 1.5}, "within")):
+                             ({"easgd_alpha": 1.5}, "within"), ({"group_sync": "mean"}, "--group-sync")):
         with pytest.raises(ConfigError, match=message):
-            hierarchical.check_options(options)
+            hierarchical.check_options(TrainConfig(strategy="hierarchical", **options))
     with pytest.raises(ConfigError, match="--staleness must be 0 or more"):
-        persia.check_options({"staleness": -1})
+        persia.Options(staleness=-1)
     with pytest.raises(ConfigError, match="--upper replicated"):
-        persia.check_options({"upper": "replicated"})
+        persia.check_options(TrainConfig(strategy="persia", upper="replicated"))
+    with pytest.raises(ConfigError, match="--staleness 'x': expected int"):
+        persia.Options(staleness="x")

@@ -93,6 +93,7 @@ def test_what_split_fields_refuse() -> None:
     from des.hashtable import AdaGrad, FTRL
     from des.models import get_model
     from des.options import Optimizers, TableOptions
+    from des.config import TrainConfig
     from des.strategies import get_strategy
 
     model = get_model("fm")(num_fields=3, embedding_dim=4)
@@ -102,4 +103,4 @@ def test_what_split_fields_refuse() -> None:
         get_strategy("des").build(model, two_ranks, [[0, 1, 2], [0, 2]], optimizers,
                                   tables=TableOptions(unadmitted="shared"))
     with pytest.raises(ConfigError, match="parameter server places whole fields"):
-        get_strategy("ps").place(3, 3, "split", [5, 5, 5], {"ps_servers": 1})
+        get_strategy("ps").place(3, 3, [5, 5, 5], TrainConfig(strategy="ps", placement="split"))

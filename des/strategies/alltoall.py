@@ -13,6 +13,8 @@ interchangeable with DES's.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from des.errors import ConfigError
 from des.strategies.des import DES
 
@@ -25,8 +27,10 @@ class AllToAll(DES):
     communication_plan = "exchange"
     fixed_plan = "exchange"
 
-    @classmethod
-    def check_options(cls, options) -> None:
-        if options.get("upper", "data-parallel") != "data-parallel":
-            raise ConfigError("--upper replicated is not supported with --strategy alltoall (the rows are split)")
-        super().check_options({**options, "plan": cls.fixed_plan})
+    @dataclass(frozen=True)
+    class Options(DES.Options):
+        """des's options; the plan is always the exchange (``--plan`` is not read)."""
+
+        def check(self) -> None:
+            if self.upper != "data-parallel":
+                raise ConfigError("--upper replicated is not supported with --strategy alltoall (the rows are split)")

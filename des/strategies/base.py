@@ -30,7 +30,7 @@ from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -40,6 +40,7 @@ from des.strategies.pipeline import Pipeline, Prefetch
 
 if TYPE_CHECKING:  # the protocol itself loads no TensorFlow
     from des.collectives import Communicator
+    from des.config import TrainConfig
     from des.hashtable import EmbeddingTable
     from des.models.base import Model
     from des.options import Optimizers, TableOptions
@@ -83,6 +84,32 @@ def untimed(phase: str) -> nullcontext:
 
 
 @dataclass(frozen=True)
+class StrategyOptions:
+    """A strategy's own options, declared on its class as ``Options`` (as a model declares its
+    :class:`~des.models.base.ModelDefaults`): typed fields, each the ``des.train`` option of the
+    same name (``des/config.py`` declares its flag and help, with the same default: a test checks
+    they agree), checked once when made (:meth:`check`: a one-line :class:`ConfigError`).
+    Strategies read them as attributes, never by name."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):  # typed: a TOML or flag value of another type is refused, not coerced later
+            value, kind = getattr(self, f.name), type(f.default)
+            if kind in (int, float) and isinstance(value, (int, float)) and not isinstance(value, bool):
+                object.__setattr__(self, f.name, kind(value))
+            elif kind in (int, float, str) and not isinstance(value, kind):
+                raise ConfigError(f"--{f.name.replace('_', '-')} {value!r}: expected {kind.__name__}")
+        self.check()
+
+    def check(self) -> None:
+        """Refuse values this strategy cannot run (default: none)."""
+
+    @classmethod
+    def of(cls, config: Any) -> "StrategyOptions":
+        """The options from a :class:`~des.config.TrainConfig` (or anything with these attributes)."""
+        return cls(**{f.name: getattr(config, f.name) for f in fields(cls) if hasattr(config, f.name)})
+
+
+@dataclass(frozen=True)
 class StrategyContext:
     """Everything a strategy is built from (the same for every strategy)."""
 
@@ -93,7 +120,8 @@ class StrategyContext:
     seed: int = 0
     dtype: np.dtype = field(default_factory=lambda: np.dtype(np.float32))
     tables: "TableOptions | None" = None
-    options: Mapping[str, Any] = field(default_factory=dict)  # strategy-specific (e.g. ps_servers)
+    #: the strategy's own options (its class's :class:`StrategyOptions`)
+    options: StrategyOptions = field(default_factory=StrategyOptions)
     #: dtype of the top network's compute ("bfloat16"), or None: :attr:`dtype`
     compute_dtype: str | None = None
 
@@ -149,6 +177,8 @@ class Strategy(ABC):
     traffic_sites: ClassVar[tuple[str, ...]]
     #: the subset of :attr:`traffic_sites` that are AllReduces (the summary reports them apart)
     allreduce_sites: ClassVar[tuple[str, ...]] = ()
+    #: the strategy's own options, typed (:class:`StrategyOptions`; ``context.options`` is one)
+    Options: ClassVar[type[StrategyOptions]] = StrategyOptions
     #: which of ``des/planner.py``'s pure plans this strategy's traffic is ("partials": every
     #: operator's partial sums, "exchange": every operator's pooled inputs), or None (not modelled):
     #: the start-up report prints the planner's table for it and ``summary.json`` its prediction
@@ -170,34 +200,37 @@ class Strategy(ABC):
     def build(cls, model: "Model", comm: "Communicator", placement: Sequence[Sequence[int]],
               optimizers: "Optimizers", *, seed: int = 0, dtype: Any = np.float32,
               tables: "TableOptions | None" = None, **options: Any) -> "Strategy":
-        """Shorthand for ``cls(StrategyContext(...))`` (tests, notebooks, one-process use)."""
+        """Shorthand for ``cls(StrategyContext(...))`` (tests, notebooks, one-process use);
+        ``options``: fields of the class's :attr:`Options`."""
         return cls(StrategyContext(model, comm, optimizers, [list(p) for p in placement], seed, np.dtype(dtype),
-                                   tables, options))
+                                   tables, cls.Options(**options)))
 
     # ------------------------------------------------------------------ placement and roles
     @classmethod
-    def place(cls, num_fields: int, ranks: int, policy: str, distinct: Sequence[int],
-              options: Mapping[str, Any]) -> list[list[int]]:
-        """Fields of every rank (default: every rank owns fields, by ``--placement``)."""
+    def place(cls, num_fields: int, ranks: int, distinct: Sequence[int], config: "TrainConfig") -> list[list[int]]:
+        """Fields of every rank (default: every rank owns fields, by ``--placement`` and
+        ``--split-fields``)."""
         from des.placement import parse_split_fields, place_fields
 
-        split = parse_split_fields(str(options.get("split_fields", "auto")), [str(f) for f in range(num_fields)])
-        return place_fields(num_fields, ranks, policy, distinct, split)
+        split = parse_split_fields(str(config.split_fields), [str(f) for f in range(num_fields)])
+        return place_fields(num_fields, ranks, config.placement, distinct, split)
 
     @classmethod
-    def check_options(cls, options: Mapping[str, Any]) -> None:
-        """Refuse options this strategy cannot honour (one-line :class:`ConfigError`)."""
+    def check_options(cls, config: "TrainConfig") -> None:
+        """Refuse a job this strategy cannot honour (one-line :class:`ConfigError`): its own
+        :attr:`Options` checked, and the run's options it has no way to serve."""
+        cls.Options.of(config)
         if not cls.checkpoints:
             for flag in ("resume", "checkpoint_every", "export_every", "export_every_files"):
-                if options.get(flag):
+                if getattr(config, flag):
                     raise ConfigError(f"--{flag.replace('_', '-')} is not supported with --strategy {cls.name} "
                                       "(it writes no checkpoints)")
         if not cls.synchronous:
             for flag in ("evict_every", "max_rows_per_field"):  # eviction runs at the same steps on every rank
-                if options.get(flag):
+                if getattr(config, flag):
                     raise ConfigError(f"--{flag.replace('_', '-')} is not supported with --strategy {cls.name} "
                                       "(an asynchronous strategy's ranks do not step together)")
-        if not cls.synchronous and options.get("eval_every"):
+        if not cls.synchronous and config.eval_every:
             raise ConfigError(f"--eval-every is not supported with --strategy {cls.name} "
                               "(an asynchronous strategy validates once, at the end)")
 

@@ -44,7 +44,7 @@ import numpy as np
 
 from des.errors import ConfigError
 from des.strategies import stages
-from des.strategies.base import ShardState, Strategy, StrategyContext
+from des.strategies.base import ShardState, Strategy, StrategyContext, StrategyOptions
 from des.strategies.components import DenseParams, FieldShard
 from des.strategies.forms import ModelSplitForm
 from des.strategies.pipeline import Pipeline, StepRates
@@ -74,17 +74,32 @@ class DES(Strategy):
     communication_plan = "partials"
     #: a plan this strategy always runs, whatever ``--plan`` says (``alltoall``: exchange)
     fixed_plan: ClassVar[str | None] = None
-    UPPER = stages.UPPERS
+
+    @dataclass(frozen=True)
+    class Options(StrategyOptions):
+        """``--plan`` (per operator: partials or exchange; ``auto``/``measure`` are resolved in set-up,
+        and mean all partials where nothing resolved them), ``--upper`` and ``--xla``."""
+
+        plan: str = "auto"
+        upper: str = "data-parallel"
+        xla: str = "off"
+
+        def check(self) -> None:
+            if self.upper not in stages.UPPERS:
+                raise ConfigError(f"--upper: {self.upper!r} is not one of {', '.join(stages.UPPERS)}")
+            if self.upper == "replicated" and self.plan not in ("partials", "auto", "measure"):
+                raise ConfigError(f"--plan {self.plan}: the replicated upper network (--upper replicated) runs every "
+                                  "operator as partials")
 
     @classmethod
-    def check_options(cls, options) -> None:
-        super().check_options(options)
-        if options.get("upper", "data-parallel") not in cls.UPPER:
-            raise ConfigError(f"--upper: {options.get('upper')!r} is not one of {', '.join(cls.UPPER)}")
-        plan = options.get("plan", "partials")
-        if options.get("upper") == "replicated" and plan not in ("partials", "auto", "measure"):
-            raise ConfigError(f"--plan {plan}: the replicated upper network (--upper replicated) runs every operator "
-                              "as partials")
+    def place(cls, num_fields, ranks, distinct, config) -> list[list[int]]:
+        from des.placement import split_groups
+
+        placement = super().place(num_fields, ranks, distinct, config)
+        if split_groups(placement) and config.max_rows_per_field:
+            raise ConfigError("--max-rows-per-field ranks a table's rows by when they were last seen, which the "
+                              "shares of a field split by key over ranks cannot do apart: use --ttl, or whole fields")
+        return placement
 
     def __init__(self, context: StrategyContext) -> None:
         super().__init__(context)
@@ -93,10 +108,11 @@ class DES(Strategy):
 
         check_placement(self.placement, self.model.num_fields, self.comm.size)
         split_fields = sorted(split_groups(self.placement))
-        self._refuse_with_split_fields(context, split_fields)
+        if split_fields and context.tables is not None and context.tables.unadmitted == "shared":
+            raise ConfigError("--unadmitted shared keeps one out-of-vocabulary row per field, which a field split by "
+                              "key over ranks cannot share: use --unadmitted init or zero, or another --placement")
         options = context.options
-        self.plan = stages.Plan(self._resolve_plan(self.fixed_plan or options.get("plan", "partials")),
-                                options.get("upper", "data-parallel"))
+        self.plan = stages.Plan(self._resolve_plan(self.fixed_plan or options.plan), options.upper)
         exchanged = self.plan.exchanged
         whole = [whole_fields(self.placement, r) for r in range(self.comm.size)]
         self.shard = FieldShard(whole[self.comm.rank], self.model.blocks(), context.optimizers, seed=self.seed,
@@ -108,7 +124,7 @@ class DES(Strategy):
         self.dense = DenseParams(self.model, self.shard.fields, context.optimizers, seed=self.seed, dtype=self.dtype,
                                  replicated=exchanged, split=split_fields)
         self.split_form = ModelSplitForm(self.model, self.dense, self.dtype, context.compute_dtype, exchanged,
-                                         shares=sorted(mine), jit=options.get("xla") == "on")
+                                         shares=sorted(mine), jit=options.xla == "on")
         self.exchange = None
         if exchanged:
             from des.strategies.exchange import BlockExchange
@@ -118,15 +134,6 @@ class DES(Strategy):
         self.pipeline = Pipeline(self.prepare, background=background_thread)
         self._sparse_stage = self.sparse_stage()
         self.step = self.build_step()
-
-    @staticmethod
-    def _refuse_with_split_fields(context: StrategyContext, split_fields: list[int]) -> None:
-        if split_fields and context.tables is not None and context.tables.unadmitted == "shared":
-            raise ConfigError("--unadmitted shared keeps one out-of-vocabulary row per field, which a field split by "
-                              "key over ranks cannot share: use --unadmitted init or zero, or another --placement")
-        if split_fields and context.options.get("max_rows_per_field"):
-            raise ConfigError("--max-rows-per-field ranks a table's rows by when they were last seen, which the "
-                              "shares of a field split by key over ranks cannot do apart: use --ttl, or whole fields")
 
     def _resolve_plan(self, text: str) -> dict[str, str]:
         """``--plan`` as ``{operator: mode}``; ``auto`` unresolved (the runner resolves it from the

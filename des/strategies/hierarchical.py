@@ -34,6 +34,7 @@ rather than in the background: deterministic, and its cost is in the measured sp
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -64,36 +65,49 @@ class Hierarchical(DES):
     def des_equivalent_flags(cls, ranks: int) -> tuple[str, ...]:
         return ("--group-size", str(ranks))  # one group: des
 
+    @dataclass(frozen=True)
+    class Options(DES.Options):
+        """des's options (every operator partials, the upper network data-parallel) and the groups':
+        ``--group-size``, ``--group-sync``, ``--sync-every``, ``--easgd-alpha``."""
+
+        group_size: int = 1
+        group_sync: str = "easgd"
+        sync_every: int = 4
+        easgd_alpha: float = 0.0
+
+        def check(self) -> None:
+            if self.upper != "data-parallel":
+                raise ConfigError("--upper replicated is not supported with --strategy hierarchical (each group "
+                                  "trains its replica of the upper network on its rows)")
+            if self.plan not in ("auto", "measure", "partials"):
+                raise ConfigError(f"--plan {self.plan}: --strategy hierarchical runs every operator as partials "
+                                  "(an exchanged operator's weights would be one copy trained with the groups' tops)")
+            if self.group_size < 1 or self.sync_every < 1:
+                raise ConfigError(f"--group-size and --sync-every must be at least 1, got {self.group_size} "
+                                  f"and {self.sync_every}")
+            if not 0 <= self.easgd_alpha <= 1:
+                raise ConfigError(f"--easgd-alpha must be within [0, 1], got {self.easgd_alpha}")
+            if self.group_sync not in ("easgd", "average"):
+                raise ConfigError(f"--group-sync {self.group_sync!r} is not one of easgd, average")
+
     @classmethod
-    def check_options(cls, options) -> None:
-        if options.get("upper", "data-parallel") != "data-parallel":
-            raise ConfigError("--upper replicated is not supported with --strategy hierarchical (each group trains "
-                              "its replica of the upper network on its rows)")
-        if options.get("plan", "auto") not in ("auto", "measure", "partials"):
-            raise ConfigError(f"--plan {options.get('plan')}: --strategy hierarchical runs every operator as partials "
-                              "(an exchanged operator's weights would be one copy trained with the groups' tops)")
-        if options.get("placement") == "split":
+    def check_options(cls, config) -> None:
+        if config.placement == "split":
             raise ConfigError("--placement split is not supported with --strategy hierarchical (a split field's "
                               "weight slices are trained with the upper network, which each group holds apart)")
-        if int(options.get("group_size", 1)) < 1 or int(options.get("sync_every", 4)) < 1:
-            raise ConfigError(f"--group-size and --sync-every must be at least 1, got {options.get('group_size')} "
-                              f"and {options.get('sync_every')}")
-        if not 0 <= float(options.get("easgd_alpha", 0.0)) <= 1:
-            raise ConfigError(f"--easgd-alpha must be within [0, 1], got {options.get('easgd_alpha')}")
-        super().check_options({**options, "plan": cls.fixed_plan})
+        super().check_options(config)
 
     @classmethod
-    def place(cls, num_fields, ranks, policy, distinct, options):
-        cls.group_size_of(options, ranks)  # refused before anything is built
-        return super().place(num_fields, ranks, policy, distinct, options)
+    def place(cls, num_fields, ranks, distinct, config):
+        cls.group_size_of(cls.Options.of(config), ranks)  # refused before anything is built
+        return super().place(num_fields, ranks, distinct, config)
 
     @staticmethod
-    def group_size_of(options, ranks: int) -> int:
+    def group_size_of(options: "Hierarchical.Options", ranks: int) -> int:
         """``--group-size``, which must divide the ranks."""
-        group_size = int(options.get("group_size", 1))
-        if ranks % group_size:
-            raise ConfigError(f"--group-size {group_size} does not divide the {ranks} ranks")
-        return group_size
+        if ranks % options.group_size:
+            raise ConfigError(f"--group-size {options.group_size} does not divide the {ranks} ranks")
+        return options.group_size
 
     def __init__(self, context: StrategyContext) -> None:
         options, comm = context.options, context.comm
@@ -104,9 +118,9 @@ class Hierarchical(DES):
         #: the ranks of this rank's group (one group: the job's communicator, so G = N is des's step)
         self.group_comm = comm if self.groups == 1 else comm.split(self.group)
         super().__init__(context)  # builds the step, whose top reduction is the group's (top_reduction)
-        self.sync_mode = str(options.get("group_sync", "easgd"))
-        self.sync_every = int(options.get("sync_every", 4))
-        self.alpha = float(options.get("easgd_alpha", 0.0)) or EASGD_BETA / self.groups
+        self.sync_mode = options.group_sync
+        self.sync_every = options.sync_every
+        self.alpha = options.easgd_alpha or EASGD_BETA / self.groups
         #: the replicas differ (not for one group, nor a model without layers above the substituted ones)
         self.replicated = self.groups > 1 and bool(self.dense.top_params)
         #: EASGD's center variable (the same on every rank)

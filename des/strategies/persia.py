@@ -27,6 +27,7 @@ the same checkpoints.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from des.errors import ConfigError
@@ -64,15 +65,20 @@ class Persia(AllToAll):
     description = ("Persia's hybrid training: embeddings exchanged as alltoall, their updates applied --staleness "
                    "steps late, the dense network synchronous")
 
-    @classmethod
-    def check_options(cls, options) -> None:
-        if int(options.get("staleness", 1)) < 0:
-            raise ConfigError(f"--staleness must be 0 or more steps, got {options.get('staleness')}")
-        super().check_options(options)
+    @dataclass(frozen=True)
+    class Options(AllToAll.Options):
+        """alltoall's options and ``--staleness`` (tau)."""
+
+        staleness: int = 1
+
+        def check(self) -> None:
+            super().check()
+            if self.staleness < 0:
+                raise ConfigError(f"--staleness must be 0 or more steps, got {self.staleness}")
 
     def __init__(self, context: StrategyContext) -> None:
         #: tau: the sparse updates a step may not have seen yet
-        self.staleness = int(context.options.get("staleness", 1))
+        self.staleness = context.options.staleness
         super().__init__(context)
 
     def sparse_stage(self) -> DelayedSparse:

@@ -39,14 +39,15 @@ reply), ``apply_rows`` (receiving a push and the sparse optimizer), ``serve_dens
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from des.errors import ConfigError
 from des.placement import place_fields
-from des.strategies.base import ShardState, Strategy, StrategyContext, untimed
+from des.strategies.base import ShardState, Strategy, StrategyContext, StrategyOptions, untimed
 from des.strategies.components import DenseParams, FieldShard, RowLayout
 from des.strategies.forms import ModelSplitForm
 
@@ -68,14 +69,19 @@ class ParameterServer(Strategy):
     server_phases = ("serve_rows", "apply_rows", "serve_dense", "apply_dense")
     traffic_sites = ("ps_keys", "ps_rows", "ps_gradients", "ps_dense")
 
+    @dataclass(frozen=True)
+    class Options(StrategyOptions):
+        """``--ps-servers``: how many ranks serve the tables."""
+
+        ps_servers: int = 1
+
     @classmethod
-    def place(cls, num_fields: int, ranks: int, policy: str, distinct: Sequence[int],
-              options: Mapping[str, Any]) -> list[list[int]]:
+    def place(cls, num_fields: int, ranks: int, distinct: Sequence[int], config: Any) -> list[list[int]]:
         """Servers own fields (``mod`` over the servers), workers none."""
-        if policy == "split":
+        if config.placement == "split":
             raise ConfigError("--placement split: the parameter server places whole fields on its servers (split "
                               "fields by key with --strategy des or alltoall)")
-        servers = int(options.get("ps_servers", 1))
+        servers = cls.Options.of(config).ps_servers
         if not 1 <= servers < ranks:
             raise ConfigError(f"--strategy ps needs 1 <= --ps-servers < ranks, got {servers} servers of {ranks} ranks")
         return place_fields(num_fields, servers) + [[] for _ in range(ranks - servers)]
