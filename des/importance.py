@@ -36,10 +36,14 @@ class PermutedStore:
         return getattr(self._store, name)
 
     def gather_fields(self, fields, rows: np.ndarray):
+        from des.data.batch import KeyedIds
+
+        fields = list(fields)
+        if self._field not in fields:
+            return self._store.gather_fields(fields, rows)
         out = self._store.gather_fields([f for f in fields if f != self._field], rows)
-        if self._field in fields:
-            out[self._field] = self._store.gather_fields([self._field], self._mapping[rows])[self._field]
-        return {f: out[f] for f in fields}
+        moved = self._store.gather_fields([self._field], self._mapping[rows])[self._field]
+        return KeyedIds.of(fields, [moved if f == self._field else out[f] for f in fields])
 
     def gather(self, field, rows: np.ndarray):
         return self.gather_fields([self._store.field_index(field)], rows)[self._store.field_index(field)]

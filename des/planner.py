@@ -343,22 +343,7 @@ def plan_cost(shape: ModelShape, plan: str | Mapping[str, str], batch_size: int,
         cost.terms["gradient_allgather"] = list(cost.terms["partials_reduce_scatter"])
     exchanged = [op for op in shape.operators if plan[op.name] == EXCHANGE]
     if exchanged:
-        if unique is None or unique.ranks != n or unique.batch_size != batch_size:
-            raise ValueError(f"exchange needs the unique ids of B={batch_size} on {n} row blocks")
-        u = unique.per_block  # [N, F]
-        owner = np.full(shape.num_fields, -1, dtype=np.int64)  # -1: split, its values travel as columns
-        for r, fields in enumerate(placement):
-            owner[[f for f in fields if f not in split]] = r
-        whole = owner >= 0
-        # each block once, whatever the number of operators reading it
-        row_floats = sum(shape.blocks[b] for b in {op.block for op in exchanged})
-        remote = [float(u[r][whole & (owner != r)].sum()) for r in range(n)]  # ids row owner r fetches
-        served = [float(sum(u[q][owner == r].sum() for q in range(n) if q != r)) for r in range(n)]
-        cost.terms["rows"] = [s * row_floats * served[r] for r in range(n)]
-        cost.terms["row_gradients"] = [s * row_floats * remote[r] for r in range(n)]
-        cost.terms["field_weight_gradients"] = [ring * sum(op.field_params for op in exchanged)] * n
-        # each (id, row block) pair: routed by its field's owner, pooled by the block's row owner
-        cost.id_pairs = 2.0 * float(u[:, whole].sum()) / n if n > 1 else 0.0
+        _exchange_terms(cost, shape, exchanged, placement, split, unique, s, ring)
     if split_weights:
         cost.terms["split_weight_gradients"] = [ring * split_weights] * n
     cost.terms["top_gradients"] = [ring * shape.top_params] * n
@@ -366,6 +351,29 @@ def plan_cost(shape: ModelShape, plan: str | Mapping[str, str], batch_size: int,
     # reduce-scatter + all-gather of the partials, two Alltoallv of the exchange, the AllReduce
     cost.calls = (2 * bool(partial_width) + 2 * bool(exchanged) + 1) if n > 1 else 0
     return cost
+
+
+def _exchange_terms(cost: PlanCost, shape: ModelShape, exchanged: list[Operator], placement: Sequence[Sequence[int]],
+                    split: list[int], unique: UniqueIds | None, s: int, ring: float) -> None:
+    """The exchanged operators' terms of :func:`plan_cost`: rows served and fetched per distinct
+    id and row block, their gradients back, the field weights' AllReduce, the (id, row block) pairs."""
+    n, batch_size = cost.ranks, cost.batch_size
+    if unique is None or unique.ranks != n or unique.batch_size != batch_size:
+        raise ValueError(f"exchange needs the unique ids of B={batch_size} on {n} row blocks")
+    u = unique.per_block  # [N, F]
+    owner = np.full(shape.num_fields, -1, dtype=np.int64)  # -1: split, its values travel as columns
+    for r, fields in enumerate(placement):
+        owner[[f for f in fields if f not in split]] = r
+    whole = owner >= 0
+    # each block once, whatever the number of operators reading it
+    row_floats = sum(shape.blocks[b] for b in {op.block for op in exchanged})
+    remote = [float(u[r][whole & (owner != r)].sum()) for r in range(n)]  # ids row owner r fetches
+    served = [float(sum(u[q][owner == r].sum() for q in range(n) if q != r)) for r in range(n)]
+    cost.terms["rows"] = [s * row_floats * served[r] for r in range(n)]
+    cost.terms["row_gradients"] = [s * row_floats * remote[r] for r in range(n)]
+    cost.terms["field_weight_gradients"] = [ring * sum(op.field_params for op in exchanged)] * n
+    # each (id, row block) pair: routed by its field's owner, pooled by the block's row owner
+    cost.id_pairs = 2.0 * float(u[:, whole].sum()) / n if n > 1 else 0.0
 
 
 @dataclass(frozen=True)

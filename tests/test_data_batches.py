@@ -34,7 +34,7 @@ def rows_of(block: FieldBatch):
 def assert_same_batch(a: Batch, b: Batch):
     assert (a.epoch, a.index) == (b.epoch, b.index)
     assert (a.rows == b.rows).all() and (a.labels == b.labels).all()
-    assert a.fields.keys() == b.fields.keys()
+    assert a.fields.fields == b.fields.fields
     for field in a.fields:
         assert rows_of(a.fields[field]) == rows_of(b.fields[field])
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from des.data.batch import KeyedIds
 from des.hashtable import FTRL, SGD, AdaGrad, Adam, BlockSpec, EmbeddingTable, Initializer
 from des.hashtable import _threads
 from des.hashtable._memory import RESERVE, grow_in_place, row_array
@@ -27,6 +28,11 @@ class Ids:
 
 
 BLOCK_NAMES = ["linear", "embedding", "extra"]
+
+
+def keyed(ids):
+    """A shard's fields' ids (per-field CSR, in shard order) in the keyed-jagged form the tables take."""
+    return KeyedIds.of(range(len(ids)), ids)
 
 
 def make_tables(fields, dtype, *, optimizer, min_count=1, unadmitted="init", capacity=64, dims=(1, 4, 3)):
@@ -75,7 +81,7 @@ def reference_step(tables, fields, ids, *, train, step, grads=None, lr_scale=1.0
 
 def fused_step(shard, ids, *, train, step, grads=None, lr_scale=1.0, together=False):
     """Block by block, or (``together``) all blocks in one call each (``gather_pooled``, ``apply_pooled``)."""
-    touched = shard.touch(ids, train=train, step=step)
+    touched = shard.touch(keyed(ids), train=train, step=step)
     blocks = shard.tables[shard.fields[0]].blocks
     dtype = shard.tables[shard.fields[0]].dtype
     pooled = [np.empty((touched.size, len(shard.fields), b.dim), dtype) for b in blocks]
@@ -213,18 +219,18 @@ def test_pipelined_order_gives_the_same_result() -> None:
         batches = [make_ids(rng, fields, 128, 400, s) for s in range(6)]
         grads = [[rng.normal(size=(128, 3, d)) for d in (1, 4, 3)] for _ in range(6)]
         pooled_all = []
-        touched = shard.touch(batches[0], train=True, step=0)
+        touched = shard.touch(keyed(batches[0]), train=True, step=0)
         for step in range(6):
             pooled = [np.empty((128, 3, d)) for d in (1, 4, 3)]
             for k in range(3):
                 shard.gather_pooled(touched, {k: pooled[k]})
             pooled_all.append(pooled)
             if pipelined and step + 1 < 6:
-                following = shard.touch(batches[step + 1], train=True, step=step + 1)
+                following = shard.touch(keyed(batches[step + 1]), train=True, step=step + 1)
             for k in range(3):
                 shard.apply_pooled(touched, {k: grads[step][k]}, step)
             if not pipelined and step + 1 < 6:
-                following = shard.touch(batches[step + 1], train=True, step=step + 1)
+                following = shard.touch(keyed(batches[step + 1]), train=True, step=step + 1)
             touched = following
         states.append((tables, pooled_all))
     (a, pa), (b, pb) = states
@@ -254,11 +260,11 @@ def test_update_and_next_gather_in_one_pass(monkeypatch, n_threads) -> None:
         def outs():
             return {k: np.empty((128, len(fields), d)) for k, d in enumerate(dims)}
 
-        touched, pooled = shard.touch(batches[0], train=True, step=0), outs()
+        touched, pooled = shard.touch(keyed(batches[0]), train=True, step=0), outs()
         shard.gather_pooled(touched, pooled, catch_up_to=0)
         gathered = [pooled]
         for step in range(5):
-            following, pooled, scale = shard.touch(batches[step + 1], train=True, step=step + 1), outs(), 1 - step / 8
+            following, pooled, scale = shard.touch(keyed(batches[step + 1]), train=True, step=step + 1), outs(), 1 - step / 8
             if merged:
                 shard.apply_then_gather(touched, dict(enumerate(grads[step])), step, scale, following, pooled,
                                         step + 1, 1.5)
@@ -291,33 +297,35 @@ def test_table_replaced_by_a_load_is_picked_up(tmp_path) -> None:
         assert e.tobytes() == g.tobytes()
 
 
-def test_one_block_of_one_hot_fields_is_packed_without_a_copy() -> None:
-    """Fields read as the rows of one block (``FieldBatch.block``) are packed as that block's
-    memory, with the same arrays as concatenating them; any other layout is concatenated."""
-    from des.data.batch import FieldBatch
-    from des.hashtable.fused import _pack, _pack_one_block
-
+def test_one_block_of_one_hot_fields_is_the_keys_without_a_copy() -> None:
+    """Fields read as the rows of one ``[F, B]`` block (as the store reads one-hot fields) are
+    keyed ids whose keys are that block's memory, with the same arrays as concatenating the fields;
+    a selection of them is a view where it is a run of the fields in order, and equals the
+    concatenation of the selected fields either way; a row range is the fields' row ranges."""
     block = np.random.default_rng(3).integers(1, 10**9, (4, 6))
     offsets = np.arange(7, dtype=np.int64)
+    fields = [3, 5, 7, 9]
+    ids = KeyedIds.of_block(fields, block)
+    concatenated = KeyedIds.of(fields, [Ids(offsets, block[i].copy(), None) for i in range(4)])
+    assert ids.one_hot and np.shares_memory(ids.keys, block)
 
-    def fields(block, order=range(4), weights=None, offsets=offsets):
-        return [FieldBatch(offsets, block[i], weights, block=(block, i)) for i in order]
+    def same(a, b):
+        for name in ("keys", "key_offsets", "offsets", "weighted"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert x.dtype == y.dtype and x.shape == y.shape and (x == y).all(), name
+        assert a.fields == b.fields
 
-    def copied(ids):  # the general path: the same ids without the block
-        return _pack([FieldBatch(f.offsets, f.keys.copy(), f.weights) for f in ids])
-
-    ids = fields(block)
-    packed = _pack(ids)
-    assert _pack_one_block(ids) is not None and np.shares_memory(packed[0], block)
-    for a, b in zip(packed, copied(ids)):
-        assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all()
-    for other in (fields(block, order=[1, 0, 2, 3]), fields(block[:, :6]), fields(block.astype(np.int32)),
-                  fields(block, weights=np.ones(6, np.float32)), fields(block, offsets=np.arange(7) * 0),
-                  fields(block, offsets=offsets.copy())[:1] + fields(block)[1:]):
-        assert _pack_one_block(other) is None, other
-    reordered = fields(block, order=[1, 0, 2, 3])
-    for a, b in zip(_pack(reordered), copied(reordered)):
-        assert (a == b).all()
+    same(ids, concatenated)
+    assert (ids[7].keys == block[2]).all() and ids[7].weights is None and len(ids) == 4 and list(ids) == fields
+    run = ids.select([5, 7])
+    assert np.shares_memory(run.keys, block)
+    same(run, KeyedIds.of([5, 7], [ids[5], ids[7]]))
+    same(ids.select([7, 3]), KeyedIds.of([7, 3], [ids[7], ids[3]]))
+    same(ids.take(2, 5), KeyedIds.of(fields, [ids[f].take(2, 5) for f in fields]))
+    multi = KeyedIds.of([1, 2], [Ids(np.array([0, 2, 2, 3]), np.arange(3), np.ones(3, np.float32)),
+                                 Ids(np.arange(4), np.arange(3), None)])
+    assert not multi.one_hot and (multi.weights == 1).all() and list(multi.weighted) == [True, False]
+    assert (multi.take(1, 3)[1].offsets == [0, 0, 1]).all()
 
 
 def test_one_hot_sums_are_the_stored_first_gradient_plus_the_others() -> None:
@@ -396,17 +404,17 @@ def test_errors() -> None:
     good = Ids(np.arange(4, dtype=np.int64), np.arange(1, 4, dtype=np.int64), None)
     bad = Ids(np.arange(4, dtype=np.int64), np.array([5, -2**63, 6], dtype=np.int64), None)
     with pytest.raises(ValueError, match="position 1 is the reserved sentinel"):
-        shard.touch([good, bad], train=True, step=0)
+        shard.touch(keyed([good, bad]), train=True, step=0)
     assert len(tables[1]) == 0  # no partial update of the field with the bad key
     with pytest.raises(ValueError, match="offsets"):
-        shard.touch([good, Ids(np.array([0, 2, 1, 3]), np.arange(3, dtype=np.int64), None)], train=True, step=0)
-    touched = shard.touch([good, good], train=True, step=0)
+        shard.touch(keyed([good, Ids(np.array([0, 2, 1, 3]), np.arange(3, dtype=np.int64), None)]), train=True, step=0)
+    touched = shard.touch(keyed([good, good]), train=True, step=0)
     tables[0].evict(-1, 5)  # every row expires: the touched rows are stale
     with pytest.raises(ValueError, match="changed .evict, load. since the lookup"):
         shard.gather_pooled(touched, {1: np.empty((3, 2, 4), np.float32)})
     with pytest.raises(ValueError, match="blocks"):
         ShardTables({0: EmbeddingTable(0, [BlockSpec("other", 1, SGD(0.1), Initializer())], seed=1)}, [0],
-                    ["linear"]).touch([good], train=False, step=0)
+                    ["linear"]).touch(keyed([good]), train=False, step=0)
 
 
 def test_reserved_rows_grow_in_place_and_keep_their_values() -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .batch import FieldBatch
+from .batch import FieldBatch, KeyedIds
 from .build import SchemaLike, open_dataset
 from .errors import DataError
 from .schema import Schema, load_schema
@@ -282,14 +282,16 @@ class ConcatStore:
     def schema(self) -> dict[str, Any] | None:
         return self.parts[0].store.schema
 
-    def gather_fields(self, fields: Sequence[int], rows: np.ndarray) -> dict[int, FieldBatch]:
-        """``{field: gather(field, rows)}``, each part's fields read together (``ColumnStore.gather_fields``)."""
+    def gather_fields(self, fields: Sequence[int], rows: np.ndarray) -> KeyedIds:
+        """The ids of ``fields`` for ``rows``, keyed-jagged, each part's fields read together
+        (``ColumnStore.gather_fields``)."""
         fields = [self.field_index(f) for f in fields]
         groups = self._by_part(rows)
         if len(groups) == 1:  # every row from one part: its positions are 0..n-1 in order
             return self.parts[groups[0][0]].store.gather_fields(fields, groups[0][2])
         parts = [(positions, self.parts[p].store.gather_fields(fields, local)) for p, positions, local in groups]
-        return {f: self._merge(f, len(rows), [(positions, got[f]) for positions, got in parts]) for f in fields}
+        return KeyedIds.of(fields, [self._merge(f, len(rows), [(positions, got[f]) for positions, got in parts])
+                                    for f in fields])
 
     def gather(self, field: int | str, rows: np.ndarray) -> FieldBatch:
         """The field's ids for ``rows`` (in that order) as a CSR block."""

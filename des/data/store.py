@@ -38,7 +38,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from .batch import FieldBatch
+from .batch import FieldBatch, KeyedIds
 from .counting import KeyCounter
 from .errors import DataError
 from .keys import KEY_SCHEME
@@ -495,25 +495,27 @@ class ColumnStore:
         """The schema the store was prepared with (``des.data.schema``), None for Criteo's."""
         return self.manifest.get("schema")
 
-    def gather_fields(self, fields: Sequence[int], rows: np.ndarray) -> dict[int, FieldBatch]:
-        """``{field: gather(field, rows)}``, the one-hot fields of a version 2 store read together:
-        one row-major read of every row's keys (see the module docstring)."""
+    def gather_fields(self, fields: Sequence[int], rows: np.ndarray) -> KeyedIds:
+        """The ids of ``fields`` for ``rows`` (in that order), keyed-jagged. The one-hot fields of a
+        version 2 store are read together, one row-major read of every row's keys (see the module
+        docstring); when every field asked for is such a field, unweighted, their ``[F, B]`` block
+        is the batch's keys as it is."""
         rows = np.asarray(rows, dtype=np.int64)
-        batches: dict[int, FieldBatch] = {}
+        fields = [int(f) for f in fields]
         columns = {f: self._fields[f].column for f in fields if self._fields[f].column is not None}
-        if columns:
-            assert self._one_hot_keys is not None
-            block = np.asarray(self._one_hot_keys).take(rows, axis=0)  # [b, F1]: each row's keys at once
-            wanted = list(columns.values())
-            # [fields, b], owning its memory (the lookup takes it as it is: FieldBatch.block)
-            keys = np.ascontiguousarray(block.T) if wanted == list(range(block.shape[1])) else block.T[wanted]
-            offsets = np.arange(rows.shape[0] + 1, dtype=np.int64)
-            offsets.flags.writeable = False  # shared by the fields' batches
-            for i, f in enumerate(columns):
-                weights = self._fields[f].weights
-                batches[f] = FieldBatch(offsets, keys[i], None if weights is None else np.asarray(weights).take(rows),
-                                        block=(keys, i))
-        return {f: batches[f] if f in batches else self.gather(f, rows) for f in fields}
+        if not columns:
+            return KeyedIds.of(fields, [self.gather(f, rows) for f in fields])
+        assert self._one_hot_keys is not None
+        block = np.asarray(self._one_hot_keys).take(rows, axis=0)  # [b, F1]: each row's keys at once
+        wanted = list(columns.values())
+        # [fields, b], owning its memory
+        keys = np.ascontiguousarray(block.T) if wanted == list(range(block.shape[1])) else block.T[wanted]
+        if len(columns) == len(fields) and all(self._fields[f].weights is None for f in fields):
+            return KeyedIds.of_block(fields, keys)
+        offsets = np.arange(rows.shape[0] + 1, dtype=np.int64)
+        read = {f: FieldBatch(offsets, keys[i], None if self._fields[f].weights is None
+                              else np.asarray(self._fields[f].weights).take(rows)) for i, f in enumerate(columns)}
+        return KeyedIds.of(fields, [read[f] if f in read else self.gather(f, rows) for f in fields])
 
     def gather(self, field: int | str, rows: np.ndarray) -> FieldBatch:
         """The field's ids for ``rows`` (in that order) as a CSR block."""

@@ -222,67 +222,6 @@ class Touched:
         return int(self.offsets.shape[1] - 1)
 
 
-def _pack(ids: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Concatenate per-field CSR ids (objects with ``keys``, ``offsets``, ``weights``)."""
-    packed = _pack_one_block(ids)
-    if packed is not None:
-        return packed
-    sizes = [int(f.keys.shape[0]) for f in ids]
-    key_offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=key_offsets[1:])
-    keys = np.concatenate([as_keys(f.keys) for f in ids]) if ids else np.zeros(0, np.int64)
-    batch = {int(f.offsets.shape[0]) for f in ids}
-    if len(batch) > 1:
-        raise ValueError(f"fields disagree on the batch size: offsets of lengths {sorted(batch)}")
-    offsets = (np.stack([np.asarray(f.offsets, dtype=np.int64) for f in ids]) if ids
-               else np.zeros((0, 1), np.int64))
-    bad = _bad_offsets(offsets, key_offsets)
-    if bad >= 0:  # the kernels index with them unchecked
-        raise ValueError(f"field at position {bad}: offsets are not CSR row pointers into its {sizes[bad]} ids")
-    weighted = np.array([f.weights is not None for f in ids], dtype=np.bool_)
-    weights = np.ones(keys.shape[0] if weighted.any() else 0, dtype=np.float64)  # read only where weighted
-    for j, f in enumerate(ids):
-        if f.weights is not None:
-            weights[key_offsets[j]:key_offsets[j + 1]] = f.weights
-    return keys, key_offsets, offsets, weights, weighted
-
-
-# per (fields, batch size): key_offsets and the [F, B + 1] offsets of one-hot fields, built once
-# (nothing writes them; they stay writeable so that the kernels see one array type)
-_ONE_HOT_LAYOUTS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-
-
-def _one_hot_layout(fields: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
-    layout = _ONE_HOT_LAYOUTS.get((fields, batch))
-    if layout is None:
-        if len(_ONE_HOT_LAYOUTS) >= 8:  # a few batch sizes per process (train, evaluation, the last batch)
-            _ONE_HOT_LAYOUTS.clear()
-        layout = _ONE_HOT_LAYOUTS[(fields, batch)] = (np.arange(fields + 1, dtype=np.int64) * batch,
-                                                      np.tile(np.arange(batch + 1, dtype=np.int64), (fields, 1)))
-    return layout
-
-
-def _pack_one_block(ids: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """:func:`_pack` without copying when the fields are one-hot, unweighted and, in this order,
-    the rows of one C-contiguous int64 block (``FieldBatch.block``, as the store reads a batch):
-    the block's memory is the keys and the offsets are built once per batch size. None otherwise."""
-    block = getattr(ids[0], "block", None) if ids else None
-    if block is None:
-        return None
-    keys, offsets = block[0], ids[0].offsets
-    if keys.dtype != np.int64 or keys.ndim != 2 or keys.shape[0] != len(ids) or not keys.flags.c_contiguous:
-        return None
-    for j, f in enumerate(ids):
-        b = getattr(f, "block", None)
-        if b is None or b[0] is not keys or b[1] != j or f.offsets is not offsets or f.weights is not None \
-                or f.keys.base is not keys:
-            return None
-    key_offsets, stacked = _one_hot_layout(len(ids), keys.shape[1])
-    if not np.array_equal(offsets, stacked[0]):
-        return None
-    return keys.reshape(-1), key_offsets, stacked, np.ones(0, dtype=np.float64), np.zeros(len(ids), dtype=np.bool_)
-
-
 class ShardTables:
     """The tables of ``fields`` (looked up in the live mapping ``tables`` at every call), with
     value blocks ``blocks`` (the same names and dims in every table), driven by fused kernels:
@@ -367,14 +306,24 @@ class ShardTables:
 
     # ---------------------------------------------------------------- lookup
 
-    def touch(self, ids: Sequence[Any], *, train: bool, step: int) -> Touched:
-        """Rows of every field's ids (``ids[j]``: field ``fields[j]``'s CSR ids, objects with
-        ``keys``, ``offsets`` and ``weights``). ``train``: missing keys are inserted (initialized
-        here, one kernel call per block), counts and ``last_seen`` updated, admissions counted,
-        as :meth:`EmbeddingTable.lookup` does; else read-only. Never reads embedding values."""
-        if len(ids) != len(self.fields):
-            raise ValueError(f"{len(ids)} fields of ids for a shard of {len(self.fields)} fields")
-        keys, key_offsets, offsets, weights, weighted = _pack(ids)
+    def touch(self, ids: Any, *, train: bool, step: int) -> Touched:
+        """Rows of every field's ids: ``ids`` is keyed-jagged (``des.data.batch.KeyedIds``: ``keys``
+        of every field, field after field, ``key_offsets [F + 1]``, CSR ``offsets [F, B + 1]``,
+        ``weights`` and ``weighted [F]``; ``one_hot``), its fields this shard's, in order.
+        ``train``: missing keys are inserted (initialized here, one kernel call per block), counts
+        and ``last_seen`` updated, admissions counted, as :meth:`EmbeddingTable.lookup` does; else
+        read-only. Never reads embedding values. The arrays are taken as they are (not copied)."""
+        key_offsets, offsets = ids.key_offsets, ids.offsets
+        if len(key_offsets) - 1 != len(self.fields) or offsets.shape[0] != len(self.fields):
+            raise ValueError(f"{len(key_offsets) - 1} fields of ids for a shard of {len(self.fields)} fields")
+        keys = as_keys(ids.keys)
+        if not getattr(ids, "one_hot", False):
+            bad = _bad_offsets(offsets, key_offsets)
+            if bad >= 0:  # the kernels index with them unchecked
+                raise ValueError(f"field at position {bad}: offsets are not CSR row pointers into its "
+                                 f"{int(key_offsets[bad + 1] - key_offsets[bad])} ids")
+        weighted = np.asarray(ids.weighted, dtype=np.bool_)
+        weights = np.asarray(ids.weights, dtype=np.float64) if weighted.any() else np.ones(0, np.float64)
         step = check_step(step) if train else int(step)
         # per field, the shared out-of-vocabulary row or -1 (EmbeddingTable.shared_row: a training
         # lookup inserts a missing one and refreshes its count and last_seen)
@@ -385,11 +334,10 @@ class ShardTables:
             if tables[j].unadmitted == "shared":  # evaluation before the shared row exists: made now
                 tables[j].map_to_shared(rows[key_offsets[j]:key_offsets[j + 1]],
                                         admitted[key_offsets[j]:key_offsets[j + 1]])
-        n = len(tables)
-        every_one_hot = offsets is _ONE_HOT_LAYOUTS.get((n, offsets.shape[1] - 1), (None, None))[1]  # _pack_one_block
         distinct = Distinct(work.uniq, work.count, work.inverse) if train else None
         return Touched(keys, key_offsets, offsets, weights, weighted, rows, admitted, bool(train), step,
-                       hot=np.ones(n, dtype=np.bool_) if every_one_hot else None, distinct=distinct)
+                       hot=np.ones(len(tables), dtype=np.bool_) if getattr(ids, "one_hot", False) else None,
+                       distinct=distinct)
 
     def _lookup(self, keys: np.ndarray, key_offsets: np.ndarray, shared: np.ndarray, step: int,
                 train: bool) -> tuple[_Lookup, list[EmbeddingTable]]:

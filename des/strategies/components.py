@@ -78,14 +78,20 @@ class FieldShard:
         eviction or checkpoint load may happen (rows would move). The kernels use the calling
         thread's numba thread count (``numba.set_num_threads``); the results do not depend on it.
         """
-        touched = self._fused.touch([self._ids(batch, f) for f in self.fields], train=train, step=step)
+        touched = self._fused.touch(self._ids(batch), train=train, step=step)
         if not self.fields:  # a rank holding only shares of split fields: no ids, but the batch's rows
             touched = dataclasses.replace(touched, offsets=np.zeros((0, len(batch.labels) + 1), np.int64))
         return touched
 
-    def _ids(self, batch: Any, field: int) -> Any:
-        share = self.shares.get(field)
-        return batch.fields[field] if share is None else keep_share(batch.fields[field], *share)
+    def _ids(self, batch: Any) -> Any:
+        """This shard's fields of the batch's keyed ids (a field split by key: its share's ids)."""
+        ids = batch.fields.select(self.fields)
+        if not self.shares:
+            return ids
+        from des.data.batch import KeyedIds
+
+        return KeyedIds.of(self.fields, [ids[f] if f not in self.shares else keep_share(ids[f], *self.shares[f])
+                                         for f in self.fields])
 
     def gather_pooled(self, touched: Touched, blocks: Sequence[str] | None = None, *,
                       catch_up_to: int | None = None) -> list[np.ndarray]:

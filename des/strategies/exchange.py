@@ -128,20 +128,10 @@ class BlockExchange:
         send_samples = first_of_run + (np.arange(n) - run_begin)
         # the row owner's side: every field's ids of its rows
         lo, hi = bounds[comm.rank], bounds[comm.rank + 1]
-        parts = [batch.fields[int(f)] for f in self.receive_order]
-        cut = np.array([[p.offsets[lo], p.offsets[hi]] for p in parts], dtype=np.int64).reshape(-1, 2)
-        sizes = cut[:, 1] - cut[:, 0]
-        id_start = np.zeros(len(parts), dtype=np.int64)
-        np.cumsum(sizes[:-1], out=id_start[1:])
-        keys = (np.concatenate([p.keys[a:b] for p, (a, b) in zip(parts, cut)]) if parts
-                else np.zeros(0, np.int64)).astype(np.int64, copy=False)
-        offsets = (np.stack([np.asarray(p.offsets[lo : hi + 1], dtype=np.int64) - a for p, (a, _) in zip(parts, cut)])
-                   if parts else np.zeros((0, hi - lo + 1), np.int64))  # every field split by key
-        weighted = np.array([p.weights is not None for p in parts], dtype=np.bool_)
-        weights = np.zeros(0, np.float64)
-        if weighted.any():
-            weights = np.concatenate([np.ones(b - a) if p.weights is None else np.asarray(p.weights[a:b], np.float64)
-                                      for p, (a, b) in zip(parts, cut)])
+        mine = batch.fields.select(self.receive_order).take(lo, hi)  # keyed-jagged: its fields' ids of its rows
+        keys, offsets, weighted = mine.keys, mine.offsets, mine.weighted
+        id_start, sizes = mine.key_offsets[:-1], np.diff(mine.key_offsets)
+        weights = np.asarray(mine.weights, np.float64) if weighted.any() else np.zeros(0, np.float64)
         inverse, _, distinct = distinct_in_segments(keys, id_start, id_start + sizes)
         base = np.cumsum(distinct) - distinct
         recv_counts = np.zeros(comm.size, dtype=np.int64)
