@@ -184,9 +184,11 @@ class Communicator:
         self._account(site, moved, moved, time.perf_counter() - start)
         return out
 
-    def allgather_rows(self, block: np.ndarray, rows: int, site: str) -> np.ndarray:
+    def allgather_rows(self, block: np.ndarray, rows: int, site: str, *, transient: bool = False) -> np.ndarray:
         """``[rows, ...]`` from every rank's row block (:meth:`row_bounds`); the inverse of
-        :meth:`reduce_scatter_rows_sum`'s split. Ring cost: ``S - own block`` sent and received."""
+        :meth:`reduce_scatter_rows_sum`'s split. Ring cost: ``S - own block`` sent and received.
+        ``transient``: the caller reads the result only, and is done with it before its second next
+        call at ``site``, so ranks of one machine may read it in the shared memory it was gathered in."""
         block = np.ascontiguousarray(block)
         bounds = self.row_bounds(rows)
         if block.shape[0] != bounds[self.rank + 1] - bounds[self.rank]:
@@ -194,7 +196,8 @@ class Communicator:
         out = aligned_empty((rows,) + block.shape[1:], block.dtype)  # as reduce_scatter_rows_sum's
         start = time.perf_counter()
         if self.size > 1 and self._node() is not None:
-            out = self._node().allgather_rows(block, bounds, rows)
+            out = self._node().allgather_rows(block, bounds, rows, transient=transient,
+                                              purpose=f"allgather:{site}" if transient else "allgather")
         elif self.size > 1:
             row_items = int(np.prod(block.shape[1:], dtype=np.int64))
             counts = np.diff(bounds).astype(np.int64) * row_items

@@ -6,9 +6,12 @@ needing a progress call from both sides, so a reduce-scatter plus an all-gather 
 collectives instead use one shared array per purpose:
 
 * ``reduce_scatter_rows_sum``: every rank stores its ``[B, P]`` partials in its own slot; after one
-  barrier, rank r sums its row block over the N slots, in rank order (deterministic);
+  barrier, rank r sums its row block over the N slots, in rank order (deterministic), in one pass
+  (:func:`_sum_slots`: each element ``((s_0 + s_1) + s_2) + ...``, the bits of adding the slots one
+  after the other, reading each slot once and writing the block once);
 * ``allgather_rows``: every rank stores its row block in place; after one barrier, each copies out
-  the whole ``[B, P]``.
+  the whole ``[B, P]`` (or, for a result used only until the step's next collective of its kind,
+  as the buffer gradient ``G`` is, reads it in place).
 
 Each purpose has two alternating buffers, so one barrier per call suffices: a rank can only write a
 buffer again two calls later, after a barrier every rank reached after reading it.
@@ -26,8 +29,9 @@ import uuid
 
 import numpy as np
 from mpi4py import MPI
+from numba import njit
 
-from des.zero_copy import aligned_copy
+from des.zero_copy import aligned_copy, aligned_empty
 
 _SHM_DIR = "/dev/shm"
 
@@ -61,17 +65,22 @@ class NodeBuffers:
         slots[self.rank] = buffer
         self._barrier()
         lo, hi = bounds[self.rank], bounds[self.rank + 1]
-        out = aligned_copy(slots[0, lo:hi])  # aligned: TF takes it without a copy (des/zero_copy.py)
-        for r in range(1, self.size):
-            out += slots[r, lo:hi]
+        out = aligned_empty((hi - lo,) + buffer.shape[1:], buffer.dtype)  # TF takes it without a copy
+        items = int(np.prod(buffer.shape[1:], dtype=np.int64))
+        _sum_slots(slots.reshape(self.size, -1, items), lo, hi, out.reshape(hi - lo, items))
         return out
 
-    def allgather_rows(self, block: np.ndarray, bounds: list[int], rows: int) -> np.ndarray:
-        """``[rows, ...]`` from every rank's row block ``bounds[r]:bounds[r+1]``."""
-        whole = self._slots("allgather", np.empty((rows,) + block.shape[1:], block.dtype), 1)[0]
+    def allgather_rows(self, block: np.ndarray, bounds: list[int], rows: int, *, transient: bool = False,
+                       purpose: str = "allgather") -> np.ndarray:
+        """``[rows, ...]`` from every rank's row block ``bounds[r]:bounds[r+1]``. ``transient``: the
+        caller is done with the result before its second next call of this ``purpose`` (the double
+        buffer: no rank writes that memory again before then) and does not write it, so the shared
+        array itself is returned (writeable only so that TF can take it without a copy) instead of a
+        private copy."""
+        whole = self._slots(purpose, np.empty((rows,) + block.shape[1:], block.dtype), 1)[0]
         whole[bounds[self.rank] : bounds[self.rank + 1]] = block
         self._barrier()
-        return aligned_copy(whole)
+        return whole if transient else aligned_copy(whole)
 
     # ----------------------------------------------------------------------------- memory
     def _slots(self, purpose: str, like: np.ndarray, count: int) -> np.ndarray:
@@ -79,7 +88,8 @@ class NodeBuffers:
         need = count * like.nbytes
         array = self._arrays.get(purpose)
         if array is None or array.shape[1] < need:
-            array = self._allocate(purpose, max(need, 2 * (0 if array is None else array.shape[1])))
+            size = max(need, 2 * (0 if array is None else array.shape[1]))
+            array = self._allocate(purpose, -(-size // 4096) * 4096)  # both halves page-aligned (TF takes them)
         call = self._calls.get(purpose, 0)
         self._calls[purpose] = call + 1
         return array[call % 2, :need].view(like.dtype).reshape((count,) + like.shape)
@@ -110,3 +120,16 @@ class NodeBuffers:
         self._arrays[purpose] = np.frombuffer(mapping, dtype=np.uint8).reshape(2, nbytes)
         self._calls[purpose] = 0
         return self._arrays[purpose]
+
+
+@njit(cache=True, nogil=True)
+def _sum_slots(slots, lo, hi, out):  # pragma: no cover - numba
+    """``out[i] = slots[0, lo + i] + slots[1, lo + i] + ...`` left to right, element by element: the
+    same bits as copying slot 0 and adding the others in rank order, in one pass over the memory."""
+    n, width = slots.shape[0], slots.shape[2]
+    for i in range(hi - lo):  # a row of the block stays in cache while the slots' rows are added to it
+        for c in range(width):
+            out[i, c] = slots[0, lo + i, c]
+        for r in range(1, n):
+            for c in range(width):
+                out[i, c] += slots[r, lo + i, c]

@@ -461,7 +461,8 @@ class DataParallel:
         buffer_grad = None
         if form.width:
             with timer("allgather"):
-                buffer_grad = comm.allgather_rows(to_numpy(rows_grad), work.rows, "gradient_allgather")
+                # read in place: local_backward is done with it before the next step's all-gather
+                buffer_grad = comm.allgather_rows(to_numpy(rows_grad), work.rows, "gradient_allgather", transient=True)
         with timer("local_backward"):
             pooled_grads, field_grads, share_grads = step.partials.backward(work, buffer_grad)
         with timer("allreduce"):

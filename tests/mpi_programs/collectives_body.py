@@ -48,6 +48,11 @@ def check_collectives(comm) -> None:  # comm: des.collectives.Communicator
             block = c.reduce_scatter_rows_sum(mine, "rows")
             np.testing.assert_allclose(block, whole[lo:hi], rtol=1e-14)
             np.testing.assert_array_equal(c.allgather_rows(block, rows, "gather_rows"), block_all(c, block, rows))
+            # read in place (shared memory on one machine): valid until the second next call at its site
+            first = c.allgather_rows(block, rows, "transient", transient=True)
+            second = c.allgather_rows(block * 2, rows, "transient", transient=True)
+            np.testing.assert_array_equal(first, block_all(c, block, rows))
+            np.testing.assert_array_equal(second, 2 * block_all(c, block, rows))
     assert comm.stats["rows"].bytes_sent == mpi_path.stats["rows"].bytes_sent
     assert comm.stats["gather_rows"].bytes_received == mpi_path.stats["gather_rows"].bytes_received
 
