@@ -94,7 +94,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "--format", choices=("store", "tsv", "raw"), default="store",
         help="column store, raw Criteo TSV (.gz for gzip), or (with --schema) a raw file in the schema's format",
     )
-    synth.add_argument("--schema", default="criteo", metavar="NAME|FILE", help=schema_help)
+    synth.add_argument("--schema", metavar="NAME|FILE",
+                       help="dataset schema (built in: " + ", ".join(BUILT_IN) + "; or a TOML file); without it, "
+                            "Criteo-shaped data of des.data.synth's generator (the --multi-hot options)")
     synth.add_argument("--plugins", default="", metavar="A.py,pkg.mod", help=plugins_help)
     synth.add_argument("--multi-hot", action="store_true", help=f"make {','.join(DEFAULT_MULTI_HOT_FIELDS)} multi-hot")
     synth.add_argument("--multi-hot-fields", metavar="C1,C2,..", help="categorical fields to make multi-hot")
@@ -143,12 +145,13 @@ def _run_prepare(args: argparse.Namespace) -> None:
 
 def _run_synth(args: argparse.Namespace) -> None:
     load_plugins(args.plugins)
-    schema = load_schema(args.schema)
-    if not schema.is_criteo:
+    if args.schema is not None:
         from .synth_schema import synthesize_schema
 
-        if args.format == "tsv":
+        schema = load_schema(args.schema)
+        if args.format == "tsv" and schema.format.type != "criteo":
             raise DataError(f"--format tsv is Criteo's layout; a {schema.name} file is --format raw")
+        args.format = "raw" if args.format == "tsv" else args.format
         info = synthesize_schema(args.output, args.rows, schema, seed=args.seed, split=args.split,
                                  positive_rate=args.positive_rate, file_format=args.format, overwrite=args.force)
         auc = "" if info["oracle_auc"] is None else f", oracle test AUC {info['oracle_auc']:.5f}"

@@ -1,7 +1,8 @@
 """Preparing raw files into a column store, atomically, and the prepared-data cache.
 
-Criteo's TSV (the default schema ``criteo``) goes through its own numba reader (``tsv.py``, key
-scheme 1); the files of any other schema (``schema.py``) through ``tabular.py`` (key scheme 2)."""
+The files of a schema (``schema.py``; the default ``criteo``) are read by its format's reader
+(Criteo's TSV: ``tsv.py``; CSV and Parquet: ``tabular.py``) and keyed by its transforms
+(``features.py``)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import DataError
-from .schema import CRITEO_FIELDS, Schema, load_schema
+from .schema import Schema, load_schema, records_schema
 from .split import DEFAULT_SPLIT, check_fractions
-from .store import FORMAT_VERSION, MANIFEST_NAME, ColumnStore, StoreWriter
-from .tsv import BAD_ROW_POLICIES, FIRST_BAD_LINES_KEPT, CriteoTsvReader
+from .store import FORMAT_VERSION, MANIFEST_NAME, ColumnStore
+from .tsv import BAD_ROW_POLICIES
 
 DEFAULT_CHUNK_ROWS = 1 << 18
 PathLike = str | os.PathLike
@@ -80,51 +81,14 @@ def _input_paths(inputs: PathLike | Sequence[PathLike]) -> list[str]:
     return [os.fspath(p) for p in paths]
 
 
-def _write_criteo_store(
-    paths: list[str], directory: Path, split: tuple[float, float, float], seed: int, bad_rows: str, chunk_rows: int
-) -> None:
-    reader = CriteoTsvReader(bad_rows=bad_rows, chunk_rows=chunk_rows)
-    with StoreWriter(directory, CRITEO_FIELDS, split, seed) as writer:
-        for block in reader.read(paths):
-            writer.append(block.labels, list(block.keys))
-        first_skipped = [
-            f"{Path(report.display_name).name}:{line}" for report in reader.reports for line in report.first_skipped
-        ][:FIRST_BAD_LINES_KEPT]
-        first_error = next(
-            (f"{Path(r.display_name).name}:{r.first_error}" for r in reader.reports if r.first_error), None
-        )
-        writer.finish(
-            sources=[
-                {
-                    "name": Path(report.display_name).name,
-                    "sha256": report.sha256,
-                    "lines": report.lines,
-                    "rows": report.rows,
-                    "skipped": report.skipped,
-                }
-                for report in reader.reports
-            ],
-            bad_rows={
-                "policy": bad_rows,
-                "skipped": sum(report.skipped for report in reader.reports),
-                "first_skipped": first_skipped,
-                "first_error": first_error,
-            },
-            transform="Criteo raw TSV: integer v -> v if v <= 2 else floor(ln(v)^2); hex -> int; see key_scheme",
-        )
-
-
 def _write_store(schema: Schema, paths: list[str], directory: Path, split: tuple[float, float, float], seed: int,
                  bad_rows: str, chunk_rows: int, progress: bool | None) -> None:
-    """Write the rows of ``paths`` as a store in ``directory``: Criteo's path, or a schema's (its
-    statistics from the training rows first, unless resolved already)."""
-    if schema.is_criteo:
-        _write_criteo_store(paths, directory, split, seed, bad_rows, chunk_rows)
-        return
-    from .tabular import resolve_statistics, write_table_store
+    """Write the rows of ``paths`` as a store in ``directory``, the schema's statistics from the
+    training rows first (unless resolved already)."""
+    from .tabular import resolve_statistics, write_store
 
     resolved = resolve_statistics(schema, paths, split, seed, bad_rows, chunk_rows, progress)
-    write_table_store(resolved, paths, directory, split, seed, bad_rows, chunk_rows, progress)
+    write_store(resolved, paths, directory, split, seed, bad_rows, chunk_rows, progress)
 
 
 def prepare(
@@ -188,17 +152,15 @@ def _preparation_differences(manifest: dict, sha256s: list[str], split: Sequence
     if policy != bad_rows:
         differences.append(f"bad-rows {policy}, now {bad_rows}")
     recorded_schema = manifest.get("schema")
-    if recorded_schema is None and not schema.is_criteo:
-        differences.append(f"schema criteo, now {schema.name}")
-    elif recorded_schema is not None:
-        try:
-            declared = Schema.from_dict(recorded_schema).without_statistics()
-        except DataError:
-            declared = None
-        now = schema.without_statistics().fingerprint
-        if declared is None or declared.fingerprint != now:
-            was = "unreadable" if declared is None else declared.fingerprint
-            differences.append(f"schema {recorded_schema.get('name')} ({was}), now {schema.name} ({now})")
+    try:  # no schema recorded: the built-in criteo's store
+        declared = load_schema(None) if recorded_schema is None else Schema.from_dict(recorded_schema)
+        declared = declared.without_statistics()
+    except DataError:
+        declared = None
+    now = schema.without_statistics().fingerprint
+    if declared is None or declared.fingerprint != now:
+        was = "unreadable" if declared is None else f"{declared.name} ({declared.fingerprint})"
+        differences.append(f"schema {was}, now {schema.name} ({now})")
     version = (manifest.get("key_scheme") or {}).get("version")
     if version != schema.key_scheme:
         differences.append(f"key scheme version {version}, now {schema.key_scheme}")
@@ -270,7 +232,7 @@ def cache_entry_name(file_name: str, sha256: str, split: Sequence[float], seed: 
     Criteo's: its fingerprint, statistics included when given)."""
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", file_name.split(".")[0]) or "data"
     settings = {"split": list(split), "seed": seed, "bad_rows": bad_rows, "format": FORMAT_VERSION}
-    if schema is not None and not schema.is_criteo:
+    if schema is not None and records_schema(schema):
         settings["schema"] = schema.fingerprint
     options = json.dumps(settings)
     return f"{stem}-{sha256[:16]}-{hashlib.sha256(options.encode()).hexdigest()[:8]}"

@@ -1,10 +1,10 @@
-"""Key scheme 2 and the feature transforms of declared schemas, both sides next to each other.
+"""The key schemes and the feature transforms of declared schemas, both sides next to each other.
 
-Every schema except the built-in ``criteo`` (which keeps key scheme 1, ``keys.py``) turns raw
-values into int64 keys and dense values here, once as numpy/numba code used when preparing data
-(``des.data prepare``) and once as TensorFlow ops used by a served model (:class:`ServingFeatures`);
-the tests check that both give the same keys (bit for bit), weights and dense values. TensorFlow is
-imported only inside the TF side, so preparing data never loads it.
+Every schema (the built-in ``criteo`` too) turns raw values into int64 keys and dense values here,
+once as numpy/numba code used when preparing data (``des.data prepare``) and once as TensorFlow ops
+used by a served model (:class:`ServingFeatures`); the tests check that both give the same keys
+(bit for bit), weights and dense values. TensorFlow is imported only inside the TF side, so
+preparing data never loads it.
 
 Key scheme 2 (a field's keys only need to be unique within the field: one table per field):
 
@@ -13,10 +13,18 @@ Key scheme 2 (a field's keys only need to be unique within the field: one table 
   bytes (the last one zero-padded) ``h = mix64(h ^ w)``; ``key = h >> 1``, and 1 where that is 0;
 * an integer ``v`` (a categorical column of ``dtype = "int"``): ``key = mix64(v ^ INT_SALT) >> 1``,
   1 where that is 0;
+* 8 hex digits (either case; a categorical column of ``dtype = "hex"``): ``key = int(hex, 16) + 1``;
 * a bucketized number: ``key = bucket + 1`` (missing: 0);
 * a derived value (hour of day 0..23, weekday 0..6 from Monday): ``key = value + 1``;
 * a cross of two fields' keys ``a`` and ``b``: ``key = mix64(mix64(a) ^ b) >> 1``, 1 where that is 0.
   A missing key (0) is crossed like any other: "missing x b" is a value of its own.
+
+Key scheme 1 (``key_scheme = 1``, the built-in ``criteo``'s, ``keys.KEY_SCHEME``: the keys of
+stores prepared before schemas existed) tags the scheme 2 key ``k`` of field number ``f`` (hex ids
+and buckets only: ``k <= 2^32``) with the field: ``key = ((f + 1) << 40) | u``, ``u = k - 1``, and
+``u = 2^32`` for a missing value (``k = 0``). So an integer column's ``u`` is ``clip(t, -2^31,
+2^31 - 1) + 2^31`` of its ``log_squared`` token ``t`` and a hex id's is its value, as ``keys.py``
+documents.
 
 ``mix64`` is the SplitMix64 finalizer (``des.splitmix.mix64``). Keys are 63-bit, so they are never
 negative and never one of the hash tables' two reserved values; among ``n`` distinct values of a
@@ -41,9 +49,12 @@ int column) or as text in a fixed-width ``strptime``-like format (``%Y %y %m %d 
 literal characters, such as Avazu's ``%y%m%d%H``; ``%y`` is 2000-2068 for 00-68, else 19xx), and
 ``cross`` of two one-hot features. A user adds a transform from a plugin file (``--plugins``).
 
+Numbers are read as float64 (a numeric column of ``dtype = "int"``: an int64 in a request, its
+float64 value in the transform, the rounding of ``float(v)`` as ``keys.integer_token``'s).
+
 Requests to a served model (:class:`ServingFeatures`) give each read column as a 1-D tensor of its
 declared dtype: int64 (missing: ``MISSING_INT`` = -2**63), float64 (missing: NaN) or string
-(missing: ``""``); a multi-valued column as its delimited string.
+(missing: ``""``, a hex id too); a multi-valued column as its delimited string.
 """
 
 from __future__ import annotations
@@ -60,6 +71,7 @@ import numpy as np
 from des.registry import Registry
 
 from .batch import FieldBatch
+from .keys import FIELD_SHIFT, MISSING_VALUE
 from ..splitmix import GOLDEN_GAMMA, mix64
 
 if TYPE_CHECKING:
@@ -184,6 +196,84 @@ def cross_keys(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
+def _hex_digit_table() -> np.ndarray:
+    table = np.full(256, -1, dtype=np.int64)
+    for text in ("0123456789abcdef", "0123456789ABCDEF"):
+        for value, char in enumerate(text):
+            table[ord(char)] = value
+    return table
+
+
+HEX_DIGITS = _hex_digit_table()  # byte -> hex digit value, -1 if not a hex digit
+
+
+@numba.njit(cache=True)
+def _hex_keys_kernel(data, offsets, validity, has_validity, offset, digits, out):
+    for i in range(out.shape[0]):
+        position = offset + i
+        start, end = offsets[position], offsets[position + 1]
+        if (has_validity and not (validity[position >> 3] >> (position & 7)) & 1) or start == end:
+            out[i] = 0
+            continue
+        if end - start != 8:
+            out[i] = -1
+            continue
+        value = np.int64(0)
+        for j in range(start, end):
+            digit = digits[data[j]]
+            if digit < 0:
+                value = np.int64(-2)
+                break
+            value = value * 16 + digit
+        out[i] = value + 1
+
+
+@numba.njit(cache=True)
+def _hex_value_keys_kernel(values, out):
+    for i in range(values.shape[0]):
+        out[i] = values[i] + 1 if values[i] >= 0 else 0
+
+
+def hex_keys(values: Any) -> np.ndarray:
+    """Key scheme 2 of hex ids: an Arrow string array (null or ``""``: 0; not 8 hex digits: -1, a
+    bad value) or the int64 values Criteo's reader gives (-1: missing)."""
+    if isinstance(values, np.ndarray):
+        out = np.empty(values.shape[0], dtype=np.int64)
+        _hex_value_keys_kernel(values, out)
+        return out
+    import pyarrow as pa
+
+    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+    out = np.empty(sum(len(c) for c in chunks), dtype=np.int64)
+    position = 0
+    for chunk in chunks:
+        if not pa.types.is_string(chunk.type):
+            chunk = chunk.cast(pa.string())
+        data, offsets, validity, has_validity, offset = _arrow_buffers(chunk)
+        _hex_keys_kernel(data, offsets, validity, has_validity, offset, HEX_DIGITS,
+                         out[position:position + len(chunk)])
+        position += len(chunk)
+    return out
+
+
+@numba.njit(cache=True)
+def _tag_kernel(keys, tag, missing, out):
+    for i in range(keys.shape[0]):
+        out[i] = tag | ((keys[i] - 1) if keys[i] != 0 else missing)
+
+
+def field_tag(field: int) -> int:
+    """Key scheme 1's bits of field number ``field``: ``(field + 1) << 40``."""
+    return (field + 1) << FIELD_SHIFT
+
+
+def tagged_keys(keys: np.ndarray, field: int) -> np.ndarray:
+    """Key scheme 1 of field ``field``'s scheme 2 keys (at most 2^32): ``field_tag | (k - 1)``,
+    missing (0): ``field_tag | 2^32``; in place."""
+    _tag_kernel(keys, np.int64(field_tag(field)), np.int64(MISSING_VALUE), keys)
+    return keys
+
+
 # ====================================================================== numbers
 @numba.njit(cache=True)
 def _float_token(v: float) -> np.int64:
@@ -223,14 +313,26 @@ def log_squared_thresholds() -> np.ndarray:
     return _THRESHOLDS[0]
 
 
+@numba.njit(cache=True)
+def _log_squared_kernel(values, thresholds, out):
+    for i in range(values.shape[0]):
+        v = values[i]
+        if math.isnan(v):
+            out[i] = 0
+            continue
+        if v <= 2.0:
+            token = max(min(math.floor(v), LOG_SQUARED_OFFSET - 1.0), -float(LOG_SQUARED_OFFSET))
+        else:
+            token = np.searchsorted(thresholds, min(v, _LOG_SQUARED_MAX), side="right")
+        out[i] = np.int64(token) + LOG_SQUARED_OFFSET + 1
+
+
 def log_squared_keys(values: np.ndarray) -> np.ndarray:
     """Keys of numbers bucketized by Criteo's transform (NaN: 0)."""
-    v = np.asarray(values, dtype=np.float64)
-    with np.errstate(invalid="ignore"):
-        small = np.clip(np.floor(np.where(v <= 2.0, v, 0.0)), -LOG_SQUARED_OFFSET, LOG_SQUARED_OFFSET - 1)
-        large = np.searchsorted(log_squared_thresholds(), np.minimum(v, _LOG_SQUARED_MAX), side="right")
-        token = np.where(v <= 2.0, small, large).astype(np.int64)
-    return np.where(np.isnan(v), 0, token + LOG_SQUARED_OFFSET + 1)
+    v = np.ascontiguousarray(values, dtype=np.float64)
+    out = np.empty(v.shape[0], dtype=np.int64)
+    _log_squared_kernel(v, log_squared_thresholds(), out)
+    return out
 
 
 def bucket_keys(values: np.ndarray, boundaries: Sequence[float]) -> np.ndarray:
@@ -548,10 +650,15 @@ def _int_values(array: Any) -> np.ndarray:
     return np.asarray(pc.fill_null(array, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def _float_values(array: Any) -> np.ndarray:
+def float_values(array: Any) -> np.ndarray:
+    """A numeric column's float64 values (NaN: missing), from an Arrow array of numbers or the
+    numpy array Criteo's reader gives."""
+    if isinstance(array, np.ndarray):
+        return array
     import pyarrow as pa
 
-    return np.asarray(array.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
+    # an int64 column: the float64 nearest to each value (an unchecked cast), as numba's float(v)
+    return np.asarray(array.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
 # ====================================================================== a schema's rows, numpy side
@@ -636,12 +743,13 @@ def encode_rows(schema: Schema, columns: Mapping[str, Any], num_rows: int) -> En
             out.append(multi_valued_field(values, column))
             continue
         if column.kind == "categorical":
-            keys = string_keys(values) if column.dtype == "string" else int_keys(_int_values(values),
-                                                                                 np.asarray(values.is_valid()))
+            keys = categorical_keys(values, column)
         elif column.buckets == "log_squared":
-            keys = log_squared_keys(_float_values(values))
+            keys = log_squared_keys(float_values(values))
         else:
-            keys = bucket_keys(_float_values(values), column.boundaries)
+            keys = bucket_keys(float_values(values), column.boundaries)
+        if schema.key_scheme == 1:
+            keys = tagged_keys(keys, len(out))
         keys_of[column.name] = keys
         out.append(keys)
     for derived in schema.derived:
@@ -653,8 +761,17 @@ def encode_rows(schema: Schema, columns: Mapping[str, Any], num_rows: int) -> En
     if schema.dense_columns:
         dense = np.empty((num_rows, len(schema.dense_columns)), dtype=np.float32)
         for j, column in enumerate(schema.dense_columns):
-            dense[:, j] = dense_values(_float_values(columns[column.name]), column)
+            dense[:, j] = dense_values(float_values(columns[column.name]), column)
     return EncodedRows(out, dense, keys_of)
+
+
+def categorical_keys(values: Any, column: ColumnSpec) -> np.ndarray:
+    """Key scheme 2 of a categorical column's values (by its dtype)."""
+    if column.dtype == "hex":
+        return hex_keys(values)
+    if column.dtype == "string":
+        return string_keys(values)
+    return int_keys(_int_values(values), np.asarray(values.is_valid()))
 
 
 def derived_inputs(schema: Schema, derived: DerivedSpec, columns: Mapping[str, Any],
@@ -728,6 +845,42 @@ def tf_cross_keys(a: Any, b: Any) -> Any:
 
     inner = tf_mix64(tf.bitcast(a, tf.uint64))
     return _tf_finish(tf_mix64(tf.bitwise.bitwise_xor(inner, tf.bitcast(b, tf.uint64))))
+
+
+def tf_hex_keys(values: Any, name: str) -> Any:
+    """Key scheme 2 of a 1-D string tensor of hex ids (``""``: 0), as :func:`hex_keys`; a value
+    other than 8 hex digits fails with an error naming its column."""
+    import tensorflow as tf
+
+    length = tf.strings.length(values)
+    raw = tf.io.decode_raw(values, tf.uint8, fixed_length=8)  # [B, 8], zero-padded
+    digits = tf.gather(tf.constant(HEX_DIGITS), tf.cast(raw, tf.int32))
+    valid = tf.logical_or(length == 0, tf.logical_and(length == 8, tf.reduce_all(digits >= 0, axis=1)))
+    first_bad = tf.where(tf.logical_not(valid))[:1, 0]
+    check = tf.debugging.Assert(tf.reduce_all(valid), [
+        f"request column {name} has a value that is not 8 hex digits or empty (missing):",
+        tf.gather(values, first_bad)])
+    with tf.control_dependencies([check]):
+        powers = tf.constant([16**i for i in range(7, -1, -1)], tf.int64)
+        value = tf.reduce_sum(tf.maximum(digits, 0) * powers, axis=1)
+    return tf.where(length == 0, tf.zeros_like(value), value + 1)
+
+
+def tf_tagged_keys(keys: Any, field: int) -> Any:
+    """Key scheme 1 of field ``field``'s scheme 2 keys, as :func:`tagged_keys`."""
+    import tensorflow as tf
+
+    u = tf.where(keys == 0, tf.constant(MISSING_VALUE, tf.int64), keys - 1)
+    return tf.bitwise.bitwise_or(tf.constant(field_tag(field), tf.int64), u)
+
+
+def tf_float_values(values: Any) -> Any:
+    """A numeric request column as float64 (an int64 one: ``MISSING_INT`` is NaN), as :func:`float_values`."""
+    import tensorflow as tf
+
+    if values.dtype == tf.float64:
+        return values
+    return tf.where(values == MISSING_INT, tf.constant(math.nan, tf.float64), tf.cast(values, tf.float64))
 
 
 def tf_bucket_keys(values: Any, boundaries: Sequence[float]) -> Any:
@@ -837,6 +990,13 @@ def _row_mask(parts: Any, values: Any) -> Any:
     return parts.with_flat_values(keep)
 
 
+def tf_categorical_keys(values: Any, column: ColumnSpec) -> Any:
+    """Key scheme 2 of a categorical request column, as :func:`categorical_keys`."""
+    if column.dtype == "hex":
+        return tf_hex_keys(values, column.name)
+    return tf_string_keys(values) if column.dtype == "string" else tf_int_keys(values)
+
+
 def request_dtype(column: ColumnSpec) -> str:
     """The dtype (``"int64"``, ``"float64"``, ``"string"``) of a read column in a request."""
     return {"string": "string", "int": "int64", "float": "float64"}[column.value_dtype]
@@ -850,8 +1010,6 @@ class ServingFeatures:
     """
 
     def __init__(self, schema: Schema) -> None:
-        if schema.is_criteo:
-            raise ValueError("the criteo schema is served by des.export's own key transform (key scheme 1)")
         if not schema.resolved:
             raise ValueError(f"schema {schema.name}: statistics not resolved (prepare data with it first)")
         self.schema = schema
@@ -879,11 +1037,13 @@ class ServingFeatures:
                 if w is not None:
                     weights[column.name] = w
             elif column.kind == "categorical":
-                keys[column.name] = tf_string_keys(values) if column.dtype == "string" else tf_int_keys(values)
+                keys[column.name] = tf_categorical_keys(values, column)
             elif column.buckets == "log_squared":
-                keys[column.name] = tf_log_squared_keys(values)
+                keys[column.name] = tf_log_squared_keys(tf_float_values(values))
             else:
-                keys[column.name] = tf_bucket_keys(values, column.boundaries)
+                keys[column.name] = tf_bucket_keys(tf_float_values(values), column.boundaries)
+            if schema.key_scheme == 1:
+                keys[column.name] = tf_tagged_keys(keys[column.name], len(keys) - 1)
         for derived in schema.derived:
             inputs = [TFInput(name, "key", request.get(name), keys[name]) if name in keys and name not in
                       schema.multi_valued_names else TFInput(name, schema.column(name).value_dtype, request[name])
@@ -892,7 +1052,8 @@ class ServingFeatures:
         first = next(iter(request.values()))
         rows = tf.shape(first)[0]
         if schema.dense_columns:
-            dense = tf.stack([tf_dense_values(request[c.name], c) for c in schema.dense_columns], axis=1)
+            dense = tf.stack([tf_dense_values(tf_float_values(request[c.name]), c) for c in schema.dense_columns],
+                             axis=1)
         else:
             dense = tf.zeros([rows, 0], tf.float32)
         return ServedFeatures(keys, weights, dense)

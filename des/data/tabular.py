@@ -1,4 +1,5 @@
-"""Reading and preparing raw tables of a declared schema (CSV/TSV, plain or gzip, and Parquet).
+"""Reading and preparing raw tables of a declared schema (CSV/TSV, plain or gzip, and Parquet;
+Criteo's TSV through its own reader, ``tsv.py``).
 
 Files are read with pyarrow in bounded chunks: ``pyarrow.csv.open_csv`` (a streaming reader with
 a block size; every column read as text and converted here, so each bad value is found with its
@@ -30,11 +31,11 @@ from typing import Any
 import numpy as np
 
 from .errors import DataError
-from .features import KEY_SCHEME_2, TRANSFORMS, derived_inputs, encode_rows, multi_valued_field
-from .schema import ColumnSpec, Schema
+from .features import TRANSFORMS, derived_inputs, encode_rows, float_values, hex_keys, multi_valued_field
+from .schema import ColumnSpec, Schema, manifest_sections
 from .split import assign_splits
 from .store import StoreWriter
-from .tsv import FIRST_BAD_LINES_KEPT, SourceReport
+from .tsv import FIRST_BAD_LINES_KEPT, Chunk, CriteoTsvReader, SourceReport
 
 QUANTILE_SAMPLE = 1 << 20
 _MOMENT_BLOCK = 1 << 16
@@ -42,18 +43,6 @@ _MIN_BLOCK_BYTES = 1 << 14
 _MAX_BLOCK_BYTES = 1 << 26
 _BYTES_PER_ROW_GUESS = 128
 _HEADER_BYTES = 1 << 16  # the header line must fit
-
-
-@dataclass
-class Chunk:
-    """Validated rows: labels (uint8) and the read columns as Arrow arrays of their value dtypes."""
-
-    labels: np.ndarray
-    columns: dict[str, Any]
-
-    @property
-    def num_rows(self) -> int:
-        return self.labels.shape[0]
 
 
 class _CountingReader:
@@ -407,6 +396,9 @@ class TableReader:
                 array = array.cast(pa.string())
             if column.kind == "multi_valued" and column.weight_separator is not None:
                 self._check_weights(column, array, problems)
+            if column.dtype == "hex":
+                problems.add(hex_keys(array) < 0,
+                             lambda r: f"column {column.name}: {_short(array[r].as_py())} is not 8 hex digits")
             return array
         target = pa.float64() if dtype == "float" else pa.int64()
         what = "a number" if dtype == "float" else "an integer"
@@ -569,26 +561,33 @@ def resolve_statistics(schema: Schema, paths: Sequence[str | os.PathLike], split
     stats = [_Statistics(c, seed, i) for i, c in enumerate(columns)]
     row = 0
     with progress_bar(paths, "statistics", progress) as bar:
-        reader = TableReader(schema, bad_rows, chunk_rows, bar)
+        reader = open_reader(schema, bad_rows, chunk_rows, bar)
         for chunk in reader.read(paths):
             train = assign_splits(seed, split, row, chunk.num_rows) == 0
             row += chunk.num_rows
             for accumulator in stats:
-                values = np.asarray(chunk.columns[accumulator.column.name].to_numpy(zero_copy_only=False), np.float64)
-                accumulator.add(values[train])
+                accumulator.add(float_values(chunk.columns[accumulator.column.name])[train])
             if bar is not None:
                 bar.set_postfix_str(f"{row:,} rows", refresh=False)
     return schema.with_statistics({a.column.name: a.result() for a in stats})
 
 
-def write_table_store(schema: Schema, paths: Sequence[str | os.PathLike], directory: Path, split: Sequence[float],
-                      seed: int, bad_rows: str, chunk_rows: int, progress: bool | None = None) -> dict[str, Any]:
+def open_reader(schema: Schema, bad_rows: str, chunk_rows: int, progress: Any = None) -> TableReader | CriteoTsvReader:
+    """The reader of ``schema``'s files (how their bytes become columns): Criteo's own for
+    ``[format] type = "criteo"``, else :class:`TableReader`."""
+    if schema.format.type == "criteo":
+        return CriteoTsvReader(bad_rows, chunk_rows, progress=progress)
+    return TableReader(schema, bad_rows, chunk_rows, progress)
+
+
+def write_store(schema: Schema, paths: Sequence[str | os.PathLike], directory: Path, split: Sequence[float],
+                seed: int, bad_rows: str, chunk_rows: int, progress: bool | None = None) -> dict[str, Any]:
     """Write the rows of ``paths`` as a column store in ``directory`` (a resolved ``schema``);
     returns the manifest."""
     assert schema.resolved
     with progress_bar(paths, "preparing", progress) as bar, \
             StoreWriter(directory, schema.field_specs(), split, seed, dense_names=schema.dense_names) as writer:
-        reader = TableReader(schema, bad_rows, chunk_rows, bar)
+        reader = open_reader(schema, bad_rows, chunk_rows, bar)
         for chunk in reader.read(paths):
             encoded = encode_rows(schema, chunk.columns, chunk.num_rows)
             writer.append(chunk.labels, encoded.columns, dense=encoded.dense)
@@ -603,8 +602,7 @@ def write_table_store(schema: Schema, paths: Sequence[str | os.PathLike], direct
                       "skipped": r.skipped} for r in reader.reports],
             bad_rows={"policy": bad_rows, "skipped": sum(r.skipped for r in reader.reports),
                       "first_skipped": first_skipped, "first_error": first_error},
-            schema=schema.to_dict(),
-            key_scheme=KEY_SCHEME_2,
+            **manifest_sections(schema),
         )
 
 
