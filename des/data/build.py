@@ -12,13 +12,13 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import DataError
 from .schema import Schema, load_schema, records_schema
-from .split import DEFAULT_SPLIT, check_fractions
+from .split import DEFAULT_SPLIT, SPLIT_NAMES, check_fractions
 from .store import FORMAT_VERSION, MANIFEST_NAME, ColumnStore
 from .tsv import BAD_ROW_POLICIES
 
@@ -130,8 +130,46 @@ def prepare(
     return ColumnStore.open(output)
 
 
+def prepare_splits(
+    inputs: Mapping[str, PathLike | Sequence[PathLike]],
+    output: PathLike,
+    *,
+    schema: SchemaLike = None,
+    bad_rows: str = "fail",
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    overwrite: bool = False,
+    progress: bool | None = None,
+) -> ColumnStore:
+    """One column store at ``output`` of separate inputs (``{"train": files, "validation": files,
+    "test": files}``, validation and test optional): every row of an input in the split of its
+    role, the schema's training statistics (quantiles, standardize mean and std) from the training
+    files only. Otherwise as :func:`prepare` (a store of the same inputs and options is kept)."""
+    unknown = set(inputs) - set(SPLIT_NAMES)
+    if unknown or not inputs.get("train"):
+        raise DataError(f"separate inputs are train (required), validation and test, not {', '.join(sorted(inputs))}")
+    roles, paths = [], []
+    for role in SPLIT_NAMES:
+        if inputs.get(role):
+            for path in _input_paths(inputs[role]):
+                roles.append(role)
+                paths.append(path)
+    _check_policy(bad_rows)
+    schema = load_schema(schema)
+    if not overwrite:
+        existing = existing_preparation(paths, output, bad_rows=bad_rows, schema=schema, roles=roles)
+        if existing is not None:
+            return existing
+    from .tabular import resolve_statistics, write_store
+
+    train = [path for role, path in zip(roles, paths) if role == "train"]
+    with atomic_directory(output, "replace" if overwrite else "error") as directory:
+        resolved = resolve_statistics(schema, train, (1.0, 0.0, 0.0), 0, bad_rows, int(chunk_rows), progress)
+        write_store(resolved, paths, directory, DEFAULT_SPLIT, 0, bad_rows, int(chunk_rows), progress, roles=roles)
+    return ColumnStore.open(output)
+
+
 def _preparation_differences(manifest: dict, sha256s: list[str], split: Sequence[float], seed: int,
-                             bad_rows: str, schema: Schema) -> list[str]:
+                             bad_rows: str, schema: Schema, roles: Sequence[str] | None = None) -> list[str]:
     """What differs between a store's manifest and a preparation of files with these digests and
     options (the same notion of "same inputs" as the ``open_dataset`` cache: the bytes of the
     inputs, in order, the split, seed and bad-row policy, the store format and the key scheme)."""
@@ -143,11 +181,23 @@ def _preparation_differences(manifest: dict, sha256s: list[str], split: Sequence
     elif recorded != sha256s:
         differences.append(f"input sha256 {_short(recorded)}, now {_short(sha256s)}")
     split_info = manifest.get("split") or {}
+    by_input = [role for role, _ in split_info.get("inputs") or []] or None
+    if roles is not None or by_input is not None:
+        if by_input != (None if roles is None else list(roles)):
+            differences.append(f"inputs' splits {','.join(by_input or ['by fractions'])}, now "
+                               f"{','.join(roles or ['by fractions'])}")
+        return differences + _schema_differences(manifest, bad_rows, schema)
     fractions = split_info.get("fractions") or []
     if [float(x) for x in fractions] != [float(x) for x in split]:
         differences.append(f"split {','.join(map(str, fractions))}, now {','.join(map(str, split))}")
     if split_info.get("seed") != seed:
         differences.append(f"seed {split_info.get('seed')}, now {seed}")
+    return differences + _schema_differences(manifest, bad_rows, schema)
+
+
+def _schema_differences(manifest: dict, bad_rows: str, schema: Schema) -> list[str]:
+    """What differs in the bad-row policy, the schema and the key scheme."""
+    differences = []
     policy = (manifest.get("bad_rows") or {}).get("policy")
     if policy != bad_rows:
         differences.append(f"bad-rows {policy}, now {bad_rows}")
@@ -173,7 +223,8 @@ def _short(digests: list[str]) -> str:
 
 def existing_preparation(inputs: PathLike | Sequence[PathLike], output: PathLike, *,
                          split: Sequence[float] | None = DEFAULT_SPLIT, seed: int = 0,
-                         bad_rows: str = "fail", schema: SchemaLike = None) -> ColumnStore | None:
+                         bad_rows: str = "fail", schema: SchemaLike = None,
+                         roles: Sequence[str] | None = None) -> ColumnStore | None:
     """The store at ``output`` if it was prepared from the same inputs with the same options.
 
     None if ``output`` does not exist. A DataError (one line, suggesting ``--force``) if it exists
@@ -200,7 +251,7 @@ def existing_preparation(inputs: PathLike | Sequence[PathLike], output: PathLike
         raise DataError(f"{target}: output already exists but is not a valid store ({error}); "
                         "pass --force to replace it") from None
     differences = _preparation_differences(store.manifest, [file_sha256(p) for p in paths], fractions,
-                                           int(seed), bad_rows, load_schema(schema))
+                                           int(seed), bad_rows, load_schema(schema), roles)
     if differences:
         raise DataError(f"{target}: output already exists, prepared from other inputs or options "
                         f"({'; '.join(differences)}); pass --force to replace it")

@@ -2,8 +2,9 @@
 
 Every schema (the built-in ``criteo`` too) turns raw values into int64 keys and dense values here,
 once as numpy/numba code used when preparing data (``des.data prepare``) and once as TensorFlow ops
-used by a served model (:class:`ServingFeatures`); the tests check that both give the same keys
-(bit for bit), weights and dense values. TensorFlow is imported only inside the TF side, so
+used by a served model (:class:`ServingFeatures`), each TF twin (``tf_*``) right after its numpy
+function, so that one is not changed without the other; the tests check that both give the same
+keys (bit for bit), weights and dense values. TensorFlow is imported only inside the TF side, so
 preparing data never loads it.
 
 Key scheme 2 (a field's keys only need to be unique within the field: one table per field):
@@ -102,11 +103,33 @@ _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 _ONE = np.uint64(1)
 
 
-# ====================================================================== numba side: keys
+# ====================================================================== keys (each TF twin after its numpy side)
 @numba.njit(cache=True, inline="always")
 def _finish(h: np.uint64) -> np.int64:
     key = np.int64(h >> _ONE)
     return key if key != 0 else np.int64(1)
+
+
+def _tf_uint64(x: int) -> Any:
+    import tensorflow as tf
+
+    return tf.constant(x, tf.uint64)
+
+
+def tf_mix64(z: Any) -> Any:
+    """The SplitMix64 finalizer on a uint64 tensor (``des.splitmix.mix64``)."""
+    import tensorflow as tf
+
+    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _tf_uint64(30))) * _tf_uint64(_M1)
+    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _tf_uint64(27))) * _tf_uint64(_M2)
+    return tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _tf_uint64(31)))
+
+
+def _tf_finish(h: Any) -> Any:
+    import tensorflow as tf
+
+    key = tf.bitcast(tf.bitwise.right_shift(h, _tf_uint64(1)), tf.int64)
+    return tf.where(key == 0, tf.ones_like(key), key)
 
 
 @numba.njit(cache=True, inline="always")
@@ -180,6 +203,28 @@ def string_keys(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return out
 
 
+def tf_string_keys(values: Any) -> Any:
+    """Key scheme 2 of a 1-D string tensor (``""``: 0), int64."""
+    import tensorflow as tf
+
+    values = tf.reshape(values, [-1])
+    lengths = tf.cast(tf.strings.length(values), tf.int64)
+    words = (tf.reduce_max(tf.concat([lengths, [0]], 0)) + 7) // 8
+    raw = tf.io.decode_raw(values, tf.uint8, fixed_length=tf.cast(tf.maximum(words, 1) * 8, tf.int32))
+    raw = tf.reshape(tf.cast(raw, tf.uint64), [tf.shape(values)[0], -1, 8])
+    shifts = tf.constant([8 * i for i in range(8)], tf.uint64)
+    packed = tf.reduce_sum(tf.bitwise.left_shift(raw, shifts), axis=2)  # [n, words]: disjoint bits
+    count = (lengths + 7) // 8
+
+    def step(j: Any, h: Any) -> tuple[Any, Any]:
+        mixed = tf_mix64(tf.bitwise.bitwise_xor(h, packed[:, j]))
+        return j + 1, tf.where(j < count, mixed, h)
+
+    h0 = tf.cast(lengths, tf.uint64) * _tf_uint64(_GOLDEN)
+    _, h = tf.while_loop(lambda j, h: j < words, step, (tf.constant(0, tf.int64), h0))
+    return tf.where(lengths == 0, tf.zeros_like(lengths), _tf_finish(h))
+
+
 def int_keys(values: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
     """Key scheme 2 of int64 values (``valid`` false, or ``MISSING_INT`` when no mask is given: 0)."""
     values = np.ascontiguousarray(values, dtype=np.int64)
@@ -189,11 +234,27 @@ def int_keys(values: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
+def tf_int_keys(values: Any) -> Any:
+    """Key scheme 2 of an int64 tensor (``MISSING_INT``: 0)."""
+    import tensorflow as tf
+
+    mixed = _tf_finish(tf_mix64(tf.bitwise.bitwise_xor(tf.bitcast(values, tf.uint64), _tf_uint64(int(INT_SALT)))))
+    return tf.where(values == MISSING_INT, tf.zeros_like(values), mixed)
+
+
 def cross_keys(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The keys of the cross of two fields' keys."""
     out = np.empty(a.shape[0], dtype=np.int64)
     _cross_kernel(np.ascontiguousarray(a, np.int64), np.ascontiguousarray(b, np.int64), out)
     return out
+
+
+def tf_cross_keys(a: Any, b: Any) -> Any:
+    """The keys of the cross of two int64 key tensors."""
+    import tensorflow as tf
+
+    inner = tf_mix64(tf.bitcast(a, tf.uint64))
+    return _tf_finish(tf_mix64(tf.bitwise.bitwise_xor(inner, tf.bitcast(b, tf.uint64))))
 
 
 def _hex_digit_table() -> np.ndarray:
@@ -256,6 +317,25 @@ def hex_keys(values: Any) -> np.ndarray:
     return out
 
 
+def tf_hex_keys(values: Any, name: str) -> Any:
+    """Key scheme 2 of a 1-D string tensor of hex ids (``""``: 0), as :func:`hex_keys`; a value
+    other than 8 hex digits fails with an error naming its column."""
+    import tensorflow as tf
+
+    length = tf.strings.length(values)
+    raw = tf.io.decode_raw(values, tf.uint8, fixed_length=8)  # [B, 8], zero-padded
+    digits = tf.gather(tf.constant(HEX_DIGITS), tf.cast(raw, tf.int32))
+    valid = tf.logical_or(length == 0, tf.logical_and(length == 8, tf.reduce_all(digits >= 0, axis=1)))
+    first_bad = tf.where(tf.logical_not(valid))[:1, 0]
+    check = tf.debugging.Assert(tf.reduce_all(valid), [
+        f"request column {name} has a value that is not 8 hex digits or empty (missing):",
+        tf.gather(values, first_bad)])
+    with tf.control_dependencies([check]):
+        powers = tf.constant([16**i for i in range(7, -1, -1)], tf.int64)
+        value = tf.reduce_sum(tf.maximum(digits, 0) * powers, axis=1)
+    return tf.where(length == 0, tf.zeros_like(value), value + 1)
+
+
 @numba.njit(cache=True)
 def _tag_kernel(keys, tag, missing, out):
     for i in range(keys.shape[0]):
@@ -272,6 +352,14 @@ def tagged_keys(keys: np.ndarray, field: int) -> np.ndarray:
     missing (0): ``field_tag | 2^32``; in place."""
     _tag_kernel(keys, np.int64(field_tag(field)), np.int64(MISSING_VALUE), keys)
     return keys
+
+
+def tf_tagged_keys(keys: Any, field: int) -> Any:
+    """Key scheme 1 of field ``field``'s scheme 2 keys, as :func:`tagged_keys`."""
+    import tensorflow as tf
+
+    u = tf.where(keys == 0, tf.constant(MISSING_VALUE, tf.int64), keys - 1)
+    return tf.bitwise.bitwise_or(tf.constant(field_tag(field), tf.int64), u)
 
 
 # ====================================================================== numbers
@@ -335,11 +423,33 @@ def log_squared_keys(values: np.ndarray) -> np.ndarray:
     return out
 
 
+def tf_log_squared_keys(values: Any) -> Any:
+    """Keys of float64 numbers bucketized by Criteo's transform, as :func:`log_squared_keys`."""
+    import tensorflow as tf
+
+    table = tf.constant(log_squared_thresholds().reshape(1, -1))
+    capped = tf.minimum(values, _LOG_SQUARED_MAX)
+    large = tf.searchsorted(table, tf.reshape(capped, [1, -1]), side="right", out_type=tf.int64)[0]
+    small = tf.cast(tf.clip_by_value(tf.floor(tf.where(values <= 2.0, values, tf.zeros_like(values))),
+                                     -float(LOG_SQUARED_OFFSET), float(LOG_SQUARED_OFFSET - 1)), tf.int64)
+    token = tf.where(values <= 2.0, small, large)
+    return tf.where(tf.math.is_nan(values), tf.zeros_like(token), token + LOG_SQUARED_OFFSET + 1)
+
+
 def bucket_keys(values: np.ndarray, boundaries: Sequence[float]) -> np.ndarray:
     """Keys of numbers bucketized at ``boundaries`` (bucket i: boundaries[i-1] <= v < boundaries[i]; NaN: 0)."""
     v = np.asarray(values, dtype=np.float64)
     buckets = np.searchsorted(np.asarray(boundaries, dtype=np.float64), v, side="right")
     return np.where(np.isnan(v), 0, buckets + 1).astype(np.int64)
+
+
+def tf_bucket_keys(values: Any, boundaries: Sequence[float]) -> Any:
+    """Keys of float64 numbers at ``boundaries`` (NaN: 0), as :func:`bucket_keys`."""
+    import tensorflow as tf
+
+    table = tf.constant(np.asarray(boundaries, dtype=np.float64).reshape(1, -1))
+    buckets = tf.searchsorted(table, tf.reshape(values, [1, -1]), side="right", out_type=tf.int64)[0]
+    return tf.where(tf.math.is_nan(values), tf.zeros_like(buckets), buckets + 1)
 
 
 def dense_transform(values: np.ndarray, column: ColumnSpec) -> np.ndarray:
@@ -357,6 +467,18 @@ def dense_values(values: np.ndarray, column: ColumnSpec) -> np.ndarray:
         x = (x - column.mean) / column.std
     with np.errstate(over="ignore"):  # beyond float32's range: +-inf, as TensorFlow's cast gives
         return x.astype(np.float32)
+
+
+def tf_dense_values(values: Any, column: ColumnSpec) -> Any:
+    """A dense column's model input (float32), as :func:`dense_values`."""
+    import tensorflow as tf
+
+    x = tf.where(tf.math.is_nan(values), tf.fill(tf.shape(values), tf.constant(column.fill, tf.float64)), values)
+    if column.transform == "log1p":
+        x = tf.math.log1p(tf.maximum(x, 0.0))
+    if column.standardize:
+        x = (x - column.mean) / column.std
+    return tf.cast(x, tf.float32)
 
 
 # ====================================================================== time
@@ -465,6 +587,45 @@ def parse_times(array: pa.Array, time_format: TimeFormat) -> tuple[np.ndarray, n
                             np.array(time_format.widths, np.int64), np.array(time_format.literals, np.int64),
                             time_format.length, 2 in time_format.codes, seconds, state)
     return seconds, state
+
+
+def _tf_parse_times(values: Any, time_format: TimeFormat) -> tuple[Any, Any]:
+    """(unix seconds, ok) of formatted times, as :func:`parse_times` (a value off the format: not ok)."""
+    import tensorflow as tf
+
+    length = tf.strings.length(values)
+    raw = tf.cast(tf.io.decode_raw(values, tf.uint8, fixed_length=time_format.length), tf.int64)
+    ok = tf.equal(length, time_format.length)
+    parts = {code: tf.zeros_like(length, tf.int64) for code in range(1, 8)}
+    parts[3] = tf.ones_like(parts[3])
+    parts[4] = tf.ones_like(parts[4])
+    position = 0
+    for code, width, literal in zip(time_format.codes, time_format.widths, time_format.literals):
+        if code == 0:
+            ok = tf.logical_and(ok, tf.equal(raw[:, position], literal))
+        else:
+            value = tf.zeros_like(parts[1])
+            for q in range(position, position + width):
+                digit = raw[:, q] - 48
+                ok = tf.logical_and(ok, tf.logical_and(digit >= 0, digit <= 9))
+                value = value * 10 + digit
+            parts[code] = value
+        position += width
+    year = parts[1]
+    if 2 in time_format.codes:
+        year = parts[2] + tf.where(parts[2] < 69, tf.constant(2000, tf.int64), 1900)
+    month, day = parts[3], parts[4]
+    in_range = [month >= 1, month <= 12, day >= 1, day <= 31]
+    ok = tf.logical_and(ok, tf.reduce_all(tf.stack(in_range), axis=0))
+    ok = tf.logical_and(ok, tf.logical_and(tf.logical_and(parts[5] <= 23, parts[6] <= 59), parts[7] <= 60))
+    y = year - tf.cast(month <= 2, tf.int64)
+    era = tf.math.floordiv(y, 400)
+    yoe = y - era * 400
+    doy = (153 * (month + tf.where(month > 2, tf.constant(-3, tf.int64), 9)) + 2) // 5 + day - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    days = era * 146097 + doe - 719468
+    seconds = days * 86400 + parts[5] * 3600 + parts[6] * 60 + parts[7]
+    return tf.where(ok, seconds, tf.zeros_like(seconds)), ok
 
 
 # ====================================================================== transforms
@@ -661,7 +822,16 @@ def float_values(array: Any) -> np.ndarray:
     return np.asarray(array.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
-# ====================================================================== a schema's rows, numpy side
+def tf_float_values(values: Any) -> Any:
+    """A numeric request column as float64 (an int64 one: ``MISSING_INT`` is NaN), as :func:`float_values`."""
+    import tensorflow as tf
+
+    if values.dtype == tf.float64:
+        return values
+    return tf.where(values == MISSING_INT, tf.constant(math.nan, tf.float64), tf.cast(values, tf.float64))
+
+
+# ====================================================================== a schema's rows
 @dataclass
 class EncodedRows:
     """The store's columns of some rows: one per field (keys, or a FieldBatch for multi-valued
@@ -705,6 +875,40 @@ def multi_valued_field(array: Any, column: ColumnSpec) -> FieldBatch:
         counts = np.repeat(lengths, lengths).astype(np.float64)
         weights = (np.ones(keys.shape[0]) if weights is None else weights) / np.maximum(counts, 1.0)
     return FieldBatch(offsets, keys, None if weights is None else weights.astype(np.float32))
+
+
+def tf_multi_valued(values: Any, column: ColumnSpec) -> tuple[Any, Any]:
+    """(keys, weights or None) of a multi-valued string column as RaggedTensors [B, None], as
+    :func:`multi_valued_field`."""
+    import tensorflow as tf
+
+    parts = tf.strings.split(values, sep=column.separator)
+    parts = tf.ragged.boolean_mask(parts, _row_mask(parts, values))  # an empty cell has no ids
+    if column.max_length is not None:
+        parts = parts[:, :column.max_length]
+    flat = parts.flat_values
+    weights = None
+    if column.weight_separator is not None:
+        pairs = tf.strings.split(flat, sep=column.weight_separator, maxsplit=1)
+        padded = pairs.to_tensor(default_value="", shape=[None, 2])
+        ids = padded[:, 0]
+        second = tf.where(pairs.row_lengths() > 1, padded[:, 1], tf.fill(tf.shape(ids), "1"))
+        weights = tf.strings.to_number(second, tf.float64)
+    else:
+        ids = flat
+    keys = parts.with_flat_values(tf_string_keys(ids))
+    if column.pooling == "mean":
+        counts = tf.cast(tf.repeat(parts.row_lengths(), parts.row_lengths()), tf.float64)
+        weights = (tf.ones_like(counts) if weights is None else weights) / tf.maximum(counts, 1.0)
+    return keys, None if weights is None else parts.with_flat_values(tf.cast(weights, tf.float32))
+
+
+def _row_mask(parts: Any, values: Any) -> Any:
+    """A ragged mask that keeps the elements of non-empty cells (an empty cell has no ids)."""
+    import tensorflow as tf
+
+    keep = tf.repeat(tf.strings.length(values) > 0, parts.row_lengths())
+    return parts.with_flat_values(keep)
 
 
 def _second_or_one(pairs: Any) -> Any:
@@ -774,6 +978,13 @@ def categorical_keys(values: Any, column: ColumnSpec) -> np.ndarray:
     return int_keys(_int_values(values), np.asarray(values.is_valid()))
 
 
+def tf_categorical_keys(values: Any, column: ColumnSpec) -> Any:
+    """Key scheme 2 of a categorical request column, as :func:`categorical_keys`."""
+    if column.dtype == "hex":
+        return tf_hex_keys(values, column.name)
+    return tf_string_keys(values) if column.dtype == "string" else tf_int_keys(values)
+
+
 def derived_inputs(schema: Schema, derived: DerivedSpec, columns: Mapping[str, Any],
                    keys_of: Mapping[str, np.ndarray]) -> list[FeatureInput]:
     """The :class:`FeatureInput` s of a derived field (a field computed before it gives its keys)."""
@@ -786,217 +997,7 @@ def derived_inputs(schema: Schema, derived: DerivedSpec, columns: Mapping[str, A
     return inputs
 
 
-# ====================================================================== TensorFlow side
-def _tf_uint64(x: int) -> Any:
-    import tensorflow as tf
-
-    return tf.constant(x, tf.uint64)
-
-
-def tf_mix64(z: Any) -> Any:
-    """The SplitMix64 finalizer on a uint64 tensor (``des.splitmix.mix64``)."""
-    import tensorflow as tf
-
-    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _tf_uint64(30))) * _tf_uint64(_M1)
-    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _tf_uint64(27))) * _tf_uint64(_M2)
-    return tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _tf_uint64(31)))
-
-
-def _tf_finish(h: Any) -> Any:
-    import tensorflow as tf
-
-    key = tf.bitcast(tf.bitwise.right_shift(h, _tf_uint64(1)), tf.int64)
-    return tf.where(key == 0, tf.ones_like(key), key)
-
-
-def tf_string_keys(values: Any) -> Any:
-    """Key scheme 2 of a 1-D string tensor (``""``: 0), int64."""
-    import tensorflow as tf
-
-    values = tf.reshape(values, [-1])
-    lengths = tf.cast(tf.strings.length(values), tf.int64)
-    words = (tf.reduce_max(tf.concat([lengths, [0]], 0)) + 7) // 8
-    raw = tf.io.decode_raw(values, tf.uint8, fixed_length=tf.cast(tf.maximum(words, 1) * 8, tf.int32))
-    raw = tf.reshape(tf.cast(raw, tf.uint64), [tf.shape(values)[0], -1, 8])
-    shifts = tf.constant([8 * i for i in range(8)], tf.uint64)
-    packed = tf.reduce_sum(tf.bitwise.left_shift(raw, shifts), axis=2)  # [n, words]: disjoint bits
-    count = (lengths + 7) // 8
-
-    def step(j: Any, h: Any) -> tuple[Any, Any]:
-        mixed = tf_mix64(tf.bitwise.bitwise_xor(h, packed[:, j]))
-        return j + 1, tf.where(j < count, mixed, h)
-
-    h0 = tf.cast(lengths, tf.uint64) * _tf_uint64(_GOLDEN)
-    _, h = tf.while_loop(lambda j, h: j < words, step, (tf.constant(0, tf.int64), h0))
-    return tf.where(lengths == 0, tf.zeros_like(lengths), _tf_finish(h))
-
-
-def tf_int_keys(values: Any) -> Any:
-    """Key scheme 2 of an int64 tensor (``MISSING_INT``: 0)."""
-    import tensorflow as tf
-
-    mixed = _tf_finish(tf_mix64(tf.bitwise.bitwise_xor(tf.bitcast(values, tf.uint64), _tf_uint64(int(INT_SALT)))))
-    return tf.where(values == MISSING_INT, tf.zeros_like(values), mixed)
-
-
-def tf_cross_keys(a: Any, b: Any) -> Any:
-    """The keys of the cross of two int64 key tensors."""
-    import tensorflow as tf
-
-    inner = tf_mix64(tf.bitcast(a, tf.uint64))
-    return _tf_finish(tf_mix64(tf.bitwise.bitwise_xor(inner, tf.bitcast(b, tf.uint64))))
-
-
-def tf_hex_keys(values: Any, name: str) -> Any:
-    """Key scheme 2 of a 1-D string tensor of hex ids (``""``: 0), as :func:`hex_keys`; a value
-    other than 8 hex digits fails with an error naming its column."""
-    import tensorflow as tf
-
-    length = tf.strings.length(values)
-    raw = tf.io.decode_raw(values, tf.uint8, fixed_length=8)  # [B, 8], zero-padded
-    digits = tf.gather(tf.constant(HEX_DIGITS), tf.cast(raw, tf.int32))
-    valid = tf.logical_or(length == 0, tf.logical_and(length == 8, tf.reduce_all(digits >= 0, axis=1)))
-    first_bad = tf.where(tf.logical_not(valid))[:1, 0]
-    check = tf.debugging.Assert(tf.reduce_all(valid), [
-        f"request column {name} has a value that is not 8 hex digits or empty (missing):",
-        tf.gather(values, first_bad)])
-    with tf.control_dependencies([check]):
-        powers = tf.constant([16**i for i in range(7, -1, -1)], tf.int64)
-        value = tf.reduce_sum(tf.maximum(digits, 0) * powers, axis=1)
-    return tf.where(length == 0, tf.zeros_like(value), value + 1)
-
-
-def tf_tagged_keys(keys: Any, field: int) -> Any:
-    """Key scheme 1 of field ``field``'s scheme 2 keys, as :func:`tagged_keys`."""
-    import tensorflow as tf
-
-    u = tf.where(keys == 0, tf.constant(MISSING_VALUE, tf.int64), keys - 1)
-    return tf.bitwise.bitwise_or(tf.constant(field_tag(field), tf.int64), u)
-
-
-def tf_float_values(values: Any) -> Any:
-    """A numeric request column as float64 (an int64 one: ``MISSING_INT`` is NaN), as :func:`float_values`."""
-    import tensorflow as tf
-
-    if values.dtype == tf.float64:
-        return values
-    return tf.where(values == MISSING_INT, tf.constant(math.nan, tf.float64), tf.cast(values, tf.float64))
-
-
-def tf_bucket_keys(values: Any, boundaries: Sequence[float]) -> Any:
-    """Keys of float64 numbers at ``boundaries`` (NaN: 0), as :func:`bucket_keys`."""
-    import tensorflow as tf
-
-    table = tf.constant(np.asarray(boundaries, dtype=np.float64).reshape(1, -1))
-    buckets = tf.searchsorted(table, tf.reshape(values, [1, -1]), side="right", out_type=tf.int64)[0]
-    return tf.where(tf.math.is_nan(values), tf.zeros_like(buckets), buckets + 1)
-
-
-def tf_log_squared_keys(values: Any) -> Any:
-    """Keys of float64 numbers bucketized by Criteo's transform, as :func:`log_squared_keys`."""
-    import tensorflow as tf
-
-    table = tf.constant(log_squared_thresholds().reshape(1, -1))
-    capped = tf.minimum(values, _LOG_SQUARED_MAX)
-    large = tf.searchsorted(table, tf.reshape(capped, [1, -1]), side="right", out_type=tf.int64)[0]
-    small = tf.cast(tf.clip_by_value(tf.floor(tf.where(values <= 2.0, values, tf.zeros_like(values))),
-                                     -float(LOG_SQUARED_OFFSET), float(LOG_SQUARED_OFFSET - 1)), tf.int64)
-    token = tf.where(values <= 2.0, small, large)
-    return tf.where(tf.math.is_nan(values), tf.zeros_like(token), token + LOG_SQUARED_OFFSET + 1)
-
-
-def tf_dense_values(values: Any, column: ColumnSpec) -> Any:
-    """A dense column's model input (float32), as :func:`dense_values`."""
-    import tensorflow as tf
-
-    x = tf.where(tf.math.is_nan(values), tf.fill(tf.shape(values), tf.constant(column.fill, tf.float64)), values)
-    if column.transform == "log1p":
-        x = tf.math.log1p(tf.maximum(x, 0.0))
-    if column.standardize:
-        x = (x - column.mean) / column.std
-    return tf.cast(x, tf.float32)
-
-
-def _tf_parse_times(values: Any, time_format: TimeFormat) -> tuple[Any, Any]:
-    """(unix seconds, ok) of formatted times, as :func:`parse_times` (a value off the format: not ok)."""
-    import tensorflow as tf
-
-    length = tf.strings.length(values)
-    raw = tf.cast(tf.io.decode_raw(values, tf.uint8, fixed_length=time_format.length), tf.int64)
-    ok = tf.equal(length, time_format.length)
-    parts = {code: tf.zeros_like(length, tf.int64) for code in range(1, 8)}
-    parts[3] = tf.ones_like(parts[3])
-    parts[4] = tf.ones_like(parts[4])
-    position = 0
-    for code, width, literal in zip(time_format.codes, time_format.widths, time_format.literals):
-        if code == 0:
-            ok = tf.logical_and(ok, tf.equal(raw[:, position], literal))
-        else:
-            value = tf.zeros_like(parts[1])
-            for q in range(position, position + width):
-                digit = raw[:, q] - 48
-                ok = tf.logical_and(ok, tf.logical_and(digit >= 0, digit <= 9))
-                value = value * 10 + digit
-            parts[code] = value
-        position += width
-    year = parts[1]
-    if 2 in time_format.codes:
-        year = parts[2] + tf.where(parts[2] < 69, tf.constant(2000, tf.int64), 1900)
-    month, day = parts[3], parts[4]
-    in_range = [month >= 1, month <= 12, day >= 1, day <= 31]
-    ok = tf.logical_and(ok, tf.reduce_all(tf.stack(in_range), axis=0))
-    ok = tf.logical_and(ok, tf.logical_and(tf.logical_and(parts[5] <= 23, parts[6] <= 59), parts[7] <= 60))
-    y = year - tf.cast(month <= 2, tf.int64)
-    era = tf.math.floordiv(y, 400)
-    yoe = y - era * 400
-    doy = (153 * (month + tf.where(month > 2, tf.constant(-3, tf.int64), 9)) + 2) // 5 + day - 1
-    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
-    days = era * 146097 + doe - 719468
-    seconds = days * 86400 + parts[5] * 3600 + parts[6] * 60 + parts[7]
-    return tf.where(ok, seconds, tf.zeros_like(seconds)), ok
-
-
-def tf_multi_valued(values: Any, column: ColumnSpec) -> tuple[Any, Any]:
-    """(keys, weights or None) of a multi-valued string column as RaggedTensors [B, None], as
-    :func:`multi_valued_field`."""
-    import tensorflow as tf
-
-    parts = tf.strings.split(values, sep=column.separator)
-    parts = tf.ragged.boolean_mask(parts, _row_mask(parts, values))  # an empty cell has no ids
-    if column.max_length is not None:
-        parts = parts[:, :column.max_length]
-    flat = parts.flat_values
-    weights = None
-    if column.weight_separator is not None:
-        pairs = tf.strings.split(flat, sep=column.weight_separator, maxsplit=1)
-        padded = pairs.to_tensor(default_value="", shape=[None, 2])
-        ids = padded[:, 0]
-        second = tf.where(pairs.row_lengths() > 1, padded[:, 1], tf.fill(tf.shape(ids), "1"))
-        weights = tf.strings.to_number(second, tf.float64)
-    else:
-        ids = flat
-    keys = parts.with_flat_values(tf_string_keys(ids))
-    if column.pooling == "mean":
-        counts = tf.cast(tf.repeat(parts.row_lengths(), parts.row_lengths()), tf.float64)
-        weights = (tf.ones_like(counts) if weights is None else weights) / tf.maximum(counts, 1.0)
-    return keys, None if weights is None else parts.with_flat_values(tf.cast(weights, tf.float32))
-
-
-def _row_mask(parts: Any, values: Any) -> Any:
-    """A ragged mask that keeps the elements of non-empty cells (an empty cell has no ids)."""
-    import tensorflow as tf
-
-    keep = tf.repeat(tf.strings.length(values) > 0, parts.row_lengths())
-    return parts.with_flat_values(keep)
-
-
-def tf_categorical_keys(values: Any, column: ColumnSpec) -> Any:
-    """Key scheme 2 of a categorical request column, as :func:`categorical_keys`."""
-    if column.dtype == "hex":
-        return tf_hex_keys(values, column.name)
-    return tf_string_keys(values) if column.dtype == "string" else tf_int_keys(values)
-
-
+# ====================================================================== a schema's requests, TensorFlow
 def request_dtype(column: ColumnSpec) -> str:
     """The dtype (``"int64"``, ``"float64"``, ``"string"``) of a read column in a request."""
     return {"string": "string", "int": "int64", "float": "float64"}[column.value_dtype]

@@ -33,7 +33,7 @@ import numpy as np
 from .errors import DataError
 from .features import TRANSFORMS, derived_inputs, encode_rows, float_values, hex_keys, multi_valued_field
 from .schema import ColumnSpec, Schema, manifest_sections
-from .split import assign_splits
+from .split import SPLIT_NAMES, assign_splits
 from .store import StoreWriter
 from .tsv import FIRST_BAD_LINES_KEPT, Chunk, CriteoTsvReader, SourceReport
 
@@ -288,6 +288,7 @@ class TableReader:
         except (self.pa.ArrowInvalid, OSError) as error:
             raise DataError(f"{path}: not a Parquet file ({_arrow_message(error)})") from None
         self._check_names(path, parquet.schema_arrow.names, "the Parquet schema")
+        self._check_parquet_types(path, parquet.schema_arrow)
         columns = [self.schema.label.column, *(c.name for c in self.schema.read_columns)]
         size, total = os.path.getsize(path), max(parquet.metadata.num_rows, 1)
         lines = _LineNumbers(0)
@@ -297,6 +298,26 @@ class TableReader:
                 self.progress.update(size * batch.num_rows / total / 1e6)
         with open(path, "rb") as handle:  # Parquet is read by row groups: its bytes are hashed apart
             report.sha256 = _CountingReader(handle, None).finish()
+
+    def _check_parquet_types(self, path: str, arrow_schema: Any) -> None:
+        """A Parquet column must hold what the schema declares: text for a string column (a hex id,
+        a multi-valued list), integers for an int one, numbers for a float one (integers cast to
+        float64, each value checked to be exact) and for the label; anything else (a float64 column
+        declared int, digit strings declared a number) is one line naming the column and the file."""
+        pa = self.pa
+        declared = {self.schema.label.column: "label", **{c.name: c.value_dtype for c in self.schema.read_columns}}
+        for name, dtype in declared.items():
+            type_ = arrow_schema.field(name).type
+            if pa.types.is_dictionary(type_):
+                type_ = type_.value_type
+            text = pa.types.is_string(type_) or pa.types.is_large_string(type_)
+            integer = pa.types.is_integer(type_)
+            number = integer or pa.types.is_floating(type_)
+            ok = {"string": text, "int": integer, "float": number, "label": number or pa.types.is_boolean(type_)}[dtype]
+            if not ok:
+                want = {"string": "text", "int": "integers", "float": "numbers", "label": "numbers (the label)"}[dtype]
+                raise DataError(f"{path}: column {name} is {type_} in the Parquet file, but schema "
+                                f"{self.schema.name} declares {want} (write it as such, or declare the column so)")
 
     def _read_in_memory(self, source: InMemoryTable, report: SourceReport) -> Iterator[Chunk]:
         self._check_names(source.name, source.table.schema.names, "the table")
@@ -401,9 +422,11 @@ class TableReader:
                              lambda r: f"column {column.name}: {_short(array[r].as_py())} is not 8 hex digits")
             return array
         target = pa.float64() if dtype == "float" else pa.int64()
-        what = "a number" if dtype == "float" else "an integer"
+        what = "is not a number" if dtype == "float" else "is not an integer"
+        if dtype == "float" and pa.types.is_integer(array.type):  # a typed file's integers: cast when exact
+            what = "is an integer a float64 cannot hold exactly"
         values, bad = _convert(array, target, as_array=True)
-        problems.add(bad, lambda r: f"column {column.name}: {_short(array[r].as_py())} is not {what}")
+        problems.add(bad, lambda r: f"column {column.name}: {_short(array[r].as_py())} {what}")
         return values
 
     def _check_weights(self, column: ColumnSpec, array: Any, problems: _Problems) -> None:
@@ -581,18 +604,24 @@ def open_reader(schema: Schema, bad_rows: str, chunk_rows: int, progress: Any = 
 
 
 def write_store(schema: Schema, paths: Sequence[str | os.PathLike], directory: Path, split: Sequence[float],
-                seed: int, bad_rows: str, chunk_rows: int, progress: bool | None = None) -> dict[str, Any]:
-    """Write the rows of ``paths`` as a column store in ``directory`` (a resolved ``schema``);
-    returns the manifest."""
+                seed: int, bad_rows: str, chunk_rows: int, progress: bool | None = None,
+                roles: Sequence[str] | None = None) -> dict[str, Any]:
+    """Write the rows of ``paths`` as a column store in ``directory`` (a resolved ``schema``),
+    split by ``split`` and ``seed``, or with ``roles`` (one split name per path) each path's rows
+    in its split; returns the manifest."""
     assert schema.resolved
     with progress_bar(paths, "preparing", progress) as bar, \
             StoreWriter(directory, schema.field_specs(), split, seed, dense_names=schema.dense_names) as writer:
         reader = open_reader(schema, bad_rows, chunk_rows, bar)
-        for chunk in reader.read(paths):
-            encoded = encode_rows(schema, chunk.columns, chunk.num_rows)
-            writer.append(chunk.labels, encoded.columns, dense=encoded.dense)
-            if bar is not None:
-                bar.set_postfix_str(f"{writer.num_rows:,} rows", refresh=False)
+        groups = [(None, list(paths))] if roles is None else [(SPLIT_NAMES.index(r), [p]) for r, p in zip(roles, paths)]
+        for code, group in groups:
+            for chunk in reader.read(group):
+                encoded = encode_rows(schema, chunk.columns, chunk.num_rows)
+                writer.append(chunk.labels, encoded.columns, dense=encoded.dense, split_code=code)
+                if bar is not None:
+                    bar.set_postfix_str(f"{writer.num_rows:,} rows", refresh=False)
+        if roles is not None:
+            writer.split_by_input = [[role, Path(r.display_name).name] for role, r in zip(roles, reader.reports)]
         first_skipped = [f"{Path(r.display_name).name}:{line}" for r in reader.reports
                          for line in r.first_skipped][:FIRST_BAD_LINES_KEPT]
         first_error = next((f"{Path(r.display_name).name}:{r.first_error}" for r in reader.reports if r.first_error),
