@@ -402,7 +402,7 @@ def log_squared_thresholds() -> np.ndarray:
 
 
 @numba.njit(cache=True)
-def _log_squared_kernel(values, thresholds, out):
+def _log_squared_kernel(values, thresholds, small, out):
     for i in range(values.shape[0]):
         v = values[i]
         if math.isnan(v):
@@ -410,16 +410,25 @@ def _log_squared_kernel(values, thresholds, out):
             continue
         if v <= 2.0:
             token = max(min(math.floor(v), LOG_SQUARED_OFFSET - 1.0), -float(LOG_SQUARED_OFFSET))
+        elif v < small.shape[0] and v == math.floor(v):  # an integer count: the table's entry
+            token = small[np.int64(v)]
         else:
             token = np.searchsorted(thresholds, min(v, _LOG_SQUARED_MAX), side="right")
         out[i] = np.int64(token) + LOG_SQUARED_OFFSET + 1
 
 
+_SMALL_TOKENS: list[np.ndarray] = []
+
+
 def log_squared_keys(values: np.ndarray) -> np.ndarray:
-    """Keys of numbers bucketized by Criteo's transform (NaN: 0)."""
+    """Keys of numbers bucketized by Criteo's transform (NaN: 0). The tokens of the integers below
+    2^14 (most counts) are looked up in a table made by the same search of the thresholds."""
     v = np.ascontiguousarray(values, dtype=np.float64)
     out = np.empty(v.shape[0], dtype=np.int64)
-    _log_squared_kernel(v, log_squared_thresholds(), out)
+    if not _SMALL_TOKENS:
+        _SMALL_TOKENS.append(np.searchsorted(log_squared_thresholds(), np.arange(1 << 14, dtype=np.float64),
+                                             side="right").astype(np.int64))
+    _log_squared_kernel(v, log_squared_thresholds(), _SMALL_TOKENS[0], out)
     return out
 
 
