@@ -290,17 +290,19 @@ def _hex_keys_kernel(data, offsets, validity, has_validity, offset, digits, out)
 
 
 @numba.njit(cache=True)
-def _hex_value_keys_kernel(values, out):
+def _hex_value_keys_kernel(values, tag, out):
     for i in range(values.shape[0]):
-        out[i] = values[i] + 1 if values[i] >= 0 else 0
+        out[i] = _tagged(values[i] + 1 if values[i] >= 0 else 0, tag)
 
 
-def hex_keys(values: Any) -> np.ndarray:
+def hex_keys(values: Any, tag: int = 0, out: np.ndarray | None = None) -> np.ndarray:
     """Key scheme 2 of hex ids: an Arrow string array (null or ``""``: 0; not 8 hex digits: -1, a
-    bad value) or the int64 values Criteo's reader gives (-1: missing)."""
+    bad value) or the int64 values Criteo's reader gives (-1: missing); with a field's ``tag``, key
+    scheme 1's (:func:`tagged_keys`; of the reader's values in the same pass, into ``out`` when
+    given: the values' own memory may be it)."""
     if isinstance(values, np.ndarray):
-        out = np.empty(values.shape[0], dtype=np.int64)
-        _hex_value_keys_kernel(values, out)
+        out = np.empty(values.shape[0], dtype=np.int64) if out is None else out
+        _hex_value_keys_kernel(values, np.int64(tag), out)
         return out
     import pyarrow as pa
 
@@ -314,7 +316,7 @@ def hex_keys(values: Any) -> np.ndarray:
         _hex_keys_kernel(data, offsets, validity, has_validity, offset, HEX_DIGITS,
                          out[position:position + len(chunk)])
         position += len(chunk)
-    return out
+    return tagged_keys(out, tag)
 
 
 def tf_hex_keys(values: Any, name: str) -> Any:
@@ -336,10 +338,18 @@ def tf_hex_keys(values: Any, name: str) -> Any:
     return tf.where(length == 0, tf.zeros_like(value), value + 1)
 
 
+@numba.njit(cache=True, inline="always")
+def _tagged(key, tag):
+    """Key scheme 1 of a scheme 2 key (at most 2^32) of the field of ``tag`` (0: the key itself)."""
+    if tag == 0:
+        return key
+    return tag | ((key - 1) if key != 0 else MISSING_VALUE)
+
+
 @numba.njit(cache=True)
-def _tag_kernel(keys, tag, missing, out):
+def _tag_kernel(keys, tag, out):
     for i in range(keys.shape[0]):
-        out[i] = tag | ((keys[i] - 1) if keys[i] != 0 else missing)
+        out[i] = _tagged(keys[i], tag)
 
 
 def field_tag(field: int) -> int:
@@ -347,19 +357,22 @@ def field_tag(field: int) -> int:
     return (field + 1) << FIELD_SHIFT
 
 
-def tagged_keys(keys: np.ndarray, field: int) -> np.ndarray:
-    """Key scheme 1 of field ``field``'s scheme 2 keys (at most 2^32): ``field_tag | (k - 1)``,
-    missing (0): ``field_tag | 2^32``; in place."""
-    _tag_kernel(keys, np.int64(field_tag(field)), np.int64(MISSING_VALUE), keys)
+def tagged_keys(keys: np.ndarray, tag: int) -> np.ndarray:
+    """Key scheme 1 of a field's scheme 2 keys (at most 2^32), ``tag`` its :func:`field_tag`:
+    ``tag | (k - 1)``, missing (0): ``tag | 2^32``; in place (``tag`` 0: the keys as they are)."""
+    if tag:
+        _tag_kernel(keys, np.int64(tag), keys)
     return keys
 
 
-def tf_tagged_keys(keys: Any, field: int) -> Any:
-    """Key scheme 1 of field ``field``'s scheme 2 keys, as :func:`tagged_keys`."""
+def tf_tagged_keys(keys: Any, tag: int) -> Any:
+    """Key scheme 1 of a field's scheme 2 keys, as :func:`tagged_keys`."""
     import tensorflow as tf
 
+    if not tag:
+        return keys
     u = tf.where(keys == 0, tf.constant(MISSING_VALUE, tf.int64), keys - 1)
-    return tf.bitwise.bitwise_or(tf.constant(field_tag(field), tf.int64), u)
+    return tf.bitwise.bitwise_or(tf.constant(tag, tf.int64), u)
 
 
 # ====================================================================== numbers
@@ -402,11 +415,11 @@ def log_squared_thresholds() -> np.ndarray:
 
 
 @numba.njit(cache=True)
-def _log_squared_kernel(values, thresholds, small, out):
+def _log_squared_kernel(values, thresholds, small, tag, out):
     for i in range(values.shape[0]):
         v = values[i]
         if math.isnan(v):
-            out[i] = 0
+            out[i] = _tagged(0, tag)
             continue
         if v <= 2.0:
             token = max(min(math.floor(v), LOG_SQUARED_OFFSET - 1.0), -float(LOG_SQUARED_OFFSET))
@@ -414,21 +427,23 @@ def _log_squared_kernel(values, thresholds, small, out):
             token = small[np.int64(v)]
         else:
             token = np.searchsorted(thresholds, min(v, _LOG_SQUARED_MAX), side="right")
-        out[i] = np.int64(token) + LOG_SQUARED_OFFSET + 1
+        out[i] = _tagged(np.int64(token) + LOG_SQUARED_OFFSET + 1, tag)
 
 
 _SMALL_TOKENS: list[np.ndarray] = []
 
 
-def log_squared_keys(values: np.ndarray) -> np.ndarray:
-    """Keys of numbers bucketized by Criteo's transform (NaN: 0). The tokens of the integers below
-    2^14 (most counts) are looked up in a table made by the same search of the thresholds."""
+def log_squared_keys(values: np.ndarray, tag: int = 0, out: np.ndarray | None = None) -> np.ndarray:
+    """Keys of numbers bucketized by Criteo's transform (NaN: 0); with a field's ``tag``, key scheme
+    1's (:func:`tagged_keys`, in the same pass). The tokens of the integers below 2^14 (most
+    counts) are looked up in a table made by the same search of the thresholds. ``out``: where to
+    write them (the values' own memory may be it)."""
     v = np.ascontiguousarray(values, dtype=np.float64)
-    out = np.empty(v.shape[0], dtype=np.int64)
+    out = np.empty(v.shape[0], dtype=np.int64) if out is None else out
     if not _SMALL_TOKENS:
         _SMALL_TOKENS.append(np.searchsorted(log_squared_thresholds(), np.arange(1 << 14, dtype=np.float64),
                                              side="right").astype(np.int64))
-    _log_squared_kernel(v, log_squared_thresholds(), _SMALL_TOKENS[0], out)
+    _log_squared_kernel(v, log_squared_thresholds(), _SMALL_TOKENS[0], np.int64(tag), out)
     return out
 
 
@@ -945,9 +960,11 @@ def first_uncastable(texts: Any, type_: Any) -> int:
     return lo
 
 
-def encode_rows(schema: Schema, columns: Mapping[str, Any], num_rows: int) -> EncodedRows:
+def encode_rows(schema: Schema, columns: Mapping[str, Any], num_rows: int, in_place: bool = False) -> EncodedRows:
     """The keys, weights and dense values of rows whose read columns are Arrow arrays of their
-    declared dtypes (``columns``: name -> array; numbers as float64, int columns as int64)."""
+    declared dtypes (``columns``: name -> array; numbers as float64, int columns as int64) or the
+    numpy arrays of Criteo's reader; ``in_place``: a field's keys may overwrite its numpy column
+    (a reader's buffer, used once: no memory of its own to fault in per chunk)."""
     keys_of: dict[str, np.ndarray] = {}
     out: list[np.ndarray | FieldBatch] = []
     for column in schema.sparse_columns:
@@ -955,14 +972,14 @@ def encode_rows(schema: Schema, columns: Mapping[str, Any], num_rows: int) -> En
         if column.kind == "multi_valued":
             out.append(multi_valued_field(values, column))
             continue
+        tag = field_tag(len(out)) if schema.key_scheme == 1 else 0
+        reuse = values.view(np.int64) if in_place and isinstance(values, np.ndarray) else None
         if column.kind == "categorical":
-            keys = categorical_keys(values, column)
+            keys = hex_keys(values, tag, reuse) if reuse is not None else categorical_keys(values, column, tag)
         elif column.buckets == "log_squared":
-            keys = log_squared_keys(float_values(values))
+            keys = log_squared_keys(float_values(values), tag, reuse)
         else:
-            keys = bucket_keys(float_values(values), column.boundaries)
-        if schema.key_scheme == 1:
-            keys = tagged_keys(keys, len(out))
+            keys = tagged_keys(bucket_keys(float_values(values), column.boundaries), tag)
         keys_of[column.name] = keys
         out.append(keys)
     for derived in schema.derived:
@@ -978,17 +995,17 @@ def encode_rows(schema: Schema, columns: Mapping[str, Any], num_rows: int) -> En
     return EncodedRows(out, dense, keys_of)
 
 
-def categorical_keys(values: Any, column: ColumnSpec) -> np.ndarray:
-    """Key scheme 2 of a categorical column's values (by its dtype)."""
+def categorical_keys(values: Any, column: ColumnSpec, tag: int = 0) -> np.ndarray:
+    """The keys of a categorical column's values (by its dtype), of key scheme 1 with a ``tag``."""
     if column.dtype == "hex":
-        return hex_keys(values)
+        return hex_keys(values, tag)
     if column.dtype == "string":
-        return string_keys(values)
-    return int_keys(_int_values(values), np.asarray(values.is_valid()))
+        return tagged_keys(string_keys(values), tag)
+    return tagged_keys(int_keys(_int_values(values), np.asarray(values.is_valid())), tag)
 
 
 def tf_categorical_keys(values: Any, column: ColumnSpec) -> Any:
-    """Key scheme 2 of a categorical request column, as :func:`categorical_keys`."""
+    """Key scheme 2 of a categorical request column, as :func:`categorical_keys` (the tag apart)."""
     if column.dtype == "hex":
         return tf_hex_keys(values, column.name)
     return tf_string_keys(values) if column.dtype == "string" else tf_int_keys(values)
@@ -1053,7 +1070,7 @@ class ServingFeatures:
             else:
                 keys[column.name] = tf_bucket_keys(tf_float_values(values), column.boundaries)
             if schema.key_scheme == 1:
-                keys[column.name] = tf_tagged_keys(keys[column.name], len(keys) - 1)
+                keys[column.name] = tf_tagged_keys(keys[column.name], field_tag(len(keys) - 1))
         for derived in schema.derived:
             inputs = [TFInput(name, "key", request.get(name), keys[name]) if name in keys and name not in
                       schema.multi_valued_names else TFInput(name, schema.column(name).value_dtype, request[name])

@@ -616,7 +616,7 @@ def write_store(schema: Schema, paths: Sequence[str | os.PathLike], directory: P
         groups = [(None, list(paths))] if roles is None else [(SPLIT_NAMES.index(r), [p]) for r, p in zip(roles, paths)]
         for code, group in groups:
             for chunk in reader.read(group):
-                encoded = encode_rows(schema, chunk.columns, chunk.num_rows)
+                encoded = encode_rows(schema, chunk.columns, chunk.num_rows, in_place=chunk.scratch)
                 writer.append(chunk.labels, encoded.columns, dense=encoded.dense, split_code=code)
                 if bar is not None:
                     bar.set_postfix_str(f"{writer.num_rows:,} rows", refresh=False)

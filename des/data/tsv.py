@@ -259,6 +259,7 @@ class Chunk:
 
     labels: np.ndarray
     columns: dict[str, Any]
+    scratch: bool = False  # the columns are a reader's buffers: what reads them once may overwrite them
 
     @property
     def num_rows(self) -> int:
@@ -314,7 +315,7 @@ class CriteoTsvReader:
         columns = {name: self._ints[f, :n] for f, name in enumerate(FIELD_NAMES[:NUM_INT_FIELDS])}
         columns.update((name, self._hexes[f, :n]) for f, name in enumerate(FIELD_NAMES[NUM_INT_FIELDS:]))
         self._filled = 0
-        return Chunk(self._labels[:n], columns)
+        return Chunk(self._labels[:n], columns, scratch=True)
 
     def _read_file(self, path: str | Path) -> Iterator[Chunk]:
         name = str(path)
