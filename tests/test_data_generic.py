@@ -176,9 +176,9 @@ def test_a_file_ten_times_the_chunk_prepares_chunk_by_chunk(tmp_path, monkeypatc
     sizes = []
     original = tabular.encode_rows
 
-    def spy(schema, columns, num_rows):
+    def spy(schema, columns, num_rows, **options):
         sizes.append(num_rows)
-        return original(schema, columns, num_rows)
+        return original(schema, columns, num_rows, **options)
 
     monkeypatch.setattr(tabular, "encode_rows", spy)
     chunked = prepare(raw, tmp_path / "chunked", schema=_schema(tmp_path), chunk_rows=200)
