@@ -152,7 +152,7 @@ def test_string_keys_follow_the_documented_chain():
     assert int_keys(np.array([5, MISSING_INT])).tolist()[1] == 0
 
 
-def test_log_squared_is_criteos_transform_on_integers():
+def test_log_squared_is_the_criteo_integer_transform():
     values = np.array([-5, 0, 1, 2, 3, 7, 8, 20, 1000, 10**6, 2**40, 2**62], dtype=np.int64)
     keys = log_squared_keys(values.astype(np.float64))
     assert (keys - (1 << 31) - 1).tolist() == [integer_token(int(v)) for v in values]
