@@ -39,7 +39,6 @@ from typing import Any
 from des import runtime  # noqa: F401  (quiets TensorFlow before it is imported)
 from des.collectives import run_main
 from des.data.features import MISSING_INT  # an integer column's "missing" in a request
-from des.data.tf_keys import CriteoKeys, integer_token_thresholds  # noqa: F401  (des.export's names)
 from des.errors import ArgumentParser, ConfigError, DesError, UsageError
 from des.hashtable.tf_init import initial_values  # noqa: F401  (des.export's names)
 from des.serving.model import build_module, describe_inputs, request_signature

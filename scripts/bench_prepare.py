@@ -109,7 +109,8 @@ def write_inputs(rows: int, work: Path) -> dict[str, Path]:
     subprocess.run([PYTHON, "-c", (
         "import sys, pyarrow as pa, pyarrow.csv as c, pyarrow.parquet as pq\n"
         "r = c.open_csv(sys.argv[1], convert_options=c.ConvertOptions("
-        "column_types={n: pa.string() for n in c.open_csv(sys.argv[1]).schema.names}))\n"
+        "column_types={n: pa.int64() if n == 'click' else pa.string() "
+        "for n in c.open_csv(sys.argv[1]).schema.names}))\n"
         "w = pq.ParquetWriter(sys.argv[2], r.schema)\n"
         "for b in r: w.write_batch(b)\n"
         "w.close()\n"), str(csv_path), str(parquet_path)], check=True)

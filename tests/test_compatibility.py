@@ -2,7 +2,9 @@
 version (``tests/data/checkpoint-criteo-v2``: DeepFM, 2 steps on the shipped sample's first 160
 rows, split 0.8,0.1,0.1) evaluates to the predictions that version recorded, exports a SavedModel
 that serves what that version's export served, and resumes on the same data; the shipped sample
-prepares to the same store as before."""
+prepares to the same store as before; stores prepared before Criteo became a schema like any other
+(``tests/data/prepared-f5f6551``: 40 rows each of the shipped Criteo and Avazu samples, split
+0.5,0.25,0.25) read, and are the stores those rows prepare to now."""
 
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.conftest import REPO, mpi_env, run_here
 
 CHECKPOINT = REPO / "tests" / "data" / "checkpoint-criteo-v2"
+PREPARED = REPO / "tests" / "data" / "prepared-f5f6551"
 
 
 def _rows(path: Path, first: int, count: int) -> Path:
@@ -59,3 +63,20 @@ def test_an_older_criteo_checkpoint_evaluates_exports_and_resumes(tmp_path: Path
                      "--no-progress"])
     assert "resumed from" in proc.stdout and "at step 2" in proc.stdout
     assert (tmp_path / "resumed" / "checkpoints" / "step-00000004").is_dir()
+
+
+@pytest.mark.parametrize("name, raw, schema", [("criteo", "criteo_head_40.tsv", "criteo"),
+                                               ("avazu", "avazu_head_40.csv", "avazu")])
+def test_stores_prepared_before_read_and_prepare_the_same(tmp_path: Path, name: str, raw: str, schema: str) -> None:
+    from des.data import ColumnStore, prepare
+    from des.data.build import existing_preparation
+    from des.data.schema import check_same_schema, load_schema
+
+    old = ColumnStore.open(PREPARED / name)
+    check_same_schema(old.schema, load_schema(schema), f"store {name}")  # its recorded schema is the built-in
+    split = (0.5, 0.25, 0.25)
+    assert existing_preparation(PREPARED / raw, PREPARED / name, split=split, schema=schema) is not None
+    new = prepare(PREPARED / raw, tmp_path / name, schema=schema, split=split)
+    assert new.manifest == old.manifest and new.fingerprint == old.fingerprint
+    for f in range(old.num_fields):
+        np.testing.assert_array_equal(new.field(f)[1], old.field(f)[1])

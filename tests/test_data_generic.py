@@ -122,7 +122,8 @@ def test_csv_tsv_gzip_and_parquet_give_the_same_store(tmp_path):
     tsv_store = prepare(tsv, tmp_path / "tsv", schema=_schema(tmp_path, names, "tsv.toml"))
     table = pa.table({name: pa.array([r[i] or None for r in rows]) for i, name in
                       enumerate(["y", "user", "tags", "price", "age", "note"])})
-    table = table.set_column(3, "price", table["price"].cast(pa.float64()))  # typed Parquet columns too
+    for i, name in ((0, "y"), (3, "price"), (4, "age")):  # Parquet columns hold numbers, not text
+        table = table.set_column(i, name, table[name].cast(pa.float64()))
     pq.write_table(table, tmp_path / "t.parquet")
     parquet_store = prepare(tmp_path / "t.parquet", tmp_path / "parquet",
                             schema=_schema(tmp_path, "", "p.toml").read_text().replace('type = "csv"',
@@ -175,9 +176,9 @@ def test_a_file_ten_times_the_chunk_prepares_chunk_by_chunk(tmp_path, monkeypatc
     sizes = []
     original = tabular.encode_rows
 
-    def spy(schema, columns, num_rows):
+    def spy(schema, columns, num_rows, **options):
         sizes.append(num_rows)
-        return original(schema, columns, num_rows)
+        return original(schema, columns, num_rows, **options)
 
     monkeypatch.setattr(tabular, "encode_rows", spy)
     chunked = prepare(raw, tmp_path / "chunked", schema=_schema(tmp_path), chunk_rows=200)
@@ -251,10 +252,37 @@ def test_the_header_must_name_the_declared_columns(tmp_path, header, expected):
 
 
 def test_parquet_errors_name_the_row(tmp_path):
-    pq.write_table(pa.table({"y": [1, 7, 4], "user": ["a", "b", "c"], "tags": ["", "x", "y"], "price": [1.0, 2.0, 3.0],
-                             "age": ["3", "old", "5"], "note": ["", "", ""]}), tmp_path / "t.parquet")
-    with pytest.raises(DataError, match=r"t.parquet:row 2: column age: 'old' is not a number"):
+    pq.write_table(pa.table({"y": [1, None, 4], "user": ["a", "b", "c"], "tags": ["", "x", "y"],
+                             "price": [1.0, 2.0, 3.0], "age": [3, 4, 5], "note": ["", "", ""]}), tmp_path / "t.parquet")
+    with pytest.raises(DataError, match=r"t.parquet:row 2: column y: the label is missing"):
         prepare(tmp_path / "t.parquet", tmp_path / "store", schema=_parquet_schema(tmp_path))
+
+
+@pytest.mark.parametrize("column, values, declared", [
+    ("age", ["3", "4", "5"], "numbers"),  # digit strings
+    ("y", ["1", "4", "5"], "numbers (the label)"),
+    ("user", [1, 2, 3], "text"),
+    ("n", [1.0, 2.0, 3.0], "integers"),  # a float64 column declared int
+])
+def test_parquet_column_types_are_the_declared_ones(tmp_path, column, values, declared):
+    """A Parquet column holds what the schema declares; integers in a float column are cast (each
+    value checked to be exact), nothing else is converted."""
+    schema = _parquet_schema(tmp_path)
+    schema.write_text(schema.read_text() + '[[columns]]\nname = "n"\nkind = "categorical"\ndtype = "int"\n')
+    table = {"y": [1, 4, 5], "user": ["a", "b", "c"], "tags": ["", "x", "y"], "price": [1, 2, 2**53],
+             "age": [3.5, 4.0, 5.0], "note": ["", "", ""], "n": [7, 8, 9]}
+    pq.write_table(pa.table(table), tmp_path / "good.parquet")
+    store = prepare(tmp_path / "good.parquet", tmp_path / "good", schema=schema, split=(1.0, 0.0, 0.0))
+    assert store.num_rows == 3
+    pq.write_table(pa.table({**table, "price": [1, 2, 2**53 + 1]}), tmp_path / "inexact.parquet")
+    with pytest.raises(DataError, match=r"inexact.parquet:row 3: column price: '9007199254740993' is an integer a float64 cannot hold exactly"):
+        prepare(tmp_path / "inexact.parquet", tmp_path / "inexact", schema=schema)
+    pq.write_table(pa.table({**table, column: values}), tmp_path / "t.parquet")
+    with pytest.raises(DataError) as error:
+        prepare(tmp_path / "t.parquet", tmp_path / "store", schema=schema)
+    assert str(error.value).startswith(f"{tmp_path / 't.parquet'}: column {column} is ")
+    assert f"in the Parquet file, but schema parquet declares {declared}" in str(error.value)
+    assert not (tmp_path / "store").exists()
 
 
 def test_skipped_rows_are_counted(tmp_path):

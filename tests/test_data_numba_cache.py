@@ -15,10 +15,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 PROBE = """
 import des, des.data.tsv as tsv
-from des.data.keys import integer_token
+from des.data.features import HEX_DIGITS
 assert des.__file__.startswith({root!r}), des.__file__
-# the parser's table of small-value tokens is computed by a tsv.py kernel inlining keys.token_of_int
-print(int(tsv._SMALL_TOKENS[3]), int(tsv._SMALL_TOKENS[100]), integer_token(3), integer_token(100))
+# the parser's hex digits are features.py's table, a global frozen into the compiled tsv.py kernel
+with open("line.tsv", "w") as out:
+    out.write("0" + "\\t" * 14 + "0000000a" + "\\t" * 25 + "\\n")
+chunk = next(iter(tsv.CriteoTsvReader().read(["line.tsv"])))
+print(int(chunk.columns["C1"][0]), int(HEX_DIGITS[ord("a")]))
 """
 
 
@@ -44,15 +47,15 @@ def _probe(root: Path) -> list[int]:
 
 def test_changed_key_helper_reaches_cached_parser_kernel(tmp_path):
     package = _copy_data_package(tmp_path)
-    assert _probe(tmp_path) == [1, 21, 1, 21]  # floor(ln(3)^2) = 1, floor(ln(100)^2) = 21
-    cached = list((package / "__pycache__").glob("tsv._token_table-*.nbi"))
+    assert _probe(tmp_path) == [10, 10]
+    cached = list((package / "__pycache__").glob("tsv._parse_block-*.nbi"))
     assert cached, "the parser kernel was not cached; the test would prove nothing"
-    keys = package / "keys.py"
-    source = keys.read_text()
-    assert source.count("return int(math.floor(log * log))") == 1
-    keys.write_text(source.replace("return int(math.floor(log * log))", "return int(math.floor(log * log)) + 1000"))
-    # without the guard numba would load tsv.py's cached kernel (tsv.py did not change): 1, 21
-    assert _probe(tmp_path) == [1001, 1021, 1001, 1021]
+    features = package / "features.py"
+    source = features.read_text()
+    assert source.count("table[ord(char)] = value") == 1
+    features.write_text(source.replace("table[ord(char)] = value", "table[ord(char)] = value + 1000 * (char == 'a')"))
+    # without the guard numba would load tsv.py's cached kernel (tsv.py did not change): 10, 1010
+    assert _probe(tmp_path) == [1010, 1010]
     stamp = package / "__pycache__" / "des_data_sources.sha256"
     assert stamp.read_text().strip() == _numba_cache.source_digest(str(package))  # reset once only
 

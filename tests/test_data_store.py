@@ -197,7 +197,7 @@ def test_open_dataset_prepares_once_and_reuses(tmp_path, small_file, monkeypatch
     assert len(entries) == 1 and first.path == entries[0]
     assert hashlib.sha256(small_file.read_bytes()).hexdigest()[:16] in entries[0].name
     calls = []
-    monkeypatch.setattr(build, "_write_criteo_store", lambda *args: calls.append(args))
+    monkeypatch.setattr(build, "_write_store", lambda *args: calls.append(args))
     again = open_dataset(small_file, cache_dir=cache)
     assert again.path == first.path and calls == []
     assert open_dataset(first.path).path == first.path  # a prepared directory opens directly
@@ -216,12 +216,12 @@ def test_open_dataset_uses_entry_made_by_another_process(tmp_path, small_file, m
     saved = tmp_path / "saved"
     os.rename(target, saved)
 
-    def racing_writer(paths, directory, *args):
+    def racing_writer(schema, paths, directory, *args):
         """Another process finishes first while we are still writing."""
         os.rename(saved, target)
         (directory / "partial.bin").write_bytes(b"x")
 
-    monkeypatch.setattr(build, "_write_criteo_store", racing_writer)
+    monkeypatch.setattr(build, "_write_store", racing_writer)
     store = open_dataset(small_file, cache_dir=cache)
     assert store.path == target and store.num_rows == 300
     assert sorted(p.name for p in cache.iterdir()) == [target.name]  # our temporary copy is gone

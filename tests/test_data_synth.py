@@ -103,3 +103,18 @@ def test_cli_synth_and_inspect(tmp_path, capsys):
     assert report.count("multi-hot") == 3 and report.count("one-hot") == 36
     assert main(["inspect", str(tmp_path / "nothing")]) == 2
     assert capsys.readouterr().err.startswith("des.data: error: ")
+
+
+def test_the_criteo_schema_synthesizes_like_any_schema(tmp_path, capsys):
+    """``--schema criteo``: the schemas' generator, its TSV prepared by Criteo's reader to the keys
+    of the store it writes directly (no schema recorded: the built-in criteo's)."""
+    from des.data import ColumnStore
+
+    for args in (["--format", "tsv", "--output", str(tmp_path / "c.tsv")], ["--output", str(tmp_path / "direct")]):
+        assert main(["synth", "--schema", "criteo", "--rows", "300", *args]) == 0
+    direct, prepared = ColumnStore.open(tmp_path / "direct"), prepare(tmp_path / "c.tsv", tmp_path / "prepared")
+    assert direct.schema is None and direct.manifest["key_scheme"]["version"] == 1
+    assert (np.asarray(direct.labels) == np.asarray(prepared.labels)).all()
+    for field in range(39):
+        np.testing.assert_array_equal(direct.field(field)[1], prepared.field(field)[1])
+    assert "oracle test AUC" in capsys.readouterr().out

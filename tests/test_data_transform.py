@@ -29,10 +29,11 @@ HEX_TEXTS = [
 
 
 def documented_key(field: int, text: str) -> int:
-    """datasets/README.md / keys.py: t = v if v <= 2 else floor(ln(v)^2), u = clip(t) + 2^31."""
+    """datasets/README.md / keys.py: t = v if v <= 2 else floor(ln(v)^2), u = clip(t) + 2^31 (v above
+    2^63: 2^63)."""
     if text == "":
         return ((field + 1) << 40) | (1 << 32)
-    v = int(text)
+    v = min(int(text), 2**63)
     t = v if v <= 2 else math.floor(math.log(v) ** 2)
     return ((field + 1) << 40) | (min(max(t, -(2**31)), 2**31 - 1) + 2**31)
 
@@ -74,7 +75,7 @@ def test_integer_edge_values_map_as_documented():
     texts = ("-5", "-1", "0", "-0", "1", "2", "+2", "3", "007", "+3")
     assert [token(t) for t in texts] == [-5, -1, 0, 0, 1, 2, 2, 1, 3, 1]
     assert token("-2147483649") == token("-" + "9" * 40) == -(2**31)  # clipped at the bottom
-    assert token("1" + "0" * 400) == math.floor((400 * math.log(10)) ** 2)  # huge: still a finite token
+    assert token("1" + "0" * 400) == token("9" * 25) == math.floor((63 * math.log(2)) ** 2)  # huge: 2^63's token
     assert integer_key(0, None) != integer_key(0, 0) != integer_key(1, 0)
 
 

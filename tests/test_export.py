@@ -111,32 +111,6 @@ def test_shared_row_serves_unknown_and_unadmitted_ids(exported: dict) -> None:
     assert p[0] == p[1] == p[2] != p[3]
 
 
-def test_key_transform_matches_des_on_edge_values() -> None:
-    import tensorflow as tf
-
-    from des.data.keys import MISSING_VALUE, categorical_key, integer_key, make_key
-    from des.export import MISSING_INT, CriteoKeys, integer_token_thresholds
-
-    thresholds = integer_token_thresholds()
-    values = [0, 1, 2, 3, 4, -1, -2, -(2**31), -(2**31) - 1, 2**31 - 1, 2**31, 2**53 + 1, 2**63 - 1,
-              -(2**63) + 1, 7, 8, 20, 21, 54, 55, 1000, 10**12]
-    values += [int(t) + d for t in thresholds for d in (-1, 0, 1)]
-    values += np.random.default_rng(0).integers(-(2**40), 2**62, 2000).tolist()
-    ops = CriteoKeys()
-    column = tf.constant(values + [MISSING_INT], tf.int64)[:, None]
-    got = ops.integer([0, 12], tf.concat([column, column], axis=1)).numpy()
-    for j, field in enumerate((0, 12)):
-        want = [integer_key(field, v) for v in values] + [make_key(field, MISSING_VALUE)]
-        np.testing.assert_array_equal(got[:, j], want)
-    texts = ["00000000", "ffffffff", "FFFFFFFF", "0aBcDeF9", "68fd1e64", "", "80000000", "7fffffff"]
-    got = ops.categorical([13, 38], ["C1", "C26"], tf.constant([texts, texts[::-1]]).numpy().T).numpy()
-    np.testing.assert_array_equal(got[:, 0], [categorical_key(13, t or None) for t in texts])
-    np.testing.assert_array_equal(got[:, 1], [categorical_key(38, t or None) for t in texts[::-1]])
-    for bad in ["1234567", "123456789", "12345g78", " 2345678"]:
-        with pytest.raises(tf.errors.InvalidArgumentError, match="C26"):
-            ops.categorical([13, 38], ["C1", "C26"], tf.constant([["00000000", "00000000"], ["00000000", bad]]))
-
-
 @pytest.mark.parametrize("kind", ["normal", "uniform", "truncated_normal", "zeros"])
 def test_initial_values_match_the_tables(kind: str) -> None:
     """Unknown ids under ``--unadmitted init``: the splitmix64 streams in uint64 TF ops."""

@@ -71,7 +71,7 @@ def _write(tmp_path, text: str, name: str = "movielens.toml"):
 
 def test_a_toml_schema_gives_the_fields_in_store_order(tmp_path):
     schema = load_schema(_write(tmp_path, MOVIELENS))
-    assert schema.name == "movielens" and schema.key_scheme == 2 and not schema.is_criteo
+    assert schema.name == "movielens" and schema.key_scheme == 2
     assert schema.field_names == ("user_id", "genres", "price", "hour", "user_x_hour")
     assert schema.dense_names == ("age",)
     assert [(s.hotness, s.weighted) for s in schema.field_specs()][:2] == [("one-hot", False), ("multi-hot", True)]
@@ -85,7 +85,7 @@ def test_a_toml_schema_gives_the_fields_in_store_order(tmp_path):
 
 def test_built_in_schemas():
     criteo = load_schema()
-    assert criteo.is_criteo and criteo.key_scheme == 1 and len(criteo.field_names) == 39
+    assert criteo.format.type == "criteo" and criteo.key_scheme == 1 and len(criteo.field_names) == 39
     assert load_schema("criteo").layout()[0] == ("I1", "integer", "one-hot", False)
     avazu = load_schema("avazu")
     assert avazu.label.column == "click" and avazu.column("id").kind == "ignored"
@@ -172,3 +172,51 @@ def test_a_transform_from_a_plugin_file(tmp_path):
         assert isinstance(FeatureInput("t", "int", columns["timestamp"]).keys, np.ndarray)
     finally:
         TRANSFORMS.unregister("parity")
+
+
+def _criteo_layout(**changes) -> dict:
+    """The built-in criteo schema's declaration with ``changes`` (column name -> its entry, or a
+    top-level key -> its value)."""
+    data = load_schema("criteo").to_dict()
+    data["columns"] = [changes.pop(c["name"], c) for c in data["columns"]]
+    return {**data, **changes}
+
+
+@pytest.mark.parametrize("changes, expected", [
+    ({"C3": {"name": "C3", "kind": "categorical"}}, 'columns[15]: key_scheme 1 takes categorical dtype "hex"'),
+    ({"key_scheme": 3}, "key_scheme: 3 is not one of 1, 2"),
+    ({"I2": {"name": "I2", "kind": "numeric", "as": "dense"}, "key_scheme": 2},
+     'columns[1]: I2 of a "criteo" file is numeric of dtype "int"'),
+    ({"C1": {"name": "C1", "kind": "categorical", "dtype": "string"}, "key_scheme": 2},
+     'columns[13]: C1 of a "criteo" file is categorical of dtype "hex"'),
+    ({"label": {"column": "clicked"}}, 'format.type: "criteo" reads the columns label, I1..I13, C1..C26'),
+])
+def test_key_scheme_1_and_the_criteo_layout_are_checked(changes, expected):
+    with pytest.raises(DataError) as error:
+        Schema.from_dict(_criteo_layout(**changes), source="s.toml")
+    assert str(error.value).startswith(f"schema s.toml: {expected}")
+
+
+def test_a_criteo_file_read_with_other_choices(tmp_path):
+    """Criteo's reader under a schema of its own: integers as dense standardized numbers, a column
+    ignored, hex ids as key scheme 2's (``value + 1``), prepared and served alike."""
+    from des.data import prepare
+    from des.data.features import ServingFeatures
+    from des.data.testing import criteo_line, write_lines
+
+    dense = {"kind": "numeric", "dtype": "int", "as": "dense", "transform": "log1p", "standardize": True}
+    schema = Schema.from_dict(_criteo_layout(key_scheme=2, I1={"name": "I1", **dense},
+                                             I2={"name": "I2", "kind": "ignored"}), source="mine")
+    rows = [criteo_line(r % 2, [r * 7 - 3, 5, *([r] * 11)], [f"{r:08x}", *(["0000ABCD"] * 25)]) for r in range(12)]
+    rows[3] = criteo_line(1, [None] * 13, [None] * 26)
+    store = prepare(write_lines(tmp_path / "c.tsv", rows), tmp_path / "s", schema=schema, split=(1.0, 0.0, 0.0))
+    resolved = Schema.from_dict(store.schema)
+    assert store.dense_names == ("I1",) and store.field_names[:2] == ("I3", "I4") and store.num_fields == 37
+    assert store.field("C1")[1].tolist() == [r + 1 if r != 3 else 0 for r in range(12)]
+    tf = pytest.importorskip("tensorflow")
+    request = {f"I{i}": tf.constant([r * 7 - 3 if i == 1 else r for r in range(12)], tf.int64) for i in range(1, 14)}
+    request.update({f"C{i}": tf.constant([f"{r:08x}" if i == 1 else "0000ABCD" for r in range(12)])
+                    for i in range(1, 27)})
+    request["I1"] = tf.tensor_scatter_nd_update(request["I1"], [[3]], tf.constant([-2**63], tf.int64))
+    served = ServingFeatures(resolved)({k: v for k, v in request.items() if k != "I2"})
+    np.testing.assert_allclose(served.dense.numpy(), store.take_dense(np.arange(12)), rtol=0, atol=0)

@@ -152,10 +152,44 @@ def test_string_keys_follow_the_documented_chain():
     assert int_keys(np.array([5, MISSING_INT])).tolist()[1] == 0
 
 
-def test_log_squared_is_criteos_transform_on_integers():
+def test_log_squared_is_the_criteo_integer_transform():
     values = np.array([-5, 0, 1, 2, 3, 7, 8, 20, 1000, 10**6, 2**40, 2**62], dtype=np.int64)
     keys = log_squared_keys(values.astype(np.float64))
     assert (keys - (1 << 31) - 1).tolist() == [integer_token(int(v)) for v in values]
+
+
+def test_criteo_keys_on_both_sides_are_key_scheme_1():
+    """The built-in criteo schema (key scheme 1: hex ids and log_squared buckets tagged with the field)
+    gives keys.py's keys on both sides, on edge values (each step of the integer transform)."""
+    from des.data.keys import MISSING_VALUE, categorical_key, integer_key, make_key
+    from des.data.schema import load_schema
+
+    schema = load_schema("criteo")
+    values = [0, 1, 2, 3, 4, -1, -2, -(2**31), -(2**31) - 1, 2**31 - 1, 2**31, 2**53 + 1, 2**63 - 1, -(2**63) + 1,
+              7, 8, 20, 21, 54, 55, 1000, 10**12]
+    values += [v + d for v in (math.ceil(math.exp(math.sqrt(t))) for t in range(2, 1900, 7)) for d in (-1, 0, 1)]
+    values += np.random.default_rng(0).integers(-(2**40), 2**62, 500).tolist()
+    texts = ["00000000", "ffffffff", "FFFFFFFF", "0aBcDeF9", "68fd1e64", "", "80000000", "7fffffff"]
+    n = len(values) + 1
+    ints = values + [None]
+    hexes = [texts[i % len(texts)] for i in range(n)]
+    request = {name: ints if name.startswith("I") else hexes for name in schema.field_names}
+    arrow = {k: pa.array(v, pa.int64()) if k.startswith("I") else pa.array([t or None for t in v], pa.string())
+             for k, v in request.items()}
+    numpy_keys = encode_rows(schema, arrow, n).columns
+    tensors = {k: tf.constant([MISSING_INT if x is None else x for x in v], tf.int64) if k.startswith("I")
+               else tf.constant(v) for k, v in request.items()}
+    served = ServingFeatures(schema)(tensors)
+    for f, name in enumerate(schema.field_names):
+        if name.startswith("I"):
+            want = [integer_key(f, v) for v in values] + [make_key(f, MISSING_VALUE)]
+        else:
+            want = [categorical_key(f, t or None) for t in hexes]
+        np.testing.assert_array_equal(numpy_keys[f], want, err_msg=name)
+        np.testing.assert_array_equal(served.keys[name].numpy(), want, err_msg=name)
+    for bad in ["1234567", "123456789", "12345g78", " 2345678"]:
+        with pytest.raises(tf.errors.InvalidArgumentError, match="C26"):
+            ServingFeatures(schema)({**tensors, "C26": tf.constant([bad] + hexes[1:])})
 
 
 def test_serving_needs_a_resolved_schema():

@@ -6,12 +6,14 @@ reader, synthetic data.
         batch.fields[13].keys, batch.fields[13].offsets, batch.labels, batch.rows
 
 Separate train/validation/test inputs (several files or globs each) are read as one store by
-``open_inputs`` (``des/data/inputs.py``). Command line: ``python -m des.data
-{prepare,synth,inspect} --help``. Criteo's key scheme is defined in ``des/data/keys.py`` (also
-described in ``datasets/README.md``). Other tables are declared by a schema (``des/data/schema.py``:
-``load_schema``, built in ``avazu`` or a TOML file) and prepared with ``prepare(..., schema=...)``
-(``des/data/tabular.py``); their keys (key scheme 2), transforms and the TensorFlow side of both
-for served models (``ServingFeatures``) are in ``des/data/features.py``. A pandas DataFrame of a
+``open_inputs`` (``des/data/inputs.py``), or prepared together into one store by ``prepare_splits``
+(the training statistics from the training files only). Command line: ``python -m des.data
+{prepare,synth,inspect} --help``. Every table, Criteo's too, is declared by a schema
+(``des/data/schema.py``: ``load_schema``, built in ``criteo`` and ``avazu`` or a TOML file), read
+by its format's reader (``tsv.py``: Criteo's TSV; ``tabular.py``: CSV and Parquet) and prepared
+with ``prepare(..., schema=...)``; the keys (key scheme 2, and Criteo's key scheme 1, recorded in
+``des/data/keys.py`` and ``datasets/README.md``), transforms and the TensorFlow side of both for
+served models (``ServingFeatures``) are in ``des/data/features.py``. A pandas DataFrame of a
 schema's raw columns becomes a store with ``prepare_frame(df, schema, output)`` (``frames.py``).
 """
 
@@ -27,7 +29,7 @@ _guard(_os.path.dirname(_os.path.abspath(__file__)), "des_data_sources.sha256")
 
 from .batch import Batch, FieldBatch  # noqa: E402
 from .batch_reader import BatchReader  # noqa: E402
-from .build import atomic_directory, open_dataset, prepare  # noqa: E402
+from .build import atomic_directory, open_dataset, prepare, prepare_splits  # noqa: E402
 from .errors import DataError  # noqa: E402
 from .features import (  # noqa: E402
     KEY_SCHEME_2,
@@ -72,6 +74,7 @@ __all__ = [
     "open_dataset",
     "prepare",
     "prepare_frame",
+    "prepare_splits",
     "frame_columns",
     "atomic_directory",
     "Batch",

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from des.errors import DesError
 from des.plugins import load_plugins
 
-from .build import DEFAULT_CHUNK_ROWS, existing_preparation, prepare
+from .build import DEFAULT_CHUNK_ROWS, existing_preparation, prepare, prepare_splits
 from .errors import DataError
 from .schema import BUILT_IN, load_schema
 from .split import DEFAULT_SPLIT, check_fractions
@@ -64,8 +64,12 @@ def _build_parser() -> argparse.ArgumentParser:
                    "(docs/data.md)")
     plugins_help = "modules or .py files that register transforms (des.data.register_transform), comma-separated"
     prep = commands.add_parser("prepare", help="validate raw files of a schema and write a column store")
-    prep.add_argument("--input", nargs="+", required=True, metavar="FILE",
+    prep.add_argument("--input", nargs="+", metavar="FILE",
                       help="raw files: Criteo TSV (plain or .gz), or the schema's CSV/TSV (.gz) or Parquet files")
+    for role in ("train", "validation", "test"):
+        prep.add_argument(f"--{role}", nargs="+", metavar="FILE",
+                          help=f"instead of --input/--split: raw files whose rows are all the {role} split (one "
+                               "store; the schema's statistics from the --train files only)")
     prep.add_argument("--schema", default="criteo", metavar="NAME|FILE", help=schema_help)
     prep.add_argument("--plugins", default="", metavar="A.py,pkg.mod", help=plugins_help)
     prep.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -94,7 +98,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "--format", choices=("store", "tsv", "raw"), default="store",
         help="column store, raw Criteo TSV (.gz for gzip), or (with --schema) a raw file in the schema's format",
     )
-    synth.add_argument("--schema", default="criteo", metavar="NAME|FILE", help=schema_help)
+    synth.add_argument("--schema", metavar="NAME|FILE",
+                       help="dataset schema (built in: " + ", ".join(BUILT_IN) + "; or a TOML file); without it, "
+                            "Criteo-shaped data of des.data.synth's generator (the --multi-hot options)")
     synth.add_argument("--plugins", default="", metavar="A.py,pkg.mod", help=plugins_help)
     synth.add_argument("--multi-hot", action="store_true", help=f"make {','.join(DEFAULT_MULTI_HOT_FIELDS)} multi-hot")
     synth.add_argument("--multi-hot-fields", metavar="C1,C2,..", help="categorical fields to make multi-hot")
@@ -118,17 +124,26 @@ def _build_parser() -> argparse.ArgumentParser:
 def _run_prepare(args: argparse.Namespace) -> None:
     load_plugins(args.plugins)
     schema = load_schema(args.schema)
+    separate = {role: getattr(args, role) for role in ("train", "validation", "test") if getattr(args, role)}
+    if bool(separate) == bool(args.input) or (separate and not args.train):
+        raise DataError("give --input FILE.. (split by --split), or --train FILE.. with --validation/--test FILE..")
+    if separate and (args.split != DEFAULT_SPLIT or args.seed != 0):
+        raise DataError("--split and --seed split the rows of --input; with --train each input's rows are its split")
     if not args.force:
-        existing = existing_preparation(args.input, args.output, split=args.split, seed=args.seed,
-                                        bad_rows=args.bad_rows, schema=schema)
+        existing = existing_preparation(args.input or [p for role in separate.values() for p in role], args.output,
+                                        split=args.split, seed=args.seed, bad_rows=args.bad_rows, schema=schema,
+                                        roles=[r for r, paths in separate.items() for _ in paths] or None)
         if existing is not None:
             print(f"already prepared: {existing.num_rows} rows from the same inputs and options in "
                   f"{existing.path} (nothing to do; --force rebuilds it)")
             return
-    store = prepare(
-        args.input, args.output, schema=schema, split=args.split, seed=args.seed, bad_rows=args.bad_rows,
-        chunk_rows=args.chunk_rows, overwrite=args.force, progress=args.progress,
-    )
+    if separate:
+        store = prepare_splits(separate, args.output, schema=schema, bad_rows=args.bad_rows,
+                               chunk_rows=args.chunk_rows, overwrite=args.force, progress=args.progress)
+    else:
+        store = prepare(args.input, args.output, schema=schema, split=args.split, seed=args.seed,
+                        bad_rows=args.bad_rows, chunk_rows=args.chunk_rows, overwrite=args.force,
+                        progress=args.progress)
     manifest = store.manifest
     bad = manifest["bad_rows"]
     if bad["skipped"]:
@@ -143,12 +158,13 @@ def _run_prepare(args: argparse.Namespace) -> None:
 
 def _run_synth(args: argparse.Namespace) -> None:
     load_plugins(args.plugins)
-    schema = load_schema(args.schema)
-    if not schema.is_criteo:
+    if args.schema is not None:
         from .synth_schema import synthesize_schema
 
-        if args.format == "tsv":
+        schema = load_schema(args.schema)
+        if args.format == "tsv" and schema.format.type != "criteo":
             raise DataError(f"--format tsv is Criteo's layout; a {schema.name} file is --format raw")
+        args.format = "raw" if args.format == "tsv" else args.format
         info = synthesize_schema(args.output, args.rows, schema, seed=args.seed, split=args.split,
                                  positive_rate=args.positive_rate, file_format=args.format, overwrite=args.force)
         auc = "" if info["oracle_auc"] is None else f", oracle test AUC {info['oracle_auc']:.5f}"

@@ -1,7 +1,8 @@
 """Preparing raw files into a column store, atomically, and the prepared-data cache.
 
-Criteo's TSV (the default schema ``criteo``) goes through its own numba reader (``tsv.py``, key
-scheme 1); the files of any other schema (``schema.py``) through ``tabular.py`` (key scheme 2)."""
+The files of a schema (``schema.py``; the default ``criteo``) are read by its format's reader
+(Criteo's TSV: ``tsv.py``; CSV and Parquet: ``tabular.py``) and keyed by its transforms
+(``features.py``)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,15 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import DataError
-from .schema import CRITEO_FIELDS, Schema, load_schema
-from .split import DEFAULT_SPLIT, check_fractions
-from .store import FORMAT_VERSION, MANIFEST_NAME, ColumnStore, StoreWriter
-from .tsv import BAD_ROW_POLICIES, FIRST_BAD_LINES_KEPT, CriteoTsvReader
+from .schema import Schema, load_schema, records_schema
+from .split import DEFAULT_SPLIT, SPLIT_NAMES, check_fractions
+from .store import FORMAT_VERSION, MANIFEST_NAME, ColumnStore
+from .tsv import BAD_ROW_POLICIES
 
 DEFAULT_CHUNK_ROWS = 1 << 18
 PathLike = str | os.PathLike
@@ -80,51 +81,14 @@ def _input_paths(inputs: PathLike | Sequence[PathLike]) -> list[str]:
     return [os.fspath(p) for p in paths]
 
 
-def _write_criteo_store(
-    paths: list[str], directory: Path, split: tuple[float, float, float], seed: int, bad_rows: str, chunk_rows: int
-) -> None:
-    reader = CriteoTsvReader(bad_rows=bad_rows, chunk_rows=chunk_rows)
-    with StoreWriter(directory, CRITEO_FIELDS, split, seed) as writer:
-        for block in reader.read(paths):
-            writer.append(block.labels, list(block.keys))
-        first_skipped = [
-            f"{Path(report.display_name).name}:{line}" for report in reader.reports for line in report.first_skipped
-        ][:FIRST_BAD_LINES_KEPT]
-        first_error = next(
-            (f"{Path(r.display_name).name}:{r.first_error}" for r in reader.reports if r.first_error), None
-        )
-        writer.finish(
-            sources=[
-                {
-                    "name": Path(report.display_name).name,
-                    "sha256": report.sha256,
-                    "lines": report.lines,
-                    "rows": report.rows,
-                    "skipped": report.skipped,
-                }
-                for report in reader.reports
-            ],
-            bad_rows={
-                "policy": bad_rows,
-                "skipped": sum(report.skipped for report in reader.reports),
-                "first_skipped": first_skipped,
-                "first_error": first_error,
-            },
-            transform="Criteo raw TSV: integer v -> v if v <= 2 else floor(ln(v)^2); hex -> int; see key_scheme",
-        )
-
-
 def _write_store(schema: Schema, paths: list[str], directory: Path, split: tuple[float, float, float], seed: int,
                  bad_rows: str, chunk_rows: int, progress: bool | None) -> None:
-    """Write the rows of ``paths`` as a store in ``directory``: Criteo's path, or a schema's (its
-    statistics from the training rows first, unless resolved already)."""
-    if schema.is_criteo:
-        _write_criteo_store(paths, directory, split, seed, bad_rows, chunk_rows)
-        return
-    from .tabular import resolve_statistics, write_table_store
+    """Write the rows of ``paths`` as a store in ``directory``, the schema's statistics from the
+    training rows first (unless resolved already)."""
+    from .tabular import resolve_statistics, write_store
 
     resolved = resolve_statistics(schema, paths, split, seed, bad_rows, chunk_rows, progress)
-    write_table_store(resolved, paths, directory, split, seed, bad_rows, chunk_rows, progress)
+    write_store(resolved, paths, directory, split, seed, bad_rows, chunk_rows, progress)
 
 
 def prepare(
@@ -166,8 +130,46 @@ def prepare(
     return ColumnStore.open(output)
 
 
+def prepare_splits(
+    inputs: Mapping[str, PathLike | Sequence[PathLike]],
+    output: PathLike,
+    *,
+    schema: SchemaLike = None,
+    bad_rows: str = "fail",
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    overwrite: bool = False,
+    progress: bool | None = None,
+) -> ColumnStore:
+    """One column store at ``output`` of separate inputs (``{"train": files, "validation": files,
+    "test": files}``, validation and test optional): every row of an input in the split of its
+    role, the schema's training statistics (quantiles, standardize mean and std) from the training
+    files only. Otherwise as :func:`prepare` (a store of the same inputs and options is kept)."""
+    unknown = set(inputs) - set(SPLIT_NAMES)
+    if unknown or not inputs.get("train"):
+        raise DataError(f"separate inputs are train (required), validation and test, not {', '.join(sorted(inputs))}")
+    roles, paths = [], []
+    for role in SPLIT_NAMES:
+        if inputs.get(role):
+            for path in _input_paths(inputs[role]):
+                roles.append(role)
+                paths.append(path)
+    _check_policy(bad_rows)
+    schema = load_schema(schema)
+    if not overwrite:
+        existing = existing_preparation(paths, output, bad_rows=bad_rows, schema=schema, roles=roles)
+        if existing is not None:
+            return existing
+    from .tabular import resolve_statistics, write_store
+
+    train = [path for role, path in zip(roles, paths) if role == "train"]
+    with atomic_directory(output, "replace" if overwrite else "error") as directory:
+        resolved = resolve_statistics(schema, train, (1.0, 0.0, 0.0), 0, bad_rows, int(chunk_rows), progress)
+        write_store(resolved, paths, directory, DEFAULT_SPLIT, 0, bad_rows, int(chunk_rows), progress, roles=roles)
+    return ColumnStore.open(output)
+
+
 def _preparation_differences(manifest: dict, sha256s: list[str], split: Sequence[float], seed: int,
-                             bad_rows: str, schema: Schema) -> list[str]:
+                             bad_rows: str, schema: Schema, roles: Sequence[str] | None = None) -> list[str]:
     """What differs between a store's manifest and a preparation of files with these digests and
     options (the same notion of "same inputs" as the ``open_dataset`` cache: the bytes of the
     inputs, in order, the split, seed and bad-row policy, the store format and the key scheme)."""
@@ -179,26 +181,36 @@ def _preparation_differences(manifest: dict, sha256s: list[str], split: Sequence
     elif recorded != sha256s:
         differences.append(f"input sha256 {_short(recorded)}, now {_short(sha256s)}")
     split_info = manifest.get("split") or {}
+    by_input = [role for role, _ in split_info.get("inputs") or []] or None
+    if roles is not None or by_input is not None:
+        if by_input != (None if roles is None else list(roles)):
+            differences.append(f"inputs' splits {','.join(by_input or ['by fractions'])}, now "
+                               f"{','.join(roles or ['by fractions'])}")
+        return differences + _schema_differences(manifest, bad_rows, schema)
     fractions = split_info.get("fractions") or []
     if [float(x) for x in fractions] != [float(x) for x in split]:
         differences.append(f"split {','.join(map(str, fractions))}, now {','.join(map(str, split))}")
     if split_info.get("seed") != seed:
         differences.append(f"seed {split_info.get('seed')}, now {seed}")
+    return differences + _schema_differences(manifest, bad_rows, schema)
+
+
+def _schema_differences(manifest: dict, bad_rows: str, schema: Schema) -> list[str]:
+    """What differs in the bad-row policy, the schema and the key scheme."""
+    differences = []
     policy = (manifest.get("bad_rows") or {}).get("policy")
     if policy != bad_rows:
         differences.append(f"bad-rows {policy}, now {bad_rows}")
     recorded_schema = manifest.get("schema")
-    if recorded_schema is None and not schema.is_criteo:
-        differences.append(f"schema criteo, now {schema.name}")
-    elif recorded_schema is not None:
-        try:
-            declared = Schema.from_dict(recorded_schema).without_statistics()
-        except DataError:
-            declared = None
-        now = schema.without_statistics().fingerprint
-        if declared is None or declared.fingerprint != now:
-            was = "unreadable" if declared is None else declared.fingerprint
-            differences.append(f"schema {recorded_schema.get('name')} ({was}), now {schema.name} ({now})")
+    try:  # no schema recorded: the built-in criteo's store
+        declared = load_schema(None) if recorded_schema is None else Schema.from_dict(recorded_schema)
+        declared = declared.without_statistics()
+    except DataError:
+        declared = None
+    now = schema.without_statistics().fingerprint
+    if declared is None or declared.fingerprint != now:
+        was = "unreadable" if declared is None else f"{declared.name} ({declared.fingerprint})"
+        differences.append(f"schema {was}, now {schema.name} ({now})")
     version = (manifest.get("key_scheme") or {}).get("version")
     if version != schema.key_scheme:
         differences.append(f"key scheme version {version}, now {schema.key_scheme}")
@@ -211,7 +223,8 @@ def _short(digests: list[str]) -> str:
 
 def existing_preparation(inputs: PathLike | Sequence[PathLike], output: PathLike, *,
                          split: Sequence[float] | None = DEFAULT_SPLIT, seed: int = 0,
-                         bad_rows: str = "fail", schema: SchemaLike = None) -> ColumnStore | None:
+                         bad_rows: str = "fail", schema: SchemaLike = None,
+                         roles: Sequence[str] | None = None) -> ColumnStore | None:
     """The store at ``output`` if it was prepared from the same inputs with the same options.
 
     None if ``output`` does not exist. A DataError (one line, suggesting ``--force``) if it exists
@@ -238,7 +251,7 @@ def existing_preparation(inputs: PathLike | Sequence[PathLike], output: PathLike
         raise DataError(f"{target}: output already exists but is not a valid store ({error}); "
                         "pass --force to replace it") from None
     differences = _preparation_differences(store.manifest, [file_sha256(p) for p in paths], fractions,
-                                           int(seed), bad_rows, load_schema(schema))
+                                           int(seed), bad_rows, load_schema(schema), roles)
     if differences:
         raise DataError(f"{target}: output already exists, prepared from other inputs or options "
                         f"({'; '.join(differences)}); pass --force to replace it")
@@ -270,7 +283,7 @@ def cache_entry_name(file_name: str, sha256: str, split: Sequence[float], seed: 
     Criteo's: its fingerprint, statistics included when given)."""
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", file_name.split(".")[0]) or "data"
     settings = {"split": list(split), "seed": seed, "bad_rows": bad_rows, "format": FORMAT_VERSION}
-    if schema is not None and not schema.is_criteo:
+    if schema is not None and records_schema(schema):
         settings["schema"] = schema.fingerprint
     options = json.dumps(settings)
     return f"{stem}-{sha256[:16]}-{hashlib.sha256(options.encode()).hexdigest()[:8]}"

@@ -1,10 +1,11 @@
-"""Key scheme 2 and the feature transforms of declared schemas, both sides next to each other.
+"""The key schemes and the feature transforms of declared schemas, both sides next to each other.
 
-Every schema except the built-in ``criteo`` (which keeps key scheme 1, ``keys.py``) turns raw
-values into int64 keys and dense values here, once as numpy/numba code used when preparing data
-(``des.data prepare``) and once as TensorFlow ops used by a served model (:class:`ServingFeatures`);
-the tests check that both give the same keys (bit for bit), weights and dense values. TensorFlow is
-imported only inside the TF side, so preparing data never loads it.
+Every schema (the built-in ``criteo`` too) turns raw values into int64 keys and dense values here,
+once as numpy/numba code used when preparing data (``des.data prepare``) and once as TensorFlow ops
+used by a served model (:class:`ServingFeatures`), each TF twin (``tf_*``) right after its numpy
+function, so that one is not changed without the other; the tests check that both give the same
+keys (bit for bit), weights and dense values. TensorFlow is imported only inside the TF side, so
+preparing data never loads it.
 
 Key scheme 2 (a field's keys only need to be unique within the field: one table per field):
 
@@ -13,10 +14,18 @@ Key scheme 2 (a field's keys only need to be unique within the field: one table 
   bytes (the last one zero-padded) ``h = mix64(h ^ w)``; ``key = h >> 1``, and 1 where that is 0;
 * an integer ``v`` (a categorical column of ``dtype = "int"``): ``key = mix64(v ^ INT_SALT) >> 1``,
   1 where that is 0;
+* 8 hex digits (either case; a categorical column of ``dtype = "hex"``): ``key = int(hex, 16) + 1``;
 * a bucketized number: ``key = bucket + 1`` (missing: 0);
 * a derived value (hour of day 0..23, weekday 0..6 from Monday): ``key = value + 1``;
 * a cross of two fields' keys ``a`` and ``b``: ``key = mix64(mix64(a) ^ b) >> 1``, 1 where that is 0.
   A missing key (0) is crossed like any other: "missing x b" is a value of its own.
+
+Key scheme 1 (``key_scheme = 1``, the built-in ``criteo``'s, ``keys.KEY_SCHEME``: the keys of
+stores prepared before schemas existed) tags the scheme 2 key ``k`` of field number ``f`` (hex ids
+and buckets only: ``k <= 2^32``) with the field: ``key = ((f + 1) << 40) | u``, ``u = k - 1``, and
+``u = 2^32`` for a missing value (``k = 0``). So an integer column's ``u`` is ``clip(t, -2^31,
+2^31 - 1) + 2^31`` of its ``log_squared`` token ``t`` and a hex id's is its value, as ``keys.py``
+documents.
 
 ``mix64`` is the SplitMix64 finalizer (``des.splitmix.mix64``). Keys are 63-bit, so they are never
 negative and never one of the hash tables' two reserved values; among ``n`` distinct values of a
@@ -41,9 +50,12 @@ int column) or as text in a fixed-width ``strptime``-like format (``%Y %y %m %d 
 literal characters, such as Avazu's ``%y%m%d%H``; ``%y`` is 2000-2068 for 00-68, else 19xx), and
 ``cross`` of two one-hot features. A user adds a transform from a plugin file (``--plugins``).
 
+Numbers are read as float64 (a numeric column of ``dtype = "int"``: an int64 in a request, its
+float64 value in the transform, the rounding of ``float(v)`` as ``keys.integer_token``'s).
+
 Requests to a served model (:class:`ServingFeatures`) give each read column as a 1-D tensor of its
 declared dtype: int64 (missing: ``MISSING_INT`` = -2**63), float64 (missing: NaN) or string
-(missing: ``""``); a multi-valued column as its delimited string.
+(missing: ``""``, a hex id too); a multi-valued column as its delimited string.
 """
 
 from __future__ import annotations
@@ -60,6 +72,7 @@ import numpy as np
 from des.registry import Registry
 
 from .batch import FieldBatch
+from .keys import FIELD_SHIFT, MISSING_VALUE
 from ..splitmix import GOLDEN_GAMMA, mix64
 
 if TYPE_CHECKING:
@@ -90,11 +103,33 @@ _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 _ONE = np.uint64(1)
 
 
-# ====================================================================== numba side: keys
+# ====================================================================== keys (each TF twin after its numpy side)
 @numba.njit(cache=True, inline="always")
 def _finish(h: np.uint64) -> np.int64:
     key = np.int64(h >> _ONE)
     return key if key != 0 else np.int64(1)
+
+
+def _tf_uint64(x: int) -> Any:
+    import tensorflow as tf
+
+    return tf.constant(x, tf.uint64)
+
+
+def tf_mix64(z: Any) -> Any:
+    """The SplitMix64 finalizer on a uint64 tensor (``des.splitmix.mix64``)."""
+    import tensorflow as tf
+
+    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _tf_uint64(30))) * _tf_uint64(_M1)
+    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _tf_uint64(27))) * _tf_uint64(_M2)
+    return tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _tf_uint64(31)))
+
+
+def _tf_finish(h: Any) -> Any:
+    import tensorflow as tf
+
+    key = tf.bitcast(tf.bitwise.right_shift(h, _tf_uint64(1)), tf.int64)
+    return tf.where(key == 0, tf.ones_like(key), key)
 
 
 @numba.njit(cache=True, inline="always")
@@ -168,6 +203,28 @@ def string_keys(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return out
 
 
+def tf_string_keys(values: Any) -> Any:
+    """Key scheme 2 of a 1-D string tensor (``""``: 0), int64."""
+    import tensorflow as tf
+
+    values = tf.reshape(values, [-1])
+    lengths = tf.cast(tf.strings.length(values), tf.int64)
+    words = (tf.reduce_max(tf.concat([lengths, [0]], 0)) + 7) // 8
+    raw = tf.io.decode_raw(values, tf.uint8, fixed_length=tf.cast(tf.maximum(words, 1) * 8, tf.int32))
+    raw = tf.reshape(tf.cast(raw, tf.uint64), [tf.shape(values)[0], -1, 8])
+    shifts = tf.constant([8 * i for i in range(8)], tf.uint64)
+    packed = tf.reduce_sum(tf.bitwise.left_shift(raw, shifts), axis=2)  # [n, words]: disjoint bits
+    count = (lengths + 7) // 8
+
+    def step(j: Any, h: Any) -> tuple[Any, Any]:
+        mixed = tf_mix64(tf.bitwise.bitwise_xor(h, packed[:, j]))
+        return j + 1, tf.where(j < count, mixed, h)
+
+    h0 = tf.cast(lengths, tf.uint64) * _tf_uint64(_GOLDEN)
+    _, h = tf.while_loop(lambda j, h: j < words, step, (tf.constant(0, tf.int64), h0))
+    return tf.where(lengths == 0, tf.zeros_like(lengths), _tf_finish(h))
+
+
 def int_keys(values: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
     """Key scheme 2 of int64 values (``valid`` false, or ``MISSING_INT`` when no mask is given: 0)."""
     values = np.ascontiguousarray(values, dtype=np.int64)
@@ -177,11 +234,145 @@ def int_keys(values: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
+def tf_int_keys(values: Any) -> Any:
+    """Key scheme 2 of an int64 tensor (``MISSING_INT``: 0)."""
+    import tensorflow as tf
+
+    mixed = _tf_finish(tf_mix64(tf.bitwise.bitwise_xor(tf.bitcast(values, tf.uint64), _tf_uint64(int(INT_SALT)))))
+    return tf.where(values == MISSING_INT, tf.zeros_like(values), mixed)
+
+
 def cross_keys(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The keys of the cross of two fields' keys."""
     out = np.empty(a.shape[0], dtype=np.int64)
     _cross_kernel(np.ascontiguousarray(a, np.int64), np.ascontiguousarray(b, np.int64), out)
     return out
+
+
+def tf_cross_keys(a: Any, b: Any) -> Any:
+    """The keys of the cross of two int64 key tensors."""
+    import tensorflow as tf
+
+    inner = tf_mix64(tf.bitcast(a, tf.uint64))
+    return _tf_finish(tf_mix64(tf.bitwise.bitwise_xor(inner, tf.bitcast(b, tf.uint64))))
+
+
+def _hex_digit_table() -> np.ndarray:
+    table = np.full(256, -1, dtype=np.int64)
+    for text in ("0123456789abcdef", "0123456789ABCDEF"):
+        for value, char in enumerate(text):
+            table[ord(char)] = value
+    return table
+
+
+HEX_DIGITS = _hex_digit_table()  # byte -> hex digit value, -1 if not a hex digit
+
+
+@numba.njit(cache=True)
+def _hex_keys_kernel(data, offsets, validity, has_validity, offset, digits, out):
+    for i in range(out.shape[0]):
+        position = offset + i
+        start, end = offsets[position], offsets[position + 1]
+        if (has_validity and not (validity[position >> 3] >> (position & 7)) & 1) or start == end:
+            out[i] = 0
+            continue
+        if end - start != 8:
+            out[i] = -1
+            continue
+        value = np.int64(0)
+        for j in range(start, end):
+            digit = digits[data[j]]
+            if digit < 0:
+                value = np.int64(-2)
+                break
+            value = value * 16 + digit
+        out[i] = value + 1
+
+
+@numba.njit(cache=True)
+def _hex_value_keys_kernel(values, tag, out):
+    for i in range(values.shape[0]):
+        out[i] = _tagged(values[i] + 1 if values[i] >= 0 else 0, tag)
+
+
+def hex_keys(values: Any, tag: int = 0, out: np.ndarray | None = None) -> np.ndarray:
+    """Key scheme 2 of hex ids: an Arrow string array (null or ``""``: 0; not 8 hex digits: -1, a
+    bad value) or the int64 values Criteo's reader gives (-1: missing); with a field's ``tag``, key
+    scheme 1's (:func:`tagged_keys`; of the reader's values in the same pass, into ``out`` when
+    given: the values' own memory may be it)."""
+    if isinstance(values, np.ndarray):
+        out = np.empty(values.shape[0], dtype=np.int64) if out is None else out
+        _hex_value_keys_kernel(values, np.int64(tag), out)
+        return out
+    import pyarrow as pa
+
+    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+    out = np.empty(sum(len(c) for c in chunks), dtype=np.int64)
+    position = 0
+    for chunk in chunks:
+        if not pa.types.is_string(chunk.type):
+            chunk = chunk.cast(pa.string())
+        data, offsets, validity, has_validity, offset = _arrow_buffers(chunk)
+        _hex_keys_kernel(data, offsets, validity, has_validity, offset, HEX_DIGITS,
+                         out[position:position + len(chunk)])
+        position += len(chunk)
+    return tagged_keys(out, tag)
+
+
+def tf_hex_keys(values: Any, name: str) -> Any:
+    """Key scheme 2 of a 1-D string tensor of hex ids (``""``: 0), as :func:`hex_keys`; a value
+    other than 8 hex digits fails with an error naming its column."""
+    import tensorflow as tf
+
+    length = tf.strings.length(values)
+    raw = tf.io.decode_raw(values, tf.uint8, fixed_length=8)  # [B, 8], zero-padded
+    digits = tf.gather(tf.constant(HEX_DIGITS), tf.cast(raw, tf.int32))
+    valid = tf.logical_or(length == 0, tf.logical_and(length == 8, tf.reduce_all(digits >= 0, axis=1)))
+    first_bad = tf.where(tf.logical_not(valid))[:1, 0]
+    check = tf.debugging.Assert(tf.reduce_all(valid), [
+        f"request column {name} has a value that is not 8 hex digits or empty (missing):",
+        tf.gather(values, first_bad)])
+    with tf.control_dependencies([check]):
+        powers = tf.constant([16**i for i in range(7, -1, -1)], tf.int64)
+        value = tf.reduce_sum(tf.maximum(digits, 0) * powers, axis=1)
+    return tf.where(length == 0, tf.zeros_like(value), value + 1)
+
+
+@numba.njit(cache=True, inline="always")
+def _tagged(key, tag):
+    """Key scheme 1 of a scheme 2 key (at most 2^32) of the field of ``tag`` (0: the key itself)."""
+    if tag == 0:
+        return key
+    return tag | ((key - 1) if key != 0 else MISSING_VALUE)
+
+
+@numba.njit(cache=True)
+def _tag_kernel(keys, tag, out):
+    for i in range(keys.shape[0]):
+        out[i] = _tagged(keys[i], tag)
+
+
+def field_tag(field: int) -> int:
+    """Key scheme 1's bits of field number ``field``: ``(field + 1) << 40``."""
+    return (field + 1) << FIELD_SHIFT
+
+
+def tagged_keys(keys: np.ndarray, tag: int) -> np.ndarray:
+    """Key scheme 1 of a field's scheme 2 keys (at most 2^32), ``tag`` its :func:`field_tag`:
+    ``tag | (k - 1)``, missing (0): ``tag | 2^32``; in place (``tag`` 0: the keys as they are)."""
+    if tag:
+        _tag_kernel(keys, np.int64(tag), keys)
+    return keys
+
+
+def tf_tagged_keys(keys: Any, tag: int) -> Any:
+    """Key scheme 1 of a field's scheme 2 keys, as :func:`tagged_keys`."""
+    import tensorflow as tf
+
+    if not tag:
+        return keys
+    u = tf.where(keys == 0, tf.constant(MISSING_VALUE, tf.int64), keys - 1)
+    return tf.bitwise.bitwise_or(tf.constant(tag, tf.int64), u)
 
 
 # ====================================================================== numbers
@@ -223,14 +414,50 @@ def log_squared_thresholds() -> np.ndarray:
     return _THRESHOLDS[0]
 
 
-def log_squared_keys(values: np.ndarray) -> np.ndarray:
-    """Keys of numbers bucketized by Criteo's transform (NaN: 0)."""
-    v = np.asarray(values, dtype=np.float64)
-    with np.errstate(invalid="ignore"):
-        small = np.clip(np.floor(np.where(v <= 2.0, v, 0.0)), -LOG_SQUARED_OFFSET, LOG_SQUARED_OFFSET - 1)
-        large = np.searchsorted(log_squared_thresholds(), np.minimum(v, _LOG_SQUARED_MAX), side="right")
-        token = np.where(v <= 2.0, small, large).astype(np.int64)
-    return np.where(np.isnan(v), 0, token + LOG_SQUARED_OFFSET + 1)
+@numba.njit(cache=True)
+def _log_squared_kernel(values, thresholds, small, tag, out):
+    for i in range(values.shape[0]):
+        v = values[i]
+        if math.isnan(v):
+            out[i] = _tagged(0, tag)
+            continue
+        if v <= 2.0:
+            token = max(min(math.floor(v), LOG_SQUARED_OFFSET - 1.0), -float(LOG_SQUARED_OFFSET))
+        elif v < small.shape[0] and v == math.floor(v):  # an integer count: the table's entry
+            token = small[np.int64(v)]
+        else:
+            token = np.searchsorted(thresholds, min(v, _LOG_SQUARED_MAX), side="right")
+        out[i] = _tagged(np.int64(token) + LOG_SQUARED_OFFSET + 1, tag)
+
+
+_SMALL_TOKENS: list[np.ndarray] = []
+
+
+def log_squared_keys(values: np.ndarray, tag: int = 0, out: np.ndarray | None = None) -> np.ndarray:
+    """Keys of numbers bucketized by Criteo's transform (NaN: 0); with a field's ``tag``, key scheme
+    1's (:func:`tagged_keys`, in the same pass). The tokens of the integers below 2^14 (most
+    counts) are looked up in a table made by the same search of the thresholds. ``out``: where to
+    write them (the values' own memory may be it)."""
+    v = np.ascontiguousarray(values, dtype=np.float64)
+    out = np.empty(v.shape[0], dtype=np.int64) if out is None else out
+    if not _SMALL_TOKENS:
+        _SMALL_TOKENS.append(np.searchsorted(log_squared_thresholds(), np.arange(1 << 14, dtype=np.float64),
+                                             side="right").astype(np.int64))
+    _log_squared_kernel(v, log_squared_thresholds(), _SMALL_TOKENS[0], np.int64(tag), out)
+    return out
+
+
+def tf_log_squared_keys(values: Any) -> Any:
+    """Keys of float64 numbers bucketized by Criteo's transform, as :func:`log_squared_keys`."""
+    import tensorflow as tf
+
+    table = tf.constant(log_squared_thresholds().reshape(1, -1))
+    capped = tf.minimum(values, _LOG_SQUARED_MAX)
+    large = tf.searchsorted(table, tf.reshape(capped, [1, -1]), side="right", out_type=tf.int64)[0]
+    small = tf.cast(tf.clip_by_value(tf.floor(tf.where(values <= 2.0, values, tf.zeros_like(values))),
+                                     -float(LOG_SQUARED_OFFSET), float(LOG_SQUARED_OFFSET - 1)), tf.int64)
+    token = tf.where(values <= 2.0, small, large)
+    return tf.where(tf.math.is_nan(values), tf.zeros_like(token), token + LOG_SQUARED_OFFSET + 1)
 
 
 def bucket_keys(values: np.ndarray, boundaries: Sequence[float]) -> np.ndarray:
@@ -238,6 +465,15 @@ def bucket_keys(values: np.ndarray, boundaries: Sequence[float]) -> np.ndarray:
     v = np.asarray(values, dtype=np.float64)
     buckets = np.searchsorted(np.asarray(boundaries, dtype=np.float64), v, side="right")
     return np.where(np.isnan(v), 0, buckets + 1).astype(np.int64)
+
+
+def tf_bucket_keys(values: Any, boundaries: Sequence[float]) -> Any:
+    """Keys of float64 numbers at ``boundaries`` (NaN: 0), as :func:`bucket_keys`."""
+    import tensorflow as tf
+
+    table = tf.constant(np.asarray(boundaries, dtype=np.float64).reshape(1, -1))
+    buckets = tf.searchsorted(table, tf.reshape(values, [1, -1]), side="right", out_type=tf.int64)[0]
+    return tf.where(tf.math.is_nan(values), tf.zeros_like(buckets), buckets + 1)
 
 
 def dense_transform(values: np.ndarray, column: ColumnSpec) -> np.ndarray:
@@ -255,6 +491,18 @@ def dense_values(values: np.ndarray, column: ColumnSpec) -> np.ndarray:
         x = (x - column.mean) / column.std
     with np.errstate(over="ignore"):  # beyond float32's range: +-inf, as TensorFlow's cast gives
         return x.astype(np.float32)
+
+
+def tf_dense_values(values: Any, column: ColumnSpec) -> Any:
+    """A dense column's model input (float32), as :func:`dense_values`."""
+    import tensorflow as tf
+
+    x = tf.where(tf.math.is_nan(values), tf.fill(tf.shape(values), tf.constant(column.fill, tf.float64)), values)
+    if column.transform == "log1p":
+        x = tf.math.log1p(tf.maximum(x, 0.0))
+    if column.standardize:
+        x = (x - column.mean) / column.std
+    return tf.cast(x, tf.float32)
 
 
 # ====================================================================== time
@@ -363,6 +611,45 @@ def parse_times(array: pa.Array, time_format: TimeFormat) -> tuple[np.ndarray, n
                             np.array(time_format.widths, np.int64), np.array(time_format.literals, np.int64),
                             time_format.length, 2 in time_format.codes, seconds, state)
     return seconds, state
+
+
+def _tf_parse_times(values: Any, time_format: TimeFormat) -> tuple[Any, Any]:
+    """(unix seconds, ok) of formatted times, as :func:`parse_times` (a value off the format: not ok)."""
+    import tensorflow as tf
+
+    length = tf.strings.length(values)
+    raw = tf.cast(tf.io.decode_raw(values, tf.uint8, fixed_length=time_format.length), tf.int64)
+    ok = tf.equal(length, time_format.length)
+    parts = {code: tf.zeros_like(length, tf.int64) for code in range(1, 8)}
+    parts[3] = tf.ones_like(parts[3])
+    parts[4] = tf.ones_like(parts[4])
+    position = 0
+    for code, width, literal in zip(time_format.codes, time_format.widths, time_format.literals):
+        if code == 0:
+            ok = tf.logical_and(ok, tf.equal(raw[:, position], literal))
+        else:
+            value = tf.zeros_like(parts[1])
+            for q in range(position, position + width):
+                digit = raw[:, q] - 48
+                ok = tf.logical_and(ok, tf.logical_and(digit >= 0, digit <= 9))
+                value = value * 10 + digit
+            parts[code] = value
+        position += width
+    year = parts[1]
+    if 2 in time_format.codes:
+        year = parts[2] + tf.where(parts[2] < 69, tf.constant(2000, tf.int64), 1900)
+    month, day = parts[3], parts[4]
+    in_range = [month >= 1, month <= 12, day >= 1, day <= 31]
+    ok = tf.logical_and(ok, tf.reduce_all(tf.stack(in_range), axis=0))
+    ok = tf.logical_and(ok, tf.logical_and(tf.logical_and(parts[5] <= 23, parts[6] <= 59), parts[7] <= 60))
+    y = year - tf.cast(month <= 2, tf.int64)
+    era = tf.math.floordiv(y, 400)
+    yoe = y - era * 400
+    doy = (153 * (month + tf.where(month > 2, tf.constant(-3, tf.int64), 9)) + 2) // 5 + day - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    days = era * 146097 + doe - 719468
+    seconds = days * 86400 + parts[5] * 3600 + parts[6] * 60 + parts[7]
+    return tf.where(ok, seconds, tf.zeros_like(seconds)), ok
 
 
 # ====================================================================== transforms
@@ -548,13 +835,27 @@ def _int_values(array: Any) -> np.ndarray:
     return np.asarray(pc.fill_null(array, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def _float_values(array: Any) -> np.ndarray:
+def float_values(array: Any) -> np.ndarray:
+    """A numeric column's float64 values (NaN: missing), from an Arrow array of numbers or the
+    numpy array Criteo's reader gives."""
+    if isinstance(array, np.ndarray):
+        return array
     import pyarrow as pa
 
-    return np.asarray(array.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
+    # an int64 column: the float64 nearest to each value (an unchecked cast), as numba's float(v)
+    return np.asarray(array.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
-# ====================================================================== a schema's rows, numpy side
+def tf_float_values(values: Any) -> Any:
+    """A numeric request column as float64 (an int64 one: ``MISSING_INT`` is NaN), as :func:`float_values`."""
+    import tensorflow as tf
+
+    if values.dtype == tf.float64:
+        return values
+    return tf.where(values == MISSING_INT, tf.constant(math.nan, tf.float64), tf.cast(values, tf.float64))
+
+
+# ====================================================================== a schema's rows
 @dataclass
 class EncodedRows:
     """The store's columns of some rows: one per field (keys, or a FieldBatch for multi-valued
@@ -600,209 +901,6 @@ def multi_valued_field(array: Any, column: ColumnSpec) -> FieldBatch:
     return FieldBatch(offsets, keys, None if weights is None else weights.astype(np.float32))
 
 
-def _second_or_one(pairs: Any) -> Any:
-    """The second element of each list, "1" where it has none."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    second = pc.list_slice(pairs, 1, 2)
-    present = pc.equal(pc.list_value_length(second), 1)
-    ones = pc.fill_null(pa.nulls(len(pairs), pa.string()), "1")
-    return pc.replace_with_mask(ones, present, pc.list_flatten(second))
-
-
-def first_uncastable(texts: Any, type_: Any) -> int:
-    """Index of the first value of the Arrow array ``texts`` that does not cast to ``type_`` (bisection;
-    one cast error in it is assumed)."""
-    lo, hi = 0, len(texts)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        try:
-            texts.slice(lo, mid - lo).cast(type_)
-            lo = mid
-        except Exception:  # noqa: BLE001 - Arrow's cast errors
-            hi = mid
-    return lo
-
-
-def encode_rows(schema: Schema, columns: Mapping[str, Any], num_rows: int) -> EncodedRows:
-    """The keys, weights and dense values of rows whose read columns are Arrow arrays of their
-    declared dtypes (``columns``: name -> array; numbers as float64, int columns as int64)."""
-    keys_of: dict[str, np.ndarray] = {}
-    out: list[np.ndarray | FieldBatch] = []
-    for column in schema.sparse_columns:
-        values = columns[column.name]
-        if column.kind == "multi_valued":
-            out.append(multi_valued_field(values, column))
-            continue
-        if column.kind == "categorical":
-            keys = string_keys(values) if column.dtype == "string" else int_keys(_int_values(values),
-                                                                                 np.asarray(values.is_valid()))
-        elif column.buckets == "log_squared":
-            keys = log_squared_keys(_float_values(values))
-        else:
-            keys = bucket_keys(_float_values(values), column.boundaries)
-        keys_of[column.name] = keys
-        out.append(keys)
-    for derived in schema.derived:
-        transform = TRANSFORMS.get(derived.transform)()
-        keys = transform.keys(derived_inputs(schema, derived, columns, keys_of), derived.options)
-        keys_of[derived.name] = keys
-        out.append(np.ascontiguousarray(keys, dtype=np.int64))
-    dense = None
-    if schema.dense_columns:
-        dense = np.empty((num_rows, len(schema.dense_columns)), dtype=np.float32)
-        for j, column in enumerate(schema.dense_columns):
-            dense[:, j] = dense_values(_float_values(columns[column.name]), column)
-    return EncodedRows(out, dense, keys_of)
-
-
-def derived_inputs(schema: Schema, derived: DerivedSpec, columns: Mapping[str, Any],
-                   keys_of: Mapping[str, np.ndarray]) -> list[FeatureInput]:
-    """The :class:`FeatureInput` s of a derived field (a field computed before it gives its keys)."""
-    inputs = []
-    for name in derived.inputs:
-        if name in keys_of:
-            inputs.append(FeatureInput(name, "key", columns.get(name), keys_of[name]))
-        else:
-            inputs.append(FeatureInput(name, schema.column(name).value_dtype, columns[name]))
-    return inputs
-
-
-# ====================================================================== TensorFlow side
-def _tf_uint64(x: int) -> Any:
-    import tensorflow as tf
-
-    return tf.constant(x, tf.uint64)
-
-
-def tf_mix64(z: Any) -> Any:
-    """The SplitMix64 finalizer on a uint64 tensor (``des.splitmix.mix64``)."""
-    import tensorflow as tf
-
-    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _tf_uint64(30))) * _tf_uint64(_M1)
-    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _tf_uint64(27))) * _tf_uint64(_M2)
-    return tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _tf_uint64(31)))
-
-
-def _tf_finish(h: Any) -> Any:
-    import tensorflow as tf
-
-    key = tf.bitcast(tf.bitwise.right_shift(h, _tf_uint64(1)), tf.int64)
-    return tf.where(key == 0, tf.ones_like(key), key)
-
-
-def tf_string_keys(values: Any) -> Any:
-    """Key scheme 2 of a 1-D string tensor (``""``: 0), int64."""
-    import tensorflow as tf
-
-    values = tf.reshape(values, [-1])
-    lengths = tf.cast(tf.strings.length(values), tf.int64)
-    words = (tf.reduce_max(tf.concat([lengths, [0]], 0)) + 7) // 8
-    raw = tf.io.decode_raw(values, tf.uint8, fixed_length=tf.cast(tf.maximum(words, 1) * 8, tf.int32))
-    raw = tf.reshape(tf.cast(raw, tf.uint64), [tf.shape(values)[0], -1, 8])
-    shifts = tf.constant([8 * i for i in range(8)], tf.uint64)
-    packed = tf.reduce_sum(tf.bitwise.left_shift(raw, shifts), axis=2)  # [n, words]: disjoint bits
-    count = (lengths + 7) // 8
-
-    def step(j: Any, h: Any) -> tuple[Any, Any]:
-        mixed = tf_mix64(tf.bitwise.bitwise_xor(h, packed[:, j]))
-        return j + 1, tf.where(j < count, mixed, h)
-
-    h0 = tf.cast(lengths, tf.uint64) * _tf_uint64(_GOLDEN)
-    _, h = tf.while_loop(lambda j, h: j < words, step, (tf.constant(0, tf.int64), h0))
-    return tf.where(lengths == 0, tf.zeros_like(lengths), _tf_finish(h))
-
-
-def tf_int_keys(values: Any) -> Any:
-    """Key scheme 2 of an int64 tensor (``MISSING_INT``: 0)."""
-    import tensorflow as tf
-
-    mixed = _tf_finish(tf_mix64(tf.bitwise.bitwise_xor(tf.bitcast(values, tf.uint64), _tf_uint64(int(INT_SALT)))))
-    return tf.where(values == MISSING_INT, tf.zeros_like(values), mixed)
-
-
-def tf_cross_keys(a: Any, b: Any) -> Any:
-    """The keys of the cross of two int64 key tensors."""
-    import tensorflow as tf
-
-    inner = tf_mix64(tf.bitcast(a, tf.uint64))
-    return _tf_finish(tf_mix64(tf.bitwise.bitwise_xor(inner, tf.bitcast(b, tf.uint64))))
-
-
-def tf_bucket_keys(values: Any, boundaries: Sequence[float]) -> Any:
-    """Keys of float64 numbers at ``boundaries`` (NaN: 0), as :func:`bucket_keys`."""
-    import tensorflow as tf
-
-    table = tf.constant(np.asarray(boundaries, dtype=np.float64).reshape(1, -1))
-    buckets = tf.searchsorted(table, tf.reshape(values, [1, -1]), side="right", out_type=tf.int64)[0]
-    return tf.where(tf.math.is_nan(values), tf.zeros_like(buckets), buckets + 1)
-
-
-def tf_log_squared_keys(values: Any) -> Any:
-    """Keys of float64 numbers bucketized by Criteo's transform, as :func:`log_squared_keys`."""
-    import tensorflow as tf
-
-    table = tf.constant(log_squared_thresholds().reshape(1, -1))
-    capped = tf.minimum(values, _LOG_SQUARED_MAX)
-    large = tf.searchsorted(table, tf.reshape(capped, [1, -1]), side="right", out_type=tf.int64)[0]
-    small = tf.cast(tf.clip_by_value(tf.floor(tf.where(values <= 2.0, values, tf.zeros_like(values))),
-                                     -float(LOG_SQUARED_OFFSET), float(LOG_SQUARED_OFFSET - 1)), tf.int64)
-    token = tf.where(values <= 2.0, small, large)
-    return tf.where(tf.math.is_nan(values), tf.zeros_like(token), token + LOG_SQUARED_OFFSET + 1)
-
-
-def tf_dense_values(values: Any, column: ColumnSpec) -> Any:
-    """A dense column's model input (float32), as :func:`dense_values`."""
-    import tensorflow as tf
-
-    x = tf.where(tf.math.is_nan(values), tf.fill(tf.shape(values), tf.constant(column.fill, tf.float64)), values)
-    if column.transform == "log1p":
-        x = tf.math.log1p(tf.maximum(x, 0.0))
-    if column.standardize:
-        x = (x - column.mean) / column.std
-    return tf.cast(x, tf.float32)
-
-
-def _tf_parse_times(values: Any, time_format: TimeFormat) -> tuple[Any, Any]:
-    """(unix seconds, ok) of formatted times, as :func:`parse_times` (a value off the format: not ok)."""
-    import tensorflow as tf
-
-    length = tf.strings.length(values)
-    raw = tf.cast(tf.io.decode_raw(values, tf.uint8, fixed_length=time_format.length), tf.int64)
-    ok = tf.equal(length, time_format.length)
-    parts = {code: tf.zeros_like(length, tf.int64) for code in range(1, 8)}
-    parts[3] = tf.ones_like(parts[3])
-    parts[4] = tf.ones_like(parts[4])
-    position = 0
-    for code, width, literal in zip(time_format.codes, time_format.widths, time_format.literals):
-        if code == 0:
-            ok = tf.logical_and(ok, tf.equal(raw[:, position], literal))
-        else:
-            value = tf.zeros_like(parts[1])
-            for q in range(position, position + width):
-                digit = raw[:, q] - 48
-                ok = tf.logical_and(ok, tf.logical_and(digit >= 0, digit <= 9))
-                value = value * 10 + digit
-            parts[code] = value
-        position += width
-    year = parts[1]
-    if 2 in time_format.codes:
-        year = parts[2] + tf.where(parts[2] < 69, tf.constant(2000, tf.int64), 1900)
-    month, day = parts[3], parts[4]
-    in_range = [month >= 1, month <= 12, day >= 1, day <= 31]
-    ok = tf.logical_and(ok, tf.reduce_all(tf.stack(in_range), axis=0))
-    ok = tf.logical_and(ok, tf.logical_and(tf.logical_and(parts[5] <= 23, parts[6] <= 59), parts[7] <= 60))
-    y = year - tf.cast(month <= 2, tf.int64)
-    era = tf.math.floordiv(y, 400)
-    yoe = y - era * 400
-    doy = (153 * (month + tf.where(month > 2, tf.constant(-3, tf.int64), 9)) + 2) // 5 + day - 1
-    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
-    days = era * 146097 + doe - 719468
-    seconds = days * 86400 + parts[5] * 3600 + parts[6] * 60 + parts[7]
-    return tf.where(ok, seconds, tf.zeros_like(seconds)), ok
-
-
 def tf_multi_valued(values: Any, column: ColumnSpec) -> tuple[Any, Any]:
     """(keys, weights or None) of a multi-valued string column as RaggedTensors [B, None], as
     :func:`multi_valued_field`."""
@@ -837,6 +935,95 @@ def _row_mask(parts: Any, values: Any) -> Any:
     return parts.with_flat_values(keep)
 
 
+def _second_or_one(pairs: Any) -> Any:
+    """The second element of each list, "1" where it has none."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    second = pc.list_slice(pairs, 1, 2)
+    present = pc.equal(pc.list_value_length(second), 1)
+    ones = pc.fill_null(pa.nulls(len(pairs), pa.string()), "1")
+    return pc.replace_with_mask(ones, present, pc.list_flatten(second))
+
+
+def first_uncastable(texts: Any, type_: Any) -> int:
+    """Index of the first value of the Arrow array ``texts`` that does not cast to ``type_`` (bisection;
+    one cast error in it is assumed)."""
+    lo, hi = 0, len(texts)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            texts.slice(lo, mid - lo).cast(type_)
+            lo = mid
+        except Exception:  # noqa: BLE001 - Arrow's cast errors
+            hi = mid
+    return lo
+
+
+def encode_rows(schema: Schema, columns: Mapping[str, Any], num_rows: int, in_place: bool = False) -> EncodedRows:
+    """The keys, weights and dense values of rows whose read columns are Arrow arrays of their
+    declared dtypes (``columns``: name -> array; numbers as float64, int columns as int64) or the
+    numpy arrays of Criteo's reader; ``in_place``: a field's keys may overwrite its numpy column
+    (a reader's buffer, used once: no memory of its own to fault in per chunk)."""
+    keys_of: dict[str, np.ndarray] = {}
+    out: list[np.ndarray | FieldBatch] = []
+    for column in schema.sparse_columns:
+        values = columns[column.name]
+        if column.kind == "multi_valued":
+            out.append(multi_valued_field(values, column))
+            continue
+        tag = field_tag(len(out)) if schema.key_scheme == 1 else 0
+        reuse = values.view(np.int64) if in_place and isinstance(values, np.ndarray) else None
+        if column.kind == "categorical":
+            keys = hex_keys(values, tag, reuse) if reuse is not None else categorical_keys(values, column, tag)
+        elif column.buckets == "log_squared":
+            keys = log_squared_keys(float_values(values), tag, reuse)
+        else:
+            keys = tagged_keys(bucket_keys(float_values(values), column.boundaries), tag)
+        keys_of[column.name] = keys
+        out.append(keys)
+    for derived in schema.derived:
+        transform = TRANSFORMS.get(derived.transform)()
+        keys = transform.keys(derived_inputs(schema, derived, columns, keys_of), derived.options)
+        keys_of[derived.name] = keys
+        out.append(np.ascontiguousarray(keys, dtype=np.int64))
+    dense = None
+    if schema.dense_columns:
+        dense = np.empty((num_rows, len(schema.dense_columns)), dtype=np.float32)
+        for j, column in enumerate(schema.dense_columns):
+            dense[:, j] = dense_values(float_values(columns[column.name]), column)
+    return EncodedRows(out, dense, keys_of)
+
+
+def categorical_keys(values: Any, column: ColumnSpec, tag: int = 0) -> np.ndarray:
+    """The keys of a categorical column's values (by its dtype), of key scheme 1 with a ``tag``."""
+    if column.dtype == "hex":
+        return hex_keys(values, tag)
+    if column.dtype == "string":
+        return tagged_keys(string_keys(values), tag)
+    return tagged_keys(int_keys(_int_values(values), np.asarray(values.is_valid())), tag)
+
+
+def tf_categorical_keys(values: Any, column: ColumnSpec) -> Any:
+    """Key scheme 2 of a categorical request column, as :func:`categorical_keys` (the tag apart)."""
+    if column.dtype == "hex":
+        return tf_hex_keys(values, column.name)
+    return tf_string_keys(values) if column.dtype == "string" else tf_int_keys(values)
+
+
+def derived_inputs(schema: Schema, derived: DerivedSpec, columns: Mapping[str, Any],
+                   keys_of: Mapping[str, np.ndarray]) -> list[FeatureInput]:
+    """The :class:`FeatureInput` s of a derived field (a field computed before it gives its keys)."""
+    inputs = []
+    for name in derived.inputs:
+        if name in keys_of:
+            inputs.append(FeatureInput(name, "key", columns.get(name), keys_of[name]))
+        else:
+            inputs.append(FeatureInput(name, schema.column(name).value_dtype, columns[name]))
+    return inputs
+
+
+# ====================================================================== a schema's requests, TensorFlow
 def request_dtype(column: ColumnSpec) -> str:
     """The dtype (``"int64"``, ``"float64"``, ``"string"``) of a read column in a request."""
     return {"string": "string", "int": "int64", "float": "float64"}[column.value_dtype]
@@ -850,8 +1037,6 @@ class ServingFeatures:
     """
 
     def __init__(self, schema: Schema) -> None:
-        if schema.is_criteo:
-            raise ValueError("the criteo schema is served by des.export's own key transform (key scheme 1)")
         if not schema.resolved:
             raise ValueError(f"schema {schema.name}: statistics not resolved (prepare data with it first)")
         self.schema = schema
@@ -879,11 +1064,13 @@ class ServingFeatures:
                 if w is not None:
                     weights[column.name] = w
             elif column.kind == "categorical":
-                keys[column.name] = tf_string_keys(values) if column.dtype == "string" else tf_int_keys(values)
+                keys[column.name] = tf_categorical_keys(values, column)
             elif column.buckets == "log_squared":
-                keys[column.name] = tf_log_squared_keys(values)
+                keys[column.name] = tf_log_squared_keys(tf_float_values(values))
             else:
-                keys[column.name] = tf_bucket_keys(values, column.boundaries)
+                keys[column.name] = tf_bucket_keys(tf_float_values(values), column.boundaries)
+            if schema.key_scheme == 1:
+                keys[column.name] = tf_tagged_keys(keys[column.name], field_tag(len(keys) - 1))
         for derived in schema.derived:
             inputs = [TFInput(name, "key", request.get(name), keys[name]) if name in keys and name not in
                       schema.multi_valued_names else TFInput(name, schema.column(name).value_dtype, request[name])
@@ -892,7 +1079,8 @@ class ServingFeatures:
         first = next(iter(request.values()))
         rows = tf.shape(first)[0]
         if schema.dense_columns:
-            dense = tf.stack([tf_dense_values(request[c.name], c) for c in schema.dense_columns], axis=1)
+            dense = tf.stack([tf_dense_values(tf_float_values(request[c.name]), c) for c in schema.dense_columns],
+                             axis=1)
         else:
             dense = tf.zeros([rows, 0], tf.float32)
         return ServedFeatures(keys, weights, dense)

@@ -42,8 +42,6 @@ def frame_columns(schema: SchemaLike = None) -> dict[str, str]:
     """The columns a frame of ``schema`` holds and their value dtypes (``int``, ``float`` or
     ``string``), the label first (itself a number)."""
     schema = load_schema(schema)
-    if schema.is_criteo:
-        return {name: "int" if name == "label" or name.startswith("I") else "string" for name in COLUMN_NAMES}
     return {schema.label.column: "float", **{c.name: c.value_dtype for c in schema.read_columns}}
 
 
@@ -59,18 +57,18 @@ def prepare_frame(frame: Any, schema: SchemaLike, output: str | os.PathLike, *,
     if bad_rows not in BAD_ROW_POLICIES:
         raise DataError(f"bad_rows must be one of {', '.join(BAD_ROW_POLICIES)}, not {bad_rows!r}")
     _check_frame(frame)
-    if schema.is_criteo:
+    if schema.format.type == "criteo":  # its rows are read by Criteo's reader, as its files are
         with tempfile.TemporaryDirectory(prefix="des-frame-") as folder:
             path = write_criteo_tsv(frame, Path(folder) / f"{FRAME}.tsv")
             with _named_rows(path):
-                return prepare(path, output, split=fractions, seed=seed, bad_rows=bad_rows, overwrite=overwrite,
-                               progress=False)
-    from .tabular import resolve_statistics, write_table_store
+                return prepare(path, output, schema=schema, split=fractions, seed=seed, bad_rows=bad_rows,
+                               overwrite=overwrite, progress=False)
+    from .tabular import resolve_statistics, write_store
 
     source = _in_memory(frame, schema)
     with atomic_directory(output, "replace" if overwrite else "error") as directory:
         resolved = resolve_statistics(schema, [source], fractions, int(seed), bad_rows, progress=False)
-        write_table_store(resolved, [source], directory, fractions, int(seed), bad_rows, 1 << 18, progress=False)
+        write_store(resolved, [source], directory, fractions, int(seed), bad_rows, 1 << 18, progress=False)
     return ColumnStore.open(output)
 
 
@@ -79,18 +77,18 @@ def frame_store(frame: Any, schema: Schema, output: str | os.PathLike) -> Column
     (every row in the test split), with a resolved ``schema`` (a checkpoint's: the training data's
     statistics): what ``des.evaluate --data FILE`` prepares from the same rows in a file."""
     _check_frame(frame)
-    if schema.is_criteo:
+    if schema.format.type == "criteo":
         path = write_criteo_tsv(frame, Path(output).with_name(f"{FRAME}.tsv"))
         try:
             with _named_rows(path):
-                return prepare(path, output, split=WHOLE_FILE, seed=0, progress=False)
+                return prepare(path, output, schema=schema, split=WHOLE_FILE, seed=0, progress=False)
         finally:
             path.unlink(missing_ok=True)
-    from .tabular import write_table_store
+    from .tabular import write_store
 
     assert schema.resolved
     with atomic_directory(output) as directory:
-        write_table_store(schema, [_in_memory(frame, schema)], directory, WHOLE_FILE, 0, "fail", 1 << 18,
+        write_store(schema, [_in_memory(frame, schema)], directory, WHOLE_FILE, 0, "fail", 1 << 18,
                           progress=False)
     return ColumnStore.open(output)
 

@@ -34,7 +34,7 @@ import numpy as np
 from .batch import FieldBatch, KeyedIds
 from .build import SchemaLike, open_dataset
 from .errors import DataError
-from .schema import Schema, load_schema
+from .schema import Schema, describe_schema, load_schema
 from .split import SPLIT_NAMES
 from .store import ONE_HOT, ColumnStore
 
@@ -103,6 +103,7 @@ def open_inputs(specs: Mapping[str, str], cache_dir: str | os.PathLike | None = 
         if store.num_rows == 0:
             raise DataError(f"{FLAGS[role]}: {path}: no rows")
         parts.append(Part(role, path, store))
+    check_same_statistics(parts)
     _warn_about_shared_files(parts)
     return ConcatStore(parts)
 
@@ -149,6 +150,21 @@ def check_layouts(inputs: Sequence[tuple[str, str, list[tuple[str, str, str, boo
         if difference:
             raise DataError(f"{FLAGS[role]}: {given}: another column layout than the training data {first[1]}: "
                             f"{difference}")
+
+
+def check_same_statistics(parts: Sequence[Part]) -> None:
+    """Every input must have been prepared with the first training input's resolved schema: the
+    validation and test rows transformed with the training data's statistics (quantiles, means and
+    standard deviations), never their own (as ``des.evaluate`` refuses data of other statistics)."""
+    first = next(part for part in parts if part.role == "train")
+    wanted = describe_schema(first.store.schema)
+    for part in parts:
+        have = describe_schema(part.store.schema)
+        if have != wanted:
+            raise DataError(f"{FLAGS[part.role]}: {part.input} was prepared with schema {have}, {FLAGS['train']} "
+                            f"{first.input} with {wanted}: every split must be transformed with the training "
+                            "data's statistics (prepare them as one store: des.data prepare --train FILES "
+                            "--validation FILES --test FILES, and train on it with --data)")
 
 
 def _warn_about_shared_files(parts: Sequence[Part]) -> None:

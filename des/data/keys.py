@@ -16,7 +16,13 @@ where ``u`` is
 * synthetic or multi-hot id: ``u = id`` (< 2^32).
 
 So a key is a positive int64, never 0, unique per field (the same hex value in two fields gives two
-keys), and the field is recovered as ``(key >> 40) - 1``.
+keys), and the field is recovered as ``(key >> 40) - 1``. An integer above 2^63 counts as 2^63
+(``v`` is taken as a float64, as a served request's int64 always was).
+
+This is the built-in ``criteo`` schema's key scheme (``key_scheme = 1``): ``features.py`` computes
+it, on both sides, as key scheme 2's key of a hex id or a ``log_squared`` bucket tagged with the
+field number; this module keeps its record (``KEY_SCHEME``, in every store prepared with it) and
+the helpers of single keys (the synthetic generator's, tests').
 """
 
 from __future__ import annotations
@@ -105,13 +111,12 @@ def _integer_keys_kernel(field: int, values: np.ndarray, missing: np.ndarray, ou
 
 
 def integer_token(v: int) -> int:
-    """The integer transform of one value of any size: ``v if v <= 2 else floor(ln(v)^2)``."""
+    """The integer transform of one value of any size: ``v if v <= 2 else floor(ln(v)^2)`` (above
+    2^63: 2^63's)."""
     v = int(v)
     if v <= 2:
         return v
-    if v <= np.iinfo(np.int64).max:
-        return int(token_of_int(v))
-    return int(math.floor(math.log(v) ** 2))  # math.log takes ints of any size (also > 1.8e308)
+    return int(token_of_int(min(v, np.iinfo(np.int64).max)))  # above 2^63: 2^63's token
 
 
 def make_key(field: int | np.ndarray, u: int | np.ndarray) -> int | np.ndarray:

@@ -1,11 +1,13 @@
 """Declared dataset schemas: which columns a raw table has and what each becomes.
 
 ``load_schema(name_or_path)`` gives the built-in ``criteo`` (the default: Criteo's 40-column TSV,
-read by its own numba path with key scheme 1) or ``avazu`` schema, or reads a TOML file::
+read by its own numba reader, ``[format] type = "criteo"``, with key scheme 1) or ``avazu``
+schema, or reads a TOML file::
 
     name = "movielens"                    # optional, defaults to the file stem
+    key_scheme = 2                        # optional: 2 (default) | 1 (features.py: field-tagged keys)
     [format]
-    type = "csv"                          # "csv" (any delimiter, .gz ok) | "parquet"
+    type = "csv"                          # "csv" (any delimiter, .gz ok) | "parquet" | "criteo"
     delimiter = ","                       # one character, "\\t" for TSV
     header = true                         # the first line names the columns...
     # names = ["user_id", ...]            # ...or header = false and the names declared here
@@ -20,7 +22,8 @@ read by its own numba path with key scheme 1) or ``avazu`` schema, or reads a TO
     [[columns]]                            # every other column of the file, by name
     name = "user_id"
     kind = "categorical"                  # categorical | multi_valued | numeric | input | ignored
-    dtype = "string"                      # categorical: "string" (default) or "int"
+    dtype = "string"                      # categorical: "string" (default), "int" or "hex" (8 hex
+                                          # digits, the value is the key: Criteo's)
 
     [[columns]]
     name = "genres"
@@ -34,6 +37,7 @@ read by its own numba path with key scheme 1) or ``avazu`` schema, or reads a TO
     name = "age"
     kind = "numeric"
     as = "dense"                          # "dense": a number the model sees | "bucketize": a field
+    # dtype = "int"                       # optional: requests carry int64 (default "float": float64)
     transform = "log1p"                   # dense: "none" (default) | "log1p" (of max(v, 0))
     standardize = true                    # dense: (x - mean) / std over the training rows
     fill = 0.0                            # dense: the value of a missing number (default 0)
@@ -76,19 +80,17 @@ from pathlib import Path
 from typing import Any
 
 from .errors import DataError
-from .features import TRANSFORMS
-from .keys import FIELD_NAMES, NUM_INT_FIELDS
+from .features import KEY_SCHEME_2, TRANSFORMS
+from .keys import FIELD_NAMES, KEY_SCHEME, NUM_INT_FIELDS
 from .store import MULTI_HOT, ONE_HOT, FieldSpec
 
 KINDS = ("categorical", "multi_valued", "numeric", "input", "ignored")
 FORMAT_TYPES = ("csv", "parquet", "criteo")
+KEY_SCHEMES = (1, 2)
 POOLINGS = ("sum", "mean")
 BUCKETS = ("quantiles", "boundaries", "log_squared")
 DENSE_TRANSFORMS = ("none", "log1p")
 NUMERIC_AS = ("dense", "bucketize")
-CRITEO_FIELDS: tuple[FieldSpec, ...] = tuple(
-    FieldSpec(name, "integer" if i < NUM_INT_FIELDS else "categorical") for i, name in enumerate(FIELD_NAMES)
-)
 _RULE = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(\S+)\s*$")
 _IN_RULE = re.compile(r"^\s*in\s*\[(.*)\]\s*$")
 
@@ -131,7 +133,7 @@ class ColumnSpec:
 
     name: str
     kind: str
-    dtype: str = "string"  # categorical: string | int; input: int | float | string
+    dtype: str = "string"  # categorical: string | int | hex; input: int | float | string; numeric: float | int
     separator: str = "|"
     pooling: str = "sum"
     max_length: int | None = None
@@ -150,8 +152,8 @@ class ColumnSpec:
     def value_dtype(self) -> str:
         """The dtype its values are read as: ``string``, ``int`` or ``float``."""
         if self.kind == "numeric":
-            return "float"
-        if self.kind == "multi_valued":
+            return "int" if self.dtype == "int" else "float"
+        if self.kind == "multi_valued" or self.dtype == "hex":
             return "string"
         return self.dtype
 
@@ -197,15 +199,7 @@ class Schema:
     columns: tuple[ColumnSpec, ...]
     derived: tuple[DerivedSpec, ...] = ()
     source: str = field(default="", compare=False)
-
-    @property
-    def is_criteo(self) -> bool:
-        """The built-in Criteo schema: its own TSV path, key scheme 1, no schema in the manifest."""
-        return self.format.type == "criteo"
-
-    @property
-    def key_scheme(self) -> int:
-        return 1 if self.is_criteo else 2
+    key_scheme: int = 2  # 1: every field's key tagged with its number (features.py)
 
     def column(self, name: str) -> ColumnSpec:
         for column in self.columns:
@@ -245,10 +239,10 @@ class Schema:
         return tuple(c.name for c in self.dense_columns)
 
     def field_specs(self) -> list[Any]:
-        """The store's :class:`des.data.store.FieldSpec` s (kind: the column's kind, or ``derived``)."""
-        if self.is_criteo:  # the fields of keys.py (kinds "integer" and "categorical")
-            return list(CRITEO_FIELDS)
-        specs = [FieldSpec(c.name, c.kind, MULTI_HOT if c.kind == "multi_valued" else ONE_HOT, c.weighted)
+        """The store's :class:`des.data.store.FieldSpec` s (kind: the column's kind, or ``derived``;
+        key scheme 1 names a bucketized number's field ``integer``, as ``keys.KEY_SCHEME`` does)."""
+        specs = [FieldSpec(c.name, "integer" if self.key_scheme == 1 and c.kind == "numeric" else c.kind,
+                           MULTI_HOT if c.kind == "multi_valued" else ONE_HOT, c.weighted)
                  for c in self.sparse_columns]
         return specs + [FieldSpec(d.name, "derived", ONE_HOT, False) for d in self.derived]
 
@@ -301,6 +295,8 @@ class Schema:
             label["rule"] = self.label.rule
         data: dict[str, Any] = {"name": self.name, "format": fmt, "label": label,
                                 "columns": [_column_dict(c) for c in self.columns]}
+        if self.key_scheme != 2:  # absent at the default: a schema's record (and fingerprint) stays as it was
+            data["key_scheme"] = self.key_scheme
         if self.derived:
             data["derived"] = [{"name": d.name, "transform": d.transform, "inputs": list(d.inputs), **d.options}
                                for d in self.derived]
@@ -330,6 +326,8 @@ def _column_dict(c: ColumnSpec) -> dict[str, Any]:
             entry["weight_separator"] = c.weight_separator
     elif c.kind == "numeric":
         entry["as"] = c.as_
+        if c.dtype == "int":
+            entry["dtype"] = "int"
         if c.as_ == "dense":
             entry.update(transform=c.transform, standardize=c.standardize, fill=c.fill)
             if c.mean is not None:
@@ -413,8 +411,8 @@ _COLUMN_KEYS = {
     "input": ("dtype",),
     "ignored": (),
 }
-_DENSE_KEYS = ("as", "transform", "standardize", "fill")
-_BUCKET_KEYS = ("as", "buckets", "count", "boundaries")
+_DENSE_KEYS = ("as", "dtype", "transform", "standardize", "fill")
+_BUCKET_KEYS = ("as", "dtype", "buckets", "count", "boundaries")
 
 
 def _parse_column(where: _Where, entry: Any, path: str, allow_statistics: bool) -> ColumnSpec:
@@ -432,7 +430,7 @@ def _parse_column(where: _Where, entry: Any, path: str, allow_statistics: bool) 
             where.fail(f"{path}.{key}", f"not an option of a {kind}{' ' + as_ if kind == 'numeric' else ''} column "
                        f"(its options: {', '.join(allowed) or 'none'})")
     if kind == "categorical":
-        return ColumnSpec(name, kind, dtype=where.string(entry, "dtype", path, "string", ("string", "int")))
+        return ColumnSpec(name, kind, dtype=where.string(entry, "dtype", path, "string", ("string", "int", "hex")))
     if kind == "input":
         return ColumnSpec(name, kind, dtype=where.string(entry, "dtype", path, "string", ("int", "float", "string")))
     if kind == "ignored":
@@ -449,12 +447,13 @@ def _parse_column(where: _Where, entry: Any, path: str, allow_statistics: bool) 
         return ColumnSpec(name, kind, separator=separator, pooling=pooling,
                           max_length=where.integer(entry, "max_length", path, None, 1),
                           weight_separator=weight_separator)
+    dtype = where.string(entry, "dtype", path, "float", ("float", "int"))
     if as_ == "dense":
         mean = where.number(entry, "mean", path, None)
         std = where.number(entry, "std", path, None)
         if (mean is None) != (std is None) or (std is not None and std <= 0):
             where.fail(f"{path}.std", "mean and a positive std go together")
-        return ColumnSpec(name, kind, as_="dense",
+        return ColumnSpec(name, kind, dtype=dtype, as_="dense",
                           transform=where.string(entry, "transform", path, "none", DENSE_TRANSFORMS),
                           standardize=where.boolean(entry, "standardize", path, False),
                           fill=where.number(entry, "fill", path, 0.0), mean=mean, std=std)
@@ -474,7 +473,7 @@ def _parse_column(where: _Where, entry: Any, path: str, allow_statistics: bool) 
         boundaries = tuple(float(v) for v in values)
     elif buckets == "boundaries":
         where.fail(f"{path}.boundaries", "missing (buckets = \"boundaries\" needs them)")
-    return ColumnSpec(name, kind, as_="bucketize", buckets=buckets, count=count, boundaries=boundaries)
+    return ColumnSpec(name, kind, dtype=dtype, as_="bucketize", buckets=buckets, count=count, boundaries=boundaries)
 
 
 def _parse_format(where: _Where, data: Mapping[str, Any]) -> FormatSpec:
@@ -507,7 +506,7 @@ def _parse_format(where: _Where, data: Mapping[str, Any]) -> FormatSpec:
 def _parse(data: Mapping[str, Any], source: str, default_name: str, allow_statistics: bool = False) -> Schema:
     where = _Where(source)
     where.table(data, "(top level)")
-    where.keys(data, "", ("name", "format", "label", "columns", "derived"), ("label", "columns"))
+    where.keys(data, "", ("name", "key_scheme", "format", "label", "columns", "derived"), ("label", "columns"))
     name = where.string(data, "name", "name", default_name) if "name" in data else default_name
     fmt = _parse_format(where, data)
     label_table = where.table(data["label"], "label")
@@ -537,7 +536,38 @@ def _parse(data: Mapping[str, Any], source: str, default_name: str, allow_statis
     derived = _parse_derived(where, data.get("derived", []), columns, seen)
     if not any(c.is_sparse for c in columns) and not derived and not any(c.is_dense for c in columns):
         where.fail("columns", "no feature declared (every column is ignored or an input)")
-    return Schema(name, fmt, label, columns, derived, source)
+    key_scheme = data.get("key_scheme", 2)
+    if key_scheme not in KEY_SCHEMES or isinstance(key_scheme, bool):
+        where.fail("key_scheme", f"{key_scheme!r} is not one of {', '.join(map(str, KEY_SCHEMES))}")
+    if key_scheme == 1:
+        _check_key_scheme_1(where, columns, derived)
+    if fmt.type == "criteo":
+        _check_criteo_layout(where, label, columns)
+    return Schema(name, fmt, label, columns, derived, source, key_scheme)
+
+
+def _check_key_scheme_1(where: _Where, columns: Sequence[ColumnSpec], derived: Sequence[DerivedSpec]) -> None:
+    """Key scheme 1 tags keys of at most 2^32 + 1 values (features.py): hex ids and buckets only."""
+    for i, column in enumerate(columns):
+        if column.is_sparse and not (column.kind == "numeric" or column.dtype == "hex"):
+            where.fail(f"columns[{i}]", "key_scheme 1 takes categorical dtype \"hex\" and bucketized numeric "
+                                        f"fields only, not a {column.kind} of dtype {column.value_dtype}")
+    if derived:
+        where.fail("derived", "key_scheme 1 takes no derived fields")
+
+
+def _check_criteo_layout(where: _Where, label: LabelSpec, columns: Sequence[ColumnSpec]) -> None:
+    """``type = "criteo"``: Criteo's reader gives its 40 columns, the label, integers I1..I13 and
+    hex ids C1..C26, in that order."""
+    names = tuple(c.name for c in columns)
+    if label.column != "label" or label.rule is not None or names != FIELD_NAMES:
+        where.fail("format.type", "\"criteo\" reads the columns label, I1..I13, C1..C26 (no rule), in that order")
+    for i, column in enumerate(columns):
+        integer = i < NUM_INT_FIELDS
+        if column.kind != "ignored" and (column.kind != "numeric" or column.dtype != "int" if integer
+                                         else column.kind != "categorical" or column.dtype != "hex"):
+            want = "numeric of dtype \"int\"" if integer else "categorical of dtype \"hex\""
+            where.fail(f"columns[{i}]", f"{column.name} of a \"criteo\" file is {want} (or ignored)")
 
 
 def _parse_derived(where: _Where, entries: Any, columns: Sequence[ColumnSpec],
@@ -600,10 +630,33 @@ AVAZU: dict[str, Any] = {
 
 
 def _criteo() -> dict[str, Any]:
-    return {"name": "criteo", "format": {"type": "criteo"}, "label": {"column": "label"},
-            "columns": [{"name": n, "kind": "numeric", "as": "bucketize", "buckets": "log_squared"}
+    return {"name": "criteo", "key_scheme": 1, "format": {"type": "criteo"}, "label": {"column": "label"},
+            "columns": [{"name": n, "kind": "numeric", "dtype": "int", "as": "bucketize", "buckets": "log_squared"}
                         for n in FIELD_NAMES[:NUM_INT_FIELDS]]
-            + [{"name": n, "kind": "categorical"} for n in FIELD_NAMES[NUM_INT_FIELDS:]]}
+            + [{"name": n, "kind": "categorical", "dtype": "hex"} for n in FIELD_NAMES[NUM_INT_FIELDS:]]}
+
+
+# What stores of the built-in criteo schema record instead of the schema: they were written so
+# before schemas existed, and record so still, so that their manifests (and fingerprints) stay.
+CRITEO_TRANSFORM = "Criteo raw TSV: integer v -> v if v <= 2 else floor(ln(v)^2); hex -> int; see key_scheme"
+
+
+def records_schema(schema: Schema) -> bool:
+    """Whether what is prepared with ``schema`` records it (``manifest["schema"]``, a checkpoint's
+    ``"schema"``): every schema but the built-in criteo, whose record is its absence (read back as
+    the built-in by :func:`load_schema` of None)."""
+    return schema != load_schema("criteo")
+
+
+def manifest_sections(schema: Schema) -> dict[str, Any]:
+    """What a store prepared with a resolved ``schema`` records of it: its key scheme and the
+    schema (the built-in criteo's stores: the ``transform`` line instead, as always)."""
+    record = KEY_SCHEME if schema.key_scheme == 1 else dict(KEY_SCHEME_2)
+    if schema.key_scheme == 2 and any(c.dtype == "hex" for c in schema.sparse_columns):
+        record["hex"] = "key = int(hex8, 16) + 1"
+    if not records_schema(schema):
+        return {"key_scheme": record, "transform": CRITEO_TRANSFORM}
+    return {"key_scheme": record, "schema": schema.to_dict()}
 
 
 BUILT_IN = ("criteo", "avazu")
@@ -649,10 +702,8 @@ def check_same_schema(recorded: Mapping[str, Any] | None, wanted: Schema, what: 
     ``wanted``: the same declarations (names aside), and with ``resolved`` the same training
     statistics too. A one-line DataError says how they differ."""
     have = load_schema(None) if recorded is None else Schema.from_dict(recorded)
-    if have.is_criteo and wanted.is_criteo:
-        return
     same = (have.fingerprint == wanted.fingerprint if resolved
-            else have.is_criteo == wanted.is_criteo and _declared_content(have) == _declared_content(wanted))
+            else _declared_content(have) == _declared_content(wanted))
     if not same:
         how = "other training statistics" if resolved and _declared_content(have) == _declared_content(wanted) else \
             f"schema {describe_schema(recorded)}"
@@ -667,7 +718,6 @@ def trained_schema(recorded: Mapping[str, Any] | None, asked: str | Path | None,
     schema = load_schema(None) if recorded is None else Schema.from_dict(recorded, source=what)
     if asked:
         wanted = load_schema(asked)
-        if wanted.is_criteo != schema.is_criteo or (not schema.is_criteo and
-                                                    _declared_content(wanted) != _declared_content(schema)):
+        if _declared_content(wanted) != _declared_content(schema):
             raise DataError(f"--schema {asked}: {what} was trained on data of schema {describe_schema(recorded)}")
     return schema

@@ -53,6 +53,7 @@ MULTI_HOT = "multi-hot"
 ONE_HOT_KEYS_FILE = "one_hot.keys.bin"
 DENSE_FILE = "dense.bin"
 SPLIT_METHOD = "splitmix64: x = (stream(seed)[row] >> 11) / 2^53; train if x < f0, validation if x < f0+f1, else test"
+SPLIT_BY_INPUT = "by input: every row of an input in the split of its role (split.inputs: [role, source])"
 
 _KEY_DTYPE = np.dtype("<i8")
 _WEIGHT_DTYPE = np.dtype("<f4")
@@ -177,6 +178,9 @@ class StoreWriter:
                        if self.dense_names else None)
         self.split_fractions = check_fractions(split)
         self.split_seed = int(seed)
+        #: the split of each input's rows when the rows of separate inputs are given their split
+        #: (``append(split_code=...)``): ``[[role, source name], ...]``, recorded in the manifest
+        self.split_by_input: list[list[str]] | None = None
         self.num_rows = 0
         self.num_positives = 0
         self.split_counts = np.zeros(len(SPLIT_NAMES), dtype=np.int64)
@@ -204,16 +208,19 @@ class StoreWriter:
         columns: Sequence[np.ndarray | FieldBatch],
         extras: Mapping[str, np.ndarray] | None = None,
         dense: np.ndarray | None = None,
+        split_code: int | None = None,
     ) -> np.ndarray:
         """Append rows: labels (0/1), one column per field (keys array or FieldBatch), extras, and
-        the dense features ``[rows, D]`` (float32) when the store has some.
+        the dense features ``[rows, D]`` (float32) when the store has some; ``split_code``: the
+        split of every one of these rows (rows of a separate input), else the seeded split's.
 
         Returns the split codes (0 train, 1 validation, 2 test) given to these rows.
         """
         count = labels.shape[0]
         if len(columns) != len(self._fields):
             raise ValueError(f"{len(columns)} columns for {len(self._fields)} fields")
-        codes = assign_splits(self.split_seed, self.split_fractions, self.num_rows, count)
+        codes = (assign_splits(self.split_seed, self.split_fractions, self.num_rows, count) if split_code is None
+                 else np.full(count, split_code, dtype=np.uint8))
         one_hot_keys = [keys for writer, column in zip(self._fields, columns)
                         if (keys := writer.append(column, count)) is not None]
         if self._one_hot is not None:
@@ -270,6 +277,8 @@ class StoreWriter:
             },
             "arrays": {name: file.close() for name, file in self._extras.items()},
         }
+        if self.split_by_input is not None:  # each input's rows in its split: no fractions, no seed
+            manifest["split"].update(fractions=None, seed=None, method=SPLIT_BY_INPUT, inputs=self.split_by_input)
         if self._dense is not None:  # absent otherwise: a store without dense features is as before
             manifest["dense"] = {"names": list(self.dense_names), "array": self._dense.close()}
         manifest.update(sections)

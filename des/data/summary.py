@@ -55,7 +55,10 @@ def format_summary(store: ColumnStore, top_k: int = DEFAULT_TOP_K) -> str:
     counts = "  ".join(
         f"{name} {split['rows'][name]:,} ({_percent(split['rows'][name], rows)})" for name in split["names"]
     )
-    if [float(x) for x in split["fractions"]] == [0.0, 0.0, 1.0]:
+    if split.get("inputs") is not None:
+        roles = ", ".join(f"{role} {name}" for role, name in split["inputs"])
+        lines.append(f"split        {counts}  [by input: {roles}]")
+    elif [float(x) for x in split["fractions"]] == [0.0, 0.0, 1.0]:
         # prepared whole (inputs.WHOLE_FILE): a file of --train-data/--validation-data/--test-data or
         # des.evaluate --data; every row sits in the test split, but its role is the flag's
         lines.append(f"split        none: the file prepared whole, its rows in input order (a cache entry of "

@@ -3,7 +3,7 @@
 Each read column gets values of its kind, drawn in fixed blocks of ``BLOCK_ROWS`` rows from
 ``np.random.default_rng([seed, 0, block])`` (any chunking gives the same rows, a smaller dataset is
 a prefix of a larger one): categorical columns Zipf-distributed ids (vocabularies of 10 to 10^5
-by column, 2 % missing; string columns as the id's decimal text), multi-valued columns 0..k ids
+by column, 2 % missing; string columns as the id's decimal text, hex ones as its 8 hex digits), multi-valued columns 0..k ids
 (k = ``max_length`` + 1, else 4; weights in [0.5, 1.5) when weighted), numeric columns N(0, 1)
 (``log1p`` and ``log_squared`` columns: Zipf counts; 2 % missing), time inputs hours over two weeks
 from 2014-10-21 (unix seconds or the declared format), ignored columns the row number. The rows
@@ -14,7 +14,7 @@ its bias calibrated to ``positive_rate``. A label with a rule is written as a va
 right side of it.
 
 The output is a raw file in the schema's format (CSV with its delimiter and header, ``.gz`` for
-gzip, or Parquet) that ``des.data prepare --schema`` reads back into the same keys, or directly
+gzip, Parquet, or Criteo's TSV) that ``des.data prepare --schema`` reads back into the same keys, or directly
 a column store with the true probabilities and the oracle's test AUC.
 """
 
@@ -33,9 +33,9 @@ from des.metrics import logloss as log_loss, roc_auc
 from .batch import FieldBatch
 from .build import atomic_directory
 from .errors import DataError
-from .features import KEY_SCHEME_2, encode_rows
+from .features import encode_rows
 from ..splitmix import mix64, seed_to_uint64
-from .schema import ColumnSpec, Schema, load_schema
+from .schema import ColumnSpec, Schema, load_schema, manifest_sections
 from .split import DEFAULT_SPLIT, assign_splits, check_fractions
 from .store import ColumnStore, StoreWriter
 from .synth import _ORACLE_SALT, _SQRT3, _accumulate_fm, calibrated_bias, zipf_ranks
@@ -85,7 +85,7 @@ def _column(column: ColumnSpec, index: int, rng: np.random.Generator, rows: int,
             values = zipf_ranks(rng.random(rows), 100_000, 1.2).astype(np.float64)
         else:
             values = rng.standard_normal(rows)
-        return pa.array(values, mask=missing)
+        return pa.array(values.astype(np.int64) if column.dtype == "int" else values, mask=missing)
     if column.kind == "input" and time_format is not None:
         seconds = _START_SECONDS + 3600 * rng.integers(0, 24 * 14, rows)
         if time_format == "unix":
@@ -93,6 +93,8 @@ def _column(column: ColumnSpec, index: int, rng: np.random.Generator, rows: int,
         stamps = pa.array(seconds.astype("datetime64[s]"))
         return pc.if_else(pa.array(missing), pa.scalar(None, pa.string()), pc.strftime(stamps, format=time_format))
     ranks = zipf_ranks(rng.random(rows), vocab, 1.1)
+    if column.dtype == "hex":  # the id's 8 hex digits
+        return pc.if_else(pa.array(missing), pa.scalar(None, pa.string()), pa.array(np.char.mod("%08x", ranks)))
     if column.value_dtype == "int":
         return pa.array(ranks, mask=missing)
     if column.value_dtype == "float":
@@ -104,8 +106,6 @@ class SchemaGenerator:
     """Draws blocks of raw rows of a schema and their oracle probabilities."""
 
     def __init__(self, schema: Schema, seed: int, split: Sequence[float], positive_rate: float, rows: int) -> None:
-        if schema.is_criteo:
-            raise DataError("the criteo schema has its own generator (des.data synth without --schema)")
         if not 0.0 < positive_rate < 1.0:
             raise DataError(f"positive_rate must be in (0, 1), not {positive_rate}")
         self.seed = int(seed)
@@ -217,7 +217,7 @@ def synthesize_schema(output: str | os.PathLike, rows: int, schema: Schema | str
             labels, probabilities = np.concatenate(test_labels), np.concatenate(test_probabilities)
             auc = roc_auc(labels, probabilities) if 0 < int(labels.sum()) < labels.shape[0] else None
             manifest = writer.finish(
-                sources=[], schema=schema.to_dict(), key_scheme=KEY_SCHEME_2,
+                sources=[], **manifest_sections(schema),
                 synthetic={"generator": GENERATOR_NAME, "block_rows": BLOCK_ROWS, "rows": rows,
                            "config": {"seed": generator.seed, "positive_rate": positive_rate},
                            "calibrated_bias": generator.bias,
@@ -238,9 +238,10 @@ def _write_raw(generator: SchemaGenerator, target: Path, rows: int, overwrite: b
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.parent / f".{target.name}.tmp-{os.getpid()}"
     names = schema.format.names if schema.format.type == "csv" and not schema.format.header else schema.file_columns
+    delimiter, header = (schema.format.delimiter, schema.format.header) if schema.format.type == "csv" else ("\t", False)
     separators = {c.separator for c in schema.columns if c.kind == "multi_valued"} | {
         c.weight_separator for c in schema.columns if c.kind == "multi_valued"}
-    quoting = "needed" if schema.format.delimiter in separators else "none"  # as Avazu's files: no quotes
+    quoting = "needed" if delimiter in separators else "none"  # as Avazu's files: no quotes
     positives = 0
     writer: Any = None
     try:
@@ -254,8 +255,7 @@ def _write_raw(generator: SchemaGenerator, target: Path, rows: int, overwrite: b
                     writer = writer or pq.ParquetWriter(sink, table.schema)
                     writer.write_table(table)
                     continue
-                header = schema.format.header and writer is None
-                options = csv.WriteOptions(include_header=header, delimiter=schema.format.delimiter,
+                options = csv.WriteOptions(include_header=header and writer is None, delimiter=delimiter,
                                            quoting_style=quoting, quoting_header="none")
                 csv.write_csv(table, sink, options)
                 writer = True

@@ -1,4 +1,5 @@
-"""Reading and preparing raw tables of a declared schema (CSV/TSV, plain or gzip, and Parquet).
+"""Reading and preparing raw tables of a declared schema (CSV/TSV, plain or gzip, and Parquet;
+Criteo's TSV through its own reader, ``tsv.py``).
 
 Files are read with pyarrow in bounded chunks: ``pyarrow.csv.open_csv`` (a streaming reader with
 a block size; every column read as text and converted here, so each bad value is found with its
@@ -30,11 +31,11 @@ from typing import Any
 import numpy as np
 
 from .errors import DataError
-from .features import KEY_SCHEME_2, TRANSFORMS, derived_inputs, encode_rows, multi_valued_field
-from .schema import ColumnSpec, Schema
-from .split import assign_splits
+from .features import TRANSFORMS, derived_inputs, encode_rows, float_values, hex_keys, multi_valued_field
+from .schema import ColumnSpec, Schema, manifest_sections
+from .split import SPLIT_NAMES, assign_splits
 from .store import StoreWriter
-from .tsv import FIRST_BAD_LINES_KEPT, SourceReport
+from .tsv import FIRST_BAD_LINES_KEPT, Chunk, CriteoTsvReader, SourceReport
 
 QUANTILE_SAMPLE = 1 << 20
 _MOMENT_BLOCK = 1 << 16
@@ -42,18 +43,6 @@ _MIN_BLOCK_BYTES = 1 << 14
 _MAX_BLOCK_BYTES = 1 << 26
 _BYTES_PER_ROW_GUESS = 128
 _HEADER_BYTES = 1 << 16  # the header line must fit
-
-
-@dataclass
-class Chunk:
-    """Validated rows: labels (uint8) and the read columns as Arrow arrays of their value dtypes."""
-
-    labels: np.ndarray
-    columns: dict[str, Any]
-
-    @property
-    def num_rows(self) -> int:
-        return self.labels.shape[0]
 
 
 class _CountingReader:
@@ -299,6 +288,7 @@ class TableReader:
         except (self.pa.ArrowInvalid, OSError) as error:
             raise DataError(f"{path}: not a Parquet file ({_arrow_message(error)})") from None
         self._check_names(path, parquet.schema_arrow.names, "the Parquet schema")
+        self._check_parquet_types(path, parquet.schema_arrow)
         columns = [self.schema.label.column, *(c.name for c in self.schema.read_columns)]
         size, total = os.path.getsize(path), max(parquet.metadata.num_rows, 1)
         lines = _LineNumbers(0)
@@ -308,6 +298,26 @@ class TableReader:
                 self.progress.update(size * batch.num_rows / total / 1e6)
         with open(path, "rb") as handle:  # Parquet is read by row groups: its bytes are hashed apart
             report.sha256 = _CountingReader(handle, None).finish()
+
+    def _check_parquet_types(self, path: str, arrow_schema: Any) -> None:
+        """A Parquet column must hold what the schema declares: text for a string column (a hex id,
+        a multi-valued list), integers for an int one, numbers for a float one (integers cast to
+        float64, each value checked to be exact) and for the label; anything else (a float64 column
+        declared int, digit strings declared a number) is one line naming the column and the file."""
+        pa = self.pa
+        declared = {self.schema.label.column: "label", **{c.name: c.value_dtype for c in self.schema.read_columns}}
+        for name, dtype in declared.items():
+            type_ = arrow_schema.field(name).type
+            if pa.types.is_dictionary(type_):
+                type_ = type_.value_type
+            text = pa.types.is_string(type_) or pa.types.is_large_string(type_)
+            integer = pa.types.is_integer(type_)
+            number = integer or pa.types.is_floating(type_)
+            ok = {"string": text, "int": integer, "float": number, "label": number or pa.types.is_boolean(type_)}[dtype]
+            if not ok:
+                want = {"string": "text", "int": "integers", "float": "numbers", "label": "numbers (the label)"}[dtype]
+                raise DataError(f"{path}: column {name} is {type_} in the Parquet file, but schema "
+                                f"{self.schema.name} declares {want} (write it as such, or declare the column so)")
 
     def _read_in_memory(self, source: InMemoryTable, report: SourceReport) -> Iterator[Chunk]:
         self._check_names(source.name, source.table.schema.names, "the table")
@@ -407,11 +417,16 @@ class TableReader:
                 array = array.cast(pa.string())
             if column.kind == "multi_valued" and column.weight_separator is not None:
                 self._check_weights(column, array, problems)
+            if column.dtype == "hex":
+                problems.add(hex_keys(array) < 0,
+                             lambda r: f"column {column.name}: {_short(array[r].as_py())} is not 8 hex digits")
             return array
         target = pa.float64() if dtype == "float" else pa.int64()
-        what = "a number" if dtype == "float" else "an integer"
+        what = "is not a number" if dtype == "float" else "is not an integer"
+        if dtype == "float" and pa.types.is_integer(array.type):  # a typed file's integers: cast when exact
+            what = "is an integer a float64 cannot hold exactly"
         values, bad = _convert(array, target, as_array=True)
-        problems.add(bad, lambda r: f"column {column.name}: {_short(array[r].as_py())} is not {what}")
+        problems.add(bad, lambda r: f"column {column.name}: {_short(array[r].as_py())} {what}")
         return values
 
     def _check_weights(self, column: ColumnSpec, array: Any, problems: _Problems) -> None:
@@ -569,31 +584,44 @@ def resolve_statistics(schema: Schema, paths: Sequence[str | os.PathLike], split
     stats = [_Statistics(c, seed, i) for i, c in enumerate(columns)]
     row = 0
     with progress_bar(paths, "statistics", progress) as bar:
-        reader = TableReader(schema, bad_rows, chunk_rows, bar)
+        reader = open_reader(schema, bad_rows, chunk_rows, bar)
         for chunk in reader.read(paths):
             train = assign_splits(seed, split, row, chunk.num_rows) == 0
             row += chunk.num_rows
             for accumulator in stats:
-                values = np.asarray(chunk.columns[accumulator.column.name].to_numpy(zero_copy_only=False), np.float64)
-                accumulator.add(values[train])
+                accumulator.add(float_values(chunk.columns[accumulator.column.name])[train])
             if bar is not None:
                 bar.set_postfix_str(f"{row:,} rows", refresh=False)
     return schema.with_statistics({a.column.name: a.result() for a in stats})
 
 
-def write_table_store(schema: Schema, paths: Sequence[str | os.PathLike], directory: Path, split: Sequence[float],
-                      seed: int, bad_rows: str, chunk_rows: int, progress: bool | None = None) -> dict[str, Any]:
-    """Write the rows of ``paths`` as a column store in ``directory`` (a resolved ``schema``);
-    returns the manifest."""
+def open_reader(schema: Schema, bad_rows: str, chunk_rows: int, progress: Any = None) -> TableReader | CriteoTsvReader:
+    """The reader of ``schema``'s files (how their bytes become columns): Criteo's own for
+    ``[format] type = "criteo"``, else :class:`TableReader`."""
+    if schema.format.type == "criteo":
+        return CriteoTsvReader(bad_rows, chunk_rows, progress=progress)
+    return TableReader(schema, bad_rows, chunk_rows, progress)
+
+
+def write_store(schema: Schema, paths: Sequence[str | os.PathLike], directory: Path, split: Sequence[float],
+                seed: int, bad_rows: str, chunk_rows: int, progress: bool | None = None,
+                roles: Sequence[str] | None = None) -> dict[str, Any]:
+    """Write the rows of ``paths`` as a column store in ``directory`` (a resolved ``schema``),
+    split by ``split`` and ``seed``, or with ``roles`` (one split name per path) each path's rows
+    in its split; returns the manifest."""
     assert schema.resolved
     with progress_bar(paths, "preparing", progress) as bar, \
             StoreWriter(directory, schema.field_specs(), split, seed, dense_names=schema.dense_names) as writer:
-        reader = TableReader(schema, bad_rows, chunk_rows, bar)
-        for chunk in reader.read(paths):
-            encoded = encode_rows(schema, chunk.columns, chunk.num_rows)
-            writer.append(chunk.labels, encoded.columns, dense=encoded.dense)
-            if bar is not None:
-                bar.set_postfix_str(f"{writer.num_rows:,} rows", refresh=False)
+        reader = open_reader(schema, bad_rows, chunk_rows, bar)
+        groups = [(None, list(paths))] if roles is None else [(SPLIT_NAMES.index(r), [p]) for r, p in zip(roles, paths)]
+        for code, group in groups:
+            for chunk in reader.read(group):
+                encoded = encode_rows(schema, chunk.columns, chunk.num_rows, in_place=chunk.scratch)
+                writer.append(chunk.labels, encoded.columns, dense=encoded.dense, split_code=code)
+                if bar is not None:
+                    bar.set_postfix_str(f"{writer.num_rows:,} rows", refresh=False)
+        if roles is not None:
+            writer.split_by_input = [[role, Path(r.display_name).name] for role, r in zip(roles, reader.reports)]
         first_skipped = [f"{Path(r.display_name).name}:{line}" for r in reader.reports
                          for line in r.first_skipped][:FIRST_BAD_LINES_KEPT]
         first_error = next((f"{Path(r.display_name).name}:{r.first_error}" for r in reader.reports if r.first_error),
@@ -603,8 +631,7 @@ def write_table_store(schema: Schema, paths: Sequence[str | os.PathLike], direct
                       "skipped": r.skipped} for r in reader.reports],
             bad_rows={"policy": bad_rows, "skipped": sum(r.skipped for r in reader.reports),
                       "first_skipped": first_skipped, "first_error": first_error},
-            schema=schema.to_dict(),
-            key_scheme=KEY_SCHEME_2,
+            **manifest_sections(schema),
         )
 
 

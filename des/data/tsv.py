@@ -1,37 +1,33 @@
-"""Streaming reader and validator of raw Criteo TSV files (plain or gzip).
+"""Criteo's reader: raw Criteo TSV files (plain or gzip) as columns, streamed and validated.
 
-Each line is ``label \\t I1..I13 \\t C1..C26`` (40 columns, empty = missing). A numba kernel parses
-and validates a block of bytes and turns every value into its key (``keys.py``) in one pass; it
-stops at the first bad row (policy ``"fail"``) or counts and skips bad rows (policy ``"skip"``).
-A row is valid when it has exactly 40 columns, the label is ``0`` or ``1``, every integer column
-is empty or ``[+-]?[0-9]+`` (any size), and every categorical column is empty or exactly 8 hex
-digits (either case). A trailing ``\\r`` is ignored; blank lines are bad rows.
+Each line is ``label \\t I1..I13 \\t C1..C26`` (40 columns, empty = missing): the ``[format] type =
+"criteo"`` of a schema (``schema.py``; the built-in ``criteo``). A numba kernel parses and
+validates a block of bytes in one pass into the columns of its rows, which the schema's
+transforms then key (``features.encode_rows``): the labels (uint8), ``I1..I13`` as float64 (NaN:
+missing; the float64 rounding of the integer, as ``keys.integer_token`` takes it; beyond 2^63,
+which no transform tells apart, its float64 approximation) and ``C1..C26`` as int64 values (-1:
+missing). It stops at the first bad row (policy ``"fail"``) or counts and skips bad rows
+(policy ``"skip"``). A row is valid when it has exactly 40 columns, the label is ``0`` or ``1``,
+every integer column is empty or ``[+-]?[0-9]+`` (any size), and every categorical column is
+empty or exactly 8 hex digits (either case). A trailing ``\\r`` is ignored; blank lines are bad rows.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
-import math
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numba
 import numpy as np
 
 from .errors import DataError
-from .keys import (
-    FIELD_NAMES,
-    MISSING_VALUE,
-    NUM_FIELDS,
-    NUM_INT_FIELDS,
-    int_value_code,
-    key_of,
-    token_of_int,
-)
+from .features import HEX_DIGITS
+from .keys import FIELD_NAMES, NUM_FIELDS, NUM_INT_FIELDS
 
 NUM_COLUMNS = NUM_FIELDS + 1
 COLUMN_NAMES: tuple[str, ...] = ("label", *FIELD_NAMES)
@@ -44,36 +40,13 @@ _INCOMPLETE = -1
 _NEWLINE, _TAB, _CR = 10, 9, 13
 _EXACT_DIGITS = 18  # up to 18 decimal digits fit an int64 exactly
 _INT64_MAX_DIV10, _INT64_MAX_MOD10 = divmod(2**63 - 1, 10)
-_LN10 = math.log(10.0)
-
-
-def _hex_table() -> np.ndarray:
-    table = np.full(256, -1, dtype=np.int64)
-    for text in ("0123456789abcdef", "0123456789ABCDEF"):
-        for value, char in enumerate(text):
-            table[ord(char)] = value
-    return table
-
-
-_HEX_VALUE = _hex_table()  # byte -> hex digit value, -1 if not a hex digit
-
-
-@numba.njit(cache=True)
-def _token_table(size: int) -> np.ndarray:
-    table = np.empty(size, dtype=np.int64)
-    for v in range(size):
-        table[v] = token_of_int(v)
-    return table
-
-
-_SMALL_TOKEN_LIMIT = 1 << 14
-_SMALL_TOKENS = _token_table(_SMALL_TOKEN_LIMIT)  # token_of_int(v) for 0 <= v < limit (skips a log)
+_HEX_VALUE = HEX_DIGITS  # byte -> hex digit value, -1 if not a hex digit
 
 
 @numba.njit(cache=True, inline="always")
-def _parse_integer_column(buf, start, end, field, keys, row):
+def _parse_integer_column(buf, start, end, field, ints, row):
     if start == end:
-        keys[field, row] = key_of(field, MISSING_VALUE)
+        ints[field, row] = np.nan
         return _OK
     negative = False
     i = start
@@ -90,29 +63,20 @@ def _parse_integer_column(buf, start, end, field, keys, row):
         d = np.int64(buf[i]) - 48
         if d < 0 or d > 9:
             return _NOT_INT
-        value = value * 10 + d  # wraps beyond 18 digits; such values take _large_token
+        value = value * 10 + d  # wraps beyond 18 digits; such values take _large_value
         i += 1
     if end - digits_start <= _EXACT_DIGITS:
-        if negative:
-            token = token_of_int(-value)
-        elif value < _SMALL_TOKEN_LIMIT:
-            token = _SMALL_TOKENS[value]
-        else:
-            token = token_of_int(value)
+        ints[field, row] = float(-value if negative else value)
     else:
-        token = _large_token(buf, digits_start, end, negative)
-    keys[field, row] = key_of(field, int_value_code(token))
+        ints[field, row] = _large_value(buf, digits_start, end, negative)
     return _OK
 
 
 @numba.njit(cache=True)
-def _large_token(buf, start, end, negative):
-    """Token of a value of more than 18 significant digits ``buf[start:end]`` (no sign, no
-    leading zero): exact while it fits an int64, else ``floor(ln(v)^2)`` with ``ln(v)`` from the
-    first 18 digits and the digit count, so any length works (the same as ``keys.integer_token``
-    up to rounding in the last bits of ``ln(v)``)."""
-    if negative:
-        return -(1 << 62)  # below -2^31 whether or not it fits an int64: clipped by int_value_code
+def _large_value(buf, start, end, negative):
+    """The float64 of a value of more than 18 significant digits ``buf[start:end]`` (no sign, no
+    leading zero): exact rounding while it fits an int64, else from its first 18 digits and the
+    digit count (infinite beyond float64's range)."""
     m = 0
     for j in range(start, start + _EXACT_DIGITS):
         m = m * 10 + (np.int64(buf[j]) - 48)
@@ -120,15 +84,16 @@ def _large_token(buf, start, end, negative):
     if digits == _EXACT_DIGITS + 1:
         last = np.int64(buf[end - 1]) - 48
         if m < _INT64_MAX_DIV10 or (m == _INT64_MAX_DIV10 and last <= _INT64_MAX_MOD10):
-            return token_of_int(m * 10 + last)
-    log = math.log(float(m)) + (digits - _EXACT_DIGITS) * _LN10
-    return np.int64(math.floor(log * log))
+            value = float(m * 10 + last)
+            return -value if negative else value
+    value = float(m) * 10.0 ** (digits - _EXACT_DIGITS)
+    return -value if negative else value
 
 
 @numba.njit(cache=True, inline="always")
-def _parse_hex_column(buf, start, end, field, keys, row):
+def _parse_hex_column(buf, start, end, field, hexes, row):
     if start == end:
-        keys[field, row] = key_of(field, MISSING_VALUE)
+        hexes[field, row] = -1
         return _OK
     if end - start != 8:
         return _NOT_HEX
@@ -138,12 +103,12 @@ def _parse_hex_column(buf, start, end, field, keys, row):
         if d < 0:
             return _NOT_HEX
         value = value * 16 + d
-    keys[field, row] = key_of(field, value)
+    hexes[field, row] = value
     return _OK
 
 
 @numba.njit(cache=True, inline="always")
-def _parse_column(buf, start, end, column, labels, keys, row):
+def _parse_column(buf, start, end, column, labels, ints, hexes, row):
     if column == 0:
         if end - start == 1 and (buf[start] == 48 or buf[start] == 49):
             labels[row] = buf[start] - 48
@@ -151,12 +116,12 @@ def _parse_column(buf, start, end, column, labels, keys, row):
         return _LABEL
     field = column - 1
     if field < NUM_INT_FIELDS:
-        return _parse_integer_column(buf, start, end, field, keys, row)
-    return _parse_hex_column(buf, start, end, field, keys, row)
+        return _parse_integer_column(buf, start, end, field, ints, row)
+    return _parse_hex_column(buf, start, end, field - NUM_INT_FIELDS, hexes, row)
 
 
 @numba.njit(cache=True, inline="always")
-def _parse_line(buf, pos, final, labels, keys, row, problem):
+def _parse_line(buf, pos, final, labels, ints, hexes, row, problem):
     """Parse the line at ``pos`` into slot ``row``; returns (status, position after the line).
 
     On a bad line, ``problem`` gets [column, value start, value end] (column count for _COLUMNS).
@@ -178,7 +143,7 @@ def _parse_line(buf, pos, final, labels, keys, row, problem):
             if c == _NEWLINE and end > start and buf[end - 1] == _CR:
                 end -= 1
             if status == _OK and column < NUM_COLUMNS:
-                status = _parse_column(buf, start, end, column, labels, keys, row)
+                status = _parse_column(buf, start, end, column, labels, ints, hexes, row)
                 if status != _OK:
                     problem[0], problem[1], problem[2] = column, start, end
             column += 1
@@ -193,7 +158,7 @@ def _parse_line(buf, pos, final, labels, keys, row, problem):
 
 
 @numba.njit(cache=True)
-def _parse_block(buf, pos, final, row, labels, keys, skip, bad_lines, problem):
+def _parse_block(buf, pos, final, row, labels, ints, hexes, skip, bad_lines, problem):
     """Parse lines from ``pos`` into slots ``row..`` until the slots or the complete lines run out.
 
     Returns (position, next free slot, lines consumed, bad lines, status of the first bad line,
@@ -208,7 +173,7 @@ def _parse_block(buf, pos, final, row, labels, keys, skip, bad_lines, problem):
     first_line = -1
     scratch = np.zeros(3, dtype=np.int64)
     while row < max_rows and pos < n:
-        status, next_pos = _parse_line(buf, pos, final, labels, keys, row, scratch)
+        status, next_pos = _parse_line(buf, pos, final, labels, ints, hexes, row, scratch)
         if status == _INCOMPLETE:
             break
         if status == _OK:
@@ -265,13 +230,16 @@ _UTF8_BOM = b"\xef\xbb\xbf"
 class _HashingReader:
     """A read-only file wrapper that feeds every byte it returns into a sha256."""
 
-    def __init__(self, handle: IO[bytes]) -> None:
+    def __init__(self, handle: IO[bytes], progress: Any = None) -> None:
         self._handle = handle
         self.sha256 = hashlib.sha256()
+        self.progress = progress
 
     def read(self, size: int = -1) -> bytes:
         data = self._handle.read(size)
         self.sha256.update(data)
+        if self.progress is not None:
+            self.progress.update(len(data) / 1e6)
         return data
 
     def readable(self) -> bool:
@@ -285,11 +253,13 @@ class _HashingReader:
 
 
 @dataclass
-class RowBlock:
-    """Parsed rows: labels uint8 [n] and keys int64 [NUM_FIELDS, n] (each field's row contiguous)."""
+class Chunk:
+    """Validated rows: labels (uint8) and the read columns by name (Arrow arrays of their value
+    dtypes, or the numpy arrays of Criteo's reader)."""
 
     labels: np.ndarray
-    keys: np.ndarray
+    columns: dict[str, Any]
+    scratch: bool = False  # the columns are a reader's buffers: what reads them once may overwrite them
 
     @property
     def num_rows(self) -> int:
@@ -310,9 +280,11 @@ class SourceReport:
 
 
 class CriteoTsvReader:
-    """Reads raw Criteo files into blocks of at most ``chunk_rows`` validated, keyed rows."""
+    """Reads raw Criteo files into :class:`Chunk` s of at most ``chunk_rows`` validated rows
+    (the module docstring says of which columns)."""
 
-    def __init__(self, bad_rows: str = "fail", chunk_rows: int = 1 << 18, read_bytes: int = 1 << 21) -> None:
+    def __init__(self, bad_rows: str = "fail", chunk_rows: int = 1 << 18, read_bytes: int = 1 << 21,
+                 progress: Any = None) -> None:
         if bad_rows not in BAD_ROW_POLICIES:
             raise DataError(f"bad_rows must be one of {', '.join(BAD_ROW_POLICIES)}, not {bad_rows!r}")
         if chunk_rows < 1:
@@ -320,28 +292,32 @@ class CriteoTsvReader:
         self.skip = bad_rows == "skip"
         self.chunk_rows = int(chunk_rows)
         self.read_bytes = int(read_bytes)
+        self.progress = progress  # a tqdm bar over the bytes of the files as stored, or None
         self.reports: list[SourceReport] = []
         self._labels = np.empty(self.chunk_rows, dtype=np.uint8)
-        # field-major; rows padded so the 39 write streams do not alias in the cache
-        self._keys = np.empty((NUM_FIELDS, self.chunk_rows + 24), dtype=np.int64)[:, : self.chunk_rows]
+        # column-major; rows padded so the 39 write streams do not alias in the cache
+        self._ints = np.empty((NUM_INT_FIELDS, self.chunk_rows + 24), dtype=np.float64)[:, : self.chunk_rows]
+        self._hexes = np.empty((NUM_FIELDS - NUM_INT_FIELDS, self.chunk_rows + 24), dtype=np.int64)[:, : self.chunk_rows]
         self._filled = 0
 
-    def read(self, paths: list[str | Path]) -> Iterator[RowBlock]:
-        """Yield blocks of rows of all files in order (the last block may be short).
+    def read(self, paths: list[str | Path]) -> Iterator[Chunk]:
+        """Yield chunks of rows of all files in order (the last one may be short).
 
-        A block is a view of the reader's buffers: use it before asking for the next one.
+        A chunk is a view of the reader's buffers: use it before asking for the next one.
         """
         for path in paths:
             yield from self._read_file(path)
         if self._filled:
             yield self._take_block()
 
-    def _take_block(self) -> RowBlock:
-        block = RowBlock(self._labels[: self._filled], self._keys[:, : self._filled])
+    def _take_block(self) -> Chunk:
+        n = self._filled
+        columns = {name: self._ints[f, :n] for f, name in enumerate(FIELD_NAMES[:NUM_INT_FIELDS])}
+        columns.update((name, self._hexes[f, :n]) for f, name in enumerate(FIELD_NAMES[NUM_INT_FIELDS:]))
         self._filled = 0
-        return block
+        return Chunk(self._labels[:n], columns, scratch=True)
 
-    def _read_file(self, path: str | Path) -> Iterator[RowBlock]:
+    def _read_file(self, path: str | Path) -> Iterator[Chunk]:
         name = str(path)
         report = SourceReport(display_name=name)
         self.reports.append(report)
@@ -353,7 +329,7 @@ class CriteoTsvReader:
         with open(file_path, "rb") as handle:
             is_gzip = handle.read(2) == b"\x1f\x8b"
             handle.seek(0)
-            hashing = _HashingReader(handle)
+            hashing = _HashingReader(handle, self.progress)
             stream = gzip.GzipFile(fileobj=hashing, mode="rb") if is_gzip else hashing  # type: ignore[arg-type]
             yield from self._parse_stream(stream, report, is_gzip)
             report.sha256 = hashing.finish()
@@ -375,7 +351,7 @@ class CriteoTsvReader:
                 where = f"before line 1 could be read (within the first {offset + self.read_bytes:,} bytes of data)"
             raise DataError(f"{report.display_name}: {what} {where} ({error})") from None
 
-    def _parse_stream(self, stream: IO[bytes], report: SourceReport, is_gzip: bool) -> Iterator[RowBlock]:
+    def _parse_stream(self, stream: IO[bytes], report: SourceReport, is_gzip: bool) -> Iterator[Chunk]:
         pending = b""
         at_eof = False
         bad_lines = np.zeros(FIRST_BAD_LINES_KEPT, dtype=np.int64)
@@ -392,7 +368,8 @@ class CriteoTsvReader:
             pos = 0
             while True:
                 pos, filled, lines, n_bad, status, bad_offset = _parse_block(
-                    array, pos, at_eof, self._filled, self._labels, self._keys, self.skip, bad_lines, problem
+                    array, pos, at_eof, self._filled, self._labels, self._ints, self._hexes, self.skip, bad_lines,
+                    problem
                 )
                 if n_bad:
                     self._record_bad_rows(report, buf, n_bad, status, bad_offset, bad_lines, problem)

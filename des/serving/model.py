@@ -3,10 +3,10 @@ columns and returning ``{"probability": [batch]}`` (``docs/design.md``, section 
 
 Inside are, as plain TensorFlow ops and variables (loading it needs TensorFlow only, never des):
 
-* the key transform of training: Criteo's (``des/data/tf_keys.py``, the twin of
-  ``des/data/keys.py``) or the schema's (``des/data/features.py``: string hashing, buckets, time
-  parts, crosses, multi-valued splitting, truncation and pooling weights, the dense features'
-  transforms with the training statistics);
+* the key transform of training, the schema's (``des/data/features.py``, each TF op next to its
+  numpy twin: string hashing, hex ids, buckets (Criteo's ``log_squared`` too), key scheme 1's
+  field tags, time parts, crosses, multi-valued splitting, truncation and pooling weights, the
+  dense features' transforms with the training statistics);
 * one hash table per field from key to row and, per value block, the matrix of the trained rows
   (``state.py``: rows of ids not yet admitted keep what training gives them, their initial value
   or zero; with ``--unadmitted shared`` only admitted ids are kept);
@@ -26,7 +26,6 @@ from __future__ import annotations
 from typing import Any
 
 from des import runtime  # noqa: F401  (quiets TensorFlow before it is imported)
-from des.data.tf_keys import CriteoKeys
 from des.hashtable.tf_init import initial_values
 
 
@@ -49,26 +48,9 @@ class FieldIds:
 
 def request_fields(schema: Any, request: dict[str, Any]) -> tuple[list[FieldIds], Any]:
     """A request's ids per field (the store's field order) and its dense features ``[B, D]`` (or
-    None): Criteo's key transform (key scheme 1) or a schema's (``des.data.features``)."""
+    None): the schema's key transform (``des.data.features.ServingFeatures``)."""
     import tensorflow as tf
 
-    from des.data.keys import FIELD_NAMES, NUM_INT_FIELDS
-
-    if schema.is_criteo:
-        columns = [request[name] for name in FIELD_NAMES]
-        size = tf.shape(columns[0])[0]
-        checks = [tf.debugging.assert_equal(tf.shape(c)[0], size,
-                                            message=f"column {name} has another number of rows than I1")
-                  for name, c in zip(FIELD_NAMES, columns)]
-        with tf.control_dependencies(checks):
-            integers = tf.stack(columns[:NUM_INT_FIELDS], axis=1)
-            strings = tf.stack(columns[NUM_INT_FIELDS:], axis=1)
-        # One op sequence for all integer columns and one for all hex columns (fewer ops per request).
-        keys_op, fields = CriteoKeys(), list(range(len(FIELD_NAMES)))
-        keys = tf.concat([keys_op.integer(fields[:NUM_INT_FIELDS], integers),
-                          keys_op.categorical(fields[NUM_INT_FIELDS:], list(FIELD_NAMES[NUM_INT_FIELDS:]), strings)],
-                         axis=1)
-        return [FieldIds(keys[:, f]) for f in fields], None
     from des.data.features import ServingFeatures
 
     columns = list(request.values())
@@ -83,13 +65,6 @@ def request_fields(schema: Any, request: dict[str, Any]) -> tuple[list[FieldIds]
 
 def request_signature(schema: Any) -> dict[str, Any]:
     """``serving_default``'s inputs: a name -> ``tf.TensorSpec([None], dtype)`` per raw column."""
-    import tensorflow as tf
-
-    from des.data.keys import FIELD_NAMES, NUM_INT_FIELDS
-
-    if schema.is_criteo:
-        return {name: tf.TensorSpec([None], tf.int64 if f < NUM_INT_FIELDS else tf.string, name=name)
-                for f, name in enumerate(FIELD_NAMES)}
     from des.data.features import ServingFeatures
 
     return ServingFeatures(schema).signature()
@@ -203,11 +178,10 @@ def build_module(model: Any, state: dict[str, Any], schema: Any) -> Any:
 
 def describe_inputs(schema: Any) -> str:
     """The request's columns, for ``des_export.json`` and the user."""
-    if schema.is_criteo:
-        return "I1..I13 int64 (missing: -2**63), C1..C26 string (8 hex digits, '' = missing)"
     from des.data.features import ServingFeatures
 
     kinds = {"int64": "int64 (missing: -2**63)", "float64": "float64 (missing: NaN)", "string": "string ('' = missing)"}
-    multi = schema.multi_valued_names
-    return ", ".join(f"{name} {kinds[dtype]}" + (" (a delimited list)" if name in multi else "")
+    notes = {c.name: " (a delimited list)" if c.kind == "multi_valued" else " (8 hex digits)" if c.dtype == "hex"
+             else "" for c in schema.read_columns}
+    return ", ".join(f"{name} {kinds[dtype]}{notes[name]}"
                      for name, dtype in ServingFeatures(schema).request_columns().items())
