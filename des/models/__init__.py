@@ -7,7 +7,8 @@ distribution code (see :mod:`des.models.base`).
 from __future__ import annotations
 
 from des.registry import Registry
-from des.models.base import CRITEO_NUM_FIELDS, DeepTower, EmbeddingBlock, EmbeddingModel, Model, ModelDefaults
+from des.layers import DeepTower
+from des.models.base import CRITEO_NUM_FIELDS, EmbeddingBlock, EmbeddingModel, Model, ModelDefaults
 from des.models.conformance import ModelConformanceError, check_model
 from des.models.dcnv2 import DCNv2
 from des.models.deepfm import DeepFM
