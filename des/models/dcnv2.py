@@ -60,6 +60,8 @@ class DCNv2(EmbeddingModel):
             self.cross_network = CrossNetwork(self.input_dim, cross_layers, cross, low_rank, experts)
         except ValueError as exc:
             raise ValueError(f"dcnv2: {exc}") from None
+        self.cross_layers, self.cross = self.cross_network.layers, cross
+        self.low_rank, self.experts = self.cross_network.low_rank, self.cross_network.experts
         if structure == "parallel":  # its first layer is substituted: x_0 W_0 over the fields
             self.tower = DeepTower(hidden, activation, output_units=0)
         else:
@@ -68,9 +70,8 @@ class DCNv2(EmbeddingModel):
     @property
     def _hyper(self) -> dict[str, Any]:
         return {**super()._hyper, "hidden": list(self.tower.hidden), "activation": self.tower.activation,
-                "cross_layers": self.cross_network.layers, "structure": self.structure,
-                "cross": self.cross_network.cross, "low_rank": self.cross_network.low_rank,
-                "experts": self.cross_network.experts, "linear": self.linear}
+                "cross_layers": self.cross_layers, "structure": self.structure, "cross": self.cross,
+                "low_rank": self.low_rank, "experts": self.experts, "linear": self.linear}
 
     def substitutions(self) -> list[Substitution]:
         f, k, d = self.num_fields, self.embedding_dim, self.num_dense
