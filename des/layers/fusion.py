@@ -6,7 +6,7 @@
   last layer ``input_dim`` wide. The gate depends on weights only, not on the row.
 * :class:`BilinearFusion` -- the multi-head bilinear fusion of two streams ``x`` and ``y``:
   ``w_xᵀ x + w_yᵀ y + Σ_h x_hᵀ W_h y_h`` with ``x_h``, ``y_h`` the ``h``-th of ``heads`` equal
-  slices (eq. 8 of the paper); the bias is the model's.
+  slices; the bias is the model's.
 """
 
 from __future__ import annotations

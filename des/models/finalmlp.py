@@ -3,8 +3,8 @@ feature gate, fused by a multi-head bilinear layer (FuxiCTR's ``FinalMLP`` is th
 
     x     = [e_1 | … | e_F | x_dense]                 the concatenated inputs, d = F·k + D wide
     g_s   = 2 σ(MLP_gate_s(c_s))                       stream s's gate, c_s a learned k-vector (zeros at first)
-    y_1   = MLP_1(x ⊙ g_1),   y_2 = MLP_2(x ⊙ g_2)      eqs. (2)-(4)
-    logit = b + w_1ᵀ y_1 + w_2ᵀ y_2 + Σ_h y_{1,h}ᵀ W_h y_{2,h}   eq. (8), ``num_heads`` heads
+    y_1   = MLP_1(x ⊙ g_1),   y_2 = MLP_2(x ⊙ g_2)      the two streams
+    logit = b + w_1ᵀ y_1 + w_2ᵀ y_2 + Σ_h y_{1,h}ᵀ W_h y_{2,h}   the fusion, ``num_heads`` heads
 
 (:class:`des.layers.FieldGate`, :class:`des.layers.DeepTower`, :class:`des.layers.BilinearFusion`.)
 The gate is FuxiCTR's without context fields (its default, ``fs1_context = fs2_context = []``):
@@ -19,8 +19,9 @@ What is substituted, and why it is exact:
 
 * ``use_fs=False`` (no gates: FuxiCTR's ``use_fs``): each stream's first layer is ``x W_s`` over
   all fields, ``Σ_f e_f W_{s,f}`` (the DES paper's eqs. 7-9). Both are one first FC layer over the
-  fields, ``[W_1 | W_2]`` (:class:`~des.substitutions.FirstFC`, ``H_1 + H_2`` units; one reduce),
-  whose columns the top network splits: exact as DeepFM's first layer.
+  fields, ``[W_1 | W_2]`` (:class:`~des.substitutions.FirstFC`, ``H_1 + H_2`` units; one reduce;
+  Glorot-initialized with the joined kernel's fans), whose columns the top network splits: exact
+  as DeepFM's first layer.
 * ``use_fs=True`` (default): the first layers read ``x ⊙ g_s``, ``Σ_f (e_f ⊙ g_{s,f}) W_{s,f}``. The
   gate does not depend on the row, but it is computed from the gate MLP's weights, which are
   replicated with the top network; a rank's partials see only its fields' embeddings and field
