@@ -51,8 +51,12 @@ class DCNv2(EmbeddingModel):
         linear: bool = True,
     ) -> None:
         super().__init__(num_fields, embedding_dim, init_scale, l2_embedding, l2_dense, num_dense)
+        if cross_layers < 1:
+            raise ValueError(f"dcnv2: cross_layers must be at least 1, got {cross_layers}")
         if structure not in ("parallel", "stacked"):
             raise ValueError(f"dcnv2: structure must be parallel or stacked, got {structure!r}")
+        if low_rank < 1 or experts < 1:
+            raise ValueError(f"dcnv2: low_rank and experts must be at least 1, got {low_rank} and {experts}")
         self.structure, self.linear = structure, bool(linear)
         #: the width of x_0
         self.input_dim = num_fields * embedding_dim + num_dense
