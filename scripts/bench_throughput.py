@@ -1,4 +1,4 @@
-""".venv/bin/python scripts/bench_throughput.py [--quick] [--models lr,fm,wdl,deepfm,dcnv2,dlrm] [--ranks 1,2,4] [--batch-size 4096,512] [--deepctr] [--warmup 3] [--steps 10] [--rounds 1] [--data criteo|multihot|PATH]
+""".venv/bin/python scripts/bench_throughput.py [--quick] [--models lr,fm,wdl,deepfm,dcnv2,dlrm,finalmlp,xdeepfm] [--ranks 1,2,4] [--batch-size 4096,512] [--deepctr] [--warmup 3] [--steps 10] [--rounds 1] [--data criteo|multihot|PATH]
 
 Shows the DES paper's Table 5 on this machine, and des on one process against what a dense TF
 program and DeepCTR reach, all measured in one run, for every batch size of ``--batch-size`` (a
@@ -9,7 +9,7 @@ comma-separated list, default 4096):
   same global batch, over ``--steps`` timed steps after ``--warmup`` steps (the first steps trace
   the tf.functions and fill the tables: excluded), plus the peak RSS per rank. ``--steps`` counts
   at the largest batch; a smaller batch runs proportionally more steps (the same samples timed).
-* **TF-only roofline** (W&D, DeepFM, DCN-v2 and DLRM; LR's and FM's logit is a sum of the
+* **TF-only roofline** (W&D, DeepFM, DCN-v2, DLRM, FinalMLP and xDeepFM; LR's and FM's logit is a sum of the
   partials, no top network), at 2 threads (what one rank gets) and 1 thread (what each of 2 or 4 ranks gets):
   "top network only" = the top network every ``des-replicated`` rank repeats on the whole batch
   (DeepFM: FM combine + the MLP 400-400-400-1 behind the substituted first layer, on the [B, 410]
@@ -17,7 +17,7 @@ comma-separated list, default 4096):
   sum of [B, 39, 1] + FM of [B, 39, 8] + the MLP 312-400-400-400-1 as dense matmuls, forward,
   backward (with the gradients of both inputs) and Adam (``ResourceApplyAdam``) on its 446,402
   dense parameters in one ``tf.function``; the embeddings are given as dense inputs: no hash
-  tables, lookups, pooling or sparse updates. DCN-v2 and DLRM: each substitution's textbook
+  tables, lookups, pooling or sparse updates. DCN-v2, DLRM, FinalMLP and xDeepFM: each substitution's textbook
   ``reference`` on the dense inputs and the model's top network, with all its weights, likewise.
 * **Rounds** (``--rounds R``): every des/alltoall/ps job, the rooflines and DeepCTR run R times,
   round-robin over the configurations of a batch size (so a drift in the machine's load hits all of
@@ -70,9 +70,11 @@ import benchlib
 STRATEGY_RANKS = {"des": (1, 2, 4), "des-partials": (2, 4), "des-replicated": (1, 2, 4), "des-bf16": (1, 2, 4),
                   "alltoall": (1, 2, 4), "ps": (2, 4)}
 FIELDS, EMBEDDING_DIM, HIDDEN = 39, 8, (400, 400, 400)  # des.train's defaults: the network measured
-TITLES = {"lr": "LR", "fm": "FM", "wdl": "W&D", "deepfm": "DeepFM", "dcnv2": "DCN-v2", "dlrm": "DLRM"}
+TITLES = {"lr": "LR", "fm": "FM", "wdl": "W&D", "deepfm": "DeepFM", "dcnv2": "DCN-v2", "dlrm": "DLRM",
+          "finalmlp": "FinalMLP", "xdeepfm": "xDeepFM"}
 
-ROOFLINE_MODELS = ("wdl", "deepfm", "dcnv2", "dlrm")  # the models with a top network (LR's and FM's top is a sum)
+# the models with a top network (LR's and FM's top is a sum)
+ROOFLINE_MODELS = ("wdl", "deepfm", "dcnv2", "dlrm", "finalmlp", "xdeepfm")
 ROOFLINE_THREADS = (2, 1)  # what one rank gets on 2 cores, and what each of 2 or 4 ranks gets
 NO_TOP_NETWORK = {
     "lr": "LR: no top network (logit = sum of the 39 per-field partials + bias), so no TF-only roofline",
@@ -140,7 +142,7 @@ def reference_network(model: Any):
     """Any des model as a plain TF program on dense inputs: ``(variables, logits)``, the variables
     its whole field weights (every field's slice) and its top network, ``logits(linear, embedding)``
     = the top network on each substitution's ``reference`` (the textbook operator on all fields).
-    For DCN-v2 and DLRM, whose operators' references are matmuls and a reshape; W&D's and DeepFM's
+    For DCN-v2, DLRM, FinalMLP and xDeepFM, whose operators' references are matmuls and reshapes; W&D's and DeepFM's
     hand-written :func:`plain_network` keeps FM's eq. (6) (its reference is the double sum)."""
     import numpy as np
     import tensorflow as tf

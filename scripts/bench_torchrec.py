@@ -72,14 +72,14 @@ def widths(text: str) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------ the arrays (des venv)
-def export_arrays(store) -> dict:
+def export_arrays(store, need_dense: bool = True) -> dict:
     """The child's input: numpy arrays over ALL rows of a column store of one-hot fields (without
     weights) and dense features, from :func:`bench_deepctr.deepctr_inputs` (each field's keys
     re-indexed 0..V-1 over all rows, sorted keys; the store's dense values): ``sparse_ids`` int32
     [N, F], ``vocab_sizes`` [F], ``keys`` (the features' names, ``f<i>_<field>``), ``dense``
     float32 [N, D], ``labels`` float32 [N], and the rows of ``train`` / ``validation`` / ``test``.
     Raises ValueError for a store TorchRec's DLRM is not given here (multi-hot or weighted fields,
-    no dense features)."""
+    no dense features unless ``need_dense`` is false: then ``dense`` may be [N, 0])."""
     import numpy as np
 
     import bench_deepctr
@@ -90,13 +90,14 @@ def export_arrays(store) -> dict:
     if len(sparse) + len(dense) != len(features):
         other = ", ".join(f.source for f in features if f.kind not in ("sparse", "dense"))
         raise ValueError(f"only one-hot fields without weights are supported here, not: {other}")
-    if not dense:
+    if not dense and need_dense:
         raise ValueError("TorchRec's DLRM needs dense features (prepare the data with e.g. examples/criteo_dense.toml)")
     return {
         "sparse_ids": np.stack([inputs[f.name] for f in sparse], axis=1).astype(np.int32),
         "vocab_sizes": np.array([f.vocabulary_size for f in sparse], dtype=np.int64),
         "keys": np.array([f.name for f in sparse], dtype=np.str_),
-        "dense": np.concatenate([inputs[f.name] for f in dense], axis=1).astype(np.float32),
+        "dense": np.concatenate([inputs[f.name] for f in dense], axis=1).astype(np.float32) if dense
+        else np.zeros((store.num_rows, 0), np.float32),
         "labels": np.asarray(store.labels).astype(np.float32),
         **{split: np.asarray(store.split_rows(split), dtype=np.int64) for split in ("train", "validation", "test")},
     }

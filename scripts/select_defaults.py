@@ -1,4 +1,4 @@
-""".venv/bin/python scripts/select_defaults.py [--quick] [--models lr,fm,wdl,deepfm,dcnv2,dlrm] [--seeds 0,1,2] [--cv K] [--candidates 'a;b']
+""".venv/bin/python scripts/select_defaults.py [--quick] [--models lr,fm,wdl,deepfm,dcnv2,dlrm,finalmlp] [--seeds 0,1,2] [--cv K] [--candidates 'a;b']
 
 How des.train's defaults were chosen: for each model, a few candidate settings (below; the first of
 each model is the baseline) are trained on the shipped sample's training split with early
@@ -126,6 +126,13 @@ CANDIDATES["dcnv2"] = _candidates(
 CANDIDATES["dlrm"] = _candidates(
     _DEEPFM_DEFAULT, ("adam 1e-3 catchup", 256, "0.01", True), ("adam 3e-3 catchup", 256, "1e-4", True),
     ("adam 1e-3 catchup", 512, "1e-4", True), (*_DEEPFM_DEFAULT, None, {"model_options": "bottom=256,64"}))
+# FinalMLP: DeepFM's default with its signature's (stream 2 and the gates 800 wide, one head), then
+# one change at a time: its own options (FuxiCTR's names) and, as DLRM (no order-1 term), Adam 3e-3
+CANDIDATES["finalmlp"] = _candidates(
+    _DEEPFM_DEFAULT, (*_DEEPFM_DEFAULT, None, {"model_options": "num_heads=10"}),
+    (*_DEEPFM_DEFAULT, None, {"model_options": "mlp2_hidden=400,400,400"}),
+    (*_DEEPFM_DEFAULT, None, {"model_options": "fs_hidden=64"}),
+    (*_DEEPFM_DEFAULT, None, {"model_options": "use_fs=false"}), ("adam 3e-3 catchup", 256, "1e-4", True))
 
 
 def cv_folds(data: str, k: int, folder: Path, cache_dir: Path | None = None) -> tuple[Path, list[tuple[Path, Path]]]:

@@ -572,7 +572,8 @@ def _tiny_store(path: Path, fields, batches, dense=None):
 def test_torchrec_arrays_by_hand(tmp_path):
     """The child's arrays: per field the keys re-indexed 0..V-1 (sorted keys) over all rows, fields side
     by side under DeepCTR's input names, the dense values, labels and split rows as the store has
-    them; stores the child is not given (multi-hot or weighted fields, no dense features) refused."""
+    them; stores the child is not given (multi-hot or weighted fields, no dense features) refused,
+    unless dense features are not needed (bench_fuxictr's FinalMLP)."""
     import numpy as np
 
     from des.data import FieldBatch
@@ -602,6 +603,8 @@ def test_torchrec_arrays_by_hand(tmp_path):
     no_dense = _tiny_store(tmp_path / "n", [FieldSpec("site", "categorical")], [site])
     with pytest.raises(ValueError, match="needs dense features"):
         torchrec.export_arrays(no_dense)
+    fuxictr_arrays = torchrec.export_arrays(no_dense, need_dense=False)  # bench_fuxictr's: ids only
+    assert fuxictr_arrays["dense"].shape == (4, 0) and fuxictr_arrays["sparse_ids"].tolist() == [[2], [0], [2], [1]]
 
 
 def test_torchrec_child_gets_the_parents_network(tmp_path):

@@ -13,13 +13,18 @@ from tests.conftest import criteo_head, run_mpi
 from tests.test_train import checkpoint_arrays
 
 
+#: FinalMLP's second stream and gates as wide as --hidden's first layer (their defaults: 800)
+SMALLER = {"finalmlp": ("--model-options", "mlp2_hidden=32;fs_hidden=32")}
+
+
 @pytest.mark.mpi
-@pytest.mark.parametrize("model", ["deepfm", "dcnv2", "dlrm"])
+@pytest.mark.parametrize("model", ["deepfm", "dcnv2", "dlrm", "finalmlp", "xdeepfm"])
 def test_bfloat16_top_network_trains_and_learns_on_two_ranks(tmp_path: Path, model: str) -> None:
     criteo_head(tmp_path / "small.tsv", 2000)
     proc = run_mpi(2, ["-m", "des.train", "--data", str(tmp_path / "small.tsv"), "--cache-dir", str(tmp_path / "cache"),
                        "--output", str(tmp_path / "run"), "--model", model, "--hidden", "32,16", "--batch-size", "128",
-                       "--epochs", "2", "--early-stop", "0", "--compute-dtype", "bfloat16", "--no-progress"])
+                       "--epochs", "2", "--early-stop", "0", "--compute-dtype", "bfloat16", "--no-progress",
+                       *SMALLER.get(model, ())])
     assert "compute_dtype=bfloat16" in proc.stdout
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

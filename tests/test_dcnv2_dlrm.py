@@ -1,5 +1,6 @@
 """DCN-v2 and DLRM as a user runs them: their own options (``--model-options``), the mixture of
-experts against the paper's equation, and a resume on another number of ranks. (N ranks == 1 rank
+experts against the paper's equation, and a resume on another number of ranks (FinalMLP's and
+xDeepFM's too). (N ranks == 1 rank
 under every plan and strategy: tests/test_exactness.py; the engine against a plain-TF textbook
 implementation: tests/test_reference.py; the SavedModel: tests/test_export_schema.py.)"""
 
@@ -83,6 +84,8 @@ SMALL = ["--embedding-dim", "4", "--hidden", "16,8", "--batch-size", "128", "--n
 @pytest.mark.parametrize(("model", "ranks", "flags"), [
     ("dcnv2", 2, ["--model-options", "cross_layers=2;cross=mix;low_rank=3;experts=2"]),
     ("dlrm", 3, []),
+    ("finalmlp", 4, ["--model-options", "mlp2_hidden=8;fs_hidden=8;num_heads=2"]),
+    ("xdeepfm", 2, ["--model-options", "cin_layers=4,3", "--plan", "embeddings=exchange"]),
 ])
 def test_resume_on_another_number_of_ranks(tmp_path: Path, model: str, ranks: int, flags: list[str]) -> None:
     """8 steps straight on one rank, and from its step-4 checkpoint on ``ranks`` ranks: the same

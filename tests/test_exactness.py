@@ -1,7 +1,7 @@
 """The property we sell: training with N ranks is the same computation as training with 1 rank,
 checked through the public harness ``des.check`` (what a user runs on their own model/strategy).
 
-For LR, FM, W&D, DeepFM, DCN-v2 and DLRM, K = 12 steps from the same seed with N = 1, 2, 3, 4 ranks give the same
+For LR, FM, W&D, DeepFM, DCN-v2, DLRM, FinalMLP and xDeepFM, K = 12 steps from the same seed with N = 1, 2, 3, 4 ranks give the same
 held-out predictions, the same table rows (every id's values, optimizer slots and step counts), the
 same field slices of the first FC layer and the same top parameters with their optimizer states:
 ≤ 1e-9 relative in float64, ≤ 1e-5 in float32 (all parameters with AdaGrad embeddings; predictions
@@ -19,9 +19,10 @@ N (LR, FM and W&D, whose operators DeepFM holds together, on 2 and 4); the varia
 the plans) run with DeepFM, the model with every operator, on two or three N, and some on one N with
 the other models: N = 4 (the most partial sums, fields split unevenly) or N = 3 (rows of the batch
 split unevenly), so every N meets every variant at least once. Bounded tables (a row budget and a
-TTL every 4 steps) run on N = 2. DCN-v2 and DLRM, whose operators
+TTL every 4 steps) run on N = 2. DCN-v2, DLRM, FinalMLP and xDeepFM, whose operators
 include the concatenated embeddings, also run on the multi-hot data with dense features under
-each plan, the replicated upper network, alltoall and ps.
+partials and exchange plans (FinalMLP also without its gates: its streams' first layers
+substituted); DCN-v2 and DLRM also with the replicated upper network, alltoall and ps.
 """
 
 from __future__ import annotations
@@ -34,15 +35,24 @@ import pytest
 from des.check import Case, check
 from tests.conftest import criteo_head, driver_env
 
-MODELS = ("lr", "fm", "wdl", "deepfm", "dcnv2", "dlrm")
-# LR, FM and W&D are DeepFM's operators apart: on 2 and 4 ranks; the others on every N
-MODEL_RANKS = {"lr": (2, 4), "fm": (2, 4), "wdl": (2, 4), "deepfm": (2, 3, 4), "dcnv2": (2, 3, 4), "dlrm": (2, 3, 4)}
+MODELS = ("lr", "fm", "wdl", "deepfm", "dcnv2", "dlrm", "finalmlp", "xdeepfm")
+# LR, FM and W&D are DeepFM's operators apart: on 2 and 4 ranks; FinalMLP and xDeepFM (the
+# concatenated embeddings, DLRM's and DCN-v2's operator, and the first FC layer) on two N; the others on every N
+MODEL_RANKS = {"lr": (2, 4), "fm": (2, 4), "wdl": (2, 4), "deepfm": (2, 3, 4), "dcnv2": (2, 3, 4), "dlrm": (2, 3, 4),
+               "finalmlp": (2, 4), "xdeepfm": (2, 3)}
+# the newer models' own widths, small as SMALL's (their defaults are 800 and 256,128 wide)
+MODEL_FLAGS = {"finalmlp": ("--model-options", "mlp2_hidden=8;fs_hidden=8;num_heads=2"),
+               "xdeepfm": ("--model-options", "cin_layers=4,3")}
+# FinalMLP without its gates: the two streams' first layers substituted as one first FC layer
+NO_GATES = ("--model-options", "mlp2_hidden=8;fs_hidden=8;num_heads=2;use_fs=false")
 # DCN-v2's other form: stacked, a mixture of low-rank experts (DCNMix)
 MIX = ("--model-options", "cross_layers=2;structure=stacked;cross=mix;low_rank=3;experts=2")
 # (model, flags, plan, ranks) on the multi-hot data with dense features
 NEW_MODEL_PLANS = [("dcnv2", (), "partials", (2,)), ("dcnv2", MIX, "exchange", (3,)),
                    ("dcnv2", (), "embeddings=exchange", (4,)),  # a mixed plan: the cross and deep layers split
-                   ("dlrm", (), "exchange", (2,)), ("dlrm", (), "partials", (4,))]
+                   ("dlrm", (), "exchange", (2,)), ("dlrm", (), "partials", (4,)),
+                   ("finalmlp", MODEL_FLAGS["finalmlp"], "partials", (3,)), ("finalmlp", NO_GATES, "exchange", (4,)),
+                   ("xdeepfm", MODEL_FLAGS["xdeepfm"], "embeddings=exchange", (2,))]
 EVERY_KIND = Path(__file__).parent / "data" / "every_kind.toml"
 THREE_FIELDS = Path(__file__).parent / "data" / "three_fields.toml"
 # Fields split by key over the ranks (one shared out-of-vocabulary row per field cannot be split:
@@ -112,7 +122,8 @@ def datasets(tmp_path_factory) -> dict[str, Path]:
 def results(datasets, monkeypatch_module) -> dict[tuple, object]:
     """One ``des.check`` over every case: one mpiexec launch per rank count."""
     criteo, synth = datasets["criteo"], datasets["synth"]
-    cases = [Case(m, "des", criteo, "float64", SMALL + ADAM, ranks=MODEL_RANKS[m]) for m in MODELS]  # data-parallel
+    cases = [Case(m, "des", criteo, "float64", SMALL + ADAM + MODEL_FLAGS.get(m, ()), ranks=MODEL_RANKS[m])
+             for m in MODELS]  # data-parallel
     cases += [Case(m, "des", criteo, "float64", SMALL + ADAM + REPLICATED, ranks=n) for m, n in REPLICATED_RANKS.items()]
     cases += [Case(m, "des", synth, "float64", SMALL + ADAM + ("--placement", "balanced"), ranks=n)
               for m, n in MULTI_HOT_RANKS.items()]
@@ -321,9 +332,10 @@ def test_a_declared_schema_is_exact_under_every_plan(results, datasets, plan: st
 @pytest.mark.mpi
 @pytest.mark.parametrize(("model", "flags", "plan", "ranks"),
                          [(m, f, p, n) for m, f, p, ns in NEW_MODEL_PLANS for n in ns])
-def test_dcnv2_and_dlrm_on_multi_hot_data_with_dense_features(results, datasets, model, flags, plan, ranks) -> None:
+def test_the_newer_models_on_multi_hot_data_with_dense_features(results, datasets, model, flags, plan, ranks) -> None:
     """The concatenated embeddings split (partials) or exchanged, with the dense features in its
-    last columns (DLRM's bottom MLP reads them); DCN-v2 also stacked with a mixture of experts."""
+    last columns (DLRM's bottom MLP reads them); DCN-v2 also stacked with a mixture of experts;
+    FinalMLP also without gates (its streams' first layers as one first FC layer)."""
     assert_ok(results[(model, "des", datasets["synth"], "float64", "all", False, ranks, plan)])
 
 

@@ -28,6 +28,9 @@ RUNS = [  # (name, model, ranks, flags)
     # the dense features in x_0 and a mixture of low-rank experts; DLRM's bottom MLP on them
     ("dcnv2-2", "dcnv2", 2, ["--model-options", "cross_layers=2;cross=mix;low_rank=3;experts=2"]),
     ("dlrm-1", "dlrm", 1, ["--model-options", "bottom=8"]),
+    # FinalMLP's gates and bilinear fusion; xDeepFM's CIN
+    ("finalmlp-2", "finalmlp", 2, ["--model-options", "mlp2_hidden=8;fs_hidden=8;num_heads=2"]),
+    ("xdeepfm-1", "xdeepfm", 1, ["--model-options", "cin_layers=4,3"]),
 ]
 # Rows a service may receive (rating, row_id, user, item, tags, scores, price, clicks, age, income,
 # time): values never seen, every value missing, lists longer than max_length, weights given and not.

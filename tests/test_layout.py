@@ -1,5 +1,5 @@
 """The package's shape: no import cycle in des/, strategies never import the runner or the CLIs,
-the configuration, the collectives, the metrics and the pipeline import no floor above them, and checkpoints
+the layers import no model, strategy or data, the configuration, the collectives, the metrics and the pipeline import no floor above them, and checkpoints
 written before the strategy protocol (format des-checkpoint/1) still load."""
 
 from __future__ import annotations
@@ -66,14 +66,16 @@ def test_lower_floors_never_import_upward() -> None:
     upper = {"des.train", "des.runner", "des.startup", "des.run", "des.reporting", "des.building", "des.evaluate",
              "des.check", "des.export", "des.predictions", "des.option_docs"}
     for module, targets in graph.items():
-        if module.startswith(("des.strategies", "des.models", "des.substitutions", "des.hashtable", "des.collectives",
-                              "des.data")):
+        if module.startswith(("des.strategies", "des.models", "des.layers", "des.substitutions", "des.hashtable",
+                              "des.collectives", "des.data")):
             assert not targets & upper, f"{module} imports {targets & upper}"
     # the collectives split batches by des.row_blocks, not by the data's reader; the configuration
     # lists the strategies by des.builtin_names, without importing them; the metrics take arrays
     # (a split's predictions, which read the store, are des.predictions); the pipeline drives any
-    # strategy's step parts and imports nothing of des (its thread's initializer is passed in)
-    above = {"des.collectives": ("des.data",), "des.config": ("des.strategies",), "des.metrics": ("des.data",),
+    # strategy's step parts and imports nothing of des (its thread's initializer is passed in); the
+    # layers are blocks of models' top networks: TensorFlow and ParamSpec, nothing of what trains them
+    above = {"des.layers": ("des.models", "des.strategies", "des.data", "des.hashtable", "des.collectives"),
+             "des.collectives": ("des.data",), "des.config": ("des.strategies",), "des.metrics": ("des.data",),
              "des.strategies.pipeline": ("des",)}
     for module, targets in graph.items():
         for floor, forbidden in above.items():

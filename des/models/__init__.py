@@ -1,4 +1,4 @@
-"""Models: LR, FM, Wide&Deep, DeepFM, DCN-v2 and DLRM, plus a registry for user models.
+"""Models: LR, FM, Wide&Deep, DeepFM, DCN-v2, DLRM, FinalMLP and xDeepFM, plus a registry for user models.
 
 A model declares its embedding blocks, its substitutions and its replicated top network; it has no
 distribution code (see :mod:`des.models.base`).
@@ -7,18 +7,21 @@ distribution code (see :mod:`des.models.base`).
 from __future__ import annotations
 
 from des.registry import Registry
-from des.models.base import CRITEO_NUM_FIELDS, DeepTower, EmbeddingBlock, EmbeddingModel, Model, ModelDefaults
+from des.layers import DeepTower
+from des.models.base import CRITEO_NUM_FIELDS, EmbeddingBlock, EmbeddingModel, Model, ModelDefaults
 from des.models.conformance import ModelConformanceError, check_model
 from des.models.dcnv2 import DCNv2
 from des.models.deepfm import DeepFM
 from des.models.dlrm import DLRM
+from des.models.finalmlp import FinalMLP
 from des.models.fm import FM
 from des.models.lr import LR
 from des.models.wdl import WideAndDeep
+from des.models.xdeepfm import XDeepFM
 
 
 def default_models() -> list[type[Model]]:
-    return [LR, FM, WideAndDeep, DeepFM, DCNv2, DLRM]
+    return [LR, FM, WideAndDeep, DeepFM, DCNv2, DLRM, FinalMLP, XDeepFM]
 
 
 MODEL_REGISTRY: Registry[type[Model]] = Registry("model", Model, default_models)
@@ -42,6 +45,7 @@ __all__ = [
     "DCNv2",
     "DLRM",
     "FM",
+    "FinalMLP",
     "LR",
     "DeepFM",
     "DeepTower",
@@ -52,6 +56,7 @@ __all__ = [
     "ModelDefaults",
     "check_model",
     "WideAndDeep",
+    "XDeepFM",
     "default_models",
     "get_model",
     "register_model",

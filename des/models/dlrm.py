@@ -6,8 +6,8 @@ its output and the field embeddings, a top MLP.
     I   = [z | <T_i, T_j> for i < j]                      the interaction (TorchRec's InteractionArch)
     logit = MLP_top(I)                                   ``hidden`` then one unit (TorchRec's OverArch)
 
-The dot products need the embeddings of a row side by side, so DLRM's one substitution is the
-concatenation of the embeddings (:class:`~des.substitutions.FieldEmbeddings`, the dense features in
+The dot products (:class:`des.layers.DotInteraction`) need the embeddings of a row side by side,
+so DLRM's one substitution is the concatenation of the embeddings (:class:`~des.substitutions.FieldEmbeddings`, the dense features in
 its last columns): on one-hot data the planner exchanges it (moves the pooled inputs to the row
 owners), and the bottom MLP, the interaction and the top MLP run where the rows are.
 """
@@ -18,10 +18,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
-from des.models.base import CRITEO_NUM_FIELDS, DeepTower, EmbeddingBlock, EmbeddingModel, ModelDefaults
+from des.layers import DeepTower, DotInteraction
+from des.models.base import CRITEO_NUM_FIELDS, EmbeddingBlock, EmbeddingModel, ModelDefaults
 from des.substitutions import FieldEmbeddings, ParamSpec, Substitution
 
 
@@ -50,9 +50,10 @@ class DLRM(EmbeddingModel):
         self.bottom = tuple(int(h) for h in bottom)
         self.bottom_mlp = DeepTower((*self.bottom, embedding_dim), activation, input_dim=num_dense, output_units=0,
                                     prefix="bottom") if num_dense else None
-        vectors = num_fields + (1 if num_dense else 0)
+        self.dot = DotInteraction()
         #: the interaction's width: the bottom MLP's output and the dot products of distinct vectors
-        self.interaction_dim = (embedding_dim if num_dense else 0) + vectors * (vectors - 1) // 2
+        vectors = num_fields + (1 if num_dense else 0)
+        self.interaction_dim = (embedding_dim if num_dense else 0) + self.dot.output_dim(vectors)
         self.tower = DeepTower(hidden, activation, input_dim=self.interaction_dim)
 
     @property
@@ -80,11 +81,7 @@ class DLRM(EmbeddingModel):
         if self.bottom_mlp is not None:
             z = self.bottom_mlp(params, inputs[:, f * k:])
             vectors, head = tf.concat([z[:, None, :], vectors], axis=1), [z]
-        dots = tf.matmul(vectors, vectors, transpose_b=True)
-        upper = np.triu_indices(int(vectors.shape[1]), k=1)  # i < j, row-major as TorchRec
-        pairs = tf.gather(tf.reshape(dots, [-1, int(vectors.shape[1]) ** 2]),
-                          upper[0] * int(vectors.shape[1]) + upper[1], axis=1)
-        return tf.concat([*head, pairs], axis=1)
+        return tf.concat([*head, self.dot(vectors)], axis=1)
 
     def top(self, params: Mapping[str, tf.Tensor], outputs: Sequence[tf.Tensor]) -> tf.Tensor:
         return self.tower(params, self.interaction(params, outputs[0]))

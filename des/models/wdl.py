@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
-from des.models.base import CRITEO_NUM_FIELDS, DeepTower, EmbeddingModel
+from des.layers import DeepTower
+from des.models.base import CRITEO_NUM_FIELDS, EmbeddingModel
 from des.substitutions import FirstFC, FirstOrderLinear, ParamSpec, Substitution
 
 

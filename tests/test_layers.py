@@ -1,0 +1,92 @@
+"""The layers floor (des/layers/): each block against its paper's formula written out in numpy, in
+float64 to 1e-12, with weights drawn as the engine draws them plus noise (so zero-initialized
+biases and contexts are not zero). DCN-v2's mixture of experts: tests/test_dcnv2_dlrm.py; the
+models built of these blocks, N ranks == 1 rank: tests/test_exactness.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from des.layers import BilinearFusion, CompressedInteraction, CrossNetwork, DeepTower, DotInteraction, FieldGate
+from des.substitutions import draw_param
+
+RNG = np.random.default_rng(0)
+
+
+def weights(layer) -> dict[str, np.ndarray]:
+    return {name: draw_param(spec, 1, "layer", name) + RNG.normal(scale=0.1, size=spec.shape)
+            for name, spec in layer.params().items()}
+
+
+def relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0.0)
+
+
+@pytest.mark.parametrize("output_units", [0, 1, 3])
+def test_the_tower_is_an_mlp(output_units: int) -> None:
+    tower = DeepTower((4, 3), "relu", input_dim=5, output_units=output_units, prefix="t")
+    w, x = weights(tower), RNG.normal(size=(6, 5))
+    h = relu(relu(x @ w["t_kernel_0"] + w["t_bias_0"]) @ w["t_kernel_1"] + w["t_bias_1"])
+    expected = h if not output_units else h @ w["t_kernel_2"] + w["t_bias_2"]
+    np.testing.assert_allclose(tower(w, x).numpy(), expected[:, 0] if output_units == 1 else expected, rtol=1e-12)
+    outside = DeepTower((4, 3), "relu", output_units=output_units, prefix="t")  # W_0 x from outside
+    assert set(outside.params()) == set(tower.params()) - {"t_kernel_0"}
+    np.testing.assert_allclose(outside(w, x @ w["t_kernel_0"]).numpy(), tower(w, x).numpy(), rtol=1e-12)
+
+
+def test_the_cross_network_is_eq_1() -> None:
+    """x_{l+1} = x_0 ⊙ (W_l x_l + b_l) + x_l, W_0 x_0 given from outside."""
+    cross = CrossNetwork(4, 3)
+    w, x0 = weights(cross), RNG.normal(size=(6, 4))
+    w0 = RNG.normal(size=(4, 4))
+    xl = x0
+    for layer in range(3):
+        xl = x0 * (xl @ (w0 if layer == 0 else w[f"cross_kernel_{layer}"]) + w[f"cross_bias_{layer}"]) + xl
+    np.testing.assert_allclose(cross(w, x0, x0 @ w0).numpy(), xl, rtol=1e-12)
+    assert cross.first_units == 4 and CrossNetwork(4, 2, "mix", low_rank=3, experts=2).first_units == 8
+
+
+def test_the_dot_interaction_is_every_pair_once() -> None:
+    vectors = RNG.normal(size=(3, 4, 2))
+    expected = [[v[i] @ v[j] for i in range(4) for j in range(i + 1, 4)] for v in vectors]
+    np.testing.assert_allclose(DotInteraction()(vectors).numpy(), expected, rtol=1e-12)
+    assert DotInteraction.output_dim(4) == 6
+
+
+@pytest.mark.parametrize("split_half", [True, False])
+def test_the_cin_is_xdeepfms_eq_6(split_half: bool) -> None:
+    """X^l_h = relu(Σ_{i,j} W^{l,h}_{ij} X^0_i ⊙ X^{l-1}_j + b^l_h), the kernel's rows (i, j) with
+    X^0's field i major (DeepCTR's); each layer's pooled maps (split_half: the second half)."""
+    fields, k, sizes = 3, 2, (4, 2)
+    cin = CompressedInteraction(fields, sizes, split_half=split_half)
+    w, x0 = weights(cin), RNG.normal(size=(5, fields, k))
+    hidden, pooled = x0, []
+    for layer, size in enumerate(sizes):
+        kernel = w[f"cin_kernel_{layer}"].reshape(fields, hidden.shape[1], size)
+        maps = relu(np.einsum("bid,bjd,ijh->bhd", x0, hidden, kernel) + w[f"cin_bias_{layer}"][None, :, None])
+        carried = size // 2 if split_half and layer < len(sizes) - 1 else (0 if layer == len(sizes) - 1 else size)
+        pooled.append(maps[:, carried:].sum(axis=2))
+        hidden = maps[:, :carried]
+    np.testing.assert_allclose(cin(w, x0).numpy(), np.concatenate(pooled, axis=1), rtol=1e-12)
+    assert cin.output_dim == (2 + 2 if split_half else 4 + 2)
+    with pytest.raises(ValueError, match="must be even"):
+        CompressedInteraction(fields, (3, 2))
+
+
+def test_the_gate_and_the_fusion_are_finalmlps() -> None:
+    """FuxiCTR's FeatureSelection without context (x ⊙ 2σ(MLP(c))) and InteractionAggregation
+    (w_xᵀx + w_yᵀy + Σ_h x_hᵀ W_h y_h)."""
+    gate = FieldGate(6, 2, (3,), prefix="fs1")
+    w, x = weights(gate), RNG.normal(size=(4, 6))
+    g = 2 / (1 + np.exp(-(relu(w["fs1_context"] @ w["fs1_kernel_0"] + w["fs1_bias_0"]) @ w["fs1_kernel_1"]
+                          + w["fs1_bias_1"])))
+    np.testing.assert_allclose(gate(w, x).numpy(), x * g, rtol=1e-12)
+    fusion = BilinearFusion(4, 6, heads=2)
+    w, x, y = weights(fusion), RNG.normal(size=(5, 4)), RNG.normal(size=(5, 6))
+    bilinear = sum(np.einsum("bi,ij,bj->b", x[:, 2 * h:2 * h + 2], w["fusion_xy_kernel"][h], y[:, 3 * h:3 * h + 3])
+                   for h in range(2))
+    np.testing.assert_allclose(fusion(w, x, y).numpy(), x @ w["fusion_x_kernel"] + y @ w["fusion_y_kernel"] + bilinear,
+                               rtol=1e-12)
+    with pytest.raises(ValueError, match="heads \\(4\\) must divide"):
+        BilinearFusion(4, 6, heads=4)
