@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from des.errors import DesError
 from des.plugins import load_plugins
@@ -88,7 +89,18 @@ def _build_parser() -> argparse.ArgumentParser:
         "--force", action="store_true",
         help="replace an existing store at --output (a store of the same inputs and options is kept as is)",
     )
+    _add_synth(commands, plugins_help, split_help)
+    inspect = commands.add_parser("inspect", help="summarize a column store")
+    inspect.add_argument("directory", help="store directory")
+    inspect.add_argument(
+        "--top-k", type=_positive_int, default=DEFAULT_TOP_K, metavar="K",
+        help=f"show the share of each field's K most frequent ids (default {DEFAULT_TOP_K})",
+    )
+    return parser
 
+
+def _add_synth(commands: Any, plugins_help: str, split_help: str) -> None:
+    """The ``synth`` command's arguments."""
     synth = commands.add_parser("synth", help="generate synthetic data of a schema with a known oracle")
     synth.add_argument("--rows", type=_positive_int, required=True, help="number of rows")
     synth.add_argument("--output", required=True,
@@ -111,14 +123,6 @@ def _build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--latent-dim", type=_positive_int, default=4, help="latent size of the oracle FM (default 4)")
     synth.add_argument("--split", type=_fractions, default=DEFAULT_SPLIT, help=split_help)
     synth.add_argument("--force", action="store_true", help="replace an existing output")
-
-    inspect = commands.add_parser("inspect", help="summarize a column store")
-    inspect.add_argument("directory", help="store directory")
-    inspect.add_argument(
-        "--top-k", type=_positive_int, default=DEFAULT_TOP_K, metavar="K",
-        help=f"show the share of each field's K most frequent ids (default {DEFAULT_TOP_K})",
-    )
-    return parser
 
 
 def _run_prepare(args: argparse.Namespace) -> None:
