@@ -48,6 +48,8 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     source = stream or EpochSource(config, store, *count_steps(config, train_rows, store.display_name),
                                    batch_order(config, store))
     build_optimizers(config)  # a bad optimizer spec fails before TensorFlow is started
+    hosts = runtime.host_ranks(comm)  # collective
+    refuse_what_cannot_fit(config, store.num_fields, store.num_dense, placement, distinct, hosts)
     if config.early_stop == -1:  # auto: a plain value from here on (config.json, checkpoints)
         config = dataclasses.replace(config, early_stop=config.early_stop_patience(validation_rows)
                                      if cls.synchronous else 0)
@@ -71,7 +73,6 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
 
         run.continue_chain(resolve_checkpoint(config.resume), manifest)
     run.tensorboard = ScalarWriter(run.folder, run.talks, learning_rates(strategy.context.optimizers))
-    hosts = runtime.describe_hosts(comm)  # collective
     if comm.rank == 0:
         write_config_json(run)
     plan = communication_plan(config, strategy, store, comm.size, unique)
@@ -80,10 +81,33 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     run.planner = plan[1] if plan is not None else None
     if run.talks:
         for line in startup_report(run, train_rows=train_rows, validation_rows=validation_rows, distinct=distinct,
-                                   hosts=hosts, threads=threads, pipeline_auto=pipeline_auto,
+                                   hosts=runtime.describe_hosts(hosts), threads=threads, pipeline_auto=pipeline_auto,
                                    plan_text=plan[0] if plan is not None else None, manifest=manifest):
             print(line, flush=True)
     return run
+
+
+def refuse_what_cannot_fit(config: TrainConfig, num_fields: int, num_dense: int, placement: list[list[int]],
+                           distinct: list[int], hosts: dict[str, tuple[list[int], int]]) -> None:
+    """Stop before any table is made, with one line on every rank alike, when the tables predicted
+    for a host's ranks (``placement.predicted_table_bytes``: the run's row layout, table dtype and
+    optimizers at the data's distinct ids, as the start-up report prints them) exceed the host's
+    physical memory (``runtime.host_ranks``): such a run would be killed for memory mid-epoch."""
+    from des.building import layout_table, table_options
+    from des.placement import predicted_table_bytes
+
+    layout = layout_table(config, num_fields, num_dense)
+    predicted = predicted_table_bytes(placement, distinct, layout, table_options(config, distinct))
+    for host, (ranks, memory) in hosts.items():
+        need = sum(predicted[r] for r in ranks)
+        if need > memory:
+            ids = sum(int(d) for d in distinct)
+            raise ConfigError(
+                f"the tables of rank(s) {','.join(map(str, ranks))} on host {host} are predicted at "
+                f"{need / 2**30:.1f} GiB ({sum(predicted) / max(ids, 1):.0f} B per id of the data's {ids:,} distinct ids; "
+                f"{layout.table_dtype} rows, optimizers {config.linear_optimizer_spec()} and "
+                f"{config.embedding_optimizer_spec()}), more than its {memory / 2**30:.1f} GiB of memory: use "
+                "--table-dtype bfloat16 with row-wise optimizers (docs/training.md) or more hosts")
 
 
 def count_steps(config: TrainConfig, train_rows: int, data_name: str) -> tuple[int, int]:
