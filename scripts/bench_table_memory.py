@@ -10,8 +10,8 @@ float32 rows):
   grown to its load bound (``MAX_LOAD``), split into the rows' payload (values, slots, Adam's step
   count) and key + index + metadata;
 * with ``--measure N``: a table of N random keys really built so (inserted in batches of 4096 x 39,
-  sized from the data), its allocated bytes (``memory()``) per key and the growth of the process's
-  RSS while it was built, per id. The layout is linear in the ids (a table of N ids holds N rows
+  sized from the data, in a fresh process of its own), its allocated bytes (``memory()``) per key
+  and the growth of that process's RSS while it was built (the keys' own array excluded), per id. The layout is linear in the ids (a table of N ids holds N rows
   and an index of a fixed number of slots per id), so the measurement at N checks the prediction
   at any size.
 
@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
+import subprocess
 import sys
 
 import numpy as np
@@ -62,21 +64,26 @@ def predicted(table: EmbeddingTable, ids: int) -> dict[str, float]:
             "grown_overhead": grown - payload}
 
 
-def measured(setting: tuple, dim: int, n: int) -> dict[str, float]:
-    """A table of ``n`` random keys built as a run sized from the data builds it."""
-    _, linear, embedding, table_dtype = setting
+def measure_one(setting: int, dim: int, n: int) -> dict[str, float]:
+    """A table of ``n`` random keys built as a run sized from the data builds it (in this process)."""
+    _, linear, embedding, table_dtype = SETTINGS[setting]
     rng = np.random.default_rng(0)
     keys = ((np.int64(4) << 40) | rng.choice(np.int64(1) << 40, size=n, replace=False)).astype(np.int64)
+    make_table(linear, embedding, table_dtype, dim).lookup(keys[:BATCH], insert=True, step=0)  # the kernels
     gc.collect()
     rss0 = psutil.Process().memory_info().rss
     table = make_table(linear, embedding, table_dtype, dim, n)
     for i in range(0, n, BATCH):
         table.lookup(keys[i:i + BATCH], insert=True, step=0)
     rss = psutil.Process().memory_info().rss - rss0
-    mem = table.memory()
-    del table
-    gc.collect()
-    return {"allocated": mem["bytes"] / n, "rss": rss / n}
+    return {"allocated": table.memory()["bytes"] / n, "rss": rss / n}
+
+
+def measured(setting: int, dim: int, n: int) -> dict[str, float]:
+    """:func:`measure_one` in a fresh process (its RSS is the table's alone: no heap of earlier tables)."""
+    out = subprocess.run([sys.executable, __file__, "--one", f"{setting},{dim},{n}"], check=True, text=True,
+                         capture_output=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -84,18 +91,22 @@ def main() -> None:
     p.add_argument("--ids", type=float, default=5e7, help="ids of the predicted figures")
     p.add_argument("--dims", default="8,16,64", help="embedding dims k")
     p.add_argument("--measure", type=float, default=0, help="also build tables of this many ids (0: no)")
+    p.add_argument("--one", help=argparse.SUPPRESS)  # SETTING,DIM,N: measure_one, printed as JSON
     args = p.parse_args()
+    if args.one:
+        print(json.dumps(measure_one(*(int(float(x)) for x in args.one.split(",")))))
+        return
     ids, n = int(args.ids), int(args.measure)
     rows = []
     for dim in (int(d) for d in args.dims.split(",")):
         base = None
-        for setting in SETTINGS:
+        for index, setting in enumerate(SETTINGS):
             name, linear, embedding, table_dtype = setting
             row = {"k": dim, "setting": name, **predicted(make_table(linear, embedding, table_dtype, dim), ids)}
             base = base or row["sized"]
             row["vs_today"] = row["sized"] / base
             if n:
-                row.update(measured(setting, dim, n))
+                row.update(measured(index, dim, n))
             rows.append(row)
             print("  " + ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
                   flush=True)
