@@ -35,12 +35,14 @@ from numba.extending import intrinsic, overload
 from ..splitmix import mix64
 from .init import init_block_rows
 from . import _threads
+from ._prefetch import prefetch1, prefetch2
 from .optimizers import StepArgs, update_rows
 
 #: table dtypes by name (``--table-dtype``) -> the dtype of the stored arrays
 STORED = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64), "bfloat16": np.dtype(np.uint16)}
 _ROUNDING_SALT = np.uint64(0x5D1E_0B5E_ED5F_0A7B)  # the rounding streams apart from the initial values'
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_PF = 16  # rows prefetched ahead
 
 
 def stored_dtype(table_dtype: str) -> np.dtype:
@@ -97,14 +99,20 @@ def nearest(x):
 @njit(nogil=True, inline="always")
 def rounding_bits(base, key, step):
     """The row's rounding stream at ``step``: column c takes bits ``16 (c % 4)`` .. of
-    ``mix64(stream + (c // 4) * gamma)`` (:func:`column_noise`)."""
+    ``mix64(stream + (c // 4 + 1) * gamma)`` (:func:`noise_word`, :func:`column_noise`)."""
     return mix64((base ^ _ROUNDING_SALT) + mix64(np.uint64(key) + np.uint64(step) * _GAMMA))
 
 
 @njit(nogil=True, inline="always")
-def column_noise(stream, c):
-    """16 random bits of column ``c`` from a row's stream (:func:`rounding_bits`)."""
-    word = mix64(stream + np.uint64(c // 4 + 1) * _GAMMA)
+def noise_word(stream, c):
+    """The 64 random bits of columns ``c - c % 4 .. c - c % 4 + 3`` from a row's stream
+    (:func:`rounding_bits`); column c takes bits ``16 (c % 4)`` .. (:func:`column_noise`)."""
+    return mix64(stream + np.uint64(c // 4 + 1) * _GAMMA)
+
+
+@njit(nogil=True, inline="always")
+def column_noise(word, c):
+    """16 random bits of column ``c`` from its :func:`noise_word`."""
     return np.uint32((word >> np.uint64(16 * (c % 4))) & np.uint64(0xFFFF))
 
 
@@ -121,8 +129,12 @@ def _load(data, r, c):
 
 @njit(nogil=True)
 def widen_rows(data, rows, out):
-    """``out[i] = data[rows[i]]`` widened (the rows' values and slots, float32)."""
-    for i in range(rows.shape[0]):
+    """``out[i] = data[rows[i]]`` widened (the rows' values and slots, float32); rows prefetched
+    ahead (an update's rows are random rows of a large table)."""
+    n = rows.shape[0]
+    for i in range(n):
+        if i + _PF < n:
+            prefetch2(data, rows[i + _PF], 0)
         for c in range(data.shape[1]):
             out[i, c] = widen(data[rows[i], c])
 
@@ -130,11 +142,17 @@ def widen_rows(data, rows, out):
 @njit(nogil=True)
 def narrow_rows(src, data, rows, keys, base, step):
     """``data[rows[i]] = src[i]`` rounded stochastically by (``base``, the row's key, ``step``, column)."""
-    for i in range(rows.shape[0]):
+    n = rows.shape[0]
+    for i in range(n):
+        if i + _PF < n:
+            prefetch1(keys, rows[i + _PF])
         r = rows[i]
         stream = rounding_bits(base, keys[r], step)
+        word = np.uint64(0)
         for c in range(data.shape[1]):
-            data[r, c] = narrow(src[i, c], column_noise(stream, c))
+            if c % 4 == 0:
+                word = noise_word(stream, c)
+            data[r, c] = narrow(src[i, c], column_noise(word, c))
 
 
 @njit(cache=True, nogil=True)
