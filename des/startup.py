@@ -87,12 +87,18 @@ def setup(config: TrainConfig, comm: Communicator) -> Run:
     return run
 
 
+#: the least a rank holds besides its tables (TensorFlow alone takes about 0.6 GB; DeepFM's default
+#: command on the Criteo sample peaks at 0.86-0.96 GiB per rank with its 6-16 MB of tables)
+RANK_BASE_BYTES = 1 << 29
+
+
 def refuse_what_cannot_fit(config: TrainConfig, num_fields: int, num_dense: int, placement: list[list[int]],
                            distinct: list[int], hosts: dict[str, tuple[list[int], int]]) -> None:
     """Stop before any table is made, with one line on every rank alike, when the tables predicted
     for a host's ranks (``placement.predicted_table_bytes``: the run's row layout, table dtype and
-    optimizers at the data's distinct ids, as the start-up report prints them) exceed the host's
-    physical memory (``runtime.host_ranks``): such a run would be killed for memory mid-epoch."""
+    optimizers at the data's distinct ids, as the start-up report prints them), plus
+    :data:`RANK_BASE_BYTES` a rank, exceed the host's physical memory (``runtime.host_ranks``):
+    such a run would be killed for memory mid-epoch."""
     from des.building import layout_table, table_options
     from des.placement import predicted_table_bytes
 
@@ -100,11 +106,12 @@ def refuse_what_cannot_fit(config: TrainConfig, num_fields: int, num_dense: int,
     predicted = predicted_table_bytes(placement, distinct, layout, table_options(config, distinct))
     for host, (ranks, memory) in hosts.items():
         need = sum(predicted[r] for r in ranks)
-        if need > memory:
+        if need + RANK_BASE_BYTES * len(ranks) > memory:
             ids = sum(int(d) for d in distinct)
             raise ConfigError(
                 f"the tables of rank(s) {','.join(map(str, ranks))} on host {host} are predicted at "
                 f"{need / 2**30:.1f} GiB ({sum(predicted) / max(ids, 1):.0f} B per id of the data's {ids:,} distinct ids; "
+                f"+ {RANK_BASE_BYTES / 2**30:.1f} GiB a rank besides; "
                 f"{layout.table_dtype} rows, optimizers {config.linear_optimizer_spec()} and "
                 f"{config.embedding_optimizer_spec()}), more than its {memory / 2**30:.1f} GiB of memory: use "
                 "--table-dtype bfloat16 with row-wise optimizers (docs/training.md) or more hosts")

@@ -10,7 +10,7 @@ from des.building import layout_table, table_options
 from des.config import TrainConfig
 from des.errors import ConfigError
 from des.placement import predicted_table_bytes
-from des.startup import refuse_what_cannot_fit
+from des.startup import RANK_BASE_BYTES, refuse_what_cannot_fit
 
 PLACEMENT = [[0, 2], [1, 3]]
 DISTINCT = [1_000_000, 10, 2_000_000, 5]
@@ -36,8 +36,9 @@ def test_the_prediction_follows_the_row_layout() -> None:
 def test_a_run_that_cannot_fit_is_refused_before_training() -> None:
     config = TrainConfig(model="deepfm", embedding_dim=16)
     need = predicted(config)
-    fits = {"h1": ([0], need[0]), "h2": ([1], need[1])}
+    fits = {"h1": ([0], need[0] + RANK_BASE_BYTES), "h2": ([1], need[1] + RANK_BASE_BYTES)}
     refuse_what_cannot_fit(config, len(DISTINCT), 0, PLACEMENT, DISTINCT, fits)
     with pytest.raises(ConfigError, match=r"rank\(s\) 0,1 on host h1 are predicted at .* more than its .* use "
                                           r"--table-dtype bfloat16"):
-        refuse_what_cannot_fit(config, len(DISTINCT), 0, PLACEMENT, DISTINCT, {"h1": ([0, 1], sum(need) - 1)})
+        refuse_what_cannot_fit(config, len(DISTINCT), 0, PLACEMENT, DISTINCT,
+                               {"h1": ([0, 1], sum(need) + 2 * RANK_BASE_BYTES - 1)})
