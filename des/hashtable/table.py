@@ -17,9 +17,10 @@ Layout (see ``_index.py`` for the kernels):
   kept <= ``max_load``; grows by rehash to 1.5x capacity (``INDEX_GROWTH``), so the load stays in
   [max_load / 1.5, max_load].
 * rows: densely packed, row ``r`` is the r-th live key. Per row: ``keys`` (int64), ``meta`` =
-  (count, last_seen) (int32 pair), and per block one float array ``[rows, dim * (1 + num_slots)]``
-  holding the values followed by the optimizer slots of that row (co-located, so an update
-  touches one or two cache lines), plus an int32 step count for Adam blocks. A row is admitted iff
+  (count, last_seen) (int32 pair), and per block one array ``[rows, dim + slot columns]`` (a slot
+  spans ``dim`` columns, a row-wise one 1) holding the values followed by the optimizer slots of
+  that row (co-located, so an update touches one or two cache lines), in the dtype or as bfloat16
+  bits (``table_dtype``, ``bfloat16.py``), plus an int32 step count for Adam blocks. A row is admitted iff
   its count >= ``min_count`` (the count only grows, so no separate flag is needed).
 * growth: the row capacity grows by ``ROW_GROWTH`` = 1.15x, which bounds the row slack to 15%.
   The two slacks can peak together (a freshly grown index at load ``max_load / 1.5`` while the
