@@ -129,7 +129,6 @@ def build_strategy(config: TrainConfig, comm: Communicator, num_fields: int, dis
     optimizers, placement and tables (``--table-capacity 0``: sized from ``distinct``, unless
     ``loads_tables``: a checkpoint's tables replace them, and two full-size sets would be held at
     once)."""
-    from des.options import TableOptions
     from des.strategies import StrategyContext, get_strategy
 
     cls = cls or get_strategy(strategy or config.strategy)
@@ -138,11 +137,30 @@ def build_strategy(config: TrainConfig, comm: Communicator, num_fields: int, dis
     context = StrategyContext(
         model=model or build_model(config, num_fields, num_dense), comm=comm, optimizers=build_optimizers(config),
         placement=placement, seed=config.seed, dtype=np.dtype(config.dtype),
-        tables=TableOptions(config.table_capacity, config.min_count_value(), config.unadmitted_mode(),
-                            () if loads_tables else tuple(distinct)),
+        tables=table_options(config, () if loads_tables else distinct),
         options=cls.Options.of(config),
         compute_dtype=None if config.compute_dtype == "auto" else config.compute_dtype)
     return cls(context)
+
+
+def table_options(config: TrainConfig, distinct: Sequence[int]):
+    """How the tables start (``des.options.TableOptions``): sized from ``distinct`` (by field; empty:
+    not from the data), admission, and how rows are stored."""
+    from des.options import TableOptions
+
+    return TableOptions(config.table_capacity, config.min_count_value(), config.unadmitted_mode(), tuple(distinct),
+                        config.dtype if config.table_dtype == "auto" else config.table_dtype)
+
+
+def layout_table(config: TrainConfig, num_fields: int, num_dense: int = 0):
+    """An empty table of the model's row layout for ``config`` (every field's table has the same: its
+    optimizers, dims and table dtype), which sizes them all (``footprint.estimated_bytes``)."""
+    from des.hashtable import BlockSpec, EmbeddingTable, Initializer
+
+    model, optimizers, tables = build_model(config, num_fields, num_dense), build_optimizers(config), table_options(config, ())
+    specs = [BlockSpec(b.name, b.dim, optimizers.sparse[b.name], Initializer(b.init, b.scale)) for b in model.blocks()]
+    return EmbeddingTable(0, specs, seed=0, dtype=np.dtype(config.dtype), min_count=tables.min_count,
+                          unadmitted=tables.unadmitted, table_dtype=tables.table_dtype)
 
 
 def open_data(config: TrainConfig, comm: Communicator, data: str | None = None, split=None, bad_rows: str | None = None,

@@ -186,6 +186,14 @@ def _worker(out: Path, steps: int, batch_size: int) -> None:
         comm.barrier("check")
 
 
+def widened(table, a: np.ndarray) -> np.ndarray:
+    """A table array as numbers: 16-bit rows' values and slots widened to float32 (compared as floats,
+    not as their bits)."""
+    from des.hashtable.bfloat16 import convert
+
+    return convert(a, "float32") if table.table_dtype == "bfloat16" and a.dtype == np.uint16 else a
+
+
 def state_arrays(folder: Path) -> dict[str, np.ndarray]:
     """Every number a checkpoint holds but bookkeeping: dense weights and their optimizer state,
     and each table's keys, values, slots and step counts ordered by key."""
@@ -197,9 +205,11 @@ def state_arrays(folder: Path) -> dict[str, np.ndarray]:
         with np.load(path, allow_pickle=False) as arrays:
             out.update({f"{path.name}/{k}": arrays[k] for k in arrays.files})
     for field in range(manifest["num_fields"]):  # a field split by key: its shares as one table
-        arrays = field_table(folder, manifest, field).to_arrays()
+        table = field_table(folder, manifest, field)
+        arrays = table.to_arrays()
         order = np.argsort(arrays["keys"], kind="stable")
-        out.update({f"{table_file(field)}/{k}": v[order] for k, v in arrays.items() if k not in BOOKKEEPING})
+        out.update({f"{table_file(field)}/{k}": widened(table, v)[order] for k, v in arrays.items()
+                    if k not in BOOKKEEPING})
     return out
 
 

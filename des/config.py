@@ -82,6 +82,9 @@ class TrainConfig:
     dtype: str = _opt("float32", "float type of parameters and compute", choices=("float32", "float64"))
     compute_dtype: str = _opt("auto", "dtype of the top network's compute: auto (= --dtype) or bfloat16 (float32 "
                               "master weights and optimizer state; needs --dtype float32)", choices=("auto", "bfloat16"))
+    table_dtype: str = _opt("auto", "how table rows (values and optimizer slots) are stored: auto (= --dtype) or "
+                            "bfloat16 (half the bytes, updates rounded stochastically; needs --dtype float32, "
+                            "refuses adam catchup=1; docs/training.md)", choices=("auto", "float32", "float64", "bfloat16"))
     threads: int = _opt(0, "TF intra-op and numba threads per rank (0: cores // ranks on this machine)")
     xla: str = _opt("off", "compile the training step's TF calls with XLA (one fused program per call, not a kernel "
                     "launch per op: pays where a rank's rows are few)", choices=("on", "off"))
@@ -93,7 +96,8 @@ class TrainConfig:
     linear_optimizer: str = _opt("auto", "sparse order-1 weights (name:key=value,...); auto: adagrad lr 0.1 for lr, "
                                  "ftrl alpha 0.5 for fm, 0.05 for wdl/deepfm and user models (chosen on the shipped "
                                  "sample's validation split: scripts/select_defaults.py)")
-    embedding_optimizer: str = _opt("auto", "sparse embeddings (name:key=value,...); auto: adam lr 0.001 for fm, "
+    embedding_optimizer: str = _opt("auto", "sparse embeddings (name:key=value,...: sgd, adagrad, adam, ftrl, "
+                                    "rowwise_adagrad, rowwise_adam; docs/training.md); auto: adam lr 0.001 for fm, "
                                     "adam lr 0.001 with catchup=1 (TensorFlow's dense Adam semantics) for wdl/deepfm "
                                     "and user models (chosen on the sample's validation split: "
                                     "scripts/select_defaults.py)")
@@ -244,6 +248,9 @@ class TrainConfig:
         if bool(self.export_every or self.export_every_files) != bool(self.export_dir.strip()):
             raise ConfigError("--export-every K (or --export-every-files K) and --export-dir DIR go together "
                               "(versioned exports: both, or neither)")
+        if self.table_dtype not in ("auto", self.dtype) and not (self.table_dtype == "bfloat16" and self.dtype == "float32"):
+            raise ConfigError(f"--table-dtype {self.table_dtype} needs --dtype float32 (16-bit rows) or the same "
+                              f"dtype, got --dtype {self.dtype}")
         if self.compute_dtype == "bfloat16" and self.dtype != "float32":
             raise ConfigError(f"--compute-dtype bfloat16 needs --dtype float32 (its master weights), got {self.dtype}")
         if self.l2_embedding < 0 and self.l2_embedding != -1:

@@ -41,6 +41,7 @@ class TableOptions:
     min_count: int = 1
     unadmitted: str = "init"
     distinct: tuple[int, ...] = ()
+    table_dtype: str | None = None  # how rows are stored (``EmbeddingTable``'s ``table_dtype``; None: the dtype)
 
     def initial_size(self, field: int, parts: int = 1) -> tuple[int, int | None]:
         """``(index slots, rows)`` field ``field``'s table starts with (rows None: the table's

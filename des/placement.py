@@ -130,6 +130,21 @@ def split_groups(placement: Sequence[Sequence[int]]) -> dict[int, list[int]]:
     return {f: ranks for f, ranks in sorted(groups.items()) if len(ranks) > 1}
 
 
+def predicted_table_bytes(placement: Sequence[Sequence[int]], distinct: Sequence[int], layout, tables) -> list[int]:
+    """Each rank's table memory at the data's distinct ids: per field (a share of a split field:
+    its part of the ids) the bytes of ``layout`` (an empty table of the run's row layout: every
+    field's table has the same) holding them, with the initial sizes ``tables`` (``TableOptions``)
+    gives, or none (``footprint.estimated_bytes``: no growth slack)."""
+    groups = {f: len(ranks) for f, ranks in split_groups(placement).items()}
+
+    def estimate(f: int) -> int:
+        parts = groups.get(f, 1)
+        capacity, rows = (None, None) if tables is None else tables.initial_size(f, parts)
+        return layout.estimated_bytes(-(-int(distinct[f]) // parts), capacity, rows)
+
+    return [sum(estimate(f) for f in fields) for fields in placement]
+
+
 def whole_fields(placement: Sequence[Sequence[int]], rank: int) -> list[int]:
     """The fields ``rank`` holds whole."""
     split = split_groups(placement)

@@ -71,23 +71,14 @@ def describe_config(config: TrainConfig) -> str:
 def describe_placement(placement: list[list[int]], distinct: list[int], names, layout=None, tables=None) -> str:
     """Fields (a share of a split field as ``name/G``), distinct ids and (given one of the tables, and
     the tables' options) predicted table memory of every rank, and the largest rank's over the mean."""
-    from des.placement import split_groups
+    from des.placement import predicted_table_bytes, split_groups
 
     groups = {f: len(ranks) for f, ranks in split_groups(placement).items()}
-    lines, predicted = [], []
-
-    def estimate(f: int) -> int:
-        # Every field's table has the same row layout, so one table can size all of them.
-        parts = groups.get(f, 1)
-        capacity, rows = (None, None) if tables is None else tables.initial_size(f, parts)
-        return layout.estimated_bytes(-(-distinct[f] // parts), capacity, rows)
-
+    lines = []
+    predicted = [] if layout is None else predicted_table_bytes(placement, distinct, layout, tables)
     for r, fields in enumerate(placement):
         ids = sum(-(-distinct[f] // groups.get(f, 1)) for f in fields)
-        memory = ""
-        if layout is not None:
-            predicted.append(sum(estimate(f) for f in fields))
-            memory = f", tables ~{predicted[-1] / 2**20:7.1f} MiB"
+        memory = "" if layout is None else f", tables ~{predicted[r] / 2**20:7.1f} MiB"
         held = ",".join(names[f] + (f"/{groups[f]}" if f in groups else "") for f in fields)
         lines.append(f"  rank {r}: {len(fields):2d} fields, {ids:9d} distinct ids{memory}  {held}")
     if len(predicted) > 1 and sum(predicted):

@@ -108,18 +108,26 @@ def configure_threads(threads: int = 0) -> Threads:
                    "--threads" if threads else "auto", heap)
 
 
-def describe_hosts(comm) -> str:
-    """``  hosts: 2 (node1: ranks 0-3, node2: ranks 4-7)``: where the ranks run, from
-    ``MPI.Get_processor_name()`` gathered over ``comm`` (collective; fixed-width bytes, no pickle)."""
+def host_ranks(comm) -> dict[str, tuple[list[int], int]]:
+    """Per host, its ranks and its physical memory in bytes: ``MPI.Get_processor_name()`` and
+    ``sysconf`` gathered over ``comm`` (collective; fixed-width bytes, no pickle)."""
     import numpy as np
     from mpi4py import MPI
 
     name = MPI.Get_processor_name().encode()[:255]
-    names = comm.allgather(np.frombuffer(name.ljust(256, b"\0"), dtype=np.uint8), "setup")
-    hosts: dict[str, list[int]] = {}
-    for rank, raw in enumerate(names):
-        hosts.setdefault(raw.tobytes().rstrip(b"\0").decode(errors="replace"), []).append(rank)
-    parts = [f"{host}: {len(ranks)} rank(s) {_ranges(ranks)}" for host, ranks in hosts.items()]
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    row = np.concatenate([np.frombuffer(name.ljust(256, b"\0"), dtype=np.uint8),
+                          np.frombuffer(np.int64(memory).tobytes(), dtype=np.uint8)])
+    hosts: dict[str, tuple[list[int], int]] = {}
+    for rank, raw in enumerate(comm.allgather(row, "setup")):
+        host = raw[:256].tobytes().rstrip(b"\0").decode(errors="replace")
+        hosts.setdefault(host, ([], int(raw[256:].view(np.int64)[0])))[0].append(rank)
+    return hosts
+
+
+def describe_hosts(hosts: dict[str, tuple[list[int], int]]) -> str:
+    """``  hosts: 2 (node1: ranks 0-3, node2: ranks 4-7)``: where the ranks run (:func:`host_ranks`)."""
+    parts = [f"{host}: {len(ranks)} rank(s) {_ranges(ranks)}" for host, (ranks, _) in hosts.items()]
     return f"  hosts: {len(hosts)} ({', '.join(parts)})"
 
 

@@ -42,13 +42,13 @@ def setup(config: TrainConfig, comm: Communicator, *, warmup_steps: int = 1) -> 
     if store.num_rows == 0:
         raise DesError(f"dataset {store.source} is empty")
     distinct = [store.distinct_count(f) for f in range(store.num_fields)]
-    if config.split_fields not in ("auto", "all"):  # names -> field numbers (config.json says which)
-        numbers = parse_split_fields(config.split_fields, store.field_names)
-        config = dataclasses.replace(config, split_fields=",".join(map(str, numbers)))
+    config = split_field_numbers(config, store)
     placement = cls.place(store.num_fields, comm.size, distinct, config)
     train_rows, validation_rows = len(store.split_rows("train")), len(store.split_rows("validation"))
     steps = None if stream else count_steps(config, train_rows, store.display_name)
     build_optimizers(config)  # a bad optimizer spec fails before TensorFlow is started
+    hosts = runtime.host_ranks(comm)  # collective
+    refuse_what_cannot_fit(config, store.num_fields, store.num_dense, placement, distinct, hosts)
     if config.early_stop == -1:  # auto: a plain value from here on (config.json, checkpoints)
         config = dataclasses.replace(config, early_stop=config.early_stop_patience(validation_rows)
                                      if cls.synchronous else 0)
@@ -77,15 +77,52 @@ def setup(config: TrainConfig, comm: Communicator, *, warmup_steps: int = 1) -> 
         from des.checkpoint import resolve_checkpoint
 
         run.continue_chain(resolve_checkpoint(config.resume), manifest)
-    hosts = runtime.describe_hosts(comm)  # collective
     if comm.rank == 0:
         write_config_json(run)
     if run.talks:
         for line in startup_report(run, train_rows=train_rows, validation_rows=validation_rows, distinct=distinct,
-                                   hosts=hosts, threads=threads, pipeline_auto=pipeline_auto,
+                                   hosts=runtime.describe_hosts(hosts), threads=threads, pipeline_auto=pipeline_auto,
                                    plan_text=plan_text, manifest=manifest):
             print(line, flush=True)
     return run
+
+
+#: the least a rank holds besides its tables (TensorFlow alone takes about 0.6 GB; DeepFM's default
+#: command on the Criteo sample peaks at 0.86-0.96 GiB per rank with its 6-16 MB of tables)
+RANK_BASE_BYTES = 1 << 29
+
+
+def refuse_what_cannot_fit(config: TrainConfig, num_fields: int, num_dense: int, placement: list[list[int]],
+                           distinct: list[int], hosts: dict[str, tuple[list[int], int]]) -> None:
+    """Stop before any table is made, with one line on every rank alike, when the tables predicted
+    for a host's ranks (``placement.predicted_table_bytes``: the run's row layout, table dtype and
+    optimizers at the data's distinct ids, as the start-up report prints them), plus
+    :data:`RANK_BASE_BYTES` a rank, exceed the host's physical memory (``runtime.host_ranks``):
+    such a run would be killed for memory mid-epoch."""
+    from des.building import layout_table, table_options
+    from des.placement import predicted_table_bytes
+
+    layout = layout_table(config, num_fields, num_dense)
+    predicted = predicted_table_bytes(placement, distinct, layout, table_options(config, distinct))
+    for host, (ranks, memory) in hosts.items():
+        need = sum(predicted[r] for r in ranks)
+        if need + RANK_BASE_BYTES * len(ranks) > memory:
+            ids = sum(int(d) for d in distinct)
+            raise ConfigError(
+                f"the tables of rank(s) {','.join(map(str, ranks))} on host {host} are predicted at "
+                f"{need / 2**30:.1f} GiB ({sum(predicted) / max(ids, 1):.0f} B per id of the data's {ids:,} distinct ids; "
+                f"+ {RANK_BASE_BYTES / 2**30:.1f} GiB a rank besides; "
+                f"{layout.table_dtype} rows, optimizers {config.linear_optimizer_spec()} and "
+                f"{config.embedding_optimizer_spec()}), more than its {memory / 2**30:.1f} GiB of memory: use "
+                "--table-dtype bfloat16 with row-wise optimizers (docs/training.md) or more hosts")
+
+
+def split_field_numbers(config: TrainConfig, store: Any) -> TrainConfig:
+    """``--split-fields`` given by names -> field numbers (config.json says which)."""
+    if config.split_fields in ("auto", "all"):
+        return config
+    numbers = parse_split_fields(config.split_fields, store.field_names)
+    return dataclasses.replace(config, split_fields=",".join(map(str, numbers)))
 
 
 def count_steps(config: TrainConfig, train_rows: int, data_name: str) -> tuple[int, int]:

@@ -1,4 +1,5 @@
 """.venv/bin/python scripts/bench_hashtable.py [--sizes 1e6,1e7] [--with-50m] [--repeats 5] [--no-baselines] [--clock wall|cpu]
+    [--linear-optimizer SPEC] [--embedding-optimizer SPEC] [--table-dtype float32|bfloat16]
 
 Benchmarks ``des.hashtable.EmbeddingTable`` and prints, per table size (1M and 10M keys; 50M with
 ``--with-50m``, about 9 GB of RAM), one row per operation. Every operation runs on one thread
@@ -27,7 +28,8 @@ Each timing is the median over ``--repeats`` runs (min in brackets), batches pre
 or with ``--clock cpu`` the process's CPU time (all threads: on a machine shared with other jobs it
 does not count the time the benchmark waits for a core; with ``NUMBA_NUM_THREADS=1`` it is the
 one-thread cost).
-The table rows are float32 "linear" (dim 1, FTRL) + "embedding" (dim 8, Adam, normal init).
+The table rows are float32 "linear" (dim 1, FTRL) + "embedding" (dim 8, Adam, normal init); the
+options choose other optimizers (the update rows are named by their kinds) and bfloat16 rows.
 
 Expect (a 2-core machine; recorded runs in ``docs/benchmarks.md``, "Hash tables"): lookups of
 known keys in tens of ns per key (Zipf faster than uniform, training lookups slower), Adam updates
@@ -53,7 +55,7 @@ import numpy as np
 import psutil
 
 import benchlib
-from des.hashtable import FTRL, Adam, BlockSpec, EmbeddingTable, Initializer
+from des.hashtable import BlockSpec, EmbeddingTable, Initializer, optimizer_from_spec
 
 BATCH = 4096 * 39
 N_BATCHES = 8
@@ -88,10 +90,13 @@ def zipf_batches(rng: np.random.Generator, keys: np.ndarray, n: int,
     return out
 
 
+ROWS = {"linear": "ftrl:alpha=0.05,l1=0.1", "embedding": "adam:lr=0.001", "table_dtype": "float32"}  # the options
+
+
 def make_table() -> EmbeddingTable:
-    return EmbeddingTable(field=3, seed=1, capacity=1024, blocks=[
-        BlockSpec("linear", 1, FTRL(0.05, l1=0.1), Initializer("zeros")),
-        BlockSpec("embedding", 8, Adam(0.001), Initializer("normal", 0.01))])
+    return EmbeddingTable(field=3, seed=1, capacity=1024, table_dtype=ROWS["table_dtype"], blocks=[
+        BlockSpec("linear", 1, optimizer_from_spec(ROWS["linear"]), Initializer("zeros")),
+        BlockSpec("embedding", 8, optimizer_from_spec(ROWS["embedding"]), Initializer("normal", 0.01))])
 
 
 def report(name: str, seconds: tuple[float, float], count: int, unit: str = "key") -> None:
@@ -156,12 +161,11 @@ def bench_size(n: int, repeats: int, baselines: bool, seed: int = 0) -> dict:
     uniq = np.unique(rows).size
     g8 = rng.normal(size=(BATCH, 8)).astype(np.float32)
     g1 = rng.normal(size=(BATCH, 1)).astype(np.float32)
-    s = timed(lambda: table.apply_gradients("embedding", rows, g8, 1), repeats)
-    report(f"update adam8 ({uniq:,} uniq)", s, uniq, "row")
-    results["update_adam8"] = s[0] / uniq * 1e9
-    s = timed(lambda: table.apply_gradients("linear", rows, g1, 1), repeats)
-    report(f"update ftrl1 ({uniq:,} uniq)", s, uniq, "row")
-    results["update_ftrl1"] = s[0] / uniq * 1e9
+    for block, g, dim in (("embedding", g8, 8), ("linear", g1, 1)):
+        kind = table.blocks[table.block_index(block)].optimizer.kind
+        s = timed(lambda: table.apply_gradients(block, rows, g, 1), repeats)
+        report(f"update {kind}{dim} ({uniq:,} uniq)", s, uniq, "row")
+        results[f"update_{kind}{dim}"] = s[0] / uniq * 1e9
 
     payload_row = table.payload_bytes_per_row()
     print(f"  memory at N: {mem['bytes'] / n:6.1f} B/row vs payload {payload_row} B/row = "
@@ -217,7 +221,11 @@ def main() -> None:
     p.add_argument("--no-baselines", action="store_true", help="skip the dict/searchsorted baselines")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="cpu: the process's CPU time (all threads), steadier than wall time on a shared machine")
+    p.add_argument("--linear-optimizer", default=ROWS["linear"], help="the dim-1 block's optimizer")
+    p.add_argument("--embedding-optimizer", default=ROWS["embedding"], help="the dim-8 block's optimizer")
+    p.add_argument("--table-dtype", default=ROWS["table_dtype"], choices=("float32", "bfloat16"))
     args = p.parse_args()
+    ROWS.update(linear=args.linear_optimizer, embedding=args.embedding_optimizer, table_dtype=args.table_dtype)
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     sizes = [int(float(s)) for s in args.sizes.split(",") if s]

@@ -13,6 +13,9 @@ Expect (a 2-core machine, minutes per strategy; recorded runs in ``docs/benchmar
 epoch sees most of the distinct ids only a few times); ps with 3 asynchronous workers at or below
 des (stale dense weights).
 
+``--train-flags`` adds des.train options to every job (``name=value``, ';'-separated: optimizer
+specs hold commas), e.g. the compact rows ``table_dtype=bfloat16;embedding_optimizer=rowwise_adagrad:lr=0.01``.
+
 A larger run, over ten million distinct ids (tables of several GiB per rank):
 
     .venv/bin/python scripts/bench_synthetic.py --rows 4000000 --zipf-scale 0.5
@@ -92,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--max-steps", type=int, default=0, help="cap the steps per job (0: whole epochs)")
+    parser.add_argument("--train-flags", default="", help="more des.train options for every job, ';'-separated "
+                        "name=value (e.g. 'table_dtype=bfloat16;embedding_optimizer=rowwise_adagrad:lr=0.01')")
     parser.add_argument("--cache", default=os.environ.get("DES_CACHE_DIR", str(Path.home() / ".cache" / "des")))
     benchlib.add_common_arguments(parser)
     args = parser.parse_args(argv)
@@ -116,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      eval_batch_size=16384)
         if args.max_steps:
             flags["max_steps"] = args.max_steps
+        flags.update(item.split("=", 1) for item in filter(None, args.train_flags.split(";")))
         s = bench.train(ranks, f"{args.model}-{strategy}-n{ranks}", **flags)
         row = {"kind": "strategy", "model": args.model, "strategy": strategy, "ranks": ranks, "batch": args.batch_size,
                "oracle_auc": oracle["auc"], "oracle_logloss": oracle["logloss"]}

@@ -168,3 +168,36 @@ def test_a_tampered_manifest_is_refused_and_old_format_loads(store, tmp_path) ->
     manifest["format"] = "des-checkpoint/1"
     manifest_path.write_text(json.dumps(manifest, indent=1))
     assert load_checkpoint(make_engine(store), folder)["step"] == 2
+
+
+def test_a_checkpoint_loads_into_the_runs_table_dtype(store, tmp_path) -> None:
+    """Float32 rows saved, loaded by a run of bfloat16 rows (--table-dtype bfloat16 on --resume):
+    its tables hold the checkpoint's rows rounded to nearest and train on; and back, exactly."""
+    from des.hashtable.bfloat16 import convert
+    from des.options import TableOptions
+
+    def engine(table_dtype: str) -> DES:
+        model = get_model("fm")(num_fields=store.num_fields, embedding_dim=4)
+        optimizers = Optimizers(sparse={"linear": FTRL(0.1), "embedding": AdaGrad(0.1)}, dense=Adam(0.01))
+        return DES.build(model, Communicator(MPI.COMM_SELF), place_fields(store.num_fields, 1), optimizers,
+                         seed=5, dtype=np.float32, tables=TableOptions(table_dtype=table_dtype))
+
+    wide = engine("float32")
+    train(wide, store, 3)
+    save(wide, tmp_path / "f32")
+    narrow = engine("bfloat16")
+    load_checkpoint(narrow, resolve_checkpoint(tmp_path / "f32"))
+    for field, table in narrow.shard.tables.items():
+        saved = wide.shard.tables[field]
+        n = len(saved)
+        assert table.table_dtype == "bfloat16" and len(table) == n
+        assert table.arrays.blocks[1][:n].tobytes() == convert(saved.arrays.blocks[1][:n], "bfloat16").tobytes()
+    train(narrow, store, 2)  # the shard's kernels take the loaded bfloat16 tables
+    save(narrow, tmp_path / "bf16")
+    again = engine("float32")
+    load_checkpoint(again, resolve_checkpoint(tmp_path / "bf16"))
+    for field, table in again.shard.tables.items():
+        n = len(table)
+        assert table.table_dtype == "float32"
+        assert table.arrays.blocks[1][:n].tobytes() == convert(narrow.shard.tables[field].arrays.blocks[1][:n],
+                                                                 "float32").tobytes()

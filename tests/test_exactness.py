@@ -72,6 +72,9 @@ SMALL = ("--embedding-dim", "4", "--hidden", "16,8", "--linear-optimizer", "ftrl
 ADAM = ("--embedding-optimizer", "adam:lr=0.01")
 REPLICATED = ("--upper", "replicated")
 PER_ID = ("--unadmitted", "init")
+# the row-wise optimizers (one value of state per row): partial row-wise Adam embeddings, row-wise
+# AdaGrad order-1 weights
+ROWWISE = ("--embedding-optimizer", "rowwise_adam:lr=0.01", "--linear-optimizer", "rowwise_adagrad:lr=0.1")
 CATCHUP = ("--embedding-optimizer", "adam:lr=0.01,catchup=1", "--unadmitted", "shared", "--min-count", "2")
 # Validations every 2 steps: in 12 steps the plateau schedule halves the dense rate (at step 8).
 SCHEDULES = ("--sparse-schedule", "cosine:warmup=3,end=0.1", "--dense-schedule", "plateau:factor=0.5,patience=1",
@@ -180,6 +183,7 @@ def results(datasets, monkeypatch_module) -> dict[tuple, object]:
     cases.append(Case("deepfm", "des", datasets["three"], "float64", SMALL + ADAM + AUTO_SPLIT, ranks=(4,)))
     cases.append(Case("deepfm", "des", criteo, "float32", SMALL + ("--embedding-optimizer", "adam:lr=0.001"),
                       ranks=(4,), rtol=1e-5, compare="predictions"))
+    cases.append(Case("deepfm", "des", criteo, "float64", SMALL + ROWWISE, ranks=(2, 3, 4)))
     # bounded tables: a row budget and a TTL every 4 steps, with the shared row (DeepFM's auto)
     cases.append(Case("deepfm", "des", criteo, "float64", SMALL + ADAM + BOUNDED, ranks=(2,)))
     # Persia's hybrid training: its bound held at every step (so N-independent), and tau = 0 is alltoall
@@ -193,7 +197,8 @@ def results(datasets, monkeypatch_module) -> dict[tuple, object]:
                       ranks=(4,), reference_strategy="des", reference_flags=SMALL + ADAM + SGD_AVERAGE))
     return {(r.case.model, r.case.strategy, r.case.data, r.case.dtype, r.case.compare,
              "replicated" in r.case.flags, r.ranks) + plan_of(r.case.flags) + ("split",) * ("split" in r.case.flags)
-            + ("bounded",) * ("--evict-every" in r.case.flags) + strategy_options(r.case.flags): r
+            + ("bounded",) * ("--evict-every" in r.case.flags) + ("rowwise",) * (ROWWISE[1] in r.case.flags)
+            + strategy_options(r.case.flags): r
             for r in check(cases, RANKS, steps=12, batch_size=64, rtol=1e-9, timeout=600)}
 
 
@@ -388,6 +393,16 @@ def test_bounded_tables_are_exact(results, datasets) -> None:
     rows = {name: shape[0] for name, shape in bounded.shapes.items() if name.endswith(".table/keys")}
     assert len(rows) == 39 and max(rows.values()) <= BUDGET
     assert any(unbounded.shapes[name][0] > BUDGET for name in rows)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", (2, 3, 4))
+def test_rowwise_optimizers_are_exact(results, datasets, ranks: int) -> None:
+    """Row-wise AdaGrad and partial row-wise Adam: a row's state is a statistic of the row, which one
+    rank owns, so N ranks train what 1 rank trains."""
+    result = results[("deepfm", "des", datasets["criteo"], "float64", "all", False, ranks, "rowwise")]
+    assert_ok(result)
+    assert any(name.endswith("slot.v") and shape[1:] == (1,) for name, shape in result.shapes.items())
 
 
 @pytest.mark.mpi

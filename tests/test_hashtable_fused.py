@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from des.data.batch import KeyedIds
-from des.hashtable import FTRL, SGD, AdaGrad, Adam, BlockSpec, EmbeddingTable, Initializer
+from des.hashtable import FTRL, SGD, AdaGrad, Adam, BlockSpec, EmbeddingTable, Initializer, RowwiseAdaGrad, RowwiseAdam
 from des.hashtable import _threads
 from des.hashtable._memory import RESERVE, grow_in_place, row_array
 from des.hashtable.fused import ShardTables
@@ -35,13 +35,14 @@ def keyed(ids):
     return KeyedIds.of(range(len(ids)), ids)
 
 
-def make_tables(fields, dtype, *, optimizer, min_count=1, unadmitted="init", capacity=64, dims=(1, 4, 3)):
+def make_tables(fields, dtype, *, optimizer, min_count=1, unadmitted="init", capacity=64, dims=(1, 4, 3),
+                table_dtype=None):
     blocks = [BlockSpec("linear", dims[0], FTRL(0.05, l1=0.01), Initializer("zeros")),
               BlockSpec("embedding", dims[1], optimizer, Initializer("normal", 0.1)),
               BlockSpec("extra", dims[2] if len(dims) > 2 else 1, AdaGrad(0.1), Initializer("truncated_normal", 0.5))]
     blocks = blocks[:len(dims)]
     return {f: EmbeddingTable(f, blocks, seed=11, dtype=dtype, capacity=capacity, min_count=min_count,
-                              unadmitted=unadmitted) for f in fields}
+                              unadmitted=unadmitted, table_dtype=table_dtype) for f in fields}
 
 
 def make_ids(rng, fields, size, vocab, step):
@@ -112,7 +113,8 @@ def assert_same_tables(a: EmbeddingTable, b: EmbeddingTable) -> None:
 
 
 OPTIMIZERS = {"sgd": SGD(0.1), "adagrad": AdaGrad(0.05), "adam": Adam(0.01),
-              "adam-catchup": Adam(0.01, catchup=1), "ftrl": FTRL(0.1, l1=0.01)}
+              "adam-catchup": Adam(0.01, catchup=1), "ftrl": FTRL(0.1, l1=0.01),
+              "rowwise-adagrad": RowwiseAdaGrad(0.05), "rowwise-adam": RowwiseAdam(0.01)}
 
 
 # the update sums two blocks per pass, widths 1, 8 and 16 with their own code: three blocks (a pair,
@@ -125,13 +127,18 @@ OPTIMIZERS = {"sgd": SGD(0.1), "adagrad": AdaGrad(0.05), "adam": Adam(0.01),
     (np.float64, "adagrad", 0, "shared", (1, 4, 3)),
     (np.float32, "adam-catchup", 2, "shared", (1, 8)),
     (np.float64, "adam", 1, "init", (8, 16, 1)),
+    (np.float32, "rowwise-adagrad", 2, "init", (1, 8)),  # a row-wise slot of one column per row
+    (np.float64, "rowwise-adam", 1, "shared", (1, 4, 3)),
+    ("bfloat16", "rowwise-adagrad", 2, "shared", (1, 8)),  # float32 compute on bfloat16 rows
+    ("bfloat16", "adam", 1, "init", (1, 4, 3)),
 ])
 def test_fused_equals_the_per_table_path(dtype, optimizer, min_count, unadmitted, dims) -> None:
     fields = [0, 3, 5, 7]
+    dtype, table_dtype = (np.float32, "bfloat16") if dtype == "bfloat16" else (dtype, None)
     ref = make_tables(fields, dtype, optimizer=OPTIMIZERS[optimizer], min_count=min_count, unadmitted=unadmitted,
-                      dims=dims)
+                      dims=dims, table_dtype=table_dtype)
     new = make_tables(fields, dtype, optimizer=OPTIMIZERS[optimizer], min_count=min_count, unadmitted=unadmitted,
-                      dims=dims)
+                      dims=dims, table_dtype=table_dtype)
     shard = ShardTables(new, fields, BLOCK_NAMES[:len(dims)])
     rng = np.random.default_rng(3)
     for step in range(8):

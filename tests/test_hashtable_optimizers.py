@@ -17,8 +17,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import pytest
 
-from des.hashtable import (FTRL, SGD, AdaGrad, Adam, BlockSpec, DenseOptimizerState,
-                           EmbeddingTable, Initializer, optimizer_from_dict, optimizer_from_spec)
+from des.hashtable import (FTRL, SGD, AdaGrad, Adam, BlockSpec, DenseOptimizerState, EmbeddingTable,
+                           Initializer, RowwiseAdaGrad, RowwiseAdam, optimizer_from_dict, optimizer_from_spec)
 
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
@@ -187,7 +187,8 @@ def test_a_weights_state_saved_per_slice_continues_identically(opt) -> None:
 
 
 @pytest.mark.parametrize("opt", [SGD(0.1), AdaGrad(0.05, 0.2, 1e-8), Adam(1e-3, 0.8, 0.99, 1e-8),
-                                 FTRL(0.05, 1.0, 1.0, 0.5, 0.0)])
+                                 FTRL(0.05, 1.0, 1.0, 0.5, 0.0), RowwiseAdaGrad(0.05, 0.1, 1e-6),
+                                 RowwiseAdam(1e-3, 0.8, 0.99, 1e-8)])
 def test_to_dict_round_trip(opt) -> None:
     import json
     d = json.loads(json.dumps(opt.to_dict()))
@@ -204,6 +205,75 @@ def test_from_spec() -> None:
                 "adam:lr=0.1,beta1=1"]:
         with pytest.raises((ValueError, TypeError)):
             optimizer_from_spec(bad)
+
+
+def _rowwise_reference(opt, w, slots, t, g):
+    """FBGEMM's row-wise AdaGrad / partial row-wise Adam on one row, written out in ``w``'s dtype:
+    the mean square is the sum in column order over ``dim``."""
+    dt = w.dtype.type
+    ms = g[0] * g[0]
+    for x in g[1:]:
+        ms = ms + x * x
+    ms = ms / dt(g.shape[0])
+    if opt.kind == "rowwise_adagrad":
+        a = slots[0] + ms
+        return w - g * (dt(opt.lr) / (np.sqrt(a) + dt(opt.epsilon))), (a,)
+    b1, b2, lr, eps = dt(opt.beta1), dt(opt.beta2), dt(opt.lr), dt(opt.epsilon)
+    alpha = lr * np.sqrt(dt(1) - b2 ** dt(t)) / (dt(1) - b1 ** dt(t))
+    v = slots[1] + (ms - slots[1]) * dt(1.0 - opt.beta2)
+    m = slots[0] + (g - slots[0]) * dt(1.0 - opt.beta1)
+    return w - (m * alpha) / (np.sqrt(v) + eps), (m, v)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("opt", [RowwiseAdaGrad(0.125, initial_accumulator=0.125), RowwiseAdam(0.0625, 0.875, B2)],
+                         ids=["rowwise_adagrad", "rowwise_adam"])
+def test_rowwise_optimizers_keep_one_value_per_row(opt, dtype: type) -> None:
+    """Row-wise AdaGrad and partial row-wise Adam on sparse rows (lazy, per-row step count) equal the
+    written-out FBGEMM formulas; the row-wise slot is one column of the row (the row is 4 B
+    shorter per dim-1 columns than its per-element twin)."""
+    dim = 5
+    table = EmbeddingTable(field=2, seed=11, dtype=dtype, capacity=16,
+                           blocks=[BlockSpec("emb", dim, opt, Initializer("normal", 0.5))])
+    assert table.blocks[0].width == {"rowwise_adagrad": dim + 1, "rowwise_adam": 2 * dim + 1}[opt.kind]
+    rng = np.random.default_rng(7)
+    universe = np.array([3, 10, 77, 2**40 + 5, -9], dtype=np.int64)
+    ref: dict[int, list] = {}
+    for step in range(8):
+        keys = rng.choice(universe, size=int(rng.integers(1, 9)))
+        rows = table.lookup(keys, insert=True, step=step)
+        grads = (rng.normal(size=(keys.size, dim)) * rng.choice([1e-2, 1.0], size=(keys.size, 1))).astype(dtype)
+        table.apply_gradients("emb", rows, grads, step)
+        for k in np.unique(keys):
+            w0 = table.initial_values("emb", np.array([k]))[0]
+            init = [np.zeros(dim, dtype), np.zeros((), dtype)] if opt.kind == "rowwise_adam" else \
+                [np.full((), opt.initial_accumulator, dtype)]
+            w, slots, t = ref.setdefault(int(k), [w0, tuple(init), 0])
+            g = np.zeros(dim, dtype=dtype)
+            for i in np.flatnonzero(keys == k):
+                g = g + grads[i]
+            ref[int(k)] = [*_rowwise_reference(opt, w, slots, t + 1, g), t + 1]
+    keys = np.array(sorted(ref), dtype=np.int64)
+    rows = table.lookup(keys, insert=False)
+    values, slots = table.blocks[0].columns(table.arrays.blocks[0])
+    tol = dict(rtol=1e-12, atol=1e-14) if dtype == np.float64 else dict(rtol=2e-6, atol=1e-7)
+    for i, k in enumerate(keys):
+        w, want, t = ref[int(k)]
+        np.testing.assert_allclose(values[rows[i]], w, **tol)
+        for got, exp in zip(slots, want):
+            np.testing.assert_allclose(got[rows[i]], np.broadcast_to(exp, got[rows[i]].shape), **tol)
+        if opt.needs_step:
+            assert table.arrays.steps[0][rows[i]] == t
+    assert [s.shape[1] for s in slots] == list(opt.slot_widths(dim))
+
+
+def test_rowwise_optimizers_refuse_dense_weights_and_catchup() -> None:
+    with pytest.raises(ValueError, match="rowwise_adam cannot take catchup=1"):
+        optimizer_from_spec("rowwise_adam:lr=0.01,catchup=1")
+    with pytest.raises(ValueError, match="embedding rows, not dense"):
+        DenseOptimizerState(RowwiseAdaGrad(0.1), (3, 4))
+    assert optimizer_from_spec("rowwise_adagrad:lr=0.1") == RowwiseAdaGrad(0.1)
+    assert optimizer_from_spec("partial_rowwise_adam:lr=0.1") == RowwiseAdam(0.1)
 
 
 def test_catchup_adam_equals_dense_adam_on_sparse_gradients() -> None:

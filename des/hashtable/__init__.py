@@ -16,9 +16,10 @@ from ._threads import background_thread  # noqa: E402
 from .format import TableFormatError  # noqa: E402
 from .init import Initializer  # noqa: E402
 from .optimizers import (  # noqa: E402
-    FTRL, SGD, AdaGrad, Adam, DenseOptimizerState, optimizer_from_dict, optimizer_from_spec)
+    FTRL, SGD, AdaGrad, Adam, DenseOptimizerState, RowwiseAdaGrad, RowwiseAdam, optimizer_from_dict,
+    optimizer_from_spec)
 from .table import EMPTY_KEY, BlockSpec, EmbeddingTable  # noqa: E402
 
 __all__ = ["EmbeddingTable", "BlockSpec", "Initializer", "SGD", "AdaGrad", "Adam", "FTRL",
-           "DenseOptimizerState", "optimizer_from_dict", "optimizer_from_spec", "TableFormatError",
+           "RowwiseAdaGrad", "RowwiseAdam", "DenseOptimizerState", "optimizer_from_dict", "optimizer_from_spec", "TableFormatError",
            "EMPTY_KEY", "background_thread"]

@@ -30,6 +30,7 @@ from ._memory import row_array
 from ..splitmix import splitmix64
 from .distinct import add_to_distinct, distinct_rows
 from ._prefetch import prefetch2
+from .bfloat16 import load
 from .init import init_row
 
 EMPTY = np.int64(-(2**63))  # the reserved sentinel key: marks free index slots
@@ -377,7 +378,7 @@ def gather_row(data, dim, r, stored, zero, key, base, kind, scale, out, i) -> No
     insertion and never trained), so callers store-copy it unless unadmitted rows read as zeros."""
     if stored:
         for c in range(dim):
-            out[i, c] = data[r, c]
+            out[i, c] = load(data, r, c)
     elif zero:
         for c in range(dim):
             out[i, c] = 0

@@ -14,7 +14,7 @@ from typing import Any
 
 def payload_bytes_per_row(table: Any) -> int:
     """Raw payload of one row: key + values + slots (+ Adam step count)."""
-    return 8 + sum(b.width * table.dtype.itemsize + (4 if b.optimizer.needs_step else 0) for b in table.blocks)
+    return 8 + sum(b.width * table.stored_dtype.itemsize + (4 if b.optimizer.needs_step else 0) for b in table.blocks)
 
 
 def _row_bytes(table: Any) -> tuple[int, int]:

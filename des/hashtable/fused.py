@@ -57,8 +57,8 @@ from . import _threads
 from ._prefetch import prefetch2
 from ._views import view1, view2
 from .distinct import distinct_keys, distinct_rows
-from .init import init_block_rows
-from .optimizers import StepArgs, catch_up_rows, update_rows
+from .bfloat16 import columns, init_stored, load, update_stored
+from .optimizers import StepArgs, catch_up_rows
 from .pooling import one_hot_fields, pool_or_unpool
 from .table import EmbeddingTable, as_keys, check_step, sentinel_error
 
@@ -67,7 +67,7 @@ from .table import EmbeddingTable, as_keys, check_step, sentinel_error
 _IDX, _KEYS, _META, _BLOCKS = 0, 1, 2, 3
 _ADDR, _ROWS, _WIDTH = 0, 1, 2
 PENDING = -1  # a field's lookup status before (and, after growth, again until) it completes
-_MAX_SLOTS = 2  # optimizer slots per value column at most (Adam: m, v; FTRL: z, n)
+_MAX_SLOTS = 2  # optimizer slots per block at most (Adam: m, v; FTRL: z, n)
 _MIN_PARALLEL = 20_000  # ids of work below which one thread does it all (a hand-off costs more than it saves)
 # The threads split the fields by their work in ids, a distinct row counting as this many ids (its
 # cache lines in the tables). A field's time on one thread is a + b x its distinct rows, closely
@@ -119,6 +119,7 @@ class _Tables(NamedTuple):
     n_rows: np.ndarray  # int64 [F]: the table's rows (the lookup's kernel counts its inserts here)
     min_count: np.ndarray  # int64 [F]
     zero: np.ndarray  # bool [F]: unadmitted="zero"
+    stored: np.ndarray  # [0, 0] of the tables' stored dtype (``bfloat16.py``): the type of the block views
 
 
 class _Block(NamedTuple):
@@ -126,6 +127,7 @@ class _Block(NamedTuple):
 
     col: int  # the values' column in _Tables.views (the steps': col + 1)
     dims: np.ndarray  # int64 [F]
+    slot_widths: np.ndarray  # int64 [F, _MAX_SLOTS]: columns of each optimizer slot (dim, or 1: row-wise)
 
 
 class _Init(NamedTuple):
@@ -134,8 +136,8 @@ class _Init(NamedTuple):
     bases: np.ndarray  # uint64 [F]: the initial values' stream bases
     kinds: np.ndarray  # int64 [F]: Initializer codes
     scales: np.ndarray  # float64 [F]
-    slot_init: np.ndarray  # float64 [F, _MAX_SLOTS]: initial value of each optimizer slot
-    n_slots: np.ndarray  # int64 [F]
+    slot_init: np.ndarray  # float64 [F, _MAX_SLOTS * max dim]: initial value of each slot column
+    n_slots: np.ndarray  # int64 [F]: slot columns (``BlockSpec.slot_column_values``)
 
 
 class _Lookup(NamedTuple):
@@ -237,9 +239,12 @@ class ShardTables:
         self.fields = [int(f) for f in fields]
         self.blocks = list(blocks)
         n, cols = len(self.fields), _BLOCKS + 2 * len(self.blocks)
+        first = tables.get(self.fields[0]) if self.fields else None
+        stored = np.empty((0, 0), dtype=first.stored_dtype if first is not None else np.float32)
         self._tables = _Tables(np.zeros((n, cols, 3), dtype=np.int64), np.zeros(n, dtype=np.int64),
-                               np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.bool_))
-        self._blocks = [_Block(_BLOCKS + 2 * b, np.zeros(n, dtype=np.int64)) for b in range(len(self.blocks))]
+                               np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.bool_), stored)
+        self._blocks = [_Block(_BLOCKS + 2 * b, np.zeros(n, dtype=np.int64), np.zeros((n, _MAX_SLOTS), dtype=np.int64))
+                        for b in range(len(self.blocks))]
         self._inits = [_Init(np.zeros(n, dtype=np.uint64), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.float64),
                              np.zeros((n, _MAX_SLOTS), dtype=np.float64), np.zeros(n, dtype=np.int64))
                        for _ in self.blocks]
@@ -286,6 +291,9 @@ class ShardTables:
         names = [b.name for b in t.blocks]
         if names != self.blocks:
             raise ValueError(f"table of field {t.field} has blocks {names}, the shard expects {self.blocks}")
+        if t.stored_dtype != self._tables.stored.dtype:
+            raise ValueError(f"table of field {t.field} is stored as {t.table_dtype}, the shard's tables as "
+                             f"{self._tables.stored.dtype}")
         held = t.arrays
         arrays = [held.index, held.keys, held.meta]
         for values, steps in zip(held.blocks, held.steps):
@@ -296,13 +304,26 @@ class ShardTables:
                 raise ValueError(f"table of field {t.field}: array {c} is not C-contiguous")
             tables.views[j, c] = a.ctypes.data, a.shape[0], a.shape[1] if a.ndim == 2 else 1
         self._pinned[j] = held  # keeps the memory behind the addresses alive
-        for block, init, spec, base in zip(self._blocks, self._inits, t.blocks, t.stream_bases):
-            slots = spec.optimizer.slot_initial_values()
-            block.dims[j], init.bases[j], init.n_slots[j] = spec.dim, base, len(slots)
+        for b, (spec, base) in enumerate(zip(t.blocks, t.stream_bases)):
+            slots = spec.slot_column_values()
+            if slots.shape[0] > self._inits[b].slot_init.shape[1]:
+                self._widen_slot_init(b, slots.shape[0])
+            block, init = self._blocks[b], self._inits[b]
+            block.dims[j], init.bases[j], init.n_slots[j] = spec.dim, base, slots.shape[0]
+            block.slot_widths[j, :] = 0
+            block.slot_widths[j, :len(spec.slot_widths)] = spec.slot_widths
             init.kinds[j], init.scales[j] = spec.init.code, spec.init.scale
-            init.slot_init[j, :len(slots)] = slots
+            init.slot_init[j, :slots.shape[0]] = slots
         tables.zero[j], tables.min_count[j] = t.unadmitted == "zero", t.min_count
         self._seen[j] = (t, t.version)
+
+    def _widen_slot_init(self, b: int, columns: int) -> None:
+        """Block ``b``'s initial slot columns made room for ``columns`` per field (the kernels' tuples too)."""
+        init = self._inits[b]
+        wider = np.zeros((init.slot_init.shape[0], columns), dtype=np.float64)
+        wider[:, :init.slot_init.shape[1]] = init.slot_init
+        self._inits[b] = init._replace(slot_init=wider)
+        self._block_args[b] = (tuple(self._blocks[b]), tuple(self._inits[b]))
 
     # ---------------------------------------------------------------- lookup
 
@@ -383,11 +404,10 @@ class ShardTables:
         """Values and slots of the rows inserted since ``n0`` (per field), one call per block."""
         if not (self._tables.n_rows > n0).any():
             return
-        tables = self._sync()  # a field may have grown
-        like = np.empty((0, 0), dtype=tables[0].dtype)
+        self._sync()  # a field may have grown
         for block, init in self._block_args:
             # a new row costs ~10x a looked-up id (the normal draws)
-            _threads.run(lambda j0, j1: _init_fields(j0, j1, self._tables_arg, block, init, n0, like),
+            _threads.run(lambda j0, j1: _init_fields(j0, j1, self._tables_arg, block, init, n0),
                          10 * (self._tables.n_rows - n0), _MIN_PARALLEL)
 
     # ---------------------------------------------------------------- gather + pool
@@ -534,8 +554,8 @@ class ShardTables:
             arrays.append((g, acc))
             for optimizer, members, member in self._optimizer_groups(block):  # one kernel call per optimizer
                 work[members] += _UPDATE_ROW_COST * count[members]
-                calls.append((self._block_args[block][0], member, acc, tuple(optimizer.kernel_args(dtype, lr_scale,
-                                                                                                    int(step) + 1))))
+                calls.append((self._block_args[block], member, acc, tuple(optimizer.kernel_args(dtype, lr_scale,
+                                                                                                 int(step) + 1))))
         sums = tuple(_Sums(np.array([g.ctypes.data for g, _ in arrays], dtype=np.int64),
                            np.array([a.ctypes.data for _, a in arrays], dtype=np.int64),
                            np.array([g.shape[2] for g, _ in arrays], dtype=np.int64), base))
@@ -545,8 +565,8 @@ class ShardTables:
             if not arrays:
                 return
             _sum_fields(j0, j1, sums, ids, arrays[0][0])
-            for block, member, acc, args in calls:
-                _update_fields(j0, j1, shard, block, ids, member, base, acc, args, bad)
+            for (block, init), member, acc, args in calls:
+                _update_fields(j0, j1, shard, block, init, ids, member, base, acc, args, int(step) + 1, bad)
 
         def finish() -> None:
             arrays.clear()  # the kernels are done with the addresses
@@ -661,13 +681,13 @@ def _lookup_field(shard, j, keys, key_offsets, work, shared, step, insert):
 
 
 @njit(cache=True, nogil=True)
-def _init_fields(j0, j1, shard, block, init, n0, like):
-    """Per field, ``init_block_rows`` of its new rows ``[n0, n_rows)`` in block ``block``."""
+def _init_fields(j0, j1, shard, block, init, n0):
+    """Per field, ``init_block_rows`` of its new rows ``[n0, n_rows)`` in block ``block`` (``init_stored``)."""
     shard, block, init = _Tables(*shard), _Block(*block), _Init(*init)
     for j in range(j0, j1):
         start, stop = n0[j], shard.n_rows[j]
         if stop > start:
-            init_block_rows(_values(shard, j, block.col, like), block.dims[j], _steps(shard, j, block.col),
+            init_stored(_values(shard, j, block.col, shard.stored), block.dims[j], _steps(shard, j, block.col),
                             _row_keys(shard, j), start, stop, init.bases[j], init.kinds[j], init.scales[j],
                             init.slot_init[j, :init.n_slots[j]])
 
@@ -698,7 +718,7 @@ def _gather_field_rows(j0, j1, shard, block, init, ids, out, bad, slot, values):
             else:
                 slot[i] = m
                 m += 1
-        bad[j] = _gather_field_values(_values(shard, j, block.col, out), dim, ids.keys[lo:hi], ids.rows[lo:hi],
+        bad[j] = _gather_field_values(_values(shard, j, block.col, shard.stored), dim, ids.keys[lo:hi], ids.rows[lo:hi],
                                       ids.admitted[lo:hi], ids.uniq[lo:lo + ids.count[j]], shard.n_rows[j],
                                       shard.zero[j], init.bases[j], init.kinds[j], init.scales[j], slot[lo:hi],
                                       values[lo:lo + m])
@@ -744,7 +764,7 @@ def _gather_field_values(data, dim, keys, rows, admitted, uniq, n_rows, zero, ba
         if r < 0 or r >= n_rows:
             return K.first_bad_row(rows, admitted, False, n_rows)
         for c in range(dim):
-            values[p, c] = data[r, c]
+            values[p, c] = load(data, r, c)
     for i in range(rows.shape[0]):
         s = slot[i]
         if s >= u:
@@ -765,7 +785,7 @@ def _gather_ids_fields(j0, j1, shard, block, init, ids, out, bad):
     dim, rows, admitted, n_rows, zero = out.shape[1], ids.rows, ids.admitted, shard.n_rows, shard.zero
     for j in range(j0, j1):
         lo, hi = ids.key_offsets[j], ids.key_offsets[j + 1]
-        data = _values(shard, j, block.col, out)
+        data = _values(shard, j, block.col, shard.stored)
         for i in range(lo, hi):
             if i + K.PF < hi:
                 rp = rows[i + K.PF]
@@ -792,9 +812,9 @@ def _catch_up_fields(j0, j1, shard, block, ids, member, args):
         rows = ids.uniq[ids.key_offsets[j]:ids.key_offsets[j] + ids.count[j]]
         if rows.shape[0] and (rows.min() < 0 or rows.max() >= shard.n_rows[j]):
             continue
-        data, dim = _values(shard, j, block.col, args.hp), block.dims[j]
-        catch_up_rows(data[:, :dim], data[:, dim:2 * dim], data[:, 2 * dim:3 * dim], _steps(shard, j, block.col), rows,
-                      args)
+        w, s0, s1 = columns(_values(shard, j, block.col, args.hp), block.dims[j], block.slot_widths[j, 0],
+                            block.slot_widths[j, 1])
+        catch_up_rows(w, s0, s1, _steps(shard, j, block.col), rows, args)
 
 
 @njit(nogil=True, inline="always")
@@ -883,13 +903,13 @@ def _sum_fields(j0, j1, sums, ids, like):
 
 
 @njit(cache=True, nogil=True)
-def _update_fields(j0, j1, shard, block, ids, member, base, acc, args, bad):
+def _update_fields(j0, j1, shard, block, init, ids, member, base, acc, args, step, bad):
     """The ``member`` fields of [j0, j1): the optimizer of ``optimizers.StepArgs`` ``args`` on each
     field's distinct trained rows with their gradient sums ``acc[base[j]:base[j + 1]]``
-    (:func:`_sum_fields`, ``update_rows``). A field with a row that is not its table's (``bad``)
-    is left as it is."""
-    shard, block, ids, args = _Tables(*shard), _Block(*block), TouchedArrays(*ids), StepArgs(*args)
-    dim, key_offsets, uniq, count, n_rows = acc.shape[1], ids.key_offsets, ids.uniq, ids.count, shard.n_rows
+    (:func:`_sum_fields`, ``update_stored``: 16-bit rows rounded by (stream base, key, ``step``,
+    column)). A field with a row that is not its table's (``bad``) is left as it is."""
+    shard, block, init, ids, args = _Tables(*shard), _Block(*block), _Init(*init), TouchedArrays(*ids), StepArgs(*args)
+    key_offsets, uniq, count, n_rows = ids.key_offsets, ids.uniq, ids.count, shard.n_rows
     for j in range(j0, j1):
         if not member[j]:
             continue
@@ -902,6 +922,6 @@ def _update_fields(j0, j1, shard, block, ids, member, base, acc, args, bad):
                 break
         if bad[j] >= 0:
             continue
-        data = _values(shard, j, block.col, acc)
-        update_rows(data[:, :dim], data[:, dim:2 * dim], data[:, 2 * dim:3 * dim], _steps(shard, j, block.col),
-                    uniq[lo:lo + count[j]], acc[base[j]:base[j + 1]], args)
+        update_stored(_values(shard, j, block.col, shard.stored), block.dims[j], block.slot_widths[j, 0],
+                      block.slot_widths[j, 1], _steps(shard, j, block.col), uniq[lo:lo + count[j]],
+                      acc[base[j]:base[j + 1]], args, _row_keys(shard, j), init.bases[j], step)

@@ -35,7 +35,6 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from . import _threads
 from ._libm import cos_sin_turn, log_unit
 from ..splitmix import GOLDEN_GAMMA, name_hash, splitmix64, splitmix64_of
 
@@ -124,38 +123,16 @@ def init_rows(out, keys, base: np.uint64, kind: int, scale: float) -> None:
 
 @njit(nogil=True)
 def init_block_rows(data, dim, steps, keys, start, stop, base, kind, scale, slot_init) -> None:
-    """New rows ``[start, stop)`` of a block's co-located array ``data[R, dim * (1 + slots)]``:
-    initial values of ``keys[r]``, slot ``s`` = ``slot_init[s]``, ``steps[r]`` = 0 (``steps`` is
-    empty for optimizers without a step count). One pass: each new row's line is written once."""
+    """New rows ``[start, stop)`` of a block's co-located array ``data[R, dim + slot columns]``:
+    initial values of ``keys[r]``, slot column ``c`` = ``slot_init[c]`` (``BlockSpec.slot_column_values``),
+    ``steps[r]`` = 0 (``steps`` is empty for optimizers without a step count). One pass: each new
+    row's line is written once."""
     for r in range(start, stop):
         init_row(data, r, dim, keys[r], base, kind, scale)
-        for s in range(slot_init.shape[0]):
-            for c in range(dim):
-                data[r, dim * (s + 1) + c] = slot_init[s]
+        for c in range(slot_init.shape[0]):
+            data[r, dim + c] = slot_init[c]
         if steps.shape[0] > 0:
             steps[r] = 0
-
-
-@njit(cache=True, nogil=True)
-def init_new_rows(data, dim, steps, keys, start, stop, base, kind, scale, slot_init) -> None:
-    """:func:`init_block_rows` of one table (a kernel: callable from Python)."""
-    init_block_rows(data, dim, steps, keys, start, stop, base, kind, scale, slot_init)
-
-
-_MIN_PARALLEL_ROWS = 4096  # new rows below which one thread initializes them all
-
-
-def init_table_rows(arrays: Any, blocks: Any, bases: Any, slot_init: Any, start: int, stop: int) -> None:
-    """New rows ``[start, stop)`` of one table (its ``TableArrays``, per block its ``BlockSpec``,
-    stream base and slots' initial values): :func:`init_new_rows` of each block, the rows in parts
-    on numba's thread count (normal draws make a new row costly; each row is written by one thread)."""
-    if stop <= start:
-        return
-    for b, spec in enumerate(blocks):
-        args = (arrays.blocks[b], spec.dim, arrays.steps[b], arrays.keys)
-        init = (bases[b], spec.init.code, spec.init.scale, slot_init[b])
-        _threads.run(lambda lo, hi: init_new_rows(*args, start + lo, start + hi, *init), stop - start,
-                     _MIN_PARALLEL_ROWS)
 
 
 @dataclass(frozen=True)

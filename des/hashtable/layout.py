@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _index as K
 from .init import Initializer
-from .optimizers import FTRL, SGD, AdaGrad, Adam, Optimizer, optimizer_from_dict
+from .optimizers import FTRL, SGD, AdaGrad, Adam, Optimizer, RowwiseAdaGrad, RowwiseAdam, optimizer_from_dict
 
 EMPTY_KEY: int = int(K.EMPTY)
 SHARED_KEY: int = EMPTY_KEY + 1  # unadmitted="shared": the field's out-of-vocabulary row
@@ -43,21 +43,35 @@ class BlockSpec:
         if isinstance(self.dim, bool) or int(self.dim) != self.dim or self.dim < 1:
             raise ValueError(f"block {self.name!r}: dim must be an integer >= 1, got {self.dim!r}")
         object.__setattr__(self, "dim", int(self.dim))
-        if not isinstance(self.optimizer, (SGD, AdaGrad, Adam, FTRL)):
-            raise TypeError(f"block {self.name!r}: optimizer must be SGD, AdaGrad, Adam or FTRL")
+        if not isinstance(self.optimizer, (SGD, AdaGrad, Adam, FTRL, RowwiseAdaGrad, RowwiseAdam)):
+            raise TypeError(f"block {self.name!r}: optimizer must be SGD, AdaGrad, Adam, FTRL, RowwiseAdaGrad or "
+                            "RowwiseAdam")
         if not isinstance(self.init, Initializer):
             raise TypeError(f"block {self.name!r}: init must be an Initializer")
 
     @property
+    def slot_widths(self) -> tuple[int, ...]:
+        """Columns of each slot: ``dim``, or 1 for a row-wise slot."""
+        return self.optimizer.slot_widths(self.dim)
+
+    @property
     def width(self) -> int:
         """Columns of the co-located row: values then each slot."""
-        return self.dim * (1 + self.optimizer.num_slots)
+        return self.dim + sum(self.slot_widths)
+
+    def slot_column_values(self) -> np.ndarray:
+        """A new row's slot columns (float64 ``[width - dim]``): each slot's initial value over its width."""
+        return np.repeat(np.array(self.optimizer.slot_initial_values(), dtype=np.float64),
+                         np.array(self.slot_widths, dtype=np.int64))
 
     def columns(self, data: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
-        """The values ``[rows, dim]`` and each slot of this block's co-located array ``data``
-        (views): the one place that knows a row holds its values then each slot."""
-        dim = self.dim
-        return data[:, :dim], tuple(data[:, dim * (s + 1):dim * (s + 2)] for s in range(self.optimizer.num_slots))
+        """The values ``[rows, dim]`` and each slot (``[rows, width]``) of this block's co-located
+        array ``data`` (views): the one place that knows a row holds its values then each slot."""
+        start, slots = self.dim, []
+        for width in self.slot_widths:
+            slots.append(data[:, start:start + width])
+            start += width
+        return data[:, :self.dim], tuple(slots)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "dim": self.dim, "optimizer": self.optimizer.to_dict(),

@@ -22,6 +22,15 @@ Notation: ``w`` parameter, ``g`` gradient, ``lr`` learning rate, ``t`` step coun
   With ``catchup=1`` sparse rows follow Keras' dense semantics instead (every row of the table
   steps every step, ``t`` global): a row takes the zero-gradient steps it skipped when it is next
   touched, and :meth:`Adam.catch_up` brings all rows to the current step before evaluation.
+* Row-wise AdaGrad (FBGEMM's ``EXACT_ROWWISE_ADAGRAD``): one accumulator per row,
+  ``a <- a + mean_j(g_j^2)``;  ``w <- w - g * lr / (sqrt(a) + eps)`` (epsilon outside the root, as
+  FBGEMM; ``a`` starts at ``initial_accumulator``, 0 by default). 4 bytes of state per row.
+* Partial row-wise Adam (FBGEMM's ``PARTIAL_ROWWISE_ADAM``): ``m`` per element as Adam's, ``v`` one
+  per row fed with ``mean_j(g_j^2)``;  ``w <- w - m * alpha / (sqrt(v) + eps)``, ``alpha`` and the
+  lazy per-row ``t`` as Adam's. ``catchup=1`` is refused: TensorFlow's dense Adam has a second
+  moment per element, which a row-wise ``v`` cannot replay.
+  The mean over a row's columns is the sum in column order divided by ``dim`` in the parameter's
+  dtype: a row is owned by one rank, so it is the same on any number of ranks.
 * FTRL-proximal (McMahan et al. 2013, "Ad Click Prediction: a View from the Trenches", Alg. 1,
   with Keras' parametrization and learning_rate_power = -1/2): slots ``z`` (Keras "linear") and
   ``n`` (Keras "accumulator", starts at ``initial_accumulator``),
@@ -114,10 +123,26 @@ def _adagrad_rows(w, acc, rows, g, hp):
 
 
 @njit(inline="always", nogil=True)
+def _adam_alpha(steps, r, alphas, tmp, lr, b1, b2, one):
+    """Row ``r``'s step count advanced by one, and its bias-corrected rate
+    ``lr * sqrt(1 - b2^t) / (1 - b1^t)``, memoized in ``alphas`` for small ``t`` (two pow() per row
+    would dominate; the same values)."""
+    t = steps[r] + 1
+    steps[r] = t
+    if t < _ADAM_MEMO and alphas[t] != 0:
+        return alphas[t]
+    tmp[0] = t  # int -> parameter dtype without a float64 detour
+    tf = tmp[0]
+    alpha = lr * np.sqrt(one - b2 ** tf) / (one - b1 ** tf)
+    if t < _ADAM_MEMO:
+        alphas[t] = alpha
+    return alpha
+
+
+@njit(inline="always", nogil=True)
 def _adam_rows(w, m, v, steps, rows, g, hp):
     lr, b1, b2, omb1, omb2, eps, one = hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6]
-    tmp = np.empty(1, w.dtype)  # int -> parameter dtype without a float64 detour
-    # alpha(t) memoized per call for small t: two pow() per row dominate otherwise (same values)
+    tmp = np.empty(1, w.dtype)
     alphas = np.zeros(_ADAM_MEMO, w.dtype)
     n = rows.shape[0]
     for i in range(n):
@@ -125,17 +150,55 @@ def _adam_rows(w, m, v, steps, rows, g, hp):
         if i + _PF < n:
             prefetch1(steps, rows[i + _PF])
         r = rows[i]
-        t = steps[r] + 1
-        steps[r] = t
-        if t < _ADAM_MEMO and alphas[t] != 0:
-            alpha = alphas[t]
-        else:
-            tmp[0] = t
-            tf = tmp[0]
-            alpha = lr * np.sqrt(one - b2 ** tf) / (one - b1 ** tf)
-            if t < _ADAM_MEMO:
-                alphas[t] = alpha
+        alpha = _adam_alpha(steps, r, alphas, tmp, lr, b1, b2, one)
         _adam_row(w, m, v, r, g, i, alpha, omb1, omb2, eps)
+
+
+@njit(inline="always", nogil=True)
+def _mean_square(g, i, tmp):
+    """``mean_j g[i, j]^2``: the sum in column order, divided by the row's width in g's dtype."""
+    s = g[i, 0] * g[i, 0]
+    for j in range(1, g.shape[1]):
+        s += g[i, j] * g[i, j]
+    tmp[0] = g.shape[1]
+    return s / tmp[0]
+
+
+@njit(inline="always", nogil=True)
+def _rowwise_adagrad_rows(w, acc, rows, g, hp):
+    lr, eps = hp[0], hp[1]
+    tmp = np.empty(1, w.dtype)
+    n = rows.shape[0]
+    for i in range(n):
+        if i + _PF < n:
+            prefetch2(w, rows[i + _PF], 0)
+        r = rows[i]
+        a = acc[r, 0] + _mean_square(g, i, tmp)
+        acc[r, 0] = a
+        rate = lr / (np.sqrt(a) + eps)
+        for j in range(w.shape[1]):
+            w[r, j] = w[r, j] - g[i, j] * rate
+
+
+@njit(inline="always", nogil=True)
+def _rowwise_adam_rows(w, m, v, steps, rows, g, hp):
+    lr, b1, b2, omb1, omb2, eps, one = hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6]
+    tmp = np.empty(1, w.dtype)
+    alphas = np.zeros(_ADAM_MEMO, w.dtype)
+    n = rows.shape[0]
+    for i in range(n):
+        _prefetch_ahead(w, m, rows, i, n)
+        if i + _PF < n:
+            prefetch1(steps, rows[i + _PF])
+        r = rows[i]
+        alpha = _adam_alpha(steps, r, alphas, tmp, lr, b1, b2, one)
+        vr = v[r, 0] + (_mean_square(g, i, tmp) - v[r, 0]) * omb2
+        v[r, 0] = vr
+        denominator = np.sqrt(vr) + eps
+        for j in range(w.shape[1]):
+            mj = m[r, j] + (g[i, j] - m[r, j]) * omb1
+            m[r, j] = mj
+            w[r, j] = w[r, j] - (mj * alpha) / denominator
 
 
 @njit(inline="always", nogil=True)
@@ -365,7 +428,7 @@ def _ftrl_rows(w, z, n, rows, g, hp):
 
 
 # kernel codes (``_OptimizerBase.kernel_args``)
-SGD_ROWS, ADAGRAD_ROWS, ADAM_ROWS, ADAM_CATCHUP_ROWS, FTRL_ROWS = 0, 1, 2, 3, 4
+SGD_ROWS, ADAGRAD_ROWS, ADAM_ROWS, ADAM_CATCHUP_ROWS, FTRL_ROWS, ROWWISE_ADAGRAD_ROWS, ROWWISE_ADAM_ROWS = range(7)
 
 
 class StepArgs(NamedTuple):
@@ -384,7 +447,7 @@ class StepArgs(NamedTuple):
 @njit(nogil=True, error_model="numpy")
 def update_rows(w, s0, s1, steps, rows, g, args):
     """The optimizer of :class:`StepArgs` ``args`` on ``w[rows]`` with gradients ``g``; ``s0``/``s1``
-    its slots (unused ones: any array of w's type), ``steps`` Adam's per-row counter (else any
+    its slots (``[R, dim]``, a row-wise slot ``[R, 1]``; unused ones: any array of w's type), ``steps`` Adam's per-row counter (else any
     int32 array)."""
     code, hp, alphas, t, horizon = args
     if code == SGD_ROWS:
@@ -395,6 +458,10 @@ def update_rows(w, s0, s1, steps, rows, g, args):
         _adam_rows(w, s0, s1, steps, rows, g, hp)
     elif code == ADAM_CATCHUP_ROWS:
         _adam_catchup_rows(w, s0, s1, steps, rows, g, hp, alphas, t, horizon)
+    elif code == ROWWISE_ADAGRAD_ROWS:
+        _rowwise_adagrad_rows(w, s0, rows, g, hp)
+    elif code == ROWWISE_ADAM_ROWS:
+        _rowwise_adam_rows(w, s0, s1, steps, rows, g, hp)
     else:
         _ftrl_rows(w, s0, s1, rows, g, hp)
 
@@ -430,17 +497,52 @@ def _finite_nonneg(name: str, x: float) -> float:
     return x
 
 
+def _check_adagrad(opt: Any) -> None:
+    """An AdaGrad's (element- or row-wise) hyperparameters checked and made floats."""
+    object.__setattr__(opt, "lr", _finite_pos("lr", opt.lr))
+    object.__setattr__(opt, "initial_accumulator", _finite_nonneg("initial_accumulator", opt.initial_accumulator))
+    object.__setattr__(opt, "epsilon", _finite_nonneg("epsilon", opt.epsilon))
+
+
+def _check_adam(opt: Any) -> None:
+    """An Adam's (element- or row-wise) rate, betas and epsilon checked and made floats."""
+    object.__setattr__(opt, "lr", _finite_pos("lr", opt.lr))
+    for name in ("beta1", "beta2"):
+        b = float(getattr(opt, name))
+        _check(0.0 <= b < 1.0, f"{name} must be in [0, 1), got {b!r}")
+        object.__setattr__(opt, name, b)
+    object.__setattr__(opt, "epsilon", _finite_nonneg("epsilon", opt.epsilon))
+
+
+def _adam_hp(opt: Any, dtype: np.dtype) -> np.ndarray:
+    """The row loops' hyperparameters of an Adam: (1 - beta) formed in Python floats and rounded
+    once, as Keras does."""
+    return np.array([opt.lr, opt.beta1, opt.beta2, 1.0 - opt.beta1, 1.0 - opt.beta2, opt.epsilon, 1.0], dtype=dtype)
+
+
 class _OptimizerBase:
     """Shared plumbing: serialization and the row-update entry point."""
 
     kind: ClassVar[str]
     slot_names: ClassVar[tuple[str, ...]] = ()
     needs_step: ClassVar[bool] = False
+    #: per slot, whether it holds one value per row (row-wise) instead of one per value column
+    rowwise_slots: ClassVar[tuple[bool, ...]] = ()
 
     @property
     def num_slots(self) -> int:
         """Slot arrays per value column (Adam 2 plus its per-row step count, see needs_step)."""
         return len(self.slot_names)
+
+    def slot_widths(self, dim: int) -> tuple[int, ...]:
+        """Columns of each slot in a row of ``dim`` values: ``dim``, or 1 for a row-wise slot."""
+        rowwise = self.rowwise_slots or (False,) * self.num_slots
+        return tuple(1 if r else int(dim) for r in rowwise)
+
+    @property
+    def rowwise(self) -> bool:
+        """Whether a slot is row-wise (a statistic of the whole row: only for embedding rows)."""
+        return any(self.rowwise_slots)
 
     def slot_initial_values(self) -> tuple[float, ...]:
         """Initial value of each slot, in ``slot_names`` order."""
@@ -526,10 +628,7 @@ class AdaGrad(_OptimizerBase):
     slot_names: ClassVar[tuple[str, ...]] = ("accumulator",)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "lr", _finite_pos("lr", self.lr))
-        object.__setattr__(self, "initial_accumulator",
-                           _finite_nonneg("initial_accumulator", self.initial_accumulator))
-        object.__setattr__(self, "epsilon", _finite_nonneg("epsilon", self.epsilon))
+        _check_adagrad(self)
 
     def slot_initial_values(self) -> tuple[float, ...]:
         return (self.initial_accumulator,)
@@ -562,12 +661,7 @@ class Adam(_OptimizerBase):
     needs_step: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "lr", _finite_pos("lr", self.lr))
-        for name in ("beta1", "beta2"):
-            b = float(getattr(self, name))
-            _check(0.0 <= b < 1.0, f"{name} must be in [0, 1), got {b!r}")
-            object.__setattr__(self, name, b)
-        object.__setattr__(self, "epsilon", _finite_nonneg("epsilon", self.epsilon))
+        _check_adam(self)
         _check(self.catchup in (0.0, 1.0), f"catchup must be 0 or 1, got {self.catchup!r}")
         object.__setattr__(self, "catchup", float(self.catchup))
 
@@ -589,9 +683,7 @@ class Adam(_OptimizerBase):
         return 1 << 30 if q >= 1.0 else max(1, math.ceil(math.log(1e-16) / math.log(q))) if q > 0 else 1
 
     def _hp(self, dtype: np.dtype) -> np.ndarray:
-        # (1 - beta) is formed in Python floats and rounded once, as Keras does.
-        return np.array([self.lr, self.beta1, self.beta2, 1.0 - self.beta1, 1.0 - self.beta2,
-                         self.epsilon, 1.0], dtype=dtype)
+        return _adam_hp(self, dtype)
 
     def _code(self, step: int) -> int:
         # sparse rows at a known step; a dense parameter is one row, updated every step
@@ -648,9 +740,64 @@ class FTRL(_OptimizerBase):
         return FTRL_ROWS
 
 
-Optimizer = Union[SGD, AdaGrad, Adam, FTRL]
-_BY_KIND: dict[str, type] = {c.kind: c for c in (SGD, AdaGrad, Adam, FTRL)}
-_ALIASES = {"ada_grad": "adagrad", "ftrl_proximal": "ftrl"}
+@dataclass(frozen=True)
+class RowwiseAdaGrad(_OptimizerBase):
+    """FBGEMM's exact row-wise AdaGrad: one accumulator per row,
+    ``a += mean_j(g_j^2); w -= g * lr / (sqrt(a) + eps)`` (4 bytes of state per float32 row)."""
+
+    lr: float
+    initial_accumulator: float = 0.0
+    epsilon: float = 1e-8
+    kind: ClassVar[str] = "rowwise_adagrad"
+    slot_names: ClassVar[tuple[str, ...]] = ("accumulator",)
+    rowwise_slots: ClassVar[tuple[bool, ...]] = (True,)
+
+    def __post_init__(self) -> None:
+        _check_adagrad(self)
+
+    def slot_initial_values(self) -> tuple[float, ...]:
+        return (self.initial_accumulator,)
+
+    def _hp(self, dtype: np.dtype) -> np.ndarray:
+        return np.array([self.lr, self.epsilon], dtype=dtype)
+
+    def _code(self, step: int) -> int:
+        return ROWWISE_ADAGRAD_ROWS
+
+
+@dataclass(frozen=True)
+class RowwiseAdam(_OptimizerBase):
+    """FBGEMM's partial row-wise Adam: Adam's first moment per element, the second one per row fed
+    with ``mean_j(g_j^2)``; Adam's bias correction with a lazy per-row step count. ``catchup=1``
+    is refused (TensorFlow's dense Adam needs a second moment per element)."""
+
+    lr: float
+    beta1: float = 0.9
+    beta2: float = 0.999
+    epsilon: float = 1e-7
+    catchup: float = 0.0
+    kind: ClassVar[str] = "rowwise_adam"
+    slot_names: ClassVar[tuple[str, ...]] = ("m", "v")
+    rowwise_slots: ClassVar[tuple[bool, ...]] = (False, True)
+    needs_step: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        _check_adam(self)
+        _check(float(self.catchup) == 0.0, "rowwise_adam cannot take catchup=1: TensorFlow's dense Adam keeps a "
+               "second moment per element (use adam:catchup=1, see docs/training.md)")
+        object.__setattr__(self, "catchup", 0.0)
+
+    def _hp(self, dtype: np.dtype) -> np.ndarray:
+        return _adam_hp(self, dtype)
+
+    def _code(self, step: int) -> int:
+        return ROWWISE_ADAM_ROWS
+
+
+Optimizer = Union[SGD, AdaGrad, Adam, FTRL, RowwiseAdaGrad, RowwiseAdam]
+_BY_KIND: dict[str, type] = {c.kind: c for c in (SGD, AdaGrad, Adam, FTRL, RowwiseAdaGrad, RowwiseAdam)}
+_ALIASES = {"ada_grad": "adagrad", "ftrl_proximal": "ftrl", "exact_rowwise_adagrad": "rowwise_adagrad",
+            "partial_rowwise_adam": "rowwise_adam"}
 
 
 def optimizer_from_dict(d: dict[str, Any]) -> Optimizer:
@@ -693,6 +840,8 @@ class DenseOptimizerState:
 
     def __init__(self, optimizer: Optimizer, shape: tuple[int, ...] | int,
                  dtype: np.dtype | type = np.float32) -> None:
+        _check(not optimizer.rowwise, f"{optimizer.kind} keeps row-wise state: it is for embedding rows, not dense "
+               "weights")
         self.optimizer = optimizer
         self.shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)

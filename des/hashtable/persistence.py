@@ -19,13 +19,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import _index as K
+from .bfloat16 import convert, stored_dtype
 from .format import TableFormatError, read_table_file, write_table_file
 from .layout import INDEX_GROWTH, MIN_CAPACITY, SHARED_KEY, BlockSpec, as_keys, sentinel_error
 
 #: which rows of a table file :func:`load_parts` keeps: int64 keys -> bool mask
 KeyFilter = Callable[[np.ndarray], np.ndarray]
 #: the header entries the parts of one table (:func:`load_parts`) must agree on
-_PART_LAYOUT = ("field", "seed", "dtype", "min_count", "unadmitted", "blocks")
+_PART_LAYOUT = ("field", "seed", "dtype", "table_dtype", "min_count", "unadmitted", "blocks")
 
 
 def row_columns(table: Any) -> dict[str, np.ndarray]:
@@ -59,7 +60,7 @@ def save(table: Any, path: str | os.PathLike, since: int | None = None) -> None:
     """Write the table atomically in the format of ``format.py`` (no pickle); with ``since``, only
     the rows :func:`to_arrays` gives for it (an incremental checkpoint's)."""
     arrays = to_arrays(table, since)
-    header = {"field": table.field, "seed": table.seed, "dtype": table.dtype.name,
+    header = {"field": table.field, "seed": table.seed, "dtype": table.dtype.name, "table_dtype": table.table_dtype,
               "min_count": table.min_count, "unadmitted": table.unadmitted,
               "max_load": table.max_load, "n_rows": int(arrays["keys"].shape[0]),
               "evicted_count": table.evicted_count, "admitted_total": table.admitted_total,
@@ -72,7 +73,7 @@ def upsert(table: Any, arrays: dict[str, np.ndarray]) -> int:
     """Rows given as :func:`to_arrays` gives them (distinct keys) into ``table``: a key it holds
     has its row replaced (counts, ``last_seen``, values, slots, step counts), a new key gets a new
     row. Counters (``evicted_count``, ``admitted_total``) are left alone. Returns the new rows."""
-    _check_arrays(arrays, table.blocks, table.dtype, int(np.asarray(arrays["keys"]).shape[0]))
+    _check_arrays(arrays, table.blocks, table.stored_dtype, int(np.asarray(arrays["keys"]).shape[0]))
     keys = as_keys(arrays["keys"])
     if keys.shape[0] and (keys == K.EMPTY).any():
         raise sentinel_error(keys)
@@ -85,7 +86,7 @@ def upsert(table: Any, arrays: dict[str, np.ndarray]) -> int:
 
 
 def load_parts(new_table: Callable[..., Any], parts: Sequence[tuple[str | os.PathLike, KeyFilter | None]],
-               capacity: int | None = None) -> Any:
+               capacity: int | None = None, table_dtype: str | None = None) -> Any:
     """One table (made by ``new_table``, the table's class) of the rows of several files written by
     :func:`save` (the parts of one field, such as its shares): of each part ``(path, keep)`` the rows
     whose keys ``keep(keys)`` (a bool mask) selects, every row where ``keep`` is None. The parts must
@@ -96,7 +97,9 @@ def load_parts(new_table: Callable[..., Any], parts: Sequence[tuple[str | os.Pat
     its kept rows' admitted count (which of its keys it evicted or admitted before is not known: the
     lower bound a file without the counter loads with); ``last_update_step`` is the latest of the
     parts. ``capacity`` (index slots) is a lower bound, the default fits the rows kept at about
-    ``max_load / 1.5``. Raises :class:`TableFormatError` naming the file.
+    ``max_load / 1.5``. ``table_dtype``: how the loaded rows are stored (default: as the files
+    say), converted where it differs (``bfloat16.convert``: widening is exact, narrowing rounds to
+    nearest). Raises :class:`TableFormatError` naming the file.
     """
     read = _Parts()
     for path, keep in parts:
@@ -111,8 +114,9 @@ def load_parts(new_table: Callable[..., Any], parts: Sequence[tuple[str | os.Pat
               MIN_CAPACITY)
     try:
         table = new_table(field=int(header["field"]), blocks=read.first["blocks"], seed=int(header["seed"]),
-                          dtype=read.first["dtype"], capacity=cap, max_load=max_load,
-                          min_count=int(header["min_count"]), unadmitted=header["unadmitted"])
+                          dtype=np.dtype(header["dtype"]), capacity=cap, max_load=max_load,
+                          min_count=int(header["min_count"]), unadmitted=header["unadmitted"],
+                          table_dtype=header["table_dtype"] if table_dtype is None else table_dtype)
     except (KeyError, TypeError, ValueError) as e:
         raise _inconsistent(read.first["path"], e) from e
     table.evicted_count, table.admitted_total, table.last_update_step = read.evicted, read.admitted, read.last
@@ -153,14 +157,15 @@ class _Parts:
     def _kept_rows(self, path: str, header: dict[str, Any], arrays: dict[str, np.ndarray],
                    keep: KeyFilter | None) -> dict[str, np.ndarray]:
         """The part's arrays, checked against the first part's layout, cut to the rows kept."""
+        header.setdefault("table_dtype", header["dtype"])  # files of older versions: rows in the dtype
         if not self.first:
-            self.first = {"path": path, "header": header, "dtype": np.dtype(header["dtype"]),
+            self.first = {"path": path, "header": header, "stored": stored_dtype(header["table_dtype"]),
                           "blocks": [BlockSpec.from_dict(d) for d in header["blocks"]]}
         differ = [k for k in _PART_LAYOUT if header[k] != self.first["header"][k]]
         if differ:
             raise TableFormatError(f"{path}: its {', '.join(differ)} differ from those of {self.first['path']}")
         n = int(header["n_rows"])
-        _check_arrays(arrays, self.first["blocks"], self.first["dtype"], n)
+        _check_arrays(arrays, self.first["blocks"], self.first["stored"], n)
         keys = arrays["keys"]
         mask = None if keep is None else np.asarray(keep(keys), dtype=np.bool_)
         if mask is not None and mask.shape != (n,):
@@ -186,7 +191,8 @@ def _fill(table: Any, pieces: list[tuple[str, dict[str, np.ndarray]]], n: int) -
         lo = starts[-1]
         hi = lo + int(arrays["keys"].shape[0])
         for name, column in columns.items():
-            column[lo:hi] = arrays[name]
+            a = arrays[name]
+            column[lo:hi] = a if a.dtype == column.dtype else convert(a, table.table_dtype)
         pieces[i] = (path, {})  # the part's arrays may go
         starts.append(hi)
     bad = table.adopt_rows(n)
@@ -216,8 +222,8 @@ def _check_arrays(arrays: dict[str, np.ndarray], blocks: Sequence[BlockSpec], dt
     expected = {"keys": (np.int64, (n,)), "count": (np.int32, (n,)), "last_seen": (np.int32, (n,))}
     for b, spec in enumerate(blocks):
         expected[f"block.{b}.values"] = (dtype, (n, spec.dim))
-        for name in spec.optimizer.slot_names:
-            expected[f"block.{b}.slot.{name}"] = (dtype, (n, spec.dim))
+        for name, width in zip(spec.optimizer.slot_names, spec.slot_widths):
+            expected[f"block.{b}.slot.{name}"] = (dtype, (n, width))
         if spec.optimizer.needs_step:
             expected[f"block.{b}.steps"] = (np.int32, (n,))
     if set(arrays) != set(expected):

@@ -17,9 +17,10 @@ Layout (see ``_index.py`` for the kernels):
   kept <= ``max_load``; grows by rehash to 1.5x capacity (``INDEX_GROWTH``), so the load stays in
   [max_load / 1.5, max_load].
 * rows: densely packed, row ``r`` is the r-th live key. Per row: ``keys`` (int64), ``meta`` =
-  (count, last_seen) (int32 pair), and per block one float array ``[rows, dim * (1 + num_slots)]``
-  holding the values followed by the optimizer slots of that row (co-located, so an update
-  touches one or two cache lines), plus an int32 step count for Adam blocks. A row is admitted iff
+  (count, last_seen) (int32 pair), and per block one array ``[rows, dim + slot columns]`` (a slot
+  spans ``dim`` columns, a row-wise one 1) holding the values followed by the optimizer slots of
+  that row (co-located, so an update touches one or two cache lines), in the dtype or as bfloat16
+  bits (``table_dtype``, ``bfloat16.py``), plus an int32 step count for Adam blocks. A row is admitted iff
   its count >= ``min_count`` (the count only grows, so no separate flag is needed).
 * growth: the row capacity grows by ``ROW_GROWTH`` = 1.15x, which bounds the row slack to 15%.
   The two slacks can peak together (a freshly grown index at load ``max_load / 1.5`` while the
@@ -59,7 +60,8 @@ import numpy as np
 from . import _index as K
 from . import _threads, eviction, footprint, persistence, updates
 from ._memory import commit_ahead, grow_in_place, row_array
-from .init import Initializer, init_table_rows
+from .bfloat16 import checked_storage, init_table_rows
+from .init import Initializer
 from .layout import (EMPTY_KEY, INDEX_GROWTH, INITIAL_ROWS_MAX, MAX_CAPACITY, MAX_LOAD, MIN_CAPACITY,  # noqa: F401
                      ROW_GROWTH, SHARED_KEY, BlockSpec, TableArrays, as_keys, check_step, sentinel_error)
 from .persistence import KeyFilter
@@ -83,7 +85,7 @@ class EmbeddingTable:
 
     def __init__(self, field: int, blocks: Sequence[BlockSpec], seed: int, dtype: Any = np.float32,
                  capacity: int = 1024, max_load: float = MAX_LOAD, min_count: int = 1,
-                 unadmitted: str = "init", rows: int | None = None) -> None:
+                 unadmitted: str = "init", rows: int | None = None, table_dtype: str | None = None) -> None:
         self.field = int(field)
         self.seed = int(seed)
         self.blocks: tuple[BlockSpec, ...] = tuple(blocks)
@@ -96,6 +98,9 @@ class EmbeddingTable:
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
             raise ValueError(f"dtype must be float32 or float64, got {self.dtype}")
+        #: how rows are stored: ``dtype``'s name, or ``"bfloat16"`` (float32 only: ``bfloat16.py``)
+        self.table_dtype = self.dtype.name if table_dtype is None else str(table_dtype)
+        self.stored_dtype = checked_storage(self.table_dtype, self.dtype, self.blocks)
         if not 0.1 <= float(max_load) <= 0.95:
             raise ValueError(f"max_load must be in [0.1, 0.95], got {max_load!r}")
         self.max_load = float(max_load)
@@ -115,7 +120,7 @@ class EmbeddingTable:
         #: changes whenever an array of :attr:`arrays` is replaced (growth, eviction, loading); read only
         self.version = 0
         self._shared = -1  # row of SHARED_KEY once known (unadmitted="shared"); rows move on evict
-        self._slot_init = [np.array(b.optimizer.slot_initial_values(), dtype=np.float64) for b in self.blocks]
+        self._slot_init = [b.slot_column_values() for b in self.blocks]
         self._committing: Any = None  # a background commit of the next growth step's rows
         self._alloc_index(self._clamp_capacity(capacity))
         # rows for the initial index, but a huge `capacity` does not commit memory up front
@@ -142,7 +147,7 @@ class EmbeddingTable:
         # row arrays may be longer than the capacity (address space reserved for growth)
         self._keys = row_array(row_cap, (), np.int64, reserve=True)
         self._meta = row_array(row_cap, (2,), np.int32, reserve=True)  # (count, last_seen)
-        self._data = [row_array(row_cap, (b.width,), self.dtype, reserve=True) for b in self.blocks]
+        self._data = [row_array(row_cap, (b.width,), self.stored_dtype, reserve=True) for b in self.blocks]
         self._steps = [row_array(row_cap, (), np.int32, reserve=True) if b.optimizer.needs_step else None
                        for b in self.blocks]
         self._row_cap = row_cap
@@ -482,7 +487,7 @@ class EmbeddingTable:
     def __repr__(self) -> str:
         blocks = ", ".join(f"{b.name}[{b.dim}]:{b.optimizer.kind}" for b in self.blocks)
         return (f"EmbeddingTable(field={self.field}, rows={self._n}, capacity={self.capacity}, "
-                f"blocks=({blocks}), dtype={self.dtype.name})")
+                f"blocks=({blocks}), dtype={self.dtype.name}, table_dtype={self.table_dtype})")
 
     # ---------------------------------------------------------------- persistence (persistence.py)
 
@@ -499,13 +504,16 @@ class EmbeddingTable:
         return persistence.upsert(self, arrays)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, capacity: int | None = None) -> "EmbeddingTable":
+    def load(cls, path: str | os.PathLike, capacity: int | None = None,
+             table_dtype: str | None = None) -> "EmbeddingTable":
         """Read a table written by :meth:`save`; ``capacity`` (index slots) is a lower bound, the
-        default fits the rows at about ``max_load / 1.5``. Raises :class:`TableFormatError`."""
-        return persistence.load_parts(cls, [(path, None)], capacity)
+        default fits the rows at about ``max_load / 1.5``; ``table_dtype``: stored so (default: as
+        saved). Raises :class:`TableFormatError`."""
+        return persistence.load_parts(cls, [(path, None)], capacity, table_dtype)
 
     @classmethod
     def load_parts(cls, parts: Sequence[tuple[str | os.PathLike, KeyFilter | None]],
-                   capacity: int | None = None) -> "EmbeddingTable":
-        """One table of the rows that each part ``(path, keep)`` keeps: :func:`persistence.load_parts`."""
-        return persistence.load_parts(cls, parts, capacity)
+                   capacity: int | None = None, table_dtype: str | None = None) -> "EmbeddingTable":
+        """One table of the rows that each part ``(path, keep)`` keeps, stored as ``table_dtype``
+        (default: the files'): :func:`persistence.load_parts`."""
+        return persistence.load_parts(cls, parts, capacity, table_dtype)

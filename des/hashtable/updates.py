@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from . import _index as K
+from .bfloat16 import update_stored_rows
 
 
 class RowUpdates:
@@ -47,8 +48,16 @@ class RowUpdates:
         if bad >= 0:
             raise ValueError(f"apply_gradients: row {rows[bad]} at position {bad} is not a row of "
                              f"this table ({n} rows)")
-        values, slots = spec.columns(arrays.blocks[b])
-        spec.optimizer.apply_rows(values, slots, _steps(spec, arrays, b), uniq[:u], acc[:u], lr_scale, int(step) + 1)
+        if table.table_dtype == "bfloat16":  # widened, updated and rounded back (bfloat16.py)
+            widths = (*spec.slot_widths, 0, 0)
+            args = spec.optimizer.kernel_args(table.dtype, lr_scale, int(step) + 1)
+            update_stored_rows(arrays.blocks[b], spec.dim, widths[0], widths[1], arrays.steps[b],
+                               np.ascontiguousarray(uniq[:u]), acc[:u], tuple(args), arrays.keys,
+                               table.stream_bases[b], int(step) + 1)
+        else:
+            values, slots = spec.columns(arrays.blocks[b])
+            spec.optimizer.apply_rows(values, slots, _steps(spec, arrays, b), uniq[:u], acc[:u], lr_scale,
+                                      int(step) + 1)
         table.last_update_step = int(step)
 
     def _scratch(self, n: int, dim: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:

@@ -58,7 +58,7 @@ class FieldShard:
         specs = [BlockSpec(b.name, b.dim, optimizers.sparse[b.name], Initializer(b.init, b.scale)) for b in blocks]
         self.tables: dict[int, EmbeddingTable] = {
             f: EmbeddingTable(f, specs, seed=seed, dtype=self.dtype, capacity=capacity, rows=rows,
-                              min_count=tables.min_count, unadmitted=tables.unadmitted)
+                              min_count=tables.min_count, unadmitted=tables.unadmitted, table_dtype=tables.table_dtype)
             for f, (capacity, rows) in ((f, tables.initial_size(f, self.shares.get(f, (0, 1))[1])) for f in self.fields)
         }
         # reads self.tables at every call: a checkpoint load replaces tables in that dict
