@@ -225,6 +225,7 @@ def summary_record(run: Any, results: dict[str, Any]) -> dict[str, Any]:
         "planner": run.planner,
         "buffer_floats_per_sample": getattr(strategy, "buffer_width", None),
         "ms_per_phase": comm.bcast_json(strategy.timer.ms_per_step(), "summary", root=strategy.evaluators[0]),
+        "ms_per_phase_by_rank": phases_by_rank(strategy, comm),
         "overlapped_steps": strategy.overlapped_steps,  # --pipeline: steps that looked up the next batch meanwhile
         "peak_rss_bytes_per_rank": per_rank[:, 0].tolist(),
         "table_rows_per_rank": per_rank[:, 1].tolist(),
@@ -238,6 +239,16 @@ def summary_record(run: Any, results: dict[str, Any]) -> dict[str, Any]:
         **progressive_summary(run.training.progressive),
         "exports": run.exports,
     }
+
+
+def phases_by_rank(strategy, comm) -> dict[str, list[float]]:
+    """Every rank's ms per step of each phase any rank timed (collective): a rank that waits in a
+    collective for a slower one shows it in that collective's phase, so the ranks side by side say
+    where a step's time is imbalance."""
+    names = list(strategy.phases)
+    mine = strategy.timer.ms_per_step()
+    table = comm.allgather(np.array([mine.get(name, 0.0) for name in names], dtype=np.float64), "summary")
+    return {name: [round(float(v), 3) for v in table[:, i]] for i, name in enumerate(names) if table[:, i].any()}
 
 
 def _bytes_sent(strategy, comm) -> np.ndarray:

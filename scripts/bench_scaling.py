@@ -521,6 +521,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "samples_per_second_rounds": [round(s["steady"]["samples_per_second"]) for s in runs[job]],
                  "plans": [plan_name(s.get("plan")) for s in runs[job]],
                  "ms_per_phase_rounds": [s["steady"]["ms_per_phase"] for s in runs[job]],
+                 # every rank's phases: a rank waiting in a collective for a slower one shows it there
+                 "ms_per_phase_by_rank_rounds": [s["steady"].get("ms_per_phase_by_rank", {}) for s in runs[job]],
                  "load_average_rounds": [s.get("load_average") for s in runs[job]]} for job in flags_of]
     bench.finish(rows + roof, tables, notes, figure,
                  extra={"skipped": skipped, "stopped": stopped, "data": data, "jobs": job_list,

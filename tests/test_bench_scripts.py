@@ -543,6 +543,9 @@ def test_scaling_runs_on_one_and_two_ranks(tmp_path):
     assert sorted(rows) == [("strong", 1), ("strong", 2), ("weak", 1), ("weak", 2)]
     assert [rows["weak", n]["batch"] for n in (1, 2)] == [512, 1024] and rows["strong", 2]["batch"] == 512
     assert rows["strong", 1]["job"] == rows["weak", 1]["job"] and len(results["jobs"]) == 3
+    for job in results["jobs"]:  # every rank's phases, side by side
+        by_rank = job["ms_per_phase_by_rank_rounds"][0]
+        assert by_rank and all(len(ms) == job["ranks"] for ms in by_rank.values())
     for kind in ("strong", "weak"):
         one, two = rows[kind, 1], rows[kind, 2]
         assert one["speedup"] == 1.0 and one["plan"] in ("partials", "exchange") and two["plan"] != "-"

@@ -80,6 +80,8 @@ def test_run_folder_and_summary(work: Path) -> None:
     assert s["model"] == "lr" and s["ranks"] == 1 and s["steps"] == 8 and s["train_samples"] == 8 * 256
     assert 0.5 < s["test_auc"] < 1.0
     assert s["allreduce_bytes_per_step"] == 0  # one rank sends nothing
+    assert set(s["ms_per_phase_by_rank"]) == {k for k, v in s["ms_per_phase"].items() if v}
+    assert all(ms == [round(s["ms_per_phase"][k], 3)] for k, ms in s["ms_per_phase_by_rank"].items())
     assert s["planner"] is None and "planner:" not in proc.stdout  # nor does it plan traffic
     # the start-up line names every split's rows, the test rows too (they add up to the data's)
     counts = re.search(r"\((\d+) rows: (\d+) train, (\d+) validation, (\d+) test\)", proc.stdout)
