@@ -81,3 +81,6 @@ def test_what_they_refuse() -> None:
         persia.check_options(TrainConfig(strategy="persia", upper="replicated"))
     with pytest.raises(ConfigError, match="--staleness 'x': expected int"):
         persia.Options(staleness="x")
+    with pytest.raises(ConfigError, match="--group-size 2.5: expected int"):
+        hierarchical.Options(group_size=2.5)
+    assert hierarchical.Options(group_size=2.0, easgd_alpha=1).group_size == 2

@@ -741,25 +741,16 @@ class FTRL(_OptimizerBase):
 
 
 @dataclass(frozen=True)
-class RowwiseAdaGrad(_OptimizerBase):
+class RowwiseAdaGrad(AdaGrad):
     """FBGEMM's exact row-wise AdaGrad: one accumulator per row,
-    ``a += mean_j(g_j^2); w -= g * lr / (sqrt(a) + eps)`` (4 bytes of state per float32 row)."""
+    ``a += mean_j(g_j^2); w -= g * lr / (sqrt(a) + eps)`` (4 bytes of state per float32 row).
+    AdaGrad's hyperparameters and checks, FBGEMM's defaults, its own row loop."""
 
     lr: float
     initial_accumulator: float = 0.0
     epsilon: float = 1e-8
     kind: ClassVar[str] = "rowwise_adagrad"
-    slot_names: ClassVar[tuple[str, ...]] = ("accumulator",)
     rowwise_slots: ClassVar[tuple[bool, ...]] = (True,)
-
-    def __post_init__(self) -> None:
-        _check_adagrad(self)
-
-    def slot_initial_values(self) -> tuple[float, ...]:
-        return (self.initial_accumulator,)
-
-    def _hp(self, dtype: np.dtype) -> np.ndarray:
-        return np.array([self.lr, self.epsilon], dtype=dtype)
 
     def _code(self, step: int) -> int:
         return ROWWISE_ADAGRAD_ROWS

@@ -94,8 +94,9 @@ class StrategyOptions:
     def __post_init__(self) -> None:
         for f in fields(self):  # typed: a TOML or flag value of another type is refused, not coerced later
             value, kind = getattr(self, f.name), type(f.default)
-            if kind in (int, float) and isinstance(value, (int, float)) and not isinstance(value, bool):
-                object.__setattr__(self, f.name, kind(value))
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if kind in (int, float) and number and (kind is float or float(value).is_integer()):
+                object.__setattr__(self, f.name, kind(value))  # 2.0 -> 2, 1 -> 1.0: nothing lost
             elif kind in (int, float, str) and not isinstance(value, kind):
                 raise ConfigError(f"--{f.name.replace('_', '-')} {value!r}: expected {kind.__name__}")
         self.check()

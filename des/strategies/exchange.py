@@ -128,7 +128,8 @@ class BlockExchange:
         send_samples = first_of_run + (np.arange(n) - run_begin)
         # the row owner's side: every field's ids of its rows
         lo, hi = bounds[comm.rank], bounds[comm.rank + 1]
-        mine = batch.fields.select(self.receive_order).take(lo, hi)  # keyed-jagged: its fields' ids of its rows
+        # keyed-jagged: every field's ids of its rows (cut to the rows first: the reordering copies only them)
+        mine = batch.fields.take(lo, hi).select(self.receive_order)
         keys, offsets, weighted = mine.keys, mine.offsets, mine.weighted
         id_start, sizes = mine.key_offsets[:-1], np.diff(mine.key_offsets)
         weights = np.asarray(mine.weights, np.float64) if weighted.any() else np.zeros(0, np.float64)
