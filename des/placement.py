@@ -10,6 +10,12 @@ functions of their inputs, so every rank computes the same placement:
 * ``"mod"`` -- field ``f`` goes whole to rank ``f mod N`` (the paper's choice);
 * ``"balanced"`` -- whole fields by greedy longest-processing-time on per-field distinct-id counts
   (the biggest first, each to the rank with the fewest ids so far; ties to the lower field / rank);
+  given each field's work per step (:func:`field_work`, counted on a batch of the data), on both at
+  once: each field, largest share first, to the rank whose larger share (of all the memory, of all
+  the work) stays smallest with it. A step waits for its slowest rank, and a field's work is not its
+  table's size: a field of a few hundred ids with 25 ids in every row costs a rank more per step
+  than one of 300,000 ids with one id a row, and holding many such fields made one rank of 8 twice
+  as slow as the others (docs/benchmarks.md, "Scaling");
 * ``"split"`` -- the fewest of the largest fields split over every rank (each rank then holds
   ``1/N`` of each, TorchRec's row-wise sharding), the rest placed whole as ``balanced`` does, so
   that the predicted table memory of the largest rank is within :data:`SPLIT_TARGET` of the mean.
@@ -32,6 +38,14 @@ from des.splitmix import mix64
 PLACEMENTS = ("mod", "balanced", "split")
 #: ``split``: the largest rank's predicted table memory over the mean it settles for
 SPLIT_TARGET = 1.05
+#: A field's work per step (:func:`field_work`) in units of one id of a row (looked up, pooled, its
+#: gradient added to its id's): each distinct id of the batch costs :data:`ID_WORK` more (its row
+#: read, its optimizer step) and each row of the batch :data:`ROW_WORK` (the field's slices of the
+#: substituted operators, forward and backward). Fitted to one job's per-rank phases (multi-hot
+#: data, 8 ranks of a 16-core host: 17 ns per id of a row, 270 per distinct id, about 2 ids' worth
+#: per row and field; docs/benchmarks.md, "Scaling").
+ID_WORK = 16.0
+ROW_WORK = 2.0
 # Shares hash the key with a salt: the tables place a key by the top bits of splitmix64(key), so a
 # share chosen by the same hash would fill one slice of every member's index.
 _SHARE_SALT = np.uint64(0xD1B54A32D192ED03)
@@ -43,10 +57,12 @@ def place_fields(
     policy: str = "mod",
     distinct_counts: Sequence[int] | None = None,
     split: str | Sequence[int] = "auto",
+    work: Sequence[float] | None = None,
 ) -> list[list[int]]:
     """Fields of each rank (sorted), for ``num_ranks`` ranks; a field listed by every rank is split.
     ``split`` (policy ``split`` only): ``"auto"`` (the policy's choice), ``"all"``, or the fields to
-    split (the others placed whole, largest first)."""
+    split (the others placed whole, largest first). ``work`` (policy ``balanced``): each field's
+    work per step (:func:`field_work`), balanced with the memory."""
     if num_ranks < 1:
         raise PlacementError(f"need at least one rank, got {num_ranks}")
     if policy not in PLACEMENTS:
@@ -65,6 +81,10 @@ def place_fields(
         raise ConfigError(f"the {policy} placement needs the distinct-id count of every field")
     cost = [max(int(c), 1) for c in distinct_counts]
     if policy == "balanced":
+        if work is not None and num_ranks > 1:
+            if len(work) != num_fields:
+                raise ConfigError(f"the balanced placement got the work of {len(work)} fields, not {num_fields}")
+            return _longest_first_by_both(num_fields, cost, work, num_ranks)
         return _longest_first(range(num_fields), cost, num_ranks)
     if split == "auto":
         return _split(cost, num_ranks)
@@ -91,6 +111,40 @@ def _longest_first(fields: Sequence[int], cost: Sequence[int], num_ranks: int,
         owned[rank].append(field)
         load[rank] += cost[field]
     return [sorted(fields) for fields in owned]
+
+
+def _longest_first_by_both(num_fields: int, memory: Sequence[int], work: Sequence[float],
+                           num_ranks: int) -> list[list[int]]:
+    """Whole fields by greedy longest-processing-time on two loads at once (vector scheduling): each
+    field's shares of all the memory and of all the work, the field of the largest share first, to
+    the rank whose larger load is smallest with it (ties: the smaller sum, fewer fields, lower
+    rank). The first ``num_ranks`` fields land on distinct ranks; no rank stays empty."""
+    shares = np.stack([np.asarray(memory, np.float64) / max(float(np.sum(memory)), 1.0),
+                       np.maximum(np.asarray(work, np.float64), 0.0) / max(float(np.sum(work)), 1e-300)], axis=1)
+    load = np.zeros((num_ranks, 2))
+    owned: list[list[int]] = [[] for _ in range(num_ranks)]
+    for field in sorted(range(num_fields), key=lambda f: (-float(shares[f].max()), f)):
+        empty = [r for r in range(num_ranks) if not owned[r]]
+        remaining = num_fields - sum(map(len, owned))
+        candidates = empty if len(empty) >= remaining else range(num_ranks)  # keep a field for every rank
+        after = load + shares[field]
+        rank = min(candidates, key=lambda r: (float(after[r].max()), float(after[r].sum()), len(owned[r]), r))
+        owned[rank].append(field)
+        load[rank] = after[rank]
+    return [sorted(fields) for fields in owned]
+
+
+def field_work(batch, num_fields: int) -> list[float]:
+    """Each field's work per step, counted on one global batch of the data (``des.data`` Batch):
+    its ids, ``ID_WORK`` x its distinct ids and ``ROW_WORK`` x the rows, in units of one id of a
+    row (:data:`ID_WORK`). Distinct ids are those of the whole batch, as its owner updates them."""
+    import pandas as pd  # its hash-based unique counts a batch's ids a few times faster than np.unique
+
+    out = []
+    for f in range(num_fields):
+        keys = np.asarray(batch.fields[f].keys)
+        out.append(float(keys.size + ID_WORK * pd.unique(keys).size + ROW_WORK * batch.size))
+    return out
 
 
 def _split(cost: Sequence[int], num_ranks: int) -> list[list[int]]:

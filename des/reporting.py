@@ -23,7 +23,8 @@ from des.tensorboard import summary_scalars
 
 # ---------------------------------------------------------------------------------------------- start-up
 def startup_report(run: Any, *, train_rows: int, validation_rows: int, distinct: list[int], hosts: str, threads: Any,
-                   pipeline_auto: bool, plan_text: str | None, manifest: dict[str, Any] | None) -> list[str]:
+                   pipeline_auto: bool, plan_text: str | None, manifest: dict[str, Any] | None,
+                   work: list[float] | None = None) -> list[str]:
     """The lines a run starts with: what trains on what, where the ranks run, the resolved options,
     the placement with its table memory, the run folder."""
     config, strategy, store = run.config, run.strategy, run.store
@@ -50,7 +51,7 @@ def startup_report(run: Any, *, train_rows: int, validation_rows: int, distinct:
         lines.append(f"  resumed from {config.resume} at step {strategy.step_count} ({where}, batch "
                      f"{manifest['next_batch']}), written by {manifest['ranks']} rank(s)")
     lines.append(describe_placement(strategy.placement, distinct, store.field_names, _empty_table(strategy),
-                                    strategy.context.tables))
+                                    strategy.context.tables, work))
     if store.num_dense:
         lines.append(f"  dense features: {store.num_dense} ({', '.join(store.dense_names)}), read by every rank for "
                      "its rows; their weights replicated with the top network")
@@ -68,21 +69,27 @@ def describe_config(config: TrainConfig) -> str:
                          break_long_words=False, break_on_hyphens=False)
 
 
-def describe_placement(placement: list[list[int]], distinct: list[int], names, layout=None, tables=None) -> str:
+def describe_placement(placement: list[list[int]], distinct: list[int], names, layout=None, tables=None,
+                       work: list[float] | None = None) -> str:
     """Fields (a share of a split field as ``name/G``), distinct ids and (given one of the tables, and
-    the tables' options) predicted table memory of every rank, and the largest rank's over the mean."""
+    the tables' options) predicted table memory of every rank, and the largest rank's over the mean;
+    given each field's work per step (``des.placement.field_work``), each rank's share of it."""
     from des.placement import predicted_table_bytes, split_groups
 
     groups = {f: len(ranks) for f, ranks in split_groups(placement).items()}
     lines = []
     predicted = [] if layout is None else predicted_table_bytes(placement, distinct, layout, tables)
+    loads = [sum(work[f] / groups.get(f, 1) for f in fields) for fields in placement] if work else []
     for r, fields in enumerate(placement):
         ids = sum(-(-distinct[f] // groups.get(f, 1)) for f in fields)
         memory = "" if layout is None else f", tables ~{predicted[r] / 2**20:7.1f} MiB"
+        share = f", {loads[r] / sum(loads):5.1%} of the work" if loads else ""
         held = ",".join(names[f] + (f"/{groups[f]}" if f in groups else "") for f in fields)
-        lines.append(f"  rank {r}: {len(fields):2d} fields, {ids:9d} distinct ids{memory}  {held}")
+        lines.append(f"  rank {r}: {len(fields):2d} fields, {ids:9d} distinct ids{memory}{share}  {held}")
     if len(predicted) > 1 and sum(predicted):
         lines.append(f"  table memory: largest rank {max(predicted) / (sum(predicted) / len(predicted)):.2f}x the mean"
+                     + (f"; work per step (ids, distinct ids, rows of a batch): largest rank "
+                        f"{max(loads) / (sum(loads) / len(loads)):.2f}x the mean" if loads else "")
                      + (f"; {len(groups)} field(s) split by key over the ranks" if groups else ""))
     return "\n".join(lines)
 

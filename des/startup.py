@@ -43,7 +43,8 @@ def setup(config: TrainConfig, comm: Communicator, *, warmup_steps: int = 1) -> 
         raise DesError(f"dataset {store.source} is empty")
     distinct = [store.distinct_count(f) for f in range(store.num_fields)]
     config = split_field_numbers(config, store)
-    placement = cls.place(store.num_fields, comm.size, distinct, config)
+    work = field_work_of(config, store, comm.size)
+    placement = cls.place(store.num_fields, comm.size, distinct, config, work)
     train_rows, validation_rows = len(store.split_rows("train")), len(store.split_rows("validation"))
     steps = None if stream else count_steps(config, train_rows, store.display_name)
     build_optimizers(config)  # a bad optimizer spec fails before TensorFlow is started
@@ -82,7 +83,7 @@ def setup(config: TrainConfig, comm: Communicator, *, warmup_steps: int = 1) -> 
     if run.talks:
         for line in startup_report(run, train_rows=train_rows, validation_rows=validation_rows, distinct=distinct,
                                    hosts=runtime.describe_hosts(hosts), threads=threads, pipeline_auto=pipeline_auto,
-                                   plan_text=plan_text, manifest=manifest):
+                                   plan_text=plan_text, manifest=manifest, work=work):
             print(line, flush=True)
     return run
 
@@ -170,6 +171,19 @@ def resume(config: TrainConfig, strategy: Any, store: Any, source: Any) -> dict[
     manifest = load_checkpoint(strategy, config.resume, data_order=source.data_order)
     source.resume(config.resume, manifest, strategy.step_count)
     return manifest
+
+
+def field_work_of(config: TrainConfig, store: Any, ranks: int) -> list[float] | None:
+    """Each field's work per step for the ``balanced`` placement of several ranks
+    (``des.placement.field_work``), counted on the first batch of the training order: the same
+    batch, so the same placement, on every rank. None where nothing uses it."""
+    if ranks == 1 or config.placement != "balanced":
+        return None
+    from des.data import BatchReader
+    from des.placement import field_work
+
+    reader = BatchReader(store, "train", batch_size=config.batch_size, seed=config.seed, epoch=0, drop_last=False)
+    return field_work(reader.batch(0), store.num_fields) if len(reader) else None
 
 
 def resolve_plan(config: TrainConfig, cls: Any, store: Any, placement: list[list[int]], model: Any

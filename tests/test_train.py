@@ -172,6 +172,10 @@ def test_alltoall_strategy_trains_the_same_model(resume_runs, work: Path) -> Non
     AllReduced) ends where DES ends."""
     proc = train(work, 2, "alltoall", *RESUME_FLAGS, "--max-steps", "12", "--strategy", "alltoall")
     assert "with strategy alltoall" in proc.stdout
+    # the balanced placement weighs each field's work on the first batch with its table's ids
+    shares = [float(x) for x in re.findall(r"rank \d: +\d+ fields, .* ([\d.]+)% of the work", proc.stdout)]
+    assert len(shares) == 2 and sum(shares) == pytest.approx(100, abs=0.2), proc.stdout
+    assert "work per step (ids, distinct ids, rows of a batch): largest rank" in proc.stdout
     assert_checkpoints_equal(resume_runs["straight"], work / "alltoall" / "checkpoints")
     s = summary(work, "alltoall")
     assert s["strategy"] == "alltoall"

@@ -208,13 +208,14 @@ class Strategy(ABC):
 
     # ------------------------------------------------------------------ placement and roles
     @classmethod
-    def place(cls, num_fields: int, ranks: int, distinct: Sequence[int], config: "TrainConfig") -> list[list[int]]:
+    def place(cls, num_fields: int, ranks: int, distinct: Sequence[int], config: "TrainConfig",
+              work: Sequence[float] | None = None) -> list[list[int]]:
         """Fields of every rank (default: every rank owns fields, by ``--placement`` and
-        ``--split-fields``)."""
+        ``--split-fields``; ``work``: each field's work per step, which ``balanced`` balances too)."""
         from des.placement import parse_split_fields, place_fields
 
         split = parse_split_fields(str(config.split_fields), [str(f) for f in range(num_fields)])
-        return place_fields(num_fields, ranks, config.placement, distinct, split)
+        return place_fields(num_fields, ranks, config.placement, distinct, split, work)
 
     @classmethod
     def check_options(cls, config: "TrainConfig") -> None:

@@ -92,10 +92,10 @@ class DES(Strategy):
                                   "operator as partials")
 
     @classmethod
-    def place(cls, num_fields, ranks, distinct, config) -> list[list[int]]:
+    def place(cls, num_fields, ranks, distinct, config, work=None) -> list[list[int]]:
         from des.placement import split_groups
 
-        placement = super().place(num_fields, ranks, distinct, config)
+        placement = super().place(num_fields, ranks, distinct, config, work)
         if split_groups(placement) and config.max_rows_per_field:
             raise ConfigError("--max-rows-per-field ranks a table's rows by when they were last seen, which the "
                               "shares of a field split by key over ranks cannot do apart: use --ttl, or whole fields")

@@ -98,9 +98,9 @@ class Hierarchical(DES):
         super().check_options(config)
 
     @classmethod
-    def place(cls, num_fields, ranks, distinct, config):
+    def place(cls, num_fields, ranks, distinct, config, work=None):
         cls.group_size_of(cls.Options.of(config), ranks)  # refused before anything is built
-        return super().place(num_fields, ranks, distinct, config)
+        return super().place(num_fields, ranks, distinct, config, work)
 
     @staticmethod
     def group_size_of(options: "Hierarchical.Options", ranks: int) -> int:

@@ -76,7 +76,8 @@ class ParameterServer(Strategy):
         ps_servers: int = 1
 
     @classmethod
-    def place(cls, num_fields: int, ranks: int, distinct: Sequence[int], config: Any) -> list[list[int]]:
+    def place(cls, num_fields: int, ranks: int, distinct: Sequence[int], config: Any,
+              work: Sequence[float] | None = None) -> list[list[int]]:
         """Servers own fields (``mod`` over the servers), workers none."""
         if config.placement == "split":
             raise ConfigError("--placement split: the parameter server places whole fields on its servers (split "
