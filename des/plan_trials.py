@@ -52,7 +52,7 @@ class Trials:
         fastest = min(self.ms_per_step.values())
         rows = [f"    {plan:<40} {ms:8.1f} ms/step  {ms / fastest:5.2f}x" for plan, ms in
                 sorted(self.ms_per_step.items(), key=lambda item: item[1])]
-        source = "cached for this host" if self.cached else f"{TIMED} steps after {WARMUP}, slowest rank"
+        source = "cached for this host" if self.cached else f"median of {TIMED} steps after {WARMUP}, slowest rank"
         return [f"  plans measured ({source}): --plan {self.chosen}", *rows]
 
 
@@ -122,19 +122,21 @@ def measure(plans: Sequence[str], train_one: Any, comm: Any) -> Trials:
 
 def trial_step_seconds(build: Any, batches: Any, *, overlap: bool = False) -> float:
     """Build a throwaway strategy, train ``WARMUP`` then ``TIMED`` batches (``overlap``: each next
-    batch prefetched, as the run's pipeline does); seconds per timed step."""
+    batch prefetched, as the run's pipeline does); the median seconds of a timed step (one slow
+    step, a late compilation or a collection, does not decide the plan)."""
     strategy = build()
     try:
-        read, following, start = batches(strategy), None, 0.0
+        read, following, seconds = batches(strategy), None, []
         for i in range(WARMUP + TIMED):
-            if i == WARMUP:
-                start = time.perf_counter()
+            start = time.perf_counter()
             batch = following.batch() if following is not None else read(i)
             following = None
             if overlap and i + 1 < WARMUP + TIMED:
                 following = strategy.prefetch(lambda after=i + 1: read(after), strategy.step_count + 1)
             strategy.train_step(batch)
-        return (time.perf_counter() - start) / TIMED
+            if i >= WARMUP:
+                seconds.append(time.perf_counter() - start)
+        return float(np.median(seconds))
     finally:
         strategy.close()
         del strategy
