@@ -42,6 +42,12 @@ once, with the phases of a step at the largest N.
   ``--threads`` per process: one copy alone at every per-rank batch, then N copies at once at the
   per-rank batch of N (weak: ``--rows-per-rank``, strong: B/N), their samples/s summed: the
   throughput N data-parallel copies of the dense part reach on this machine, contention included.
+* **Copies** (``--copies``, default on; weak scaling): the machine's ceiling for N ranks. des's
+  one-rank job of each weak panel runs alone, then as N copies at once for each N > 1, each copy on
+  ``--threads`` cores of its own (``taskset``, where the machine has N x T cores), ``--copies-steps``
+  timed steps so that the copies' timed windows overlap; their samples/s summed is what N ranks
+  would reach with nothing to communicate and no work to share, and a rank's share of the machine's
+  caches, memory and clocks as it is under load. Weak rows give des's samples/s over it.
 
 Outputs: a table per data set and scaling kind (N, global batch, strategy, the plan des chose,
 samples/s median and min-max, rounds, speed-up, efficiency, vs the planner's choice, ms/step, the
@@ -65,11 +71,14 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import json
 
 import bench_synthetic
 import bench_throughput as throughput
@@ -232,14 +241,64 @@ def roofline_of(roof: Sequence[Mapping[str, Any]], copies: int, batch: int) -> f
     return next((r["samples_per_second"] for r in roof if (r["copies"], r["per_copy_batch"]) == (copies, batch)), None)
 
 
+# ---------------------------------------------------------------------------------------- copies
+def copies(bench: benchlib.Bench, args: argparse.Namespace, ranks: Sequence[int], panels: Sequence[Panel],
+           data: Mapping[str, Mapping[str, Any]], deadline: float) -> list[dict[str, Any]]:
+    """Per weak panel, des's one-rank job alone, then as N copies at once for each N > 1 (each copy
+    pinned to ``--threads`` cores of its own where there are enough and ``taskset`` exists); a row
+    per (data, copies) with the copies' samples/s summed."""
+    cores, threads = os.cpu_count() or 1, args.threads
+    rows: list[dict[str, Any]] = []
+    for panel in (p for p in panels if p.scaling == "weak"):
+        flags = benchlib.steady_flags(1, args.warmup, args.copies_steps, {
+            "model": args.model, "batch_size": panel.batch, "threads": threads, "xla": args.xla,
+            **benchlib.strategy_flags("des"), **({"data": data[panel.data]["path"]} if data[panel.data]["path"] else {})})
+        alone = None
+        for n in [1, *(n for n in ranks if n > 1)]:
+            label = f"{panel.data}: des N=1, {n} cop{'y' if n == 1 else 'ies'} at once"
+            remaining = deadline - bench.elapsed()
+            if remaining <= 0:
+                bench.failures.append(f"{label}: not run (--time-limit)")
+                return rows
+            pinned = n * threads <= cores and shutil.which("taskset") is not None
+            outputs = [bench.jobs / f"copies-{panel.data}-n{n}-c{i}" for i in range(n)]
+            cmds = [(["taskset", "-c", f"{i * threads}-{(i + 1) * threads - 1}"] if pinned else [])
+                    + [str(benchlib.MPIEXEC), "-n", "1", str(benchlib.PYTHON), benchlib.__file__,
+                       "--restart-timers-after", str(args.warmup), *benchlib.train_flags(out, flags)]
+                    for i, out in enumerate(outputs)]
+            try:
+                bench.run_together(cmds, label=label, timeout=min(bench.timeout, remaining))
+                each = [float(json.loads((out / "summary.json").read_text())["samples_per_second"]) for out in outputs]
+            except (benchlib.BenchError, OSError, ValueError) as exc:
+                bench.failures.append(f"{label}: {exc}")
+                bench.log(f"FAILED {label}: {exc}")
+                continue
+            finally:
+                for out in outputs:
+                    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+            alone = sum(each) if n == 1 else alone
+            row = {"kind": "copies", "data": panel.data, "copies": n, "per_copy_batch": panel.batch,
+                   "pinned": pinned, "samples_per_second": sum(each), "per_copy": sum(each) / n,
+                   "per_copy_samples_per_second": [round(x) for x in each]}
+            if alone:
+                row["vs_copies_alone"] = row["samples_per_second"] / (n * alone)
+            rows.append(row)
+            bench.log(f"  {label}: {row['samples_per_second']:,.0f} samples/s in all")
+    return rows
+
+
+def copies_of(ceiling: Sequence[Mapping[str, Any]], data: str, n: int) -> float | None:
+    return next((r["samples_per_second"] for r in ceiling if (r["data"], r["copies"]) == (data, n)), None)
+
+
 # ---------------------------------------------------------------------------------------- rows
 def scaling_rows(panel: Panel, ranks: Sequence[int], row_labels: Sequence[str], measured: Sequence[str],
                  runs: Mapping[Job, list[dict]], roof: Sequence[Mapping[str, Any]], model: str,
-                 plan_ranks: Sequence[int]) -> list[dict[str, Any]]:
+                 plan_ranks: Sequence[int], ceiling: Sequence[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
     """A panel's rows: per N and label the median job (bench_throughput's row), the plan des
     chose, speed-up over N = 1 of the same label (des-<plan> without its own N = 1 row: over des
-    at N = 1), efficiency, samples/s relative to the planner's choice at the same N, and the
-    roofline of N copies."""
+    at N = 1), efficiency, samples/s relative to the planner's choice at the same N, the
+    roofline of N copies and (weak scaling) des's one-rank job as N copies at once."""
     rows = []
     for n in ranks:
         for label in row_labels:
@@ -252,7 +311,8 @@ def scaling_rows(panel: Panel, ranks: Sequence[int], row_labels: Sequence[str], 
             median = throughput.median_job(runs[job], lambda r: r["steady"]["samples_per_second"]) if runs[job] else {}
             row.update({"kind": "scaling", "data": panel.data, "scaling": panel.scaling, "panel": panel.title,
                         "per_rank_batch": panel.per_rank(n), "rounds": len(runs[job]), "job": job.tag,
-                        "plan": plan_name(median.get("plan")), "roofline": roofline_of(roof, n, panel.per_rank(n))})
+                        "plan": plan_name(median.get("plan")), "roofline": roofline_of(roof, n, panel.per_rank(n)),
+                        "copies": copies_of(ceiling, panel.data, n) if panel.scaling == "weak" else None})
             rows.append(row)
     for row in rows:
         same = {r["strategy"]: r for r in rows if r["ranks"] == row["ranks"]}
@@ -268,6 +328,8 @@ def scaling_rows(panel: Panel, ranks: Sequence[int], row_labels: Sequence[str], 
             row["vs_planner"] = rate / same["des"]["samples_per_second"]
         if rate and row["roofline"]:
             row["of_roofline"] = rate / row["roofline"]
+        if rate and row["copies"]:
+            row["of_copies"] = rate / row["copies"]
     return rows
 
 
@@ -316,10 +378,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--roofline", action=argparse.BooleanOptionalAction, default=True,
                         help="the dense roofline alone and as N copies at once")
     parser.add_argument("--roofline-repeats", type=int, default=10, help="timed roofline calls per batch")
+    parser.add_argument("--copies", action=argparse.BooleanOptionalAction, default=True,
+                        help="weak scaling: des's one-rank job as N copies at once, each on cores of its own (the ceiling)")
+    parser.add_argument("--copies-steps", type=int, default=50, help="timed steps of each copy (their windows overlap)")
     benchlib.add_common_arguments(parser, out_is_run_folder=True)
     args = parser.parse_args(argv)
     if args.quick:
-        args.ranks, args.warmup, args.steps, args.roofline_repeats = "1,2", 2, 3, 3
+        args.ranks, args.warmup, args.steps, args.roofline_repeats, args.copies_steps = "1,2", 2, 3, 3, 6
         args.batch_size, args.rows_per_rank, args.synth_rows = "1024", 512, min(args.synth_rows, 60_000)
     ranks = benchlib.positive_ints(args.ranks, "ranks")
     batches = throughput.batch_sizes(args.batch_size)
@@ -380,6 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     launch_seconds: dict[int, float] = {}
     cut: list[str] = []  # the launches --time-limit left out
     roof: list[dict[str, Any]] = []
+    ceiling: list[dict[str, Any]] = []
     order = sorted(ranks, key=lambda n: (n != 1, n != max(ranks), n))  # N=1 and the largest N first
     for round_ in range(args.rounds):
         for n in order:
@@ -400,6 +466,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     runs[job].append(summary)
         if round_ == 0 and args.roofline and args.model in throughput.ROOFLINE_MODELS:
             roof = roofline(bench, args, ranks, panels, deadline)  # after the first round: the jobs come first
+        if round_ == 0 and args.copies:
+            ceiling = copies(bench, args, ranks, panels, data, deadline)
     stopped = f"--time-limit {args.time_limit:g} s left out the launches of {', '.join(cut)}" if cut else ""
 
     rows: list[dict[str, Any]] = []
@@ -408,9 +476,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                ("plan", "plan", ""), ("samples_per_second", "samples/s", ",.0f"), ("spread", "min-max", ""),
                ("rounds", "rounds", "d"), ("speedup", "speed-up", ".2f"), ("efficiency", "efficiency", ".2f"),
                ("vs_planner", "vs des (auto) same N", ".2f"), ("ms_per_step", "ms/step", ",.1f"),
-               ("roofline", "roofline, N copies, samples/s", ",.0f"), ("of_roofline", "of roofline", ".2f")]
+               ("roofline", "roofline, N copies, samples/s", ",.0f"), ("of_roofline", "of roofline", ".2f"),
+               ("copies", "des N=1 as N copies at once, samples/s", ",.0f"), ("of_copies", "of N copies", ".2f")]
     for panel in panels:
-        panel_rows = scaling_rows(panel, ranks, row_labels, measured, runs, roof, args.model, plan_ranks)
+        panel_rows = scaling_rows(panel, ranks, row_labels, measured, runs, roof, args.model, plan_ranks, ceiling)
         rows += panel_rows
         if panel_rows:
             tables.append((panel.title, columns, panel_rows))
@@ -425,6 +494,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                        [("copies", "copies at once", "d"), ("per_copy_batch", "batch per copy", ",d"),
                         ("samples_per_second", "samples/s (all copies)", ",.0f"),
                         ("per_copy", "per copy", ",.0f"), ("vs_copies_alone", "vs copies x one alone", ".2f")], roof))
+    if ceiling:
+        tables.append((f"des's one-rank job as N copies at once (weak scaling's batch), {args.threads} thread(s) per copy",
+                       [("data", "data", ""), ("copies", "copies at once", "d"), ("per_copy_batch", "batch per copy", ",d"),
+                        ("pinned", "each on cores of its own", ""), ("samples_per_second", "samples/s (all copies)", ",.0f"),
+                        ("per_copy", "per copy", ",.0f"), ("vs_copies_alone", "vs copies x one alone", ".2f")], ceiling))
 
     cores = os.cpu_count() or 1
     crowded = [n for n in ranks if n * args.threads > cores]
@@ -465,6 +539,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.roofline:
         notes.append(f"No roofline: bench_throughput's dense roofline has no {args.model} (it has "
                      f"{', '.join(throughput.ROOFLINE_MODELS)}).")
+    if ceiling:
+        notes.append(f"Copies: des's one-rank job of each weak-scaling data set (batch {args.rows_per_rank}) alone, then "
+                     f"N at once, each {args.warmup} + {args.copies_steps} steps (longer than a job, so the copies' "
+                     "timed windows overlap) on cores of its own (taskset) where the machine has N x threads cores; "
+                     "their samples/s summed is the ceiling for N ranks on this machine: no communication, no shared "
+                     "work, each copy slowed only by the others' use of caches, memory and clocks. 'of N copies' = "
+                     "des's samples/s over it.")
     repeating = []
     for panel in panels:
         mine = [r for r in rows if r["panel"] == panel.title]
@@ -502,6 +583,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             roof_points = sorted((r["ranks"], r["roofline"]) for r in mine if r.get("roofline"))
             if roof_points:
                 ax.plot(*zip(*dict(roof_points).items()), color="black", linestyle=":", label="roofline, N copies")
+            copy_points = sorted((r["ranks"], r["copies"]) for r in mine if r.get("copies"))
+            if copy_points:
+                ax.plot(*zip(*dict(copy_points).items()), color="black", marker="s", linestyle="-.",
+                        label="des N=1, N copies at once")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xticks(ranks, [str(n) for n in ranks])
@@ -524,7 +609,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  # every rank's phases: a rank waiting in a collective for a slower one shows it there
                  "ms_per_phase_by_rank_rounds": [s["steady"].get("ms_per_phase_by_rank", {}) for s in runs[job]],
                  "load_average_rounds": [s.get("load_average") for s in runs[job]]} for job in flags_of]
-    bench.finish(rows + roof, tables, notes, figure,
+    bench.finish(rows + roof + ceiling, tables, notes, figure,
                  extra={"skipped": skipped, "stopped": stopped, "data": data, "jobs": job_list,
                         "launch_seconds": launch_seconds})
     return 1 if bench.failures else 0

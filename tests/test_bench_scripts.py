@@ -7,7 +7,9 @@ import csv
 import io
 import json
 import math
+import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -534,13 +536,20 @@ def test_scaling_runs_on_one_and_two_ranks(tmp_path):
     code = scaling.main(["--model", "lr", "--ranks", "1,2", "--data", "criteo", "--strategies", "des",
                          "--batch-size", "512,40000",
                          "--rows-per-rank", "512", "--warmup", "1", "--steps", "2", "--no-roofline", "--no-figure",
-                         "--out", str(out)])
+                         "--copies-steps", "3", "--out", str(out)])
     assert code == 0
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "environment.json", "log.txt", "results.csv",
                                                      "results.json", "table.md"]
     results = json.loads((out / "results.json").read_text())
-    rows = {(r["scaling"], r["ranks"]): r for r in results["rows"]}
+    rows = {(r["scaling"], r["ranks"]): r for r in results["rows"] if r["kind"] == "scaling"}
     assert sorted(rows) == [("strong", 1), ("strong", 2), ("weak", 1), ("weak", 2)]
+    # the ceiling: des's one-rank job alone, then 2 copies at once; weak rows give des over it
+    ceiling = {r["copies"]: r for r in results["rows"] if r["kind"] == "copies"}
+    assert sorted(ceiling) == [1, 2] and len(ceiling[2]["per_copy_samples_per_second"]) == 2
+    assert ceiling[2]["samples_per_second"] == pytest.approx(sum(ceiling[2]["per_copy_samples_per_second"]), abs=2)
+    assert ceiling[2]["pinned"] == ((os.cpu_count() or 1) >= 2 and shutil.which("taskset") is not None)
+    assert rows["weak", 2]["of_copies"] == pytest.approx(rows["weak", 2]["samples_per_second"] / ceiling[2]["samples_per_second"])
+    assert "of_copies" not in rows["strong", 2]
     assert [rows["weak", n]["batch"] for n in (1, 2)] == [512, 1024] and rows["strong", 2]["batch"] == 512
     assert rows["strong", 1]["job"] == rows["weak", 1]["job"] and len(results["jobs"]) == 3
     for job in results["jobs"]:  # every rank's phases, side by side
