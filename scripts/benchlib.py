@@ -77,6 +77,7 @@ PAPER_SETUP = ("paper: 4 servers x 2 x 24-core Xeon E5-2670v3 (48 threads each),
 STRATEGY_FLAGS: dict[str, dict[str, str]] = {
     "des": {"strategy": "des", "upper": "data-parallel", "plan": "auto"},
     "des-partials": {"strategy": "des", "upper": "data-parallel", "plan": "partials"},
+    "des-measure": {"strategy": "des", "upper": "data-parallel", "plan": "measure"},
     "des-replicated": {"strategy": "des", "upper": "replicated", "plan": "partials"},
     "des-bf16": {"strategy": "des", "upper": "data-parallel", "plan": "auto", "compute_dtype": "bfloat16"},
     "alltoall": {"strategy": "alltoall"},
@@ -91,7 +92,8 @@ STRATEGY_NOTE = ("des = the default command: the upper network data-parallel (re
                  "rows, all-gather of their gradient, AllReduce of the top gradients) and --plan auto (the planner "
                  "exchanges an operator's inputs where that is cheaper in bytes, collective calls and per-id work: "
                  "on Criteo every operator, on heavy multi-hot data none); "
-                 "des-partials = every operator as partial sums (--plan partials); des-replicated = the paper's step "
+                 "des-partials = every operator as partial sums (--plan partials); des-measure = des with the "
+                 "plan timed on the machine (--plan measure: the model's plan and the pure ones, 2 + 3 steps each); des-replicated = the paper's step "
                  "(--upper replicated: one AllReduce, every rank runs the upper network on the whole batch); des-bf16 "
                  "= des with --compute-dtype bfloat16 (the upper network and the first FC layer's matmuls in bf16 on float32 master "
                  "weights); alltoall "
