@@ -42,6 +42,7 @@ from .batch import FieldBatch, KeyedIds
 from .counting import KeyCounter
 from .errors import DataError
 from .keys import KEY_SCHEME
+from .parallel import Background, each
 from .split import SPLIT_NAMES, assign_splits, check_fractions, split_code
 
 FORMAT_NAME = "des-column-store"
@@ -113,9 +114,9 @@ class _FieldWriter:
             self.offsets.append(np.zeros(1, dtype=np.int64))
         self.counter = KeyCounter()
 
-    def append(self, column: np.ndarray | FieldBatch, num_rows: int) -> np.ndarray | None:
-        """Append the field's rows; returns a one-hot field's keys (the caller writes them into
-        ``one_hot.keys.bin``), else None."""
+    def append(self, column: np.ndarray | FieldBatch, num_rows: int, one_hot_block: np.ndarray | None) -> None:
+        """Append the field's rows and count their keys; a one-hot field's keys go into its column
+        of ``one_hot_block`` (the rows' block of ``one_hot.keys.bin``, written by the caller)."""
         if self.offsets is None:
             keys = column.keys if isinstance(column, FieldBatch) else column
             weights = column.weights if isinstance(column, FieldBatch) else None
@@ -132,9 +133,10 @@ class _FieldWriter:
             self.weights.append(weights)
         self.counter.add(keys)
         if self.keys is None:
-            return keys
-        self.keys.append(keys)
-        return None
+            assert one_hot_block is not None and self.one_hot is not None
+            one_hot_block[:, self.one_hot[1]] = keys
+        else:
+            self.keys.append(keys)
 
     def close(self, field_number: int) -> dict[str, Any]:
         if self.one_hot is None:
@@ -190,6 +192,10 @@ class StoreWriter:
         self._fields = [_FieldWriter(self.directory, i, spec,
                                      (self._one_hot, one_hot.index(i)) if self._one_hot and i in one_hot else None)
                         for i, spec in enumerate(fields)]
+        self._background = Background()  # writes one_hot.keys.bin's blocks in order, beside the next chunk's work
+        self._blocks: list[np.ndarray | None] = [None, None]
+        self._block_writes: list[Any] = [None, None]
+        self._turn = 0
         self._labels = _AppendFile(self.directory, "labels.bin", _BYTE_DTYPE)
         self._split = _AppendFile(self.directory, "split.bin", _BYTE_DTYPE)
         self._extras = {
@@ -221,10 +227,10 @@ class StoreWriter:
             raise ValueError(f"{len(columns)} columns for {len(self._fields)} fields")
         codes = (assign_splits(self.split_seed, self.split_fractions, self.num_rows, count) if split_code is None
                  else np.full(count, split_code, dtype=np.uint8))
-        one_hot_keys = [keys for writer, column in zip(self._fields, columns)
-                        if (keys := writer.append(column, count)) is not None]
+        block = self._one_hot_block(count)
+        each(lambda field: field[0].append(field[1], count, block), zip(self._fields, columns))
         if self._one_hot is not None:
-            self._one_hot.append(np.stack(one_hot_keys, axis=1))
+            self._block_writes[self._turn] = self._background.submit(self._one_hot.append, block)
         if (dense is None) != (self._dense is None):
             raise ValueError(f"dense features {'missing' if dense is None else 'unexpected'}")
         if self._dense is not None:
@@ -243,7 +249,22 @@ class StoreWriter:
         self.split_counts += np.bincount(codes, minlength=len(SPLIT_NAMES))
         return codes
 
+    def _one_hot_block(self, count: int) -> np.ndarray | None:
+        """A ``[count, one-hot fields]`` block for the next rows' one-hot keys: two buffers taken in
+        turn, so one is filled while the other is written (waiting for its previous write first);
+        reused, so no chunk faults in memory of its own."""
+        if self._one_hot is None:
+            return None
+        self._turn ^= 1
+        if self._block_writes[self._turn] is not None:
+            self._block_writes[self._turn].result()
+        buffer = self._blocks[self._turn]
+        if buffer is None or buffer.shape[0] < count:
+            buffer = self._blocks[self._turn] = np.empty((count, self._one_hot.width), dtype=_KEY_DTYPE)
+        return buffer[:count]
+
     def _close_files(self) -> None:
+        self._background.close()
         for file in [self._labels, self._split, *self._extras.values(), *([self._one_hot] if self._one_hot else []),
                      *([self._dense] if self._dense else [])]:
             file.close()
@@ -254,6 +275,7 @@ class StoreWriter:
 
     def finish(self, **sections: Any) -> dict[str, Any]:
         """Close all arrays and write ``manifest.json``; ``sections`` are added to the manifest."""
+        self._background.wait()
         fields = [writer.close(i) for i, writer in enumerate(self._fields)]
         manifest: dict[str, Any] = {
             "format": FORMAT_NAME,

@@ -72,7 +72,7 @@ def _parse_integer_column(buf, start, end, field, ints, row):
     return _OK
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _large_value(buf, start, end, negative):
     """The float64 of a value of more than 18 significant digits ``buf[start:end]`` (no sign, no
     leading zero): exact rounding while it fits an int64, else from its first 18 digits and the
@@ -157,7 +157,7 @@ def _parse_line(buf, pos, final, labels, ints, hexes, row, problem):
     return status, min(i + 1, n)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _parse_block(buf, pos, final, row, labels, ints, hexes, skip, bad_lines, problem):
     """Parse lines from ``pos`` into slots ``row..`` until the slots or the complete lines run out.
 
