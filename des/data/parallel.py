@@ -59,6 +59,19 @@ def each(function: Callable[[T], R], items: Iterable[T]) -> list[R]:
     return [future.result() for future in _all_ended(futures)]
 
 
+def submit(function: Callable[..., R], *args: Any) -> Future[R]:
+    """``function(*args)`` in the pool (a Future); run at once in the calling thread when there is
+    one thread."""
+    if threads() > 1:
+        return pool().submit(function, *args)
+    future: Future[R] = Future()
+    try:
+        future.set_result(function(*args))
+    except Exception as error:  # noqa: BLE001 - raised by the Future's result(), as the pool's would be
+        future.set_exception(error)
+    return future
+
+
 def _all_ended(futures: list[Future[Any]]) -> list[Future[Any]]:
     for future in futures:
         future.exception()  # waits; the exception (if any) is raised by result() afterwards
