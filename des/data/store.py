@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import numba
 import numpy as np
 
 from .batch import FieldBatch, KeyedIds
@@ -60,6 +61,18 @@ _KEY_DTYPE = np.dtype("<i8")
 _WEIGHT_DTYPE = np.dtype("<f4")
 _DENSE_DTYPE = np.dtype("<f4")
 _BYTE_DTYPE = np.dtype("u1")
+_ROWS_PER_TASK = 1 << 15
+
+
+@numba.njit(cache=True, nogil=True)
+def _interleave(columns, rows, start, stop):
+    """``rows[i, j] = columns[j, i]`` for ``start <= i < stop``, in tiles of 64 rows (each field's
+    values read in order, every row's cache lines written while they are in cache)."""
+    for first in range(start, stop, 64):
+        last = min(first + 64, stop)
+        for j in range(columns.shape[0]):
+            for i in range(first, last):
+                rows[i, j] = columns[j, i]
 
 
 @dataclass(frozen=True)
@@ -114,9 +127,10 @@ class _FieldWriter:
             self.offsets.append(np.zeros(1, dtype=np.int64))
         self.counter = KeyCounter()
 
-    def append(self, column: np.ndarray | FieldBatch, num_rows: int, one_hot_block: np.ndarray | None) -> None:
-        """Append the field's rows and count their keys; a one-hot field's keys go into its column
-        of ``one_hot_block`` (the rows' block of ``one_hot.keys.bin``, written by the caller)."""
+    def append(self, column: np.ndarray | FieldBatch, num_rows: int, one_hot_columns: np.ndarray | None) -> None:
+        """Append the field's rows and count their keys; a one-hot field's keys go into its row of
+        ``one_hot_columns`` (``[one-hot fields, rows]``, interleaved into ``one_hot.keys.bin`` by the
+        caller)."""
         if self.offsets is None:
             keys = column.keys if isinstance(column, FieldBatch) else column
             weights = column.weights if isinstance(column, FieldBatch) else None
@@ -133,8 +147,8 @@ class _FieldWriter:
             self.weights.append(weights)
         self.counter.add(keys)
         if self.keys is None:
-            assert one_hot_block is not None and self.one_hot is not None
-            one_hot_block[:, self.one_hot[1]] = keys
+            assert one_hot_columns is not None and self.one_hot is not None
+            one_hot_columns[self.one_hot[1], :num_rows] = keys
         else:
             self.keys.append(keys)
 
@@ -194,6 +208,7 @@ class StoreWriter:
                         for i, spec in enumerate(fields)]
         self._background = Background()  # writes one_hot.keys.bin's blocks in order, beside the next chunk's work
         self._blocks: list[np.ndarray | None] = [None, None]
+        self._scratch: np.ndarray | None = None  # the one-hot fields' keys field by field, then interleaved
         self._block_writes: list[Any] = [None, None]
         self._turn = 0
         self._labels = _AppendFile(self.directory, "labels.bin", _BYTE_DTYPE)
@@ -228,8 +243,10 @@ class StoreWriter:
         codes = (assign_splits(self.split_seed, self.split_fractions, self.num_rows, count) if split_code is None
                  else np.full(count, split_code, dtype=np.uint8))
         block = self._one_hot_block(count)
-        each(lambda field: field[0].append(field[1], count, block), zip(self._fields, columns))
-        if self._one_hot is not None:
+        each(lambda field: field[0].append(field[1], count, self._scratch), zip(self._fields, columns))
+        if block is not None:
+            rows = [(start, min(start + _ROWS_PER_TASK, count)) for start in range(0, count, _ROWS_PER_TASK)]
+            each(lambda bounds: _interleave(self._scratch, block, *bounds), rows)
             self._block_writes[self._turn] = self._background.submit(self._one_hot.append, block)
         if (dense is None) != (self._dense is None):
             raise ValueError(f"dense features {'missing' if dense is None else 'unexpected'}")
@@ -261,6 +278,8 @@ class StoreWriter:
         buffer = self._blocks[self._turn]
         if buffer is None or buffer.shape[0] < count:
             buffer = self._blocks[self._turn] = np.empty((count, self._one_hot.width), dtype=_KEY_DTYPE)
+        if self._scratch is None or self._scratch.shape[1] < count:
+            self._scratch = np.empty((self._one_hot.width, count), dtype=_KEY_DTYPE)
         return buffer[:count]
 
     def _close_files(self) -> None:

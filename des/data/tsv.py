@@ -18,6 +18,7 @@ import gzip
 import hashlib
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -28,6 +29,7 @@ import numpy as np
 from .errors import DataError
 from .features import HEX_DIGITS
 from .keys import FIELD_NAMES, NUM_FIELDS, NUM_INT_FIELDS
+from .parallel import each, submit, threads
 
 NUM_COLUMNS = NUM_FIELDS + 1
 COLUMN_NAMES: tuple[str, ...] = ("label", *FIELD_NAMES)
@@ -339,10 +341,11 @@ class CriteoTsvReader:
             first = f"{name}:{report.first_error}"
             raise DataError(f"{name}: no valid rows ({report.skipped} bad rows skipped, first {first})")
 
-    def _read_chunk(self, stream: IO[bytes], report: SourceReport, is_gzip: bool, offset: int) -> bytes:
-        """The next ``read_bytes`` bytes (decompressed); ``offset``: bytes read before."""
+    def _read_chunk(self, reading: Future[bytes], report: SourceReport, is_gzip: bool, offset: int) -> bytes:
+        """The bytes a read of the next ``read_bytes`` (decompressed) gave; ``offset``: bytes read
+        before."""
         try:
-            return stream.read(self.read_bytes)
+            return reading.result()
         except (EOFError, gzip.BadGzipFile, zlib.error) as error:
             what = "truncated or corrupt gzip data" if is_gzip else "read error"
             if report.lines:
@@ -354,36 +357,74 @@ class CriteoTsvReader:
     def _parse_stream(self, stream: IO[bytes], report: SourceReport, is_gzip: bool) -> Iterator[Chunk]:
         pending = b""
         at_eof = False
-        bad_lines = np.zeros(FIRST_BAD_LINES_KEPT, dtype=np.int64)
-        problem = np.zeros(3, dtype=np.int64)
         offset = 0
+        reading = submit(stream.read, self.read_bytes)  # the next bytes are read (and hashed) ahead
         while not at_eof:
-            data = self._read_chunk(stream, report, is_gzip, offset)
+            data = self._read_chunk(reading, report, is_gzip, offset)
             if offset == 0 and data.startswith(_UTF8_BOM):
                 data = data[len(_UTF8_BOM):]  # some editors save one; it is not part of the label
             offset += len(data)
             at_eof = not data
+            if not at_eof:
+                reading = submit(stream.read, self.read_bytes)
             buf = pending + data if pending else data
             array = np.frombuffer(buf, dtype=np.uint8)
             pos = 0
-            while True:
-                pos, filled, lines, n_bad, status, bad_offset = _parse_block(
-                    array, pos, at_eof, self._filled, self._labels, self._ints, self._hexes, self.skip, bad_lines,
-                    problem
-                )
-                if n_bad:
-                    self._record_bad_rows(report, buf, n_bad, status, bad_offset, bad_lines, problem)
-                report.rows += filled - self._filled
-                report.lines += lines
-                self._filled = filled
+            while True:  # until no line is left (a chunk given whenever it is full)
                 if self._filled == self.chunk_rows:
                     yield self._take_block()
-                    continue
-                break
+                after = self._parse_lines(array, buf, pos, at_eof, report)
+                if after == pos:
+                    break
+                pos = after
             pending = buf[pos:]
             if len(pending) > MAX_LINE_BYTES:
                 where = f"{report.display_name}:{report.lines + 1}"
                 raise DataError(f"{where}: line is longer than {MAX_LINE_BYTES} bytes (binary data?)")
+
+    def _parse_lines(self, array: np.ndarray, buf: bytes, pos: int, final: bool, report: SourceReport) -> int:
+        """Parse the whole lines from ``pos`` (the last one too when ``final``) that fit the chunk,
+        in pieces of lines side by side, each into its slots (the rows of a piece after one with
+        bad rows are moved down to follow its good ones); returns the position after them."""
+        room, size = self.chunk_rows - self._filled, len(buf)
+        count = buf.count(b"\n", pos)
+        end = buf.rfind(b"\n", pos) + 1 if count else pos
+        if final and end < size:  # the last line, without a newline
+            count, end = count + 1, size
+        if count > room:  # only the first ``room`` lines fit
+            count, end = room, pos + int(np.flatnonzero(array[pos:end] == _NEWLINE)[room - 1]) + 1
+        if count == 0:
+            return pos
+        cuts = [pos]
+        for k in range(1, threads()):
+            cut = buf.find(b"\n", max(cuts[-1], pos + (end - pos) * k // threads()), end) + 1
+            if cut <= cuts[-1] or cut >= end:
+                break
+            cuts.append(cut)
+        cuts.append(end)
+        slots = [self._filled]
+        for a, b in zip(cuts[:-2], cuts[1:-1]):
+            slots.append(slots[-1] + buf.count(b"\n", a, b))
+        pieces = list(zip(cuts, cuts[1:], slots))
+
+        def parse(piece: tuple[int, int, int]) -> tuple[Any, ...]:
+            bad_lines, problem = np.zeros(FIRST_BAD_LINES_KEPT, dtype=np.int64), np.zeros(3, dtype=np.int64)
+            return (*_parse_block(array[piece[0]:piece[1]], 0, True, piece[2], self._labels, self._ints, self._hexes,
+                                  self.skip, bad_lines, problem), bad_lines, problem)
+
+        target = self._filled
+        for (start, end, slot), result in zip(pieces, each(parse, pieces)):
+            _, row, lines, n_bad, status, bad_offset, bad_lines, problem = result
+            if n_bad:
+                self._record_bad_rows(report, buf[start:end], n_bad, status, bad_offset, bad_lines, problem)
+            if target != slot:  # rows of an earlier piece were bad: this piece's rows follow its good ones
+                for rows in (self._labels, self._ints, self._hexes):
+                    rows[..., target:target + row - slot] = rows[..., slot:row].copy()
+            target += row - slot
+            report.rows += row - slot
+            report.lines += lines
+        self._filled = target
+        return pieces[-1][1]
 
     def _record_bad_rows(self, report, buf, n_bad, status, bad_offset, bad_lines, problem) -> None:
         where = f"{report.lines + bad_offset + 1}: {_describe_problem(status, problem, buf)}"
