@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -70,6 +71,19 @@ def submit(function: Callable[..., R], *args: Any) -> Future[R]:
     except Exception as error:  # noqa: BLE001 - raised by the Future's result(), as the pool's would be
         future.set_exception(error)
     return future
+
+
+def in_order(function: Callable[[T], R], items: Iterable[T], ahead: int | None = None) -> Iterator[R]:
+    """``function(item)`` of each item, in order, the calls run in the pool at most ``ahead``
+    (default :func:`threads`) ahead of the one the caller is given."""
+    pending: deque[Future[R]] = deque()
+    ahead = threads() if ahead is None else ahead
+    for item in items:
+        pending.append(submit(function, item))
+        if len(pending) > ahead:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
 
 
 def _all_ended(futures: list[Future[Any]]) -> list[Future[Any]]:

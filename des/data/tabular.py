@@ -34,7 +34,7 @@ import numpy as np
 
 from .blocks import LineBlocks
 from .errors import DataError
-from .parallel import submit, threads
+from .parallel import in_order, submit, threads
 from .features import TRANSFORMS, derived_inputs, encode_rows, float_values, hex_keys, multi_valued_field
 from .schema import ColumnSpec, Schema, manifest_sections
 from .split import SPLIT_NAMES, assign_splits
@@ -320,12 +320,21 @@ class TableReader:
         columns = [self.schema.label.column, *(c.name for c in self.schema.read_columns)]
         size, total = os.path.getsize(path), max(parquet.metadata.num_rows, 1)
         lines = _LineNumbers(0)
-        for batch in parquet.iter_batches(batch_size=self.chunk_rows, columns=columns):
-            yield from self._chunk(path, report, batch, lines, [], row_word="row ")
+        hashing = submit(_file_sha256, path)  # Parquet is read by row groups: its bytes are hashed apart
+        runs = _row_group_runs(parquet.metadata, self.chunk_rows)
+
+        def read(run: list[int]) -> Any:  # a file object of its own per thread; all threads for one run
+            one = pq.ParquetFile(path, metadata=parquet.metadata)
+            return one.read_row_groups(run, columns=columns, use_threads=len(runs) == 1).combine_chunks()
+
+        for table in in_order(read, runs):
+            for batch in table.to_batches():
+                for start in range(0, batch.num_rows, self.chunk_rows):
+                    yield from self._chunk(path, report, batch.slice(start, self.chunk_rows), lines, [],
+                                           row_word="row ")
             if self.progress is not None:
-                self.progress.update(size * batch.num_rows / total / 1e6)
-        with open(path, "rb") as handle:  # Parquet is read by row groups: its bytes are hashed apart
-            report.sha256 = _HashingReader(handle).finish()
+                self.progress.update(size * table.num_rows / total / 1e6)
+        report.sha256 = hashing.result()
 
     def _check_parquet_types(self, path: str, arrow_schema: Any) -> None:
         """A Parquet column must hold what the schema declares: text for a string column (a hex id,
@@ -493,6 +502,26 @@ class _LineNumbers:
         while bisect.bisect_right(self.skipped, base + count) != count:
             count = bisect.bisect_right(self.skipped, base + count)
         return base + count
+
+
+def _row_group_runs(metadata: Any, rows: int) -> list[list[int]]:
+    """A Parquet file's row groups in runs of consecutive ones of about ``rows`` rows (a larger
+    row group alone), each read by one thread."""
+    runs: list[list[int]] = []
+    count = rows
+    for group in range(metadata.num_row_groups):
+        size = metadata.row_group(group).num_rows
+        if count + size > rows:
+            runs.append([])
+            count = 0
+        runs[-1].append(group)
+        count += size
+    return runs
+
+
+def _file_sha256(path: str) -> str:
+    with open(path, "rb") as handle:
+        return _HashingReader(handle).finish()
 
 
 def _arrow_message(error: Exception) -> str:
