@@ -194,6 +194,22 @@ def _parse_block(buf, pos, final, row, labels, ints, hexes, skip, bad_lines, pro
     return pos, row, lines, n_bad, first_status, first_line
 
 
+def _pieces(buf: bytes, start: int, end: int, count: int) -> tuple[list[int], list[int]]:
+    """``buf[start:end]`` (whole lines) cut into at most ``count`` pieces of whole lines: the
+    ``count + 1`` cuts and the lines of each piece."""
+    cuts = [start]
+    for k in range(1, count):
+        cut = buf.find(b"\n", max(cuts[-1], start + (end - start) * k // count), end) + 1
+        if cut <= cuts[-1] or cut >= end:
+            break
+        cuts.append(cut)
+    cuts.append(end)
+    lines = [buf.count(b"\n", a, b) for a, b in zip(cuts, cuts[1:])]
+    if buf[end - 1] != _NEWLINE:  # the last line of the file, without a newline
+        lines[-1] += 1
+    return cuts, lines
+
+
 def _looks_binary(raw: bytes) -> bool:
     if b"\x00" in raw:
         return True
@@ -387,24 +403,14 @@ class CriteoTsvReader:
         in pieces of lines side by side, each into its slots (the rows of a piece after one with
         bad rows are moved down to follow its good ones); returns the position after them."""
         room, size = self.chunk_rows - self._filled, len(buf)
-        count = buf.count(b"\n", pos)
-        end = buf.rfind(b"\n", pos) + 1 if count else pos
-        if final and end < size:  # the last line, without a newline
-            count, end = count + 1, size
-        if count > room:  # only the first ``room`` lines fit
-            count, end = room, pos + int(np.flatnonzero(array[pos:end] == _NEWLINE)[room - 1]) + 1
-        if count == 0:
+        end = size if final else buf.rfind(b"\n", pos) + 1  # at the end of the file, its last line too
+        if end <= pos:
             return pos
-        cuts = [pos]
-        for k in range(1, threads()):
-            cut = buf.find(b"\n", max(cuts[-1], pos + (end - pos) * k // threads()), end) + 1
-            if cut <= cuts[-1] or cut >= end:
-                break
-            cuts.append(cut)
-        cuts.append(end)
-        slots = [self._filled]
-        for a, b in zip(cuts[:-2], cuts[1:-1]):
-            slots.append(slots[-1] + buf.count(b"\n", a, b))
+        cuts, counts = _pieces(buf, pos, end, threads())
+        if sum(counts) > room:  # only the first ``room`` lines fit
+            end = pos + int(np.flatnonzero(array[pos:end] == _NEWLINE)[room - 1]) + 1
+            cuts, counts = _pieces(buf, pos, end, threads())
+        slots = (self._filled + np.cumsum([0, *counts[:-1]])).tolist()
         pieces = list(zip(cuts, cuts[1:], slots))
 
         def parse(piece: tuple[int, int, int]) -> tuple[Any, ...]:
