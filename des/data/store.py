@@ -207,10 +207,9 @@ class StoreWriter:
                                      (self._one_hot, one_hot.index(i)) if self._one_hot and i in one_hot else None)
                         for i, spec in enumerate(fields)]
         self._background = Background()  # writes one_hot.keys.bin's blocks in order, beside the next chunk's work
-        self._blocks: list[np.ndarray | None] = [None, None]
+        self._block: np.ndarray | None = None  # the rows' one-hot keys, written while the next rows are keyed
         self._scratch: np.ndarray | None = None  # the one-hot fields' keys field by field, then interleaved
-        self._block_writes: list[Any] = [None, None]
-        self._turn = 0
+        self._block_write: Any = None
         self._labels = _AppendFile(self.directory, "labels.bin", _BYTE_DTYPE)
         self._split = _AppendFile(self.directory, "split.bin", _BYTE_DTYPE)
         self._extras = {
@@ -242,12 +241,13 @@ class StoreWriter:
             raise ValueError(f"{len(columns)} columns for {len(self._fields)} fields")
         codes = (assign_splits(self.split_seed, self.split_fractions, self.num_rows, count) if split_code is None
                  else np.full(count, split_code, dtype=np.uint8))
-        block = self._one_hot_block(count)
+        self._reserve(count)
         each(lambda field: field[0].append(field[1], count, self._scratch), zip(self._fields, columns))
-        if block is not None:
+        if self._one_hot is not None:
+            block = self._one_hot_block(count)
             rows = [(start, min(start + _ROWS_PER_TASK, count)) for start in range(0, count, _ROWS_PER_TASK)]
             each(lambda bounds: _interleave(self._scratch, block, *bounds), rows)
-            self._block_writes[self._turn] = self._background.submit(self._one_hot.append, block)
+            self._block_write = self._background.submit(self._one_hot.append, block)
         if (dense is None) != (self._dense is None):
             raise ValueError(f"dense features {'missing' if dense is None else 'unexpected'}")
         if self._dense is not None:
@@ -266,21 +266,20 @@ class StoreWriter:
         self.split_counts += np.bincount(codes, minlength=len(SPLIT_NAMES))
         return codes
 
-    def _one_hot_block(self, count: int) -> np.ndarray | None:
-        """A ``[count, one-hot fields]`` block for the next rows' one-hot keys: two buffers taken in
-        turn, so one is filled while the other is written (waiting for its previous write first);
-        reused, so no chunk faults in memory of its own."""
-        if self._one_hot is None:
-            return None
-        self._turn ^= 1
-        if self._block_writes[self._turn] is not None:
-            self._block_writes[self._turn].result()
-        buffer = self._blocks[self._turn]
-        if buffer is None or buffer.shape[0] < count:
-            buffer = self._blocks[self._turn] = np.empty((count, self._one_hot.width), dtype=_KEY_DTYPE)
-        if self._scratch is None or self._scratch.shape[1] < count:
+    def _reserve(self, count: int) -> None:
+        """Room for ``count`` rows of one-hot keys field by field (``_scratch``), reused."""
+        if self._one_hot is not None and (self._scratch is None or self._scratch.shape[1] < count):
             self._scratch = np.empty((self._one_hot.width, count), dtype=_KEY_DTYPE)
-        return buffer[:count]
+
+    def _one_hot_block(self, count: int) -> np.ndarray:
+        """The ``[count, one-hot fields]`` block of the rows' keys in the store's order, once the
+        previous rows' block is written (reused: no chunk faults in memory of its own)."""
+        assert self._one_hot is not None
+        if self._block_write is not None:
+            self._block_write.result()
+        if self._block is None or self._block.shape[0] < count:
+            self._block = np.empty((count, self._one_hot.width), dtype=_KEY_DTYPE)
+        return self._block[:count]
 
     def _close_files(self) -> None:
         self._background.close()
