@@ -21,11 +21,12 @@ child's peak RSS (``ru_maxrss`` from ``os.wait4``: the whole process, imports in
 ``--workdir``) removed at the end.
 
 Prepare uses every core this process may use (``DES_DATA_THREADS`` sets how many); on a shared
-machine the wall times move with the others' load: run it a few times and take medians. Expect
-(2 idle cores): the CSV path near ``pandas.read_csv`` of the same file in rows/s (which only
-parses: no validation, hashing or store, and holds the whole table where ``prepare`` holds a chunk
-or two), Parquet faster than CSV, and the Criteo path within 1-2x of the CSV path in rows/s (its
-rows are 3x the bytes, and its store 39 keys a row).
+machine the wall times move with the others' load: run it a few times and take medians.
+
+Expect (a 2-core machine with both cores free): the CSV path near ``pandas.read_csv`` of the same
+file in rows/s (which only parses: no validation, hashing or store, and holds the whole table where
+``prepare`` holds a chunk or two), Parquet faster than CSV, and the Criteo path within 1-2x of the
+CSV path in rows/s (its rows are 3x the bytes, its store 39 keys a row).
 """
 
 from __future__ import annotations
