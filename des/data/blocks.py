@@ -19,9 +19,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from .errors import DataError
-from .tsv import _HashingReader
-
-_UTF8_BOM = b"\xef\xbb\xbf"
+from .tsv import UTF8_BOM, HashingReader
 
 
 @dataclass
@@ -71,7 +69,7 @@ class LineBlocks:
         self._handle = open(path, "rb")
         self.is_gzip = self._handle.read(2) == b"\x1f\x8b"
         self._handle.seek(0)
-        self._hashing = _HashingReader(self._handle, progress)
+        self._hashing = HashingReader(self._handle, progress)
         self._stream: IO[bytes] = (gzip.GzipFile(fileobj=self._hashing, mode="rb") if self.is_gzip  # type: ignore[arg-type]
                                    else self._hashing)  # type: ignore[assignment]
         self._pending = b""
@@ -93,8 +91,8 @@ class LineBlocks:
             raise DataError(f"{self.path}: truncated or corrupt gzip data {where} ({error})") from None
         if not self._started:
             self._started = True
-            if data.startswith(_UTF8_BOM):  # as pyarrow's reader, which skips it
-                data = data[len(_UTF8_BOM):]
+            if data.startswith(UTF8_BOM):  # as pyarrow's reader, which skips it
+                data = data[len(UTF8_BOM):]
         return data
 
     def skip_header(self) -> bool:

@@ -34,12 +34,12 @@ import numpy as np
 
 from .blocks import LineBlocks
 from .errors import DataError
-from .parallel import in_order, submit, threads
 from .features import TRANSFORMS, derived_inputs, encode_rows, float_values, hex_keys, multi_valued_field
+from .parallel import in_order, submit, threads
 from .schema import ColumnSpec, Schema, manifest_sections
 from .split import SPLIT_NAMES, assign_splits
 from .store import StoreWriter
-from .tsv import FIRST_BAD_LINES_KEPT, Chunk, CriteoTsvReader, SourceReport, _HashingReader
+from .tsv import FIRST_BAD_LINES_KEPT, Chunk, CriteoTsvReader, HashingReader, SourceReport
 
 QUANTILE_SAMPLE = 1 << 20
 _MOMENT_BLOCK = 1 << 16
@@ -521,7 +521,7 @@ def _row_group_runs(metadata: Any, rows: int) -> list[list[int]]:
 
 def _file_sha256(path: str) -> str:
     with open(path, "rb") as handle:
-        return _HashingReader(handle).finish()
+        return HashingReader(handle).finish()
 
 
 def _arrow_message(error: Exception) -> str:

@@ -242,10 +242,10 @@ def _describe_problem(status: int, problem: np.ndarray, buf: bytes) -> str:
     return f"column {COLUMN_NAMES[column]}: {shown} {expectation}"
 
 
-_UTF8_BOM = b"\xef\xbb\xbf"
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
-class _HashingReader:
+class HashingReader:
     """A read-only file wrapper that feeds every byte it returns into a sha256."""
 
     def __init__(self, handle: IO[bytes], progress: Any = None) -> None:
@@ -347,7 +347,7 @@ class CriteoTsvReader:
         with open(file_path, "rb") as handle:
             is_gzip = handle.read(2) == b"\x1f\x8b"
             handle.seek(0)
-            hashing = _HashingReader(handle, self.progress)
+            hashing = HashingReader(handle, self.progress)
             stream = gzip.GzipFile(fileobj=hashing, mode="rb") if is_gzip else hashing  # type: ignore[arg-type]
             yield from self._parse_stream(stream, report, is_gzip)
             report.sha256 = hashing.finish()
@@ -377,8 +377,8 @@ class CriteoTsvReader:
         reading = submit(stream.read, self.read_bytes)  # the next bytes are read (and hashed) ahead
         while not at_eof:
             data = self._read_chunk(reading, report, is_gzip, offset)
-            if offset == 0 and data.startswith(_UTF8_BOM):
-                data = data[len(_UTF8_BOM):]  # some editors save one; it is not part of the label
+            if offset == 0 and data.startswith(UTF8_BOM):
+                data = data[len(UTF8_BOM):]  # some editors save one; it is not part of the label
             offset += len(data)
             at_eof = not data
             if not at_eof:
