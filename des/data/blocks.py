@@ -1,60 +1,87 @@
 """A raw file's bytes in blocks of whole lines, read ahead and hashed, for readers that parse the
-pieces of a block side by side (``tabular.py``'s CSV/TSV reader).
+pieces of a block side by side (``tabular.py``'s CSV/TSV reader; ``tsv.py``, Criteo's, cuts its
+buffer with :func:`line_pieces` too).
 
 :class:`LineBlocks` reads a file (plain or gzip) in blocks of about ``block_bytes``, each cut after
 its last newline (the rest goes to the next block), hashes the bytes as stored (sha256) and counts
-them on a progress bar. :func:`split_lines` cuts a block into pieces of whole lines, one per
-thread. A piece's lines are its newlines (a last line may lack one), so the line number of every
-row of a piece is known before it is parsed: that is what lets pieces be parsed apart and still
-name each bad row's line. A block where a line break could be something else (a quote character,
-where the format has one: a quoted value may span lines; a ``\\r`` that does not end a line) is not
-cut: :meth:`LineBlocks.rest` gives it and everything after it as one stream for a serial reader.
+them on a progress bar. :func:`line_pieces` cuts whole lines into pieces, one per thread. A
+piece's lines are its newlines (a last line may lack one), so the line number of every row of a
+piece is known before it is parsed: that is what lets pieces be parsed apart and still name each
+bad row's line. A block where a line break could be something else (a quote character, where the
+format has one: a quoted value may span lines; a ``\\r`` that does not end a line) is not cut:
+:meth:`LineBlocks.rest` gives it and everything after it as one stream for a serial reader.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import zlib
 from dataclasses import dataclass
 from typing import IO, Any
 
 from .errors import DataError
-from .tsv import UTF8_BOM, HashingReader
+
+UTF8_BOM = b"\xef\xbb\xbf"
+_NEWLINE = 10
+
+
+class HashingReader:
+    """A read-only file wrapper that feeds every byte it returns into a sha256."""
+
+    def __init__(self, handle: IO[bytes], progress: Any = None) -> None:
+        self._handle = handle
+        self.sha256 = hashlib.sha256()
+        self.progress = progress
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._handle.read(size)
+        self.sha256.update(data)
+        if self.progress is not None:
+            self.progress.update(len(data) / 1e6)
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def finish(self) -> str:
+        """Hash the rest of the file (bytes after a gzip stream end) and return the hex digest."""
+        while self.read(1 << 20):
+            pass
+        return self.sha256.hexdigest()
 
 
 @dataclass
 class Block:
     """Whole lines of a file: ``data`` starts at line ``first_line`` (1-based); ``pieces`` its
     parts of whole lines ``(first line, bytes)``, one per thread, when it may be cut (its line
-    breaks are newlines only), else None."""
+    breaks are newlines only), else None. Both are views of one buffer (nothing copied)."""
 
-    data: bytes
+    data: memoryview
     first_line: int
-    pieces: list[tuple[int, bytes]] | None
+    pieces: list[tuple[int, memoryview]] | None
 
 
-def count_lines(data: bytes) -> int:
-    """The lines of ``data``: its newlines, and one more when it does not end with one."""
-    return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
-
-
-def split_lines(data: bytes, pieces: int) -> list[bytes]:
-    """``data`` (whole lines) cut into at most ``pieces`` parts of about equal size, each of whole
-    lines (a part ends after a newline)."""
-    parts, start = [], 0
-    for k in range(1, pieces):
-        cut = data.find(b"\n", max(start, len(data) * k // pieces))
-        if cut < 0:
+def line_pieces(buf: bytes | bytearray, start: int, end: int, count: int) -> tuple[list[int], list[int]]:
+    """``buf[start:end]`` (whole lines) cut into at most ``count`` pieces of whole lines of about
+    equal size: the cuts (``start``, ..., ``end``) and the lines of each piece (the last line may
+    lack its newline: the end of the file)."""
+    cuts = [start]
+    for k in range(1, count):
+        cut = buf.find(b"\n", max(cuts[-1], start + (end - start) * k // count), end) + 1
+        if cut <= cuts[-1] or cut >= end:
             break
-        parts.append(data[start:cut + 1])
-        start = cut + 1
-    parts.append(data[start:])
-    return [part for part in parts if part]
+        cuts.append(cut)
+    cuts.append(end)
+    lines = [buf.count(b"\n", a, b) for a, b in zip(cuts, cuts[1:])]
+    if end > start and buf[end - 1] != _NEWLINE:
+        lines[-1] += 1
+    return cuts, lines
 
 
-def _only_newlines(data: bytes) -> bool:
-    """True if every line break of ``data`` is a newline (a ``\\r`` only before one)."""
-    return b"\r" not in data or data.count(b"\r") == data.count(b"\r\n")
+def _only_newlines(buf: bytearray, end: int) -> bool:
+    """True if every line break of ``buf[:end]`` is a newline (a ``\\r`` only before one)."""
+    return buf.find(b"\r", 0, end) < 0 or buf.count(b"\r", 0, end) == buf.count(b"\r\n", 0, end)
 
 
 class LineBlocks:
@@ -108,28 +135,29 @@ class LineBlocks:
 
     def next(self, pieces: int = 1) -> Block | None:
         """The next block (None at the end of the file), cut into ``pieces`` when it may be."""
-        data, self._pending = self._pending, b""
+        buf = bytearray(self._pending)
         while True:
-            data += self.read_more()
-            cut = len(data) if self.at_end else data.rfind(b"\n") + 1
+            buf += self.read_more()
+            cut = len(buf) if self.at_end else buf.rfind(b"\n") + 1
             if cut > 0 or self.at_end:
                 break
-        block, self._pending = data[:cut], data[cut:]
-        if not block:
+        self._pending = bytes(buf[cut:])  # a line's start, for the next block
+        if cut == 0:
             return None
-        first = self.next_line
-        if (self.quote is not None and self.quote in block) or not _only_newlines(block):
-            self.next_line += count_lines(block)  # not cut: the lines after it are a serial reader's
-            return Block(block, first, None)
+        first, view = self.next_line, memoryview(buf)[:cut]
+        if (self.quote is not None and buf.find(self.quote, 0, cut) >= 0) or not _only_newlines(buf, cut):
+            self.next_line += sum(line_pieces(buf, 0, cut, 1)[1])  # not cut: the rest is a serial reader's
+            return Block(view, first, None)
+        cuts, lines = line_pieces(buf, 0, cut, pieces)
         parts = []
-        for part in split_lines(block, pieces):
-            parts.append((self.next_line, part))
-            self.next_line += count_lines(part)
-        return Block(block, first, parts)
+        for a, b, count in zip(cuts, cuts[1:], lines):
+            parts.append((self.next_line, view[a:b]))
+            self.next_line += count
+        return Block(view, first, parts)
 
     def rest(self, blocks: list[Block]) -> _Rest:
         """A read-only stream of ``blocks`` (not parsed yet, in order) and every byte after them."""
-        return _Rest([block.data for block in blocks] + [self._pending], self)
+        return _Rest([bytes(block.data) for block in blocks] + [self._pending], self)
 
     def read_more(self) -> bytes:
         """The next bytes of the file after what was read (b"" at its end)."""

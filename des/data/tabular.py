@@ -32,14 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from .blocks import LineBlocks
+from .blocks import HashingReader, LineBlocks
 from .errors import DataError
 from .features import TRANSFORMS, derived_inputs, encode_rows, float_values, hex_keys, multi_valued_field
 from .parallel import in_order, submit, threads
 from .schema import ColumnSpec, Schema, manifest_sections
 from .split import SPLIT_NAMES, assign_splits
 from .store import StoreWriter
-from .tsv import FIRST_BAD_LINES_KEPT, Chunk, CriteoTsvReader, HashingReader, SourceReport
+from .tsv import FIRST_BAD_LINES_KEPT, Chunk, CriteoTsvReader, SourceReport
 
 QUANTILE_SAMPLE = 1 << 20
 _MOMENT_BLOCK = 1 << 16

@@ -15,7 +15,6 @@ empty or exactly 8 hex digits (either case). A trailing ``\\r`` is ignored; blan
 from __future__ import annotations
 
 import gzip
-import hashlib
 import zlib
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -26,6 +25,7 @@ from typing import IO, Any
 import numba
 import numpy as np
 
+from .blocks import UTF8_BOM, HashingReader, line_pieces
 from .errors import DataError
 from .features import HEX_DIGITS
 from .keys import FIELD_NAMES, NUM_FIELDS, NUM_INT_FIELDS
@@ -194,22 +194,6 @@ def _parse_block(buf, pos, final, row, labels, ints, hexes, skip, bad_lines, pro
     return pos, row, lines, n_bad, first_status, first_line
 
 
-def _pieces(buf: bytes, start: int, end: int, count: int) -> tuple[list[int], list[int]]:
-    """``buf[start:end]`` (whole lines) cut into at most ``count`` pieces of whole lines: the
-    ``count + 1`` cuts and the lines of each piece."""
-    cuts = [start]
-    for k in range(1, count):
-        cut = buf.find(b"\n", max(cuts[-1], start + (end - start) * k // count), end) + 1
-        if cut <= cuts[-1] or cut >= end:
-            break
-        cuts.append(cut)
-    cuts.append(end)
-    lines = [buf.count(b"\n", a, b) for a, b in zip(cuts, cuts[1:])]
-    if buf[end - 1] != _NEWLINE:  # the last line of the file, without a newline
-        lines[-1] += 1
-    return cuts, lines
-
-
 def _looks_binary(raw: bytes) -> bool:
     if b"\x00" in raw:
         return True
@@ -240,34 +224,6 @@ def _describe_problem(status: int, problem: np.ndarray, buf: bytes) -> str:
         return f"column {COLUMN_NAMES[column]}: {shown} is not text (binary data?)"
     expectation = {_LABEL: "is not 0 or 1", _NOT_INT: "is not an integer", _NOT_HEX: "is not 8 hex digits"}[status]
     return f"column {COLUMN_NAMES[column]}: {shown} {expectation}"
-
-
-UTF8_BOM = b"\xef\xbb\xbf"
-
-
-class HashingReader:
-    """A read-only file wrapper that feeds every byte it returns into a sha256."""
-
-    def __init__(self, handle: IO[bytes], progress: Any = None) -> None:
-        self._handle = handle
-        self.sha256 = hashlib.sha256()
-        self.progress = progress
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._handle.read(size)
-        self.sha256.update(data)
-        if self.progress is not None:
-            self.progress.update(len(data) / 1e6)
-        return data
-
-    def readable(self) -> bool:
-        return True
-
-    def finish(self) -> str:
-        """Hash the rest of the file (bytes after a gzip stream end) and return the hex digest."""
-        while self.read(1 << 20):
-            pass
-        return self.sha256.hexdigest()
 
 
 @dataclass
@@ -406,10 +362,10 @@ class CriteoTsvReader:
         end = size if final else buf.rfind(b"\n", pos) + 1  # at the end of the file, its last line too
         if end <= pos:
             return pos
-        cuts, counts = _pieces(buf, pos, end, threads())
+        cuts, counts = line_pieces(buf, pos, end, threads())
         if sum(counts) > room:  # only the first ``room`` lines fit
             end = pos + int(np.flatnonzero(array[pos:end] == _NEWLINE)[room - 1]) + 1
-            cuts, counts = _pieces(buf, pos, end, threads())
+            cuts, counts = line_pieces(buf, pos, end, threads())
         slots = (self._filled + np.cumsum([0, *counts[:-1]])).tolist()
         pieces = list(zip(cuts, cuts[1:], slots))
 
