@@ -39,7 +39,8 @@ class TrainConfig:
     validation_data: str = _opt("", "validation input with --train-data (the same forms); without it nothing is "
                                 "validated and --early-stop auto is off", nargs="+")
     test_data: str = _opt("", "test input with --train-data (the same forms), evaluated at the end", nargs="+")
-    schema: str = _opt("", "the data's schema: criteo, avazu or a TOML file (docs/data.md); empty: "
+    schema: str = _opt("", "the data's schema: criteo, avazu, a BARS x1 dataset's (docs/bars.md) or a TOML file "
+                       "(docs/data.md); empty: "
                        "criteo for raw files, a prepared directory's own")
     stream: str = _opt("", "continuous training instead of --data: a directory (its files matching --stream-glob) "
                        "or comma-separated files, read in name order, one pass, each file prepared when it comes, "

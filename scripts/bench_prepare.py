@@ -7,10 +7,11 @@ categorical columns), the same rows as Parquet (written by pyarrow from that CSV
 synthetic raw Criteo TSV of as many rows (``des.data synth --format tsv``). Then each measurement
 runs in a process of its own and prints one row of a table:
 
-* prepare csv      ``prepare(..., schema="avazu")`` of the CSV: pyarrow's streaming CSV reader,
-                   validation, key scheme 2 hashing by numba over the Arrow buffers, the store
-* prepare parquet  the same rows and schema read from Parquet (``ParquetFile.iter_batches``)
-* prepare criteo   ``prepare`` of the Criteo TSV (the numba TSV path, key scheme 1)
+* prepare csv      ``prepare(..., schema="avazu")`` of the CSV: blocks of whole lines read ahead,
+                   their pieces parsed by pyarrow side by side, validation, key scheme 2 hashing
+                   by numba over the Arrow buffers (fields side by side), the store
+* prepare parquet  the same rows and schema read from Parquet (runs of row groups side by side)
+* prepare criteo   ``prepare`` of the Criteo TSV (the numba TSV path in pieces side by side, key scheme 1)
 * pandas read_csv  ``pandas.read_csv`` of the same CSV alone (no hashing, nothing written)
 
 Each row gives the wall seconds of the work itself (the child's imports and a tiny warm-up run
@@ -19,10 +20,13 @@ child's peak RSS (``ru_maxrss`` from ``os.wait4``: the whole process, imports in
 ``--chunk-rows N`` sets prepare's chunk (default 262144 rows). Data go to a temporary directory (or
 ``--workdir``) removed at the end.
 
-Expect (2-core machine, one process each): the generic CSV path about as fast as the Criteo numba
-path in rows/s (within 1-2x), Parquet faster than CSV, and ``pandas.read_csv`` of the CSV alone
-faster than ``prepare`` (it only parses: no validation, hashing or store) but with a higher peak
-memory, as it holds the whole table where ``prepare`` holds one chunk at a time.
+Prepare uses every core this process may use (``DES_DATA_THREADS`` sets how many); on a shared
+machine the wall times move with the others' load: run it a few times and take medians.
+
+Expect (a 2-core machine with both cores free): the CSV path near ``pandas.read_csv`` of the same
+file in rows/s (which only parses: no validation, hashing or store, and holds the whole table where
+``prepare`` holds a chunk or two), Parquet faster than CSV, and the Criteo path within 1-2x of the
+CSV path in rows/s (its rows are 3x the bytes, its store 39 keys a row).
 """
 
 from __future__ import annotations

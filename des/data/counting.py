@@ -15,7 +15,7 @@ from ..splitmix import GOLDEN_GAMMA
 _MAX_LOAD = 0.6
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _insert(table_keys, table_counts, shift, keys, start, max_fill, fill, zeros):
     mask = table_keys.shape[0] - 1
     for i in range(start, keys.shape[0]):
@@ -35,7 +35,7 @@ def _insert(table_keys, table_counts, shift, keys, start, max_fill, fill, zeros)
     return keys.shape[0], fill
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _rehash(old_keys, old_counts, new_keys, new_counts, shift):
     mask = new_keys.shape[0] - 1
     for i in range(old_keys.shape[0]):

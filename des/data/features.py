@@ -72,6 +72,7 @@ import numpy as np
 from des.registry import Registry
 
 from .batch import FieldBatch
+from .parallel import each
 from .keys import FIELD_SHIFT, MISSING_VALUE
 from ..splitmix import GOLDEN_GAMMA, mix64
 
@@ -150,7 +151,7 @@ def string_key(data: np.ndarray, start: int, end: int) -> np.int64:
     return _finish(h)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _string_keys_kernel(data, offsets, validity, has_validity, offset, out):
     for i in range(out.shape[0]):
         position = offset + i
@@ -160,13 +161,13 @@ def _string_keys_kernel(data, offsets, validity, has_validity, offset, out):
             out[i] = string_key(data, offsets[position], offsets[position + 1])
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _int_keys_kernel(values, valid, out):
     for i in range(values.shape[0]):
         out[i] = _finish(mix64(np.uint64(values[i]) ^ INT_SALT)) if valid[i] else 0
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _cross_kernel(a, b, out):
     for i in range(a.shape[0]):
         out[i] = _finish(mix64(mix64(np.uint64(a[i])) ^ np.uint64(b[i])))
@@ -268,7 +269,7 @@ def _hex_digit_table() -> np.ndarray:
 HEX_DIGITS = _hex_digit_table()  # byte -> hex digit value, -1 if not a hex digit
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _hex_keys_kernel(data, offsets, validity, has_validity, offset, digits, out):
     for i in range(out.shape[0]):
         position = offset + i
@@ -289,7 +290,7 @@ def _hex_keys_kernel(data, offsets, validity, has_validity, offset, digits, out)
         out[i] = value + 1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _hex_value_keys_kernel(values, tag, out):
     for i in range(values.shape[0]):
         out[i] = _tagged(values[i] + 1 if values[i] >= 0 else 0, tag)
@@ -346,7 +347,7 @@ def _tagged(key, tag):
     return tag | ((key - 1) if key != 0 else MISSING_VALUE)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _tag_kernel(keys, tag, out):
     for i in range(keys.shape[0]):
         out[i] = _tagged(keys[i], tag)
@@ -376,13 +377,13 @@ def tf_tagged_keys(keys: Any, tag: int) -> Any:
 
 
 # ====================================================================== numbers
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _float_token(v: float) -> np.int64:
     log = math.log(v)
     return np.int64(math.floor(log * log))
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _log_squared_thresholds_kernel(top: int) -> np.ndarray:
     """``t[k]``: the smallest float64 ``v > 2`` whose ``floor(ln(v)^2)`` is at least ``k + 1``,
     found by bisection over the (ordered) bit patterns of positive doubles."""
@@ -414,7 +415,7 @@ def log_squared_thresholds() -> np.ndarray:
     return _THRESHOLDS[0]
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _log_squared_kernel(values, thresholds, small, tag, out):
     for i in range(values.shape[0]):
         v = values[i]
@@ -556,7 +557,7 @@ def _days_from_civil(y, m, d):
     return era * 146097 + doe - 719468
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _parse_times_kernel(data, offsets, validity, has_validity, offset, codes, widths, literals, length, short_year,
                         seconds, state):
     """Unix seconds of formatted times; ``state``: 0 ok, 1 missing, 2 does not match the format."""
@@ -598,8 +599,23 @@ def _parse_times_kernel(data, offsets, validity, has_validity, offset, codes, wi
         seconds[i] = (_days_from_civil(year, month, day) * 86400 + parts[5] * 3600 + parts[6] * 60 + parts[7])
 
 
+_last_times: list[Any] = [None, None, None]  # the last array parsed, its format and its result
+
+
 def parse_times(array: pa.Array, time_format: TimeFormat) -> tuple[np.ndarray, np.ndarray]:
-    """``(unix seconds int64, state uint8: 0 ok, 1 missing, 2 not in the format)`` of a string array."""
+    """``(unix seconds int64, state uint8: 0 ok, 1 missing, 2 not in the format)`` of a string array
+    (the last array's result is kept: a chunk's times are checked, then read by each time part)."""
+    last_array, last_format, result = _last_times
+    if array is last_array and time_format == last_format:
+        return result
+    result = _parse_times(array, time_format)
+    for part in result:
+        part.flags.writeable = False
+    _last_times[:] = [array, time_format, result]
+    return result
+
+
+def _parse_times(array: pa.Array, time_format: TimeFormat) -> tuple[np.ndarray, np.ndarray]:
     import pyarrow as pa
 
     array = array.cast(pa.string()) if not pa.types.is_string(array.type) else array
@@ -965,23 +981,21 @@ def encode_rows(schema: Schema, columns: Mapping[str, Any], num_rows: int, in_pl
     declared dtypes (``columns``: name -> array; numbers as float64, int columns as int64) or the
     numpy arrays of Criteo's reader; ``in_place``: a field's keys may overwrite its numpy column
     (a reader's buffer, used once: no memory of its own to fault in per chunk)."""
-    keys_of: dict[str, np.ndarray] = {}
-    out: list[np.ndarray | FieldBatch] = []
-    for column in schema.sparse_columns:
+    def sparse(item: tuple[int, ColumnSpec]) -> np.ndarray | FieldBatch:
+        number, column = item
         values = columns[column.name]
         if column.kind == "multi_valued":
-            out.append(multi_valued_field(values, column))
-            continue
-        tag = field_tag(len(out)) if schema.key_scheme == 1 else 0
+            return multi_valued_field(values, column)
+        tag = field_tag(number) if schema.key_scheme == 1 else 0
         reuse = values.view(np.int64) if in_place and isinstance(values, np.ndarray) else None
         if column.kind == "categorical":
-            keys = hex_keys(values, tag, reuse) if reuse is not None else categorical_keys(values, column, tag)
-        elif column.buckets == "log_squared":
-            keys = log_squared_keys(float_values(values), tag, reuse)
-        else:
-            keys = tagged_keys(bucket_keys(float_values(values), column.boundaries), tag)
-        keys_of[column.name] = keys
-        out.append(keys)
+            return hex_keys(values, tag, reuse) if reuse is not None else categorical_keys(values, column, tag)
+        if column.buckets == "log_squared":
+            return log_squared_keys(float_values(values), tag, reuse)
+        return tagged_keys(bucket_keys(float_values(values), column.boundaries), tag)
+
+    out: list[np.ndarray | FieldBatch] = each(sparse, enumerate(schema.sparse_columns))  # each field apart
+    keys_of = {column.name: keys for column, keys in zip(schema.sparse_columns, out) if column.kind != "multi_valued"}
     for derived in schema.derived:
         transform = TRANSFORMS.get(derived.transform)()
         keys = transform.keys(derived_inputs(schema, derived, columns, keys_of), derived.options)
@@ -990,8 +1004,11 @@ def encode_rows(schema: Schema, columns: Mapping[str, Any], num_rows: int, in_pl
     dense = None
     if schema.dense_columns:
         dense = np.empty((num_rows, len(schema.dense_columns)), dtype=np.float32)
-        for j, column in enumerate(schema.dense_columns):
-            dense[:, j] = dense_values(float_values(columns[column.name]), column)
+
+        def fill(item: tuple[int, ColumnSpec]) -> None:
+            dense[:, item[0]] = dense_values(float_values(columns[item[1].name]), item[1])
+
+        each(fill, enumerate(schema.dense_columns))
     return EncodedRows(out, dense, keys_of)
 
 

@@ -79,6 +79,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .bars import BARS_SCHEMAS
 from .errors import DataError
 from .features import KEY_SCHEME_2, TRANSFORMS
 from .keys import FIELD_NAMES, KEY_SCHEME, NUM_INT_FIELDS
@@ -659,17 +660,20 @@ def manifest_sections(schema: Schema) -> dict[str, Any]:
     return {"key_scheme": record, "schema": schema.to_dict()}
 
 
-BUILT_IN = ("criteo", "avazu")
+BUILT_IN = ("criteo", "avazu", *BARS_SCHEMAS)
 
 
 def load_schema(name_or_path: str | Path | Schema | None = None) -> Schema:
-    """The built-in ``criteo`` (also for None) or ``avazu`` schema, or a TOML schema file."""
+    """A built-in schema (``criteo``, also for None; ``avazu``; the BARS x1 datasets', ``bars.py``)
+    or a TOML schema file."""
     if isinstance(name_or_path, Schema):
         return name_or_path
     if name_or_path is None or str(name_or_path) == "criteo":
         return _parse(_criteo(), "criteo (built in)", "criteo")
     if str(name_or_path) == "avazu":
         return _parse(AVAZU, "avazu (built in)", "avazu")
+    if str(name_or_path) in BARS_SCHEMAS:
+        return _parse(BARS_SCHEMAS[str(name_or_path)], f"{name_or_path} (built in)", str(name_or_path))
     path = Path(name_or_path)
     if not path.is_file():
         raise DataError(f"schema {name_or_path}: not a built-in schema ({', '.join(BUILT_IN)}) nor a TOML file")

@@ -36,12 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import numba
 import numpy as np
 
 from .batch import FieldBatch, KeyedIds
 from .counting import KeyCounter
 from .errors import DataError
 from .keys import KEY_SCHEME
+from .parallel import Background, each
 from .split import SPLIT_NAMES, assign_splits, check_fractions, split_code
 
 FORMAT_NAME = "des-column-store"
@@ -59,6 +61,18 @@ _KEY_DTYPE = np.dtype("<i8")
 _WEIGHT_DTYPE = np.dtype("<f4")
 _DENSE_DTYPE = np.dtype("<f4")
 _BYTE_DTYPE = np.dtype("u1")
+_ROWS_PER_TASK = 1 << 15
+
+
+@numba.njit(cache=True, nogil=True)
+def _interleave(columns, rows, start, stop):
+    """``rows[i, j] = columns[j, i]`` for ``start <= i < stop``, in tiles of 64 rows (each field's
+    values read in order, every row's cache lines written while they are in cache)."""
+    for first in range(start, stop, 64):
+        last = min(first + 64, stop)
+        for j in range(columns.shape[0]):
+            for i in range(first, last):
+                rows[i, j] = columns[j, i]
 
 
 @dataclass(frozen=True)
@@ -113,9 +127,10 @@ class _FieldWriter:
             self.offsets.append(np.zeros(1, dtype=np.int64))
         self.counter = KeyCounter()
 
-    def append(self, column: np.ndarray | FieldBatch, num_rows: int) -> np.ndarray | None:
-        """Append the field's rows; returns a one-hot field's keys (the caller writes them into
-        ``one_hot.keys.bin``), else None."""
+    def append(self, column: np.ndarray | FieldBatch, num_rows: int, one_hot_columns: np.ndarray | None) -> None:
+        """Append the field's rows and count their keys; a one-hot field's keys go into its row of
+        ``one_hot_columns`` (``[one-hot fields, rows]``, interleaved into ``one_hot.keys.bin`` by the
+        caller)."""
         if self.offsets is None:
             keys = column.keys if isinstance(column, FieldBatch) else column
             weights = column.weights if isinstance(column, FieldBatch) else None
@@ -132,9 +147,10 @@ class _FieldWriter:
             self.weights.append(weights)
         self.counter.add(keys)
         if self.keys is None:
-            return keys
-        self.keys.append(keys)
-        return None
+            assert one_hot_columns is not None and self.one_hot is not None
+            one_hot_columns[self.one_hot[1], :num_rows] = keys
+        else:
+            self.keys.append(keys)
 
     def close(self, field_number: int) -> dict[str, Any]:
         if self.one_hot is None:
@@ -190,6 +206,10 @@ class StoreWriter:
         self._fields = [_FieldWriter(self.directory, i, spec,
                                      (self._one_hot, one_hot.index(i)) if self._one_hot and i in one_hot else None)
                         for i, spec in enumerate(fields)]
+        self._background = Background()  # writes one_hot.keys.bin's blocks in order, beside the next chunk's work
+        self._block: np.ndarray | None = None  # the rows' one-hot keys, written while the next rows are keyed
+        self._scratch: np.ndarray | None = None  # the one-hot fields' keys field by field, then interleaved
+        self._block_write: Any = None
         self._labels = _AppendFile(self.directory, "labels.bin", _BYTE_DTYPE)
         self._split = _AppendFile(self.directory, "split.bin", _BYTE_DTYPE)
         self._extras = {
@@ -221,10 +241,13 @@ class StoreWriter:
             raise ValueError(f"{len(columns)} columns for {len(self._fields)} fields")
         codes = (assign_splits(self.split_seed, self.split_fractions, self.num_rows, count) if split_code is None
                  else np.full(count, split_code, dtype=np.uint8))
-        one_hot_keys = [keys for writer, column in zip(self._fields, columns)
-                        if (keys := writer.append(column, count)) is not None]
+        self._reserve(count)
+        each(lambda field: field[0].append(field[1], count, self._scratch), zip(self._fields, columns))
         if self._one_hot is not None:
-            self._one_hot.append(np.stack(one_hot_keys, axis=1))
+            block = self._one_hot_block(count)
+            rows = [(start, min(start + _ROWS_PER_TASK, count)) for start in range(0, count, _ROWS_PER_TASK)]
+            each(lambda bounds: _interleave(self._scratch, block, *bounds), rows)
+            self._block_write = self._background.submit(self._one_hot.append, block)
         if (dense is None) != (self._dense is None):
             raise ValueError(f"dense features {'missing' if dense is None else 'unexpected'}")
         if self._dense is not None:
@@ -243,7 +266,23 @@ class StoreWriter:
         self.split_counts += np.bincount(codes, minlength=len(SPLIT_NAMES))
         return codes
 
+    def _reserve(self, count: int) -> None:
+        """Room for ``count`` rows of one-hot keys field by field (``_scratch``), reused."""
+        if self._one_hot is not None and (self._scratch is None or self._scratch.shape[1] < count):
+            self._scratch = np.empty((self._one_hot.width, count), dtype=_KEY_DTYPE)
+
+    def _one_hot_block(self, count: int) -> np.ndarray:
+        """The ``[count, one-hot fields]`` block of the rows' keys in the store's order, once the
+        previous rows' block is written (reused: no chunk faults in memory of its own)."""
+        assert self._one_hot is not None
+        if self._block_write is not None:
+            self._block_write.result()
+        if self._block is None or self._block.shape[0] < count:
+            self._block = np.empty((count, self._one_hot.width), dtype=_KEY_DTYPE)
+        return self._block[:count]
+
     def _close_files(self) -> None:
+        self._background.close()
         for file in [self._labels, self._split, *self._extras.values(), *([self._one_hot] if self._one_hot else []),
                      *([self._dense] if self._dense else [])]:
             file.close()
@@ -254,6 +293,7 @@ class StoreWriter:
 
     def finish(self, **sections: Any) -> dict[str, Any]:
         """Close all arrays and write ``manifest.json``; ``sections`` are added to the manifest."""
+        self._background.wait()
         fields = [writer.close(i) for i, writer in enumerate(self._fields)]
         manifest: dict[str, Any] = {
             "format": FORMAT_NAME,

@@ -20,9 +20,11 @@ training values fit it).
 from __future__ import annotations
 
 import bisect
+import gzip
 import hashlib
 import os
 import sys
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +32,10 @@ from typing import Any
 
 import numpy as np
 
+from .blocks import HashingReader, LineBlocks
 from .errors import DataError
 from .features import TRANSFORMS, derived_inputs, encode_rows, float_values, hex_keys, multi_valued_field
+from .parallel import in_order, submit, threads
 from .schema import ColumnSpec, Schema, manifest_sections
 from .split import SPLIT_NAMES, assign_splits
 from .store import StoreWriter
@@ -43,34 +47,6 @@ _MIN_BLOCK_BYTES = 1 << 14
 _MAX_BLOCK_BYTES = 1 << 26
 _BYTES_PER_ROW_GUESS = 128
 _HEADER_BYTES = 1 << 16  # the header line must fit
-
-
-class _CountingReader:
-    """A file wrapper that hashes (sha256) and counts the bytes it returns, for pyarrow."""
-
-    def __init__(self, handle: Any, progress: Any) -> None:
-        self._handle = handle
-        self.sha256 = hashlib.sha256()
-        self.progress = progress
-        self.closed = False
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._handle.read(size)
-        self.sha256.update(data)
-        if self.progress is not None:
-            self.progress.update(len(data) / 1e6)
-        return data
-
-    def readable(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        self.closed = True
-
-    def finish(self) -> str:
-        while self.read(1 << 20):
-            pass
-        return self.sha256.hexdigest()
 
 
 def _short(value: Any) -> str:
@@ -192,19 +168,23 @@ class TableReader:
                             "declare (declare it with kind = \"ignored\" to drop it)")
 
     def _csv_options(self, names: Sequence[str] | None, block_size: int, bad: list,
-                     lines: _LineNumbers) -> tuple[Any, Any, Any]:
+                     lines: _LineNumbers | None, first_line: int = 1) -> tuple[Any, Any, Any]:
+        """pyarrow's options: ``names`` the columns (None: the header's), ``first_line`` the line of
+        the first byte read; rows of a wrong width go to ``bad`` (and ``lines``, when given)."""
         import pyarrow.csv as csv
 
         fmt = self.schema.format
         read_columns = [self.schema.label.column, *(c.name for c in self.schema.read_columns)]
 
         def on_invalid(row: Any) -> str:  # a row of a wrong width: reported by _chunk, in line order
-            bad.append((row.number, row.actual_columns, row.expected_columns))
-            lines.skip(row.number)
+            number = row.number + first_line - 1
+            bad.append((number, row.actual_columns, row.expected_columns))
+            if lines is not None:
+                lines.skip(number)
             return "skip"
 
         read = csv.ReadOptions(block_size=block_size, use_threads=False,
-                               column_names=list(names) if not fmt.header else None)
+                               column_names=list(names) if names is not None else None)
         parse = csv.ParseOptions(delimiter=fmt.delimiter, quote_char=fmt.quote if fmt.quote else False,
                                  ignore_empty_lines=False, invalid_row_handler=on_invalid)
         convert = csv.ConvertOptions(column_types={n: self.pa.string() for n in read_columns},
@@ -212,23 +192,15 @@ class TableReader:
                                      strings_can_be_null=True, quoted_strings_can_be_null=True)
         return read, parse, convert
 
-    def _open_stream(self, path: str, progress: Any) -> tuple[Any, _CountingReader]:
-        handle = open(path, "rb")
-        is_gzip = handle.read(2) == b"\x1f\x8b"
-        handle.seek(0)
-        counting = _CountingReader(handle, progress)
-        stream = self.pa.PythonFile(counting, mode="r")
-        if is_gzip:
-            stream = self.pa.CompressedInputStream(stream, "gzip")
-        return (stream, handle), counting
-
     def _header(self, path: str) -> list[str]:
         """The column names of a CSV file (its header, or the declared names), after checking that
         its first bytes are text."""
         import pyarrow.csv as csv
 
-        (stream, handle), _ = self._open_stream(path, None)
+        handle = open(path, "rb")
         try:
+            stream = gzip.GzipFile(fileobj=handle, mode="rb") if handle.read(2) == b"\x1f\x8b" else handle
+            handle.seek(0)
             head = stream.read(_HEADER_BYTES)
             if not head:
                 raise DataError(f"{path}: file is empty (no rows)")
@@ -242,43 +214,99 @@ class TableReader:
                 delimiter=fmt.delimiter, quote_char=fmt.quote if fmt.quote else False,
                 invalid_row_handler=lambda row: "skip"), convert_options=csv.ConvertOptions(include_columns=[]))
             return list(reader.schema.names)
-        except (self.pa.ArrowInvalid, OSError, EOFError) as error:
-            what = "truncated or corrupt gzip data" if "compress" in str(error).lower() else "cannot read the header"
+        except (self.pa.ArrowInvalid, OSError, EOFError, zlib.error) as error:
+            damaged = isinstance(error, (EOFError, gzip.BadGzipFile, zlib.error)) or "compress" in str(error).lower()
+            what = "truncated or corrupt gzip data" if damaged else "cannot read the header"
             raise DataError(f"{path}: {what} ({_arrow_message(error)})") from None
         finally:
             handle.close()
 
     def _read_csv(self, path: str, report: SourceReport) -> Iterator[Chunk]:
-        import pyarrow.csv as csv
-
+        """The rows of a CSV/TSV file: blocks of whole lines cut into pieces parsed side by side
+        (``blocks.py``), from the first block that cannot be cut on, one serial reader."""
         names = self._header(path)
         self._check_names(path, names, "the header" if self.schema.format.header else "format.names")
         block = min(max(self.chunk_rows * _BYTES_PER_ROW_GUESS, _MIN_BLOCK_BYTES), _MAX_BLOCK_BYTES)
         bad_lines: list[tuple[int, int, int]] = []
         lines = _LineNumbers(1 if self.schema.format.header else 0)
-        read, parse, convert = self._csv_options(names, block, bad_lines, lines)
-        (stream, handle), counting = self._open_stream(path, self.progress)
+        blocks = LineBlocks(path, block, self.schema.format.quote, self.progress)
         try:
-            reader = csv.open_csv(stream, read_options=read, parse_options=parse, convert_options=convert)
+            if not self.schema.format.header or blocks.skip_header():
+                rest = yield from self._read_pieces(path, report, blocks, names, lines, bad_lines)
+            else:  # a header pyarrow must find the end of: everything read by it
+                rest = (blocks.rest([]), 1)
+            if rest is not None:
+                stream, first_line = rest
+                serial_names = names if blocks.next_line > 1 or not self.schema.format.header else None
+                yield from self._read_serial(path, report, stream, serial_names, first_line, block, lines, bad_lines)
+            yield from self._chunk(path, report, None, lines, bad_lines)
+            report.sha256 = blocks.sha256()
+        except self.pa.ArrowInvalid as error:
+            raise DataError(f"{path}: {_arrow_message(error)}") from None
+        finally:
+            blocks.close()
+
+    def _read_pieces(self, path: str, report: SourceReport, blocks: LineBlocks, names: Sequence[str],
+                     lines: _LineNumbers, bad_lines: list) -> Iterator[Chunk]:
+        """The chunks of the blocks that can be cut, each block's pieces parsed in the pool while
+        the previous block's rows are validated and keyed; returns ``(stream of the rest, its first
+        line)`` at the first block that cannot be cut, or None at the end of the file."""
+        reading = submit(blocks.next, threads())
+        parsed: list[Any] = []
+        while True:
+            block = reading.result()
+            if block is None or block.pieces is None:
+                break
+            pieces = [submit(self._parse_piece, piece, names, first) for first, piece in block.pieces]
+            reading = submit(blocks.next, threads())
+            yield from self._piece_chunks(path, report, parsed, lines, bad_lines)
+            parsed = pieces
+        yield from self._piece_chunks(path, report, parsed, lines, bad_lines)
+        return None if block is None else (blocks.rest([block]), block.first_line)
+
+    def _parse_piece(self, piece: bytes, names: Sequence[str], first_line: int) -> tuple[Any, list]:
+        """A piece of whole lines (the first at ``first_line``) as a table, and its rows of a wrong
+        width ``(line, columns found, expected)``."""
+        import pyarrow.csv as csv
+
+        bad: list[tuple[int, int, int]] = []
+        read, parse, convert = self._csv_options(names, len(piece) + 1, bad, None, first_line)
+        return csv.read_csv(self.pa.py_buffer(piece), read_options=read, parse_options=parse,
+                            convert_options=convert), bad
+
+    def _piece_chunks(self, path: str, report: SourceReport, pieces: list, lines: _LineNumbers,
+                      bad_lines: list) -> Iterator[Chunk]:
+        for future in pieces:
+            table, bad = future.result()
+            for number, *_ in bad:
+                lines.skip(number)
+            bad_lines.extend(bad)
+            for batch in table.to_batches():
+                for start in range(0, batch.num_rows, self.chunk_rows):
+                    yield from self._chunk(path, report, batch.slice(start, self.chunk_rows), lines, bad_lines)
+
+    def _read_serial(self, path: str, report: SourceReport, stream: Any, names: Sequence[str] | None,
+                     first_line: int, block: int, lines: _LineNumbers, bad_lines: list) -> Iterator[Chunk]:
+        """The chunks of one serial pyarrow reader over ``stream`` (whose first line is
+        ``first_line``; ``names`` None: it starts with the header)."""
+        import pyarrow.csv as csv
+
+        read, parse, convert = self._csv_options(names, block, bad_lines, lines, first_line)
+        try:
+            reader = csv.open_csv(self.pa.PythonFile(stream, mode="r"), read_options=read, parse_options=parse,
+                                  convert_options=convert)
             while True:
                 try:
                     batch = reader.read_next_batch()
                 except StopIteration:
                     break
                 for start in range(0, batch.num_rows, self.chunk_rows):
-                    part = batch.slice(start, self.chunk_rows)
-                    yield from self._chunk(path, report, part, lines, bad_lines)
-            yield from self._chunk(path, report, None, lines, bad_lines)
-            report.sha256 = counting.finish()
-        except self.pa.ArrowInvalid as error:
-            raise DataError(f"{path}: {_arrow_message(error)}") from None
+                    yield from self._chunk(path, report, batch.slice(start, self.chunk_rows), lines, bad_lines)
         except OSError as error:  # pyarrow's decompression errors
             if "compress" not in str(error).lower():
                 raise
             where = f"after line {report.lines + 1}" if report.lines else "before its first rows could be read"
             raise DataError(f"{path}: truncated or corrupt gzip data {where} ({_arrow_message(error)})") from None
-        finally:
-            handle.close()
 
     def _read_parquet(self, path: str, report: SourceReport) -> Iterator[Chunk]:
         import pyarrow.parquet as pq
@@ -292,12 +320,21 @@ class TableReader:
         columns = [self.schema.label.column, *(c.name for c in self.schema.read_columns)]
         size, total = os.path.getsize(path), max(parquet.metadata.num_rows, 1)
         lines = _LineNumbers(0)
-        for batch in parquet.iter_batches(batch_size=self.chunk_rows, columns=columns):
-            yield from self._chunk(path, report, batch, lines, [], row_word="row ")
+        hashing = submit(_file_sha256, path)  # Parquet is read by row groups: its bytes are hashed apart
+        runs = _row_group_runs(parquet.metadata, self.chunk_rows)
+
+        def read(run: list[int]) -> Any:  # a file object of its own per thread; all threads for one run
+            one = pq.ParquetFile(path, metadata=parquet.metadata)
+            return one.read_row_groups(run, columns=columns, use_threads=len(runs) == 1).combine_chunks()
+
+        for table in in_order(read, runs):
+            for batch in table.to_batches():
+                for start in range(0, batch.num_rows, self.chunk_rows):
+                    yield from self._chunk(path, report, batch.slice(start, self.chunk_rows), lines, [],
+                                           row_word="row ")
             if self.progress is not None:
-                self.progress.update(size * batch.num_rows / total / 1e6)
-        with open(path, "rb") as handle:  # Parquet is read by row groups: its bytes are hashed apart
-            report.sha256 = _CountingReader(handle, None).finish()
+                self.progress.update(size * table.num_rows / total / 1e6)
+        report.sha256 = hashing.result()
 
     def _check_parquet_types(self, path: str, arrow_schema: Any) -> None:
         """A Parquet column must hold what the schema declares: text for a string column (a hex id,
@@ -465,6 +502,26 @@ class _LineNumbers:
         while bisect.bisect_right(self.skipped, base + count) != count:
             count = bisect.bisect_right(self.skipped, base + count)
         return base + count
+
+
+def _row_group_runs(metadata: Any, rows: int) -> list[list[int]]:
+    """A Parquet file's row groups in runs of consecutive ones of about ``rows`` rows (a larger
+    row group alone), each read by one thread."""
+    runs: list[list[int]] = []
+    count = rows
+    for group in range(metadata.num_row_groups):
+        size = metadata.row_group(group).num_rows
+        if count + size > rows:
+            runs.append([])
+            count = 0
+        runs[-1].append(group)
+        count += size
+    return runs
+
+
+def _file_sha256(path: str) -> str:
+    with open(path, "rb") as handle:
+        return HashingReader(handle).finish()
 
 
 def _arrow_message(error: Exception) -> str:

@@ -15,9 +15,9 @@ empty or exactly 8 hex digits (either case). A trailing ``\\r`` is ignored; blan
 from __future__ import annotations
 
 import gzip
-import hashlib
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -25,9 +25,11 @@ from typing import IO, Any
 import numba
 import numpy as np
 
+from .blocks import UTF8_BOM, HashingReader, line_pieces
 from .errors import DataError
 from .features import HEX_DIGITS
 from .keys import FIELD_NAMES, NUM_FIELDS, NUM_INT_FIELDS
+from .parallel import each, submit, threads
 
 NUM_COLUMNS = NUM_FIELDS + 1
 COLUMN_NAMES: tuple[str, ...] = ("label", *FIELD_NAMES)
@@ -72,7 +74,7 @@ def _parse_integer_column(buf, start, end, field, ints, row):
     return _OK
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _large_value(buf, start, end, negative):
     """The float64 of a value of more than 18 significant digits ``buf[start:end]`` (no sign, no
     leading zero): exact rounding while it fits an int64, else from its first 18 digits and the
@@ -157,7 +159,7 @@ def _parse_line(buf, pos, final, labels, ints, hexes, row, problem):
     return status, min(i + 1, n)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _parse_block(buf, pos, final, row, labels, ints, hexes, skip, bad_lines, problem):
     """Parse lines from ``pos`` into slots ``row..`` until the slots or the complete lines run out.
 
@@ -222,34 +224,6 @@ def _describe_problem(status: int, problem: np.ndarray, buf: bytes) -> str:
         return f"column {COLUMN_NAMES[column]}: {shown} is not text (binary data?)"
     expectation = {_LABEL: "is not 0 or 1", _NOT_INT: "is not an integer", _NOT_HEX: "is not 8 hex digits"}[status]
     return f"column {COLUMN_NAMES[column]}: {shown} {expectation}"
-
-
-_UTF8_BOM = b"\xef\xbb\xbf"
-
-
-class _HashingReader:
-    """A read-only file wrapper that feeds every byte it returns into a sha256."""
-
-    def __init__(self, handle: IO[bytes], progress: Any = None) -> None:
-        self._handle = handle
-        self.sha256 = hashlib.sha256()
-        self.progress = progress
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._handle.read(size)
-        self.sha256.update(data)
-        if self.progress is not None:
-            self.progress.update(len(data) / 1e6)
-        return data
-
-    def readable(self) -> bool:
-        return True
-
-    def finish(self) -> str:
-        """Hash the rest of the file (bytes after a gzip stream end) and return the hex digest."""
-        while self.read(1 << 20):
-            pass
-        return self.sha256.hexdigest()
 
 
 @dataclass
@@ -329,7 +303,7 @@ class CriteoTsvReader:
         with open(file_path, "rb") as handle:
             is_gzip = handle.read(2) == b"\x1f\x8b"
             handle.seek(0)
-            hashing = _HashingReader(handle, self.progress)
+            hashing = HashingReader(handle, self.progress)
             stream = gzip.GzipFile(fileobj=hashing, mode="rb") if is_gzip else hashing  # type: ignore[arg-type]
             yield from self._parse_stream(stream, report, is_gzip)
             report.sha256 = hashing.finish()
@@ -339,10 +313,11 @@ class CriteoTsvReader:
             first = f"{name}:{report.first_error}"
             raise DataError(f"{name}: no valid rows ({report.skipped} bad rows skipped, first {first})")
 
-    def _read_chunk(self, stream: IO[bytes], report: SourceReport, is_gzip: bool, offset: int) -> bytes:
-        """The next ``read_bytes`` bytes (decompressed); ``offset``: bytes read before."""
+    def _read_chunk(self, reading: Future[bytes], report: SourceReport, is_gzip: bool, offset: int) -> bytes:
+        """The bytes a read of the next ``read_bytes`` (decompressed) gave; ``offset``: bytes read
+        before."""
         try:
-            return stream.read(self.read_bytes)
+            return reading.result()
         except (EOFError, gzip.BadGzipFile, zlib.error) as error:
             what = "truncated or corrupt gzip data" if is_gzip else "read error"
             if report.lines:
@@ -354,36 +329,64 @@ class CriteoTsvReader:
     def _parse_stream(self, stream: IO[bytes], report: SourceReport, is_gzip: bool) -> Iterator[Chunk]:
         pending = b""
         at_eof = False
-        bad_lines = np.zeros(FIRST_BAD_LINES_KEPT, dtype=np.int64)
-        problem = np.zeros(3, dtype=np.int64)
         offset = 0
+        reading = submit(stream.read, self.read_bytes)  # the next bytes are read (and hashed) ahead
         while not at_eof:
-            data = self._read_chunk(stream, report, is_gzip, offset)
-            if offset == 0 and data.startswith(_UTF8_BOM):
-                data = data[len(_UTF8_BOM):]  # some editors save one; it is not part of the label
+            data = self._read_chunk(reading, report, is_gzip, offset)
+            if offset == 0 and data.startswith(UTF8_BOM):
+                data = data[len(UTF8_BOM):]  # some editors save one; it is not part of the label
             offset += len(data)
             at_eof = not data
+            if not at_eof:
+                reading = submit(stream.read, self.read_bytes)
             buf = pending + data if pending else data
             array = np.frombuffer(buf, dtype=np.uint8)
             pos = 0
-            while True:
-                pos, filled, lines, n_bad, status, bad_offset = _parse_block(
-                    array, pos, at_eof, self._filled, self._labels, self._ints, self._hexes, self.skip, bad_lines,
-                    problem
-                )
-                if n_bad:
-                    self._record_bad_rows(report, buf, n_bad, status, bad_offset, bad_lines, problem)
-                report.rows += filled - self._filled
-                report.lines += lines
-                self._filled = filled
+            while True:  # until no line is left (a chunk given whenever it is full)
                 if self._filled == self.chunk_rows:
                     yield self._take_block()
-                    continue
-                break
+                after = self._parse_lines(array, buf, pos, at_eof, report)
+                if after == pos:
+                    break
+                pos = after
             pending = buf[pos:]
             if len(pending) > MAX_LINE_BYTES:
                 where = f"{report.display_name}:{report.lines + 1}"
                 raise DataError(f"{where}: line is longer than {MAX_LINE_BYTES} bytes (binary data?)")
+
+    def _parse_lines(self, array: np.ndarray, buf: bytes, pos: int, final: bool, report: SourceReport) -> int:
+        """Parse the whole lines from ``pos`` (the last one too when ``final``) that fit the chunk,
+        in pieces of lines side by side, each into its slots (the rows of a piece after one with
+        bad rows are moved down to follow its good ones); returns the position after them."""
+        room, size = self.chunk_rows - self._filled, len(buf)
+        end = size if final else buf.rfind(b"\n", pos) + 1  # at the end of the file, its last line too
+        if end <= pos:
+            return pos
+        cuts, counts = line_pieces(buf, pos, end, threads())
+        if sum(counts) > room:  # only the first ``room`` lines fit
+            end = pos + int(np.flatnonzero(array[pos:end] == _NEWLINE)[room - 1]) + 1
+            cuts, counts = line_pieces(buf, pos, end, threads())
+        slots = (self._filled + np.cumsum([0, *counts[:-1]])).tolist()
+        pieces = list(zip(cuts, cuts[1:], slots))
+
+        def parse(piece: tuple[int, int, int]) -> tuple[Any, ...]:
+            bad_lines, problem = np.zeros(FIRST_BAD_LINES_KEPT, dtype=np.int64), np.zeros(3, dtype=np.int64)
+            return (*_parse_block(array[piece[0]:piece[1]], 0, True, piece[2], self._labels, self._ints, self._hexes,
+                                  self.skip, bad_lines, problem), bad_lines, problem)
+
+        target = self._filled
+        for (start, end, slot), result in zip(pieces, each(parse, pieces)):
+            _, row, lines, n_bad, status, bad_offset, bad_lines, problem = result
+            if n_bad:
+                self._record_bad_rows(report, buf[start:end], n_bad, status, bad_offset, bad_lines, problem)
+            if target != slot:  # rows of an earlier piece were bad: this piece's rows follow its good ones
+                for rows in (self._labels, self._ints, self._hexes):
+                    rows[..., target:target + row - slot] = rows[..., slot:row].copy()
+            target += row - slot
+            report.rows += row - slot
+            report.lines += lines
+        self._filled = target
+        return pieces[-1][1]
 
     def _record_bad_rows(self, report, buf, n_bad, status, bad_offset, bad_lines, problem) -> None:
         where = f"{report.lines + bad_offset + 1}: {_describe_problem(status, problem, buf)}"

@@ -1,0 +1,190 @@
+"""A raw file's bytes in blocks of whole lines, read ahead and hashed, for readers that parse the
+pieces of a block side by side (``tabular.py``'s CSV/TSV reader; ``tsv.py``, Criteo's, cuts its
+buffer with :func:`line_pieces` too).
+
+:class:`LineBlocks` reads a file (plain or gzip) in blocks of about ``block_bytes``, each cut after
+its last newline (the rest goes to the next block), hashes the bytes as stored (sha256) and counts
+them on a progress bar. :func:`line_pieces` cuts whole lines into pieces, one per thread. A
+piece's lines are its newlines (a last line may lack one), so the line number of every row of a
+piece is known before it is parsed: that is what lets pieces be parsed apart and still name each
+bad row's line. A block where a line break could be something else (a quote character, where the
+format has one: a quoted value may span lines; a ``\\r`` that does not end a line) is not cut:
+:meth:`LineBlocks.rest` gives it and everything after it as one stream for a serial reader.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import zlib
+from dataclasses import dataclass
+from typing import IO, Any
+
+from .errors import DataError
+
+UTF8_BOM = b"\xef\xbb\xbf"
+_NEWLINE = 10
+
+
+class HashingReader:
+    """A read-only file wrapper that feeds every byte it returns into a sha256."""
+
+    def __init__(self, handle: IO[bytes], progress: Any = None) -> None:
+        self._handle = handle
+        self.sha256 = hashlib.sha256()
+        self.progress = progress
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._handle.read(size)
+        self.sha256.update(data)
+        if self.progress is not None:
+            self.progress.update(len(data) / 1e6)
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def finish(self) -> str:
+        """Hash the rest of the file (bytes after a gzip stream end) and return the hex digest."""
+        while self.read(1 << 20):
+            pass
+        return self.sha256.hexdigest()
+
+
+@dataclass
+class Block:
+    """Whole lines of a file: ``data`` starts at line ``first_line`` (1-based); ``pieces`` its
+    parts of whole lines ``(first line, bytes)``, one per thread, when it may be cut (its line
+    breaks are newlines only), else None. Both are views of one buffer (nothing copied)."""
+
+    data: memoryview
+    first_line: int
+    pieces: list[tuple[int, memoryview]] | None
+
+
+def line_pieces(buf: bytes | bytearray, start: int, end: int, count: int) -> tuple[list[int], list[int]]:
+    """``buf[start:end]`` (whole lines) cut into at most ``count`` pieces of whole lines of about
+    equal size: the cuts (``start``, ..., ``end``) and the lines of each piece (the last line may
+    lack its newline: the end of the file)."""
+    cuts = [start]
+    for k in range(1, count):
+        cut = buf.find(b"\n", max(cuts[-1], start + (end - start) * k // count), end) + 1
+        if cut <= cuts[-1] or cut >= end:
+            break
+        cuts.append(cut)
+    cuts.append(end)
+    lines = [buf.count(b"\n", a, b) for a, b in zip(cuts, cuts[1:])]
+    if end > start and buf[end - 1] != _NEWLINE:
+        lines[-1] += 1
+    return cuts, lines
+
+
+def _only_newlines(buf: bytearray, end: int) -> bool:
+    """True if every line break of ``buf[:end]`` is a newline (a ``\\r`` only before one)."""
+    return buf.find(b"\r", 0, end) < 0 or buf.count(b"\r", 0, end) == buf.count(b"\r\n", 0, end)
+
+
+class LineBlocks:
+    """The blocks of whole lines of one file (see the module docstring); ``quote``: the format's
+    quote character (None: none). ``sha256()`` after the last block: the digest of the file as
+    stored. Read errors of a gzip file are DataErrors naming the file and the line reached."""
+
+    def __init__(self, path: str, block_bytes: int, quote: str | None, progress: Any = None) -> None:
+        self.path = path
+        self.block_bytes = int(block_bytes)
+        self.quote = quote.encode() if quote else None
+        self._handle = open(path, "rb")
+        self.is_gzip = self._handle.read(2) == b"\x1f\x8b"
+        self._handle.seek(0)
+        self._hashing = HashingReader(self._handle, progress)
+        self._stream: IO[bytes] = (gzip.GzipFile(fileobj=self._hashing, mode="rb") if self.is_gzip  # type: ignore[arg-type]
+                                   else self._hashing)  # type: ignore[assignment]
+        self._pending = b""
+        self._started = False
+        self.next_line = 1
+        self.at_end = False
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def sha256(self) -> str:
+        return self._hashing.finish()
+
+    def _read(self) -> bytes:
+        try:
+            data = self._stream.read(self.block_bytes)
+        except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as error:
+            where = f"after line {self.next_line - 1}" if self.next_line > 1 else "before its first rows could be read"
+            raise DataError(f"{self.path}: truncated or corrupt gzip data {where} ({error})") from None
+        if not self._started:
+            self._started = True
+            if data.startswith(UTF8_BOM):  # as pyarrow's reader, which skips it
+                data = data[len(UTF8_BOM):]
+        return data
+
+    def skip_header(self) -> bool:
+        """Drop the first line (a header) if it ends with a newline within the first block and
+        holds no other line break (False, and nothing dropped, otherwise)."""
+        self._pending = self.read_more()
+        end = self._pending.find(b"\n")
+        if end < 0 or b"\r" in self._pending[:end].rstrip(b"\r"):
+            return False
+        self._pending = self._pending[end + 1:]
+        self.next_line += 1
+        return True
+
+    def next(self, pieces: int = 1) -> Block | None:
+        """The next block (None at the end of the file), cut into ``pieces`` when it may be."""
+        buf = bytearray(self._pending)
+        while True:
+            buf += self.read_more()
+            cut = len(buf) if self.at_end else buf.rfind(b"\n") + 1
+            if cut > 0 or self.at_end:
+                break
+        self._pending = bytes(buf[cut:])  # a line's start, for the next block
+        if cut == 0:
+            return None
+        first, view = self.next_line, memoryview(buf)[:cut]
+        if (self.quote is not None and buf.find(self.quote, 0, cut) >= 0) or not _only_newlines(buf, cut):
+            self.next_line += sum(line_pieces(buf, 0, cut, 1)[1])  # not cut: the rest is a serial reader's
+            return Block(view, first, None)
+        cuts, lines = line_pieces(buf, 0, cut, pieces)
+        parts = []
+        for a, b, count in zip(cuts, cuts[1:], lines):
+            parts.append((self.next_line, view[a:b]))
+            self.next_line += count
+        return Block(view, first, parts)
+
+    def rest(self, blocks: list[Block]) -> _Rest:
+        """A read-only stream of ``blocks`` (not parsed yet, in order) and every byte after them."""
+        return _Rest([bytes(block.data) for block in blocks] + [self._pending], self)
+
+    def read_more(self) -> bytes:
+        """The next bytes of the file after what was read (b"" at its end)."""
+        data = b"" if self.at_end else self._read()
+        self.at_end = not data
+        return data
+
+
+class _Rest:
+    """A file-like stream (``read``) of some bytes, then the rest of a :class:`LineBlocks`' file."""
+
+    def __init__(self, parts: list[bytes], blocks: LineBlocks) -> None:
+        self._parts = [part for part in parts if part]
+        self._blocks = blocks
+        self._buffer = b""
+        self.closed = False
+
+    def read(self, size: int = -1) -> bytes:
+        while not self._buffer and (self._parts or not self._blocks.at_end):
+            self._buffer = self._parts.pop(0) if self._parts else self._blocks.read_more()
+        if size is None or size < 0:
+            size = len(self._buffer)
+        data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.closed = True

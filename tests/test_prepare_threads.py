@@ -1,0 +1,100 @@
+"""``des.data prepare`` works on the pieces of its inputs side by side (``des.data.parallel``); a
+store never depends on how many threads made it: the same bytes, file for file, with one thread
+(every task in the calling thread) and with three, for each reader and what makes it take its other
+ways (bad rows skipped and named, a quoted value spanning lines, CRLF line ends, gzip, several
+Parquet row groups, many chunks)."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import pytest
+
+from des.data import DataError, prepare
+from des.data.parallel import THREADS_VARIABLE
+from des.data.schema import Schema, load_schema
+from des.data.synth import default_config, synthesize_tsv
+from des.data.synth_schema import synthesize_schema
+
+REPO = Path(__file__).resolve().parents[1]
+EVERY_KIND = REPO / "tests" / "data" / "every_kind.toml"
+
+
+def _files(store: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(store.iterdir())}
+
+
+def _both_ways(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, inputs: list[Path], **options: object) -> dict:
+    """Prepare ``inputs`` with 1 and 3 threads; the stores' files (or the error) must be the same."""
+    made = []
+    for threads in ("1", "3"):
+        monkeypatch.setenv(THREADS_VARIABLE, threads)
+        try:
+            made.append(_files(prepare(inputs, tmp_path / f"store-{threads}", progress=False, **options).path))
+        except DataError as error:
+            made.append(str(error))
+    assert made[0] == made[1]
+    return made[0]
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines(keepends=True)
+
+
+def test_csv_pieces_quoted_crlf_gzip_and_bad_rows(monkeypatch, tmp_path):
+    raw = tmp_path / "rows.csv"
+    synthesize_schema(raw, 1500, "avazu", seed=1, file_format="raw")
+    lines = _lines(raw)
+    lines[40] = "1,2,3\n"  # a row of a wrong width, skipped and named
+    lines[300] = "7" + lines[300][1:]  # a bad label
+    quoted = lines[:]
+    fields = quoted[1000].split(",")
+    fields[5] = '"a\nb"'  # from this block on, one serial reader
+    quoted[1000] = ",".join(fields)
+    (tmp_path / "quoted.csv").write_text("".join(quoted))
+    (tmp_path / "crlf.csv").write_bytes("".join(lines).replace("\n", "\r\n").encode())
+    (tmp_path / "rows.csv.gz").write_bytes(gzip.compress("".join(lines).encode(), mtime=0))
+    inputs = [tmp_path / "quoted.csv", tmp_path / "crlf.csv", tmp_path / "rows.csv.gz"]
+    store = _both_ways(monkeypatch, tmp_path, inputs, schema="avazu", bad_rows="skip", chunk_rows=97)
+    assert b'"skipped": 6' in store["manifest.json"]
+    message = _both_ways(monkeypatch, tmp_path / "fail", inputs, schema="avazu", chunk_rows=97)
+    assert message.endswith("quoted.csv:41: expected 24 columns, found 3")
+
+
+def test_every_kind_of_column(monkeypatch, tmp_path):
+    raw = tmp_path / "every.csv"
+    synthesize_schema(raw, 2000, EVERY_KIND, seed=2, file_format="raw")
+    lines = _lines(raw)
+    lines[700] = lines[700][:3] + "\n"
+    raw.write_text("".join(lines))
+    _both_ways(monkeypatch, tmp_path, [raw], schema=EVERY_KIND, bad_rows="skip", chunk_rows=131)
+
+
+def test_criteo_pieces_with_bad_rows(monkeypatch, tmp_path):
+    raw = tmp_path / "day.tsv"
+    synthesize_tsv(raw, 3000, default_config(seed=3))
+    lines = _lines(raw)
+    lines[10] = "1\t2\n"
+    lines[1500] = lines[1500].replace("\t", "\tq", 1)
+    lines[2999] = lines[2999].rstrip("\n")  # no newline at the end
+    raw.write_text("".join(lines))
+    store = _both_ways(monkeypatch, tmp_path, [raw], bad_rows="skip", chunk_rows=211)
+    assert b'"skipped": 2' in store["manifest.json"]
+    message = _both_ways(monkeypatch, tmp_path / "fail", [raw], chunk_rows=211)
+    assert message.endswith("day.tsv:11: expected 40 tab-separated columns, found 2")
+
+
+def test_parquet_row_groups(monkeypatch, tmp_path):
+    raw = tmp_path / "rows.csv"
+    synthesize_schema(raw, 1200, "avazu", seed=4, file_format="raw")
+    names = pcsv.open_csv(raw).schema.names
+    table = pcsv.read_csv(raw, convert_options=pcsv.ConvertOptions(
+        column_types={n: pa.int64() if n == "click" else pa.string() for n in names}))
+    pq.write_table(table, tmp_path / "rows.parquet", row_group_size=77)
+    declared = load_schema("avazu").to_dict()
+    schema = Schema.from_dict({**declared, "name": "avazu-parquet", "format": {"type": "parquet"}})
+    _both_ways(monkeypatch, tmp_path, [tmp_path / "rows.parquet"], schema=schema, chunk_rows=200)
