@@ -1,25 +1,31 @@
 """.venv/bin/python scripts/bench_serving.py [--models deepfm,dcnv2] [--schema-models deepfm] [--batches 1,64,1024,8192]
+       [--rounds 3] [--baseline CHECKOUT] [--threads N] [--stages] [--profile] [--work DIR]
 
 Serving numbers of exported models (``python -m des.export``), each next to its roofline: the same
 network's forward (``des.serving.model.ServedModel.forward``: the substitutions' reference forms
 and the top network, with the same weights) as a plain ``tf.function`` on dense inputs (the pooled
-embeddings and dense features of the same rows, precomputed), on the same threads. Per model and
-batch size: rows/s of the SavedModel's ``serving_default`` and of the roofline, their ratio, and
-with ``--stages`` where the SavedModel's time goes: the key transform alone (``request_fields``),
-then the lookup and pooling too (``ServedModel.pooled``), each as a ``tf.function`` of its own.
-One-row requests: median and p99 latency. The export's time and size (next to the checkpoint's).
+embeddings and dense features of the same rows, precomputed), on the same threads, traced for any
+batch size as the SavedModel is. Per model and batch size: rows/s of the SavedModel's
+``serving_default`` and of the roofline and their ratio; the roofline traced per batch size too
+("fixed-shape", which lets TF fold what depends on the shape alone, such as FM's pair mask: a
+bound no SavedModel reaches); with ``--baseline`` the SavedModels that another checkout's
+``des.export`` writes of the same checkpoints (before and after in one run); with ``--stages``
+where the time goes: the key transform alone (``request_fields``), then the lookup and pooling too
+(``ServedModel.pooled``), each a ``tf.function`` of its own; with ``--profile`` per-op timings of
+each SavedModel (TF's step stats, the op types that take the most). One-row requests: median and
+p99 latency. The export's time and size (next to the checkpoint's).
 
 Models: ``--models`` trained on the shipped Criteo sample (one epoch, default sizes, one rank),
 ``--schema-models`` on synthetic rows of ``tests/data/every_kind.toml`` (string, int, multi-valued
 and dense columns, buckets and derived fields; ``--schema-rows`` rows to train on, requests from
-rows of another seed, so some ids are unknown). Calls alternate (SavedModel, roofline, stages,
-call by call, over ``--rounds`` rounds of every model and batch size) and medians are reported,
-so a shared machine's load falls on both sides alike. ``--work DIR`` keeps (and reuses) the
-trained runs. The SavedModels are loaded with plain ``tf.saved_model.load``.
+rows of another seed, so some ids are unknown). Calls alternate (each side in turn, call by call,
+over ``--rounds`` rounds of every model and batch size) and medians are reported, so a shared
+machine's load falls on all sides alike. ``--work DIR`` keeps (and reuses) the trained runs. The
+SavedModels are loaded with plain ``tf.saved_model.load``; inter-op threads 1.
 
 Expect (a 2-core machine; recorded runs in ``docs/benchmarks.md``, "Serving"): the SavedModel
 smaller than the checkpoint (no optimizer slots); at 1024 rows and more the SavedModel at half the
-roofline or better; one-row requests in about a millisecond, dominated by TF's per-call overhead.
+roofline or better; one-row requests in about a millisecond, most of it TF's cost per op run.
 """
 
 from __future__ import annotations
@@ -94,7 +100,7 @@ class Subject:
     """One exported model: its SavedModel's signature, a request of the largest batch, and the
     same network built by des (the roofline's forward and the stages)."""
 
-    def __init__(self, run: Path, work: Path, largest: int, schema: bool) -> None:
+    def __init__(self, run: Path, work: Path, largest: int, schema: bool, baseline: str = "") -> None:
         import tensorflow as tf
 
         from des.checkpoint import read_manifest, resolve_checkpoint
@@ -105,10 +111,20 @@ class Subject:
         from des.serving.model import ServedModel, request_fields
         from des.serving.state import read_checkpoint
 
-        self.info = export(run, work / f"{run.name}.savedmodel", force=True)
+        self.folder = work / f"{run.name}.savedmodel"
+        self.info = export(run, self.folder, force=True)
         self.checkpoint_bytes = folder_bytes(resolve_checkpoint(str(run)))
         self.serve = tf.saved_model.load(str(work / f"{run.name}.savedmodel")).signatures["serving_default"]
         signature = self.serve.structured_input_signature[1]
+        self.baseline = self.baseline_folder = None
+        if baseline:  # the same checkpoint exported by another checkout's des.export
+            folder = work / f"{run.name}.baseline.savedmodel"
+            subprocess.run([sys.executable, "-m", "des.export", "--checkpoint", str(run), "--output", str(folder),
+                            "--force"], cwd=baseline, env={**os.environ, "PYTHONPATH": baseline}, check=True,
+                           stdout=subprocess.DEVNULL)
+            self.baseline = tf.saved_model.load(str(folder)).signatures["serving_default"]
+            self.baseline_folder = folder
+            self.baseline_bytes = folder_bytes(folder)
         self.name = f"{self.info['model']['model']}" + (" (every_kind)" if schema else " (criteo)")
         self.request = csv_request(work / "every_kind-requests.csv", signature) if schema else criteo_request(largest)
         folder, manifest = read_manifest(run)
@@ -132,7 +148,9 @@ class Subject:
         inputs, dense = self.pooled(self.request)  # the roofline's inputs: the same rows, precomputed
         self.inputs = ({b: tf.constant(v.numpy()) for b, v in inputs.items()},
                        None if dense is None else tf.constant(dense.numpy()))
-        # traced for any batch size, as the SavedModel is (a fixed shape would let TF fold more)
+        # traced for any batch size, as the SavedModel is; ``forward_static``: traced per batch size,
+        # which lets TF fold what depends on the shape alone (a bound no SavedModel reaches)
+        self.forward_static = tf.function(served.forward)
         specs = {b: tf.TensorSpec([None, *v.shape[1:]], v.dtype) for b, v in inputs.items()}
         if dense is None:
             self.forward = tf.function(lambda pooled, dense: served.forward(pooled, None),
@@ -159,7 +177,10 @@ def measure(subject: Subject, rows: int, calls: int, stages: bool, out: dict) ->
     their seconds appended to ``out``."""
     request, (pooled, dense) = subject.batch(rows)
     runs = {"savedmodel": lambda: subject.serve(**request)["probability"].numpy(),
-            "forward": lambda: subject.forward(pooled, dense).numpy()}
+            "forward": lambda: subject.forward(pooled, dense).numpy(),
+            "static": lambda: subject.forward_static(pooled, dense if subject.schema.dense_names else None).numpy()}
+    if subject.baseline is not None:
+        runs["baseline"] = lambda: subject.baseline(**request)["probability"].numpy()
     if stages:
         runs["features"] = lambda: [t.numpy() for t in tf_flat(subject.features(request))]
         runs["pooled"] = lambda: [t.numpy() for t in tf_flat(subject.pooled(request))]
@@ -176,6 +197,54 @@ def tf_flat(structure) -> list:
     return [t for t in tf.nest.flatten(structure, expand_composites=True) if t is not None]
 
 
+def profile_ops(folder: Path, request: dict, calls: int, threads: int) -> tuple[float, int, list]:
+    """Per-op timings of a SavedModel's ``serving_default`` on ``request`` (TF's step stats of a
+    traced session run, the SavedModel loaded as a graph): the median over ``calls`` traced calls
+    of the summed op time, the op runs a call, and per op type its median ms and runs a call."""
+    import collections
+
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=1)
+    with graph.as_default(), tf.compat.v1.Session(graph=graph, config=config) as session:
+        signature = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(folder)).signature_def[
+            "serving_default"]
+        feed = {signature.inputs[k].name: v.numpy() for k, v in request.items()}
+        output = signature.outputs["probability"].name
+        for _ in range(3):
+            session.run(output, feed)
+        totals, per_op, runs = [], collections.defaultdict(list), 0
+        options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+        for _ in range(calls):
+            metadata, ops = tf.compat.v1.RunMetadata(), collections.Counter()
+            session.run(output, feed, options=options, run_metadata=metadata)
+            counts = collections.Counter()
+            for node in (n for device in metadata.step_stats.dev_stats for n in device.node_stats):
+                op = node.timeline_label.split(" = ")[1].split("(")[0] if " = " in node.timeline_label else node.node_name
+                ops[op] += node.op_end_rel_micros - node.op_start_rel_micros
+                counts[op] += 1
+            totals.append(sum(ops.values()) / 1000)
+            runs = sum(counts.values())
+            for op in ops:
+                per_op[op].append((ops[op] / 1000, counts[op]))
+    ranked = sorted(((statistics.median(t for t, _ in v), v[0][1], op) for op, v in per_op.items()), reverse=True)
+    return statistics.median(totals), runs, ranked
+
+
+def print_profiles(subjects: list, batches: list[int], threads: int) -> None:
+    """``--profile``: per model and batch size, the op types that take the most time."""
+    for subject in subjects:
+        for name, folder in (("SavedModel", subject.folder), ("baseline", subject.baseline_folder)):
+            if folder is None:
+                continue
+            for rows in batches:
+                request, _ = subject.batch(rows)
+                total, runs, ranked = profile_ops(folder, request, 5 if rows >= 1024 else 20, threads)
+                top = "; ".join(f"{op} {ms:.3f} ms x{n}" for ms, n, op in ranked[:14])
+                print(f"profile {subject.name} {name}, {rows} rows: {total:.3f} ms summed over {runs} op runs; {top}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1])
     parser.add_argument("--models", default="deepfm,dcnv2", help="models trained on the Criteo sample")
@@ -185,14 +254,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds over every model and batch size")
     parser.add_argument("--requests", type=int, default=300, help="one-row calls per round")
     parser.add_argument("--stages", action="store_true", help="time the key transform and the pooling alone too")
+    parser.add_argument("--baseline", default="", help="a checkout of another commit: its des.export's SavedModels "
+                        "timed too, alternating (before and after in one run)")
+    parser.add_argument("--threads", type=int, default=0, help="TF intra-op threads (default: TF's, one per core)")
+    parser.add_argument("--profile", action="store_true", help="per-op timings of each SavedModel (TF's step stats)")
     parser.add_argument("--work", default="", help="folder for the runs and SavedModels (kept; default: a new one)")
     args = parser.parse_args()
+    import tensorflow as tf
+
+    if args.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
     work = Path(args.work or tempfile.mkdtemp(prefix="bench_serving-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     batches = [int(b) for b in args.batches.split(",")]
     runs = [(train(work, m, False, 0), False) for m in filter(None, args.models.split(","))]
     runs += [(train(work, m, True, args.schema_rows), True) for m in filter(None, args.schema_models.split(","))]
-    subjects = [Subject(run, work, max(batches), schema) for run, schema in runs]
+    baseline = str(Path(args.baseline).resolve()) if args.baseline else ""
+    subjects = [Subject(run, work, max(batches), schema, baseline) for run, schema in runs]
     times: dict[tuple[str, int], dict] = {}
     for _ in range(args.rounds):
         for subject in subjects:
@@ -200,6 +279,8 @@ def main() -> None:
                 calls = args.requests if rows == 1 else max(8, 16384 // rows)
                 measure(subject, rows, calls, args.stages, times.setdefault((subject.name, rows), {}))
     report(args, subjects, batches, times, work)
+    if args.profile:
+        print_profiles(subjects, batches, args.threads or os.cpu_count())
 
 
 def report(args, subjects: list, batches: list[int], times: dict, work: Path) -> None:
@@ -209,12 +290,16 @@ def report(args, subjects: list, batches: list[int], times: dict, work: Path) ->
     for subject in subjects:
         info = subject.info
         sizes.append({"model": subject.name, "rows": info["rows"], "export_s": info["seconds"],
-                      "savedmodel_mib": info["bytes"] / 2**20, "checkpoint_mib": subject.checkpoint_bytes / 2**20})
+                      "savedmodel_mib": info["bytes"] / 2**20, "checkpoint_mib": subject.checkpoint_bytes / 2**20,
+                      "baseline_mib": subject.baseline_bytes / 2**20 if subject.baseline is not None else None})
         for rows in batches:
             t = {k: statistics.median(v) for k, v in times[(subject.name, rows)].items()}
             row = {"model": subject.name, "batch": rows, "savedmodel": rows / t["savedmodel"],
                    "forward": rows / t["forward"], "ratio": t["forward"] / t["savedmodel"],
-                   "savedmodel_ms": 1000 * t["savedmodel"], "forward_ms": 1000 * t["forward"]}
+                   "savedmodel_ms": 1000 * t["savedmodel"], "forward_ms": 1000 * t["forward"],
+                   "static": rows / t["static"], "static_ratio": t["static"] / t["savedmodel"]}
+            if subject.baseline is not None:
+                row.update(baseline=rows / t["baseline"], baseline_ratio=t["forward"] / t["baseline"])
             if args.stages:
                 row.update(features_ms=1000 * t["features"], pooled_ms=1000 * t["pooled"])
             if rows == 1:
@@ -223,12 +308,16 @@ def report(args, subjects: list, batches: list[int], times: dict, work: Path) ->
             rows_out.append(row)
     columns = [("model", "model", ""), ("batch", "batch", "d"), ("savedmodel", "SavedModel rows/s", ",.0f"),
                ("forward", "roofline rows/s", ",.0f"), ("ratio", "ratio", ".2f"),
-               ("savedmodel_ms", "SavedModel ms", ".3f"), ("forward_ms", "roofline ms", ".3f")]
+               ("savedmodel_ms", "SavedModel ms", ".3f"), ("forward_ms", "roofline ms", ".3f"),
+               ("static", "fixed-shape roofline rows/s", ",.0f"), ("static_ratio", "its ratio", ".2f")]
+    if args.baseline:
+        columns[3:3] = [("baseline", "baseline rows/s", ",.0f"), ("baseline_ratio", "baseline ratio", ".2f")]
     if args.stages:
         columns += [("features_ms", "keys ms", ".3f"), ("pooled_ms", "keys + lookup ms", ".3f")]
     columns += [("p99_ms", "p99 ms (1 row)", ".3f")]
     size_columns = [("model", "model", ""), ("rows", "table rows", ",d"), ("export_s", "export s", ".1f"),
-                    ("savedmodel_mib", "SavedModel MiB", ".1f"), ("checkpoint_mib", "checkpoint MiB", ".1f")]
+                    ("savedmodel_mib", "SavedModel MiB", ".1f"), ("checkpoint_mib", "checkpoint MiB", ".1f"),
+                    ("baseline_mib", "baseline SavedModel MiB", ".1f")]
     print(benchlib.entry("bench_serving", benchlib.environment(), sys.argv[1:],
                          [("", columns, rows_out), ("", size_columns, sizes)],
                          [f"medians of alternating calls over {args.rounds} rounds ({args.requests} one-row calls a "
