@@ -10,7 +10,8 @@ Inside are, as plain TensorFlow ops and variables (loading it needs TensorFlow o
 * one hash table from key to row for all fields, each field's keys XORed with its salt (0 when
   the fields' keys are distinct already, as key scheme 1's carry their field), a row counting
   only inside its field's range of rows (so a key of another field that lands on the same salted
-  key is unknown: exact), and, per value block, the matrix of the trained rows (``state.py``:
+  key is unknown: exact), and the matrix of the trained rows, every value block's columns side by
+  side so that one gather reads them all (``state.py``:
   rows of ids not yet admitted keep what training gives them, their initial value or zero; with
   ``--unadmitted shared`` only admitted ids are kept);
 * the run's unknown-id behaviour, applied to the ids that miss only: ``--unadmitted zero`` gives
@@ -100,12 +101,18 @@ class ServedModel:
         if offsets[-1]:
             self.table.insert(tf.constant(np.concatenate([k ^ s for k, s in zip(state["keys"], self.salts)])),
                               tf.range(int(offsets[-1]), dtype=tf.int64))
-        self.values = {b: tf.Variable(v, trainable=False, name=f"values_{b}") for b, v in state["values"].items()}
+        # every block's values side by side, one row per key: block b is columns [start[b], end[b])
+        self.blocks = list(self.specs)
+        ends = np.cumsum([self.specs[b].dim for b in self.blocks])
+        self.columns = {b: (int(e) - self.specs[b].dim, int(e)) for b, e in zip(self.blocks, ends)}
+        self.values = tf.Variable(np.concatenate([state["values"][b] for b in self.blocks], axis=1), trainable=False,
+                                  name="values")
         self.field_params = {k: tf.Variable(v, trainable=False, name=k.replace(":", "_"))
                              for k, v in state["field_params"].items()}
         self.top = {k: tf.Variable(v, trainable=False, name=k.replace(":", "_")) for k, v in state["top"].items()}
-        # --unadmitted shared: per block, [fields, dim] values of every field's shared row
-        self.shared = {b: tf.Variable(v, trainable=False, name=f"shared_{b}") for b, v in state["shared"].items()}
+        # --unadmitted shared: [fields, dims] values of every field's shared row, the blocks side by side
+        self.shared = None if not state["shared"] else tf.Variable(
+            np.concatenate([state["shared"][b] for b in self.blocks], axis=1), trainable=False, name="shared")
         # uint64 stream bases per (block, field), as des.hashtable.init.Initializer.stream_base (as int64 bits)
         self.bases = {b: np.array([Initializer.stream_base(state["seed"], f, b) for f in range(model.num_fields)],
                                   dtype=np.uint64).view(np.int64) for b in self.specs}
@@ -125,28 +132,32 @@ class ServedModel:
         known = tf.logical_and(rows >= per_key(self.first_row), rows < per_key(self.end_row))
         return tf.where(known, rows, -tf.ones_like(rows))
 
-    def unknown_values(self, keys: Any, fields: Any, block: str) -> Any:
-        """What unknown (or unadmitted) ``keys`` of ``fields`` are looked up as: ``[n, dim]``."""
+    def unknown_values(self, keys: Any, fields: Any) -> Any:
+        """What unknown (or unadmitted) ``keys`` of ``fields`` are looked up as: ``[n, dims]``, every
+        block's values side by side."""
         import tensorflow as tf
 
-        dim, count = self.specs[block].dim, tf.shape(keys)[0]
         if self.unadmitted == "shared":
-            return tf.gather(self.shared[block], fields)
-        init = self.specs[block].init
-        if self.unadmitted == "zero" or init.kind == "zeros":
-            return tf.zeros([count, dim], self.dtype)
-        bases = tf.bitcast(tf.gather(tf.constant(self.bases[block]), fields), tf.uint64)
-        return tf.cast(initial_values(keys, bases, init.kind, init.scale, dim), self.dtype)
+            return tf.gather(self.shared, fields)
+        parts = []
+        for b in self.blocks:
+            dim, init = self.specs[b].dim, self.specs[b].init
+            if self.unadmitted == "zero" or init.kind == "zeros":
+                parts.append(tf.zeros([tf.shape(keys)[0], dim], self.dtype))
+            else:
+                bases = tf.bitcast(tf.gather(tf.constant(self.bases[b]), fields), tf.uint64)
+                parts.append(tf.cast(initial_values(keys, bases, init.kind, init.scale, dim), self.dtype))
+        return tf.concat(parts, axis=1) if len(parts) > 1 else parts[0]
 
-    def values_of(self, keys: Any, fields: Any, rows: Any, block: str) -> Any:
-        """``[n, dim]``: the values of ``block`` of ids (``rows`` from :meth:`rows`): one gather of
-        the known, the unknown-id rule on the ids that miss only."""
+    def values_of(self, keys: Any, fields: Any, rows: Any) -> Any:
+        """``[n, dims]``: every block's values of ids (``rows`` from :meth:`rows`): one gather of the
+        known, the unknown-id rule on the ids that miss only."""
         import tensorflow as tf
 
-        out = tf.gather(self.values[block], tf.maximum(rows, 0))
+        out = tf.gather(self.values, tf.maximum(rows, 0))
         unknown = tf.where(rows < 0)
         return tf.tensor_scatter_nd_update(out, unknown, self.unknown_values(
-            tf.gather_nd(keys, unknown), tf.gather_nd(fields, unknown), block))
+            tf.gather_nd(keys, unknown), tf.gather_nd(fields, unknown)))
 
     def pooled(self, features: Any, size: Any) -> dict[str, Any]:
         """Per block ``[B, fields, dim]``: every field's values pooled per sample (as the tables'
@@ -175,17 +186,17 @@ class ServedModel:
             return tf.concat(parts, 0) if multi else parts[0]
 
         fields = per_key(np.arange(len(names), dtype=np.int64))
-        rows, out = self.rows(keys, per_key), {}
-        for b, spec in self.specs.items():
-            values = self.values_of(keys, fields, rows, b)
-            pooled = tf.reshape(values[:size * len(hot)], [size, len(hot), spec.dim])
-            if multi:
-                sums = tf.math.unsorted_segment_sum(values[size * len(hot):] * tf.concat(weights, 0)[:, None],
-                                                    tf.concat(segments, 0), size * len(multi))
-                pooled = tf.concat([pooled, tf.reshape(sums, [size, len(multi), spec.dim])], axis=1)
-                order = [*features.one_hot_names, *multi]
-                pooled = tf.gather(pooled, [order.index(n) for n in names], axis=1)
-            out[b] = pooled
+        values, dims = self.values_of(keys, fields, self.rows(keys, per_key)), int(self.values.shape[1])
+        pooled = tf.reshape(values[:size * len(hot)], [size, len(hot), dims])
+        if multi:
+            sums = tf.math.unsorted_segment_sum(values[size * len(hot):] * tf.concat(weights, 0)[:, None],
+                                                tf.concat(segments, 0), size * len(multi))
+            pooled = tf.concat([pooled, tf.reshape(sums, [size, len(multi), dims])], axis=1)
+            order = [*features.one_hot_names, *multi]
+            pooled = tf.gather(pooled, [order.index(n) for n in names], axis=1)
+        if len(self.blocks) == 1:
+            return {self.blocks[0]: pooled}
+        out = {b: pooled[:, :, start:end] for b, (start, end) in self.columns.items()}
         return out
 
     def forward(self, pooled: dict[str, Any], dense: Any) -> Any:
