@@ -25,7 +25,8 @@ SavedModels are loaded with plain ``tf.saved_model.load``; inter-op threads 1.
 
 Expect (a 2-core machine; recorded runs in ``docs/benchmarks.md``, "Serving"): the SavedModel
 smaller than the checkpoint (no optimizer slots); at 1024 rows and more the SavedModel at half the
-roofline or better; one-row requests in about a millisecond, most of it TF's cost per op run.
+roofline or better (the fixed-shape one: about half); one-row requests in 1-2 ms with other jobs
+on the machine, most of it TF's cost per op run and per call.
 """
 
 from __future__ import annotations
