@@ -120,3 +120,34 @@ def test_the_serving_client_names_a_column_of_the_wrong_dtype(exported: dict, tm
                           env=mpi_env(1), capture_output=True, text=True, timeout=240)
     assert proc.returncode != 0 and "column item, row 2: 'twelve' is not int64" in proc.stderr, proc.stderr
     assert not (tmp_path / "served-0.txt").exists()
+
+
+def test_one_table_keeps_each_fields_keys_apart(exported: dict) -> None:
+    """All fields share one table (key scheme 2's keys XORed with a salt per field): a stored key
+    of another field, even one that lands on the same salted key, is unknown in this one."""
+    import tensorflow as tf
+
+    from des.building import build_model
+    from des.checkpoint import read_manifest
+    from des.config import TrainConfig
+    from des.serving.model import ServedModel, field_salts
+    from des.serving.state import read_checkpoint
+
+    folder, manifest = read_manifest(exported["root"] / "deepfm-1")
+    model = build_model(TrainConfig(**manifest["config"]), manifest["num_fields"], manifest["model"]["num_dense"])
+    state = read_checkpoint(folder, manifest, model)
+    served = ServedModel(model, state)
+    assert served.salts.any()  # bucket keys 1, 2, ... are stored in several fields
+    f, g = 0, len(state["keys"]) - 1
+    stored = state["keys"][g][:3]
+    clash = stored ^ served.salts[g] ^ served.salts[f]  # field f's keys that land on g's salted keys
+    keys = np.concatenate([stored, clash, stored])
+    fields = np.array([g] * 3 + [f] * 3 + [f] * 3)
+    rows = served.rows(tf.constant(keys), lambda table: tf.constant(table[fields])).numpy()
+    np.testing.assert_array_equal(rows[:3], state["offsets"][g] + np.arange(3))
+    own = {k: state["offsets"][f] + i for i, k in enumerate(state["keys"][f])}
+    np.testing.assert_array_equal(rows[3:], [own.get(k, -1) for k in keys[3:]])
+    assert (rows[3:6] == -1).all()
+    assert not field_salts([np.array([5, 6]), np.array([7])]).any()  # distinct keys: no salt
+    salts = field_salts([np.array([5, 6]), np.array([6, 7])])
+    assert len({5 ^ salts[0], 6 ^ salts[0], 6 ^ salts[1], 7 ^ salts[1]}) == 4

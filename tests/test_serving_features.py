@@ -86,11 +86,8 @@ def _request(schema: Schema, rows: dict[str, list]) -> dict[str, object]:
                                 types[c.value_dtype]) for c in schema.read_columns}
 
 
-def test_tensorflow_features_equal_the_prepared_ones_bit_for_bit():
-    schema = Schema.from_dict(SCHEMA)
-    rows = _rows(257)
-    prepared = encode_rows(schema, _arrow(schema, rows), 257)
-    served = ServingFeatures(schema)(_request(schema, rows))
+def _assert_same_fields(schema: Schema, served, prepared) -> None:
+    """Every field's served keys (and weights) are the prepared ones, in field order."""
     assert list(served.keys) == list(schema.field_names)
     for name, column in zip(schema.field_names, prepared.columns):
         got = served.keys[name]
@@ -103,6 +100,14 @@ def test_tensorflow_features_equal_the_prepared_ones_bit_for_bit():
                 np.testing.assert_array_equal(served.weights[name].flat_values.numpy(), column.weights, err_msg=name)
         else:
             np.testing.assert_array_equal(got.numpy(), column, err_msg=name)
+
+
+def test_tensorflow_features_equal_the_prepared_ones_bit_for_bit():
+    schema = Schema.from_dict(SCHEMA)
+    rows = _rows(257)
+    prepared = encode_rows(schema, _arrow(schema, rows), 257)
+    served = ServingFeatures(schema)(_request(schema, rows))
+    _assert_same_fields(schema, served, prepared)
     np.testing.assert_array_equal(served.dense.numpy(), prepared.dense)
     assert served.dense.dtype == tf.float32 and served.dense.shape == (257, 2)
 
@@ -196,3 +201,86 @@ def test_serving_needs_a_resolved_schema():
     unresolved = dict(SCHEMA, columns=[{"name": "x", "kind": "numeric", "as": "bucketize"}], derived=[])
     with pytest.raises(ValueError, match="statistics not resolved"):
         ServingFeatures(Schema.from_dict(unresolved))
+
+
+# Columns of every kind interleaved, so each kind's columns are computed together and put back in
+# field order: string, int and hex categoricals, buckets of different lengths (int and float
+# columns), multi-valued columns between them, dense int and float columns.
+MIXED = {
+    "name": "mixed",
+    "format": {"type": "csv"},
+    "label": {"column": "y"},
+    "columns": [
+        {"name": "b1", "kind": "numeric", "as": "bucketize", "buckets": "boundaries", "boundaries": [0.5]},
+        {"name": "s1", "kind": "categorical"},
+        {"name": "m1", "kind": "multi_valued", "separator": "|", "pooling": "mean"},
+        {"name": "d1", "kind": "numeric", "dtype": "int", "as": "dense", "transform": "log1p", "standardize": True,
+         "mean": 2.0, "std": 3.0},
+        {"name": "i1", "kind": "categorical", "dtype": "int"},
+        {"name": "b2", "kind": "numeric", "dtype": "int", "as": "bucketize", "buckets": "boundaries",
+         "boundaries": [-5.0, 0.0, 3.0, 1e9]},
+        {"name": "h1", "kind": "categorical", "dtype": "hex"},
+        {"name": "s2", "kind": "categorical"},
+        {"name": "d2", "kind": "numeric", "as": "dense", "fill": -0.0},
+        {"name": "m2", "kind": "multi_valued", "separator": ",", "weight_separator": ":"},
+        {"name": "b3", "kind": "numeric", "as": "bucketize", "buckets": "log_squared"},
+        {"name": "h2", "kind": "categorical", "dtype": "hex"},
+        {"name": "d3", "kind": "numeric", "as": "dense", "standardize": True, "mean": -1.0, "std": 0.5},
+    ],
+    "derived": [{"name": "s1_x_h2", "transform": "cross", "inputs": ["s1", "h2"]}],
+}
+
+
+def _mixed_rows(n: int, seed: int) -> dict[str, list]:
+    rng = np.random.default_rng(seed)
+    pick = lambda options: [options[k] for k in rng.integers(0, len(options), n)]  # noqa: E731
+    floats = [None, math.inf, -math.inf, 0.5, 0.0, -0.0, 1e300, 2.0, 7.25, -3.0]
+    ints = [None, 0, -5, 3, 2**62, -(2**62), 1000000000, 7]
+    hexes = ["", "00000000", "ffffffff", "DEADbeef", "68fd1e64", "7fffffff"]
+    return {"b1": pick(floats), "s1": pick([None, *STRINGS[1:]]), "m1": pick(["", "a", "a|b", "|", "x||y"]),
+            "d1": pick(ints), "i1": pick(ints), "b2": pick(ints), "h1": pick(hexes), "s2": pick([None, "a", "b" * 20]),
+            "d2": pick(floats), "m2": pick(["", "a:1.5", "a:0.25,b:2,c", ",,"]), "b3": pick(floats),
+            "h2": pick(hexes), "d3": pick(floats)}
+
+
+def _arrow_mixed(schema: Schema, rows: dict[str, list]) -> dict[str, pa.Array]:
+    """The rows as preparing reads them (an empty hex id: null)."""
+    return _arrow(schema, {k: [None if v == "" and schema.column(k).dtype == "hex" else v for v in values]
+                           for k, values in rows.items()})
+
+
+@pytest.mark.parametrize("n,seed", [(1, 0), (1, 1), (2, 2), (64, 3), (300, 4)])
+def test_columns_of_one_kind_computed_together_equal_the_prepared_ones(n, seed):
+    """Every kind's columns in one op each (a batch of 1 row too, empty strings, infinities, -0.0)
+    give, in field order, the keys, weights and dense values that preparing gives bit for bit."""
+    schema = Schema.from_dict(MIXED)
+    rows = _mixed_rows(n, seed)
+    if n == 1 and seed == 1:  # one row with everything missing or empty
+        rows = {k: ["" if schema.column(k).value_dtype == "string" else None] for k in rows}
+    prepared = encode_rows(schema, _arrow_mixed(schema, rows), n)
+    served = ServingFeatures(schema)(_request(schema, {k: [None if v == "" and schema.column(k).value_dtype !=
+                                                          "string" else v for v in vs] for k, vs in rows.items()}))
+    _assert_same_fields(schema, served, prepared)
+    np.testing.assert_array_equal(served.dense.numpy().view(np.uint32), prepared.dense.view(np.uint32))
+
+
+def test_hex_ids_of_several_columns_parsed_at_once():
+    """Each byte value at each of the 8 places: accepted exactly when it is a hex digit (either
+    case), its value the number the digits spell; a bad value names its own column."""
+    from des.data.features import HEX_DIGITS, tf_hex_keys
+
+    texts, good = [], []
+    for place in range(8):
+        for byte in range(256):
+            text = bytearray(b"0123abcd")
+            text[place] = byte
+            texts.append(bytes(text))
+            good.append(HEX_DIGITS[byte] >= 0)
+    ok = [t for t, g in zip(texts, good) if g]
+    keys = tf_hex_keys(tf.constant([ok, ok[::-1], [b""] * len(ok)]).numpy().T, ["A", "B", "C"]).numpy()
+    np.testing.assert_array_equal(keys[:, 0], [int(t, 16) + 1 for t in ok])
+    np.testing.assert_array_equal(keys[:, 1], [int(t, 16) + 1 for t in ok[::-1]])
+    assert (keys[:, 2] == 0).all()
+    for text in [t for t, g in zip(texts, good) if not g][::7] + [b"0123abc", b"0123abcd0", b" 123abcd"]:
+        with pytest.raises(tf.errors.InvalidArgumentError, match="(?s)request column.*b'B'"):
+            tf_hex_keys(tf.constant([[b"00000000", text, b""]]), ["A", "B", "C"])

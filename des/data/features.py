@@ -205,10 +205,11 @@ def string_keys(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 
 def tf_string_keys(values: Any) -> Any:
-    """Key scheme 2 of a 1-D string tensor (``""``: 0), int64."""
+    """Key scheme 2 of a string tensor of any shape (``""``: 0), int64 of its shape: every value
+    hashed in one loop over 8-byte words (as many rounds as the longest value has words)."""
     import tensorflow as tf
 
-    values = tf.reshape(values, [-1])
+    shape, values = tf.shape(values), tf.reshape(values, [-1])
     lengths = tf.cast(tf.strings.length(values), tf.int64)
     words = (tf.reduce_max(tf.concat([lengths, [0]], 0)) + 7) // 8
     raw = tf.io.decode_raw(values, tf.uint8, fixed_length=tf.cast(tf.maximum(words, 1) * 8, tf.int32))
@@ -223,7 +224,7 @@ def tf_string_keys(values: Any) -> Any:
 
     h0 = tf.cast(lengths, tf.uint64) * _tf_uint64(_GOLDEN)
     _, h = tf.while_loop(lambda j, h: j < words, step, (tf.constant(0, tf.int64), h0))
-    return tf.where(lengths == 0, tf.zeros_like(lengths), _tf_finish(h))
+    return tf.reshape(tf.where(lengths == 0, tf.zeros_like(lengths), _tf_finish(h)), shape)
 
 
 def int_keys(values: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
@@ -236,7 +237,7 @@ def int_keys(values: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
 
 
 def tf_int_keys(values: Any) -> Any:
-    """Key scheme 2 of an int64 tensor (``MISSING_INT``: 0)."""
+    """Key scheme 2 of an int64 tensor of any shape (``MISSING_INT``: 0)."""
     import tensorflow as tf
 
     mixed = _tf_finish(tf_mix64(tf.bitwise.bitwise_xor(tf.bitcast(values, tf.uint64), _tf_uint64(int(INT_SALT)))))
@@ -320,22 +321,48 @@ def hex_keys(values: Any, tag: int = 0, out: np.ndarray | None = None) -> np.nda
     return tagged_keys(out, tag)
 
 
-def tf_hex_keys(values: Any, name: str) -> Any:
-    """Key scheme 2 of a 1-D string tensor of hex ids (``""``: 0), as :func:`hex_keys`; a value
-    other than 8 hex digits fails with an error naming its column."""
+def _swar(byte: int) -> Any:
+    """``byte`` in each of a uint64's 8 bytes, as a TF constant."""
+    return _tf_uint64(int.from_bytes(bytes([byte]) * 8, "little"))
+
+
+def tf_hex_keys(values: Any, names: Sequence[str]) -> Any:
+    """Key scheme 2 of hex ids, as :func:`hex_keys`: ``[B, k]`` strings of the ``k`` request
+    columns ``names`` at once; a value other than 8 hex digits or empty fails with an error naming
+    its column (the first such value's).
+
+    Each value's 8 bytes are read as one little-endian uint64 (byte ``i``: character ``i``) and
+    parsed in its 8 byte lanes at once: a byte ``m`` (high bit clear) is a digit when ``0x30 <= m
+    <= 0x39``, a letter when ``0x61 <= (m | 0x20) <= 0x66`` (each bound a sum whose lane's high bit
+    tells, no lane carrying into the next), its value ``(m & 15) + 9 (m >> 6)``; the 8 nibbles are
+    then put in order (character 0 the highest) by three rounds of masks and shifts."""
     import tensorflow as tf
 
     length = tf.strings.length(values)
-    raw = tf.io.decode_raw(values, tf.uint8, fixed_length=8)  # [B, 8], zero-padded
-    digits = tf.gather(tf.constant(HEX_DIGITS), tf.cast(raw, tf.int32))
-    valid = tf.logical_or(length == 0, tf.logical_and(length == 8, tf.reduce_all(digits >= 0, axis=1)))
-    first_bad = tf.where(tf.logical_not(valid))[:1, 0]
+    w = tf.bitcast(tf.io.decode_raw(values, tf.int64, fixed_length=8)[..., 0], tf.uint64)  # [B, k]
+    ascii_ = tf.equal(tf.bitwise.bitwise_and(w, _swar(0x80)), _tf_uint64(0))
+    m, high = tf.bitwise.bitwise_and(w, _swar(0x7F)), _swar(0x80)
+    folded = tf.bitwise.bitwise_or(m, _swar(0x20))
+
+    def between(x: Any, low: int, end: int) -> Any:  # 0x80 in each lane with low <= x < end
+        return tf.bitwise.bitwise_and(tf.bitwise.bitwise_and(x + _swar(0x80 - low), tf.bitwise.invert(
+            x + _swar(0x80 - end))), high)
+
+    lanes = tf.bitwise.bitwise_or(between(m, 0x30, 0x3A), between(folded, 0x61, 0x67))
+    valid = tf.logical_or(length == 0, tf.logical_and(tf.logical_and(length == 8, ascii_), tf.equal(lanes, high)))
+    first_bad = tf.where(tf.logical_not(valid))[:1]  # [0 or 1, 2]: (row, column)
     check = tf.debugging.Assert(tf.reduce_all(valid), [
-        f"request column {name} has a value that is not 8 hex digits or empty (missing):",
-        tf.gather(values, first_bad)])
+        "request column", tf.gather(tf.constant(list(names)), first_bad[:, 1]),
+        "has a value that is not 8 hex digits or empty (missing):", tf.gather_nd(values, first_bad)])
     with tf.control_dependencies([check]):
-        powers = tf.constant([16**i for i in range(7, -1, -1)], tf.int64)
-        value = tf.reduce_sum(tf.maximum(digits, 0) * powers, axis=1)
+        nibbles = tf.bitwise.bitwise_and(m, _swar(0x0F)) + _tf_uint64(9) * tf.bitwise.bitwise_and(
+            tf.bitwise.right_shift(m, _tf_uint64(6)), _swar(0x01))
+    value = nibbles
+    for width, mask in ((4, 0x000F000F000F000F), (8, 0x000000FF000000FF), (16, 0x000000000000FFFF)):
+        low = tf.bitwise.bitwise_and(value, _tf_uint64(mask))  # the earlier (higher) digits of each pair
+        high_part = tf.bitwise.bitwise_and(tf.bitwise.right_shift(value, _tf_uint64(2 * width)), _tf_uint64(mask))
+        value = tf.bitwise.bitwise_or(tf.bitwise.left_shift(low, _tf_uint64(width)), high_part)
+    value = tf.bitcast(value, tf.int64)
     return tf.where(length == 0, tf.zeros_like(value), value + 1)
 
 
@@ -366,14 +393,13 @@ def tagged_keys(keys: np.ndarray, tag: int) -> np.ndarray:
     return keys
 
 
-def tf_tagged_keys(keys: Any, tag: int) -> Any:
-    """Key scheme 1 of a field's scheme 2 keys, as :func:`tagged_keys`."""
+def tf_tagged_keys(keys: Any, tags: Sequence[int]) -> Any:
+    """Key scheme 1 of ``[B, k]`` scheme 2 keys of ``k`` fields, ``tags`` their :func:`field_tag` s,
+    as :func:`tagged_keys`."""
     import tensorflow as tf
 
-    if not tag:
-        return keys
     u = tf.where(keys == 0, tf.constant(MISSING_VALUE, tf.int64), keys - 1)
-    return tf.bitwise.bitwise_or(tf.constant(tag, tf.int64), u)
+    return tf.bitwise.bitwise_or(tf.constant(np.asarray(tags, dtype=np.int64))[None, :], u)
 
 
 # ====================================================================== numbers
@@ -449,12 +475,14 @@ def log_squared_keys(values: np.ndarray, tag: int = 0, out: np.ndarray | None = 
 
 
 def tf_log_squared_keys(values: Any) -> Any:
-    """Keys of float64 numbers bucketized by Criteo's transform, as :func:`log_squared_keys`."""
+    """Keys of float64 numbers (a tensor of any shape) bucketized by Criteo's transform, as
+    :func:`log_squared_keys`."""
     import tensorflow as tf
 
     table = tf.constant(log_squared_thresholds().reshape(1, -1))
     capped = tf.minimum(values, _LOG_SQUARED_MAX)
-    large = tf.searchsorted(table, tf.reshape(capped, [1, -1]), side="right", out_type=tf.int64)[0]
+    large = tf.reshape(tf.searchsorted(table, tf.reshape(capped, [1, -1]), side="right", out_type=tf.int64),
+                       tf.shape(values))
     small = tf.cast(tf.clip_by_value(tf.floor(tf.where(values <= 2.0, values, tf.zeros_like(values))),
                                      -float(LOG_SQUARED_OFFSET), float(LOG_SQUARED_OFFSET - 1)), tf.int64)
     token = tf.where(values <= 2.0, small, large)
@@ -468,12 +496,19 @@ def bucket_keys(values: np.ndarray, boundaries: Sequence[float]) -> np.ndarray:
     return np.where(np.isnan(v), 0, buckets + 1).astype(np.int64)
 
 
-def tf_bucket_keys(values: Any, boundaries: Sequence[float]) -> Any:
-    """Keys of float64 numbers at ``boundaries`` (NaN: 0), as :func:`bucket_keys`."""
+def tf_bucket_keys(values: Any, boundaries: Sequence[Sequence[float]]) -> Any:
+    """Keys of ``[B, k]`` float64 numbers of ``k`` columns, column ``j`` at ``boundaries[j]`` (NaN:
+    0), as :func:`bucket_keys`: one search in the columns' boundaries padded with +inf to a common
+    length, the count cut at the column's own (a +inf value counts the padding, nothing else does)."""
     import tensorflow as tf
 
-    table = tf.constant(np.asarray(boundaries, dtype=np.float64).reshape(1, -1))
-    buckets = tf.searchsorted(table, tf.reshape(values, [1, -1]), side="right", out_type=tf.int64)[0]
+    width = max([1, *(len(b) for b in boundaries)])
+    table = np.full((len(boundaries), width), np.inf)
+    for j, column in enumerate(boundaries):
+        table[j, :len(column)] = column
+    found = tf.searchsorted(tf.constant(table), tf.transpose(values), side="right", out_type=tf.int64)
+    counts = tf.constant(np.array([len(b) for b in boundaries], dtype=np.int64))[None, :]
+    buckets = tf.minimum(tf.transpose(found), counts)
     return tf.where(tf.math.is_nan(values), tf.zeros_like(buckets), buckets + 1)
 
 
@@ -494,15 +529,24 @@ def dense_values(values: np.ndarray, column: ColumnSpec) -> np.ndarray:
         return x.astype(np.float32)
 
 
-def tf_dense_values(values: Any, column: ColumnSpec) -> Any:
-    """A dense column's model input (float32), as :func:`dense_values`."""
+def tf_dense_values(values: Any, columns: Sequence[ColumnSpec]) -> Any:
+    """``[B, k]`` float64 values of the dense ``columns`` as the model's input (float32), as
+    :func:`dense_values` column by column: each step on all columns at once, a column that has no
+    log1p or standardization keeping its value (``where``, so the same float64 ops give the same bits)."""
     import tensorflow as tf
 
-    x = tf.where(tf.math.is_nan(values), tf.fill(tf.shape(values), tf.constant(column.fill, tf.float64)), values)
-    if column.transform == "log1p":
-        x = tf.math.log1p(tf.maximum(x, 0.0))
-    if column.standardize:
-        x = (x - column.mean) / column.std
+    def row(values: list[float]) -> Any:
+        return tf.constant(np.asarray(values, dtype=np.float64))[None, :]
+
+    x = tf.where(tf.math.is_nan(values), row([c.fill for c in columns]), values)
+    logs = [c.transform == "log1p" for c in columns]
+    if any(logs):
+        x = tf.where(tf.constant(logs)[None, :], tf.math.log1p(tf.maximum(x, 0.0)), x)
+    standard = [bool(c.standardize) for c in columns]
+    if any(standard):
+        mean, std = row([c.mean if c.standardize else 0.0 for c in columns]), row([c.std if c.standardize else 1.0
+                                                                                   for c in columns])
+        x = tf.where(tf.constant(standard)[None, :], (x - mean) / std, x)
     return tf.cast(x, tf.float32)
 
 
@@ -918,8 +962,9 @@ def multi_valued_field(array: Any, column: ColumnSpec) -> FieldBatch:
 
 
 def tf_multi_valued(values: Any, column: ColumnSpec) -> tuple[Any, Any]:
-    """(keys, weights or None) of a multi-valued string column as RaggedTensors [B, None], as
-    :func:`multi_valued_field`."""
+    """(ids, weights or None) of a multi-valued string column as RaggedTensors [B, None], as
+    :func:`multi_valued_field`: the ids as strings, their keys being :func:`tf_string_keys` of them
+    (which the caller computes, with other columns' strings in one loop)."""
     import tensorflow as tf
 
     parts = tf.strings.split(values, sep=column.separator)
@@ -936,11 +981,10 @@ def tf_multi_valued(values: Any, column: ColumnSpec) -> tuple[Any, Any]:
         weights = tf.strings.to_number(second, tf.float64)
     else:
         ids = flat
-    keys = parts.with_flat_values(tf_string_keys(ids))
     if column.pooling == "mean":
         counts = tf.cast(tf.repeat(parts.row_lengths(), parts.row_lengths()), tf.float64)
         weights = (tf.ones_like(counts) if weights is None else weights) / tf.maximum(counts, 1.0)
-    return keys, None if weights is None else parts.with_flat_values(tf.cast(weights, tf.float32))
+    return parts.with_flat_values(ids), None if weights is None else parts.with_flat_values(tf.cast(weights, tf.float32))
 
 
 def _row_mask(parts: Any, values: Any) -> Any:
@@ -1021,13 +1065,6 @@ def categorical_keys(values: Any, column: ColumnSpec, tag: int = 0) -> np.ndarra
     return tagged_keys(int_keys(_int_values(values), np.asarray(values.is_valid())), tag)
 
 
-def tf_categorical_keys(values: Any, column: ColumnSpec) -> Any:
-    """Key scheme 2 of a categorical request column, as :func:`categorical_keys` (the tag apart)."""
-    if column.dtype == "hex":
-        return tf_hex_keys(values, column.name)
-    return tf_string_keys(values) if column.dtype == "string" else tf_int_keys(values)
-
-
 def derived_inputs(schema: Schema, derived: DerivedSpec, columns: Mapping[str, Any],
                    keys_of: Mapping[str, np.ndarray]) -> list[FeatureInput]:
     """The :class:`FeatureInput` s of a derived field (a field computed before it gives its keys)."""
@@ -1050,7 +1087,11 @@ class ServingFeatures:
     """A resolved schema's features in TensorFlow: raw request columns -> keys, weights and dense.
 
     ``signature()`` gives the request's ``tf.TensorSpec`` per read column (1-D, the declared dtype);
-    calling the object on a dict of such tensors returns :class:`ServedFeatures`.
+    calling the object on a dict of such tensors returns :class:`ServedFeatures`. The one-hot
+    fields' keys are computed a kind at a time (:meth:`key_groups`: every hex column in one
+    ``[B, k]`` parse, every string column in one hashing loop, every ``log_squared`` number in one
+    search, ...), each element by the same ops as one column alone would take, so the keys are
+    the same bits; then tagged (key scheme 1) in one op and put in field order in one gather.
     """
 
     def __init__(self, schema: Schema) -> None:
@@ -1068,50 +1109,132 @@ class ServingFeatures:
         return {name: tf.TensorSpec([None], getattr(tf, dtype), name=name)
                 for name, dtype in self.request_columns().items()}
 
+    def key_groups(self) -> dict[tuple[str, str], list[ColumnSpec]]:
+        """The one-hot sparse columns by how their keys are computed, ``(kind, request dtype)``:
+        ``hex``, ``string``, ``int`` (categoricals), ``log_squared``, ``bucket`` (numbers)."""
+        groups: dict[tuple[str, str], list[ColumnSpec]] = {}
+        for column in self.schema.sparse_columns:
+            if column.kind == "categorical":
+                kind = column.dtype
+            elif column.kind == "numeric":
+                kind = "log_squared" if column.buckets == "log_squared" else "bucket"
+            else:
+                continue
+            groups.setdefault((kind, request_dtype(column)), []).append(column)
+        return groups
+
     def __call__(self, request: Mapping[str, Any]) -> ServedFeatures:
         import tensorflow as tf
 
         schema = self.schema
-        keys: dict[str, Any] = {}
-        weights: dict[str, Any] = {}
+        one_hot = [c.name for c in schema.sparse_columns if c.kind != "multi_valued"]
+        rows = tf.shape(next(iter(request.values())))[0]
+        texts, blocks, order = [], [], []  # texts: string columns stacked [B, k], hashed below
+        for (kind, _), columns in self.key_groups().items():
+            stacked = tf.stack([request[c.name] for c in columns], axis=1)
+            if kind == "string":
+                texts.append(stacked)
+            else:
+                blocks.append(_group_keys(kind, stacked, columns))
+                order += [c.name for c in columns]
+        ids, weights = {}, {}
         for column in schema.sparse_columns:
-            values = request[column.name]
             if column.kind == "multi_valued":
-                keys[column.name], w = tf_multi_valued(values, column)
+                ids[column.name], w = tf_multi_valued(request[column.name], column)
                 if w is not None:
                     weights[column.name] = w
-            elif column.kind == "categorical":
-                keys[column.name] = tf_categorical_keys(values, column)
-            elif column.buckets == "log_squared":
-                keys[column.name] = tf_log_squared_keys(tf_float_values(values))
-            else:
-                keys[column.name] = tf_bucket_keys(tf_float_values(values), column.boundaries)
-            if schema.key_scheme == 1:
-                keys[column.name] = tf_tagged_keys(keys[column.name], field_tag(len(keys) - 1))
-        for derived in schema.derived:
-            inputs = [TFInput(name, "key", request.get(name), keys[name]) if name in keys and name not in
-                      schema.multi_valued_names else TFInput(name, schema.column(name).value_dtype, request[name])
-                      for name in derived.inputs]
-            keys[derived.name] = TRANSFORMS.get(derived.transform)().tf_keys(inputs, derived.options)
-        first = next(iter(request.values()))
-        rows = tf.shape(first)[0]
+        strings, multi = self._string_keys(texts, ids)
+        if strings is not None:
+            blocks.append(strings)
+            order += [c.name for c in self.key_groups()[("string", "string")]]
+        keys = tf.concat(blocks, axis=1) if len(blocks) > 1 else blocks[0] if blocks else tf.zeros([rows, 0], tf.int64)
+        if order != one_hot:
+            keys = tf.gather(keys, [order.index(name) for name in one_hot], axis=1)
+        if schema.key_scheme == 1 and one_hot:
+            fields = [c.name for c in schema.sparse_columns]
+            keys = tf_tagged_keys(keys, [field_tag(fields.index(name)) for name in one_hot])
+        if schema.derived:
+            keys = tf.concat([keys, self._derived_keys(request, keys, one_hot, multi)], axis=1)
+        dense = tf.zeros([rows, 0], tf.float32)
         if schema.dense_columns:
-            dense = tf.stack([tf_dense_values(tf_float_values(request[c.name]), c) for c in schema.dense_columns],
-                             axis=1)
-        else:
-            dense = tf.zeros([rows, 0], tf.float32)
-        return ServedFeatures(keys, weights, dense)
+            dense = tf_dense_values(_float_columns(request, schema.dense_columns), schema.dense_columns)
+        return ServedFeatures(keys, (*one_hot, *(d.name for d in schema.derived)), multi, weights, dense,
+                              schema.field_names)
+
+    @staticmethod
+    def _string_keys(texts: list[Any], ids: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """The keys of the string categoricals (``texts``: ``[B, k]`` or none) and of the
+        multi-valued columns' ids (ragged strings), all hashed in one :func:`tf_string_keys`."""
+        import tensorflow as tf
+
+        flat = [tf.reshape(t, [-1]) for t in texts] + [r.flat_values for r in ids.values()]
+        if not flat:
+            return None, {}
+        keys = tf.split(tf_string_keys(tf.concat(flat, 0) if len(flat) > 1 else flat[0]),
+                        tf.concat([tf.shape(t, out_type=tf.int64) for t in flat], 0) if len(flat) > 1 else [-1])
+        strings = tf.reshape(keys[0], tf.shape(texts[0])) if texts else None
+        return strings, {name: r.with_flat_values(k) for (name, r), k in zip(ids.items(), keys[len(texts):])}
+
+    def _derived_keys(self, request: Mapping[str, Any], keys: Any, one_hot: list[str], multi: Mapping[str, Any]) -> Any:
+        """``[B, derived]``: the derived fields' keys, each from its inputs (a one-hot field's keys,
+        an earlier derived field's, or a request column)."""
+        import tensorflow as tf
+
+        known = {name: keys[:, j] for j, name in enumerate(one_hot)}
+        for derived in self.schema.derived:
+            inputs = [TFInput(name, "key", request.get(name), known[name]) if name in known and name not in multi
+                      else TFInput(name, self.schema.column(name).value_dtype, request[name])
+                      for name in derived.inputs]
+            known[derived.name] = TRANSFORMS.get(derived.transform)().tf_keys(inputs, derived.options)
+        return tf.stack([known[d.name] for d in self.schema.derived], axis=1)
+
+
+def _group_keys(kind: str, values: Any, columns: Sequence[ColumnSpec]) -> Any:
+    """``[B, k]`` key scheme 2 keys of ``k`` request columns of one :meth:`ServingFeatures.key_groups`
+    kind, stacked as ``values``."""
+    if kind == "hex":
+        return tf_hex_keys(values, [c.name for c in columns])
+    if kind == "int":
+        return tf_int_keys(values)
+    if kind == "log_squared":
+        return tf_log_squared_keys(tf_float_values(values))
+    return tf_bucket_keys(tf_float_values(values), [c.boundaries for c in columns])
+
+
+def _float_columns(request: Mapping[str, Any], columns: Sequence[ColumnSpec]) -> Any:
+    """``[B, k]`` float64 values of numeric ``columns`` (int64 ones converted together)."""
+    import tensorflow as tf
+
+    ints = [c for c in columns if request_dtype(c) == "int64"]
+    floats = [c for c in columns if request_dtype(c) != "int64"]
+    parts = [tf_float_values(tf.stack([request[c.name] for c in group], axis=1)) for group in (ints, floats) if group]
+    values = tf.concat(parts, axis=1) if len(parts) > 1 else parts[0]
+    order = [c.name for c in (*ints, *floats)]
+    if order != [c.name for c in columns]:
+        values = tf.gather(values, [order.index(c.name) for c in columns], axis=1)
+    return values
 
 
 @dataclass
 class ServedFeatures:
-    """What :class:`ServingFeatures` returns: per field (schema field order) its keys ([B] int64,
-    or a RaggedTensor [B, None] for a multi-valued field), the weights of weighted or mean-pooled
-    multi-valued fields (RaggedTensor float32), and the dense block [B, D] float32."""
+    """What :class:`ServingFeatures` returns: the one-hot fields' keys as one ``[B, k]`` int64
+    matrix (``one_hot``, its columns the fields ``one_hot_names``, in field order), the
+    multi-valued fields' keys (RaggedTensor [B, None] each), the weights of weighted or
+    mean-pooled multi-valued fields (RaggedTensor float32), the dense block [B, D] float32, and
+    ``keys``: every field's keys by name in the schema's field order (``[B]`` or ragged)."""
 
-    keys: dict[str, Any]
+    one_hot: Any
+    one_hot_names: tuple[str, ...]
+    multi_valued: dict[str, Any]
     weights: dict[str, Any]
     dense: Any
+    field_names: tuple[str, ...]
+
+    @property
+    def keys(self) -> dict[str, Any]:
+        column = {name: j for j, name in enumerate(self.one_hot_names)}
+        return {name: self.multi_valued[name] if name in self.multi_valued else self.one_hot[:, column[name]]
+                for name in self.field_names}
 
 
 __all__ = [

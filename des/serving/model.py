@@ -7,14 +7,18 @@ Inside are, as plain TensorFlow ops and variables (loading it needs TensorFlow o
   numpy twin: string hashing, hex ids, buckets (Criteo's ``log_squared`` too), key scheme 1's
   field tags, time parts, crosses, multi-valued splitting, truncation and pooling weights, the
   dense features' transforms with the training statistics);
-* one hash table per field from key to row and, per value block, the matrix of the trained rows
-  (``state.py``: rows of ids not yet admitted keep what training gives them, their initial value
-  or zero; with ``--unadmitted shared`` only admitted ids are kept);
-* the run's unknown-id behaviour: ``--unadmitted zero`` gives zeros, ``init`` the id's
-  deterministic initial value, recomputed with the same splitmix64 streams in uint64 ops
-  (``des/hashtable/tf_init.py``, the twin of ``des/hashtable/init.py``), ``shared`` the field's
-  trained out-of-vocabulary row (also for ids seen in training but not admitted), as
-  ``des.evaluate`` looks them up;
+* one hash table from key to row for all fields, each field's keys XORed with its salt (0 when
+  the fields' keys are distinct already, as key scheme 1's carry their field), a row counting
+  only inside its field's range of rows (so a key of another field that lands on the same salted
+  key is unknown: exact), and the matrix of the trained rows, every value block's columns side by
+  side so that one gather reads them all (``state.py``:
+  rows of ids not yet admitted keep what training gives them, their initial value or zero; with
+  ``--unadmitted shared`` only admitted ids are kept);
+* the run's unknown-id behaviour, applied to the ids that miss only: ``--unadmitted zero`` gives
+  zeros, ``init`` the id's deterministic initial value, recomputed with the same splitmix64
+  streams in uint64 ops (``des/hashtable/tf_init.py``, the twin of ``des/hashtable/init.py``),
+  ``shared`` the field's trained out-of-vocabulary row (also for ids seen in training but not
+  admitted), as ``des.evaluate`` looks them up;
 * the field-sliced weights, the dense features' weights and the top network, applied through each
   substitution's ``reference`` form (the whole-model forward, as ``des.evaluate`` computes it).
 
@@ -25,42 +29,32 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from des import runtime  # noqa: F401  (quiets TensorFlow before it is imported)
 from des.hashtable.tf_init import initial_values
 
 
-class FieldIds:
-    """One field's ids in a request, as TF tensors: ``keys`` (int64, flat), ``row_ids`` (the sample
-    of each key; None: one key per sample, in order) and ``weights`` (float, flat; None: all 1)."""
-
-    def __init__(self, keys: Any, row_ids: Any = None, weights: Any = None) -> None:
-        self.keys, self.row_ids, self.weights = keys, row_ids, weights
-
-    @classmethod
-    def of(cls, keys: Any, weights: Any = None) -> "FieldIds":
-        """From a ``[B]`` tensor of one-hot keys or a ``RaggedTensor`` ``[B, None]`` (and its weights)."""
-        import tensorflow as tf
-
-        if isinstance(keys, tf.RaggedTensor):
-            return cls(keys.flat_values, keys.value_rowids(), None if weights is None else weights.flat_values)
-        return cls(keys)
-
-
-def request_fields(schema: Any, request: dict[str, Any]) -> tuple[list[FieldIds], Any]:
-    """A request's ids per field (the store's field order) and its dense features ``[B, D]`` (or
-    None): the schema's key transform (``des.data.features.ServingFeatures``)."""
+def request_fields(schema: Any, request: dict[str, Any]) -> Any:
+    """A request's :class:`des.data.features.ServedFeatures` (the schema's key transform), after
+    one check that every column has the first one's number of rows (an error names the first
+    column that has not)."""
     import tensorflow as tf
 
     from des.data.features import ServingFeatures
 
-    columns = list(request.values())
-    size = tf.shape(columns[0])[0]
-    checks = [tf.debugging.assert_equal(tf.shape(c)[0], size, message=f"column {name} has another number of rows "
-                                        f"than {next(iter(request))}") for name, c in request.items()]
-    with tf.control_dependencies(checks):
-        served = ServingFeatures(schema)({name: tf.identity(c) for name, c in request.items()})
-    fields = [FieldIds.of(served.keys[name], served.weights.get(name)) for name in schema.field_names]
-    return fields, served.dense if schema.dense_names else None
+    by_dtype: dict[Any, list[str]] = {}
+    for name, column in request.items():
+        by_dtype.setdefault(column.dtype, []).append(name)
+    names = [name for group in by_dtype.values() for name in group]
+    lengths = tf.concat([tf.concat(tf.shape_n([request[n] for n in group], out_type=tf.int64), 0)
+                         for group in by_dtype.values()], 0)
+    wrong = tf.not_equal(lengths, tf.shape(request[next(iter(request))], out_type=tf.int64)[0])
+    check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(wrong)), [
+        "column", tf.gather(tf.constant(names), tf.argmax(tf.cast(wrong, tf.int32))),
+        f"has another number of rows than {next(iter(request))}"])
+    with tf.control_dependencies([check]):
+        return ServingFeatures(schema)(request)
 
 
 def request_signature(schema: Any) -> dict[str, Any]:
@@ -70,9 +64,26 @@ def request_signature(schema: Any) -> dict[str, Any]:
     return ServingFeatures(schema).signature()
 
 
+def field_salts(keys: list[np.ndarray]) -> np.ndarray:
+    """Per field an int64 that its keys are XORed with to share one table with the other fields':
+    zeros when all fields' keys are distinct already (key scheme 1's carry their field), else
+    splitmix64 draws, drawn again until the salted keys are distinct (a clash has odds of about
+    ``n^2 / 2^64``)."""
+    from des.errors import DesError
+    from des.splitmix import splitmix64_of
+
+    total = sum(k.size for k in keys)
+    for attempt in range(8):
+        salts = np.array([splitmix64_of((attempt << 32) | f) if attempt else 0 for f in range(len(keys))],
+                         dtype=np.uint64).view(np.int64)
+        if np.unique(np.concatenate([k ^ s for k, s in zip(keys, salts)] or [np.zeros(0, np.int64)])).size == total:
+            return salts
+    raise DesError("the fields' keys clash in one table under every salt tried")
+
+
 class ServedModel:
-    """The trained model as TF variables and hash tables (held by :attr:`module`, the
-    ``tf.Module`` that is saved), and its forward on a request's ids."""
+    """The trained model as TF variables and one hash table (held by :attr:`module`, the
+    ``tf.Module`` that is saved), and its forward on a request's features."""
 
     def __init__(self, model: Any, state: dict[str, Any]) -> None:
         import tensorflow as tf
@@ -82,62 +93,117 @@ class ServedModel:
         self.model, self.substitutions = model, model.substitutions()
         self.dtype = tf.as_dtype(state["dtype"])
         self.unadmitted, self.specs = state["unadmitted"], state["specs"]
-        # one table per field (a field's keys are unique within it): key -> row of the values
-        self.tables = []
-        for f, field_keys in enumerate(state["keys"]):
-            table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1)
-            table.insert(tf.constant(field_keys, tf.int64),
-                         tf.range(field_keys.size, dtype=tf.int64) + int(state["offsets"][f]))
-            self.tables.append(table)
-        self.values = {b: tf.Variable(v, trainable=False, name=f"values_{b}") for b, v in state["values"].items()}
+        self.salts = field_salts(state["keys"])
+        offsets = np.asarray(state["offsets"], dtype=np.int64)
+        self.first_row, self.end_row = offsets[:-1], offsets[1:]  # field f's rows: [first_row[f], end_row[f])
+        # one table for all fields: salted key -> row of the values
+        self.table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1)
+        if offsets[-1]:
+            self.table.insert(tf.constant(np.concatenate([k ^ s for k, s in zip(state["keys"], self.salts)])),
+                              tf.range(int(offsets[-1]), dtype=tf.int64))
+        # every block's values side by side, one row per key: block b is columns [start[b], end[b])
+        self.blocks = list(self.specs)
+        ends = np.cumsum([self.specs[b].dim for b in self.blocks])
+        self.columns = {b: (int(e) - self.specs[b].dim, int(e)) for b, e in zip(self.blocks, ends)}
+        self.values = tf.Variable(np.concatenate([state["values"][b] for b in self.blocks], axis=1), trainable=False,
+                                  name="values")
         self.field_params = {k: tf.Variable(v, trainable=False, name=k.replace(":", "_"))
                              for k, v in state["field_params"].items()}
         self.top = {k: tf.Variable(v, trainable=False, name=k.replace(":", "_")) for k, v in state["top"].items()}
-        # --unadmitted shared: per block, [fields, dim] values of every field's shared row
-        self.shared = {b: tf.Variable(v, trainable=False, name=f"shared_{b}") for b, v in state["shared"].items()}
-        # uint64 stream bases per (block, field), as des.hashtable.init.Initializer.stream_base
-        self.bases = {b: [Initializer.stream_base(state["seed"], f, b) for f in range(model.num_fields)]
-                      for b in self.specs}
-        #: what is saved: every table and variable above
+        # --unadmitted shared: [fields, dims] values of every field's shared row, the blocks side by side
+        self.shared = None if not state["shared"] else tf.Variable(
+            np.concatenate([state["shared"][b] for b in self.blocks], axis=1), trainable=False, name="shared")
+        # uint64 stream bases per (block, field), as des.hashtable.init.Initializer.stream_base (as int64 bits)
+        self.bases = {b: np.array([Initializer.stream_base(state["seed"], f, b) for f in range(model.num_fields)],
+                                  dtype=np.uint64).view(np.int64) for b in self.specs}
+        #: what is saved: the table and every variable above
         self.module = tf.Module(name="des_export")
-        self.module.tables, self.module.values, self.module.shared = self.tables, self.values, self.shared
+        self.module.table, self.module.values, self.module.shared = self.table, self.values, self.shared
         self.module.field_params, self.module.top = self.field_params, self.top
 
-    def unknown_values(self, f: int, keys: Any, block: str) -> Any:
-        """What field ``f``'s unknown (or unadmitted) ``keys`` are looked up as: ``[n, dim]``."""
+    def rows(self, keys: Any, per_key: Any) -> Any:
+        """The rows of ``keys`` (int64 ``[n]``), ``per_key(a)`` giving each key its field's entry of
+        a per-field array: one lookup of the salted keys, -1 where unknown or where the row found
+        is another field's."""
         import tensorflow as tf
 
-        dim, count = self.specs[block].dim, tf.shape(keys)[0]
+        salted = tf.bitwise.bitwise_xor(keys, per_key(self.salts)) if self.salts.any() else keys
+        rows = self.table.lookup(salted)
+        known = tf.logical_and(rows >= per_key(self.first_row), rows < per_key(self.end_row))
+        return tf.where(known, rows, -tf.ones_like(rows))
+
+    def unknown_values(self, keys: Any, fields: Any) -> Any:
+        """What unknown (or unadmitted) ``keys`` of ``fields`` are looked up as: ``[n, dims]``, every
+        block's values side by side."""
+        import tensorflow as tf
+
         if self.unadmitted == "shared":
-            return tf.repeat(self.shared[block][f][None, :], count, axis=0)
-        init = self.specs[block].init
-        if self.unadmitted == "zero" or init.kind == "zeros":
-            return tf.zeros([count, dim], self.dtype)
-        bases = tf.fill(tf.shape(keys), tf.constant(self.bases[block][f], tf.uint64))
-        return tf.cast(initial_values(keys, bases, init.kind, init.scale, dim), self.dtype)
+            return tf.gather(self.shared, fields)
+        parts = []
+        for b in self.blocks:
+            dim, init = self.specs[b].dim, self.specs[b].init
+            if self.unadmitted == "zero" or init.kind == "zeros":
+                parts.append(tf.zeros([tf.shape(keys)[0], dim], self.dtype))
+            else:
+                bases = tf.bitcast(tf.gather(tf.constant(self.bases[b]), fields), tf.uint64)
+                parts.append(tf.cast(initial_values(keys, bases, init.kind, init.scale, dim), self.dtype))
+        return tf.concat(parts, axis=1) if len(parts) > 1 else parts[0]
 
-    def pooled(self, f: int, ids: FieldIds, rows: Any, size: Any, block: str) -> Any:
-        """``[B, dim]``: field ``f``'s values of ``block``, pooled per sample (as the tables' gather
-        pools them: each id's value times its weight, summed), for its ids and their rows (-1:
-        unknown)."""
+    def values_of(self, keys: Any, fields: Any, rows: Any) -> Any:
+        """``[n, dims]``: every block's values of ids (``rows`` from :meth:`rows`): one gather of the
+        known, the unknown-id rule on the ids that miss only."""
         import tensorflow as tf
 
-        out = tf.gather(self.values[block], tf.maximum(rows, 0))
+        out = tf.gather(self.values, tf.maximum(rows, 0))
         unknown = tf.where(rows < 0)
-        out = tf.tensor_scatter_nd_update(out, unknown, self.unknown_values(f, tf.gather_nd(ids.keys, unknown), block))
-        if ids.row_ids is None:  # one id per sample: its value
-            return out
-        if ids.weights is not None:
-            out *= tf.cast(ids.weights, self.dtype)[:, None]
-        return tf.math.unsorted_segment_sum(out, ids.row_ids, size)
+        return tf.tensor_scatter_nd_update(out, unknown, self.unknown_values(
+            tf.gather_nd(keys, unknown), tf.gather_nd(fields, unknown)))
 
-    def probability(self, fields: list[FieldIds], dense: Any, size: Any) -> Any:
-        """The whole model's forward (each substitution's ``reference``, then the top network)."""
+    def pooled(self, features: Any, size: Any) -> dict[str, Any]:
+        """Per block ``[B, fields, dim]``: every field's values pooled per sample (as the tables'
+        gather pools them: each id's value times its weight, summed, in the ids' order), the
+        one-hot fields' and the multi-valued fields' ids looked up together."""
         import tensorflow as tf
 
-        rows = [self.tables[f].lookup(ids.keys) for f, ids in enumerate(fields)]
-        pooled = {b: tf.stack([self.pooled(f, ids, r, size, b) for f, (ids, r) in enumerate(zip(fields, rows))],
-                              axis=1) for b in self.specs}
+        names = list(features.field_names)
+        hot = [names.index(n) for n in features.one_hot_names]
+        multi = list(features.multi_valued)
+        keys, counts, segments, weights = [tf.reshape(features.one_hot, [-1])], [], [], []
+        for j, name in enumerate(multi):  # pooled into segment row * len(multi) + j
+            ragged = features.multi_valued[name]
+            keys.append(ragged.flat_values)
+            counts.append(tf.shape(ragged.flat_values))
+            segments.append(ragged.value_rowids() * len(multi) + j)
+            weights.append(tf.cast(features.weights[name].flat_values, self.dtype) if name in features.weights
+                           else tf.ones(tf.shape(ragged.flat_values), self.dtype))
+        keys = tf.concat(keys, 0) if multi else keys[0]
+        wanted = [names.index(name) for name in multi]
+
+        def per_key(table: np.ndarray) -> Any:
+            """Each key's field's entry of ``table`` (the one-hot fields' by tiling their row)."""
+            parts = [tf.tile(tf.constant(table[hot]), [size])]
+            parts += [tf.fill(n, tf.constant(table[f])) for n, f in zip(counts, wanted)]
+            return tf.concat(parts, 0) if multi else parts[0]
+
+        fields = per_key(np.arange(len(names), dtype=np.int64))
+        values, dims = self.values_of(keys, fields, self.rows(keys, per_key)), int(self.values.shape[1])
+        pooled = tf.reshape(values[:size * len(hot)], [size, len(hot), dims])
+        if multi:
+            sums = tf.math.unsorted_segment_sum(values[size * len(hot):] * tf.concat(weights, 0)[:, None],
+                                                tf.concat(segments, 0), size * len(multi))
+            pooled = tf.concat([pooled, tf.reshape(sums, [size, len(multi), dims])], axis=1)
+            order = [*features.one_hot_names, *multi]
+            pooled = tf.gather(pooled, [order.index(n) for n in names], axis=1)
+        if len(self.blocks) == 1:
+            return {self.blocks[0]: pooled}
+        out = {b: pooled[:, :, start:end] for b, (start, end) in self.columns.items()}
+        return out
+
+    def forward(self, pooled: dict[str, Any], dense: Any) -> Any:
+        """The whole model's forward on its dense inputs (each substitution's ``reference``, then
+        the top network): per block ``[B, fields, dim]`` and the dense features ``[B, D]`` (or None)."""
+        import tensorflow as tf
+
         dense = None if dense is None else tf.cast(dense, self.dtype)
         outputs = []
         for i, sub in enumerate(self.substitutions):
@@ -147,6 +213,10 @@ class ServedModel:
             else:
                 outputs.append(sub.reference(pooled[sub.block], params))
         return tf.sigmoid(self.model.top(self.top, outputs))
+
+    def probability(self, features: Any, dense: Any, size: Any) -> Any:
+        """The whole model on a request's features: :meth:`pooled`, then :meth:`forward`."""
+        return self.forward(self.pooled(features, size), dense)
 
 
 def _named(weights: dict[str, Any], prefix: str) -> dict[str, Any]:
@@ -163,8 +233,9 @@ def build_module(model: Any, state: dict[str, Any], schema: Any) -> Any:
 
     @tf.function(input_signature=[signature], autograph=False)
     def serve(request):
-        fields, dense = request_fields(schema, request)
-        return {"probability": served.probability(fields, dense, tf.shape(next(iter(request.values())))[0])}
+        features = request_fields(schema, request)
+        dense = features.dense if schema.dense_names else None
+        return {"probability": served.probability(features, dense, tf.shape(next(iter(request.values())))[0])}
 
     # A signature function takes keyword arguments: wrap so each column is its own named input.
     @tf.function(input_signature=list(signature.values()), autograph=False)
