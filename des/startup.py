@@ -41,6 +41,7 @@ def setup(config: TrainConfig, comm: Communicator, *, warmup_steps: int = 1) -> 
     store = stream.store if stream else open_data(config, comm)
     if store.num_rows == 0:
         raise DesError(f"dataset {store.source} is empty")
+    refuse_shared_tables(store)
     distinct = [store.distinct_count(f) for f in range(store.num_fields)]
     config = split_field_numbers(config, store)
     placement = cls.place(store.num_fields, comm.size, distinct, config)
@@ -90,6 +91,20 @@ def setup(config: TrainConfig, comm: Communicator, *, warmup_steps: int = 1) -> 
 #: the least a rank holds besides its tables (TensorFlow alone takes about 0.6 GB; DeepFM's default
 #: command on the Criteo sample peaks at 0.86-0.96 GiB per rank with its 6-16 MB of tables)
 RANK_BASE_BYTES = 1 << 29
+
+
+def refuse_shared_tables(store: Any) -> None:
+    """The step keeps one table per field: a schema whose columns share a table (``table =
+    "<column>"``) is refused rather than trained with a table per sharer."""
+    from des.data.schema import Schema
+
+    if store.schema is None:
+        return
+    shared = Schema.from_dict(store.schema).shared_tables
+    if shared:
+        pairs = "; ".join(f"{', '.join(members)} -> {owner}" for owner, members in shared.items())
+        raise ConfigError(f"dataset {store.display_name}: its schema shares tables ({pairs}), and training keeps "
+                          "one table per field (leave table out of those columns to give each its own)")
 
 
 def refuse_what_cannot_fit(config: TrainConfig, num_fields: int, num_dense: int, placement: list[list[int]],

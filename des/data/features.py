@@ -867,48 +867,74 @@ class EncodedRows:
 
 
 def multi_valued_field(array: Any, column: ColumnSpec) -> FieldBatch:
-    """A multi-valued column (an Arrow string array of delimited cells) as a FieldBatch of keys (and
-    weights when weighted or mean-pooled); raises ValueError naming the first unreadable weight."""
+    """A multi-valued or sequence column (an Arrow string array of delimited cells) as a FieldBatch
+    of keys (and weights when weighted or mean-pooled), the ids of a row in their order; raises
+    ValueError naming the first unreadable weight (or integer element of a sequence of dtype int).
+    ``max_length`` keeps a multi-valued cell's first ids and a sequence's last (most recent) ones."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     array = array.cast(pa.string()) if not pa.types.is_string(array.type) else array
     cells = pc.if_else(pc.equal(array, ""), pa.scalar(None, pa.string()), array)
     lists = pc.split_pattern(cells, pattern=column.separator)
-    if column.max_length is not None:
+    if column.max_length is not None and column.kind != "sequence":
         lists = pc.list_slice(lists, 0, column.max_length)
     lengths = np.asarray(pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False), np.int64)
+    elements = pc.list_flatten(lists)
+    if column.kind == "sequence":
+        elements, lengths = _most_recent(elements, lengths, column.max_length)
     offsets = np.zeros(len(array) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    elements = pc.list_flatten(lists)
     weights = None
     if column.weight_separator is not None:
         pairs = pc.split_pattern(elements, pattern=column.weight_separator, max_splits=1)
         ids = pc.list_element(pairs, 0)
         texts = _second_or_one(pairs)
-        try:
-            weights = np.asarray(pc.cast(texts, pa.float64()).to_numpy(zero_copy_only=False), np.float64)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            bad = first_uncastable(texts, pa.float64())
-            row = int(np.searchsorted(offsets, bad, side="right") - 1)
-            raise ValueError(f"row {row}: weight {texts[bad].as_py()!r} is not a number") from None
+        weights = _numbers(texts, pa.float64(), offsets, "weight")
     else:
         ids = elements
-    keys = string_keys(ids)
+    keys = int_keys(_numbers(ids, pa.int64(), offsets, "element")) if column.key_dtype == "int" else string_keys(ids)
     if column.pooling == "mean":
         counts = np.repeat(lengths, lengths).astype(np.float64)
         weights = (np.ones(keys.shape[0]) if weights is None else weights) / np.maximum(counts, 1.0)
     return FieldBatch(offsets, keys, None if weights is None else weights.astype(np.float32))
 
 
+def _most_recent(elements: Any, lengths: np.ndarray, keep: int) -> tuple[Any, np.ndarray]:
+    """A sequence's elements (flattened, ``lengths`` per row) cut to each row's last ``keep``."""
+    kept = np.minimum(lengths, keep)
+    if np.array_equal(kept, lengths):
+        return elements, lengths
+    ends = np.cumsum(lengths)
+    position = np.arange(int(ends[-1]), dtype=np.int64) - np.repeat(ends - lengths, lengths)
+    mask = position >= np.repeat(lengths - kept, lengths)
+    return elements.filter(mask), kept
+
+
+def _numbers(texts: Any, type_: Any, offsets: np.ndarray, what: str) -> np.ndarray:
+    """Arrow strings as numbers of ``type_``; ValueError naming the row of the first that is not one."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        return np.asarray(pc.cast(texts, type_).to_numpy(zero_copy_only=False))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        bad = first_uncastable(texts, type_)
+        row = int(np.searchsorted(offsets, bad, side="right") - 1)
+        kind = "a number" if type_ == pa.float64() else "an integer"
+        raise ValueError(f"row {row}: {what} {texts[bad].as_py()!r} is not {kind}") from None
+
+
 def tf_multi_valued(values: Any, column: ColumnSpec) -> tuple[Any, Any]:
-    """(keys, weights or None) of a multi-valued string column as RaggedTensors [B, None], as
-    :func:`multi_valued_field`."""
+    """(keys, weights or None) of a multi-valued or sequence string column as RaggedTensors
+    [B, None], as :func:`multi_valued_field`."""
     import tensorflow as tf
 
     parts = tf.strings.split(values, sep=column.separator)
     parts = tf.ragged.boolean_mask(parts, _row_mask(parts, values))  # an empty cell has no ids
-    if column.max_length is not None:
+    if column.kind == "sequence":
+        parts = parts[:, -column.max_length:]  # the most recent
+    elif column.max_length is not None:
         parts = parts[:, :column.max_length]
     flat = parts.flat_values
     weights = None
@@ -920,7 +946,8 @@ def tf_multi_valued(values: Any, column: ColumnSpec) -> tuple[Any, Any]:
         weights = tf.strings.to_number(second, tf.float64)
     else:
         ids = flat
-    keys = parts.with_flat_values(tf_string_keys(ids))
+    keyed = tf_int_keys(tf.strings.to_number(ids, tf.int64)) if column.key_dtype == "int" else tf_string_keys(ids)
+    keys = parts.with_flat_values(keyed)
     if column.pooling == "mean":
         counts = tf.cast(tf.repeat(parts.row_lengths(), parts.row_lengths()), tf.float64)
         weights = (tf.ones_like(counts) if weights is None else weights) / tf.maximum(counts, 1.0)
@@ -969,7 +996,7 @@ def encode_rows(schema: Schema, columns: Mapping[str, Any], num_rows: int, in_pl
     out: list[np.ndarray | FieldBatch] = []
     for column in schema.sparse_columns:
         values = columns[column.name]
-        if column.kind == "multi_valued":
+        if column.is_list:
             out.append(multi_valued_field(values, column))
             continue
         tag = field_tag(len(out)) if schema.key_scheme == 1 else 0
@@ -1059,7 +1086,7 @@ class ServingFeatures:
         weights: dict[str, Any] = {}
         for column in schema.sparse_columns:
             values = request[column.name]
-            if column.kind == "multi_valued":
+            if column.is_list:
                 keys[column.name], w = tf_multi_valued(values, column)
                 if w is not None:
                     weights[column.name] = w

@@ -181,7 +181,7 @@ def describe_inputs(schema: Any) -> str:
     from des.data.features import ServingFeatures
 
     kinds = {"int64": "int64 (missing: -2**63)", "float64": "float64 (missing: NaN)", "string": "string ('' = missing)"}
-    notes = {c.name: " (a delimited list)" if c.kind == "multi_valued" else " (8 hex digits)" if c.dtype == "hex"
+    notes = {c.name: " (a delimited list)" if c.is_list else " (8 hex digits)" if c.dtype == "hex"
              else "" for c in schema.read_columns}
     return ", ".join(f"{name} {kinds[dtype]}{notes[name]}"
                      for name, dtype in ServingFeatures(schema).request_columns().items())
