@@ -132,6 +132,9 @@ class TrainConfig:
                           choices=("mod", "balanced", "split"))
     split_fields: str = _opt("auto", "with --placement split, the fields split by key: auto (the fewest largest that "
                              "balance table memory), all, or NAME,...")
+    shared_tables: str = _opt("auto", "fields that use another field's table (its keys, rows and optimizer state, "
+                              "on the same rank): FIELD:OWNER,... by names or numbers; auto: as the data's schema "
+                              "declares (table = \"<column>\"); none: every field its own")
     min_count: int = _opt(0, "admission: occurrences before an id gets a trained row (0: auto, 2 with --unadmitted "
                           "shared, else 1)")
     ttl: int = _opt(0, "eviction: drop rows unseen for this many steps, at checkpoints or every --evict-every steps "

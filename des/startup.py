@@ -41,9 +41,8 @@ def setup(config: TrainConfig, comm: Communicator, *, warmup_steps: int = 1) -> 
     store = stream.store if stream else open_data(config, comm)
     if store.num_rows == 0:
         raise DesError(f"dataset {store.source} is empty")
-    refuse_shared_tables(store)
     distinct = [store.distinct_count(f) for f in range(store.num_fields)]
-    config = split_field_numbers(config, store)
+    config = shared_table_numbers(split_field_numbers(config, store), store, cls)
     placement = cls.place(store.num_fields, comm.size, distinct, config)
     train_rows, validation_rows = len(store.split_rows("train")), len(store.split_rows("validation"))
     steps = None if stream else count_steps(config, train_rows, store.display_name)
@@ -93,20 +92,6 @@ def setup(config: TrainConfig, comm: Communicator, *, warmup_steps: int = 1) -> 
 RANK_BASE_BYTES = 1 << 29
 
 
-def refuse_shared_tables(store: Any) -> None:
-    """The step keeps one table per field: a schema whose columns share a table (``table =
-    "<column>"``) is refused rather than trained with a table per sharer."""
-    from des.data.schema import Schema
-
-    if store.schema is None:
-        return
-    shared = Schema.from_dict(store.schema).shared_tables
-    if shared:
-        pairs = "; ".join(f"{', '.join(members)} -> {owner}" for owner, members in shared.items())
-        raise ConfigError(f"dataset {store.display_name}: its schema shares tables ({pairs}), and training keeps "
-                          "one table per field (leave table out of those columns to give each its own)")
-
-
 def refuse_what_cannot_fit(config: TrainConfig, num_fields: int, num_dense: int, placement: list[list[int]],
                            distinct: list[int], hosts: dict[str, tuple[list[int], int]]) -> None:
     """Stop before any table is made, with one line on every rank alike, when the tables predicted
@@ -130,6 +115,25 @@ def refuse_what_cannot_fit(config: TrainConfig, num_fields: int, num_dense: int,
                 f"{layout.table_dtype} rows, optimizers {config.linear_optimizer_spec()} and "
                 f"{config.embedding_optimizer_spec()}), more than its {memory / 2**30:.1f} GiB of memory: use "
                 "--table-dtype bfloat16 with row-wise optimizers (docs/training.md) or more hosts")
+
+
+def shared_table_numbers(config: TrainConfig, store: Any, cls: Any) -> TrainConfig:
+    """``--shared-tables`` (``auto``: the data's schema's ``table`` declarations) -> field numbers
+    (config.json says which); a strategy that moves rows by field refuses them."""
+    from des.data.schema import Schema
+    from des.placement import format_shared_tables, parse_shared_tables
+
+    text = config.shared_tables
+    if text == "auto":
+        schema = Schema.from_dict(store.schema) if store.schema is not None else None
+        names = schema.field_names if schema is not None else ()
+        text = ",".join(f"{field}:{owner}" for owner, fields in (schema.shared_tables if schema else {}).items()
+                        for field in fields if field in names and owner in names)
+    shared = parse_shared_tables(text, store.field_names)
+    if shared and not getattr(cls, "shares_tables", False):
+        raise ConfigError(f"--strategy {cls.name} keeps one table per field, and fields share tables "
+                          f"({format_shared_tables(shared)}): use --strategy des, or --shared-tables none")
+    return dataclasses.replace(config, shared_tables=format_shared_tables(shared))
 
 
 def split_field_numbers(config: TrainConfig, store: Any) -> TrainConfig:

@@ -6,9 +6,10 @@ The rows are ``examples/movielens.py``'s (each rating joined with its user and i
 order of ``u.data``) with one more column, ``history``: the movies the same user rated at an
 earlier timestamp (ratings of the same second are not each other's history), oldest first,
 separated by ``|``, the most recent ``--length`` of them (default 20; empty for a user's first
-ratings). ``examples/movielens_history.toml`` declares it as a ``sequence`` column. The history
-holds which movies were rated, never their ratings: the label of a row stays out of every row's
-features.
+ratings). ``examples/movielens_history.toml`` declares it as a ``sequence`` column reading the
+movies' table (``table = "item_id"``: one embedding per movie, whether rated now or before). The
+history holds which movies were rated, never their ratings: the label of a row stays out of every
+row's features.
 """
 
 from __future__ import annotations

@@ -95,8 +95,9 @@ class ServedModel:
         self.top = {k: tf.Variable(v, trainable=False, name=k.replace(":", "_")) for k, v in state["top"].items()}
         # --unadmitted shared: per block, [fields, dim] values of every field's shared row
         self.shared = {b: tf.Variable(v, trainable=False, name=f"shared_{b}") for b, v in state["shared"].items()}
-        # uint64 stream bases per (block, field), as des.hashtable.init.Initializer.stream_base
-        self.bases = {b: [Initializer.stream_base(state["seed"], f, b) for f in range(model.num_fields)]
+        # uint64 stream bases per (block, field), as des.hashtable.init.Initializer.stream_base (of the
+        # table's field: a field using another's table draws as that one)
+        self.bases = {b: [Initializer.stream_base(state["seed"], owner, b) for owner in state["owners"]]
                       for b in self.specs}
         #: what is saved: every table and variable above
         self.module = tf.Module(name="des_export")
