@@ -42,9 +42,10 @@ def _samples(t: Any, i: int, rows: int) -> tuple[np.ndarray, ...]:
     return t.keys[a:b], offsets - a, weights, t.rows[a:b], t.admitted[a:b]
 
 
-def _touched(parts: Sequence[tuple[np.ndarray, ...]], train: bool, step: int, *, merged: bool = False) -> Touched:
+def _touched(parts: Sequence[tuple[np.ndarray, ...]], train: bool, step: int, *, merged: bool = False,
+             looked_up: tuple | None = None) -> Touched:
     """A Touched of the fields ``parts`` (each as :func:`_field` gives it), or with ``merged`` of
-    one field whose samples are theirs one after another."""
+    one field whose samples are theirs one after another; ``looked_up``: the parts' own lookups."""
     sizes = [int(p[0].shape[0]) for p in parts]
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     weighted = np.array([p[2] is not None for p in parts], dtype=np.bool_)
@@ -56,7 +57,7 @@ def _touched(parts: Sequence[tuple[np.ndarray, ...]], train: bool, step: int, *,
         key_offsets, weighted = np.array([0, starts[-1]], np.int64), np.array([weighted.any()])
     else:
         offsets, key_offsets = np.stack([np.asarray(p[1], np.int64) for p in parts]), starts
-    return Touched(keys, key_offsets, offsets, weights, weighted, rows, admitted, train, step)
+    return Touched(keys, key_offsets, offsets, weights, weighted, rows, admitted, train, step, parts=looked_up)
 
 
 class TableGroups:
@@ -128,10 +129,13 @@ class TableGroups:
         for part, positions in zip(parts, self.parts):
             for i, j in enumerate(positions):
                 fields[j] = _field(part, i) if positions is self.main else _samples(part, i, rows)
-        return _touched(fields, parts[0].train, parts[0].step)
+        return _touched(fields, parts[0].train, parts[0].step, looked_up=tuple(parts))
 
     def split(self, t: Touched) -> list[Touched]:
-        """A shard's Touched -> its parts' (a group's: the one field of its fields' samples)."""
+        """A shard's Touched -> its parts' (a group's: the one field of its fields' samples): the
+        lookups it was composed from, or cut from it (the exchange's synthetic and joined ones)."""
+        if t.parts is not None:
+            return list(t.parts)
         return [_touched([_field(t, j) for j in positions], t.train, t.step, merged=positions is not self.main)
                 for positions in self.parts]
 
