@@ -309,6 +309,14 @@ def check_compatible(manifest: dict[str, Any], state: Any, folder: Path) -> None
         raise CheckpointError(f"checkpoint {folder} was trained with other model settings: {', '.join(diff)}")
     if manifest["dtype"] != state.dtype.name:
         raise CheckpointError(f"checkpoint {folder} is {manifest['dtype']}, the run is {state.dtype.name}")
+    from des.placement import format_shared_tables, shared_tables
+
+    held = set(state.fields) | set(state.shared)  # this rank's fields: their tables are read as they were saved
+    saved = {f: o for f, o in shared_tables(manifest.get("config", {}).get("shared_tables", "auto")).items()
+             if f in held}
+    if saved != dict(state.shared):
+        raise CheckpointError(f"checkpoint {folder} was trained with shared tables {format_shared_tables(saved)} "
+                              f"of these fields, the run with {format_shared_tables(state.shared)}")
 
 
 def check_schema(read: tuple[Path, dict[str, Any]], schema: dict[str, Any] | None) -> None:

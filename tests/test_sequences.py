@@ -282,3 +282,7 @@ def test_a_shared_table_resumes_on_another_rank_count_where_the_straight_run_end
     run_job(2, ["-m", "des.train", *flags, "--output", str(tmp_path / "resumed"), "--plan", "exchange",
                 "--resume", str(tmp_path / "resumed" / "checkpoints" / "step-00000003")])
     assert_states_equal(state_arrays(final), state_arrays(tmp_path / "resumed" / "checkpoints" / "step-00000006"))
+    other = run_job(1, ["-m", "des.train", *flags, "--output", str(tmp_path / "other"), "--shared-tables", "none",
+                        "--resume", str(final)], check=False)
+    assert other.returncode != 0 and "was trained with shared tables 1:0 of these fields, the run with none" in \
+        other.stderr, other.stderr
