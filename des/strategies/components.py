@@ -39,7 +39,8 @@ class FieldShard:
     row of every field, inserts, admission counts), :meth:`gather_pooled` (values gathered and
     pooled into ``[B, F_i, dim]``, every block in one call) and :meth:`apply_pooled` (un-pooling,
     duplicate sums, the sparse optimizers). The tables stay one per field (``tables``),
-    checkpointed and re-sharded by field.
+    checkpointed and re-sharded by field; fields sharing a table (``TableGroups``) use their
+    owner's, driven as one field of their rows one after another, in one call per table.
     """
 
     def __init__(self, fields: Sequence[int], blocks: Sequence[EmbeddingBlock], optimizers: Optimizers, *,
@@ -71,7 +72,7 @@ class FieldShard:
         }
         # reads self.tables at every call: a checkpoint load replaces tables in that dict
         names = [b.name for b in self.blocks]
-        self._fused = ShardTables(self.tables, self.fields if not self.groups else self.groups.main_fields, names)
+        self._fused = None if self.groups else ShardTables(self.tables, self.fields, names)
         #: with shared tables, the kernels of each part (``TableGroups.parts``): one call each
         self._parts = [ShardTables(self.tables, fields, names) for fields in self.groups.part_fields]
 
