@@ -62,7 +62,8 @@ class TrainConfig:
 
     embedding_dim: int = _opt(8, "embedding size k")
     hidden: str = _opt("400,400,400", "DNN layer widths, the first is the substituted FC layer")
-    activation: str = _opt("relu", "DNN activation", choices=("relu", "tanh", "sigmoid"))
+    activation: str = _opt("relu", "DNN activation (prelu: a learned slope per unit for negative inputs, starting at "
+                           "0: DIN's)", choices=("relu", "tanh", "sigmoid", "prelu"))
     model_options: str = _opt("", "the model's own constructor options as name=value pairs separated by ';', a "
                               "list comma-separated (dcnv2: 'cross_layers=2;structure=stacked;cross=mix', dlrm: "
                               "'bottom=512,256'); a name the model does not take lists those it does")

@@ -52,7 +52,8 @@ def join(source: Path, output: Path, length: int) -> tuple[int, int]:
     for line in read_lines(source / "u.data"):
         user_id, item_id, rating, timestamp = line.split("\t")
         if user_id not in users or item_id not in movies:
-            raise ValueError(f"u.data: rating of user {user_id} for movie {item_id}, which u.user or u.item does not have")
+            raise ValueError(f"u.data: rating of user {user_id} for movie {item_id}, "
+                             "which u.user or u.item does not have")
         ratings.append((user_id, item_id, int(timestamp)))
         rest.append([rating, timestamp, *users[user_id], *movies[item_id]])
     history = histories(ratings, length)

@@ -151,7 +151,8 @@ def test_synthetic_rows_with_a_sequence_prepare_into_the_synthetic_store(tmp_pat
     assert direct.manifest["synthetic"]["oracle"]["auc"] > 0.55
     assert main(["inspect", str(tmp_path / "prepared")]) == 0
     text = capsys.readouterr().out
-    assert "history          sequence      multi-hot mean     separator '|', last 4, int ids; the table of movie" in text
+    assert ("history          sequence      multi-hot mean     separator '|', last 4, int ids; the table of movie"
+            in text)
     bad = tmp_path / "bad.csv"
     bad.write_text("y,movie,history,user\n5,1,1|x|3,u\n")
     with pytest.raises(DataError, match=r"bad.csv:2: column history: '1\|x\|3' has an element that is not an integer"):
@@ -220,7 +221,8 @@ def test_fields_sharing_a_table_train_it_as_one_table_read_by_each():
         shard.apply_pooled(touched, grads, step)
         for name in ("linear", "embedding"):
             keys_all = reference.keys()
-            np.testing.assert_allclose(shard.tables[0].gather(name, keys_all, shard.tables[0].lookup(keys_all, insert=False)),
+            table = shard.tables[0]
+            np.testing.assert_allclose(table.gather(name, keys_all, table.lookup(keys_all, insert=False)),
                                        reference.gather(name, keys_all, reference.lookup(keys_all, insert=False)),
                                        rtol=1e-12, atol=1e-15)
     assert len(shard.tables[0]) == len(reference)

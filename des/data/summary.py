@@ -120,7 +120,8 @@ def format_schema(data: dict) -> list[str]:
         if column.is_list:
             pooling = column.pooling
             kept = "last" if column.kind == "sequence" else "first"
-            detail = f"separator {column.separator!r}" + (f", {kept} {column.max_length}" if column.max_length else "") \
+            detail = f"separator {column.separator!r}" \
+                + (f", {kept} {column.max_length}" if column.max_length else "") \
                 + (f", weights after {column.weight_separator!r}" if column.weight_separator else "") \
                 + (f", {column.dtype} ids" if column.kind == "sequence" else "")
         elif column.kind == "categorical":

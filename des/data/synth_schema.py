@@ -73,7 +73,7 @@ def _column(column: ColumnSpec, index: int, rng: np.random.Generator, rows: int,
     if column.kind == "ignored":
         return pa.array(np.arange(first_row, first_row + rows)).cast(pa.string())
     if column.is_list:
-        top = column.max_length + 2 if column.kind == "sequence" else (column.max_length + 1) if column.max_length else 4
+        top = 4 if not column.max_length else column.max_length + (2 if column.kind == "sequence" else 1)
         lengths = rng.integers(0, top + 1, rows)
         offsets = np.zeros(rows + 1, dtype=np.int32)
         np.cumsum(lengths, out=offsets[1:])
