@@ -147,9 +147,12 @@ def table_options(config: TrainConfig, distinct: Sequence[int]):
     """How the tables start (``des.options.TableOptions``): sized from ``distinct`` (by field; empty:
     not from the data), admission, and how rows are stored."""
     from des.options import TableOptions
+    from des.placement import shared_tables
 
+    shared = shared_tables(config.shared_tables)
     return TableOptions(config.table_capacity, config.min_count_value(), config.unadmitted_mode(), tuple(distinct),
-                        config.dtype if config.table_dtype == "auto" else config.table_dtype)
+                        config.dtype if config.table_dtype == "auto" else config.table_dtype,
+                        tuple(sorted(shared.items())))
 
 
 def layout_table(config: TrainConfig, num_fields: int, num_dense: int = 0):

@@ -179,7 +179,7 @@ def _worker(out: Path, steps: int, batch_size: int) -> None:
                                      "check")
             if any(not np.array_equal(digests[0], d) for d in digests):
                 raise CheckFailed(f"{case.model} {case.strategy}: the top parameters differ between ranks")
-        save_checkpoint(strategy, folder / "state", epoch=0, next_batch=steps, config=config.to_dict())
+        save_checkpoint(strategy, folder / "state", epoch=0, next_batch=steps, config=run.config.to_dict())
         if comm.rank == strategy.evaluators[0] and predictions is not None:
             np.save(folder / "predictions.npy", predictions[0])
             np.save(folder / "losses.npy", np.array(run.meter.losses))
@@ -197,14 +197,14 @@ def widened(table, a: np.ndarray) -> np.ndarray:
 def state_arrays(folder: Path) -> dict[str, np.ndarray]:
     """Every number a checkpoint holds but bookkeeping: dense weights and their optimizer state,
     and each table's keys, values, slots and step counts ordered by key."""
-    from des.checkpoint import field_table, read_manifest, table_file
+    from des.checkpoint import field_table, read_manifest, table_file, table_fields
 
     folder, manifest = read_manifest(folder)
     out: dict[str, np.ndarray] = {}
     for path in sorted(folder.glob("*.npz")):
         with np.load(path, allow_pickle=False) as arrays:
             out.update({f"{path.name}/{k}": arrays[k] for k in arrays.files})
-    for field in range(manifest["num_fields"]):  # a field split by key: its shares as one table
+    for field in table_fields(manifest):  # a field split by key: its shares as one table
         table = field_table(folder, manifest, field)
         arrays = table.to_arrays()
         order = np.argsort(arrays["keys"], kind="stable")

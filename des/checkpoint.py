@@ -168,6 +168,17 @@ def save_checkpoint(strategy: Any, root: Path, *, epoch: int, next_batch: int, c
     return root / name
 
 
+def _write_dense_slices(dense: Any, field: int, tmp: Path) -> str:
+    """``field``'s slices of every field weight and their optimizer state; returns the file's name."""
+    arrays: dict[str, np.ndarray] = {}
+    for pname, value in dense.field_params.items():  # an owner holds every slice of its fields
+        arrays[f"{pname}__value"] = value[dense.index(pname, field)]
+        arrays.update(_state_arrays(pname, dense.field_state(pname, field)))
+    name = f"{_field_stem(field)}.dense.npz"
+    np.savez(tmp / name, **arrays)
+    return name
+
+
 def _write_files(state: Any, tmp: Path, *, rank: int, increment: Increment | None = None,
                  chained: bool = False) -> dict[str, str]:
     """Rank ``rank``'s files of a checkpoint (its fields' tables or shares, and dense slices; rank 0:
@@ -187,15 +198,10 @@ def _write_files(state: Any, tmp: Path, *, rank: int, increment: Increment | Non
                 raise RuntimeError(f"field {field}: an incremental checkpoint of a table not tracking its evictions")
             np.save(tmp / evicted_file(table_file(field, share)), evicted)
             written.append(evicted_file(table_file(field, share)))
-        if share is not None and share[0] != 0:
-            continue  # the dense slices of a split field: every member holds them, share 0 writes them
-        stem = _field_stem(field)
-        arrays: dict[str, np.ndarray] = {}
-        for pname, value in dense.field_params.items():  # an owner holds every slice of its fields
-            arrays[f"{pname}__value"] = value[dense.index(pname, field)]
-            arrays.update(_state_arrays(pname, dense.field_state(pname, field)))
-        np.savez(tmp / f"{stem}.dense.npz", **arrays)
-        written.append(f"{stem}.dense.npz")
+        if share is None or share[0] == 0:  # a split field's dense slices: every member holds them, share 0 writes
+            written.append(_write_dense_slices(dense, field, tmp))
+    for field in sorted(state.shared):  # a field using another's table: only its dense slices are its own
+        written.append(_write_dense_slices(dense, field, tmp))
     if rank == 0:
         arrays = {}
         for pname, value in dense.top_params.items():
@@ -303,6 +309,14 @@ def check_compatible(manifest: dict[str, Any], state: Any, folder: Path) -> None
         raise CheckpointError(f"checkpoint {folder} was trained with other model settings: {', '.join(diff)}")
     if manifest["dtype"] != state.dtype.name:
         raise CheckpointError(f"checkpoint {folder} is {manifest['dtype']}, the run is {state.dtype.name}")
+    from des.placement import format_shared_tables, shared_tables
+
+    held = set(state.fields) | set(state.shared)  # this rank's fields: their tables are read as they were saved
+    saved = {f: o for f, o in shared_tables(manifest.get("config", {}).get("shared_tables", "auto")).items()
+             if f in held}
+    if saved != dict(state.shared):
+        raise CheckpointError(f"checkpoint {folder} was trained with shared tables {format_shared_tables(saved)} "
+                              f"of these fields, the run with {format_shared_tables(state.shared)}")
 
 
 def check_schema(read: tuple[Path, dict[str, Any]], schema: dict[str, Any] | None) -> None:
@@ -373,6 +387,15 @@ def load_checkpoint(strategy: Any, path: str | Path, *, data_order: dict[str, An
     state.step = int(manifest["step"])
     strategy.load_state(state)
     return manifest
+
+
+def table_fields(manifest: dict[str, Any]) -> list[int]:
+    """The fields whose tables a checkpoint holds: every field but those using another's table
+    (its run's ``--shared-tables``)."""
+    from des.placement import shared_tables
+
+    shared = shared_tables(manifest.get("config", {}).get("shared_tables", "auto"))
+    return [f for f in range(manifest["num_fields"]) if f not in shared]
 
 
 def field_table(folder: Path, manifest: dict[str, Any], field: int,

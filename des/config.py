@@ -63,7 +63,8 @@ class TrainConfig:
 
     embedding_dim: int = _opt(8, "embedding size k")
     hidden: str = _opt("400,400,400", "DNN layer widths, the first is the substituted FC layer")
-    activation: str = _opt("relu", "DNN activation", choices=("relu", "tanh", "sigmoid"))
+    activation: str = _opt("relu", "DNN activation (prelu: a learned slope per unit for negative inputs, starting at "
+                           "0: DIN's)", choices=("relu", "tanh", "sigmoid", "prelu"))
     model_options: str = _opt("", "the model's own constructor options as name=value pairs separated by ';', a "
                               "list comma-separated (dcnv2: 'cross_layers=2;structure=stacked;cross=mix', dlrm: "
                               "'bottom=512,256'); a name the model does not take lists those it does")
@@ -133,6 +134,9 @@ class TrainConfig:
                           choices=("mod", "balanced", "split"))
     split_fields: str = _opt("auto", "with --placement split, the fields split by key: auto (the fewest largest that "
                              "balance table memory), all, or NAME,...")
+    shared_tables: str = _opt("auto", "fields that use another field's table (its keys, rows and optimizer state, "
+                              "on the same rank): FIELD:OWNER,... by names or numbers; auto: as the data's schema "
+                              "declares (table = \"<column>\"); none: every field its own")
     min_count: int = _opt(0, "admission: occurrences before an id gets a trained row (0: auto, 2 with --unadmitted "
                           "shared, else 1)")
     ttl: int = _opt(0, "eviction: drop rows unseen for this many steps, at checkpoints or every --evict-every steps "

@@ -42,6 +42,12 @@ class TableOptions:
     unadmitted: str = "init"
     distinct: tuple[int, ...] = ()
     table_dtype: str | None = None  # how rows are stored (``EmbeddingTable``'s ``table_dtype``; None: the dtype)
+    #: (field, owner) pairs: the field uses the owner's table (``des/strategies/table_groups.py``)
+    shared: tuple[tuple[int, int], ...] = ()
+
+    def shared_map(self) -> dict[int, int]:
+        """Field -> the field whose table it uses, of the fields that share one."""
+        return {int(f): int(o) for f, o in self.shared}
 
     def initial_size(self, field: int, parts: int = 1) -> tuple[int, int | None]:
         """``(index slots, rows)`` field ``field``'s table starts with (rows None: the table's
@@ -50,11 +56,12 @@ class TableOptions:
         (``INDEX_GROWTH / max_load`` slots a key): a first epoch then inserts its keys without
         rehashing the index and moving the rows a dozen times (each growth a slow step of page
         faults). The memory is what the grown table takes. ``parts``: the field is split by key
-        into that many shares, this table holds one."""
+        into that many shares, this table holds one. A table shared by other fields also holds theirs."""
         from des.hashtable.table import INDEX_GROWTH, MAX_CAPACITY, MAX_LOAD, MIN_CAPACITY
 
         if self.capacity or field >= len(self.distinct):
             return self.capacity or DEFAULT_CAPACITY, None
-        keys = -(-int(self.distinct[field]) // max(int(parts), 1)) + 1
+        held = int(self.distinct[field]) + sum(int(self.distinct[f]) for f, o in self.shared if o == field)
+        keys = -(-held // max(int(parts), 1)) + 1
         # beyond the index's limit (2^32 slots, ~2 billion keys at this load) the table grows into it
         return max(MIN_CAPACITY, min(MAX_CAPACITY, math.ceil(keys * INDEX_GROWTH / MAX_LOAD) + 1)), keys

@@ -27,7 +27,7 @@ counts the data's preparation records.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numba
 import numpy as np
@@ -58,11 +58,15 @@ def place_fields(
     distinct_counts: Sequence[int] | None = None,
     split: str | Sequence[int] = "auto",
     work: Sequence[float] | None = None,
+    shared: Mapping[int, int] | None = None,
 ) -> list[list[int]]:
     """Fields of each rank (sorted), for ``num_ranks`` ranks; a field listed by every rank is split.
     ``split`` (policy ``split`` only): ``"auto"`` (the policy's choice), ``"all"``, or the fields to
     split (the others placed whole, largest first). ``work`` (policy ``balanced``): each field's
-    work per step (:func:`field_work`), balanced with the memory."""
+    work per step (:func:`field_work`), balanced with the memory. ``shared`` (field -> the field
+    whose table it uses): a table's fields are placed together, as one field."""
+    if shared:
+        return _place_shared(num_fields, num_ranks, policy, distinct_counts, split, shared, work)
     if num_ranks < 1:
         raise PlacementError(f"need at least one rank, got {num_ranks}")
     if policy not in PLACEMENTS:
@@ -244,6 +248,64 @@ def keep_share(ids, share: int, group_size: int):
     offsets = np.empty(ids.offsets.shape[0], dtype=np.int64)
     _keep(keys, np.asarray(ids.offsets, dtype=np.int64), int(share), int(group_size), mask, offsets)
     return FieldBatch(offsets, keys[mask], None if ids.weights is None else np.asarray(ids.weights)[mask])
+
+
+def parse_shared_tables(text: str, names: Sequence[str]) -> dict[int, int]:
+    """``--shared-tables``: ``FIELD:OWNER,...`` by field names or numbers (``none`` or empty: no
+    sharing) -> {field: owner}; an owner shares no table itself, a field names one owner."""
+    def number(item: str) -> int:
+        if item in names:
+            return list(names).index(item)
+        if item.isdigit() and int(item) < len(names):
+            return int(item)
+        raise ConfigError(f"--shared-tables: {item!r} is not a field of the data (fields: {', '.join(names)})")
+
+    out: dict[int, int] = {}
+    for pair in (t.strip() for t in text.split(",") if t.strip() and text.strip() != "none"):
+        field, sep, owner = (x.strip() for x in pair.partition(":"))
+        if not sep:
+            raise ConfigError(f"--shared-tables: {pair!r} is not FIELD:OWNER")
+        f, o = number(field), number(owner)
+        if f == o or f in out:
+            raise ConfigError(f"--shared-tables: {pair!r}: a field uses one other field's table")
+        out[f] = o
+    chained = sorted(o for o in out.values() if o in out)
+    if chained:
+        raise ConfigError(f"--shared-tables: field {names[chained[0]]} uses another's table and cannot own one")
+    return out
+
+
+def shared_tables(text: str) -> dict[int, int]:
+    """A run's resolved ``--shared-tables`` (``FIELD:OWNER`` field numbers, as start-up writes it;
+    ``auto`` before start-up resolves it: none) as {field: owner}."""
+    if text in ("auto", "none", ""):
+        return {}
+    pairs = [pair.split(":") for pair in text.split(",")]
+    return parse_shared_tables(text, [str(f) for f in range(1 + max(int(x) for pair in pairs for x in pair))])
+
+
+def format_shared_tables(shared: Mapping[int, int]) -> str:
+    """:func:`parse_shared_tables`'s inverse, by numbers (``none`` for no sharing)."""
+    return ",".join(f"{f}:{o}" for f, o in sorted(shared.items())) or "none"
+
+
+def _place_shared(num_fields: int, num_ranks: int, policy: str, distinct_counts: Sequence[int] | None,
+                  split: str | Sequence[int], shared: Mapping[int, int],
+                  work: Sequence[float] | None = None) -> list[list[int]]:
+    """:func:`place_fields` of the tables (a field and those sharing its table: one unit, costing
+    their distinct ids and their work together), each unit's fields on the same rank; none of them
+    split."""
+    grouped = set(shared) | set(shared.values())
+    if policy == "split" and (split in ("auto", "all") or grouped & {int(f) for f in split}):
+        raise ConfigError("--placement split cannot split fields that share a table: name the fields to split "
+                          f"with --split-fields, none of fields {', '.join(map(str, sorted(grouped)))}")
+    units = [f for f in range(num_fields) if f not in shared]
+    members = {u: [u, *sorted(f for f, o in shared.items() if o == u)] for u in units}
+    cost = None if distinct_counts is None else [sum(int(distinct_counts[f]) for f in members[u]) for u in units]
+    chosen = split if split in ("auto", "all") else [units.index(int(f)) for f in split]
+    unit_work = None if work is None else [sum(float(work[f]) for f in members[u]) for u in units]
+    placed = place_fields(len(units), num_ranks, policy, cost, chosen, unit_work)
+    return [sorted(f for u in fields for f in members[units[u]]) for fields in placed]
 
 
 def parse_split_fields(text: str, names: Sequence[str]) -> str | list[int]:

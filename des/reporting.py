@@ -96,10 +96,14 @@ def describe_placement(placement: list[list[int]], distinct: list[int], names, l
 
 def _empty_table(strategy):
     """An empty table of the model's row layout (every field's table has the same): it sizes them all."""
+    import dataclasses
+
     from des.strategies.components import FieldShard
 
+    tables = strategy.context.tables
+    tables = tables and dataclasses.replace(tables, shared=())  # one field alone: its own table
     return FieldShard([0], strategy.model.blocks(), strategy.context.optimizers, seed=0, dtype=strategy.dtype,
-                      tables=strategy.context.tables).tables[0]
+                      tables=tables).tables[0]
 
 
 def versions() -> dict[str, str]:

@@ -42,7 +42,7 @@ def setup(config: TrainConfig, comm: Communicator, *, warmup_steps: int = 1) -> 
     if store.num_rows == 0:
         raise DesError(f"dataset {store.source} is empty")
     distinct = [store.distinct_count(f) for f in range(store.num_fields)]
-    config = split_field_numbers(config, store)
+    config = shared_table_numbers(split_field_numbers(config, store), store, cls)
     work = field_work_of(config, store, comm.size)
     placement = cls.place(store.num_fields, comm.size, distinct, config, work)
     train_rows, validation_rows = len(store.split_rows("train")), len(store.split_rows("validation"))
@@ -116,6 +116,25 @@ def refuse_what_cannot_fit(config: TrainConfig, num_fields: int, num_dense: int,
                 f"{layout.table_dtype} rows, optimizers {config.linear_optimizer_spec()} and "
                 f"{config.embedding_optimizer_spec()}), more than its {memory / 2**30:.1f} GiB of memory: use "
                 "--table-dtype bfloat16 with row-wise optimizers (docs/training.md) or more hosts")
+
+
+def shared_table_numbers(config: TrainConfig, store: Any, cls: Any) -> TrainConfig:
+    """``--shared-tables`` (``auto``: the data's schema's ``table`` declarations) -> field numbers
+    (config.json says which); a strategy that moves rows by field refuses them."""
+    from des.data.schema import Schema
+    from des.placement import format_shared_tables, parse_shared_tables
+
+    text = config.shared_tables
+    if text == "auto":
+        schema = Schema.from_dict(store.schema) if store.schema is not None else None
+        names = schema.field_names if schema is not None else ()
+        text = ",".join(f"{field}:{owner}" for owner, fields in (schema.shared_tables if schema else {}).items()
+                        for field in fields if field in names and owner in names)
+    shared = parse_shared_tables(text, store.field_names)
+    if shared and not getattr(cls, "shares_tables", False):
+        raise ConfigError(f"--strategy {cls.name} keeps one table per field, and fields share tables "
+                          f"({format_shared_tables(shared)}): use --strategy des, or --shared-tables none")
+    return dataclasses.replace(config, shared_tables=format_shared_tables(shared))
 
 
 def split_field_numbers(config: TrainConfig, store: Any) -> TrainConfig:

@@ -1,5 +1,6 @@
-"""examples/movielens.py: the ratings joined with users and movies, on a small excerpt in the
-GroupLens formats written here, and on the real MovieLens 100K when ../shared has it."""
+"""examples/movielens.py: the ratings joined with users and movies, and examples/movielens_history.py:
+with each rating's history, on a small excerpt in the GroupLens formats written here, and on the
+real MovieLens 100K when ../shared has it."""
 
 from __future__ import annotations
 
@@ -91,3 +92,40 @@ def test_real_movielens_100k(tmp_path):
     assert len({r["user_id"] for r in rows}) == 943 and len({r["item_id"] for r in rows}) == 1682
     assert all(r["genres"] for r in rows)
     assert {r["release_year"] for r in rows if r["item_id"] == "267"} == {""}
+
+
+HISTORY_SCRIPT = REPO / "examples" / "movielens_history.py"
+
+
+def test_history_holds_the_movies_rated_earlier_most_recent_last(tmp_path):
+    write_excerpt(tmp_path / "ml")
+    with open(tmp_path / "ml" / "u.data", "a") as f:  # user 1 again: one rating later, two in one second
+        f.write("1\t267\t5\t879000000\n1\t1311\t2\t880000000\n1\t1\t4\t880000000\n")
+    out = tmp_path / "history.csv"
+    proc = subprocess.run([sys.executable, str(HISTORY_SCRIPT), "--source", str(tmp_path / "ml"), "--output", str(out),
+                           "--length", "2"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote 7 rows" in proc.stdout and "with a history: 4" in proc.stdout
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    # user 1 rated 1 (874965758), 1633 (878542420), 267 (879000000), then 1311 and 1 in one second
+    assert [(r["user_id"], r["item_id"], r["history"]) for r in rows] == [
+        ("2", "1311", ""), ("1", "1", ""), ("5", "267", ""), ("1", "1633", "1"), ("1", "267", "1|1633"),
+        ("1", "1311", "1633|267"), ("1", "1", "1633|267")]
+    assert rows[1]["genres"] == "Animation|Children's|Comedy" and rows[0]["rating"] == "5"
+
+
+@pytest.mark.skipif(not REAL.is_dir(), reason="MovieLens 100K is not in ../shared/data")
+def test_real_movielens_100k_with_histories_prepares_with_its_schema(tmp_path):
+    import numpy as np
+
+    from des.data import prepare
+
+    out = tmp_path / "history.csv"
+    proc = subprocess.run([sys.executable, str(HISTORY_SCRIPT), "--source", str(REAL), "--output", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    store = prepare(out, tmp_path / "store", schema=REPO / "examples" / "movielens_history.toml")
+    assert store.num_rows == 100_000 and "history" in store.field_names
+    lengths = np.diff(store.field(store.field_names.index("history"))[0])
+    assert lengths.max() == 20 and (lengths == 0).sum() == 100_000 - 97_865

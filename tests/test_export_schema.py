@@ -1,10 +1,10 @@
 """``python -m des.export`` of a model trained on data of a declared schema
 (``tests/data/every_kind.toml``: string and int categoricals, mean-pooled and weighted multi-valued
-columns, quantile and log_squared buckets, dense features with log1p and standardization, derived
-hour, weekday and cross fields): the SavedModel takes one named input per raw column in its
-declared dtype, computes the keys, pooling weights and dense features itself, and a process that
-never imports des gets ``des.evaluate --predictions``' probabilities to 1e-6, for unknown values,
-missing values and over-long lists too."""
+columns, a sequence sharing a categorical's table, quantile and log_squared buckets, dense features
+with log1p and standardization, derived hour, weekday and cross fields): the SavedModel takes one
+named input per raw column in its declared dtype, computes the keys, pooling weights and dense
+features itself, and a process that never imports des gets ``des.evaluate --predictions``'
+probabilities to 1e-6, for unknown values, missing values and over-long lists too."""
 
 from __future__ import annotations
 
@@ -33,12 +33,13 @@ RUNS = [  # (name, model, ranks, flags)
     ("xdeepfm-1", "xdeepfm", 1, ["--model-options", "cin_layers=4,3"]),
 ]
 # Rows a service may receive (rating, row_id, user, item, tags, scores, price, clicks, age, income,
-# time): values never seen, every value missing, lists longer than max_length, weights given and not.
+# time, recent): values never seen, every value missing, lists longer than max_length (a sequence
+# keeps its most recent), weights given and not.
 EDITED = [
     ["5", "-1", "nobody", "987654321", "new1|new2|new3|new4", "x:2.5;y;z:0.125", "1e6", "123456789", "95", "1e9",
-     "1400000000"],
-    ["1", "-2", "", "", "", "", "", "", "", "", ""],
-    ["4", "-3", "héllo wörld", "-5", "a||b", ":3", "-1e300", "-7", "-1", "0", "0"],
+     "1400000000", "1|2|3|4|5|6|7|8|9"],
+    ["1", "-2", "", "", "", "", "", "", "", "", "", ""],
+    ["4", "-3", "héllo wörld", "-5", "a||b", ":3", "-1e300", "-7", "-1", "0", "0", "987654321|-5|7"],
 ]
 
 
@@ -84,8 +85,8 @@ def test_one_named_input_per_raw_column(exported: dict) -> None:
     inputs = meta_graph.signature_def["serving_default"].inputs
     dtypes = {name: tensor.dtype for name, tensor in inputs.items()}
     # the label and the ignored column are not inputs; every other column in its declared dtype
-    assert set(dtypes) == {"user", "item", "tags", "scores", "price", "clicks", "age", "income", "time"}
-    assert dtypes["user"] == dtypes["tags"] == dtypes["scores"] == 7  # DT_STRING
+    assert set(dtypes) == {"user", "item", "tags", "scores", "price", "clicks", "age", "income", "time", "recent"}
+    assert dtypes["user"] == dtypes["tags"] == dtypes["scores"] == dtypes["recent"] == 7  # DT_STRING
     assert dtypes["item"] == dtypes["time"] == 9  # DT_INT64
     assert dtypes["price"] == dtypes["age"] == 2  # DT_DOUBLE
     info = json.loads((exported["root"] / "deepfm-1.savedmodel" / "des_export.json").read_text())

@@ -35,6 +35,22 @@ def test_the_tower_is_an_mlp(output_units: int) -> None:
     np.testing.assert_allclose(outside(w, x @ w["t_kernel_0"]).numpy(), tower(w, x).numpy(), rtol=1e-12)
 
 
+def test_prelu_learns_each_units_negative_slope() -> None:
+    """PReLU (He et al. 2015; DIN's MLP): max(x, 0) + a_i min(x, 0) per hidden unit, a_i its own."""
+    tower = DeepTower((4, 3), "prelu", input_dim=5, prefix="t")
+    w, x = weights(tower), RNG.normal(size=(6, 5))
+    assert tower.params()["t_alpha_0"].shape == (4,) and tower.params()["t_alpha_1"].init == "zeros"
+
+    def prelu(v: np.ndarray, a: np.ndarray) -> np.ndarray:
+        return np.maximum(v, 0.0) + a * np.minimum(v, 0.0)
+
+    h = prelu(x @ w["t_kernel_0"] + w["t_bias_0"], w["t_alpha_0"])
+    h = prelu(h @ w["t_kernel_1"] + w["t_bias_1"], w["t_alpha_1"])
+    np.testing.assert_allclose(tower(w, x).numpy(), (h @ w["t_kernel_2"] + w["t_bias_2"])[:, 0], rtol=1e-12)
+    with pytest.raises(ValueError, match="known: relu, tanh, sigmoid, linear, prelu"):
+        DeepTower((4,), "dice")
+
+
 def test_the_cross_network_is_eq_1() -> None:
     """x_{l+1} = x_0 ⊙ (W_l x_l + b_l) + x_l, W_0 x_0 given from outside."""
     cross = CrossNetwork(4, 3)

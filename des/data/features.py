@@ -927,49 +927,76 @@ class EncodedRows:
 
 
 def multi_valued_field(array: Any, column: ColumnSpec) -> FieldBatch:
-    """A multi-valued column (an Arrow string array of delimited cells) as a FieldBatch of keys (and
-    weights when weighted or mean-pooled); raises ValueError naming the first unreadable weight."""
+    """A multi-valued or sequence column (an Arrow string array of delimited cells) as a FieldBatch
+    of keys (and weights when weighted or mean-pooled), the ids of a row in their order; raises
+    ValueError naming the first unreadable weight (or integer element of a sequence of dtype int).
+    ``max_length`` keeps a multi-valued cell's first ids and a sequence's last (most recent) ones."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     array = array.cast(pa.string()) if not pa.types.is_string(array.type) else array
     cells = pc.if_else(pc.equal(array, ""), pa.scalar(None, pa.string()), array)
     lists = pc.split_pattern(cells, pattern=column.separator)
-    if column.max_length is not None:
+    if column.max_length is not None and column.kind != "sequence":
         lists = pc.list_slice(lists, 0, column.max_length)
     lengths = np.asarray(pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False), np.int64)
+    elements = pc.list_flatten(lists)
+    if column.kind == "sequence":
+        elements, lengths = _most_recent(elements, lengths, column.max_length)
     offsets = np.zeros(len(array) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    elements = pc.list_flatten(lists)
     weights = None
     if column.weight_separator is not None:
         pairs = pc.split_pattern(elements, pattern=column.weight_separator, max_splits=1)
         ids = pc.list_element(pairs, 0)
         texts = _second_or_one(pairs)
-        try:
-            weights = np.asarray(pc.cast(texts, pa.float64()).to_numpy(zero_copy_only=False), np.float64)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            bad = first_uncastable(texts, pa.float64())
-            row = int(np.searchsorted(offsets, bad, side="right") - 1)
-            raise ValueError(f"row {row}: weight {texts[bad].as_py()!r} is not a number") from None
+        weights = _numbers(texts, pa.float64(), offsets, "weight")
     else:
         ids = elements
-    keys = string_keys(ids)
+    keys = int_keys(_numbers(ids, pa.int64(), offsets, "element")) if column.key_dtype == "int" else string_keys(ids)
     if column.pooling == "mean":
         counts = np.repeat(lengths, lengths).astype(np.float64)
         weights = (np.ones(keys.shape[0]) if weights is None else weights) / np.maximum(counts, 1.0)
     return FieldBatch(offsets, keys, None if weights is None else weights.astype(np.float32))
 
 
+def _most_recent(elements: Any, lengths: np.ndarray, keep: int) -> tuple[Any, np.ndarray]:
+    """A sequence's elements (flattened, ``lengths`` per row) cut to each row's last ``keep``."""
+    kept = np.minimum(lengths, keep)
+    if np.array_equal(kept, lengths):
+        return elements, lengths
+    ends = np.cumsum(lengths)
+    position = np.arange(int(ends[-1]), dtype=np.int64) - np.repeat(ends - lengths, lengths)
+    mask = position >= np.repeat(lengths - kept, lengths)
+    return elements.filter(mask), kept
+
+
+def _numbers(texts: Any, type_: Any, offsets: np.ndarray, what: str) -> np.ndarray:
+    """Arrow strings as numbers of ``type_``; ValueError naming the row of the first that is not one."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        return np.asarray(pc.cast(texts, type_).to_numpy(zero_copy_only=False))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        bad = first_uncastable(texts, type_)
+        row = int(np.searchsorted(offsets, bad, side="right") - 1)
+        kind = "a number" if type_ == pa.float64() else "an integer"
+        raise ValueError(f"row {row}: {what} {texts[bad].as_py()!r} is not {kind}") from None
+
+
 def tf_multi_valued(values: Any, column: ColumnSpec) -> tuple[Any, Any]:
-    """(ids, weights or None) of a multi-valued string column as RaggedTensors [B, None], as
-    :func:`multi_valued_field`: the ids as strings, their keys being :func:`tf_string_keys` of them
-    (which the caller computes, with other columns' strings in one loop)."""
+    """(ids, weights or None) of a multi-valued or sequence string column as RaggedTensors [B,
+    None], as :func:`multi_valued_field`: the ids as strings, their keys being :func:`tf_string_keys`
+    of them, or :func:`tf_int_keys` of their numbers for ``key_dtype = "int"`` (which the caller
+    computes, string ids with other columns' strings in one loop)."""
     import tensorflow as tf
 
     parts = tf.strings.split(values, sep=column.separator)
     parts = tf.ragged.boolean_mask(parts, _row_mask(parts, values))  # an empty cell has no ids
-    if column.max_length is not None:
+    if column.kind == "sequence":
+        parts = parts[:, -column.max_length:]  # the most recent
+    elif column.max_length is not None:
         parts = parts[:, :column.max_length]
     flat = parts.flat_values
     weights = None
@@ -1028,7 +1055,7 @@ def encode_rows(schema: Schema, columns: Mapping[str, Any], num_rows: int, in_pl
     def sparse(item: tuple[int, ColumnSpec]) -> np.ndarray | FieldBatch:
         number, column = item
         values = columns[column.name]
-        if column.kind == "multi_valued":
+        if column.is_list:
             return multi_valued_field(values, column)
         tag = field_tag(number) if schema.key_scheme == 1 else 0
         reuse = values.view(np.int64) if in_place and isinstance(values, np.ndarray) else None
@@ -1039,7 +1066,7 @@ def encode_rows(schema: Schema, columns: Mapping[str, Any], num_rows: int, in_pl
         return tagged_keys(bucket_keys(float_values(values), column.boundaries), tag)
 
     out: list[np.ndarray | FieldBatch] = each(sparse, enumerate(schema.sparse_columns))  # each field apart
-    keys_of = {column.name: keys for column, keys in zip(schema.sparse_columns, out) if column.kind != "multi_valued"}
+    keys_of = {column.name: keys for column, keys in zip(schema.sparse_columns, out) if not column.is_list}
     for derived in schema.derived:
         transform = TRANSFORMS.get(derived.transform)()
         keys = transform.keys(derived_inputs(schema, derived, columns, keys_of), derived.options)
@@ -1127,7 +1154,7 @@ class ServingFeatures:
         import tensorflow as tf
 
         schema = self.schema
-        one_hot = [c.name for c in schema.sparse_columns if c.kind != "multi_valued"]
+        one_hot = [c.name for c in schema.sparse_columns if not c.is_list]
         rows = tf.shape(next(iter(request.values())))[0]
         texts, blocks, order = [], [], []  # texts: string columns stacked [B, k], hashed below
         for (kind, _), columns in self.key_groups().items():
@@ -1137,13 +1164,20 @@ class ServingFeatures:
             else:
                 blocks.append(_group_keys(kind, stacked, columns))
                 order += [c.name for c in columns]
-        ids, weights = {}, {}
+        ids, numbered, weights = {}, {}, {}  # list columns' ids: strings (hashed below), numbers (keyed here)
         for column in schema.sparse_columns:
-            if column.kind == "multi_valued":
-                ids[column.name], w = tf_multi_valued(request[column.name], column)
+            if column.is_list:
+                parts, w = tf_multi_valued(request[column.name], column)
+                if column.key_dtype == "int":
+                    numbered[column.name] = parts.with_flat_values(
+                        tf_int_keys(tf.strings.to_number(parts.flat_values, tf.int64)))
+                else:
+                    ids[column.name] = parts
                 if w is not None:
                     weights[column.name] = w
-        strings, multi = self._string_keys(texts, ids)
+        strings, hashed = self._string_keys(texts, ids)
+        multi = {c.name: hashed[c.name] if c.name in hashed else numbered[c.name]
+                 for c in schema.sparse_columns if c.is_list}
         if strings is not None:
             blocks.append(strings)
             order += [c.name for c in self.key_groups()[("string", "string")]]

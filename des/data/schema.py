@@ -21,7 +21,8 @@ schema, or reads a TOML file::
 
     [[columns]]                            # every other column of the file, by name
     name = "user_id"
-    kind = "categorical"                  # categorical | multi_valued | numeric | input | ignored
+    kind = "categorical"                  # categorical | multi_valued | sequence | numeric
+                                          # | input | ignored
     dtype = "string"                      # categorical: "string" (default), "int" or "hex" (8 hex
                                           # digits, the value is the key: Criteo's)
 
@@ -32,6 +33,17 @@ schema, or reads a TOML file::
     pooling = "mean"                      # "sum" (default) | "mean"
     max_length = 6                        # optional: keep the first 6
     weight_separator = ":"                # optional: elements are "id:weight"
+
+    [[columns]]
+    name = "history"
+    kind = "sequence"                     # an ordered list, oldest first (a user's past items)
+    separator = "|"                       # default "|"
+    max_length = 20                       # required: keep the most recent (last) 20; shorter rows
+                                          # are padded (and masked) up to it where a model reads items
+    dtype = "string"                      # "string" (default) | "int": how an element is keyed
+    pooling = "mean"                      # where an operator reads it pooled: "mean" (default) | "sum"
+    table = "movie_id"                    # optional (categorical, multi_valued, sequence): share
+                                          # that column's table (keys, rows, optimizer state)
 
     [[columns]]
     name = "age"
@@ -58,7 +70,7 @@ schema, or reads a TOML file::
 Every column of a file must be declared (the label, a ``[[columns]]`` entry, or ``kind =
 "ignored"`` for a column that is dropped), so nothing is dropped silently; a declared column
 missing from the file is an error too. The store's fields are, in order, the sparse columns
-(categorical, multi_valued, numeric bucketized) in declaration order, then the derived fields;
+(categorical, multi_valued, sequence, numeric bucketized) in declaration order, then the derived fields;
 the dense block holds the ``as = "dense"`` columns in declaration order.
 
 A problem with a schema is one :class:`DataError` line naming the schema and the key, e.g.
@@ -85,7 +97,8 @@ from .features import KEY_SCHEME_2, TRANSFORMS
 from .keys import FIELD_NAMES, KEY_SCHEME, NUM_INT_FIELDS
 from .store import MULTI_HOT, ONE_HOT, FieldSpec
 
-KINDS = ("categorical", "multi_valued", "numeric", "input", "ignored")
+KINDS = ("categorical", "multi_valued", "sequence", "numeric", "input", "ignored")
+LIST_KINDS = ("multi_valued", "sequence")  # a cell is a delimited list of ids: a multi-hot field
 FORMAT_TYPES = ("csv", "parquet", "criteo")
 KEY_SCHEMES = (1, 2)
 POOLINGS = ("sum", "mean")
@@ -148,19 +161,31 @@ class ColumnSpec:
     boundaries: tuple[float, ...] | None = None  # fixed, or resolved quantiles
     mean: float | None = None  # resolved standardize statistics
     std: float | None = None
+    table: str | None = None  # categorical, multi_valued, sequence: the column whose table it shares
 
     @property
     def value_dtype(self) -> str:
         """The dtype its values are read as: ``string``, ``int`` or ``float``."""
         if self.kind == "numeric":
             return "int" if self.dtype == "int" else "float"
-        if self.kind == "multi_valued" or self.dtype == "hex":
+        if self.kind in LIST_KINDS or self.dtype == "hex":
             return "string"
         return self.dtype
 
     @property
+    def key_dtype(self) -> str:
+        """How a field's ids are keyed: a categorical's dtype, a sequence's element dtype, a
+        multi-valued column's ``string`` (columns sharing a table must key their ids alike)."""
+        return "string" if self.kind == "multi_valued" else self.dtype
+
+    @property
+    def is_list(self) -> bool:
+        """A cell is a delimited list of ids (multi-valued or sequence): a multi-hot field."""
+        return self.kind in LIST_KINDS
+
+    @property
     def is_sparse(self) -> bool:
-        return self.kind in ("categorical", "multi_valued") or (self.kind == "numeric" and self.as_ == "bucketize")
+        return self.kind in ("categorical", *LIST_KINDS) or (self.kind == "numeric" and self.as_ == "bucketize")
 
     @property
     def is_dense(self) -> bool:
@@ -168,7 +193,7 @@ class ColumnSpec:
 
     @property
     def weighted(self) -> bool:
-        return self.kind == "multi_valued" and (self.pooling == "mean" or self.weight_separator is not None)
+        return self.is_list and (self.pooling == "mean" or self.weight_separator is not None)
 
     @property
     def needs_statistics(self) -> bool:
@@ -228,7 +253,28 @@ class Schema:
 
     @property
     def multi_valued_names(self) -> frozenset[str]:
-        return frozenset(c.name for c in self.columns if c.kind == "multi_valued")
+        """The multi-hot fields' names (multi-valued and sequence columns)."""
+        return frozenset(c.name for c in self.columns if c.is_list)
+
+    @property
+    def sequence_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns if c.kind == "sequence")
+
+    def table_owner(self, name: str) -> str:
+        """The field whose table field ``name`` uses: the column its ``table`` names, else itself."""
+        for column in self.columns:
+            if column.name == name:
+                return column.table or name
+        return name
+
+    @property
+    def shared_tables(self) -> dict[str, tuple[str, ...]]:
+        """Owner field -> the fields sharing its table (``table = "<owner>"``), in declaration order."""
+        out: dict[str, tuple[str, ...]] = {}
+        for column in self.columns:
+            if column.table is not None:
+                out[column.table] = (*out.get(column.table, ()), column.name)
+        return out
 
     @property
     def field_names(self) -> tuple[str, ...]:
@@ -243,7 +289,7 @@ class Schema:
         """The store's :class:`des.data.store.FieldSpec` s (kind: the column's kind, or ``derived``;
         key scheme 1 names a bucketized number's field ``integer``, as ``keys.KEY_SCHEME`` does)."""
         specs = [FieldSpec(c.name, "integer" if self.key_scheme == 1 and c.kind == "numeric" else c.kind,
-                           MULTI_HOT if c.kind == "multi_valued" else ONE_HOT, c.weighted)
+                           MULTI_HOT if c.is_list else ONE_HOT, c.weighted)
                  for c in self.sparse_columns]
         return specs + [FieldSpec(d.name, "derived", ONE_HOT, False) for d in self.derived]
 
@@ -319,12 +365,16 @@ def _column_dict(c: ColumnSpec) -> dict[str, Any]:
     entry: dict[str, Any] = {"name": c.name, "kind": c.kind}
     if c.kind in ("categorical", "input"):
         entry["dtype"] = c.dtype
+    elif c.kind == "sequence":
+        entry.update(separator=c.separator, max_length=c.max_length, dtype=c.dtype, pooling=c.pooling)
     elif c.kind == "multi_valued":
         entry.update(separator=c.separator, pooling=c.pooling)
         if c.max_length is not None:
             entry["max_length"] = c.max_length
         if c.weight_separator is not None:
             entry["weight_separator"] = c.weight_separator
+    if c.table is not None:  # absent when unshared: a schema's record (and fingerprint) stays as it was
+        entry["table"] = c.table
     elif c.kind == "numeric":
         entry["as"] = c.as_
         if c.dtype == "int":
@@ -407,8 +457,9 @@ class _Where:
 
 
 _COLUMN_KEYS = {
-    "categorical": ("dtype",),
-    "multi_valued": ("separator", "pooling", "max_length", "weight_separator"),
+    "categorical": ("dtype", "table"),
+    "multi_valued": ("separator", "pooling", "max_length", "weight_separator", "table"),
+    "sequence": ("separator", "max_length", "dtype", "pooling", "table"),
     "input": ("dtype",),
     "ignored": (),
 }
@@ -430,8 +481,19 @@ def _parse_column(where: _Where, entry: Any, path: str, allow_statistics: bool) 
         if key not in ("name", "kind", *allowed):
             where.fail(f"{path}.{key}", f"not an option of a {kind}{' ' + as_ if kind == 'numeric' else ''} column "
                        f"(its options: {', '.join(allowed) or 'none'})")
+    table = where.string(entry, "table", path)
     if kind == "categorical":
-        return ColumnSpec(name, kind, dtype=where.string(entry, "dtype", path, "string", ("string", "int", "hex")))
+        return ColumnSpec(name, kind, dtype=where.string(entry, "dtype", path, "string", ("string", "int", "hex")),
+                          table=table)
+    if kind == "sequence":
+        separator = where.string(entry, "separator", path, "|")
+        if separator == "":
+            where.fail(f"{path}.separator", "must not be empty")
+        if "max_length" not in entry:
+            where.fail(f"{path}.max_length", "missing (a sequence keeps its most recent max_length ids)")
+        return ColumnSpec(name, kind, dtype=where.string(entry, "dtype", path, "string", ("string", "int")),
+                          separator=separator, pooling=where.string(entry, "pooling", path, "mean", POOLINGS),
+                          max_length=where.integer(entry, "max_length", path, None, 1), table=table)
     if kind == "input":
         return ColumnSpec(name, kind, dtype=where.string(entry, "dtype", path, "string", ("int", "float", "string")))
     if kind == "ignored":
@@ -447,7 +509,7 @@ def _parse_column(where: _Where, entry: Any, path: str, allow_statistics: bool) 
         pooling = where.string(entry, "pooling", path, "sum", POOLINGS)
         return ColumnSpec(name, kind, separator=separator, pooling=pooling,
                           max_length=where.integer(entry, "max_length", path, None, 1),
-                          weight_separator=weight_separator)
+                          weight_separator=weight_separator, table=table)
     dtype = where.string(entry, "dtype", path, "float", ("float", "int"))
     if as_ == "dense":
         mean = where.number(entry, "mean", path, None)
@@ -534,6 +596,7 @@ def _parse(data: Mapping[str, Any], source: str, default_name: str, allow_statis
                                            "to drop it)")
         for name_ in declared - set(fmt.names):
             where.fail(f"{seen[name_]}", f"{json.dumps(name_)} is not one of format.names")
+    _check_tables(where, columns)
     derived = _parse_derived(where, data.get("derived", []), columns, seen)
     if not any(c.is_sparse for c in columns) and not derived and not any(c.is_dense for c in columns):
         where.fail("columns", "no feature declared (every column is ignored or an input)")
@@ -547,6 +610,24 @@ def _parse(data: Mapping[str, Any], source: str, default_name: str, allow_statis
     return Schema(name, fmt, label, columns, derived, source, key_scheme)
 
 
+def _check_tables(where: _Where, columns: Sequence[ColumnSpec]) -> None:
+    """``table = "<column>"``: another categorical, multi-valued or sequence column that keys its
+    ids alike and shares no table itself (an owner holds the table, every sharer names it)."""
+    by_name = {c.name: c for c in columns}
+    for i, column in enumerate(columns):
+        if column.table is None:
+            continue
+        owner = by_name.get(column.table)
+        path = f"columns[{i}].table"
+        if owner is None or owner is column or owner.kind not in ("categorical", *LIST_KINDS):
+            where.fail(path, f"{json.dumps(column.table)} is not another categorical, multi_valued or sequence column")
+        if owner.table is not None:
+            where.fail(path, f"{json.dumps(owner.name)} shares the table of {json.dumps(owner.table)}: name that one")
+        if owner.key_dtype != column.key_dtype:
+            where.fail(path, f"{owner.name} keys {owner.key_dtype} ids, {column.name} {column.key_dtype} ids "
+                             "(a shared table needs one dtype)")
+
+
 def _check_key_scheme_1(where: _Where, columns: Sequence[ColumnSpec], derived: Sequence[DerivedSpec]) -> None:
     """Key scheme 1 tags keys of at most 2^32 + 1 values (features.py): hex ids and buckets only."""
     for i, column in enumerate(columns):
@@ -555,6 +636,9 @@ def _check_key_scheme_1(where: _Where, columns: Sequence[ColumnSpec], derived: S
                                         f"fields only, not a {column.kind} of dtype {column.value_dtype}")
     if derived:
         where.fail("derived", "key_scheme 1 takes no derived fields")
+    for i, column in enumerate(columns):
+        if column.table is not None:
+            where.fail(f"columns[{i}].table", "key_scheme 1 tags each field's keys: no field shares a table")
 
 
 def _check_criteo_layout(where: _Where, label: LabelSpec, columns: Sequence[ColumnSpec]) -> None:
@@ -576,7 +660,7 @@ def _parse_derived(where: _Where, entries: Any, columns: Sequence[ColumnSpec],
     if not isinstance(entries, list):
         where.fail("derived", "must be a list of [[derived]] tables")
     by_name = {c.name: c for c in columns}
-    fields = {c.name for c in columns if c.is_sparse and c.kind != "multi_valued"}
+    fields = {c.name for c in columns if c.is_sparse and not c.is_list}
     transforms = TRANSFORMS.all()
     out = []
     for i, entry in enumerate(entries):

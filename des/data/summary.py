@@ -117,10 +117,13 @@ def format_schema(data: dict) -> list[str]:
     lines += [header, "     " + "-" * (len(header) - 5)]
     for column in schema.sparse_columns:
         pooling, detail = "-", ""
-        if column.kind == "multi_valued":
+        if column.is_list:
             pooling = column.pooling
-            detail = f"separator {column.separator!r}" + (f", first {column.max_length}" if column.max_length else "") \
-                + (f", weights after {column.weight_separator!r}" if column.weight_separator else "")
+            kept = "last" if column.kind == "sequence" else "first"
+            detail = f"separator {column.separator!r}" \
+                + (f", {kept} {column.max_length}" if column.max_length else "") \
+                + (f", weights after {column.weight_separator!r}" if column.weight_separator else "") \
+                + (f", {column.dtype} ids" if column.kind == "sequence" else "")
         elif column.kind == "categorical":
             detail = f"{column.dtype} values, hashed"
         elif column.buckets == "log_squared":
@@ -129,7 +132,9 @@ def format_schema(data: dict) -> list[str]:
             bounds = column.boundaries or ()
             shown = ", ".join(_number(b) for b in bounds[:6]) + (", ..." if len(bounds) > 6 else "")
             detail = f"{column.buckets}: {len(bounds) + 1} buckets at [{shown}]"
-        hotness = "multi-hot" if column.kind == "multi_valued" else "one-hot"
+        if column.table is not None:
+            detail += f"; the table of {column.table}"
+        hotness = "multi-hot" if column.is_list else "one-hot"
         lines.append(f"     {column.name:<16} {column.kind:<13} {hotness:<9} {pooling:<8} {detail}")
     for derived in schema.derived:
         options = "".join(f", {k} {v!r}" for k, v in derived.options.items())

@@ -4,7 +4,9 @@ Each read column gets values of its kind, drawn in fixed blocks of ``BLOCK_ROWS`
 ``np.random.default_rng([seed, 0, block])`` (any chunking gives the same rows, a smaller dataset is
 a prefix of a larger one): categorical columns Zipf-distributed ids (vocabularies of 10 to 10^5
 by column, 2 % missing; string columns as the id's decimal text, hex ones as its 8 hex digits), multi-valued columns 0..k ids
-(k = ``max_length`` + 1, else 4; weights in [0.5, 1.5) when weighted), numeric columns N(0, 1)
+(k = ``max_length`` + 1, else 4; weights in [0.5, 1.5) when weighted), sequences 0..``max_length`` + 2
+ids (so some are cut to their most recent), a column sharing a table drawing the ids of the column
+that owns it (and keyed as that field in the oracle), numeric columns N(0, 1)
 (``log1p`` and ``log_squared`` columns: Zipf counts; 2 % missing), time inputs hours over two weeks
 from 2014-10-21 (unix seconds or the declared format), ignored columns the row number. The rows
 are then keyed exactly as preparing keys them (``features.encode_rows``; statistics from the
@@ -70,8 +72,8 @@ def _column(column: ColumnSpec, index: int, rng: np.random.Generator, rows: int,
     missing = rng.random(rows) < _MISSING_RATE
     if column.kind == "ignored":
         return pa.array(np.arange(first_row, first_row + rows)).cast(pa.string())
-    if column.kind == "multi_valued":
-        top = (column.max_length + 1) if column.max_length else 4
+    if column.is_list:
+        top = 4 if not column.max_length else column.max_length + (2 if column.kind == "sequence" else 1)
         lengths = rng.integers(0, top + 1, rows)
         offsets = np.zeros(rows + 1, dtype=np.int32)
         np.cumsum(lengths, out=offsets[1:])
@@ -122,8 +124,10 @@ class SchemaGenerator:
         """The read columns of block ``index`` (its first ``rows`` rows), Arrow arrays by name."""
         rng = np.random.default_rng([self.seed % (1 << 63), 0, index])
         first = index * BLOCK_ROWS
-        columns = {c.name: _column(c, i, rng, BLOCK_ROWS, first, self.time_formats.get(c.name))
-                   for i, c in enumerate(self.schema.columns)}
+        index = {c.name: i for i, c in enumerate(self.schema.columns)}
+        columns = {c.name: _column(c, index[self.schema.table_owner(c.name)], rng, BLOCK_ROWS, first,
+                                   self.time_formats.get(c.name))
+                   for c in self.schema.columns}
         return {name: array.slice(0, rows) for name, array in columns.items()}
 
     def _resolved(self, schema: Schema, rows: int) -> Schema:
@@ -151,10 +155,12 @@ class SchemaGenerator:
         square_sum = np.zeros(rows)
         one_hot = np.arange(rows + 1, dtype=np.int64)
         no_weights = np.zeros(0, dtype=np.float32)
-        for f, column in enumerate(encoded.columns):
+        names = self.schema.field_names
+        for name, column in zip(names, encoded.columns):
             block = column if isinstance(column, FieldBatch) else FieldBatch(one_hot, column, None)
-            # the field's number in the keys: a field's keys only need to be unique within it
-            keys = block.keys ^ np.int64(f << 56)
+            # the number of the field whose table it uses in the keys: a field's keys only need to be
+            # unique within its table
+            keys = block.keys ^ np.int64(names.index(self.schema.table_owner(name)) << 56)
             weights = no_weights if block.weights is None else block.weights
             _accumulate_fm(block.offsets, keys, weights, block.weights is not None, self._salt, _LINEAR_STD,
                            _LATENT_STD, linear, latent_sum, square_sum)
@@ -239,8 +245,8 @@ def _write_raw(generator: SchemaGenerator, target: Path, rows: int, overwrite: b
     temporary = target.parent / f".{target.name}.tmp-{os.getpid()}"
     names = schema.format.names if schema.format.type == "csv" and not schema.format.header else schema.file_columns
     delimiter, header = (schema.format.delimiter, schema.format.header) if schema.format.type == "csv" else ("\t", False)
-    separators = {c.separator for c in schema.columns if c.kind == "multi_valued"} | {
-        c.weight_separator for c in schema.columns if c.kind == "multi_valued"}
+    separators = {c.separator for c in schema.columns if c.is_list} | {
+        c.weight_separator for c in schema.columns if c.is_list}
     quoting = "needed" if delimiter in separators else "none"  # as Avazu's files: no quotes
     positives = 0
     writer: Any = None

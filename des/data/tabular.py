@@ -452,8 +452,8 @@ class TableReader:
         if dtype == "string":
             if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
                 array = array.cast(pa.string())
-            if column.kind == "multi_valued" and column.weight_separator is not None:
-                self._check_weights(column, array, problems)
+            if column.is_list and (column.weight_separator is not None or column.key_dtype == "int"):
+                self._check_elements(column, array, problems)
             if column.dtype == "hex":
                 problems.add(hex_keys(array) < 0,
                              lambda r: f"column {column.name}: {_short(array[r].as_py())} is not 8 hex digits")
@@ -466,7 +466,7 @@ class TableReader:
         problems.add(bad, lambda r: f"column {column.name}: {_short(array[r].as_py())} {what}")
         return values
 
-    def _check_weights(self, column: ColumnSpec, array: Any, problems: _Problems) -> None:
+    def _check_elements(self, column: ColumnSpec, array: Any, problems: _Problems) -> None:
         try:
             multi_valued_field(array, column)
             return
@@ -478,8 +478,8 @@ class TableReader:
                 multi_valued_field(array.slice(r, 1), column)
             except ValueError:
                 bad[r] = True
-        problems.add(bad, lambda r: f"column {column.name}: {_short(array[r].as_py())} has a weight that is not a "
-                                    "number")
+        what = "an element that is not an integer" if column.key_dtype == "int" else "a weight that is not a number"
+        problems.add(bad, lambda r: f"column {column.name}: {_short(array[r].as_py())} has {what}")
 
 
 class _LineNumbers:

@@ -207,6 +207,9 @@ class Touched:
     #: each field's distinct trained rows and each id's place among them: what the gather reads
     #: and the update sums by
     distinct: Distinct | None = field(default=None, repr=False, compare=False)
+    #: the lookups of the parts it was composed from, where several tables' lookups make one (a shard
+    #: whose fields share tables: ``des/strategies/table_groups.py``), kept for the later passes
+    parts: tuple | None = field(default=None, repr=False, compare=False)
     arrays: tuple = field(init=False, repr=False, compare=False)  # TouchedArrays, as the kernels take it
 
     def __post_init__(self) -> None:

@@ -113,8 +113,9 @@ class ServedModel:
         # --unadmitted shared: [fields, dims] values of every field's shared row, the blocks side by side
         self.shared = None if not state["shared"] else tf.Variable(
             np.concatenate([state["shared"][b] for b in self.blocks], axis=1), trainable=False, name="shared")
-        # uint64 stream bases per (block, field), as des.hashtable.init.Initializer.stream_base (as int64 bits)
-        self.bases = {b: np.array([Initializer.stream_base(state["seed"], f, b) for f in range(model.num_fields)],
+        # uint64 stream bases per (block, field), as des.hashtable.init.Initializer.stream_base (as int64
+        # bits; of the table's field: a field using another's table draws as that one)
+        self.bases = {b: np.array([Initializer.stream_base(state["seed"], owner, b) for owner in state["owners"]],
                                   dtype=np.uint64).view(np.int64) for b in self.specs}
         #: what is saved: the table and every variable above
         self.module = tf.Module(name="des_export")
@@ -252,7 +253,7 @@ def describe_inputs(schema: Any) -> str:
     from des.data.features import ServingFeatures
 
     kinds = {"int64": "int64 (missing: -2**63)", "float64": "float64 (missing: NaN)", "string": "string ('' = missing)"}
-    notes = {c.name: " (a delimited list)" if c.kind == "multi_valued" else " (8 hex digits)" if c.dtype == "hex"
+    notes = {c.name: " (a delimited list)" if c.is_list else " (8 hex digits)" if c.dtype == "hex"
              else "" for c in schema.read_columns}
     return ", ".join(f"{name} {kinds[dtype]}{notes[name]}"
                      for name, dtype in ServingFeatures(schema).request_columns().items())

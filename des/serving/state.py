@@ -29,15 +29,18 @@ def read_checkpoint(folder: Path, manifest: dict[str, Any], model: Any) -> dict[
     replicated weights; with ``--unadmitted shared`` only the admitted keys, and per block the
     ``[fields, dim]`` values of every field's shared row (``shared``: what an unknown or unadmitted
     key is looked up as). ``keys[f]`` are field ``f``'s keys, whose rows are ``values[block]``'s
-    rows ``offsets[f]`` on."""
+    rows ``offsets[f]`` on; a field using another's table (``--shared-tables``) is served that
+    table (``owners[f]``: the field whose table field ``f`` reads)."""
     from des.checkpoint import as_checkpoint_error, verified_file
+    from des.placement import shared_tables
 
     blocks = [b.name for b in model.blocks()]
     keys, values, shared = [], {b: [] for b in blocks}, {b: [] for b in blocks}
     field_params: dict[str, list[np.ndarray]] = {}
     table: dict[str, Any] = {}
+    owners = shared_tables(manifest.get("config", {}).get("shared_tables", "auto"))
     for field in range(model.num_fields):
-        table = read_field_table(folder, manifest, field, blocks)
+        table = read_field_table(folder, manifest, owners.get(field, field), blocks)
         keys.append(table["keys"])
         for b in blocks:
             values[b].append(table["values"][b])
@@ -58,6 +61,7 @@ def read_checkpoint(folder: Path, manifest: dict[str, Any], model: Any) -> dict[
         "field_params": {k: np.stack(v) for k, v in field_params.items()},
         "top": top, "specs": table["specs"], **table["options"],
         "shared": {b: np.stack(v) for b, v in shared.items() if v},
+        "owners": [owners.get(f, f) for f in range(model.num_fields)],
     }
 
 

@@ -143,6 +143,8 @@ class ShardState:
     step: int
     tables: dict[int, "EmbeddingTable"]
     dense: "DenseParams"
+    #: this rank's fields that use another field's table, and that field (which holds it, here too)
+    shared: dict[int, int] = field(default_factory=dict)
 
     @property
     def fields(self) -> list[int]:
@@ -172,6 +174,9 @@ class Strategy(ABC):
     exact_over_ranks: ClassVar[bool] = True
     #: it can write and resume checkpoints
     checkpoints: ClassVar[bool] = True
+    #: fields may share one table (``--shared-tables``: its tables are held by owner field, and the
+    #: placement keeps a table's fields on one rank); a strategy that moves rows by field refuses them
+    shares_tables: ClassVar[bool] = False
     #: phase -> category (:data:`CATEGORIES`) of the phases :attr:`timer` times on training ranks
     phases: ClassVar[Mapping[str, str]]
     #: communicator sites of training traffic (evaluation, set-up and checkpoints use others)
@@ -211,11 +216,13 @@ class Strategy(ABC):
     def place(cls, num_fields: int, ranks: int, distinct: Sequence[int], config: "TrainConfig",
               work: Sequence[float] | None = None) -> list[list[int]]:
         """Fields of every rank (default: every rank owns fields, by ``--placement`` and
-        ``--split-fields``; ``work``: each field's work per step, which ``balanced`` balances too)."""
-        from des.placement import parse_split_fields, place_fields
+        ``--split-fields``; ``work``: each field's work per step, which ``balanced`` balances too;
+        fields sharing a table, ``--shared-tables``, placed together)."""
+        from des.placement import parse_split_fields, place_fields, shared_tables
 
         split = parse_split_fields(str(config.split_fields), [str(f) for f in range(num_fields)])
-        return place_fields(num_fields, ranks, config.placement, distinct, split, work)
+        return place_fields(num_fields, ranks, config.placement, distinct, split, work,
+                            shared_tables(config.shared_tables))
 
     @classmethod
     def check_options(cls, config: "TrainConfig") -> None:

@@ -26,6 +26,7 @@ from des.hashtable.pooling import pool, unpool
 from des.models.base import EmbeddingBlock, Model
 from des.options import Optimizers, TableOptions
 from des.placement import keep_share
+from des.strategies.table_groups import TableGroups
 from des.substitutions.base import draw_param
 from des.zero_copy import aligned_copy, aligned_empty, to_tensor
 
@@ -38,7 +39,8 @@ class FieldShard:
     row of every field, inserts, admission counts), :meth:`gather_pooled` (values gathered and
     pooled into ``[B, F_i, dim]``, every block in one call) and :meth:`apply_pooled` (un-pooling,
     duplicate sums, the sparse optimizers). The tables stay one per field (``tables``),
-    checkpointed and re-sharded by field.
+    checkpointed and re-sharded by field; fields sharing a table (``TableGroups``) use their
+    owner's, driven as one field of their rows one after another, in one call per table.
     """
 
     def __init__(self, fields: Sequence[int], blocks: Sequence[EmbeddingBlock], optimizers: Optimizers, *,
@@ -56,13 +58,23 @@ class FieldShard:
         #: batch's ids of such a field outside the share are not looked up (another rank holds them)
         self.shares = {int(f): (int(s), int(n)) for f, (s, n) in (shares or {}).items()}
         specs = [BlockSpec(b.name, b.dim, optimizers.sparse[b.name], Initializer(b.init, b.scale)) for b in blocks]
+        #: fields sharing a table (``table_groups.py``): a group's table is its owner's, the only one held
+        self.groups = TableGroups(self.fields, tables.shared_map())
+        if self.groups and self.shares:
+            raise ValueError("fields that share a table are never split by key")
+        table_fields = self.groups.main_fields + self.groups.owners
+        #: the tables, by the field that owns each (a field sharing another's table has none here)
         self.tables: dict[int, EmbeddingTable] = {
             f: EmbeddingTable(f, specs, seed=seed, dtype=self.dtype, capacity=capacity, rows=rows,
                               min_count=tables.min_count, unadmitted=tables.unadmitted, table_dtype=tables.table_dtype)
-            for f, (capacity, rows) in ((f, tables.initial_size(f, self.shares.get(f, (0, 1))[1])) for f in self.fields)
+            for f, (capacity, rows) in ((f, tables.initial_size(f, self.shares.get(f, (0, 1))[1]))
+                                        for f in sorted(table_fields))
         }
         # reads self.tables at every call: a checkpoint load replaces tables in that dict
-        self._fused = ShardTables(self.tables, self.fields, [b.name for b in self.blocks])
+        names = [b.name for b in self.blocks]
+        self._fused = None if self.groups else ShardTables(self.tables, self.fields, names)
+        #: with shared tables, the kernels of each part (``TableGroups.parts``): one call each
+        self._parts = [ShardTables(self.tables, fields, names) for fields in self.groups.part_fields]
 
     # -- the owner's side of a batch (DES: every rank pools its own fields of the whole batch) --------------
     def touch(self, batch: Any, *, train: bool, step: int) -> Touched:
@@ -78,7 +90,11 @@ class FieldShard:
         eviction or checkpoint load may happen (rows would move). The kernels use the calling
         thread's numba thread count (``numba.set_num_threads``); the results do not depend on it.
         """
-        touched = self._fused.touch(self._ids(batch), train=train, step=step)
+        ids = self._ids(batch)
+        if self.groups:
+            return self.groups.compose([shard.touch(part, train=train, step=step)
+                                        for shard, part in zip(self._parts, self.groups.ids(ids))])
+        touched = self._fused.touch(ids, train=train, step=step)
         if not self.fields:  # a rank holding only shares of split fields: no ids, but the batch's rows
             touched = dataclasses.replace(touched, offsets=np.zeros((0, len(batch.labels) + 1), np.int64))
         return touched
@@ -101,12 +117,25 @@ class FieldShard:
         steps they skipped up to that step (Adam's catch-up, every block), in the same pass over
         the fields."""
         outs = self._pooled_outs(touched, blocks)
-        self._fused.gather_pooled(touched, outs, catch_up_to, self.rates.sparse)
-        return list(outs.values())
+        if not self.groups:
+            self._fused.gather_pooled(touched, outs, catch_up_to, self.rates.sparse)
+            return list(outs.values())
+        touched_parts = self.groups.split(touched)
+        parts = self._part_outs(touched_parts, blocks)
+        for shard, t, part in zip(self._parts, touched_parts, parts):
+            shard.gather_pooled(t, part, catch_up_to, self.rates.sparse)
+        return self._joined(outs, parts)
 
     def gather_ids(self, touched: Touched, block: int, out: np.ndarray) -> None:
         """Block ``block``'s values of every id of ``touched``, not pooled, into ``out [nnz, dim]``."""
-        self._fused.gather_ids(touched, block, out)
+        if not self.groups:
+            self._fused.gather_ids(touched, block, out)
+            return
+        touched_parts = self.groups.split(touched)
+        parts = [np.empty((t.keys.shape[0], out.shape[1]), out.dtype) for t in touched_parts]
+        for shard, t, part in zip(self._parts, touched_parts, parts):
+            shard.gather_ids(t, block, part)
+        self.groups.join_ids(touched, out, parts)
 
     def apply_pooled(self, touched: Touched, grads: Sequence[np.ndarray] | Mapping[int, np.ndarray], step: int,
                      lr_scale: float | None = None) -> None:
@@ -114,7 +143,12 @@ class FieldShard:
         gradients of an id that occurs several times are summed first): ``grads`` per block in the
         model's order, or ``{block position: grads}`` for some of them, all in one call.
         ``lr_scale``: the step's schedule factor (default: the current one)."""
-        self._fused.apply_pooled(touched, _by_block(grads), step, self.rates.sparse if lr_scale is None else lr_scale)
+        rate = self.rates.sparse if lr_scale is None else lr_scale
+        if not self.groups:
+            self._fused.apply_pooled(touched, _by_block(grads), step, rate)
+            return
+        for shard, t, part in zip(self._parts, self.groups.split(touched), self._split_grads(grads)):
+            shard.apply_pooled(t, part, step, rate)
 
     def apply_then_gather(self, touched: Touched, grads: Sequence[np.ndarray], step: int, lr_scale: float,
                           following: Touched, blocks: Sequence[str] | None = None, *,
@@ -123,13 +157,39 @@ class FieldShard:
         :meth:`gather_pooled` of the next batch (``following``: its lookup, done before this
         update), in one pass over the fields: the same bytes as the two calls."""
         outs = self._pooled_outs(following, blocks)
-        self._fused.apply_then_gather(touched, _by_block(grads), step, lr_scale, following, outs, catch_up_to,
-                                      self.rates.sparse)
-        return list(outs.values())
+        if not self.groups:
+            self._fused.apply_then_gather(touched, _by_block(grads), step, lr_scale, following, outs, catch_up_to,
+                                          self.rates.sparse)
+            return list(outs.values())
+        following_parts = self.groups.split(following)
+        parts = self._part_outs(following_parts, blocks)
+        for shard, t, g, f, part in zip(self._parts, self.groups.split(touched), self._split_grads(grads),
+                                        following_parts, parts):
+            shard.apply_then_gather(t, g, step, lr_scale, f, part, catch_up_to, self.rates.sparse)
+        return self._joined(outs, parts)
 
-    def _pooled_outs(self, touched: Touched, blocks: Sequence[str] | None) -> dict[int, np.ndarray]:
-        return {k: aligned_empty((touched.size, len(self.fields), b.dim), self.dtype)  # TF takes it as it is
+    def _pooled_outs(self, touched: Touched, blocks: Sequence[str] | None,
+                     fields: int | None = None) -> dict[int, np.ndarray]:
+        width = len(self.fields) if fields is None else fields
+        return {k: aligned_empty((touched.size, width, b.dim), self.dtype)  # TF takes it as it is
                 for k, b in enumerate(self.blocks) if blocks is None or b.name in blocks}
+
+    # -- a shard with fields sharing tables: its parts (the main fields, then each shared table) -------------
+    def _part_outs(self, parts: Sequence[Touched], blocks: Sequence[str] | None) -> list[dict[int, np.ndarray]]:
+        return [self._pooled_outs(t, blocks, width) for t, width in zip(parts, self.groups.widths)]
+
+    def _split_grads(self, grads: Sequence[np.ndarray] | Mapping[int, np.ndarray]) -> list[dict[int, np.ndarray]]:
+        """Per part, its gradients by block (``TableGroups.split_pooled``)."""
+        parts: list[dict[int, np.ndarray]] = [{} for _ in self._parts]
+        for k, g in _by_block(grads).items():
+            for part, value in zip(parts, self.groups.split_pooled(g)):
+                part[k] = value
+        return parts
+
+    def _joined(self, outs: dict[int, np.ndarray], parts: Sequence[dict[int, np.ndarray]]) -> list[np.ndarray]:
+        for k, out in outs.items():
+            self.groups.join_pooled(out, [p[k] for p in parts])
+        return list(outs.values())
 
     # -- serving rows by key (strategies that move rows) -------------------------------------------------
     def rows(self, field: int, keys: np.ndarray, *, insert: bool, step: int) -> tuple[np.ndarray, np.ndarray]:

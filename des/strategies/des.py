@@ -60,6 +60,7 @@ class DES(Strategy):
     with the top network's). ``auto`` lets the planner's cost model choose per operator."""
 
     name = "des"
+    shares_tables = True
     description = "partial sums of the substituted operators, summed over the ranks (the paper)"
     phases = {"lookup": "lookup", "partials": "partials", "reduce_scatter": "communication", "top": "top",
               "allgather": "communication", "local_backward": "backward", "allreduce": "communication",
@@ -216,14 +217,16 @@ class DES(Strategy):
     def state(self) -> ShardState:
         self.settle()
         tables = {**self.shard.tables, **(self.share_shard.tables if self.share_shard else {})}
-        return ShardState(self.model, self.dtype, self.seed, self.placement, self.step_count, tables, self.dense)
+        shared = dict(self.shard.groups.shared)
+        return ShardState(self.model, self.dtype, self.seed, self.placement, self.step_count, tables, self.dense,
+                          shared)
 
     def load_state(self, state: ShardState) -> None:
         """Adopt a loaded state: its tables go back to the shard that holds their field (whole or a share)."""
         super().load_state(state)
         for shard in (self.shard, self.share_shard):
             if shard is not None:
-                shard.tables.update((f, state.tables[f]) for f in shard.fields)
+                shard.tables.update((f, state.tables[f]) for f in list(shard.tables))
 
     def describe(self) -> str:
         from des.planner import format_plan
