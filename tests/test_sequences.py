@@ -234,11 +234,11 @@ def test_the_placement_keeps_a_tables_fields_together():
 
     shared = parse_shared_tables("history:movie,3:0", ["movie", "history", "user", "tags", "city"])
     assert shared == {1: 0, 3: 0}
-    assert place_fields(5, 2, "mod", None, "auto", shared) == [[0, 1, 3, 4], [2]]
-    balanced = place_fields(5, 3, "balanced", [10, 50, 20, 30, 40], "auto", shared)
+    assert place_fields(5, 2, "mod", None, "auto", shared=shared) == [[0, 1, 3, 4], [2]]
+    balanced = place_fields(5, 3, "balanced", [10, 50, 20, 30, 40], "auto", shared=shared)
     assert sorted(map(tuple, balanced)) == [(0, 1, 3), (2,), (4,)]
     with pytest.raises(ConfigError, match="cannot split fields that share a table"):
-        place_fields(5, 2, "split", [1] * 5, [1], shared)
+        place_fields(5, 2, "split", [1] * 5, [1], shared=shared)
     for text, message in (("history", "is not FIELD:OWNER"), ("history:nope", "'nope' is not a field"),
                           ("history:history", "uses one other field's table"),
                           ("history:movie,movie:user", "movie uses another's table and cannot own one")):
