@@ -69,6 +69,7 @@ something; the recorded runs are in ``docs/benchmarks.md``.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import shutil
@@ -77,8 +78,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import json
 
 import bench_synthetic
 import bench_throughput as throughput
