@@ -335,11 +335,13 @@ def test_one_block_of_one_hot_fields_is_the_keys_without_a_copy() -> None:
     assert (multi.take(1, 3)[1].offsets == [0, 0, 1]).all()
 
 
-def test_one_hot_sums_are_the_stored_first_gradient_plus_the_others() -> None:
-    """The one-hot sums per distinct row (``_sum_fields``) have the bits of storing a row's first
+@pytest.mark.parametrize("parts", [1, 3])
+def test_one_hot_sums_are_the_stored_first_gradient_plus_the_others(parts) -> None:
+    """The one-hot sums per distinct row (``_sum_pieces``) have the bits of storing a row's first
     gradient and adding the later ones in order, signed zeros included (sums that start at +0.0
-    would turn a row's lone -0.0 into +0.0)."""
-    from des.hashtable.fused import TouchedArrays, _sum_fields, _Sums
+    would turn a row's lone -0.0 into +0.0); the same bits when the field's rows are cut into
+    pieces, each summed from every id (``unpool_rows``)."""
+    from des.hashtable.fused import TouchedArrays, _Sums, _sum_pieces
 
     inverse = np.array([0, 1, 0, 2, 1, -1, 3, 3], np.int32)  # distinct rows in first-occurrence order; -1: untrained
     size, rows = inverse.shape[0], 4
@@ -351,8 +353,11 @@ def test_one_hot_sums_are_the_stored_first_gradient_plus_the_others() -> None:
     unused = np.zeros(size, np.int64)  # what the sums do not read: keys, rows, admission, distinct rows
     ids = TouchedArrays(unused, np.array([0, size]), np.arange(size + 1)[None], np.ones(0), np.zeros(1, np.bool_),
                         np.ones(1, np.bool_), unused, unused.astype(np.bool_), unused, np.array([rows]), inverse)
-    _sum_fields(0, 1, tuple(_Sums(np.array([g.ctypes.data for g in grads]), np.array([a.ctypes.data for a in sums]),
-                                  np.array([8, 1]), np.array([0, rows]))), tuple(ids), grads[0])
+    pieces = np.array([[0, k, parts] for k in range(parts)], np.int64)
+    for k in range(parts):  # one piece at a time, as threads would take them
+        _sum_pieces(k, k + 1, pieces, tuple(_Sums(np.array([g.ctypes.data for g in grads]),
+                                                  np.array([a.ctypes.data for a in sums]), np.array([8, 1]),
+                                                  np.array([0, rows]))), tuple(ids), grads[0])
     for g, got in zip(grads, sums):
         expected = np.empty_like(got)
         seen = set()
@@ -362,6 +367,65 @@ def test_one_hot_sums_are_the_stored_first_gradient_plus_the_others() -> None:
                 seen.add(p)
         assert got.tobytes() == expected.tobytes()
     assert np.signbit(sums[0][0, 0]) and not np.signbit(sums[0][1, 0]) and np.signbit(sums[1][2, 0])
+
+
+@pytest.mark.parametrize("dtype,optimizer", [(np.float64, "adam-catchup"), ("bfloat16", "adam"),
+                                             (np.float32, "rowwise-adagrad")])
+def test_a_large_field_cut_into_pieces_gives_the_same_bytes(monkeypatch, dtype, optimizer) -> None:
+    """A shard where one multi-hot field (or a weighted one) is most of the work: on 3 threads its
+    rows are cut into pieces (summed, updated, caught up and read piece by piece, pooled by
+    samples afterwards); every pass gives the bytes of one thread, which takes the field whole:
+    ``gather_pooled`` with catch-up, ``apply_pooled``, and ``apply_then_gather``."""
+    from des.hashtable.fused import pieces
+
+    monkeypatch.setattr("des.hashtable.fused._MIN_PARALLEL", 0)  # split even this small batch
+    fields, dims = [1, 2, 3], (1, 4, 3)
+    rng = np.random.default_rng(3)
+
+    def batch(step):
+        out = []
+        for j, f in enumerate(fields):  # field 1: 0-40 ids a sample (weighted at odd steps), the others one-hot
+            counts = rng.integers(0, 40, 256) if j == 1 else np.ones(256, np.int64)
+            offsets = np.zeros(257, np.int64)
+            offsets[1:] = np.cumsum(counts)
+            keys = (np.int64(f + 1) << 40) | rng.integers(0, 3000 if j == 1 else 20, int(offsets[-1]))
+            weights = rng.uniform(0.5, 2, keys.size).astype(np.float32) if j == 1 and step % 2 else None
+            out.append(Ids(offsets, keys, weights))
+        return out
+
+    batches = [batch(s) for s in range(5)]
+    grads = [[rng.normal(size=(256, 3, d)) for d in dims] for _ in range(5)]
+    dtype, table_dtype = (np.float32, "bfloat16") if dtype == "bfloat16" else (dtype, None)
+    results = []
+    for n_threads in (1, 3):
+        monkeypatch.setattr(_threads, "threads", lambda n=n_threads: n)
+        tables = make_tables(fields, dtype, optimizer=OPTIMIZERS[optimizer], min_count=2, capacity=16, dims=dims,
+                             table_dtype=table_dtype)
+        shard = ShardTables(tables, fields, BLOCK_NAMES)
+        outs = lambda: {k: np.empty((256, 3, d), tables[1].dtype) for k, d in enumerate(dims)}  # noqa: E731
+        touched, pooled = shard.touch(keyed(batches[0]), train=True, step=0), outs()
+        shard.gather_pooled(touched, pooled, catch_up_to=0)
+        if n_threads > 1:  # the multi-hot field is cut, the one-hot ones are not
+            cut = pieces(np.diff(touched.key_offsets) * 1.0, ~touched.hot)
+            assert cut.parts[1] > 1 and (cut.parts[[0, 2]] == 1).all()
+        gathered = [pooled]
+        for step in range(4):
+            following, pooled = shard.touch(keyed(batches[step + 1]), train=True, step=step + 1), outs()
+            g = {k: x.astype(tables[1].dtype) for k, x in enumerate(grads[step])}
+            if step % 2:
+                shard.apply_then_gather(touched, g, step, 0.9, following, pooled, step + 1, 1.1)
+            else:
+                shard.apply_pooled(touched, g, step)
+                shard.gather_pooled(following, pooled, step + 1)
+            gathered.append(pooled)
+            touched = following
+        results.append((tables, gathered))
+    (a, pa), (b, pb) = results
+    for x, y in zip(pa, pb):
+        for k in x:
+            assert x[k].tobytes() == y[k].tobytes()
+    for f in fields:
+        assert_same_tables(a[f], b[f])
 
 
 def test_pool_threads_ranges_errors_and_a_second_caller(monkeypatch) -> None:

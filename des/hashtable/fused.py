@@ -59,7 +59,7 @@ from ._views import view1, view2
 from .distinct import distinct_keys, distinct_rows
 from .bfloat16 import columns, init_stored, load, update_stored
 from .optimizers import StepArgs, catch_up_rows
-from .pooling import one_hot_fields, pool_or_unpool
+from .pooling import one_hot_fields, pool_or_unpool, pool_samples, unpool_rows
 from .table import EmbeddingTable, as_keys, check_step, sentinel_error
 
 # columns of the address table: index, row keys, meta, then per block its values+slots and steps;
@@ -162,6 +162,46 @@ class _Sums(NamedTuple):
     acc_addr: np.ndarray  # int64 [blocks]: address of its sums [base[-1], dim]
     dims: np.ndarray  # int64 [blocks]
     base: np.ndarray  # int64 [F + 1]: field j's sums are rows base[j] .. base[j + 1]
+
+
+class Pieces(NamedTuple):
+    """How a pass over a shard's fields is cut for the threads: field after field, each in one
+    piece or in several pieces of its distinct rows (piece k of n: rows ``count·k//n`` ..
+    ``count·(k+1)//n``)."""
+
+    pieces: np.ndarray  # int64 [P, 3]: per piece its field, k and n
+    parts: np.ndarray  # int64 [F]: each field's n
+    work: np.ndarray  # float64 [P]: each piece's share of its field's work
+
+
+def pieces(work: np.ndarray, splittable: np.ndarray) -> Pieces:
+    """Fields whose work is more than half a thread's share of the pass (``splittable`` ones: not
+    one-hot) cut into pieces of their rows, so one large field does not keep one thread busy while
+    the others wait (on a rank holding a few fields, one of them may be most of its work). Rows
+    are independent in every pass (a row's sum, update, catch-up and read touch that row only,
+    and the pooling of a cut field runs by samples afterwards), so the results do not depend on
+    the cut, nor on the threads."""
+    work = np.asarray(work, dtype=np.float64)
+    parts = np.ones(work.shape[0], dtype=np.int64)
+    threads, total = _threads.threads(), float(work.sum())
+    if threads > 1 and total >= _MIN_PARALLEL:
+        share = total / (2 * threads)
+        large = np.asarray(splittable, dtype=np.bool_) & (work > share)
+        parts[large] = np.minimum(np.ceil(work[large] / share), 2 * threads).astype(np.int64)
+    field = np.repeat(np.arange(work.shape[0], dtype=np.int64), parts)
+    k = np.arange(field.shape[0], dtype=np.int64) - np.repeat(np.cumsum(parts) - parts, parts)
+    return Pieces(np.stack([field, k, parts[field]], axis=1), parts, (work / parts)[field])
+
+
+@dataclass
+class _Pass:
+    """One pass of the shard's kernels planned for a batch: ``run(pieces, i0, i1)`` on the threads
+    (over :class:`Pieces`), then ``finish(pieces)``; ``work`` per field, and which fields may be cut."""
+
+    run: Any
+    work: np.ndarray
+    splittable: np.ndarray
+    finish: Any
 
 
 @dataclass
@@ -420,18 +460,19 @@ class ShardTables:
         """Per block (``{block: out}``), its values of the touched ids pooled per sample into
         ``out[B, F, dim]`` (C-contiguous, the tables' dtype): rows not admitted give their key's
         initial value or zeros (``unadmitted``), as :meth:`EmbeddingTable.gather` + ``pooling.pool``.
-        One split of the fields over the threads for all the blocks. With ``catch_up_to``, each
-        field's rows are first caught up to that step (:meth:`_catch_up_calls`, with ``lr_scale``)
-        in the same pass, right before they are read."""
-        by_fields, work, finish = self._gather_plan(self._sync(), touched, outs, catch_up_to, lr_scale)
-        _threads.run(by_fields, work, _MIN_PARALLEL)
-        finish()
+        One split of the fields over the threads for all the blocks (a large field in pieces of its
+        rows, :func:`pieces`). With ``catch_up_to``, each field's rows are first caught up to that
+        step (:meth:`_catch_up_calls`, with ``lr_scale``) in the same pass, right before they are read."""
+        gather = self._gather_plan(self._sync(), touched, outs, catch_up_to, lr_scale)
+        cut = pieces(gather.work, gather.splittable)
+        _threads.run(lambda i0, i1: gather.run(cut, i0, i1), cut.work, _MIN_PARALLEL)
+        gather.finish(cut)
 
     def _gather_plan(self, tables: list[EmbeddingTable], touched: Touched, outs: Mapping[int, np.ndarray],
-                     catch_up_to: int | None, lr_scale: float) -> tuple[Any, np.ndarray, Any]:
-        """:meth:`gather_pooled` as ``(by_fields(j0, j1), work per field, finish())``: the pass over
-        ranges of fields to run on the threads, then what follows it (the one-hot fields' copy by
-        samples, the row checks)."""
+                     catch_up_to: int | None, lr_scale: float) -> "_Pass":
+        """:meth:`gather_pooled` as a :class:`_Pass`: the pass over pieces of fields to run on the
+        threads, then what follows it (by samples: the one-hot fields' copy and the pooling of the
+        fields read in pieces; the row checks)."""
         bad = np.full(len(tables), -1, dtype=np.int64)
         ids = touched.arrays
         catch_calls, work = ([], np.zeros(len(tables))) if catch_up_to is None else self._catch_up_calls(
@@ -447,26 +488,32 @@ class ShardTables:
             calls.append((self._block_args[block], out, slot, values))
         shard = self._tables_arg
 
-        def by_fields(j0: int, j1: int) -> None:
+        def run(cut: Pieces, i0: int, i1: int) -> None:
             for block, member, args in catch_calls:
-                _catch_up_fields(j0, j1, shard, block, ids, member, args)
+                _catch_up_pieces(i0, i1, cut.pieces, shard, block, ids, member, args)
             for (block, init), out, slot, values in calls:
-                _gather_field_rows(j0, j1, shard, block, init, ids, out, bad, slot, values)
+                _gather_pieces(i0, i1, cut.pieces, shard, block, init, ids, out, bad, slot, values)
 
-        def by_samples(b0: int, b1: int) -> None:
-            for _, out, slot, values in calls:
-                _copy_one_hot_samples(b0, b1, touched.key_offsets, touched.hot, bad, slot, values, out)
+        def by_samples(later: np.ndarray) -> Any:
+            def kernel(b0: int, b1: int) -> None:
+                for _, out, slot, values in calls:
+                    _samples_of_pieces(b0, b1, touched.key_offsets, touched.hot, later, bad, slot, values, ids, out)
+            return kernel
 
-        def finish() -> None:
-            # the rows by fields, then the one-hot fields' samples by samples: a thread writes whole
-            # rows of out (cache lines of out are not shared between threads, and are written whole)
-            if touched.hot.any():
-                _threads.run(by_samples, np.full(touched.size, len(calls) * int(touched.hot.sum()), dtype=np.int64),
-                             _MIN_PARALLEL)
+        def finish(cut: Pieces) -> None:
+            # the rows by pieces, then the one-hot fields' samples and the pooling of the fields read
+            # in pieces by samples: a thread writes whole rows of out (cache lines of out are not
+            # shared between threads, and are written whole)
+            later = (cut.parts > 1) & ~touched.hot
+            if touched.hot.any() or later.any():
+                per_sample = np.full(touched.size, int(touched.hot.sum()), dtype=np.int64)
+                for j in np.flatnonzero(later):
+                    per_sample += np.diff(touched.offsets[j])
+                _threads.run(by_samples(later), len(calls) * per_sample, _MIN_PARALLEL)
             self._check_rows(tables, touched, bad)
 
         work += len(calls) * (np.diff(touched.key_offsets) + _GATHER_ROW_COST * touched.distinct.count)
-        return by_fields, work, finish
+        return _Pass(run, work, ~touched.hot, finish)
 
     def gather_ids(self, touched: Touched, block: int, out: np.ndarray) -> None:
         """Block ``block``'s values of every touched id, not pooled: ``out[nnz, dim]`` in the order of
@@ -490,7 +537,7 @@ class ShardTables:
         touched rows of every block whose optimizer defers work (Adam with ``catchup``) take the
         zero-gradient steps they skipped, up to global step ``steps_done``, so the forward sees what
         dense Adam would hold and the results do not depend on when validations and checkpoints
-        (which catch every row up) happen. The :func:`_catch_up_fields` calls (one per block and
+        (which catch every row up) happen. The :func:`_catch_up_pieces` calls (one per block and
         optimizer that defers work: ``(block, member fields, StepArgs)``) and their work per field."""
         calls, work = [], np.zeros(len(tables), dtype=np.float64)
         for block in range(len(self.blocks)):
@@ -508,11 +555,13 @@ class ShardTables:
         """Per block (``{block: grads}``), its optimizer on the admitted touched rows, from pooled
         gradients ``grads[B, F, dim]`` (the tables' dtype): un-pooled to the ids, summed per row in
         occurrence order, as ``pooling.unpool`` + :meth:`EmbeddingTable.apply_gradients`. One split
-        of the fields over the threads for all the blocks, and one pass over the ids that sums every
-        block's gradients (:func:`_sum_fields`)."""
-        kernel, work, finish = self._apply_plan(self._sync(), touched, grads, step, lr_scale)
-        _threads.run(kernel, work, _MIN_PARALLEL)
-        finish()
+        of the fields over the threads for all the blocks (a large field in pieces of its rows,
+        :func:`pieces`), and one pass over the ids that sums every block's gradients
+        (:func:`_sum_pieces`)."""
+        update = self._apply_plan(self._sync(), touched, grads, step, lr_scale)
+        cut = pieces(update.work, update.splittable)
+        _threads.run(lambda i0, i1: update.run(cut, i0, i1), cut.work, _MIN_PARALLEL)
+        update.finish(cut)
 
     def apply_then_gather(self, touched: Touched, grads: Mapping[int, np.ndarray], step: int, lr_scale: float,
                           following: Touched, outs: Mapping[int, np.ndarray], catch_up_to: int | None = None,
@@ -522,22 +571,24 @@ class ShardTables:
         rows are updated, then caught up and read, on the same thread, while the other thread does
         the same for its fields. The same bytes as the two calls (a field's update and gather touch
         its own table only), with one thread hand-off and one split of the work fewer; the rows a
-        field has just updated are read again while they are in cache."""
+        field has just updated are read again while they are in cache. Where a large field is cut
+        into pieces of rows (:func:`pieces`), a row the update of one piece writes may be one another
+        piece reads: then the update's pass ends before the gather's starts."""
         tables = self._sync()
-        update, update_work, update_done = self._apply_plan(tables, touched, grads, step, lr_scale)
-        gather, gather_work, gather_done = self._gather_plan(tables, following, outs, catch_up_to, catch_up_scale)
-
-        def by_fields(j0: int, j1: int) -> None:
-            update(j0, j1)
-            gather(j0, j1)
-
-        _threads.run(by_fields, update_work + gather_work, _MIN_PARALLEL)
-        update_done()
-        gather_done()
+        update = self._apply_plan(tables, touched, grads, step, lr_scale)
+        gather = self._gather_plan(tables, following, outs, catch_up_to, catch_up_scale)
+        cut = pieces(update.work + gather.work, update.splittable & gather.splittable)
+        if (cut.parts > 1).any():
+            _threads.run(lambda i0, i1: update.run(cut, i0, i1), cut.work, _MIN_PARALLEL)
+            _threads.run(lambda i0, i1: gather.run(cut, i0, i1), cut.work, _MIN_PARALLEL)
+        else:
+            _threads.run(lambda i0, i1: (update.run(cut, i0, i1), gather.run(cut, i0, i1)), cut.work, _MIN_PARALLEL)
+        update.finish(cut)
+        gather.finish(cut)
 
     def _apply_plan(self, tables: list[EmbeddingTable], touched: Touched, grads: Mapping[int, np.ndarray], step: int,
-                    lr_scale: float) -> tuple[Any, np.ndarray, Any]:
-        """:meth:`apply_pooled` as ``(kernel(j0, j1), work per field, finish())`` (see :meth:`_gather_plan`)."""
+                    lr_scale: float) -> "_Pass":
+        """:meth:`apply_pooled` as a :class:`_Pass` (see :meth:`_gather_plan`)."""
         dtype = tables[0].dtype if tables else np.dtype(np.float64)
         bad = np.full(len(tables), -1, dtype=np.int64)
         ids, count = touched.arrays, touched.distinct.count
@@ -564,14 +615,14 @@ class ShardTables:
                            np.array([g.shape[2] for g, _ in arrays], dtype=np.int64), base))
         shard = self._tables_arg
 
-        def kernel(j0: int, j1: int) -> None:
+        def run(cut: Pieces, i0: int, i1: int) -> None:
             if not arrays:
                 return
-            _sum_fields(j0, j1, sums, ids, arrays[0][0])
+            _sum_pieces(i0, i1, cut.pieces, sums, ids, arrays[0][0])
             for (block, init), member, acc, args in calls:
-                _update_fields(j0, j1, shard, block, init, ids, member, base, acc, args, int(step) + 1, bad)
+                _update_pieces(i0, i1, cut.pieces, shard, block, init, ids, member, base, acc, args, int(step) + 1, bad)
 
-        def finish() -> None:
+        def finish(cut: Pieces) -> None:
             arrays.clear()  # the kernels are done with the addresses
             self._check_rows(tables, touched, bad)
             for t in tables:
@@ -579,7 +630,7 @@ class ShardTables:
 
         # the threads split the work by ids (summed) and distinct rows (updated): large tables have
         # thousands of distinct rows per batch, small ones a few
-        return kernel, work, finish
+        return _Pass(run, work, ~touched.hot, finish)
 
     def _check_rows(self, tables: list[EmbeddingTable], touched: Touched, bad: np.ndarray) -> None:
         for j in np.flatnonzero(bad >= 0):
@@ -702,43 +753,60 @@ def _distinct_fields(j0, j1, rows, admitted, key_offsets, uniq, count, inverse):
         count[j] = distinct_rows(rows[lo:hi], admitted[lo:hi], True, uniq[lo:hi], inverse[lo:hi])
 
 
+@njit(nogil=True, inline="always")
+def _piece(pieces, i, count):
+    """Piece ``i`` of :class:`Pieces` for a batch with ``count`` distinct rows per field: its field,
+    its distinct rows ``[p0, p1)`` and whether it is the field's only piece and its last."""
+    j, k, n = pieces[i, 0], pieces[i, 1], pieces[i, 2]
+    c = count[j]
+    return j, c * k // n, c * (k + 1) // n, n == 1, k == n - 1
+
+
 @njit(cache=True, nogil=True)
-def _gather_field_rows(j0, j1, shard, block, init, ids, out, bad, slot, values):
-    """Fields [j0, j1), by distinct rows: each field's distinct trained rows are read from its table
-    once, into ``values[key_offsets[j]:]`` (an id that is not among them gets a row of its own
-    there, as ``gather_row`` reads it), and ``slot`` says which row each id reads; then the fields
-    that are not one-hot are pooled from them into ``out[:, j]``. The one-hot fields are copied
-    by :func:`_copy_one_hot_samples`. The same floats as gathering every id: a table row's values,
-    or an id's initial value or zeros."""
+def _gather_pieces(i0, i1, pieces, shard, block, init, ids, out, bad, slot, values):
+    """Pieces [i0, i1), by distinct rows: each field's distinct trained rows are read from its table
+    once, into ``values[key_offsets[j]:]``, a piece its range of them; the field's last piece gives
+    each id that is not among them a row of its own there (as ``gather_row`` reads it) and says in
+    ``slot`` which row each id reads; a field in one piece that is not one-hot is then pooled from
+    them into ``out[:, j]``. The one-hot fields and the fields read in several pieces are copied or
+    pooled by samples (:func:`_samples_of_pieces`). The same floats as gathering every id: a table
+    row's values, or an id's initial value or zeros."""
     shard, block, init, ids = _Tables(*shard), _Block(*block), _Init(*init), TouchedArrays(*ids)
     dim, inverse = out.shape[2], ids.inverse
-    for j in range(j0, j1):
+    for i in range(i0, i1):
+        j, p0, p1, whole, last = _piece(pieces, i, ids.count)
         lo, hi = ids.key_offsets[j], ids.key_offsets[j + 1]
-        m = ids.count[j]
-        for i in range(lo, hi):
-            if inverse[i] >= 0:
-                slot[i] = inverse[i]
-            else:
-                slot[i] = m
-                m += 1
-        bad[j] = _gather_field_values(_values(shard, j, block.col, shard.stored), dim, ids.keys[lo:hi], ids.rows[lo:hi],
-                                      ids.admitted[lo:hi], ids.uniq[lo:lo + ids.count[j]], shard.n_rows[j],
-                                      shard.zero[j], init.bases[j], init.kinds[j], init.scales[j], slot[lo:hi],
-                                      values[lo:lo + m])
-        if not ids.hot[j] and bad[j] < 0:
+        data = _values(shard, j, block.col, shard.stored)
+        rows, admitted, u = ids.rows[lo:hi], ids.admitted[lo:hi], ids.count[j]
+        found = _read_distinct(data, dim, rows, admitted, ids.uniq[lo + p0:lo + p1], shard.n_rows[j], values[lo + p0:])
+        if found < 0 and last:
+            m = u
+            for t in range(lo, hi):
+                if inverse[t] >= 0:
+                    slot[t] = inverse[t]
+                else:
+                    slot[t] = m
+                    m += 1
+            found = _read_others(data, dim, ids.keys[lo:hi], rows, admitted, u, shard.n_rows[j], shard.zero[j],
+                                 init.bases[j], init.kinds[j], init.scales[j], slot[lo:hi], values[lo:hi])
+        if found >= 0:
+            bad[j] = found  # every piece of the field finds the same first bad position
+        if whole and not ids.hot[j] and found < 0:
             dst = out[:, j, :]
             for b in range(dst.shape[0]):
                 for c in range(dim):
                     dst[b, c] = 0
-            pool_or_unpool(values[lo:lo + m], slot[lo:hi], ids.offsets[j], ids.weights[lo:hi], ids.weighted[j], out, j,
+            pool_or_unpool(values[lo:hi], slot[lo:hi], ids.offsets[j], ids.weights[lo:hi], ids.weighted[j], out, j,
                            False)
 
 
 @njit(cache=True, nogil=True)
-def _copy_one_hot_samples(b0, b1, key_offsets, hot, bad, slot, values, out):
+def _samples_of_pieces(b0, b1, key_offsets, hot, later, bad, slot, values, ids, out):
     """Samples [b0, b1) of every one-hot field (one id per sample: sample b's is id
-    ``key_offsets[j] + b``) from the rows :func:`_gather_field_rows` read, tile of samples by tile
-    (``_TILE``): each cache line of ``out`` is written whole while it is cached."""
+    ``key_offsets[j] + b``) copied from the rows :func:`_gather_pieces` read, tile of samples by tile
+    (``_TILE``): each cache line of ``out`` is written whole while it is cached; then the fields read
+    in several pieces (``later``) pooled over those samples as a field in one piece is."""
+    ids = TouchedArrays(*ids)
     dim = out.shape[2]
     for t0 in range(b0, b1, _TILE):
         t1 = min(t0 + _TILE, b1)
@@ -749,14 +817,21 @@ def _copy_one_hot_samples(b0, b1, key_offsets, hot, bad, slot, values, out):
                     s = lo + slot[lo + b]
                     for c in range(dim):
                         out[b, j, c] = values[s, c]
+    for j in range(out.shape[1]):
+        if later[j] and bad[j] < 0:
+            lo, hi = key_offsets[j], key_offsets[j + 1]
+            for b in range(b0, b1):
+                for c in range(dim):
+                    out[b, j, c] = 0
+            pool_samples(values[lo:hi], slot[lo:hi], ids.offsets[j], ids.weights[lo:hi], ids.weighted[j], out, j, b0,
+                         b1)
 
 
 @njit(nogil=True)
-def _gather_field_values(data, dim, keys, rows, admitted, uniq, n_rows, zero, base, kind, scale, slot, values):
-    """One field's ids (its ``keys``, ``rows``, ``admitted``; its table ``data`` of ``n_rows`` rows):
-    its distinct trained rows ``uniq`` into ``values[:u]``, then each other id into its own row
-    ``values[slot[i]]`` (``gather_row``, ``stored`` = present and admitted or not read as zero).
-    Returns the position of the first id whose row is not the table's, or -1."""
+def _read_distinct(data, dim, rows, admitted, uniq, n_rows, values):
+    """Distinct trained rows ``uniq`` of one field (its ``rows``, ``admitted``; its table ``data`` of
+    ``n_rows`` rows) into ``values[:len(uniq)]``. Returns the position of the field's first id whose
+    row is not the table's, or -1."""
     u = uniq.shape[0]
     for p in range(u):
         if p + K.PF < u:
@@ -768,6 +843,14 @@ def _gather_field_values(data, dim, keys, rows, admitted, uniq, n_rows, zero, ba
             return K.first_bad_row(rows, admitted, False, n_rows)
         for c in range(dim):
             values[p, c] = load(data, r, c)
+    return -1
+
+
+@njit(nogil=True)
+def _read_others(data, dim, keys, rows, admitted, u, n_rows, zero, base, kind, scale, slot, values):
+    """Each id of one field that is not among its ``u`` distinct trained rows into its own row
+    ``values[slot[i]]`` (``gather_row``, ``stored`` = present and admitted or not read as zero).
+    Returns the position of the first id whose row is not the table's, or -1."""
     for i in range(rows.shape[0]):
         s = slot[i]
         if s >= u:
@@ -804,15 +887,16 @@ def _gather_ids_fields(j0, j1, shard, block, init, ids, out, bad):
 
 
 @njit(cache=True, nogil=True)
-def _catch_up_fields(j0, j1, shard, block, ids, member, args):
-    """The ``member`` fields of [j0, j1): ``catch_up_rows`` of their distinct rows (Adam's w, m, v
-    side by side in the block, ``optimizers.StepArgs`` ``args``). A field with a row that is not its
-    table's is left to the gather, which reports it."""
+def _catch_up_pieces(i0, i1, pieces, shard, block, ids, member, args):
+    """The pieces [i0, i1) of ``member`` fields: ``catch_up_rows`` of their distinct rows (Adam's w,
+    m, v side by side in the block, ``optimizers.StepArgs`` ``args``). A field with a row that is
+    not its table's is left to the gather, which reports it."""
     shard, block, ids, args = _Tables(*shard), _Block(*block), TouchedArrays(*ids), StepArgs(*args)
-    for j in range(j0, j1):
+    for i in range(i0, i1):
+        j, p0, p1, _, _ = _piece(pieces, i, ids.count)
         if not member[j]:
             continue
-        rows = ids.uniq[ids.key_offsets[j]:ids.key_offsets[j] + ids.count[j]]
+        rows = ids.uniq[ids.key_offsets[j] + p0:ids.key_offsets[j] + p1]
         if rows.shape[0] and (rows.min() < 0 or rows.max() >= shard.n_rows[j]):
             continue
         w, s0, s1 = columns(_values(shard, j, block.col, args.hp), block.dims[j], block.slot_widths[j, 0],
@@ -863,14 +947,16 @@ def _sum_one_hot(inverse, lo, q0, f, b0, b1, j, acc0, grads0, dim0, acc1, grads1
 
 
 @njit(cache=True, nogil=True)
-def _sum_fields(j0, j1, sums, ids, like):
-    """Fields [j0, j1), every block ``k`` of :class:`_Sums` (gradients ``[size, n_fields, dims[k]]`` at
+def _sum_pieces(i0, i1, pieces, sums, ids, like):
+    """Pieces [i0, i1), every block ``k`` of :class:`_Sums` (gradients ``[size, n_fields, dims[k]]`` at
     ``grad_addr[k]``, sums ``[base[-1], dims[k]]`` at ``acc_addr[k]``): per distinct trained row
-    p of field j the sum of its ids' gradients into row ``base[j] + p`` of the block's sums, in
-    occurrence order, the first stored (as ``add_to_distinct``). A one-hot field's are
-    ``grads[:, j]`` itself, read tile of samples by tile, two blocks in the same pass over the ids
-    (DeepFM's and W&D's order-1 and embedding blocks: one pass instead of two); the others'
-    are un-pooled into the sums (``pool_or_unpool``). Reads no table."""
+    p of the piece's rows of field j the sum of its ids' gradients into row ``base[j] + p`` of the
+    block's sums, in occurrence order, the first stored (as ``add_to_distinct``). A one-hot field in
+    one piece has ``grads[:, j]`` itself, read tile of samples by tile, two blocks in the same pass
+    over the ids (DeepFM's and W&D's order-1 and embedding blocks: one pass instead of two); the
+    other fields in one piece are un-pooled into the sums (``pool_or_unpool``), and a field in
+    several pieces un-pools its range of rows from every id (``unpool_rows``: the same sums).
+    Reads no table."""
     sums, ids = _Sums(*sums), TouchedArrays(*ids)
     grad_addr, acc_addr, dims, base = sums.grad_addr, sums.acc_addr, sums.dims, sums.base
     key_offsets, offsets, weights, weighted, hot, inverse = (ids.key_offsets, ids.offsets, ids.weights, ids.weighted,
@@ -878,7 +964,7 @@ def _sum_fields(j0, j1, sums, ids, like):
     size, n_fields = offsets.shape[1] - 1, offsets.shape[0]
     nb = dims.shape[0]
     total = base[base.shape[0] - 1]
-    filled = np.zeros(j1 - j0, dtype=np.int64)
+    filled = np.zeros(i1 - i0, dtype=np.int64)
     for k0 in range(0, nb, 2):  # blocks two by two
         two = k0 + 1 < nb
         k1 = k0 + 1 if two else k0
@@ -889,42 +975,52 @@ def _sum_fields(j0, j1, sums, ids, like):
         filled[:] = 0
         for b0 in range(0, size, _TILE):
             b1 = min(b0 + _TILE, size)
-            for j in range(j0, j1):
-                if hot[j]:
-                    filled[j - j0] = _sum_one_hot(inverse, key_offsets[j], base[j], filled[j - j0], b0, b1, j,
+            for i in range(i0, i1):
+                j, _, _, whole, _ = _piece(pieces, i, ids.count)
+                if hot[j] and whole:
+                    filled[i - i0] = _sum_one_hot(inverse, key_offsets[j], base[j], filled[i - i0], b0, b1, j,
                                                   acc0, grads0, dims[k0], acc1, grads1, dims[k1], two)
-        for j in range(j0, j1):
-            if hot[j]:
+        for i in range(i0, i1):
+            j, p0, p1, whole, _ = _piece(pieces, i, ids.count)
+            if hot[j] and whole:
                 continue
             lo, hi = key_offsets[j], key_offsets[j + 1]
             for k in range(k0, k1 + 1):
                 grads_k = grads0 if k == k0 else grads1
                 acc_k = acc0 if k == k0 else acc1
                 dim = dims[k]
-                pool_or_unpool(acc_k[base[j]:base[j + 1]], inverse[lo:hi], offsets[j], weights[lo:hi], weighted[j],
-                               grads_k.reshape((size, n_fields, dim)), j, True)
+                if whole:
+                    pool_or_unpool(acc_k[base[j]:base[j + 1]], inverse[lo:hi], offsets[j], weights[lo:hi],
+                                   weighted[j], grads_k.reshape((size, n_fields, dim)), j, True)
+                else:
+                    unpool_rows(acc_k[base[j]:base[j + 1]], inverse[lo:hi], offsets[j], weights[lo:hi], weighted[j],
+                                grads_k.reshape((size, n_fields, dim)), j, p0, p1)
 
 
 @njit(cache=True, nogil=True)
-def _update_fields(j0, j1, shard, block, init, ids, member, base, acc, args, step, bad):
-    """The ``member`` fields of [j0, j1): the optimizer of ``optimizers.StepArgs`` ``args`` on each
-    field's distinct trained rows with their gradient sums ``acc[base[j]:base[j + 1]]``
-    (:func:`_sum_fields`, ``update_stored``: 16-bit rows rounded by (stream base, key, ``step``,
-    column)). A field with a row that is not its table's (``bad``) is left as it is."""
+def _update_pieces(i0, i1, pieces, shard, block, init, ids, member, base, acc, args, step, bad):
+    """The pieces [i0, i1) of ``member`` fields: the optimizer of ``optimizers.StepArgs`` ``args`` on
+    the piece's distinct trained rows of field j with their gradient sums ``acc[base[j] + p]``
+    (:func:`_sum_pieces`, ``update_stored``: 16-bit rows rounded by (stream base, key, ``step``,
+    column): a row's update reads that row only, whichever piece takes it). A field with a row that
+    is not its table's (``bad``) is left as it is."""
     shard, block, init, ids, args = _Tables(*shard), _Block(*block), _Init(*init), TouchedArrays(*ids), StepArgs(*args)
-    key_offsets, uniq, count, n_rows = ids.key_offsets, ids.uniq, ids.count, shard.n_rows
-    for j in range(j0, j1):
+    key_offsets, uniq, n_rows = ids.key_offsets, ids.uniq, shard.n_rows
+    for i in range(i0, i1):
+        j, p0, p1, _, _ = _piece(pieces, i, ids.count)
         if not member[j]:
             continue
         lo = key_offsets[j]
-        for p in range(count[j]):  # rows checked once each; the first bad position is found only then
+        found = -1
+        for p in range(p0, p1):  # rows checked once each; the first bad position is found only then
             r = uniq[lo + p]
             if r < 0 or r >= n_rows[j]:
-                bad[j] = K.first_bad_row(ids.rows[lo:key_offsets[j + 1]], ids.admitted[lo:key_offsets[j + 1]], True,
-                                         n_rows[j])
+                found = K.first_bad_row(ids.rows[lo:key_offsets[j + 1]], ids.admitted[lo:key_offsets[j + 1]], True,
+                                        n_rows[j])
                 break
-        if bad[j] >= 0:
+        if found >= 0:
+            bad[j] = found  # a field's pieces all find the same position: its first bad id
             continue
         update_stored(_values(shard, j, block.col, shard.stored), block.dims[j], block.slot_widths[j, 0],
-                      block.slot_widths[j, 1], _steps(shard, j, block.col), uniq[lo:lo + count[j]],
-                      acc[base[j]:base[j + 1]], args, _row_keys(shard, j), init.bases[j], step)
+                      block.slot_widths[j, 1], _steps(shard, j, block.col), uniq[lo + p0:lo + p1],
+                      acc[base[j] + p0:base[j] + p1], args, _row_keys(shard, j), init.bases[j], step)

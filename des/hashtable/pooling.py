@@ -34,13 +34,17 @@ _NO_WEIGHTS = np.zeros(0, dtype=np.float64)  # when a field has no weights (neve
 #: ids and offsets are read in order (row by row over all fields, every field's next id was a
 #: cache line of its own)
 ROW_TILE = 64
+ALL_ROWS = np.iinfo(np.int64).max  # the adjoint's rows by default: every row
 
 
 @njit(nogil=True, inline="always")
-def _pool_samples(rows, index, offsets, weights, has_weights, batch, g, adjoint, b0, b1, filled, value):
+def _pool_samples(rows, index, offsets, weights, has_weights, batch, g, adjoint, b0, b1, filled, value, r0=0,
+                  r1=ALL_ROWS):
     """Samples ``[b0, b1)`` of :func:`pool_or_unpool`; ``filled``: the adjoint's rows stored so far
     (returned updated), or -1: every term is added into ``rows`` (zeroed by the caller; they may
-    then be numbered in any order); ``value``: a ``[1, width]`` scratch row of rows' dtype."""
+    then be numbered in any order); ``value``: a ``[1, width]`` scratch row of rows' dtype. The
+    adjoint adds only the ids of rows ``[r0, r1)`` (the others are skipped; ``filled`` then starts at
+    ``r0``): a row's sum is the same whichever range of rows a call takes."""
     indexed = index.shape[0] > 0
     width = rows.shape[1]
     for b in range(b0, b1):
@@ -48,7 +52,7 @@ def _pool_samples(rows, index, offsets, weights, has_weights, batch, g, adjoint,
             w = weights[t] if has_weights else 1.0
             s = index[t] if indexed else t
             if adjoint:  # each product rounded once into rows' dtype (by weight 1: the gradient itself)
-                if s >= 0:
+                if s >= r0 and s < r1:
                     if has_weights:
                         for c in range(width):
                             value[0, c] = w * batch[b, g, c]
@@ -80,6 +84,26 @@ def pool_or_unpool(rows, index, offsets, weights, has_weights, batch, g, adjoint
     row: ``rows[t] = w_t · batch[b, g]``, the per-id gradients; with one, the sums per distinct row."""
     value = np.empty((1, rows.shape[1]), dtype=rows.dtype)
     _pool_samples(rows, index, offsets, weights, has_weights, batch, g, adjoint, 0, offsets.shape[0] - 1, 0, value)
+
+
+@njit(nogil=True)
+def unpool_rows(rows, index, offsets, weights, has_weights, batch, g, r0, r1):  # pragma: no cover - numba
+    """:func:`pool_or_unpool`'s adjoint (with an index) on the rows ``[r0, r1)`` only: every id of
+    those rows in id order, each row's first stored, so the rows' sums are those of the whole call
+    bit for bit. A field's distinct rows split into ranges are summed on several threads this way
+    (``fused.py``), each range reading every id once."""
+    value = np.empty((1, rows.shape[1]), dtype=rows.dtype)
+    _pool_samples(rows, index, offsets, weights, has_weights, batch, g, True, 0, offsets.shape[0] - 1, r0, value, r0,
+                  r1)
+
+
+@njit(nogil=True)
+def pool_samples(rows, index, offsets, weights, has_weights, batch, g, b0, b1):  # pragma: no cover - numba
+    """:func:`pool_or_unpool`'s pooling (with an index) of the samples ``[b0, b1)`` only, added
+    into ``batch[b0:b1, g]``: a field's samples split into ranges are pooled on several threads
+    this way (``fused.py``), with the floats of the whole call."""
+    value = np.empty((1, rows.shape[1]), dtype=rows.dtype)
+    _pool_samples(rows, index, offsets, weights, has_weights, batch, g, False, b0, b1, 0, value)
 
 
 @njit(nogil=True, inline="always")
