@@ -649,8 +649,9 @@ def _lookup_field(shard, j, keys, key_offsets, work, shared, step, insert):
     pos, status, count, uniq, inverse = work.pos, work.status, work.count, work.uniq, work.inverse
     rows, admitted, n_rows, min_count = work.rows, work.admitted, shard.n_rows, shard.min_count
     lo, hi = key_offsets[j], key_offsets[j + 1]
-    idx = view2(shard.views[j, _IDX, _ADDR], shard.views[j, _IDX, _ROWS], 3, np.int32)
-    meta = view2(shard.views[j, _META, _ADDR], shard.views[j, _META, _ROWS], 2, np.int32)
+    v = shard.views
+    idx = view2(v[j, _IDX, _ADDR], v[j, _IDX, _ROWS], v[j, _IDX, _WIDTH], np.int32)  # wide or compact
+    meta = view2(v[j, _META, _ADDR], v[j, _META, _ROWS], v[j, _META, _WIDTH], np.int32)  # no columns: no counters
     field_keys, field_rows = keys[lo:hi], rows[lo:hi]
     if insert:
         if pos[j] == 0:  # no partial update of a field with a bad key
@@ -675,7 +676,7 @@ def _lookup_field(shard, j, keys, key_offsets, work, shared, step, insert):
         count[j], work.outside[j] = K.admit_distinct(field_rows, admitted[lo:hi], uniq[lo:hi], inverse[lo:hi], u,
                                                      meta, min_count[j], shared[j])
         return
-    bad = K.find_keys(idx, field_keys, field_rows)
+    bad = K.find_keys(idx, _row_keys(shard, j), field_keys, field_rows)
     if bad >= 0:
         pos[j], status[j] = bad, K.BAD_KEY
         return
