@@ -29,7 +29,8 @@ item ``i + PF`` while working on item ``i``.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from ._memory import row_array
 from ..splitmix import splitmix64
@@ -50,12 +51,14 @@ _NO_META = np.zeros((0, 0), np.int32)  # the meta of a read-only probe (its pref
 OK, BAD_KEY, NEED_GROWTH = 0, 1, 2
 
 
-WIDE, COMPACT = 3, 1  # int32 columns of an index slot: (key low, key high, row + 1), or (row + 1)
+WIDE, COMPACT = 3, 1  # columns of an index slot: int32 (key low, key high, row + 1), or uint32 (row + 1)
 
 
 def new_index(capacity: int, width: int = WIDE) -> np.ndarray:
-    """An empty index of ``capacity`` slots of ``width`` columns: zeros (committed in bulk, see ``_memory.py``)."""
-    return row_array(capacity, (width,), np.int32, reserve=False)
+    """An empty index of ``capacity`` slots of ``width`` columns: zeros (committed in bulk, see
+    ``_memory.py``). A compact index is uint32, so that numba compiles the batched kernels once per
+    layout (:func:`probe`), the slot's columns constants in each."""
+    return row_array(capacity, (width,), np.uint32 if width == COMPACT else np.int32, reserve=False)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -93,45 +96,105 @@ def slot_row(idx, s: int):
     return idx[s, idx.shape[1] - 1] - 1
 
 
+# The batched kernels probe through :func:`probe` and :func:`ahead`, which numba resolves by the
+# index's dtype when it compiles them: one loop body, compiled once per layout with the slot's
+# columns as constants, and no per-key test of the layout.
+
+
 @njit(cache=True, nogil=True, inline="always")
-def find_slot(idx, row_keys, key: np.int64) -> int:
-    """Slot holding ``key``, or the free slot where it would go. ``key`` must not be EMPTY;
-    ``row_keys`` are read only by a compact index (``row_keys[r]`` must be row r's key)."""
+def probe_wide(idx, row_keys, key: np.int64):
+    """``(slot, row)``: the slot holding ``key`` and its row, or the free slot where it would go
+    and -1, in a wide index (``row_keys`` unread). ``key`` must not be EMPTY."""
     cap = idx.shape[0]
-    s = home_slot(key, cap)
-    if idx.shape[1] == COMPACT:
-        while True:
-            r = idx[s, 0]
-            if r == 0 or row_keys[r - 1] == key:
-                return s
-            s += 1
-            if s == cap:
-                s = 0
     lo = np.int32(key)
     hi = np.int32(key >> 32)
+    s = home_slot(key, cap)
     while True:
-        if idx[s, 2] == 0 or (idx[s, 0] == lo and idx[s, 1] == hi):
-            return s
+        r = idx[s, 2]
+        if r == 0:
+            return s, -1
+        if idx[s, 0] == lo and idx[s, 1] == hi:
+            return s, r - 1
         s += 1
         if s == cap:
             s = 0
 
 
-@njit(nogil=True, inline="always")
-def prefetch_probe(idx, row_keys, meta, key, counted) -> None:
+@njit(cache=True, nogil=True, inline="always")
+def probe_compact(idx, row_keys, key: np.int64):
+    """:func:`probe_wide` in a compact index: a slot's key is ``row_keys[row]``."""
+    cap = idx.shape[0]
+    s = home_slot(key, cap)
+    while True:
+        r = idx[s, 0]
+        if r == 0:
+            return s, -1
+        if row_keys[r - 1] == key:
+            return s, r - 1
+        s += 1
+        if s == cap:
+            s = 0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def ahead_wide(idx, row_keys, meta, key, counted) -> None:
     """The second stage of a batched probe's prefetch, once ``key``'s home index line has
-    arrived: a compact index's home row key (the line its compare reads), or with counters the
-    meta line of the key's row if it is present."""
+    arrived: with counters, the meta line of the key's row if it is present."""
+    if counted and key != EMPTY:
+        r = probe_wide(idx, row_keys, key)[1]
+        if r >= 0:
+            prefetch2(meta, r, 0)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def ahead_compact(idx, row_keys, meta, key, counted) -> None:
+    """:func:`ahead_wide` in a compact index: the row keys its compares read first, of the
+    key's home slot and the next (linear probing finds most keys within two slots)."""
     if key == EMPTY:
         return
-    if idx.shape[1] == COMPACT:
-        r = idx[home_slot(key, idx.shape[0]), 0]
+    cap = idx.shape[0]
+    s = home_slot(key, cap)
+    r = idx[s, 0]
+    if r > 0:
+        prefetch1(row_keys, r - 1)
+        r = idx[s + 1 if s + 1 < cap else 0, 0]
         if r > 0:
             prefetch1(row_keys, r - 1)
-    elif counted:
-        s = find_slot(idx, row_keys, key)
-        if not is_free(idx, s):
-            prefetch2(meta, slot_row(idx, s), 0)
+
+
+def probe(idx, row_keys, key):  # pragma: no cover - numba resolves it (below)
+    """``(slot, row)`` of ``key`` in an index of either layout: :func:`probe_wide` or :func:`probe_compact`."""
+    raise NotImplementedError("probe is for numba kernels")
+
+
+def ahead(idx, row_keys, meta, key, counted):  # pragma: no cover - numba resolves it (below)
+    """The second prefetch stage of either layout: :func:`ahead_wide` or :func:`ahead_compact`."""
+    raise NotImplementedError("ahead is for numba kernels")
+
+
+def _compact(idx) -> bool:
+    return isinstance(idx, types.Array) and idx.dtype == types.uint32
+
+
+@overload(probe, inline="always")
+def _probe(idx, row_keys, key):
+    if _compact(idx):
+        return lambda idx, row_keys, key: probe_compact(idx, row_keys, key)
+    return lambda idx, row_keys, key: probe_wide(idx, row_keys, key)
+
+
+@overload(ahead, inline="always")
+def _ahead(idx, row_keys, meta, key, counted):
+    if _compact(idx):
+        return lambda idx, row_keys, meta, key, counted: ahead_compact(idx, row_keys, meta, key, counted)
+    return lambda idx, row_keys, meta, key, counted: ahead_wide(idx, row_keys, meta, key, counted)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def find_slot(idx, row_keys, key: np.int64) -> int:
+    """Slot holding ``key``, or the free slot where it would go, in an index of either layout.
+    ``row_keys`` are read only by a compact index (``row_keys[r]`` must be row r's key)."""
+    return probe(idx, row_keys, key)[0]
 
 
 @njit(nogil=True)
@@ -143,8 +206,8 @@ def insert_keys(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, m
     ``min_count`` in this call (new rows, for ``min_count`` 0 or a table without counters); on
     NEED_GROWTH the caller grows and calls again from ``position`` (everything before it is done).
     ``max_rows`` = min(row capacity, index fill bound). Two-stage prefetch: the index line of key
-    ``i + PF``, and of key ``i + PF/2`` (its index line has arrived by then) what
-    :func:`prefetch_probe` reads next. A table without counters (``meta`` of no columns) counts nothing.
+    ``i + PF``, and of key ``i + PF/2`` (its index line has arrived by then) what :func:`ahead` says
+    the probe reads next. A table without counters (``meta`` of no columns) counts nothing.
     """
     n = keys.shape[0]
     cap = idx.shape[0]
@@ -156,12 +219,12 @@ def insert_keys(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, m
         if i + PF < n:
             prefetch2(idx, home_slot(keys[i + PF], cap), 0)
         if i + half < n:
-            prefetch_probe(idx, row_keys, meta, keys[i + half], count)
+            ahead(idx, row_keys, meta, keys[i + half], count)
         key = keys[i]
         if key == EMPTY:
             return i, n_rows, BAD_KEY, admitted
-        s = find_slot(idx, row_keys, key)
-        if is_free(idx, s):
+        s, r = probe(idx, row_keys, key)
+        if r < 0:
             if n_rows >= max_rows:
                 return i, n_rows, NEED_GROWTH, admitted
             r = n_rows
@@ -172,8 +235,6 @@ def insert_keys(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, m
                 meta[r, COUNT] = 0
             if min_count == 0 or not counted:
                 admitted += 1
-        else:
-            r = slot_row(idx, s)
         out[i] = r
         if not count:
             continue
@@ -239,13 +300,12 @@ def find_keys(idx, row_keys, keys, out):
     for i in range(n):
         if i + PF < n:
             prefetch2(idx, home_slot(keys[i + PF], cap), 0)
-        if idx.shape[1] == COMPACT and i + half < n:
-            prefetch_probe(idx, row_keys, _NO_META, keys[i + half], False)
+        if i + half < n:
+            ahead(idx, row_keys, _NO_META, keys[i + half], False)
         key = keys[i]
         if key == EMPTY:
             return i
-        s = find_slot(idx, row_keys, key)
-        out[i] = -1 if is_free(idx, s) else slot_row(idx, s)
+        out[i] = probe(idx, row_keys, key)[1]
     return -1
 
 
