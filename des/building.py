@@ -152,7 +152,7 @@ def table_options(config: TrainConfig, distinct: Sequence[int]):
     shared = shared_tables(config.shared_tables)
     return TableOptions(config.table_capacity, config.min_count_value(), config.unadmitted_mode(), tuple(distinct),
                         config.dtype if config.table_dtype == "auto" else config.table_dtype,
-                        tuple(sorted(shared.items())))
+                        tuple(sorted(shared.items())), config.needs_counters())
 
 
 def layout_table(config: TrainConfig, num_fields: int, num_dense: int = 0):
@@ -163,7 +163,7 @@ def layout_table(config: TrainConfig, num_fields: int, num_dense: int = 0):
     model, optimizers, tables = build_model(config, num_fields, num_dense), build_optimizers(config), table_options(config, ())
     specs = [BlockSpec(b.name, b.dim, optimizers.sparse[b.name], Initializer(b.init, b.scale)) for b in model.blocks()]
     return EmbeddingTable(0, specs, seed=0, dtype=np.dtype(config.dtype), min_count=tables.min_count,
-                          unadmitted=tables.unadmitted, table_dtype=tables.table_dtype)
+                          unadmitted=tables.unadmitted, table_dtype=tables.table_dtype, counters=tables.counters)
 
 
 def open_data(config: TrainConfig, comm: Communicator, data: str | None = None, split=None, bad_rows: str | None = None,

@@ -366,7 +366,8 @@ def load_checkpoint(strategy: Any, path: str | Path, *, data_order: dict[str, An
     for field in state.fields:  # whole, or this rank's share of a split field; stored as the run's rows are
         held = state.tables.get(field)
         state.tables[field] = field_table(folder, manifest, field, split.get(field),
-                                          None if held is None else held.table_dtype)
+                                          None if held is None else held.table_dtype,
+                                          None if held is None else held.counters)
     dense = state.dense
     for field in dense.fields:  # own fields, and every field of a weight the strategy replicates
         dense_path = verified_file(folder, manifest, f"{_field_stem(field)}.dense.npz")
@@ -399,18 +400,20 @@ def table_fields(manifest: dict[str, Any]) -> list[int]:
 
 
 def field_table(folder: Path, manifest: dict[str, Any], field: int,
-                share: tuple[int, int] | None = None, table_dtype: str | None = None) -> EmbeddingTable:
+                share: tuple[int, int] | None = None, table_dtype: str | None = None,
+                counters: bool | None = None) -> EmbeddingTable:
     """The table of ``field`` in a checkpoint (:func:`read_manifest`'s answer): whole, or cut to
     ``share`` = (share, group size), the keys :func:`des.placement.share_of` puts in it. Saved
     whole or in shares of any group size: every file it needs is verified (sha256) and merged
     (``EmbeddingTable.load_parts``); a share of the group size saved is its own file alone. Of an
     incremental checkpoint, its chain replayed (:func:`checkpoint_chain`; the module docstring).
     ``table_dtype``: its rows stored so (default: as saved; ``--table-dtype`` converts a checkpoint's
-    rows on load, ``EmbeddingTable.load_parts``)."""
+    rows on load, ``EmbeddingTable.load_parts``); ``counters``: with or without admission counts and
+    last-seen steps (default: as saved; the run's options decide, ``TrainConfig.needs_counters``)."""
     if share is not None and share[1] == 1:
         share = None
     chain = checkpoint_chain(folder, manifest)
-    table, whole = _saved_table(*chain[0], field, share, table_dtype)
+    table, whole = _saved_table(*chain[0], field, share, table_dtype, counters)
     for link, link_manifest in chain[1:]:
         for file in _table_parts(link, link_manifest, field).values():
             path = verified_file(link, link_manifest, evicted_file(file))
@@ -421,7 +424,7 @@ def field_table(folder: Path, manifest: dict[str, Any], field: int,
             table.delete(keys)
         for step, rate in link_manifest["catch_ups"]:  # what every row took in memory, in order
             table.catch_up(int(step), float(rate))
-        rows, rows_whole = _saved_table(link, link_manifest, field, share, table_dtype)
+        rows, rows_whole = _saved_table(link, link_manifest, field, share, table_dtype, counters)
         with as_checkpoint_error(link):
             table.upsert(rows.to_arrays())
         whole = whole and rows_whole
@@ -434,7 +437,7 @@ def field_table(folder: Path, manifest: dict[str, Any], field: int,
 
 
 def _saved_table(folder: Path, manifest: dict[str, Any], field: int, share: tuple[int, int] | None,
-                 table_dtype: str | None = None) -> tuple[EmbeddingTable, bool]:
+                 table_dtype: str | None = None, counters: bool | None = None) -> tuple[EmbeddingTable, bool]:
     """The table (or rows) of ``field`` that this one checkpoint's files hold, cut to ``share``,
     and whether every file was read whole (its counters then are the writer's)."""
     saved = _table_parts(folder, manifest, field)
@@ -448,10 +451,10 @@ def _saved_table(folder: Path, manifest: dict[str, Any], field: int, share: tupl
     parts = [(verified_file(folder, manifest, file), cut) for file, cut in plan]
     if len(parts) == 1 and parts[0][1] is None:
         with as_checkpoint_error(parts[0][0]):
-            table = EmbeddingTable.load(parts[0][0], table_dtype=table_dtype)
+            table = EmbeddingTable.load(parts[0][0], table_dtype=table_dtype, counters=counters)
     else:
         try:
-            table = EmbeddingTable.load_parts(parts, table_dtype=table_dtype)
+            table = EmbeddingTable.load_parts(parts, table_dtype=table_dtype, counters=counters)
         except (OSError, ValueError, KeyError) as exc:  # the message names the file
             raise CheckpointError(f"checkpoint table of field {field} cannot be loaded: {exc}") from None
     if table.field != field:

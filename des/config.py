@@ -224,6 +224,13 @@ class TrainConfig:
             return self.min_count
         return 2 if self.unadmitted_mode() == "shared" else 1
 
+    def needs_counters(self) -> bool:
+        """Whether table rows keep an admission count and a last-seen step: for admission
+        (``--min-count`` above 1), eviction (``--ttl``, ``--max-rows-per-field``, ``--ttl-files``) or
+        incremental checkpoints (``--full-checkpoint-every``); otherwise the compact row layout."""
+        return bool(self.min_count_value() > 1 or self.ttl or self.max_rows_per_field or self.ttl_files
+                    or self.full_checkpoint_every > 1)
+
     def hidden_units(self) -> list[int]:
         try:
             units = [int(x) for x in self.hidden.split(",") if x.strip()]

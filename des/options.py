@@ -44,6 +44,8 @@ class TableOptions:
     table_dtype: str | None = None  # how rows are stored (``EmbeddingTable``'s ``table_dtype``; None: the dtype)
     #: (field, owner) pairs: the field uses the owner's table (``des/strategies/table_groups.py``)
     shared: tuple[tuple[int, int], ...] = ()
+    #: rows keep an admission count and a last-seen step (``EmbeddingTable``'s ``counters``)
+    counters: bool = True
 
     def shared_map(self) -> dict[int, int]:
         """Field -> the field whose table it uses, of the fields that share one."""

@@ -1,5 +1,5 @@
 """.venv/bin/python scripts/bench_hashtable.py [--sizes 1e6,1e7] [--with-50m] [--repeats 5] [--no-baselines] [--clock wall|cpu]
-    [--linear-optimizer SPEC] [--embedding-optimizer SPEC] [--table-dtype float32|bfloat16]
+    [--linear-optimizer SPEC] [--embedding-optimizer SPEC] [--table-dtype float32|bfloat16] [--compact]
 
 Benchmarks ``des.hashtable.EmbeddingTable`` and prints, per table size (1M and 10M keys; 50M with
 ``--with-50m``, about 9 GB of RAM), one row per operation. Every operation runs on one thread
@@ -29,7 +29,9 @@ or with ``--clock cpu`` the process's CPU time (all threads: on a machine shared
 does not count the time the benchmark waits for a core; with ``NUMBA_NUM_THREADS=1`` it is the
 one-thread cost).
 The table rows are float32 "linear" (dim 1, FTRL) + "embedding" (dim 8, Adam, normal init); the
-options choose other optimizers (the update rows are named by their kinds) and bfloat16 rows.
+options choose other optimizers (the update rows are named by their kinds), bfloat16 rows and
+(``--compact``) the layout without per-row counters (no count or last_seen, 4-byte index slots:
+the layout of runs that need no admission count, eviction or incremental checkpoint).
 
 Expect (a 2-core machine; recorded runs in ``docs/benchmarks.md``, "Hash tables"): lookups of
 known keys in tens of ns per key (Zipf faster than uniform, training lookups slower), Adam updates
@@ -90,11 +92,12 @@ def zipf_batches(rng: np.random.Generator, keys: np.ndarray, n: int,
     return out
 
 
-ROWS = {"linear": "ftrl:alpha=0.05,l1=0.1", "embedding": "adam:lr=0.001", "table_dtype": "float32"}  # the options
+ROWS = {"linear": "ftrl:alpha=0.05,l1=0.1", "embedding": "adam:lr=0.001", "table_dtype": "float32",
+        "counters": True}  # the options
 
 
 def make_table() -> EmbeddingTable:
-    return EmbeddingTable(field=3, seed=1, capacity=1024, table_dtype=ROWS["table_dtype"], blocks=[
+    return EmbeddingTable(field=3, seed=1, capacity=1024, table_dtype=ROWS["table_dtype"], counters=ROWS["counters"], blocks=[
         BlockSpec("linear", 1, optimizer_from_spec(ROWS["linear"]), Initializer("zeros")),
         BlockSpec("embedding", 8, optimizer_from_spec(ROWS["embedding"]), Initializer("normal", 0.01))])
 
@@ -224,8 +227,10 @@ def main() -> None:
     p.add_argument("--linear-optimizer", default=ROWS["linear"], help="the dim-1 block's optimizer")
     p.add_argument("--embedding-optimizer", default=ROWS["embedding"], help="the dim-8 block's optimizer")
     p.add_argument("--table-dtype", default=ROWS["table_dtype"], choices=("float32", "bfloat16"))
+    p.add_argument("--compact", action="store_true", help="tables without counters (no count or last_seen)")
     args = p.parse_args()
-    ROWS.update(linear=args.linear_optimizer, embedding=args.embedding_optimizer, table_dtype=args.table_dtype)
+    ROWS.update(linear=args.linear_optimizer, embedding=args.embedding_optimizer, table_dtype=args.table_dtype,
+                counters=not args.compact)
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     sizes = [int(float(s)) for s in args.sizes.split(",") if s]

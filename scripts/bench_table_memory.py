@@ -1,8 +1,10 @@
-""".venv/bin/python scripts/bench_table_memory.py [--ids 5e7] [--dims 8,16,64] [--measure 2e6]
+""".venv/bin/python scripts/bench_table_memory.py [--ids 5e7] [--dims 8,16,64] [--measure 2e6] [--layouts counters,compact]
 
 Bytes per id of DeepFM's table rows (an order-1 block of dim 1 and an embedding block of dim k) for
-each optimizer setting and table dtype, next to today's default (FTRL order-1 + Adam embeddings,
-float32 rows):
+each optimizer setting, table dtype and row layout (``counters``: each row's admission count and
+last-seen step and 12-byte index slots; ``compact``: neither, 4-byte index slots, the layout of a
+run that needs no admission, eviction or incremental checkpoint), next to today's default (FTRL
+order-1 + Adam embeddings, float32 rows, with counters):
 
 * ``predicted``: exactly what ``footprint.estimated_bytes`` (the start-up report's figure) gives for
   one table of ``--ids`` keys sized from the data (``--table-capacity 0``: the index at the load a
@@ -20,7 +22,7 @@ One table at a time; at ``--measure 2e6`` the largest (k = 64, float32 Adam) hol
 Expect (a 2-core machine takes a few minutes with ``--measure 2e6``; recorded runs in
 ``docs/benchmarks.md``, "Table memory"): the measured bytes per id equal the predicted ones; at
 k = 16 today's rows take about 250 B per id sized from the data, bfloat16 row-wise AdaGrad rows
-about 80 B (0.32x), and key, index and metadata 41.7 B per id in every layout.
+about 80 B (0.32x); key, index and metadata 41.7 B per id with counters, 16.6 B compact.
 """
 
 from __future__ import annotations
@@ -51,10 +53,15 @@ SETTINGS = [
 ]
 
 
-def make_table(linear: str, embedding: str, table_dtype: str, dim: int, ids: int = 0) -> EmbeddingTable:
+LAYOUTS = {"counters": True, "compact": False}  # the tables' ``counters``
+
+
+def make_table(linear: str, embedding: str, table_dtype: str, dim: int, ids: int = 0,
+               counters: bool = True) -> EmbeddingTable:
     """One field's table of this layout, sized from the data for ``ids`` keys (0: the default size)."""
     capacity, rows = TableOptions(capacity=0, distinct=(ids,)).initial_size(0) if ids else (1024, None)
-    return EmbeddingTable(field=3, seed=1, capacity=capacity, rows=rows, table_dtype=table_dtype, blocks=[
+    return EmbeddingTable(field=3, seed=1, capacity=capacity, rows=rows, table_dtype=table_dtype, counters=counters,
+                          blocks=[
         BlockSpec("linear", 1, optimizer_from_spec(linear), Initializer("zeros")),
         BlockSpec("embedding", dim, optimizer_from_spec(embedding), Initializer("normal", 0.01))])
 
@@ -69,24 +76,24 @@ def predicted(table: EmbeddingTable, ids: int) -> dict[str, float]:
             "grown_overhead": grown - payload}
 
 
-def measure_one(setting: int, dim: int, n: int) -> dict[str, float]:
+def measure_one(setting: int, dim: int, n: int, counters: int = 1) -> dict[str, float]:
     """A table of ``n`` random keys built as a run sized from the data builds it (in this process)."""
     _, linear, embedding, table_dtype = SETTINGS[setting]
     rng = np.random.default_rng(0)
     keys = ((np.int64(4) << 40) | rng.choice(np.int64(1) << 40, size=n, replace=False)).astype(np.int64)
-    make_table(linear, embedding, table_dtype, dim).lookup(keys[:BATCH], insert=True, step=0)  # the kernels
+    make_table(linear, embedding, table_dtype, dim, counters=bool(counters)).lookup(keys[:BATCH], insert=True, step=0)
     gc.collect()
     rss0 = psutil.Process().memory_info().rss
-    table = make_table(linear, embedding, table_dtype, dim, n)
+    table = make_table(linear, embedding, table_dtype, dim, n, bool(counters))
     for i in range(0, n, BATCH):
         table.lookup(keys[i:i + BATCH], insert=True, step=0)
     rss = psutil.Process().memory_info().rss - rss0
     return {"allocated": table.memory()["bytes"] / n, "rss": rss / n}
 
 
-def measured(setting: int, dim: int, n: int) -> dict[str, float]:
+def measured(setting: int, dim: int, n: int, counters: bool) -> dict[str, float]:
     """:func:`measure_one` in a fresh process (its RSS is the table's alone: no heap of earlier tables)."""
-    out = subprocess.run([sys.executable, __file__, "--one", f"{setting},{dim},{n}"], check=True, text=True,
+    out = subprocess.run([sys.executable, __file__, "--one", f"{setting},{dim},{n},{int(counters)}"], check=True, text=True,
                          capture_output=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -96,7 +103,8 @@ def main() -> None:
     p.add_argument("--ids", type=float, default=5e7, help="ids of the predicted figures")
     p.add_argument("--dims", default="8,16,64", help="embedding dims k")
     p.add_argument("--measure", type=float, default=0, help="also build tables of this many ids (0: no)")
-    p.add_argument("--one", help=argparse.SUPPRESS)  # SETTING,DIM,N: measure_one, printed as JSON
+    p.add_argument("--layouts", default="counters,compact", help="row layouts: counters, compact")
+    p.add_argument("--one", help=argparse.SUPPRESS)  # SETTING,DIM,N,COUNTERS: measure_one, printed as JSON
     args = p.parse_args()
     if args.one:
         print(json.dumps(measure_one(*(int(float(x)) for x in args.one.split(",")))))
@@ -105,17 +113,18 @@ def main() -> None:
     rows = []
     for dim in (int(d) for d in args.dims.split(",")):
         base = None
-        for index, setting in enumerate(SETTINGS):
+        for layout, (index, setting) in ((x, s) for x in args.layouts.split(",") for s in enumerate(SETTINGS)):
             name, linear, embedding, table_dtype = setting
-            row = {"k": dim, "setting": name, **predicted(make_table(linear, embedding, table_dtype, dim), ids)}
+            table = make_table(linear, embedding, table_dtype, dim, counters=LAYOUTS[layout])
+            row = {"k": dim, "layout": layout, "setting": name, **predicted(table, ids)}
             base = base or row["sized"]
             row["vs_today"] = row["sized"] / base
             if n:
-                row.update(measured(index, dim, n))
+                row.update(measured(index, dim, n, LAYOUTS[layout]))
             rows.append(row)
             print("  " + ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
                   flush=True)
-    columns = [("k", "k", "d"), ("setting", "setting", ""), ("payload", "payload B/id", ".1f"),
+    columns = [("k", "k", "d"), ("layout", "layout", ""), ("setting", "setting", ""), ("payload", "payload B/id", ".1f"),
                ("sized", f"B/id at {ids:,} ids (sized from data)", ".1f"), ("sized_overhead", "key+index+meta", ".1f"),
                ("grown", "B/id grown to load 0.7", ".1f"), ("vs_today", "x today", ".3f")]
     if n:

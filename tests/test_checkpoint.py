@@ -201,3 +201,35 @@ def test_a_checkpoint_loads_into_the_runs_table_dtype(store, tmp_path) -> None:
         assert table.table_dtype == "float32"
         assert table.arrays.blocks[1][:n].tobytes() == convert(narrow.shard.tables[field].arrays.blocks[1][:n],
                                                                  "float32").tobytes()
+
+
+def test_a_checkpoint_of_rows_with_counters_resumes_without_them_and_back(store, tmp_path) -> None:
+    """A checkpoint of the layout with counters (count, last_seen) loads into a run whose tables
+    have none (the compact layout, --min-count 1 without eviction) and trains on exactly as the run
+    with counters does; the compact run's checkpoint loads back into tables with counters, its rows
+    admitted and last seen at the last update."""
+    from des.options import TableOptions
+
+    def engine(counters: bool) -> DES:
+        model = get_model("fm")(num_fields=store.num_fields, embedding_dim=4)
+        optimizers = Optimizers(sparse={"linear": FTRL(0.1), "embedding": AdaGrad(0.1)}, dense=Adam(0.01))
+        return DES.build(model, Communicator(MPI.COMM_SELF), place_fields(store.num_fields, 1), optimizers,
+                         seed=5, dtype=np.float64, tables=TableOptions(counters=counters))
+
+    wide = engine(True)
+    train(wide, store, 3)
+    save(wide, tmp_path / "counted")
+    compact = engine(False)
+    load_checkpoint(compact, resolve_checkpoint(tmp_path / "counted"))
+    assert all(not t.counters and t.arrays.index.shape[1] == 1 for t in compact.shard.tables.values())
+    train(wide, store, 2)
+    train(compact, store, 2)
+    expected, got = state(wide), state(compact)
+    assert expected.keys() == got.keys() and all(expected[k].tobytes() == got[k].tobytes() for k in expected)
+    save(compact, tmp_path / "compact")
+    again = engine(True)
+    load_checkpoint(again, resolve_checkpoint(tmp_path / "compact"))
+    for field, table in again.shard.tables.items():
+        rows = np.arange(len(table))
+        assert table.counters and table.admitted_count == len(table) == len(compact.shard.tables[field])
+        assert (table.metadata(rows)["last_seen"] == table.last_update_step).all()

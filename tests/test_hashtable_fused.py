@@ -36,13 +36,13 @@ def keyed(ids):
 
 
 def make_tables(fields, dtype, *, optimizer, min_count=1, unadmitted="init", capacity=64, dims=(1, 4, 3),
-                table_dtype=None):
+                table_dtype=None, counters=True):
     blocks = [BlockSpec("linear", dims[0], FTRL(0.05, l1=0.01), Initializer("zeros")),
               BlockSpec("embedding", dims[1], optimizer, Initializer("normal", 0.1)),
               BlockSpec("extra", dims[2] if len(dims) > 2 else 1, AdaGrad(0.1), Initializer("truncated_normal", 0.5))]
     blocks = blocks[:len(dims)]
     return {f: EmbeddingTable(f, blocks, seed=11, dtype=dtype, capacity=capacity, min_count=min_count,
-                              unadmitted=unadmitted, table_dtype=table_dtype) for f in fields}
+                              unadmitted=unadmitted, table_dtype=table_dtype, counters=counters) for f in fields}
 
 
 def make_ids(rng, fields, size, vocab, step):
@@ -100,11 +100,14 @@ def fused_step(shard, ids, *, train, step, grads=None, lr_scale=1.0, together=Fa
     return pooled
 
 
-def assert_same_tables(a: EmbeddingTable, b: EmbeddingTable) -> None:
+def assert_same_tables(a: EmbeddingTable, b: EmbeddingTable, meta: bool = True) -> None:
+    """The same rows, values, slots and step counts bit for bit (and with ``meta``, counts and last_seen)."""
     n = len(a)
     assert len(b) == n and a.admitted_total == b.admitted_total and a.last_update_step == b.last_update_step
+    assert a.admitted_count == b.admitted_count
     np.testing.assert_array_equal(a.arrays.keys[:n], b.arrays.keys[:n])
-    np.testing.assert_array_equal(a.arrays.meta[:n], b.arrays.meta[:n])
+    if meta:
+        np.testing.assert_array_equal(a.arrays.meta[:n], b.arrays.meta[:n])
     for x, y in zip(a.arrays.blocks, b.arrays.blocks):
         assert x[:n].tobytes() == y[:n].tobytes()
     for x, y in zip(a.arrays.steps, b.arrays.steps):
@@ -162,6 +165,44 @@ def test_fused_equals_the_per_table_path(dtype, optimizer, min_count, unadmitted
     for f in fields:
         assert_same_tables(ref[f], new[f])
         assert new[f].capacity > 64  # the lookups grew the tables (inside the fused lookup)
+
+
+@pytest.mark.parametrize("dtype,optimizer,min_count,unadmitted", [
+    (np.float64, "adam-catchup", 1, "init"),
+    (np.float32, "ftrl", 0, "zero"),
+    ("bfloat16", "rowwise-adagrad", 1, "shared"),
+])
+def test_tables_without_counters_train_the_same_rows(dtype, optimizer, min_count, unadmitted) -> None:
+    """The compact layout (no count or last_seen, 4-byte index slots) through the fused kernels and
+    through the per-table path trains what a table with counters trains, bit for bit, through
+    growth and the shared row's own key; its key, index and metadata take under 24 B a row."""
+    fields = [0, 3, 5]
+    dtype, table_dtype = (np.float32, "bfloat16") if dtype == "bfloat16" else (dtype, None)
+    kw = dict(optimizer=OPTIMIZERS[optimizer], min_count=min_count, unadmitted=unadmitted, table_dtype=table_dtype)
+    ref, per_table = make_tables(fields, dtype, **kw), make_tables(fields, dtype, counters=False, **kw)
+    new = make_tables(fields, dtype, counters=False, **kw)
+    shard = ShardTables(new, fields, BLOCK_NAMES)
+    rng = np.random.default_rng(5)
+    for step in range(6):
+        ids = make_ids(rng, fields, 150, 400, step)
+        if step == 3:
+            ids[1].keys[[0, -1]] = SHARED_KEY
+        grads = [rng.normal(size=(150, len(fields), d)).astype(dtype) for d in (1, 4, 3)]
+        expected = reference_step(ref, fields, ids, train=True, step=step, grads=grads)
+        for got in (reference_step(per_table, fields, ids, train=True, step=step, grads=grads),
+                    fused_step(shard, ids, train=True, step=step, grads=grads, together=step % 2 == 1)):
+            assert all(e.tobytes() == g.tobytes() for e, g in zip(expected, got))
+        eval_ids = make_ids(rng, fields, 32, 800, step)
+        expected = reference_step(ref, fields, eval_ids, train=False, step=step)
+        got = fused_step(shard, eval_ids, train=False, step=step)
+        assert all(e.tobytes() == g.tobytes() for e, g in zip(expected, got))
+    for f in fields:
+        for other in (per_table[f], new[f]):
+            assert_same_tables(ref[f], other, meta=False)
+            assert other.arrays.meta.shape[1] == 0 and other.arrays.index.shape[1] == 1
+            memory = other.memory()
+            assert memory["metadata_bytes"] == 8 * other.row_capacity and other.capacity > 64
+            assert (memory["metadata_bytes"] + memory["index_bytes"]) / len(other) < 24
 
 
 def test_fields_with_different_optimizers_in_one_call(monkeypatch) -> None:

@@ -171,3 +171,40 @@ def test_corrupt_files_raise_table_format_error(tmp_path) -> None:
 
     with pytest.raises(FileNotFoundError):
         EmbeddingTable.load(tmp_path / "missing")
+
+
+def test_a_table_without_counters_round_trips_and_converts(tmp_path) -> None:
+    """The compact layout saves no count or last_seen and loads bit for bit; a file with counters
+    loads without them (the same rows, values and slots) and back with them (every row admitted);
+    a table without counters refuses what needs them (eviction, incremental saves, min_count > 1)."""
+    blocks = [BlockSpec("linear", 1, FTRL(0.05, l1=0.01), Initializer("zeros")),
+              BlockSpec("embedding", 4, Adam(0.01), Initializer("normal", 0.1))]
+    tables = [EmbeddingTable(field=5, seed=9, capacity=32, blocks=blocks, counters=c) for c in (True, False)]
+    rng = np.random.default_rng(1)
+    for step in range(4):
+        keys = rng.integers(1, 900, 500)
+        grads = [rng.normal(size=(keys.size, b.dim)).astype(np.float32) for b in blocks]
+        for t in tables:
+            rows = t.lookup(keys, insert=True, step=step)
+            for b, g in zip(blocks, grads):
+                t.apply_gradients(b.name, rows, g, step)
+    counted, compact = tables
+    compact.save(tmp_path / "compact.npz")
+    counted.save(tmp_path / "counted.npz")
+    loaded = EmbeddingTable.load(tmp_path / "compact.npz")
+    assert not loaded.counters and set(loaded.to_arrays()) == set(compact.to_arrays())
+    assert "count" not in loaded.to_arrays()
+    converted = EmbeddingTable.load(tmp_path / "counted.npz", counters=False)
+    back = EmbeddingTable.load(tmp_path / "compact.npz", counters=True)
+    for t in (loaded, converted, back):
+        assert all(a.tobytes() == b.tobytes() for name, a in compact.to_arrays().items()
+                   for other, b in t.to_arrays().items() if name == other)
+    meta = back.metadata(np.arange(len(back)))
+    assert meta["admitted"].all() and (meta["count"] == 1).all() and (meta["last_seen"] == 3).all()
+    with pytest.raises(ValueError, match="no last-seen steps to evict by"):
+        compact.evict(ttl=1, step=4)
+    with pytest.raises(ValueError, match="no incremental save"):
+        compact.save(tmp_path / "inc.npz", since=2)
+    with pytest.raises(ValueError, match="min_count 2 needs counters"):
+        EmbeddingTable(field=5, seed=9, blocks=blocks, min_count=2, counters=False)
+    assert compact.evict(ttl=None, step=4) == 0 and compact.delete(compact.keys()[:10]) == 10

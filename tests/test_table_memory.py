@@ -29,7 +29,8 @@ def test_the_prediction_follows_the_row_layout() -> None:
                           embedding_optimizer="rowwise_adagrad:lr=0.05", linear_optimizer="rowwise_adagrad:lr=0.05")
     a, b = predicted(today), predicted(compact)
     # per row: FTRL (w, z, n) 12 B + Adam (w, m, v) 192 B + its step 4 B, against (w, a) 4 B + (16 w + 1 a) 34 B
-    ids = [sum(DISTINCT[f] + 1 for f in fields) for fields in PLACEMENT]  # + 1: a shared row each
+    # + 1: a shared row each; a table starts with 16 rows at least
+    ids = [sum(max(DISTINCT[f] + 1, 16) for f in fields) for fields in PLACEMENT]
     assert [x - y for x, y in zip(a, b)] == [n * (208 - 38) for n in ids]
 
 
@@ -42,3 +43,29 @@ def test_a_run_that_cannot_fit_is_refused_before_training() -> None:
                                           r"--table-dtype bfloat16"):
         refuse_what_cannot_fit(config, len(DISTINCT), 0, PLACEMENT, DISTINCT,
                                {"h1": ([0, 1], sum(need) + 2 * RANK_BASE_BYTES - 1)})
+
+
+@pytest.mark.parametrize("min_count", [1, 2])
+def test_the_prediction_is_what_the_tables_allocate(min_count) -> None:
+    """Tables sized from the data hold its distinct ids in exactly the bytes the start-up report
+    predicts, in the layout with counters (--min-count 2) and in the compact one (--min-count 1,
+    no eviction: key, index and metadata under 24 B per id)."""
+    import numpy as np
+
+    from des.building import build_model, build_optimizers
+    from des.strategies.components import FieldShard
+
+    config = TrainConfig(model="deepfm", embedding_dim=8, min_count=min_count)
+    distinct = [3000, 10, 5000, 7]
+    tables = table_options(config, distinct)
+    assert tables.counters == (min_count > 1) == config.needs_counters()
+    shard = FieldShard(range(len(distinct)), build_model(config, len(distinct)).blocks(), build_optimizers(config),
+                       seed=0, dtype=np.dtype(config.dtype), tables=tables)
+    for f, table in shard.tables.items():
+        table.lookup(np.arange(1, distinct[f] + 1, dtype=np.int64), insert=True, step=0)
+    memory = [table.memory() for table in shard.tables.values()]
+    predicted = predicted_table_bytes([list(range(len(distinct)))], distinct, layout_table(config, len(distinct)),
+                                      tables)
+    assert sum(m["bytes"] for m in memory) == predicted[0]
+    keyed = sum(m["index_bytes"] + m["metadata_bytes"] for m in memory) / sum(distinct)
+    assert keyed < 24 if min_count == 1 else keyed > 24

@@ -2,8 +2,12 @@
 
 Index: one int32 array ``idx[cap, 3]`` of 12-byte slots ``(key low 32 bits, key high 32 bits,
 row)``, so a probe touches one cache line (two parallel int64/int32 arrays would touch two, and
-16-byte int64 pairs would cost a third more memory). The row is stored plus one, so a free slot
-is one whose row field is 0 and zero-filled memory is an empty index: a new index is only
+16-byte int64 pairs would cost a third more memory). The *compact* index (``idx[cap, 1]``, a
+table without per-row counters) holds only the row, 4 bytes a slot, and compares a probed slot's
+key in ``row_keys``: a third of the index's memory for one more cache line per probe, the line
+that a table with counters reads in ``meta`` instead (and prefetched the same way). The row is
+stored plus one, so a free slot
+is one whose row field (the last column) is 0 and zero-filled memory is an empty index: a new index is only
 committed, never written before the rehash fills it. Linear probing; the home slot is Lemire's "fastrange" of
 the high 32 bits of ``splitmix64(key)``, so the capacity need not be a power of two (the index can
 grow by 1.5x) and the home slot is monotone in the hash (a rehash writes the new index almost
@@ -11,7 +15,8 @@ sequentially). Deletion is by backward shift: no tombstones, probe sequences sta
 the deleted keys had never been inserted.
 
 Rows: dense arrays indexed by row number ``0 <= r < n_rows``: ``row_keys`` (int64), ``meta[r] =
-(count, last_seen)`` (int32 pair, one cache line per hit) and per block values+slots. A row is
+(count, last_seen)`` (int32 pair, one cache line per hit; ``[rows, 0]`` in a table without
+counters, which the kernels then never touch: every row is admitted) and per block values+slots. A row is
 *admitted* iff ``count >= min_count`` (count only grows and saturates, so this is the same as a
 flag set when the count reaches min_count). Rows are appended on insert and compacted (last rows
 moved into the holes) on eviction.
@@ -24,12 +29,13 @@ item ``i + PF`` while working on item ``i``.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from ._memory import row_array
 from ..splitmix import splitmix64
 from .distinct import add_to_distinct, distinct_rows
-from ._prefetch import prefetch2
+from ._prefetch import prefetch1, prefetch2
 from .bfloat16 import load
 from .init import init_row
 
@@ -40,13 +46,19 @@ PF = 16  # prefetch distance (items); ~16 outstanding misses cover DRAM latency 
 _S32 = np.uint64(32)
 _LO32 = np.int64(0xFFFFFFFF)
 
+_NO_META = np.zeros((0, 0), np.int32)  # the meta of a read-only probe (its prefetch reads no count)
 # statuses returned by lookup_insert
 OK, BAD_KEY, NEED_GROWTH = 0, 1, 2
 
 
-def new_index(capacity: int) -> np.ndarray:
-    """An empty index of ``capacity`` slots: zeros (committed in bulk, see ``_memory.py``)."""
-    return row_array(capacity, (3,), np.int32, reserve=False)
+WIDE, COMPACT = 3, 1  # columns of an index slot: int32 (key low, key high, row + 1), or uint32 (row + 1)
+
+
+def new_index(capacity: int, width: int = WIDE) -> np.ndarray:
+    """An empty index of ``capacity`` slots of ``width`` columns: zeros (committed in bulk, see
+    ``_memory.py``). A compact index is uint32, so that numba compiles the batched kernels once per
+    layout (:func:`probe`), the slot's columns constants in each."""
+    return row_array(capacity, (width,), np.uint32 if width == COMPACT else np.int32, reserve=False)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -58,40 +70,131 @@ def home_slot(key: np.int64, cap: int) -> int:
 
 @njit(cache=True, nogil=True, inline="always")
 def is_free(idx, s: int) -> bool:
-    return idx[s, 2] == 0
+    return idx[s, idx.shape[1] - 1] == 0
 
 
 @njit(cache=True, nogil=True, inline="always")
-def slot_key(idx, s: int) -> np.int64:
+def slot_key(idx, row_keys, s: int) -> np.int64:
+    """The key of an occupied slot (a compact index's is its row's)."""
+    if idx.shape[1] == COMPACT:
+        return row_keys[idx[s, 0] - 1]
     return (np.int64(idx[s, 1]) << 32) | (np.int64(idx[s, 0]) & _LO32)
 
 
 @njit(cache=True, nogil=True, inline="always")
 def set_slot(idx, s: int, key: np.int64, row) -> None:
-    idx[s, 0] = np.int32(key)  # truncating casts: the low and high halves
-    idx[s, 1] = np.int32(key >> 32)
-    idx[s, 2] = row + 1  # 0 marks a free slot
+    last = idx.shape[1] - 1
+    if last:
+        idx[s, 0] = np.int32(key)  # truncating casts: the low and high halves
+        idx[s, 1] = np.int32(key >> 32)
+    idx[s, last] = row + 1  # 0 marks a free slot
 
 
 @njit(cache=True, nogil=True, inline="always")
 def slot_row(idx, s: int):
     """The row of an occupied slot."""
-    return idx[s, 2] - 1
+    return idx[s, idx.shape[1] - 1] - 1
+
+
+# The batched kernels probe through :func:`probe` and :func:`ahead`, which numba resolves by the
+# index's dtype when it compiles them: one loop body, compiled once per layout with the slot's
+# columns as constants, and no per-key test of the layout.
 
 
 @njit(cache=True, nogil=True, inline="always")
-def find_slot(idx, key: np.int64) -> int:
-    """Slot holding ``key``, or the free slot where it would go. ``key`` must not be EMPTY."""
+def probe_wide(idx, row_keys, key: np.int64):
+    """``(slot, row)``: the slot holding ``key`` and its row, or the free slot where it would go
+    and -1, in a wide index (``row_keys`` unread). ``key`` must not be EMPTY."""
     cap = idx.shape[0]
     lo = np.int32(key)
     hi = np.int32(key >> 32)
     s = home_slot(key, cap)
     while True:
-        if idx[s, 2] == 0 or (idx[s, 0] == lo and idx[s, 1] == hi):
-            return s
+        r = idx[s, 2]
+        if r == 0:
+            return s, -1
+        if idx[s, 0] == lo and idx[s, 1] == hi:
+            return s, r - 1
         s += 1
         if s == cap:
             s = 0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def probe_compact(idx, row_keys, key: np.int64):
+    """:func:`probe_wide` in a compact index: a slot's key is ``row_keys[row]``."""
+    cap = idx.shape[0]
+    s = home_slot(key, cap)
+    while True:
+        r = idx[s, 0]
+        if r == 0:
+            return s, -1
+        if row_keys[r - 1] == key:
+            return s, r - 1
+        s += 1
+        if s == cap:
+            s = 0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def ahead_wide(idx, row_keys, meta, key, counted) -> None:
+    """The second stage of a batched probe's prefetch, once ``key``'s home index line has
+    arrived: with counters, the meta line of the key's row if it is present."""
+    if counted and key != EMPTY:
+        r = probe_wide(idx, row_keys, key)[1]
+        if r >= 0:
+            prefetch2(meta, r, 0)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def ahead_compact(idx, row_keys, meta, key, counted) -> None:
+    """:func:`ahead_wide` in a compact index: the row keys its compares read first, of the
+    key's home slot and the next (linear probing finds most keys within two slots)."""
+    if key == EMPTY:
+        return
+    cap = idx.shape[0]
+    s = home_slot(key, cap)
+    r = idx[s, 0]
+    if r > 0:
+        prefetch1(row_keys, r - 1)
+        r = idx[s + 1 if s + 1 < cap else 0, 0]
+        if r > 0:
+            prefetch1(row_keys, r - 1)
+
+
+def probe(idx, row_keys, key):  # pragma: no cover - numba resolves it (below)
+    """``(slot, row)`` of ``key`` in an index of either layout: :func:`probe_wide` or :func:`probe_compact`."""
+    raise NotImplementedError("probe is for numba kernels")
+
+
+def ahead(idx, row_keys, meta, key, counted):  # pragma: no cover - numba resolves it (below)
+    """The second prefetch stage of either layout: :func:`ahead_wide` or :func:`ahead_compact`."""
+    raise NotImplementedError("ahead is for numba kernels")
+
+
+def _compact(idx) -> bool:
+    return isinstance(idx, types.Array) and idx.dtype == types.uint32
+
+
+@overload(probe, inline="always")
+def _probe(idx, row_keys, key):
+    if _compact(idx):
+        return lambda idx, row_keys, key: probe_compact(idx, row_keys, key)
+    return lambda idx, row_keys, key: probe_wide(idx, row_keys, key)
+
+
+@overload(ahead, inline="always")
+def _ahead(idx, row_keys, meta, key, counted):
+    if _compact(idx):
+        return lambda idx, row_keys, meta, key, counted: ahead_compact(idx, row_keys, meta, key, counted)
+    return lambda idx, row_keys, meta, key, counted: ahead_wide(idx, row_keys, meta, key, counted)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def find_slot(idx, row_keys, key: np.int64) -> int:
+    """Slot holding ``key``, or the free slot where it would go, in an index of either layout.
+    ``row_keys`` are read only by a compact index (``row_keys[r]`` must be row r's key)."""
+    return probe(idx, row_keys, key)[0]
 
 
 @njit(nogil=True)
@@ -100,40 +203,38 @@ def insert_keys(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, m
 
     Every occurrence increments ``count`` (saturating) and sets ``last_seen = step``. Returns
     ``(position, n_rows, status, admitted)``, ``admitted`` = rows whose count reached
-    ``min_count`` in this call (new rows, for ``min_count`` 0); on NEED_GROWTH the caller grows
-    and calls again from ``position`` (everything before it is done). ``max_rows`` = min(row
-    capacity, index fill bound). Two-stage prefetch: the index line of key ``i + PF``, and the meta line of key
-    ``i + PF/2`` if that key is already present (its index line has arrived by then).
+    ``min_count`` in this call (new rows, for ``min_count`` 0 or a table without counters); on
+    NEED_GROWTH the caller grows and calls again from ``position`` (everything before it is done).
+    ``max_rows`` = min(row capacity, index fill bound). Two-stage prefetch: the index line of key
+    ``i + PF``, and of key ``i + PF/2`` (its index line has arrived by then) what :func:`ahead` says
+    the probe reads next. A table without counters (``meta`` of no columns) counts nothing.
     """
     n = keys.shape[0]
     cap = idx.shape[0]
     half = PF // 2
     admitted = 0
+    counted = meta.shape[1] != 0
+    count = count and counted
     for i in range(start, n):
         if i + PF < n:
             prefetch2(idx, home_slot(keys[i + PF], cap), 0)
-        if count and i + half < n:
-            kp = keys[i + half]
-            if kp != EMPTY:
-                sp = find_slot(idx, kp)
-                if not is_free(idx, sp):
-                    prefetch2(meta, slot_row(idx, sp), 0)
+        if i + half < n:
+            ahead(idx, row_keys, meta, keys[i + half], count)
         key = keys[i]
         if key == EMPTY:
             return i, n_rows, BAD_KEY, admitted
-        s = find_slot(idx, key)
-        if is_free(idx, s):
+        s, r = probe(idx, row_keys, key)
+        if r < 0:
             if n_rows >= max_rows:
                 return i, n_rows, NEED_GROWTH, admitted
             r = n_rows
             n_rows += 1
-            set_slot(idx, s, key, r)
             row_keys[r] = key
-            meta[r, COUNT] = 0
-            if min_count == 0:
+            set_slot(idx, s, key, r)
+            if counted:
+                meta[r, COUNT] = 0
+            if min_count == 0 or not counted:
                 admitted += 1
-        else:
-            r = slot_row(idx, s)
         out[i] = r
         if not count:
             continue
@@ -152,7 +253,9 @@ def count_distinct(uniq, inverse, u, meta, step, min_count):
     position's number ``inverse``, as :func:`distinct_keys` numbers the keys): each row's
     ``count`` raised by its occurrences (saturating) and its ``last_seen`` set to ``step``: one
     meta line per distinct row instead of per occurrence. Returns the rows whose count reached
-    ``min_count >= 1``."""
+    ``min_count >= 1`` (none without counters: :func:`insert_keys` counted the new rows)."""
+    if meta.shape[1] == 0:
+        return 0
     occurrences = np.zeros(u, np.int64)
     for i in range(inverse.shape[0]):
         occurrences[inverse[i]] += 1
@@ -173,7 +276,10 @@ def count_distinct(uniq, inverse, u, meta, step, min_count):
 @njit(cache=True, nogil=True)
 def use_shared_row(meta, row, min_count, step, seen) -> None:
     """Row ``row`` of the shared out-of-vocabulary key is in use: admitted (its count at least
-    ``min_count`` and 1) and, if ``seen``, ``last_seen = step`` (eviction keeps it)."""
+    ``min_count`` and 1) and, if ``seen``, ``last_seen = step`` (eviction keeps it); without
+    counters every row is admitted already."""
+    if meta.shape[1] == 0:
+        return
     meta[row, COUNT] = max(min_count, meta[row, COUNT], 1)
     if seen:
         meta[row, LAST] = step
@@ -186,25 +292,27 @@ def lookup_insert(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step,
 
 
 @njit(nogil=True)
-def find_keys(idx, keys, out):
+def find_keys(idx, row_keys, keys, out):
     """Rows of ``keys`` (-1 when absent); read-only. Returns the first sentinel position or -1."""
     n = keys.shape[0]
     cap = idx.shape[0]
+    half = PF // 2
     for i in range(n):
         if i + PF < n:
             prefetch2(idx, home_slot(keys[i + PF], cap), 0)
+        if i + half < n:
+            ahead(idx, row_keys, _NO_META, keys[i + half], False)
         key = keys[i]
         if key == EMPTY:
             return i
-        s = find_slot(idx, key)
-        out[i] = -1 if is_free(idx, s) else slot_row(idx, s)
+        out[i] = probe(idx, row_keys, key)[1]
     return -1
 
 
 @njit(cache=True, nogil=True)
-def lookup_only(idx, keys, out):
+def lookup_only(idx, row_keys, keys, out):
     """:func:`find_keys` on one table."""
-    return find_keys(idx, keys, out)
+    return find_keys(idx, row_keys, keys, out)
 
 
 @njit(nogil=True)
@@ -248,7 +356,7 @@ def admit_distinct(rows, adm, uniq, inverse, u, meta, min_count, shared):
     admitted[u] = True
     all_admitted = True
     for p in range(u):
-        if p + PF < u:
+        if p + PF < u and min_count > 1:
             prefetch2(meta, uniq[p + PF], 0)
         r = uniq[p]
         admitted[p] = min_count <= 1 or meta[r, COUNT] >= min_count
@@ -294,7 +402,7 @@ def rebuild_index(row_keys, n_rows, idx):
         key = row_keys[r]
         if key == EMPTY:
             return r
-        s = find_slot(idx, key)
+        s = find_slot(idx, row_keys, key)
         if not is_free(idx, s):
             return r
         set_slot(idx, s, key, r)
@@ -302,18 +410,19 @@ def rebuild_index(row_keys, n_rows, idx):
 
 
 @njit(cache=True, nogil=True)
-def rehash(old, idx):
-    """Move every entry of the old index into the (empty) new one."""
+def rehash(old, idx, row_keys):
+    """Move every entry of the old index into the (empty) new one, of the same width."""
     for s in range(old.shape[0]):
         if not is_free(old, s):
-            key = slot_key(old, s)
-            set_slot(idx, find_slot(idx, key), key, slot_row(old, s))
+            key = slot_key(old, row_keys, s)
+            set_slot(idx, find_slot(idx, row_keys, key), key, slot_row(old, s))
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _delete_slot(idx, s):
+def _delete_slot(idx, row_keys, s):
     """Backward-shift deletion of slot ``s`` (linear probing, no tombstones)."""
     cap = idx.shape[0]
+    width = idx.shape[1]
     j = s
     while True:
         j += 1
@@ -321,18 +430,16 @@ def _delete_slot(idx, s):
             j = 0
         if is_free(idx, j):
             break
-        home = home_slot(slot_key(idx, j), cap)
+        home = home_slot(slot_key(idx, row_keys, j), cap)
         # the entry at j may move back to s iff s lies on its probe path home..j (cyclically)
         dist_home = j - home if j >= home else j - home + cap
         dist_s = j - s if j >= s else j - s + cap
         if dist_home >= dist_s:
-            idx[s, 0] = idx[j, 0]
-            idx[s, 1] = idx[j, 1]
-            idx[s, 2] = idx[j, 2]
+            for c in range(width):
+                idx[s, c] = idx[j, c]
             s = j
-    idx[s, 0] = 0
-    idx[s, 1] = 0
-    idx[s, 2] = 0
+    for c in range(width):
+        idx[s, c] = 0
 
 
 @njit(cache=True, nogil=True)
@@ -342,13 +449,14 @@ def evict_plan(idx, row_keys, n_rows, dead):
 
     Returns ``(src, dst, n_live)``: live rows ``src[i] >= n_live`` move into holes
     ``dst[i] < n_live``; their index entries already point to the new rows. The caller moves the
-    row payloads.
+    row payloads. (A compact index compares keys in ``row_keys`` meanwhile: a slot pointing to a
+    hole reads the hole's dead key, which is no live key, so every live key is still found.)
     """
     n_dead = 0
     for r in range(n_rows):
         if dead[r]:
             n_dead += 1
-            _delete_slot(idx, find_slot(idx, row_keys[r]))
+            _delete_slot(idx, row_keys, find_slot(idx, row_keys, row_keys[r]))
     n_live = n_rows - n_dead
     # holes below n_live and live rows at or above n_live come in equal numbers
     n_moves = 0
@@ -365,7 +473,7 @@ def evict_plan(idx, row_keys, n_rows, dead):
                 hole += 1
             src[i] = r
             dst[i] = hole
-            idx[find_slot(idx, row_keys[r]), 2] = hole + 1
+            idx[find_slot(idx, row_keys, row_keys[r]), idx.shape[1] - 1] = hole + 1
             hole += 1
             i += 1
     return src, dst, n_live

@@ -35,6 +35,10 @@ class Eviction:
         The index deletes by backward shift (no tombstones); the last rows move into the holes, so
         rows stay dense and earlier ``lookup`` results become stale. Oversized storage shrinks.
         """
+        if not table.counters:  # nothing to evict by: nothing asked, or an error
+            if ttl is None and max_rows <= 0:
+                return 0
+            raise ValueError(f"table of field {table.field} has no last-seen steps to evict by (made without counters)")
         n = len(table)
         if n == 0:
             return 0
@@ -71,7 +75,7 @@ def delete(table: Any, keys: np.ndarray) -> int:
     if n == 0 or keys.shape[0] == 0:
         return 0
     rows = np.empty(keys.shape[0], dtype=np.int64)
-    if K.lookup_only(table.arrays.index, keys, rows) >= 0:
+    if K.lookup_only(table.arrays.index, table.arrays.keys, keys, rows) >= 0:
         raise sentinel_error(keys)
     dead = np.zeros(n, dtype=np.bool_)
     dead[rows[rows >= 0]] = True

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .layout import MIN_CAPACITY
+
 
 def payload_bytes_per_row(table: Any) -> int:
     """Raw payload of one row: key + values + slots (+ Adam step count)."""
@@ -34,8 +36,13 @@ def estimated_bytes(table: Any, rows: int, capacity: int | None = None, initial_
     values, meta = _row_bytes(table)
     index = table.arrays.index
     slot_bytes = index.itemsize * index.shape[1]
-    slots = max(table.initial_capacity if capacity is None else capacity, math.ceil(rows / table.max_load) + 1)
-    return max(rows, table.initial_rows if initial_rows is None else initial_rows) * (meta + values) + slots * slot_bytes
+    start = table.initial_capacity if capacity is None else max(MIN_CAPACITY, int(capacity))
+    slots = max(start, math.ceil(rows / table.max_load) + 1)
+    if initial_rows is None:
+        initial_rows = table.initial_rows
+    else:  # as the table's constructor allocates them: at most its index's fill bound, at least MIN_CAPACITY
+        initial_rows = max(MIN_CAPACITY, min(start - 1, int(start * table.max_load), int(initial_rows)))
+    return max(rows, initial_rows) * (meta + values) + slots * slot_bytes
 
 
 def memory(table: Any) -> dict[str, Any]:

@@ -5,21 +5,22 @@ A table file is an *uncompressed* ``.npz`` archive (a zip of ``.npy`` arrays, as
 
 ``header``                 uint8 array: UTF-8 JSON, see below
 ``keys``                   int64   [n]   live keys, in row order
-``count``                  int32   [n]   occurrences seen at ``lookup(insert=True)`` (saturating)
-``last_seen``              int32   [n]   step of the last ``lookup(insert=True)``
+``count``                  int32   [n]   occurrences seen at ``lookup(insert=True)`` (saturating);
+                                         absent when ``counters`` is false
+``last_seen``              int32   [n]   step of the last ``lookup(insert=True)``; likewise
 ``block.<i>.values``       float   [n, dim_i]   values of block ``i`` (blocks in header order)
 ``block.<i>.slot.<name>``  float   [n, dim_i]   optimizer slots (``m``, ``v``, ``accumulator``,
                                                 ``z``, ``n``), same dtype as the values; a
                                                 row-wise slot ``[n, 1]``
 ``block.<i>.steps``        int32   [n]   Adam's per-row step count (only for Adam blocks)
 
-(A row is admitted, i.e. trained, iff ``count >= min_count``.)
+(A row is admitted, i.e. trained, iff ``count >= min_count``; every row of a file without counters.)
 
 The header is a JSON object::
 
     {"format": "des.hashtable", "version": 1, "field": int, "seed": int, "dtype": "float32",
      "table_dtype": "float32"|"float64"|"bfloat16",
-     "min_count": int, "unadmitted": "init"|"zero"|"shared", "max_load": float, "n_rows": n,
+     "min_count": int, "unadmitted": "init"|"zero"|"shared", "counters": bool, "max_load": float, "n_rows": n,
      "evicted_count": int, "admitted_total": int, "last_update_step": int|null,
      "blocks": [{"name": str, "dim": int, "optimizer": {...}, "init": {...}}, ...],
      "arrays": {name: {"dtype": numpy dtype str, "shape": [...]}, ...},
@@ -28,7 +29,8 @@ The header is a JSON object::
 ``admitted_total`` (admissions ever made) was added without a version change: readers ignore
 header entries they do not know, and a file without it loads with the number of admitted rows.
 ``table_dtype`` (how values and slots are stored: bfloat16 as ``uint16`` bits) likewise: a file
-without it stores them in ``dtype``.
+without it stores them in ``dtype``. ``counters`` too: a file without it holds ``count`` and
+``last_seen``.
 
 The payload digest is SHA-256 over the arrays in sorted name order, each contributing
 ``name NUL dtype.str NUL json(shape) NUL`` followed by its C-order bytes. Files are written to a

@@ -120,6 +120,7 @@ class _Tables(NamedTuple):
     min_count: np.ndarray  # int64 [F]
     zero: np.ndarray  # bool [F]: unadmitted="zero"
     stored: np.ndarray  # [0, 0] of the tables' stored dtype (``bfloat16.py``): the type of the block views
+    index: np.ndarray  # [0, 0] of the tables' index dtype (``_index.new_index``: int32 wide, uint32 compact)
 
 
 class _Block(NamedTuple):
@@ -284,8 +285,9 @@ class ShardTables:
         n, cols = len(self.fields), _BLOCKS + 2 * len(self.blocks)
         first = tables.get(self.fields[0]) if self.fields else None
         stored = np.empty((0, 0), dtype=first.stored_dtype if first is not None else np.float32)
+        index = np.empty((0, 0), dtype=first.arrays.index.dtype if first is not None else np.int32)
         self._tables = _Tables(np.zeros((n, cols, 3), dtype=np.int64), np.zeros(n, dtype=np.int64),
-                               np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.bool_), stored)
+                               np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.bool_), stored, index)
         self._blocks = [_Block(_BLOCKS + 2 * b, np.zeros(n, dtype=np.int64), np.zeros((n, _MAX_SLOTS), dtype=np.int64))
                         for b in range(len(self.blocks))]
         self._inits = [_Init(np.zeros(n, dtype=np.uint64), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.float64),
@@ -338,6 +340,9 @@ class ShardTables:
             raise ValueError(f"table of field {t.field} is stored as {t.table_dtype}, the shard's tables as "
                              f"{self._tables.stored.dtype}")
         held = t.arrays
+        if held.index.dtype != self._tables.index.dtype:
+            raise ValueError(f"table of field {t.field} has {'' if t.counters else 'no '}counters, the shard's tables "
+                             f"{'do not' if t.counters else 'do'}")
         arrays = [held.index, held.keys, held.meta]
         for values, steps in zip(held.blocks, held.steps):
             arrays += [values, steps]
@@ -700,8 +705,9 @@ def _lookup_field(shard, j, keys, key_offsets, work, shared, step, insert):
     pos, status, count, uniq, inverse = work.pos, work.status, work.count, work.uniq, work.inverse
     rows, admitted, n_rows, min_count = work.rows, work.admitted, shard.n_rows, shard.min_count
     lo, hi = key_offsets[j], key_offsets[j + 1]
-    idx = view2(shard.views[j, _IDX, _ADDR], shard.views[j, _IDX, _ROWS], 3, np.int32)
-    meta = view2(shard.views[j, _META, _ADDR], shard.views[j, _META, _ROWS], 2, np.int32)
+    v = shard.views
+    idx = view2(v[j, _IDX, _ADDR], v[j, _IDX, _ROWS], v[j, _IDX, _WIDTH], shard.index)  # wide or compact
+    meta = view2(v[j, _META, _ADDR], v[j, _META, _ROWS], v[j, _META, _WIDTH], np.int32)  # no columns: no counters
     field_keys, field_rows = keys[lo:hi], rows[lo:hi]
     if insert:
         if pos[j] == 0:  # no partial update of a field with a bad key
@@ -726,7 +732,7 @@ def _lookup_field(shard, j, keys, key_offsets, work, shared, step, insert):
         count[j], work.outside[j] = K.admit_distinct(field_rows, admitted[lo:hi], uniq[lo:hi], inverse[lo:hi], u,
                                                      meta, min_count[j], shared[j])
         return
-    bad = K.find_keys(idx, field_keys, field_rows)
+    bad = K.find_keys(idx, _row_keys(shard, j), field_keys, field_rows)
     if bad >= 0:
         pos[j], status[j] = bad, K.BAD_KEY
         return

@@ -5,7 +5,10 @@ field's parts (:func:`load_parts`), and an incremental checkpoint's rows into a 
 
 Exact: a file holds every column of its rows (keys, count, last_seen, values, each slot, Adam's
 step counts) as the table holds them, and loading writes them back into rows of a table of the
-same layout, so a loaded table is the saved one bit for bit (its rows in file order). This module
+same layout, so a loaded table is the saved one bit for bit (its rows in file order). A table
+without counters writes no count or last_seen (its header says ``"counters": false``); loaded into
+a table with counters, its rows are admitted (count ``max(min_count, 1)``) and last seen at its
+``last_update_step``; a file with counters loads into a table without by dropping them. This module
 acts on the storage (``table.py``) through its public surface and builds a new table through the
 class it is given: it never imports the table, which delegates to it.
 """
@@ -34,7 +37,9 @@ def row_columns(table: Any) -> dict[str, np.ndarray]:
     views over every row of the storage (its capacity and beyond), valid while ``table.version``
     holds. Dump, load and upsert all read or write rows through these."""
     arrays = table.arrays
-    views = {"keys": arrays.keys, "count": arrays.meta[:, K.COUNT], "last_seen": arrays.meta[:, K.LAST]}
+    views = {"keys": arrays.keys}
+    if table.counters:
+        views.update({"count": arrays.meta[:, K.COUNT], "last_seen": arrays.meta[:, K.LAST]})
     for b, spec in enumerate(table.blocks):
         values, slots = spec.columns(arrays.blocks[b])
         views[f"block.{b}.values"] = values
@@ -47,7 +52,10 @@ def row_columns(table: Any) -> dict[str, np.ndarray]:
 def to_arrays(table: Any, since: int | None = None) -> dict[str, np.ndarray]:
     """The live rows as the arrays :func:`save` writes (named as in ``format.py``): views, valid
     until the table next changes; with ``since``, copies of the rows looked up in training at
-    step ``since`` or later (``last_seen >= since``, inserted rows included)."""
+    step ``since`` or later (``last_seen >= since``, inserted rows included: a table with counters)."""
+    if since is not None and not table.counters:
+        raise ValueError(f"table of field {table.field} has no last-seen steps (made without counters): "
+                         "no incremental save")
     n = len(table)
     arrays = {name: a[:n] for name, a in row_columns(table).items()}
     if since is not None:
@@ -61,7 +69,7 @@ def save(table: Any, path: str | os.PathLike, since: int | None = None) -> None:
     the rows :func:`to_arrays` gives for it (an incremental checkpoint's)."""
     arrays = to_arrays(table, since)
     header = {"field": table.field, "seed": table.seed, "dtype": table.dtype.name, "table_dtype": table.table_dtype,
-              "min_count": table.min_count, "unadmitted": table.unadmitted,
+              "min_count": table.min_count, "unadmitted": table.unadmitted, "counters": table.counters,
               "max_load": table.max_load, "n_rows": int(arrays["keys"].shape[0]),
               "evicted_count": table.evicted_count, "admitted_total": table.admitted_total,
               "last_update_step": table.last_update_step,
@@ -73,7 +81,9 @@ def upsert(table: Any, arrays: dict[str, np.ndarray]) -> int:
     """Rows given as :func:`to_arrays` gives them (distinct keys) into ``table``: a key it holds
     has its row replaced (counts, ``last_seen``, values, slots, step counts), a new key gets a new
     row. Counters (``evicted_count``, ``admitted_total``) are left alone. Returns the new rows."""
-    _check_arrays(arrays, table.blocks, table.stored_dtype, int(np.asarray(arrays["keys"]).shape[0]))
+    n = int(np.asarray(arrays["keys"]).shape[0])
+    _check_arrays(arrays, table.blocks, table.stored_dtype, n, "count" in arrays)
+    arrays = with_counters(arrays, table, n)
     keys = as_keys(arrays["keys"])
     if keys.shape[0] and (keys == K.EMPTY).any():
         raise sentinel_error(keys)
@@ -86,7 +96,7 @@ def upsert(table: Any, arrays: dict[str, np.ndarray]) -> int:
 
 
 def load_parts(new_table: Callable[..., Any], parts: Sequence[tuple[str | os.PathLike, KeyFilter | None]],
-               capacity: int | None = None, table_dtype: str | None = None) -> Any:
+               capacity: int | None = None, table_dtype: str | None = None, counters: bool | None = None) -> Any:
     """One table (made by ``new_table``, the table's class) of the rows of several files written by
     :func:`save` (the parts of one field, such as its shares): of each part ``(path, keep)`` the rows
     whose keys ``keep(keys)`` (a bool mask) selects, every row where ``keep`` is None. The parts must
@@ -99,7 +109,8 @@ def load_parts(new_table: Callable[..., Any], parts: Sequence[tuple[str | os.Pat
     parts. ``capacity`` (index slots) is a lower bound, the default fits the rows kept at about
     ``max_load / 1.5``. ``table_dtype``: how the loaded rows are stored (default: as the files
     say), converted where it differs (``bfloat16.convert``: widening is exact, narrowing rounds to
-    nearest). Raises :class:`TableFormatError` naming the file.
+    nearest). ``counters``: whether the table keeps counts and last-seen steps (default: as the
+    files; always with a ``min_count`` above 1). Raises :class:`TableFormatError` naming the file.
     """
     read = _Parts()
     for path, keep in parts:
@@ -116,7 +127,8 @@ def load_parts(new_table: Callable[..., Any], parts: Sequence[tuple[str | os.Pat
         table = new_table(field=int(header["field"]), blocks=read.first["blocks"], seed=int(header["seed"]),
                           dtype=np.dtype(header["dtype"]), capacity=cap, max_load=max_load,
                           min_count=int(header["min_count"]), unadmitted=header["unadmitted"],
-                          table_dtype=header["table_dtype"] if table_dtype is None else table_dtype)
+                          table_dtype=header["table_dtype"] if table_dtype is None else table_dtype,
+                          counters=(header["counters"] if counters is None else counters) or int(header["min_count"]) > 1)
     except (KeyError, TypeError, ValueError) as e:
         raise _inconsistent(read.first["path"], e) from e
     table.evicted_count, table.admitted_total, table.last_update_step = read.evicted, read.admitted, read.last
@@ -158,6 +170,7 @@ class _Parts:
                    keep: KeyFilter | None) -> dict[str, np.ndarray]:
         """The part's arrays, checked against the first part's layout, cut to the rows kept."""
         header.setdefault("table_dtype", header["dtype"])  # files of older versions: rows in the dtype
+        header.setdefault("counters", True)  # and every row with its count and last_seen
         if not self.first:
             self.first = {"path": path, "header": header, "stored": stored_dtype(header["table_dtype"]),
                           "blocks": [BlockSpec.from_dict(d) for d in header["blocks"]]}
@@ -165,7 +178,7 @@ class _Parts:
         if differ:
             raise TableFormatError(f"{path}: its {', '.join(differ)} differ from those of {self.first['path']}")
         n = int(header["n_rows"])
-        _check_arrays(arrays, self.first["blocks"], self.first["stored"], n)
+        _check_arrays(arrays, self.first["blocks"], self.first["stored"], n, bool(header["counters"]))
         keys = arrays["keys"]
         mask = None if keep is None else np.asarray(keep(keys), dtype=np.bool_)
         if mask is not None and mask.shape != (n,):
@@ -190,6 +203,7 @@ def _fill(table: Any, pieces: list[tuple[str, dict[str, np.ndarray]]], n: int) -
     for i, (path, arrays) in enumerate(pieces):
         lo = starts[-1]
         hi = lo + int(arrays["keys"].shape[0])
+        arrays = with_counters(arrays, table, hi - lo)
         for name, column in columns.items():
             a = arrays[name]
             column[lo:hi] = a if a.dtype == column.dtype else convert(a, table.table_dtype)
@@ -213,13 +227,31 @@ def _inconsistent(path: str, e: Exception) -> TableFormatError:
 
 
 def _admitted(arrays: dict[str, np.ndarray], header: dict[str, Any]) -> int:
-    """Admitted rows among a table file's (kept) rows."""
+    """Admitted rows among a table file's (kept) rows (every row of a file without counters)."""
+    if "count" not in arrays:
+        return int(arrays["keys"].shape[0])
     return int(np.count_nonzero(arrays["count"] >= int(header["min_count"])))
 
 
-def _check_arrays(arrays: dict[str, np.ndarray], blocks: Sequence[BlockSpec], dtype: np.dtype, n: int) -> None:
-    """A table file's arrays are those of ``n`` rows of these blocks (ValueError if not)."""
-    expected = {"keys": (np.int64, (n,)), "count": (np.int32, (n,)), "last_seen": (np.int32, (n,))}
+def with_counters(arrays: dict[str, np.ndarray], table: Any, n: int) -> dict[str, np.ndarray]:
+    """A file's ``n`` rows with the count and last_seen columns ``table`` has: dropped for a table
+    without counters; for a table with counters, where the file has none (its rows were all
+    admitted), count ``max(min_count, 1)`` and last_seen the table's ``last_update_step`` (or 0)."""
+    if not table.counters:
+        return {k: a for k, a in arrays.items() if k not in ("count", "last_seen")}
+    if "count" in arrays:
+        return arrays
+    last = table.last_update_step or 0
+    return {**arrays, "count": np.full(n, max(table.min_count, 1), np.int32), "last_seen": np.full(n, last, np.int32)}
+
+
+def _check_arrays(arrays: dict[str, np.ndarray], blocks: Sequence[BlockSpec], dtype: np.dtype, n: int,
+                  counters: bool = True) -> None:
+    """A table file's arrays are those of ``n`` rows of these blocks, with or without ``counters``
+    (ValueError if not)."""
+    expected = {"keys": (np.int64, (n,))}
+    if counters:
+        expected.update({"count": (np.int32, (n,)), "last_seen": (np.int32, (n,))})
     for b, spec in enumerate(blocks):
         expected[f"block.{b}.values"] = (dtype, (n, spec.dim))
         for name, width in zip(spec.optimizer.slot_names, spec.slot_widths):

@@ -17,7 +17,7 @@ Layout (see ``_index.py`` for the kernels):
   kept <= ``max_load``; grows by rehash to 1.5x capacity (``INDEX_GROWTH``), so the load stays in
   [max_load / 1.5, max_load].
 * rows: densely packed, row ``r`` is the r-th live key. Per row: ``keys`` (int64), ``meta`` =
-  (count, last_seen) (int32 pair), and per block one array ``[rows, dim + slot columns]`` (a slot
+  (count, last_seen) (int32 pair; none in a table without counters, below), and per block one array ``[rows, dim + slot columns]`` (a slot
   spans ``dim`` columns, a row-wise one 1) holding the values followed by the optimizer slots of
   that row (co-located, so an update touches one or two cache lines), in the dtype or as bfloat16
   bits (``table_dtype``, ``bfloat16.py``), plus an int32 step count for Adam blocks. A row is admitted iff
@@ -35,6 +35,12 @@ Layout (see ``_index.py`` for the kernels):
   capacity, never the reserved address space (which holds no memory until used); the next
   growth step's rows are committed in the background ahead of it, so the resident memory may run
   up to one step (15 % of the rows) ahead of the figures.
+* without counters (``counters=False``: nothing needs an admission count or a last-seen step, so
+  ``min_count <= 1`` and no eviction or incremental checkpoint): no ``meta`` and a compact index
+  of 4-byte slots holding only the row (``_index.py``), so key, index and metadata take
+  ``8 + 4 / load`` bytes per row (13.7 to 16.6 B at the index's load bounds) instead of
+  ``16 + 12 / load`` (33.1 to 41.7 B).
+  Every row is admitted; the same rows, values and slots as a table with counters, bit for bit.
 
 The reserved sentinel key is ``EMPTY_KEY = -2**63`` (int64 minimum); every other int64 is a valid
 key. Rows handed out by :meth:`EmbeddingTable.lookup` stay valid until the next :meth:`evict`
@@ -85,7 +91,8 @@ class EmbeddingTable:
 
     def __init__(self, field: int, blocks: Sequence[BlockSpec], seed: int, dtype: Any = np.float32,
                  capacity: int = 1024, max_load: float = MAX_LOAD, min_count: int = 1,
-                 unadmitted: str = "init", rows: int | None = None, table_dtype: str | None = None) -> None:
+                 unadmitted: str = "init", rows: int | None = None, table_dtype: str | None = None,
+                 counters: bool = True) -> None:
         self.field = int(field)
         self.seed = int(seed)
         self.blocks: tuple[BlockSpec, ...] = tuple(blocks)
@@ -107,6 +114,10 @@ class EmbeddingTable:
         if int(min_count) < 0:
             raise ValueError(f"min_count must be >= 0, got {min_count!r}")
         self.min_count = int(min_count)
+        #: whether rows hold an admission count and a last-seen step (``meta``); without, the compact layout
+        self.counters = bool(counters)
+        if not self.counters and self.min_count > 1:
+            raise ValueError(f"min_count {self.min_count} needs counters (a table without counters admits every key)")
         if unadmitted not in ("init", "zero", "shared"):
             raise ValueError(f"unadmitted must be 'init', 'zero' or 'shared', got {unadmitted!r}")
         self.unadmitted = unadmitted
@@ -138,7 +149,7 @@ class EmbeddingTable:
         return capacity
 
     def _alloc_index(self, capacity: int) -> None:
-        self._idx = K.new_index(capacity)
+        self._idx = K.new_index(capacity, K.WIDE if self.counters else K.COMPACT)
         # keep one slot free at least, so probing always terminates
         self._max_fill = min(capacity - 1, int(capacity * self.max_load))
         self.version += 1
@@ -146,7 +157,7 @@ class EmbeddingTable:
     def _alloc_rows(self, row_cap: int) -> None:
         # row arrays may be longer than the capacity (address space reserved for growth)
         self._keys = row_array(row_cap, (), np.int64, reserve=True)
-        self._meta = row_array(row_cap, (2,), np.int32, reserve=True)  # (count, last_seen)
+        self._meta = row_array(row_cap, (2 if self.counters else 0,), np.int32, reserve=True)  # (count, last_seen)
         self._data = [row_array(row_cap, (b.width,), self.stored_dtype, reserve=True) for b in self.blocks]
         self._steps = [row_array(row_cap, (), np.int32, reserve=True) if b.optimizer.needs_step else None
                        for b in self.blocks]
@@ -195,7 +206,7 @@ class EmbeddingTable:
     def _rehash(self, capacity: int) -> None:
         old = self._idx
         self._alloc_index(self._clamp_capacity(capacity))
-        K.rehash(old, self._idx)
+        K.rehash(old, self._idx, self._keys)
 
     def grow(self) -> None:
         """Room for at least one more row (:attr:`row_limit` > ``len(self)``): the rows grow by
@@ -248,7 +259,7 @@ class EmbeddingTable:
             return -1
         if self._shared < 0:
             row = np.empty(1, dtype=np.int64)
-            K.lookup_only(self._idx, np.array([SHARED_KEY], dtype=np.int64), row)
+            K.lookup_only(self._idx, self._keys, np.array([SHARED_KEY], dtype=np.int64), row)
             self._shared = int(row[0])
         if step is None:
             return self._shared
@@ -291,7 +302,7 @@ class EmbeddingTable:
             self._init_rows(n0, self._n)
         else:  # read-only: ranges of keys on numba's thread count
             bad: list[int] = []
-            _threads.run(lambda lo, hi: bad.append(K.lookup_only(self._idx, flat[lo:hi], out[lo:hi])),
+            _threads.run(lambda lo, hi: bad.append(K.lookup_only(self._idx, self._keys, flat[lo:hi], out[lo:hi])),
                          flat.shape[0], _MIN_PARALLEL_KEYS)
             if max(bad) >= 0:
                 raise sentinel_error(flat)
@@ -442,6 +453,8 @@ class EmbeddingTable:
     def admitted_count(self) -> int:
         """Live rows that are admitted (trained). ``admitted_total`` counts admissions ever made
         (the counterpart of ``evicted_count``; a key evicted and admitted again counts twice)."""
+        if not self.counters:
+            return self._n
         return int(np.count_nonzero(self._meta[:self._n, K.COUNT] >= self.min_count))
 
     @property
@@ -454,10 +467,13 @@ class EmbeddingTable:
         return self._keys[:self._n].copy()
 
     def metadata(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """``count``, ``last_seen`` and ``admitted`` of these rows (all must be valid rows)."""
+        """``count``, ``last_seen`` and ``admitted`` of these rows (all must be valid rows); a
+        table without counters has only ``admitted`` (every row)."""
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size and (rows.min() < 0 or rows.max() >= self._n):
             raise ValueError("metadata: rows out of range")
+        if not self.counters:
+            return {"admitted": np.ones(rows.shape, dtype=np.bool_)}
         count = self._meta[rows, K.COUNT]
         return {"count": count, "last_seen": self._meta[rows, K.LAST], "admitted": count >= self.min_count}
 
@@ -487,7 +503,8 @@ class EmbeddingTable:
     def __repr__(self) -> str:
         blocks = ", ".join(f"{b.name}[{b.dim}]:{b.optimizer.kind}" for b in self.blocks)
         return (f"EmbeddingTable(field={self.field}, rows={self._n}, capacity={self.capacity}, "
-                f"blocks=({blocks}), dtype={self.dtype.name}, table_dtype={self.table_dtype})")
+                f"blocks=({blocks}), dtype={self.dtype.name}, table_dtype={self.table_dtype}, "
+                f"counters={self.counters})")
 
     # ---------------------------------------------------------------- persistence (persistence.py)
 
@@ -505,15 +522,16 @@ class EmbeddingTable:
 
     @classmethod
     def load(cls, path: str | os.PathLike, capacity: int | None = None,
-             table_dtype: str | None = None) -> "EmbeddingTable":
+             table_dtype: str | None = None, counters: bool | None = None) -> "EmbeddingTable":
         """Read a table written by :meth:`save`; ``capacity`` (index slots) is a lower bound, the
-        default fits the rows at about ``max_load / 1.5``; ``table_dtype``: stored so (default: as
-        saved). Raises :class:`TableFormatError`."""
-        return persistence.load_parts(cls, [(path, None)], capacity, table_dtype)
+        default fits the rows at about ``max_load / 1.5``; ``table_dtype``: stored so, ``counters``:
+        with or without counters (default: as saved). Raises :class:`TableFormatError`."""
+        return persistence.load_parts(cls, [(path, None)], capacity, table_dtype, counters)
 
     @classmethod
     def load_parts(cls, parts: Sequence[tuple[str | os.PathLike, KeyFilter | None]],
-                   capacity: int | None = None, table_dtype: str | None = None) -> "EmbeddingTable":
+                   capacity: int | None = None, table_dtype: str | None = None,
+                   counters: bool | None = None) -> "EmbeddingTable":
         """One table of the rows that each part ``(path, keep)`` keeps, stored as ``table_dtype``
-        (default: the files'): :func:`persistence.load_parts`."""
-        return persistence.load_parts(cls, parts, capacity, table_dtype)
+        and with or without ``counters`` (default: the files'): :func:`persistence.load_parts`."""
+        return persistence.load_parts(cls, parts, capacity, table_dtype, counters)

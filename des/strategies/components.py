@@ -66,7 +66,8 @@ class FieldShard:
         #: the tables, by the field that owns each (a field sharing another's table has none here)
         self.tables: dict[int, EmbeddingTable] = {
             f: EmbeddingTable(f, specs, seed=seed, dtype=self.dtype, capacity=capacity, rows=rows,
-                              min_count=tables.min_count, unadmitted=tables.unadmitted, table_dtype=tables.table_dtype)
+                              min_count=tables.min_count, unadmitted=tables.unadmitted, table_dtype=tables.table_dtype,
+                              counters=tables.counters)
             for f, (capacity, rows) in ((f, tables.initial_size(f, self.shares.get(f, (0, 1))[1]))
                                         for f in sorted(table_fields))
         }
