@@ -87,6 +87,10 @@ class TrainConfig:
     table_dtype: str = _opt("auto", "how table rows (values and optimizer slots) are stored: auto (= --dtype) or "
                             "bfloat16 (half the bytes, updates rounded stochastically; needs --dtype float32, "
                             "refuses adam catchup=1; docs/training.md)", choices=("auto", "float32", "float64", "bfloat16"))
+    table_layout: str = _opt("counters", "table rows with an admission count and last-seen step (counters) or "
+                             "without (compact: 16.6 instead of 41.7 B of key, index and metadata per id, lookups "
+                             "slower; needs --min-count 1, no eviction, full checkpoints; docs/training.md)",
+                             choices=("counters", "compact"))
     threads: int = _opt(0, "TF intra-op and numba threads per rank (0: cores // ranks on this machine)")
     xla: str = _opt("off", "compile the training step's TF calls with XLA (one fused program per call, not a kernel "
                     "launch per op: pays where a rank's rows are few)", choices=("on", "off"))
@@ -225,11 +229,17 @@ class TrainConfig:
         return 2 if self.unadmitted_mode() == "shared" else 1
 
     def needs_counters(self) -> bool:
-        """Whether table rows keep an admission count and a last-seen step: for admission
-        (``--min-count`` above 1), eviction (``--ttl``, ``--max-rows-per-field``, ``--ttl-files``) or
-        incremental checkpoints (``--full-checkpoint-every``); otherwise the compact row layout."""
-        return bool(self.min_count_value() > 1 or self.ttl or self.max_rows_per_field or self.ttl_files
-                    or self.full_checkpoint_every > 1)
+        """Whether table rows keep an admission count and a last-seen step: unless ``--table-layout
+        compact``, which :meth:`validate` allows only where nothing reads them."""
+        return self.table_layout != "compact"
+
+    def counters_needed_by(self) -> str:
+        """The options that read rows' counts or last-seen steps (admission, eviction, incremental
+        checkpoints), as flags; empty when none does."""
+        flags = [("--min-count", self.min_count_value() > 1), ("--ttl", self.ttl), ("--max-rows-per-field",
+                 self.max_rows_per_field), ("--ttl-files", self.ttl_files),
+                 ("--full-checkpoint-every", self.full_checkpoint_every > 1)]
+        return ", ".join(flag for flag, on in flags if on)
 
     def hidden_units(self) -> list[int]:
         try:
@@ -263,6 +273,9 @@ class TrainConfig:
         if self.table_dtype not in ("auto", self.dtype) and not (self.table_dtype == "bfloat16" and self.dtype == "float32"):
             raise ConfigError(f"--table-dtype {self.table_dtype} needs --dtype float32 (16-bit rows) or the same "
                               f"dtype, got --dtype {self.dtype}")
+        if self.table_layout == "compact" and self.counters_needed_by():
+            raise ConfigError(f"--table-layout compact keeps no admission count or last-seen step per row, which "
+                              f"{self.counters_needed_by()} read: use --table-layout counters")
         if self.compute_dtype == "bfloat16" and self.dtype != "float32":
             raise ConfigError(f"--compute-dtype bfloat16 needs --dtype float32 (its master weights), got {self.dtype}")
         if self.l2_embedding < 0 and self.l2_embedding != -1:

@@ -45,20 +45,23 @@ def test_a_run_that_cannot_fit_is_refused_before_training() -> None:
                                {"h1": ([0, 1], sum(need) + 2 * RANK_BASE_BYTES - 1)})
 
 
-@pytest.mark.parametrize("min_count", [1, 2])
-def test_the_prediction_is_what_the_tables_allocate(min_count) -> None:
+@pytest.mark.parametrize("layout", ["counters", "compact"])
+def test_the_prediction_is_what_the_tables_allocate(layout) -> None:
     """Tables sized from the data hold its distinct ids in exactly the bytes the start-up report
-    predicts, in the layout with counters (--min-count 2) and in the compact one (--min-count 1,
-    no eviction: key, index and metadata under 24 B per id)."""
+    predicts, in the layout with counters and in the compact one (--table-layout compact, which
+    --min-count 2 refuses: key, index and metadata under 24 B per id)."""
     import numpy as np
 
     from des.building import build_model, build_optimizers
     from des.strategies.components import FieldShard
 
-    config = TrainConfig(model="deepfm", embedding_dim=8, min_count=min_count)
+    config = TrainConfig(model="deepfm", embedding_dim=8, min_count=1, table_layout=layout)
+    with pytest.raises(ConfigError, match="--table-layout compact keeps no admission count .* --min-count read"):
+        TrainConfig(model="deepfm", min_count=2, table_layout="compact").validate()
     distinct = [3000, 10, 5000, 7]
     tables = table_options(config, distinct)
-    assert tables.counters == (min_count > 1) == config.needs_counters()
+    assert tables.counters == (layout == "counters") == config.needs_counters()
+    min_count = 1 if layout == "compact" else 2
     shard = FieldShard(range(len(distinct)), build_model(config, len(distinct)).blocks(), build_optimizers(config),
                        seed=0, dtype=np.dtype(config.dtype), tables=tables)
     for f, table in shard.tables.items():
