@@ -1235,8 +1235,8 @@ class ServingFeatures:
         flat = [tf.reshape(t, [-1]) for t in texts] + [r.flat_values for r in ids.values()]
         if not flat:
             return None, {}
-        keys = tf.split(tf_string_keys(tf.concat(flat, 0) if len(flat) > 1 else flat[0]),
-                        tf.concat([tf.shape(t, out_type=tf.int64) for t in flat], 0) if len(flat) > 1 else [-1])
+        keys = tf.split(tf_string_keys(tf.concat(flat, 0)), tf.concat([tf.shape(t, out_type=tf.int64) for t in flat], 0)
+                        ) if len(flat) > 1 else [tf_string_keys(flat[0])]  # (eager split of [-1] fails)
         strings = tf.reshape(keys[0], tf.shape(texts[0])) if texts else None
         return strings, {name: r.with_flat_values(k) for (name, r), k in zip(ids.items(), keys[len(texts):])}
 

@@ -1,0 +1,159 @@
+"""DIN: a sequence read item by item (``pooling = "none"``: fields ``name@1`` .. ``name@L``, the same
+keys prepared and served), DIN's activation unit against its formula in numpy, the target
+attention's split form exact with its candidate and items on one rank, and the ``din`` model
+trained on N ranks equal to 1 rank in float64 under the partials and the exchanged plan, exported
+and served equal to ``des.evaluate``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from des.data.features import ServingFeatures, encode_rows, int_keys
+from des.data.schema import Schema
+from des.errors import ConfigError
+
+COLUMNS = [
+    {"name": "movie", "kind": "categorical", "dtype": "int"},
+    {"name": "user", "kind": "categorical"},
+    {"name": "history", "kind": "sequence", "max_length": 3, "dtype": "int", "pooling": "none", "table": "movie"},
+]
+SCHEMA = """name = "din"
+[format]
+type = "csv"
+[label]
+column = "y"
+[[columns]]
+name = "movie"
+kind = "categorical"
+dtype = "int"
+[[columns]]
+name = "user"
+kind = "categorical"
+[[columns]]
+name = "history"
+kind = "sequence"
+dtype = "int"
+max_length = 3
+pooling = "none"
+table = "movie"
+"""
+
+
+def _schema() -> Schema:
+    return Schema.from_dict({"name": "seq", "format": {"type": "csv"}, "label": {"column": "y"}, "columns": COLUMNS},
+                            source="seq.toml")
+
+
+def test_a_sequence_read_item_by_item_is_a_field_per_slot_most_recent_first():
+    schema = _schema()
+    assert schema.field_names == ("movie", "user", "history@1", "history@2", "history@3")
+    assert schema.shared_tables == {"movie": ("history@1", "history@2", "history@3")}
+    columns = {"movie": pa.array([7, 8, 9], pa.int64()), "user": pa.array(["a", "b", "c"]),
+               "history": pa.array(["1|2|3|4|5", "", "6"])}
+    slots = encode_rows(schema, columns, 3).columns[2:]
+    np.testing.assert_array_equal(slots[0].offsets, [0, 1, 1, 2])  # an empty history: no id in any slot
+    np.testing.assert_array_equal(slots[0].keys, int_keys(np.array([5, 6])))
+    np.testing.assert_array_equal(slots[2].offsets, [0, 1, 1, 1])
+    np.testing.assert_array_equal(slots[2].keys, int_keys(np.array([3])))  # over-long: the last 3 kept
+    assert all(s.weights is None for s in slots)
+
+
+def test_served_slots_are_keyed_as_prepared():
+    tf = pytest.importorskip("tensorflow")
+    schema = _schema()
+    cells = ["1|2|3|4|5", "", "6", "10|11"]
+    prepared = encode_rows(schema, {"movie": pa.array([1, 2, 3, 4], pa.int64()), "user": pa.array(list("abcd")),
+                                    "history": pa.array(cells)}, 4).columns
+    served = ServingFeatures(schema)({"movie": tf.constant([1, 2, 3, 4], tf.int64), "user": tf.constant(list("abcd")),
+                                      "history": tf.constant(cells)}).keys
+    for j, name in enumerate(schema.field_names[2:], start=2):
+        np.testing.assert_array_equal(served[name].row_splits.numpy(), prepared[j].offsets)
+        np.testing.assert_array_equal(served[name].flat_values.numpy(), prepared[j].keys)
+
+
+def test_an_item_sequence_names_its_candidate():
+    bad = [*COLUMNS[:2], {**COLUMNS[2], "table": None}]
+    bad[2].pop("table")
+    with pytest.raises(Exception, match=r"columns\[2\]\.table: missing \(a sequence read item by item"):
+        Schema.from_dict({"name": "s", "format": {"type": "csv"}, "label": {"column": "y"}, "columns": bad})
+
+
+def test_the_attention_unit_is_dins_formula():
+    from des.layers import AttentionUnit
+    from des.substitutions import draw_param
+
+    rng = np.random.default_rng(0)
+    unit = AttentionUnit(3, (4,), "prelu", prefix="a")
+    w = {k: draw_param(s, 1, k) + rng.normal(scale=0.1, size=s.shape) for k, s in unit.params().items()}
+    q, items = rng.normal(size=(5, 3)), rng.normal(size=(5, 2, 3))
+    items[1, 1] = 0.0  # an empty slot adds nothing
+    x = np.concatenate([np.repeat(q[:, None], 2, 1), items, q[:, None] - items, q[:, None] * items], axis=2)
+    h = x @ w["a_kernel_0"] + w["a_bias_0"]
+    h = np.maximum(h, 0) + w["a_alpha_0"] * np.minimum(h, 0)
+    scores = (h @ w["a_kernel_1"] + w["a_bias_1"])[..., 0]
+    np.testing.assert_allclose(unit(w, q, items).numpy(), np.einsum("bl,blk->bk", scores, items), rtol=1e-12)
+
+
+def test_din_needs_a_sequence_sharing_its_candidates_table():
+    from des.building import build_model
+    from des.config import TrainConfig
+
+    with pytest.raises(ConfigError, match="--model din: din attends over a sequence's items"):
+        build_model(TrainConfig(model="din", shared_tables="none"), 5)
+    model = build_model(TrainConfig(model="din", shared_tables="2:0,3:0"), 5)
+    assert model.groups == [(0, (2, 3))] and model.substitutions()[0].fields == (0, 1, 4)
+
+
+def _run(args: list[str], timeout: int = 420) -> str:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    from des.data import prepare
+    from des.data.synth_schema import synthesize_schema
+
+    root = tmp_path_factory.mktemp("din")
+    (root / "din.toml").write_text(SCHEMA)
+    synthesize_schema(root / "din.csv", 600, str(root / "din.toml"), seed=3, file_format="raw")
+    prepare(root / "din.csv", root / "store", schema=str(root / "din.toml"), split=(0.8, 0.1, 0.1), seed=1)
+    return root
+
+
+@pytest.mark.parametrize("plan", ["partials", "exchange"])
+def test_din_on_two_ranks_equals_one_rank_float64(store, plan):
+    out = _run(["-m", "des.check", "--model", "din", "--data", str(store / "store"), "--ranks", "2", "--steps", "4",
+                "--batch-size", "32", "--dtype", "float64", "--hidden", "6,4", "--plan", plan,
+                "--model-options", "attention_hidden=4"])
+    assert "des.check: ok" in out
+
+
+def test_din_exported_serves_what_evaluate_predicts(store, tmp_path):
+    run = tmp_path / "run"
+    _run(["-m", "des.train", "--model", "din", "--data", str(store / "store"), "--max-steps", "6", "--batch-size", "32",
+          "--hidden", "6,4", "--output", str(run), "--early-stop", "0"])
+    _run(["-m", "des.export", "--checkpoint", str(run / "checkpoints" / "latest"), "--output", str(tmp_path / "m")])
+    _run(["-m", "des.evaluate", "--checkpoint", str(run / "checkpoints" / "latest"), "--data", str(store / "din.csv"),
+          "--schema", str(store / "din.toml"), "--predictions", str(tmp_path / "p.csv")])
+    import tensorflow as tf
+
+    served = tf.saved_model.load(str(tmp_path / "m")).signatures["serving_default"]
+    import pandas as pd
+
+    rows = pd.read_csv(store / "din.csv", keep_default_na=False)
+    request = {"movie": tf.constant(rows["movie"].to_numpy(np.int64)), "user": tf.constant(rows["user"].astype(str)),
+               "history": tf.constant(rows["history"].astype(str))}
+    got = next(iter(served(**request).values())).numpy().ravel()
+    expected = pd.read_csv(tmp_path / "p.csv").iloc[:, -1].to_numpy()
+    assert any(h == "" for h in rows["history"]) and any(h.count("|") >= 3 for h in rows["history"])
+    np.testing.assert_allclose(got, expected, atol=1e-6)
