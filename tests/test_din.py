@@ -6,7 +6,6 @@ and served equal to ``des.evaluate``."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -112,8 +111,9 @@ def test_din_needs_a_sequence_sharing_its_candidates_table():
 
 
 def _run(args: list[str], timeout: int = 420) -> str:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    from tests.conftest import mpi_env
+
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=mpi_env(1))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return done.stdout
 
@@ -139,21 +139,22 @@ def test_din_on_two_ranks_equals_one_rank_float64(store, plan):
 
 
 def test_din_exported_serves_what_evaluate_predicts(store, tmp_path):
-    run = tmp_path / "run"
-    _run(["-m", "des.train", "--model", "din", "--data", str(store / "store"), "--max-steps", "6", "--batch-size", "32",
-          "--hidden", "6,4", "--output", str(run), "--early-stop", "0"])
-    _run(["-m", "des.export", "--checkpoint", str(run / "checkpoints" / "latest"), "--output", str(tmp_path / "m")])
-    _run(["-m", "des.evaluate", "--checkpoint", str(run / "checkpoints" / "latest"), "--data", str(store / "din.csv"),
-          "--schema", str(store / "din.toml"), "--predictions", str(tmp_path / "p.csv")])
-    import tensorflow as tf
+    """Served without des (examples/serving_client.py) == des.evaluate to 1e-6, on rows with empty
+    and over-long histories (the synthetic sequences run 0 .. max_length + 2 ids)."""
+    from des import evaluate, export, train
+    from tests.conftest import REPO, mpi_env
 
-    served = tf.saved_model.load(str(tmp_path / "m")).signatures["serving_default"]
-    import pandas as pd
-
-    rows = pd.read_csv(store / "din.csv", keep_default_na=False)
-    request = {"movie": tf.constant(rows["movie"].to_numpy(np.int64)), "user": tf.constant(rows["user"].astype(str)),
-               "history": tf.constant(rows["history"].astype(str))}
-    got = next(iter(served(**request).values())).numpy().ravel()
-    expected = pd.read_csv(tmp_path / "p.csv").iloc[:, -1].to_numpy()
-    assert any(h == "" for h in rows["history"]) and any(h.count("|") >= 3 for h in rows["history"])
-    np.testing.assert_allclose(got, expected, atol=1e-6)
+    run, requests = tmp_path / "run", store / "din.csv"
+    train.main(["--model", "din", "--data", str(store / "store"), "--max-steps", "6", "--batch-size", "32",
+                "--hidden", "6,4", "--model-options", "attention_hidden=4", "--output", str(run)])
+    evaluate.main(["--checkpoint", str(run), "--data", str(requests), "--cache-dir", str(tmp_path / "cache"),
+                   "--predictions", str(tmp_path / "evaluate.txt")])
+    export.main(["--checkpoint", str(run), "--output", str(tmp_path / "model")])
+    done = subprocess.run([sys.executable, str(REPO / "examples" / "serving_client.py"), str(requests),
+                           str(tmp_path / "served-"), str(tmp_path / "model")], cwd=tmp_path, env=mpi_env(1),
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    histories = [line.split(",")[-1] for line in requests.read_text().splitlines()[1:]]
+    assert "" in histories and max(h.count("|") for h in histories) >= 3  # empty and over-long ones
+    np.testing.assert_allclose(np.loadtxt(tmp_path / "served-0.txt"), np.loadtxt(tmp_path / "evaluate.txt"),
+                               atol=1e-6)
