@@ -87,14 +87,25 @@ class DIN(EmbeddingModel):
         return [block for block in super().blocks() if block.name != "linear"]
 
     def substitutions(self) -> list[Substitution]:
-        others = [f for f in range(self.num_fields) if f not in set(self.items)]
-        first = FirstFC(self.num_fields, self.embedding_dim, self.tower.hidden[0], num_dense=self.num_dense)
-        return [FieldSubset(first, others), self.attention]
+        first = FirstFC(self.num_fields, self.embedding_dim, self.tower.hidden[0], num_dense=self.num_dense,
+                        input_dim=self.input_dim)
+        return [FieldSubset(first, self.others), self.attention]
+
+    @property
+    def others(self) -> list[int]:
+        """The fields the MLP reads directly: all but the items."""
+        return [f for f in range(self.num_fields) if f not in set(self.items)]
+
+    @property
+    def input_dim(self) -> int:
+        """The MLP's input width (its first layer's Glorot fan-in, as DeepCTR's): the other fields'
+        embeddings, the attention's pooled vectors and the dense features."""
+        return (len(self.others) + len(self.groups)) * self.embedding_dim + self.num_dense
 
     def top_params(self) -> dict[str, ParamSpec]:
         width, units = self.attention.width, self.tower.hidden[0]
         return {**super().top_params(), **self.tower.params(),
-                "attention_kernel": ParamSpec((width, units), "glorot_uniform", width, units)}
+                "attention_kernel": ParamSpec((width, units), "glorot_uniform", self.input_dim, units)}
 
     def top(self, params: Mapping[str, tf.Tensor], outputs: Sequence[tf.Tensor]) -> tf.Tensor:
         first_layer, pooled = outputs
