@@ -1,6 +1,5 @@
 """DIN: a sequence read item by item (``pooling = "none"``: fields ``name@1`` .. ``name@L``, the same
-keys prepared and served), DIN's activation unit against its formula in numpy, the target
-attention's split form exact with its candidate and items on one rank, and the ``din`` model
+keys prepared and served; DIN's activation unit: tests/test_layers.py), and the ``din`` model
 trained on N ranks equal to 1 rank in float64 under the partials and the exchanged plan, exported
 and served equal to ``des.evaluate``."""
 
@@ -82,22 +81,6 @@ def test_an_item_sequence_names_its_candidate():
     bad[2].pop("table")
     with pytest.raises(Exception, match=r"columns\[2\]\.table: missing \(a sequence read item by item"):
         Schema.from_dict({"name": "s", "format": {"type": "csv"}, "label": {"column": "y"}, "columns": bad})
-
-
-def test_the_attention_unit_is_dins_formula():
-    from des.layers import AttentionUnit
-    from des.substitutions import draw_param
-
-    rng = np.random.default_rng(0)
-    unit = AttentionUnit(3, (4,), "prelu", prefix="a")
-    w = {k: draw_param(s, 1, k) + rng.normal(scale=0.1, size=s.shape) for k, s in unit.params().items()}
-    q, items = rng.normal(size=(5, 3)), rng.normal(size=(5, 2, 3))
-    items[1, 1] = 0.0  # an empty slot adds nothing
-    x = np.concatenate([np.repeat(q[:, None], 2, 1), items, q[:, None] - items, q[:, None] * items], axis=2)
-    h = x @ w["a_kernel_0"] + w["a_bias_0"]
-    h = np.maximum(h, 0) + w["a_alpha_0"] * np.minimum(h, 0)
-    scores = (h @ w["a_kernel_1"] + w["a_bias_1"])[..., 0]
-    np.testing.assert_allclose(unit(w, q, items).numpy(), np.einsum("bl,blk->bk", scores, items), rtol=1e-12)
 
 
 def test_din_needs_a_sequence_sharing_its_candidates_table():
