@@ -1,6 +1,6 @@
 """DIN: a sequence read item by item (``pooling = "none"``: fields ``name@1`` .. ``name@L``, the same
 keys prepared and served; DIN's activation unit: tests/test_layers.py), and the ``din`` model
-trained on N ranks equal to 1 rank in float64 under the partials and the exchanged plan, exported
+trained on N ranks equal to 1 rank in float64 under the partials, the exchanged plan and alltoall, exported
 and served equal to ``des.evaluate``."""
 
 from __future__ import annotations
@@ -93,14 +93,6 @@ def test_din_needs_a_sequence_sharing_its_candidates_table():
     assert model.groups == [(0, (2, 3))] and model.substitutions()[0].fields == (0, 1, 4)
 
 
-def _run(args: list[str], timeout: int = 420) -> str:
-    from tests.conftest import mpi_env
-
-    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=mpi_env(1))
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return done.stdout
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Path:
     from des.data import prepare
@@ -113,12 +105,20 @@ def store(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("plan", ["partials", "exchange"])
-def test_din_on_two_ranks_equals_one_rank_float64(store, plan):
-    out = _run(["-m", "des.check", "--model", "din", "--data", str(store / "store"), "--ranks", "2", "--steps", "4",
-                "--batch-size", "32", "--dtype", "float64", "--hidden", "6,4", "--plan", plan,
-                "--model-options", "attention_hidden=4"])
-    assert "des.check: ok" in out
+def test_din_on_two_ranks_equals_one_rank_float64(store):
+    """Under the partials (the attention on its group's rank), the exchanged plan (the items' values
+    moved to the row owners, the attention whole there) and alltoall, against one 1-rank run."""
+    from des.check import Case, check
+
+    flags = ("--hidden", "6,4", "--model-options", "attention_hidden=4")
+    partials = (*flags, "--plan", "partials")
+    cases = [Case("din", "des", str(store / "store"), "float64", partials),
+             Case("din", "des", str(store / "store"), "float64", (*flags, "--plan", "exchange"), reference_flags=partials),
+             Case("din", "alltoall", str(store / "store"), "float64", flags, reference_strategy="des",
+                  reference_flags=partials)]
+    results = check(cases, ranks=(2,), steps=4, batch_size=32, timeout=400)
+    assert len(results) == 3 and all(not r.failures and r.arrays > 0 for r in results), \
+        [(r.case.flags, r.failures[:2]) for r in results]
 
 
 def test_din_exported_serves_what_evaluate_predicts(store, tmp_path):
