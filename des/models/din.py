@@ -51,7 +51,8 @@ class DIN(EmbeddingModel):
     """DIN; ``hidden``: the MLP's widths (the first substituted), ``activation``: its activation
     (``prelu``, DIN's with Dice's batch statistics left out), ``attention_hidden``: the activation
     unit's widths; ``shared_tables``: the run's resolved ``--shared-tables`` (the candidates and
-    their items)."""
+    their items). ``des.train`` sets the tower by ``--hidden`` and ``--activation`` (DIN's:
+    ``--hidden 200,80 --activation prelu``; the flags' defaults are DeepFM's 400-400-400 ReLU)."""
 
     name = "din"
 
