@@ -28,7 +28,7 @@ def build_model(config: TrainConfig, num_fields: int, num_dense: int = 0):
     candidates = {
         "num_fields": num_fields, "embedding_dim": config.embedding_dim, "hidden": tuple(config.hidden_units()),
         "activation": config.activation, "init_scale": config.init_scale, "l2_embedding": config.l2_embedding_value(),
-        "l2_dense": config.l2_dense,
+        "l2_dense": config.l2_dense, "shared_tables": config.shared_tables,
     }
     accepted = inspect.signature(cls.__init__).parameters
     if num_dense:

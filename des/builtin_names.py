@@ -6,7 +6,7 @@ line's help and checks list them before TensorFlow is loaded, and the registries
 from __future__ import annotations
 
 #: ``--model`` values of the built-in models (``des.models.default_models``, in that order)
-MODELS = ("lr", "fm", "wdl", "deepfm", "dcnv2", "dlrm", "finalmlp", "xdeepfm")
+MODELS = ("lr", "fm", "wdl", "deepfm", "dcnv2", "dlrm", "finalmlp", "xdeepfm", "din")
 
 #: ``--strategy`` value -> (module, class) of the built-in strategies, in this order
 STRATEGIES = {"des": ("des.strategies.des", "DES"), "alltoall": ("des.strategies.alltoall", "AllToAll"),

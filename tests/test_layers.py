@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from des.layers import BilinearFusion, CompressedInteraction, CrossNetwork, DeepTower, DotInteraction, FieldGate
+from des.layers import AttentionUnit, BilinearFusion, CompressedInteraction, CrossNetwork, DeepTower, DotInteraction, FieldGate
 from des.substitutions import draw_param
 
 RNG = np.random.default_rng(0)
@@ -106,3 +106,15 @@ def test_the_gate_and_the_fusion_are_finalmlps() -> None:
                                rtol=1e-12)
     with pytest.raises(ValueError, match="heads \\(4\\) must divide"):
         BilinearFusion(4, 6, heads=4)
+
+
+def test_the_attention_unit_is_dins():
+    """DIN's activation unit (eq. 3, no softmax): a_t = MLP([q, e_t, q - e_t, q * e_t]), Σ_t a_t e_t;
+    an empty slot (a zero item) adds nothing."""
+    unit = AttentionUnit(3, (4,), "prelu", prefix="a")
+    w, q, items = weights(unit), RNG.normal(size=(5, 3)), RNG.normal(size=(5, 2, 3))
+    items[1, 1] = 0.0
+    x = np.concatenate([np.repeat(q[:, None], 2, 1), items, q[:, None] - items, q[:, None] * items], axis=2)
+    h = x @ w["a_kernel_0"] + w["a_bias_0"]
+    scores = ((relu(h) + w["a_alpha_0"] * np.minimum(h, 0)) @ w["a_kernel_1"] + w["a_bias_1"])[..., 0]
+    np.testing.assert_allclose(unit(w, q, items).numpy(), np.einsum("bl,blk->bk", scores, items), rtol=1e-12)

@@ -960,6 +960,32 @@ def multi_valued_field(array: Any, column: ColumnSpec) -> FieldBatch:
     return FieldBatch(offsets, keys, None if weights is None else weights.astype(np.float32))
 
 
+def sequence_items(batch: FieldBatch, length: int) -> list[FieldBatch]:
+    """A sequence's ids (oldest first, at most ``length`` a row) as ``length`` fields of one id or
+    none: slot t (1: the most recent) holds a row's t-th id from its end (``ColumnSpec.items``)."""
+    lengths = np.diff(batch.offsets)
+    out = []
+    for t in range(1, length + 1):
+        has = lengths >= t
+        offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+        np.cumsum(has, out=offsets[1:])
+        out.append(FieldBatch(offsets, np.ascontiguousarray(batch.keys[batch.offsets[1:][has] - t]), None))
+    return out
+
+
+def tf_sequence_items(ids: Any, length: int) -> list[Any]:
+    """:func:`sequence_items` in TensorFlow: a RaggedTensor ``[B, None]`` of keys -> ``length`` of them."""
+    import tensorflow as tf
+
+    lengths, limits = ids.row_lengths(), ids.row_limits()
+    out = []
+    for t in range(1, length + 1):
+        has = lengths >= t
+        values = tf.gather(ids.flat_values, tf.boolean_mask(limits - t, has))
+        out.append(tf.RaggedTensor.from_row_lengths(values, tf.cast(has, tf.int64)))
+    return out
+
+
 def _most_recent(elements: Any, lengths: np.ndarray, keep: int) -> tuple[Any, np.ndarray]:
     """A sequence's elements (flattened, ``lengths`` per row) cut to each row's last ``keep``."""
     kept = np.minimum(lengths, keep)
@@ -1056,7 +1082,8 @@ def encode_rows(schema: Schema, columns: Mapping[str, Any], num_rows: int, in_pl
         number, column = item
         values = columns[column.name]
         if column.is_list:
-            return multi_valued_field(values, column)
+            batch = multi_valued_field(values, column)
+            return sequence_items(batch, int(column.max_length)) if column.items else batch
         tag = field_tag(number) if schema.key_scheme == 1 else 0
         reuse = values.view(np.int64) if in_place and isinstance(values, np.ndarray) else None
         if column.kind == "categorical":
@@ -1065,8 +1092,10 @@ def encode_rows(schema: Schema, columns: Mapping[str, Any], num_rows: int, in_pl
             return log_squared_keys(float_values(values), tag, reuse)
         return tagged_keys(bucket_keys(float_values(values), column.boundaries), tag)
 
-    out: list[np.ndarray | FieldBatch] = each(sparse, enumerate(schema.sparse_columns))  # each field apart
-    keys_of = {column.name: keys for column, keys in zip(schema.sparse_columns, out) if not column.is_list}
+    encoded = each(sparse, enumerate(schema.sparse_columns))  # each column apart
+    keys_of = {column.name: keys for column, keys in zip(schema.sparse_columns, encoded) if not column.is_list}
+    out: list[np.ndarray | FieldBatch] = [f for column, e in zip(schema.sparse_columns, encoded)
+                                          for f in (e if column.items else [e])]
     for derived in schema.derived:
         transform = TRANSFORMS.get(derived.transform)()
         keys = transform.keys(derived_inputs(schema, derived, columns, keys_of), derived.options)
@@ -1178,6 +1207,8 @@ class ServingFeatures:
         strings, hashed = self._string_keys(texts, ids)
         multi = {c.name: hashed[c.name] if c.name in hashed else numbered[c.name]
                  for c in schema.sparse_columns if c.is_list}
+        for column in (c for c in schema.sparse_columns if c.items):  # its slots, a field each
+            multi.update(zip(column.field_names, tf_sequence_items(multi.pop(column.name), int(column.max_length))))
         if strings is not None:
             blocks.append(strings)
             order += [c.name for c in self.key_groups()[("string", "string")]]
@@ -1204,8 +1235,8 @@ class ServingFeatures:
         flat = [tf.reshape(t, [-1]) for t in texts] + [r.flat_values for r in ids.values()]
         if not flat:
             return None, {}
-        keys = tf.split(tf_string_keys(tf.concat(flat, 0) if len(flat) > 1 else flat[0]),
-                        tf.concat([tf.shape(t, out_type=tf.int64) for t in flat], 0) if len(flat) > 1 else [-1])
+        keys = tf.split(tf_string_keys(tf.concat(flat, 0)), tf.concat([tf.shape(t, out_type=tf.int64) for t in flat], 0)
+                        ) if len(flat) > 1 else [tf_string_keys(flat[0])]  # (eager split of [-1] fails)
         strings = tf.reshape(keys[0], tf.shape(texts[0])) if texts else None
         return strings, {name: r.with_flat_values(k) for (name, r), k in zip(ids.items(), keys[len(texts):])}
 

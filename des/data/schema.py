@@ -41,7 +41,9 @@ schema, or reads a TOML file::
     max_length = 20                       # required: keep the most recent (last) 20; shorter rows
                                           # are padded (and masked) up to it where a model reads items
     dtype = "string"                      # "string" (default) | "int": how an element is keyed
-    pooling = "mean"                      # where an operator reads it pooled: "mean" (default) | "sum"
+    pooling = "mean"                      # "mean" (default) | "sum" | "none": its items apart, as
+                                          # fields history@1 (the most recent) .. history@20 of one
+                                          # id or none each, for a model attending over them (din)
     table = "movie_id"                    # optional (categorical, multi_valued, sequence): share
                                           # that column's table (keys, rows, optimizer state)
 
@@ -102,6 +104,7 @@ LIST_KINDS = ("multi_valued", "sequence")  # a cell is a delimited list of ids: 
 FORMAT_TYPES = ("csv", "parquet", "criteo")
 KEY_SCHEMES = (1, 2)
 POOLINGS = ("sum", "mean")
+SEQUENCE_POOLINGS = (*POOLINGS, "none")  # none: a sequence's items apart, a field each (ColumnSpec.items)
 BUCKETS = ("quantiles", "boundaries", "log_squared")
 DENSE_TRANSFORMS = ("none", "log1p")
 NUMERIC_AS = ("dense", "bucketize")
@@ -182,6 +185,19 @@ class ColumnSpec:
     def is_list(self) -> bool:
         """A cell is a delimited list of ids (multi-valued or sequence): a multi-hot field."""
         return self.kind in LIST_KINDS
+
+    @property
+    def items(self) -> bool:
+        """A sequence read item by item (``pooling = "none"``): :attr:`field_names` has a field per slot."""
+        return self.kind == "sequence" and self.pooling == "none"
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        """The store's fields of this sparse column: itself, or an items sequence's slots
+        ``name@1`` (the most recent id) .. ``name@max_length``, each of one id or none."""
+        if self.items:
+            return tuple(f"{self.name}@{t}" for t in range(1, int(self.max_length) + 1))
+        return (self.name,)
 
     @property
     def is_sparse(self) -> bool:
@@ -273,13 +289,13 @@ class Schema:
         out: dict[str, tuple[str, ...]] = {}
         for column in self.columns:
             if column.table is not None:
-                out[column.table] = (*out.get(column.table, ()), column.name)
+                out[column.table] = (*out.get(column.table, ()), *column.field_names)
         return out
 
     @property
     def field_names(self) -> tuple[str, ...]:
         """The store's fields in order: sparse columns, then derived fields."""
-        return (*(c.name for c in self.sparse_columns), *(d.name for d in self.derived))
+        return (*(f for c in self.sparse_columns for f in c.field_names), *(d.name for d in self.derived))
 
     @property
     def dense_names(self) -> tuple[str, ...]:
@@ -288,9 +304,9 @@ class Schema:
     def field_specs(self) -> list[Any]:
         """The store's :class:`des.data.store.FieldSpec` s (kind: the column's kind, or ``derived``;
         key scheme 1 names a bucketized number's field ``integer``, as ``keys.KEY_SCHEME`` does)."""
-        specs = [FieldSpec(c.name, "integer" if self.key_scheme == 1 and c.kind == "numeric" else c.kind,
+        specs = [FieldSpec(name, "integer" if self.key_scheme == 1 and c.kind == "numeric" else c.kind,
                            MULTI_HOT if c.is_list else ONE_HOT, c.weighted)
-                 for c in self.sparse_columns]
+                 for c in self.sparse_columns for name in c.field_names]
         return specs + [FieldSpec(d.name, "derived", ONE_HOT, False) for d in self.derived]
 
     def layout(self) -> list[tuple[str, str, str, bool]]:
@@ -491,8 +507,12 @@ def _parse_column(where: _Where, entry: Any, path: str, allow_statistics: bool) 
             where.fail(f"{path}.separator", "must not be empty")
         if "max_length" not in entry:
             where.fail(f"{path}.max_length", "missing (a sequence keeps its most recent max_length ids)")
+        pooling = where.string(entry, "pooling", path, "mean", SEQUENCE_POOLINGS)
+        if pooling == "none" and table is None:
+            where.fail(f"{path}.table", "missing (a sequence read item by item attends to the column whose table "
+                                        "it shares: its candidate)")
         return ColumnSpec(name, kind, dtype=where.string(entry, "dtype", path, "string", ("string", "int")),
-                          separator=separator, pooling=where.string(entry, "pooling", path, "mean", POOLINGS),
+                          separator=separator, pooling=pooling,
                           max_length=where.integer(entry, "max_length", path, None, 1), table=table)
     if kind == "input":
         return ColumnSpec(name, kind, dtype=where.string(entry, "dtype", path, "string", ("int", "float", "string")))
@@ -621,6 +641,9 @@ def _check_tables(where: _Where, columns: Sequence[ColumnSpec]) -> None:
         path = f"columns[{i}].table"
         if owner is None or owner is column or owner.kind not in ("categorical", *LIST_KINDS):
             where.fail(path, f"{json.dumps(column.table)} is not another categorical, multi_valued or sequence column")
+        if owner.items:
+            where.fail(path, f"{json.dumps(owner.name)} is read item by item (pooling = \"none\"): share its items' "
+                             "table by naming the column it shares")
         if owner.table is not None:
             where.fail(path, f"{json.dumps(owner.name)} shares the table of {json.dumps(owner.table)}: name that one")
         if owner.key_dtype != column.key_dtype:

@@ -11,16 +11,18 @@ parameter does; a layer's names are the names checkpoints store.
 * :class:`DotInteraction` -- DLRM's pairwise dot products;
 * :class:`FieldGate` -- FinalMLP's context-free feature gating;
 * :class:`BilinearFusion` -- FinalMLP's multi-head bilinear fusion of two streams;
-* :class:`CompressedInteraction` -- xDeepFM's CIN.
+* :class:`CompressedInteraction` -- xDeepFM's CIN;
+* :class:`AttentionUnit` -- DIN's target attention over a behaviour sequence.
 
 The floor (tests/test_layout.py): layers import nothing of des.models, des.strategies or des.data,
 only TensorFlow and :class:`des.substitutions.ParamSpec`.
 """
 
+from des.layers.attention import AttentionUnit
 from des.layers.cross import CrossNetwork
 from des.layers.fusion import BilinearFusion, FieldGate
 from des.layers.interaction import CompressedInteraction, DotInteraction
 from des.layers.mlp import ACTIVATIONS, DeepTower
 
-__all__ = ["ACTIVATIONS", "BilinearFusion", "CompressedInteraction", "CrossNetwork", "DeepTower", "DotInteraction",
+__all__ = ["ACTIVATIONS", "AttentionUnit", "BilinearFusion", "CompressedInteraction", "CrossNetwork", "DeepTower", "DotInteraction",
            "FieldGate"]

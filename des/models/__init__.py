@@ -1,4 +1,4 @@
-"""Models: LR, FM, Wide&Deep, DeepFM, DCN-v2, DLRM, FinalMLP and xDeepFM, plus a registry for user models.
+"""Models: LR, FM, Wide&Deep, DeepFM, DCN-v2, DLRM, FinalMLP, xDeepFM and DIN, plus a registry for user models.
 
 A model declares its embedding blocks, its substitutions and its replicated top network; it has no
 distribution code (see :mod:`des.models.base`).
@@ -12,6 +12,7 @@ from des.models.base import CRITEO_NUM_FIELDS, EmbeddingBlock, EmbeddingModel, M
 from des.models.conformance import ModelConformanceError, check_model
 from des.models.dcnv2 import DCNv2
 from des.models.deepfm import DeepFM
+from des.models.din import DIN
 from des.models.dlrm import DLRM
 from des.models.finalmlp import FinalMLP
 from des.models.fm import FM
@@ -21,7 +22,7 @@ from des.models.xdeepfm import XDeepFM
 
 
 def default_models() -> list[type[Model]]:
-    return [LR, FM, WideAndDeep, DeepFM, DCNv2, DLRM, FinalMLP, XDeepFM]
+    return [LR, FM, WideAndDeep, DeepFM, DCNv2, DLRM, FinalMLP, XDeepFM, DIN]
 
 
 MODEL_REGISTRY: Registry[type[Model]] = Registry("model", Model, default_models)
@@ -43,6 +44,7 @@ def get_model(name: str) -> type[Model]:
 __all__ = [
     "CRITEO_NUM_FIELDS",
     "DCNv2",
+    "DIN",
     "DLRM",
     "FM",
     "FinalMLP",

@@ -50,7 +50,8 @@ class ModelReport:
 def small_instance(cls: type[Model], num_fields: int = 5, num_dense: int = 2) -> Model:
     """``cls`` with small sizes for the constructor arguments it accepts; with ``num_dense`` dense
     features when one of its substitutions reads them, else with none."""
-    sizes = {"num_fields": num_fields, "embedding_dim": 3, "hidden": (6, 4), "num_dense": num_dense}
+    sizes = {"num_fields": num_fields, "embedding_dim": 3, "hidden": (6, 4), "num_dense": num_dense,
+             "shared_tables": "1:0,2:0", "attention_hidden": (4,)}  # DIN: field 0 attends over 1 and 2
     accepted = inspect.signature(cls.__init__).parameters
     model = cls(**{k: v for k, v in sizes.items() if k in accepted})
     if getattr(model, "num_dense", 0) and not any(sub.reads_dense for sub in model.substitutions()):

@@ -1,11 +1,13 @@
 """Substitutions: weight-rich operators rewritten as local partials, a sum, and a cheap combine.
 
 Public: :class:`Substitution` (the base class), :class:`FieldParam`, the built-ins
-:class:`FirstOrderLinear`, :class:`FMOrder2`, :class:`FirstFC`, :class:`FieldEmbeddings`, the registry
+:class:`FirstOrderLinear`, :class:`FMOrder2`, :class:`FirstFC`, :class:`FieldEmbeddings`,
+:class:`TargetAttention` (DIN), :class:`FieldSubset`, the registry
 (:func:`register_substitution`, :func:`get_substitution`, :func:`default_substitutions`,
 :func:`registered_substitutions`) and the conformance checker :func:`check_substitution`.
 """
 
+from des.substitutions.attention import FieldSubset, TargetAttention
 from des.substitutions.base import FieldParam, ParamSpec, Substitution, draw_param, stable_id
 from des.substitutions.conformance import (
     ConformanceReport,
@@ -29,12 +31,14 @@ __all__ = [
     "FMOrder2",
     "FieldEmbeddings",
     "FieldParam",
+    "FieldSubset",
     "ParamSpec",
     "draw_param",
     "FirstFC",
     "FirstOrderLinear",
     "Substitution",
     "SubstitutionConformanceError",
+    "TargetAttention",
     "check_substitution",
     "default_substitutions",
     "get_substitution",

@@ -142,6 +142,12 @@ class Substitution(ABC):
     def output_dim(self) -> int:
         """Columns of the operator's output per sample."""
 
+    @property
+    def colocated(self) -> list[tuple[int, ...]]:
+        """Groups of fields ``local`` must see together on one rank (none by default): target
+        attention's candidate and its items, which share a table and so are placed as one unit."""
+        return []
+
     def field_params(self) -> dict[str, FieldParam]:
         """Dense weights sliced by field (none by default)."""
         return {}

@@ -2,7 +2,8 @@
 ``check_estimator``).
 
 For random inputs and weights, with the fields split over 1..4 virtual ranks in random,
-non-contiguous groups, it checks in float64:
+non-contiguous groups (the fields a substitution needs together, :attr:`Substitution.colocated`,
+kept together), it checks in float64:
 
 1. shapes: each rank's partials are ``[B, width]``, the combined output is ``[B, output_dim]``;
 2. forward: ``combine(Σ_i local_i) == reference(all fields)``, and ``combine`` is row-wise (its
@@ -69,12 +70,14 @@ def check_substitution(
             "with one AllReduce-sum ('allreduce')")
     rng = np.random.default_rng(seed)
     probe = _Probe.draw(sub, name, batch_size, seed, rng, rtol)
-    checked = tuple(n for n in rank_counts if 1 <= n <= sub.num_fields)  # a rank owns at least one field
+    units = _units(sub)
+    checked = tuple(n for n in rank_counts if 1 <= n <= len(units))  # a rank owns at least one field
     if not checked:
         raise ValueError(f"check_substitution: no rank count in {rank_counts} fits {sub.num_fields} fields")
     forward_err = grad_err = 0.0
     for n in checked:
-        groups = _random_partition(sub.num_fields, n, rng)
+        groups = [sorted((f for u in group for f in units[u]), reverse=bool(r % 2))
+                  for r, group in enumerate(_random_partition(len(units), n, rng))]
         buffer_grad, err, dense_err = probe.forward(groups, rng)
         forward_err, grad_err = max(forward_err, err), max(grad_err, dense_err, probe.backward(groups, buffer_grad))
     return ConformanceReport(name, sub.width, probe.weights, forward_err, grad_err, checked)
@@ -200,6 +203,14 @@ def _local_dense(sub: Substitution, name: str, dense: tf.Tensor, params: dict[st
     out = sub.local_dense(dense, params)
     _expect_shape(name, "local_dense", out, (batch_size, sub.width))
     return out
+
+
+def _units(sub: Substitution) -> list[tuple[int, ...]]:
+    """The fields as placed: each colocated group (:attr:`Substitution.colocated`) one unit, every
+    other field its own."""
+    together = [tuple(g) for g in sub.colocated]
+    grouped = {f for g in together for f in g}
+    return together + [(f,) for f in range(sub.num_fields) if f not in grouped]
 
 
 def _random_partition(num_fields: int, n: int, rng: np.random.Generator) -> list[list[int]]:

@@ -23,14 +23,18 @@ from des.substitutions.base import FieldParam, ParamSpec, Substitution
 
 
 class FirstFC(Substitution):
-    """``concat_f(e_f) @ W`` computed as ``Σ_f e_f W_f``; width ``units``."""
+    """``concat_f(e_f) @ W`` computed as ``Σ_f e_f W_f``; width ``units``. ``input_dim``: the
+    layer's whole input width for its Glorot fans, when it reads less or more than every field's
+    embedding and the dense features (DIN's: the fields but the items, and the attention's output)."""
 
     name = "first_fc"
     low_precision_local = True  # two matmuls (eq. (9) and its gradient): bf16 with float32 accumulation
 
-    def __init__(self, num_fields: int, dim: int, units: int, block: str = "embedding", num_dense: int = 0) -> None:
+    def __init__(self, num_fields: int, dim: int, units: int, block: str = "embedding", num_dense: int = 0,
+                 input_dim: int | None = None) -> None:
         super().__init__(block=block, dim=dim, num_fields=num_fields, num_dense=num_dense)
         self.units = units
+        self.input_dim = input_dim
 
     @classmethod
     def example(cls, num_fields: int) -> "FirstFC":
@@ -38,7 +42,7 @@ class FirstFC(Substitution):
 
     @property
     def _fan_in(self) -> int:
-        return self.num_fields * self.dim + self.num_dense
+        return self.input_dim or self.num_fields * self.dim + self.num_dense
 
     @property
     def width(self) -> int:

@@ -1,0 +1,51 @@
+"""DIN's activation unit (Zhou et al. 2018, fig. 2 and eq. 3): target attention over a behaviour
+sequence, the candidate item's embedding ``q`` against each item ``e_t`` of the sequence.
+
+    a_t    = MLP([q, e_t, q − e_t, q ⊙ e_t])       a score per item (one output unit, no softmax)
+    pooled = Σ_t a_t e_t                          [B, k]
+
+The scores are not normalized (the paper's choice, keeping the intensity of a user's interests);
+an empty slot's item is the zero vector (nothing was looked up), so it adds ``a_t · 0 = 0`` to the
+sum and nothing to any gradient: the mask is exact without a mask tensor. The MLP is a
+:class:`~des.layers.DeepTower` over ``4k`` inputs; DIN's Dice normalizes with batch statistics,
+which would make a row's output depend on the other rows (and N ranks differ from 1), so PReLU, a
+learned slope per unit, stands in for it (as DeepCTR's ``att_activation="prelu"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import tensorflow as tf
+
+from des.layers.mlp import DeepTower
+from des.substitutions.base import ParamSpec
+
+
+class AttentionUnit:
+    """DIN's local activation unit for ``dim``-wide embeddings: ``hidden`` widths with
+    ``activation``, then one linear score; weights named ``{prefix}_kernel_i``/``_bias_i``/``_alpha_i``."""
+
+    def __init__(self, dim: int, hidden: Sequence[int] = (80, 40), activation: str = "prelu",
+                 prefix: str = "attention") -> None:
+        self.dim = int(dim)
+        self.tower = DeepTower(hidden, activation, input_dim=4 * self.dim, output_units=1, prefix=prefix)
+
+    @property
+    def hidden(self) -> tuple[int, ...]:
+        return self.tower.hidden
+
+    def params(self) -> dict[str, ParamSpec]:
+        return self.tower.params()
+
+    def scores(self, params: Mapping[str, tf.Tensor], query: tf.Tensor, items: tf.Tensor) -> tf.Tensor:
+        """``a_t``: ``query [B, k]`` and ``items [B, L, k]`` -> ``[B, L]``, row by row and item by item."""
+        shape = tf.shape(items)
+        q = tf.broadcast_to(query[:, None, :], shape)
+        features = tf.concat([q, items, q - items, q * items], axis=2)
+        flat = tf.reshape(features, [shape[0] * shape[1], 4 * self.dim])
+        return tf.reshape(self.tower(params, flat), [shape[0], shape[1]])
+
+    def __call__(self, params: Mapping[str, tf.Tensor], query: tf.Tensor, items: tf.Tensor) -> tf.Tensor:
+        """``Σ_t a_t e_t``: the items pooled by their scores, ``[B, k]``."""
+        return tf.einsum("bl,blk->bk", self.scores(params, query, items), items)

@@ -1,0 +1,113 @@
+"""DIN (Zhou et al., KDD 2018): the candidate item attends over the user's behaviour sequence, and
+the attention-pooled history joins the other fields' embeddings in an MLP (DeepCTR's ``DIN`` is
+the reference):
+
+    v_h   = Σ_t a(e_c, e_t) e_t                     a: DIN's activation unit (des.layers.AttentionUnit)
+    logit = MLP([e_f for the fields but the items | v_h | x_dense])
+
+The sequence is a column declared with ``pooling = "none"`` and ``table = "<candidate>"``: its
+items are fields ``name@1`` .. ``name@L`` sharing the candidate's table (``--shared-tables``
+says which; every field that shares a table is an item of the table's owner, the candidate).
+
+What is substituted, and why it is exact:
+
+* the MLP's first layer over the candidate and the other fields, ``Σ_f e_f W_f`` (the DES paper's
+  eqs. 7-9; :class:`~des.substitutions.FieldSubset` of :class:`~des.substitutions.FirstFC`: the
+  items' slices are unused), and
+* the attention pooling (:class:`~des.substitutions.TargetAttention`): local to the rank holding
+  the candidate and its items (a shared table's fields are placed together), its MLP the
+  candidate field's slices, trained there from ``G`` alone; only ``v_h`` (``k`` floats a row)
+  enters the buffer.
+
+``v_h``'s block of the first layer, ``v_h W_h``, is added in the top network (``attention_kernel``,
+replicated: a ``[k, H_1]`` matmul on the rows). DIN's Dice activation normalizes by batch
+statistics, which would tie a row's output to the other rows (and N ranks to differ from 1), so
+the MLP and the attention unit use PReLU (DeepCTR's ``prelu`` activations); no softmax over the
+scores (the paper's eq. 3); an empty slot adds ``a · 0``, exactly nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from des.layers import DeepTower
+from des.models.base import CRITEO_NUM_FIELDS, EmbeddingBlock, EmbeddingModel
+from des.substitutions import FieldSubset, FirstFC, ParamSpec, Substitution, TargetAttention
+
+
+def attention_groups(shared_tables: str) -> list[tuple[int, tuple[int, ...]]]:
+    """``--shared-tables`` as resolved (``FIELD:OWNER`` numbers) -> ``(candidate, items)`` per owner."""
+    groups: dict[int, list[int]] = {}
+    for pair in filter(None, (p.strip() for p in ("" if shared_tables in ("auto", "none") else shared_tables).split(","))):
+        field, _, owner = pair.partition(":")
+        groups.setdefault(int(owner), []).append(int(field))
+    return [(owner, tuple(sorted(items))) for owner, items in sorted(groups.items())]
+
+
+class DIN(EmbeddingModel):
+    """DIN; ``hidden``: the MLP's widths (the first substituted), ``activation``: its activation
+    (``prelu``, DIN's with Dice's batch statistics left out), ``attention_hidden``: the activation
+    unit's widths; ``shared_tables``: the run's resolved ``--shared-tables`` (the candidates and
+    their items). ``des.train`` sets the tower by ``--hidden`` and ``--activation`` (DIN's:
+    ``--hidden 200,80 --activation prelu``; the flags' defaults are DeepFM's 400-400-400 ReLU)."""
+
+    name = "din"
+
+    def __init__(
+        self,
+        num_fields: int = CRITEO_NUM_FIELDS,
+        embedding_dim: int = 8,
+        hidden: Sequence[int] = (200, 80),
+        activation: str = "prelu",
+        init_scale: float = 0.01,
+        l2_embedding: float = 0.0,
+        l2_dense: float = 0.0,
+        num_dense: int = 0,
+        shared_tables: str = "none",
+        attention_hidden: Sequence[int] = (80, 40),
+    ) -> None:
+        super().__init__(num_fields, embedding_dim, init_scale, l2_embedding, l2_dense, num_dense)
+        self.groups = attention_groups(shared_tables)
+        if not self.groups:
+            raise ValueError("din attends over a sequence's items, fields sharing the candidate's table, and no "
+                             "field shares a table (declare a sequence column with pooling = \"none\" and "
+                             "table = \"<candidate column>\")")
+        self.items = sorted(f for _, items in self.groups for f in items)
+        self.tower = DeepTower(hidden, activation, prefix="deep")
+        self.attention = TargetAttention(num_fields, embedding_dim, self.groups, attention_hidden, "prelu")
+
+    @property
+    def _hyper(self) -> dict[str, Any]:
+        return {**super()._hyper, "hidden": list(self.tower.hidden), "activation": self.tower.activation,
+                "attention_hidden": list(self.attention.unit.hidden)}
+
+    def blocks(self) -> list[EmbeddingBlock]:  # no order-1 term
+        return [block for block in super().blocks() if block.name != "linear"]
+
+    def substitutions(self) -> list[Substitution]:
+        first = FirstFC(self.num_fields, self.embedding_dim, self.tower.hidden[0], num_dense=self.num_dense,
+                        input_dim=self.input_dim)
+        return [FieldSubset(first, self.others), self.attention]
+
+    @property
+    def others(self) -> list[int]:
+        """The fields the MLP reads directly: all but the items."""
+        return [f for f in range(self.num_fields) if f not in set(self.items)]
+
+    @property
+    def input_dim(self) -> int:
+        """The MLP's input width (its first layer's Glorot fan-in, as DeepCTR's): the other fields'
+        embeddings, the attention's pooled vectors and the dense features."""
+        return (len(self.others) + len(self.groups)) * self.embedding_dim + self.num_dense
+
+    def top_params(self) -> dict[str, ParamSpec]:
+        width, units = self.attention.width, self.tower.hidden[0]
+        return {**super().top_params(), **self.tower.params(),
+                "attention_kernel": ParamSpec((width, units), "glorot_uniform", self.input_dim, units)}
+
+    def top(self, params: Mapping[str, tf.Tensor], outputs: Sequence[tf.Tensor]) -> tf.Tensor:
+        first_layer, pooled = outputs
+        return self.tower(params, first_layer + tf.matmul(pooled, params["attention_kernel"])) + params["bias"][0]

@@ -1,0 +1,143 @@
+"""DIN: a sequence read item by item (``pooling = "none"``: fields ``name@1`` .. ``name@L``, the same
+keys prepared and served; DIN's activation unit: tests/test_layers.py), and the ``din`` model
+trained on N ranks equal to 1 rank in float64 under the partials, the exchanged plan and alltoall, exported
+and served equal to ``des.evaluate``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from des.data.features import ServingFeatures, encode_rows, int_keys
+from des.data.schema import Schema
+from des.errors import ConfigError
+
+COLUMNS = [
+    {"name": "movie", "kind": "categorical", "dtype": "int"},
+    {"name": "user", "kind": "categorical"},
+    {"name": "history", "kind": "sequence", "max_length": 3, "dtype": "int", "pooling": "none", "table": "movie"},
+]
+SCHEMA = """name = "din"
+[format]
+type = "csv"
+[label]
+column = "y"
+[[columns]]
+name = "movie"
+kind = "categorical"
+dtype = "int"
+[[columns]]
+name = "user"
+kind = "categorical"
+[[columns]]
+name = "history"
+kind = "sequence"
+dtype = "int"
+max_length = 3
+pooling = "none"
+table = "movie"
+"""
+
+
+def _schema() -> Schema:
+    return Schema.from_dict({"name": "seq", "format": {"type": "csv"}, "label": {"column": "y"}, "columns": COLUMNS},
+                            source="seq.toml")
+
+
+def test_a_sequence_read_item_by_item_is_a_field_per_slot_most_recent_first():
+    schema = _schema()
+    assert schema.field_names == ("movie", "user", "history@1", "history@2", "history@3")
+    assert schema.shared_tables == {"movie": ("history@1", "history@2", "history@3")}
+    columns = {"movie": pa.array([7, 8, 9], pa.int64()), "user": pa.array(["a", "b", "c"]),
+               "history": pa.array(["1|2|3|4|5", "", "6"])}
+    slots = encode_rows(schema, columns, 3).columns[2:]
+    np.testing.assert_array_equal(slots[0].offsets, [0, 1, 1, 2])  # an empty history: no id in any slot
+    np.testing.assert_array_equal(slots[0].keys, int_keys(np.array([5, 6])))
+    np.testing.assert_array_equal(slots[2].offsets, [0, 1, 1, 1])
+    np.testing.assert_array_equal(slots[2].keys, int_keys(np.array([3])))  # over-long: the last 3 kept
+    assert all(s.weights is None for s in slots)
+
+
+def test_served_slots_are_keyed_as_prepared():
+    tf = pytest.importorskip("tensorflow")
+    schema = _schema()
+    cells = ["1|2|3|4|5", "", "6", "10|11"]
+    prepared = encode_rows(schema, {"movie": pa.array([1, 2, 3, 4], pa.int64()), "user": pa.array(list("abcd")),
+                                    "history": pa.array(cells)}, 4).columns
+    served = ServingFeatures(schema)({"movie": tf.constant([1, 2, 3, 4], tf.int64), "user": tf.constant(list("abcd")),
+                                      "history": tf.constant(cells)}).keys
+    for j, name in enumerate(schema.field_names[2:], start=2):
+        np.testing.assert_array_equal(served[name].row_splits.numpy(), prepared[j].offsets)
+        np.testing.assert_array_equal(served[name].flat_values.numpy(), prepared[j].keys)
+
+
+def test_an_item_sequence_names_its_candidate():
+    bad = [*COLUMNS[:2], {**COLUMNS[2], "table": None}]
+    bad[2].pop("table")
+    with pytest.raises(Exception, match=r"columns\[2\]\.table: missing \(a sequence read item by item"):
+        Schema.from_dict({"name": "s", "format": {"type": "csv"}, "label": {"column": "y"}, "columns": bad})
+
+
+def test_din_needs_a_sequence_sharing_its_candidates_table():
+    from des.building import build_model
+    from des.config import TrainConfig
+
+    with pytest.raises(ConfigError, match="--model din: din attends over a sequence's items"):
+        build_model(TrainConfig(model="din", shared_tables="none"), 5)
+    model = build_model(TrainConfig(model="din", shared_tables="2:0,3:0"), 5)
+    assert model.groups == [(0, (2, 3))] and model.substitutions()[0].fields == (0, 1, 4)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    from des.data import prepare
+    from des.data.synth_schema import synthesize_schema
+
+    root = tmp_path_factory.mktemp("din")
+    (root / "din.toml").write_text(SCHEMA)
+    synthesize_schema(root / "din.csv", 600, str(root / "din.toml"), seed=3, file_format="raw")
+    prepare(root / "din.csv", root / "store", schema=str(root / "din.toml"), split=(0.8, 0.1, 0.1), seed=1)
+    return root
+
+
+def test_din_on_two_ranks_equals_one_rank_float64(store):
+    """Under the partials (the attention on its group's rank), the exchanged plan (the items' values
+    moved to the row owners, the attention whole there) and alltoall, against one 1-rank run."""
+    from des.check import Case, check
+
+    flags = ("--hidden", "6,4", "--model-options", "attention_hidden=4")
+    partials = (*flags, "--plan", "partials")
+    cases = [Case("din", "des", str(store / "store"), "float64", partials),
+             Case("din", "des", str(store / "store"), "float64", (*flags, "--plan", "exchange"), reference_flags=partials),
+             Case("din", "alltoall", str(store / "store"), "float64", flags, reference_strategy="des",
+                  reference_flags=partials)]
+    results = check(cases, ranks=(2,), steps=4, batch_size=32, timeout=400)
+    assert len(results) == 3 and all(not r.failures and r.arrays > 0 for r in results), \
+        [(r.case.flags, r.failures[:2]) for r in results]
+
+
+def test_din_exported_serves_what_evaluate_predicts(store, tmp_path):
+    """Served without des (examples/serving_client.py) == des.evaluate to 1e-6, on rows with empty
+    and over-long histories (the synthetic sequences run 0 .. max_length + 2 ids)."""
+    from des import evaluate, export, train
+    from tests.conftest import REPO, mpi_env
+
+    run, requests = tmp_path / "run", store / "din.csv"
+    train.main(["--model", "din", "--data", str(store / "store"), "--max-steps", "6", "--batch-size", "32",
+                "--hidden", "6,4", "--model-options", "attention_hidden=4", "--output", str(run)])
+    evaluate.main(["--checkpoint", str(run), "--data", str(requests), "--cache-dir", str(tmp_path / "cache"),
+                   "--predictions", str(tmp_path / "evaluate.txt")])
+    export.main(["--checkpoint", str(run), "--output", str(tmp_path / "model")])
+    done = subprocess.run([sys.executable, str(REPO / "examples" / "serving_client.py"), str(requests),
+                           str(tmp_path / "served-"), str(tmp_path / "model")], cwd=tmp_path, env=mpi_env(1),
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    histories = [line.split(",")[-1] for line in requests.read_text().splitlines()[1:]]
+    assert "" in histories and max(h.count("|") for h in histories) >= 3  # empty and over-long ones
+    np.testing.assert_allclose(np.loadtxt(tmp_path / "served-0.txt"), np.loadtxt(tmp_path / "evaluate.txt"),
+                               atol=1e-6)
