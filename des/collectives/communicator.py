@@ -35,9 +35,8 @@ long yields there help short, even steps but hold up data with long, uneven look
 (``docs/benchmarks.md`` has the runs that chose the two values).
 
 Ranks on one machine: the row-block collectives of the DES step (``reduce_scatter_rows_sum``,
-``allgather_rows``) run as loads and stores in shared memory with one barrier each, and an
-AllReduce of :data:`NODE_ALLREDUCE_BYTES` or more with two (:mod:`des.collectives.node_memory`);
-the bytes accounted are those above either way.
+``allgather_rows``) run as loads and stores in shared memory with one barrier each
+(:mod:`des.collectives.node_memory`); the bytes accounted are those above either way.
 """
 
 from __future__ import annotations
@@ -55,10 +54,6 @@ from mpi4py import MPI
 from des.collectives.node_memory import NodeBuffers
 from des.row_blocks import row_bounds
 from des.zero_copy import aligned_empty
-
-#: an AllReduce of this many bytes or more, of ranks that share one machine, runs in shared memory
-#: (``node_memory.py``); a smaller one is a few cache lines, which MPI moves in one message
-NODE_ALLREDUCE_BYTES = 1 << 16
 
 
 @dataclass
@@ -148,19 +143,19 @@ class Communicator:
     # ----------------------------------------------------------------------------- collectives
     def allreduce_sum_(self, buffer: np.ndarray, site: str) -> np.ndarray:
         """Sum ``buffer`` over all ranks, in place; returns it."""
-        return self.start_allreduce_sum_(buffer, site).wait()
+        _require_contiguous(buffer, site)
+        start = time.perf_counter()
+        if self.size > 1:
+            self.wait(self.comm.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM))
+        moved = 2.0 * (self.size - 1) / self.size * buffer.nbytes
+        self._account(site, moved, moved, time.perf_counter() - start)
+        return buffer
 
     def start_allreduce_sum_(self, buffer: np.ndarray, site: str) -> "Pending":
         """:meth:`allreduce_sum_` started now and completed by ``.wait()``: work done in between
-        (other collectives, local compute) overlaps it. Accounted when it completes. A vector of
-        :data:`NODE_ALLREDUCE_BYTES` or more whose ranks share one machine is summed in shared
-        memory (``node_memory.py``: element by element in rank order), a smaller one by MPI."""
+        (other collectives, local compute) overlaps it. Accounted when it completes."""
         _require_contiguous(buffer, site)
         moved = 2.0 * (self.size - 1) / self.size * buffer.nbytes
-        if self.size > 1 and buffer.nbytes >= NODE_ALLREDUCE_BYTES and self._node() is not None:
-            node, flat = self._node(), buffer.reshape(-1)  # a view: C-contiguous
-            slots = node.start_allreduce_sum(flat)
-            return Pending(self, None, site, moved, buffer, finish=lambda: node.finish_allreduce_sum(slots, flat))
         request = self.comm.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM) if self.size > 1 else None
         return Pending(self, request, site, moved, buffer)
 
@@ -369,9 +364,8 @@ class Pending:
     """A collective in flight (:meth:`Communicator.start_allreduce_sum_`)."""
 
     def __init__(self, comm: Communicator, request: MPI.Request | None, site: str, moved: float,
-                 buffer: np.ndarray, finish: Any = None) -> None:
+                 buffer: np.ndarray) -> None:
         self.comm, self.request, self.site, self.moved, self.buffer = comm, request, site, moved, buffer
-        self.finish = finish  # completes it where no MPI request does (shared memory)
         self.started = time.perf_counter()
 
     def wait(self) -> np.ndarray:
@@ -379,9 +373,6 @@ class Pending:
         if self.request is not None:
             self.comm.wait(self.request)
             self.request = None
-        if self.finish is not None:
-            finish, self.finish = self.finish, None
-            finish()
         self.comm._account(self.site, self.moved, self.moved, time.perf_counter() - self.started)
         return self.buffer
 

@@ -11,13 +11,7 @@ collectives instead use one shared array per purpose:
   after the other, reading each slot once and writing the block once);
 * ``allgather_rows``: every rank stores its row block in place; after one barrier, each copies out
   the whole ``[B, P]`` (or, for a result used only until the step's next collective of its kind,
-  as the buffer gradient ``G`` is, reads it in place);
-* ``allreduce_sum``: every rank stores its vector in its own slot (when the AllReduce starts: the
-  top network's gradients, while the step goes on); when it is waited for, after one barrier, rank
-  r sums its block of elements over the slots in rank order into a shared result, and after a
-  second barrier each copies the result out. MPICH's non-blocking AllReduce moves only inside MPI
-  calls and in chunks that each need both sides: a few megabytes of top gradients cost DeepFM's
-  exchange step at 8 ranks several milliseconds more than these copies do.
+  as the buffer gradient ``G`` is, reads it in place).
 
 Each purpose has two alternating buffers, so one barrier per call suffices: a rank can only write a
 buffer again two calls later, after a barrier every rank reached after reading it.
@@ -87,25 +81,6 @@ class NodeBuffers:
         whole[bounds[self.rank] : bounds[self.rank + 1]] = block
         self._barrier()
         return whole if transient else aligned_copy(whole)
-
-    def start_allreduce_sum(self, buffer: np.ndarray) -> np.ndarray:
-        """Store ``buffer`` (1-D) in this rank's slot; :meth:`finish_allreduce_sum` with the returned
-        slots completes the sum. Between the two, other collectives may run (lock-step)."""
-        slots = self._slots("allreduce", buffer, self.size + 1)  # the ranks' slots, then the result
-        slots[self.rank] = buffer
-        return slots
-
-    def finish_allreduce_sum(self, slots: np.ndarray, buffer: np.ndarray) -> np.ndarray:
-        """``buffer[:] =`` the sum over ranks, element by element in rank order (:func:`_sum_slots`):
-        this rank sums its block of elements into the shared result, then copies the whole result."""
-        self._barrier()
-        bounds = [len(buffer) * r // self.size for r in range(self.size + 1)]
-        lo, hi = bounds[self.rank], bounds[self.rank + 1]
-        result = slots[self.size].reshape(-1, 1)
-        _sum_slots(slots[: self.size].reshape(self.size, -1, 1), lo, hi, result[lo:hi])
-        self._barrier()
-        buffer[...] = slots[self.size]
-        return buffer
 
     # ----------------------------------------------------------------------------- memory
     def _slots(self, purpose: str, like: np.ndarray, count: int) -> np.ndarray:

@@ -53,27 +53,6 @@ def check_collectives(comm) -> None:  # comm: des.collectives.Communicator
             second = c.allgather_rows(block * 2, rows, "transient", transient=True)
             np.testing.assert_array_equal(first, block_all(c, block, rows))
             np.testing.assert_array_equal(second, 2 * block_all(c, block, rows))
-    # AllReduce: a large vector (shared memory on one machine: rank-order sums, two barriers) started,
-    # overlapped by other collectives and finished, as MPI's; a [rows, P] buffer in place
-    shared = n > 1 and comm._node() is not None  # every rank on one machine
-    for size in (70_000, 9_000, 70_001):  # float64: above, below and above NODE_ALLREDUCE_BYTES
-        values = [np.random.default_rng(r).normal(size=size) for r in range(n)]
-        expected = values[0].copy()
-        for v in values[1:]:
-            expected += v  # rank order, element by element: the shared-memory sum's bits
-        for c in (comm, mpi_path):
-            pending = c.start_allreduce_sum_(values[me].copy(), "big_sum")
-            c.allgather_rows(np.full((1, 2), me, np.float32), n, "between", transient=True)
-            got = pending.wait()
-            if c is comm and shared and size * 8 >= 1 << 16:
-                assert got.tobytes() == expected.tobytes()
-            np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
-        buffer = np.arange(600, dtype=np.float32).reshape(200, 3) + me
-        np.testing.assert_array_equal(comm.allreduce_sum_(buffer, "matrix"),
-                                      n * np.arange(600, dtype=np.float32).reshape(200, 3) + n * (n - 1) / 2)
-    assert comm.stats["big_sum"].bytes_sent == mpi_path.stats["big_sum"].bytes_sent
-    if shared:  # the large ones went through shared memory
-        assert "allreduce" in comm._node()._arrays
     assert comm.stats["rows"].bytes_sent == mpi_path.stats["rows"].bytes_sent
     assert comm.stats["gather_rows"].bytes_received == mpi_path.stats["gather_rows"].bytes_received
 
