@@ -320,6 +320,16 @@ class Schema:
             columns.append(column)
         return replace(self, columns=tuple(columns))
 
+    def statistics(self) -> dict[str, dict[str, Any]]:
+        """The training statistics filled in, as :meth:`with_statistics` takes them (JSON-ready)."""
+        found: dict[str, dict[str, Any]] = {}
+        for column in self.statistics_columns:
+            if column.as_ == "dense" and column.mean is not None:
+                found[column.name] = {"mean": column.mean, "std": column.std}
+            elif column.as_ != "dense" and column.boundaries is not None:
+                found[column.name] = {"boundaries": list(column.boundaries)}
+        return found
+
     def without_statistics(self) -> Schema:
         """A copy as declared: the training statistics of quantiles and standardize removed."""
         columns = [replace(c, boundaries=None) if c.kind == "numeric" and c.buckets == "quantiles"
