@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import os
 import zlib
 from dataclasses import dataclass
 from typing import IO, Any
@@ -24,6 +25,15 @@ from .errors import DataError
 
 UTF8_BOM = b"\xef\xbb\xbf"
 _NEWLINE = 10
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 (hex) of a file's bytes as stored."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 class HashingReader:

@@ -17,6 +17,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+from .blocks import file_sha256
 from .errors import DataError
 from .schema import Schema, load_schema, records_schema
 from .split import DEFAULT_SPLIT, SPLIT_NAMES, check_fractions
@@ -120,7 +121,7 @@ def _store_directory(output: PathLike, if_exists: str, comm: Any) -> Iterator[Ca
         return
     from .ranks import Group, in_shared_directory
 
-    yield lambda work: in_shared_directory(Group(comm), output, if_exists, work)
+    yield lambda work: in_shared_directory(Group(comm), lambda: atomic_directory(output, if_exists), work)
 
 
 def on_first_rank(comm: Any, find: Callable[[], ColumnStore | None]) -> ColumnStore | None:
@@ -312,15 +313,6 @@ def existing_preparation(inputs: PathLike | Sequence[PathLike], output: PathLike
 def _check_policy(bad_rows: str) -> None:
     if bad_rows not in BAD_ROW_POLICIES:
         raise DataError(f"bad_rows must be one of {', '.join(BAD_ROW_POLICIES)}, not {bad_rows!r}")
-
-
-def file_sha256(path: PathLike) -> str:
-    """sha256 (hex) of a file's bytes as stored."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def default_cache_dir() -> Path:

@@ -37,11 +37,11 @@ import shutil
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ContextManager, TypeVar
 
 import numpy as np
 
-from .blocks import Share
+from .blocks import Share, file_sha256
 from .errors import DataError
 from .parallel import share_cores
 from .schema import Schema, manifest_sections
@@ -125,11 +125,10 @@ def together(group: Group, work: Callable[[], T], order: float = 0.0) -> T:
     return result  # type: ignore[return-value]
 
 
-def in_shared_directory(group: Group, output: str | os.PathLike, if_exists: str, work: Callable[[Path], None]) -> None:
-    """``work(directory)`` on every rank, in a new folder rank 0 makes next to ``output`` and
-    renames to it when every rank is done (``build.atomic_directory``); the outcome agreed."""
-    from .build import atomic_directory
-
+def in_shared_directory(group: Group, atomic: Callable[[], ContextManager[Path]], work: Callable[[Path], None]
+                        ) -> None:
+    """``work(directory)`` on every rank, in the new folder of rank 0's ``atomic()``
+    (``build.atomic_directory``: renamed into place when every rank is done); the outcome agreed."""
     if group.rank != 0:
         start = group.bcast(None)
         if "error" in start:
@@ -141,7 +140,7 @@ def in_shared_directory(group: Group, output: str | os.PathLike, if_exists: str,
         return
     stage = "opening"
     try:
-        with atomic_directory(output, if_exists) as directory:
+        with atomic() as directory:
             stage = "working"
             group.bcast({"directory": str(directory)})
             work(directory)
@@ -339,8 +338,6 @@ def _read_part(group: Group, schema: Schema, parts: list[tuple[int, int, Share]]
     hashing = ThreadPoolExecutor(1, thread_name_prefix="des-data-hash") if first_parts else None
     digests: dict[int, Future[str]] = {}
     if hashing is not None:
-        from .build import file_sha256
-
         digests = {number: hashing.submit(file_sha256, path) for number, path in first_parts.items()}
     info: dict[str, Any] = {"reports": {}, "digests": {}}
     writer, current = None, -1

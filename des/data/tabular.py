@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .blocks import HashingReader, LineBlocks, Share
+from .blocks import LineBlocks, Share, file_sha256
 from .errors import DataError
 from .features import TRANSFORMS, derived_inputs, encode_rows, float_values, hex_keys, multi_valued_field
 from .parallel import in_order, submit, threads
@@ -342,7 +342,7 @@ class TableReader:
         groups = range(parquet.metadata.num_row_groups) if share is None else range(share.start, share.end)
         lines = _LineNumbers(0 if share is None else share.first_line - 1)
         # Parquet is read by row groups: its bytes are hashed apart (a share's file elsewhere)
-        hashing = submit(_file_sha256, path) if share is None else None
+        hashing = submit(file_sha256, path) if share is None else None
         runs = _row_group_runs(parquet.metadata, self.chunk_rows, groups)
 
         def read(run: list[int]) -> Any:  # a file object of its own per thread; all threads for one run
@@ -540,11 +540,6 @@ def _row_group_runs(metadata: Any, rows: int, groups: Sequence[int]) -> list[lis
         runs[-1].append(group)
         count += size
     return runs
-
-
-def _file_sha256(path: str) -> str:
-    with open(path, "rb") as handle:
-        return HashingReader(handle).finish()
 
 
 def _arrow_message(error: Exception) -> str:
