@@ -38,8 +38,9 @@ def threads() -> int:
     this process's share of them: :func:`share_cores`)."""
     text = os.environ.get(THREADS_VARIABLE, "").strip()
     if not text:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        return max(1, cores // _processes[0])
+        machine = os.cpu_count() or 1
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else machine
+        return max(1, cores // _processes[0] if cores >= machine else cores)  # a bound process: its own cores
     try:
         value = int(text)
     except ValueError:
