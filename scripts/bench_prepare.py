@@ -26,8 +26,8 @@ machine the wall times move with the others' load: run it a few times and take m
 **On ranks** (``--ranks 1,8``): ``des.data prepare`` on every rank of a job (``des/data/ranks.py``)
 against one process. The inputs are an Avazu-like CSV and a Criteo TSV of ``--rows`` rows (``--kinds``
 picks), each written as ``--parts`` pieces by child processes side by side (seeds 0, 1, ...) and
-joined. For each kind and each rank count, ``mpiexec -n R`` (the one beside this Python, else the
-first on PATH; Open MPI is told to allow root, oversubscription and no binding) runs the
+joined. For each kind and each rank count, ``mpiexec -n R`` (the venv's, else the first on PATH;
+Open MPI is told to allow root, oversubscription and no binding) runs the
 preparation after a warm-up on a few rows, timed on rank 0 between two barriers; each rank gives
 its peak RSS. A row: the seconds, rows/s, the ratio to the first rank count's rows/s, the threads
 of each rank (``DES_DATA_THREADS`` when set, else its share of the cores), the largest and mean
@@ -35,8 +35,9 @@ peak RSS of a rank, and whether the store is the first rank count's, file for fi
 every file). Needs numpy, pandas, pyarrow, numba and mpi4py (no TensorFlow); the stores go to
 ``--workdir`` (default: a temporary directory; a tmpfs such as /dev/shm keeps the disk out of it).
 
-Expect (16 cores, ``--ranks 1,8 --rows 20000000``): both inputs written in well under a minute,
-one rank's CSV near its single-process rate, 8 ranks 5-7x that, the stores identical.
+What to look for (``--ranks 1,8 --rows 20000000`` on 16 cores): the stores identical, and the
+ratio of 8 ranks to one; one rank has every core for its threads where 8 have two each, so
+``DES_DATA_THREADS=2`` in the environment compares ranks at the same threads per rank.
 
 Expect (a 2-core machine with both cores free): the CSV path near ``pandas.read_csv`` of the same
 file in rows/s (which only parses: no validation, hashing or store, and holds the whole table where
@@ -57,9 +58,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import benchlib
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # des, where it is not installed
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import benchlib  # noqa: E402
 
 from des.data.schema import load_schema  # noqa: E402
 
@@ -171,13 +172,14 @@ def ranks_child(kind: str, source: str, output: str, schema: str, chunk_rows: in
 
 
 def launcher() -> tuple[list[str], dict[str, str]]:
-    """``mpiexec`` (beside this Python, else on PATH), its flags and environment: Open MPI's to
-    run as root, oversubscribed and unbound (each rank then takes its share of the cores)."""
-    beside = Path(PYTHON).parent / "mpiexec"
-    found = str(beside) if beside.exists() else shutil.which("mpiexec")
-    if found is None:
-        raise SystemExit("bench_prepare: no mpiexec beside this Python or on PATH")
-    version = subprocess.run([found, "--version"], capture_output=True, text=True).stdout
+    """``mpiexec`` (``benchlib.launcher``: the venv's, else on PATH), its flags and environment:
+    Open MPI's to run as root, oversubscribed and unbound (each rank then takes its share of the
+    cores)."""
+    found = str(benchlib.MPIEXEC)
+    try:
+        version = subprocess.run([found, "--version"], capture_output=True, text=True).stdout
+    except OSError:
+        raise SystemExit(f"bench_prepare: cannot run {found}") from None
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     if "Open MPI" in version or "OpenRTE" in version or "PRRTE" in version:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1",
@@ -239,7 +241,8 @@ def on_ranks(args: argparse.Namespace, work: Path) -> None:
                 raise SystemExit(f"bench_prepare: {count} ranks on {kind} failed with exit code {process.returncode}")
             result = json.loads(process.stdout.strip().splitlines()[-1])
             digests = store_digests(output)
-            shutil.rmtree(output, ignore_errors=True)
+            for store in (output, work / f"warm-{kind}-{count}"):
+                shutil.rmtree(store, ignore_errors=True)
             rows_s = result["rows"] / result["seconds"]
             first = first or {"rows_s": rows_s, "digests": digests}
             rss = [x / 2**20 for x in result["rss"]]

@@ -34,6 +34,7 @@ import dataclasses
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -51,6 +52,7 @@ from .tsv import FIRST_BAD_LINES_KEPT, SourceReport
 
 T = TypeVar("T")
 _SCAN_BYTES = 1 << 24
+_POLL_SECONDS = 0.001
 _NEWLINE = b"\n"
 
 
@@ -73,12 +75,19 @@ class Group:
         finally:
             node.Free()
 
+    @staticmethod
+    def _wait(request: Any) -> None:
+        """Complete a non-blocking call, sleeping between polls: a rank waiting for the others
+        (which read more, or write the manifest) leaves them the cores."""
+        while not request.Test():
+            time.sleep(_POLL_SECONDS)
+
     def allgather(self, obj: Any) -> list[Any]:
         payload = np.frombuffer(json.dumps(obj).encode(), dtype=np.uint8)
         lengths = np.zeros(self.size, dtype=np.int64)
-        self.comm.Allgather(np.array([payload.shape[0]], dtype=np.int64), lengths)
+        self._wait(self.comm.Iallgather(np.array([payload.shape[0]], dtype=np.int64), lengths))
         data = np.empty(int(lengths.sum()), dtype=np.uint8)
-        self.comm.Allgatherv(payload, (data, lengths))
+        self._wait(self.comm.Iallgatherv(payload, (data, lengths)))
         ends = np.cumsum(lengths)
         return [json.loads(data[end - n:end].tobytes().decode()) for n, end in zip(lengths, ends)]
 
@@ -94,9 +103,9 @@ class Group:
         arrays = []
         for _ in range(count):
             length = np.zeros(1, dtype=np.int64)
-            self.comm.Recv(length, source=source)
+            self._wait(self.comm.Irecv(length, source=source))
             arrays.append(np.empty(int(length[0]), dtype=np.int64))
-            self.comm.Recv(arrays[-1], source=source)
+            self._wait(self.comm.Irecv(arrays[-1], source=source))
         return arrays
 
 
