@@ -63,7 +63,7 @@ schema, or reads a TOML file::
 
     [[derived]]                            # categorical fields computed from columns or fields
     name = "hour"
-    transform = "hour_of_day"             # hour_of_day | weekday | cross | a plugin's
+    transform = "hour_of_day"             # hour_of_day | weekday | cross | prefix | a plugin's
     inputs = ["timestamp"]
     time_format = "unix"                  # or a fixed-width format such as "%y%m%d%H"
 
