@@ -14,7 +14,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from des.data import DataError, prepare, prepare_splits
+from des.data import DataError, open_dataset, prepare, prepare_splits
 from des.data.ranks import plan
 from des.data.schema import Schema, load_schema
 from des.data.synth import default_config, synthesize_tsv
@@ -70,6 +70,7 @@ def _inputs(tmp_path: Path) -> list[dict]:
         {"name": "splits", "splits": {"train": [str(every)], "validation": [str(every)], "test": [str(raw)]},
          "options": {"schema": EVERY_KIND, "bad_rows": "skip", "chunk_rows": 131}},
         {"name": "statistics", "inputs": [str(every)], "options": {"schema": EVERY_KIND}},
+        {"name": "cache", "cache": str(tmp_path / "plain.csv"), "options": {"schema": "avazu", "bad_rows": "skip"}},
     ]
 
 
@@ -78,6 +79,8 @@ def _one_process(job: dict, output: Path) -> dict[str, bytes] | str:
     if isinstance(options.get("schema"), dict):
         options["schema"] = Schema.from_dict(options["schema"])
     try:
+        if "cache" in job:
+            return _files(open_dataset(job["cache"], cache_dir=output, **options).path)
         if "splits" in job:
             return _files(prepare_splits(job["splits"], output, progress=False, **options).path)
         return _files(prepare(job["inputs"], output, progress=False, **options).path)
@@ -91,7 +94,8 @@ def _on_ranks(ranks: int, jobs: list[dict], folder: Path) -> list[dict[str, byte
     (folder / "jobs.json").write_text(json.dumps(listed))
     run_mpi(ranks, ["-m", "tests.mpi_programs.prepare_stores", str(folder / "jobs.json")], timeout=180)
     return [(folder / f"{job['name']}.error").read_text() if (folder / f"{job['name']}.error").exists()
-            else _files(folder / job["name"]) for job in jobs]
+            else _files(next((folder / job["name"]).iterdir()) if "cache" in job else folder / job["name"])
+            for job in jobs]
 
 
 @pytest.mark.parametrize("ranks", [2, 3])

@@ -124,16 +124,26 @@ def _store_directory(output: PathLike, if_exists: str, comm: Any) -> Iterator[Ca
     yield lambda work: in_shared_directory(Group(comm), lambda: atomic_directory(output, if_exists), work)
 
 
-def on_first_rank(comm: Any, find: Callable[[], ColumnStore | None]) -> ColumnStore | None:
-    """``find()`` (a store or None) on rank 0, its outcome on every rank (the same error or store)."""
+def first_rank_value(comm: Any, compute: Callable[[], Any]) -> Any:
+    """``compute()`` (JSON-able) on rank 0 alone, its outcome on every rank (the same error or value)."""
     if not _several(comm):
-        return find()
+        return compute()
     from .ranks import Group, together
 
     group = Group(comm)
-    store = together(group, lambda: find() if group.rank == 0 else None)
-    path = group.bcast(None if store is None else str(store.path))
-    return None if path is None else store if group.rank == 0 else ColumnStore.open(path)
+    return group.bcast(together(group, lambda: compute() if group.rank == 0 else None))
+
+
+def on_first_rank(comm: Any, find: Callable[[], ColumnStore | None]) -> ColumnStore | None:
+    """``find()`` (a store or None) on rank 0, its outcome on every rank (the same error or store)."""
+    found: dict[str, ColumnStore | None] = {}
+
+    def path() -> str | None:
+        found["store"] = find()
+        return None if found["store"] is None else str(found["store"].path)
+
+    opened = first_rank_value(comm, path)
+    return found["store"] if "store" in found else None if opened is None else ColumnStore.open(opened)
 
 
 def prepare(
@@ -361,7 +371,9 @@ def open_dataset(
     _check_policy(bad_rows)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     schema = load_schema(schema)
-    target = cache / cache_entry_name(source.name, file_sha256(source), fractions, int(seed), bad_rows, schema)
+    name = first_rank_value(comm, lambda: cache_entry_name(source.name, file_sha256(source), fractions, int(seed),
+                                                            bad_rows, schema))  # rank 0 hashes the file
+    target = cache / name
     if not on_first_rank(comm, lambda: ColumnStore.open(target) if (target / MANIFEST_NAME).is_file() else None):
         first = not _several(comm) or comm.Get_rank() == 0
         with _removed_if_left_empty(cache) if first else nullcontext(), _store_directory(target, "keep", comm) as run:

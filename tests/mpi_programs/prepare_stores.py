@@ -1,6 +1,6 @@
 """Prepares the stores a JSON file lists, on every rank of the job (``des.data.prepare`` and
 ``prepare_splits`` given ``MPI.COMM_WORLD``): ``[{"output": DIR, "inputs": [...] or "splits":
-{role: [...]}, "options": {...}}, ...]`` (a schema a name, a TOML file or its ``to_dict()``). A preparation that fails leaves its one-line error in
+{role: [...]} or "cache": FILE (``open_dataset`` into the cache folder DIR), "options": {...}}, ...]`` (a schema a name, a TOML file or its ``to_dict()``). A preparation that fails leaves its one-line error in
 ``DIR.error`` (written by rank 0)."""
 
 import json
@@ -8,7 +8,7 @@ import sys
 
 from mpi4py import MPI
 
-from des.data import DataError, prepare, prepare_splits
+from des.data import DataError, open_dataset, prepare, prepare_splits
 from des.data.schema import Schema
 
 
@@ -20,7 +20,9 @@ def main() -> None:
         if isinstance(job["options"].get("schema"), dict):  # a schema as plain data
             job["options"]["schema"] = Schema.from_dict(job["options"]["schema"])
         try:
-            if "splits" in job:
+            if "cache" in job:  # prepared into the cache folder at output
+                open_dataset(job["cache"], cache_dir=job["output"], comm=comm, **job["options"])
+            elif "splits" in job:
                 prepare_splits(job["splits"], job["output"], progress=False, comm=comm, **job["options"])
             else:
                 prepare(job["inputs"], job["output"], progress=False, comm=comm, **job["options"])
