@@ -231,6 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "prepare":
             _run_prepare(args)
+        elif not _speaks():  # synth and inspect: rank 0 of a job alone (one output, one summary)
+            return 0
         elif args.command == "synth":
             _run_synth(args)
         else:
