@@ -15,9 +15,10 @@ file, as one process does).
 memory as one process), in the store's folder; then every rank knows from the others' row and
 key counts where its rows go, writes them into the files of the joined store (which rank 0 made
 at their sizes): the split codes of its rows as a function of their numbers in the whole store
-(``split.py``), a multi-hot field's row pointers shifted by the keys before them. Rank 0 merges
-the fields' key counters (distinct ids, top-10 share) and writes the manifest; each file's sha256
-is taken whole by the rank that reads its first part, beside its work.
+(``split.py``), a multi-hot field's row pointers shifted by the keys before them. The fields' key
+counters (distinct ids, top-10 share) are merged field by field, the fields on the ranks side by
+side, and rank 0 writes the manifest; each file's sha256 is taken whole by the rank that reads its
+first part, beside its work.
 
 **Statistics** (quantiles, standardize): rank 0 computes them from the training rows, as one
 process does (each row's split is a function of its number, known only in order), and every rank
@@ -47,7 +48,7 @@ from .errors import DataError
 from .parallel import share_cores
 from .schema import Schema, manifest_sections
 from .split import SPLIT_NAMES, assign_splits
-from .store import StoreWriter, joined_manifest, make_files, place_part, write_manifest
+from .store import StoreWriter, counted, joined_manifest, make_files, place_part, write_manifest
 from .tsv import FIRST_BAD_LINES_KEPT, SourceReport
 
 T = TypeVar("T")
@@ -58,7 +59,7 @@ _NEWLINE = b"\n"
 
 class Group:
     """The ranks of a job (an mpi4py communicator) as prepare uses them: JSON gathered and
-    broadcast over buffers (never pickled), arrays sent to rank 0."""
+    broadcast over buffers (never pickled), int64 arrays sent point to point."""
 
     def __init__(self, comm: Any) -> None:
         from mpi4py import MPI
@@ -94,10 +95,10 @@ class Group:
     def bcast(self, obj: Any) -> Any:
         return self.allgather(obj if self.rank == 0 else None)[0]
 
-    def send(self, arrays: Sequence[np.ndarray]) -> None:
+    def send(self, arrays: Sequence[np.ndarray], dest: int) -> None:
         for array in arrays:
-            self.comm.Send(np.array([array.shape[0]], dtype=np.int64), dest=0)
-            self.comm.Send(np.ascontiguousarray(array, dtype=np.int64), dest=0)
+            self.comm.Send(np.array([array.shape[0]], dtype=np.int64), dest=dest)
+            self.comm.Send(np.ascontiguousarray(array, dtype=np.int64), dest=dest)
 
     def receive(self, source: int, count: int) -> list[np.ndarray]:
         arrays = []
@@ -369,18 +370,21 @@ def _read_part(group: Group, schema: Schema, parts: list[tuple[int, int, Share]]
             hashing.shutdown(wait=True)
 
 
-def _merge_counters(group: Group, writer: StoreWriter | None, fields: int) -> list[Any]:
-    """Rank 0's writer's counters with every rank's keys counted in (rank 0; [] elsewhere)."""
-    if group.rank != 0:
-        for counter in writer.counters:  # type: ignore[union-attr]
-            group.send(counter.entries())
-        return []
-    counters = writer.counters  # type: ignore[union-attr]
-    for source in range(1, group.size):
-        for counter in counters:
-            keys, counts = group.receive(source, 2)
-            counter.add(keys, counts)
-    return counters
+def _merge_counters(group: Group, writer: StoreWriter) -> list[dict[str, Any]]:
+    """Each field's figures (distinct ids, top-10 share) of every rank's keys: field ``f``'s
+    counters merged on rank ``f mod N`` (the fields side by side), its figures then everyone's."""
+    mine: dict[str, dict[str, Any]] = {}
+    for number, counter in enumerate(writer.counters):
+        owner = number % group.size
+        if owner != group.rank:
+            group.send(counter.entries(), owner)
+            continue
+        for source in range(group.size):
+            if source != owner:
+                counter.add(*group.receive(source, 2))
+        mine[str(number)] = counted(counter)
+    found = {int(n): figures for each in group.allgather(mine) for n, figures in each.items()}
+    return [found[n] for n in range(len(found))]
 
 
 def write_store_on_ranks(comm: Any, schema: Schema, paths: Sequence[str], directory: Path, split: Sequence[float],
@@ -424,13 +428,13 @@ def write_store_on_ranks(comm: Any, schema: Schema, paths: Sequence[str], direct
         split_rows = np.sum(counts, axis=0)
     else:
         split_rows = np.sum([[m["split"]["rows"][n] for n in SPLIT_NAMES] for m in manifests], axis=0)
-    counters = together(group, lambda: _merge_counters(group, writer, len(schema.field_specs())))
+    counts = together(group, lambda: _merge_counters(group, writer))  # type: ignore[arg-type]
 
     def finish() -> None:
         shutil.rmtree(folder)
         if group.rank == 0:
             inputs = split_by_input(roles, joined) if roles is not None else None
-            write_manifest(directory, joined_manifest(manifests, counters, split_rows.tolist(), inputs, **sections))
+            write_manifest(directory, joined_manifest(manifests, counts, split_rows.tolist(), inputs, **sections))
 
     together(group, finish)
 

@@ -367,11 +367,11 @@ def part_arrays(manifest: Mapping[str, Any]) -> list[tuple[dict[str, Any], str, 
     return arrays
 
 
-def joined_manifest(parts: Sequence[Mapping[str, Any]], counters: Sequence[KeyCounter], split_rows: Sequence[int],
+def joined_manifest(parts: Sequence[Mapping[str, Any]], counts: Sequence[Mapping[str, Any]], split_rows: Sequence[int],
                     split_inputs: list[list[str]] | None = None, **sections: Any) -> dict[str, Any]:
     """The manifest of the store whose rows are the rows of the stores of ``parts`` (manifests, in
     order, written by :class:`StoreWriter` s of the same fields), their keys counted by
-    ``counters`` (one per field, every part's keys) and ``split_rows`` rows in each split
+    ``counts`` (each field's :func:`counted` figures of every part's keys) and ``split_rows`` rows in each split
     (``split_inputs``: each input's split, when given by input); ``sections`` replace the parts'
     (sources, bad rows)."""
     manifest = json.loads(json.dumps(parts[0]))
@@ -379,8 +379,8 @@ def joined_manifest(parts: Sequence[Mapping[str, Any]], counters: Sequence[KeyCo
     positives = sum(int(part["num_positives"]) for part in parts)
     manifest.update(num_rows=rows, num_positives=positives, positive_rate=positive_rate(positives, rows))
     manifest["split"]["rows"] = {name: int(n) for name, n in zip(SPLIT_NAMES, split_rows)}
-    for field, counter in zip(manifest["fields"], counters):
-        field.update(counted(counter))
+    for field, figures in zip(manifest["fields"], counts):
+        field.update(figures)
     lengths: dict[tuple[str, int | None], int] = {}
     for part in parts:
         for entry, what, _ in part_arrays(part):
