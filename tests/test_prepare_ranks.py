@@ -70,6 +70,7 @@ def _inputs(tmp_path: Path) -> list[dict]:
         {"name": "splits", "splits": {"train": [str(every)], "validation": [str(every)], "test": [str(raw)]},
          "options": {"schema": EVERY_KIND, "bad_rows": "skip", "chunk_rows": 131}},
         {"name": "statistics", "inputs": [str(every)], "options": {"schema": EVERY_KIND}},
+        {"name": "gzip", "inputs": [str(tmp_path / "rows.csv.gz")], "options": {"schema": "avazu", "bad_rows": "skip"}},
         {"name": "cache", "cache": str(tmp_path / "plain.csv"), "options": {"schema": "avazu", "bad_rows": "skip"}},
     ]
 

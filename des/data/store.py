@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -408,7 +409,6 @@ def place_part(part: Path, manifest: Mapping[str, Any], target: Path, rows_befor
         dtype = np.dtype(entry["dtype"])
         shape = [int(n) for n in entry["shape"]]
         width = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
-        source = np.memmap(part / entry["file"], dtype=dtype, mode="r", shape=(shape[0] * width,)) if shape[0] else None
         skip, first = 0, rows_before * width
         if what == "values":
             first = values_before[field]
@@ -416,6 +416,12 @@ def place_part(part: Path, manifest: Mapping[str, Any], target: Path, rows_befor
             skip, first = (0, 0) if rows_before == 0 else (1, rows_before + 1)
         step = max(1, block_bytes // dtype.itemsize // width) * width
         with open(target / entry["file"], "r+b") as handle:
+            if what != "offsets" and entry["file"] not in (rewrite or {}):  # the bytes as they are
+                _copy_bytes(part / entry["file"], handle, first * dtype.itemsize, block_bytes)
+                continue
+            if shape[0] * width <= skip:  # nothing of its own (a part without rows)
+                continue
+            source = np.memmap(part / entry["file"], dtype=dtype, mode="r", shape=(shape[0] * width,))
             for start in range(skip, shape[0] * width, step):
                 values = np.asarray(source[start:start + step])
                 if what == "offsets":
@@ -425,6 +431,26 @@ def place_part(part: Path, manifest: Mapping[str, Any], target: Path, rows_befor
                 handle.seek((first + start - skip) * dtype.itemsize)
                 handle.write(memoryview(np.ascontiguousarray(values, dtype=dtype)).cast("B"))
             del source
+
+
+def _copy_bytes(source: Path, handle: IO[bytes], offset: int, block_bytes: int) -> None:
+    """The bytes of the file ``source`` written into ``handle`` at ``offset``: by the kernel
+    (``copy_file_range``: no pass through this process, a shared extent where the file system
+    has them), else read and written in blocks."""
+    with open(source, "rb") as read:
+        size, done = os.fstat(read.fileno()).st_size, 0
+        try:
+            while done < size:
+                moved = os.copy_file_range(read.fileno(), handle.fileno(), size - done, done, offset + done)
+                if moved == 0:
+                    break
+                done += moved
+        except (AttributeError, OSError):  # no such call here, or not between these files
+            pass
+        read.seek(done)
+        handle.seek(offset + done)
+        while block := read.read(block_bytes):
+            handle.write(block)
 
 
 def make_files(target: Path, manifest: Mapping[str, Any]) -> None:
