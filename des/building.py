@@ -168,33 +168,30 @@ def layout_table(config: TrainConfig, num_fields: int, num_dense: int = 0):
 
 def open_data(config: TrainConfig, comm: Communicator, data: str | None = None, split=None, bad_rows: str | None = None,
               schema: Any = None):
-    """Rank 0 prepares raw files into the cache (once); then every rank opens the same store: the
-    one of ``--data`` (split by ``--split``), or, with ``--train-data``, the separate inputs of each
-    split read as one (``des.data.inputs``; ``data`` given: that one, as ``des.evaluate`` does).
+    """Every rank prepares its share of raw files into the cache (once; ``des/data/ranks.py``) and
+    opens the same store: the one of ``--data`` (split by ``--split``), or, with ``--train-data``,
+    the separate inputs of each split read as one (``des.data.inputs``; ``data`` given: that one,
+    as ``des.evaluate`` does).
     Raw files are read with ``schema`` (default ``--schema``: criteo when empty); a prepared
     directory must have been prepared with it (:func:`des.data.schema.check_same_schema`)."""
-    from des.data import ColumnStore, ConcatStore, open_dataset, open_inputs
+    from des.data import open_dataset, open_inputs
     from des.data.schema import check_same_schema, load_schema
 
     separate = config.train_data and data is None
-    if comm.rank == 0:
-        cache_dir, bad_rows = config.cache_dir or None, bad_rows or config.bad_rows
-        wanted = load_schema(schema if schema is not None else config.schema or None)
-        if separate:
-            store = open_inputs({"train": config.train_data, "validation": config.validation_data,
-                                 "test": config.test_data}, cache_dir=cache_dir, bad_rows=bad_rows, schema=wanted)
-        else:
-            store = open_dataset(data or config.data, cache_dir=cache_dir,
-                                 split=config.split_fractions() if split is None else split, seed=config.split_seed,
-                                 bad_rows=bad_rows, schema=wanted)
-        if schema is not None or config.schema:  # a schema asked for: the prepared data must be of it
-            check_same_schema(store.schema, wanted, f"--data {data or config.data or config.train_data}",
-                              resolved=schema is not None and not isinstance(schema, str))
-        opened = store.to_json() if separate else str(store.path)
-    opened = comm.bcast_json(opened if comm.rank == 0 else None, "setup")
-    if comm.rank == 0:
-        return store
-    return ConcatStore.from_json(opened) if separate else ColumnStore.open(opened)
+    cache_dir, bad_rows = config.cache_dir or None, bad_rows or config.bad_rows
+    wanted = load_schema(schema if schema is not None else config.schema or None)
+    if separate:
+        store = open_inputs({"train": config.train_data, "validation": config.validation_data,
+                             "test": config.test_data}, cache_dir=cache_dir, bad_rows=bad_rows, schema=wanted,
+                            comm=comm.comm)
+    else:
+        store = open_dataset(data or config.data, cache_dir=cache_dir,
+                             split=config.split_fractions() if split is None else split, seed=config.split_seed,
+                             bad_rows=bad_rows, schema=wanted, comm=comm.comm)
+    if schema is not None or config.schema:  # a schema asked for: the prepared data must be of it
+        check_same_schema(store.schema, wanted, f"--data {data or config.data or config.train_data}",
+                          resolved=schema is not None and not isinstance(schema, str))
+    return store
 
 
 def data_fingerprint(store) -> str:

@@ -23,6 +23,22 @@ child's peak RSS (``ru_maxrss`` from ``os.wait4``: the whole process, imports in
 Prepare uses every core this process may use (``DES_DATA_THREADS`` sets how many); on a shared
 machine the wall times move with the others' load: run it a few times and take medians.
 
+**On ranks** (``--ranks 1,8``): ``des.data prepare`` on every rank of a job (``des/data/ranks.py``)
+against one process. The inputs are an Avazu-like CSV and a Criteo TSV of ``--rows`` rows (``--kinds``
+picks), each written as ``--parts`` pieces by child processes side by side (seeds 0, 1, ...) and
+joined. For each kind and each rank count, ``mpiexec -n R`` (the venv's, else the first on PATH;
+Open MPI is told to allow root, oversubscription and no binding) runs the
+preparation after a warm-up on a few rows, timed on rank 0 between two barriers; each rank gives
+its peak RSS. A row: the seconds, rows/s, the ratio to the first rank count's rows/s, the threads
+of each rank (``DES_DATA_THREADS`` when set, else its share of the cores), the largest and mean
+peak RSS of a rank, and whether the store is the first rank count's, file for file (sha256 of
+every file). Needs numpy, pandas, pyarrow, numba and mpi4py (no TensorFlow); the stores go to
+``--workdir`` (default: a temporary directory; a tmpfs such as /dev/shm keeps the disk out of it).
+
+What to look for (``--ranks 1,8 --rows 20000000`` on 16 cores): the stores identical, and the
+ratio of 8 ranks to one; one rank has every core for its threads where 8 have two each, so
+``DES_DATA_THREADS=2`` in the environment compares ranks at the same threads per rank.
+
 Expect (a 2-core machine with both cores free): the CSV path near ``pandas.read_csv`` of the same
 file in rows/s (which only parses: no validation, hashing or store, and holds the whole table where
 ``prepare`` holds a chunk or two), Parquet faster than CSV, and the Criteo path within 1-2x of the
@@ -40,12 +56,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-import benchlib
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # des, where it is not installed
 
-from des.data.schema import load_schema
+import benchlib  # noqa: E402
+
+from des.data.schema import load_schema  # noqa: E402
 
 PYTHON = sys.executable
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _toml_value(value: object) -> str:
@@ -123,20 +143,152 @@ def write_inputs(rows: int, work: Path) -> dict[str, Path]:
     return {"csv": csv_path, "parquet": parquet_path, "criteo": tsv_path}
 
 
+def ranks_child(kind: str, source: str, output: str, schema: str, chunk_rows: int) -> None:
+    """One job's measurement (every rank runs this): warm up on a few rows, time the preparation
+    between barriers; rank 0 prints a JSON line (seconds, rows, each rank's peak RSS in bytes)."""
+    import resource
+
+    import numpy as np
+    from mpi4py import MPI
+
+    from des.data import prepare
+    from des.data.parallel import threads
+
+    comm = MPI.COMM_WORLD
+    job = comm if comm.Get_size() > 1 else None
+    warm = Path(output).parent / f"warm-{kind}-{comm.Get_size()}"
+    small = Path(output).parent / f"small-{kind}{''.join(Path(source).suffixes)}"
+    prepare(small, warm, schema=schema, overwrite=True, progress=False, comm=job)
+    comm.Barrier()
+    start = time.perf_counter()
+    rows = prepare(source, output, schema=schema, chunk_rows=chunk_rows, overwrite=True, progress=False,
+                   comm=job).num_rows
+    comm.Barrier()
+    seconds = time.perf_counter() - start
+    peaks = np.zeros(comm.Get_size(), dtype=np.int64)
+    comm.Allgather(np.array([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024], dtype=np.int64), peaks)
+    if comm.Get_rank() == 0:
+        print(json.dumps({"rows": rows, "seconds": seconds, "rss": peaks.tolist(), "threads": threads()}), flush=True)
+
+
+def launcher() -> tuple[list[str], dict[str, str]]:
+    """``mpiexec`` (``benchlib.launcher``: the venv's, else on PATH), its flags and environment:
+    Open MPI's to run as root, oversubscribed and unbound (each rank then takes its share of the
+    cores)."""
+    found = str(benchlib.MPIEXEC)
+    try:
+        version = subprocess.run([found, "--version"], capture_output=True, text=True).stdout
+    except OSError:
+        raise SystemExit(f"bench_prepare: cannot run {found}") from None
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    if "Open MPI" in version or "OpenRTE" in version or "PRRTE" in version:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1",
+                   PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe")
+        return [found, "--bind-to", "none"], env
+    return [found], env
+
+
+def write_joined(kind: str, rows: int, parts: int, path: Path) -> None:
+    """``rows`` rows of ``kind`` (``csv``: Avazu-like; ``criteo``: TSV) at ``path``, written as
+    ``parts`` pieces by child processes side by side (seed = the piece's number), then joined
+    (a CSV's header once)."""
+    counts = [rows // parts + (k < rows % parts) for k in range(parts)]
+    pieces = [path.parent / f"{path.name}.part{k}" for k in range(parts)]
+    what = ["--schema", "avazu", "--format", "raw"] if kind == "csv" else ["--format", "tsv"]
+    children = [subprocess.Popen([PYTHON, "-m", "des.data", "synth", *what, "--rows", str(n), "--seed", str(k),
+                                  "--output", str(piece)], stdout=subprocess.DEVNULL, env=launcher()[1])
+                for k, (n, piece) in enumerate(zip(counts, pieces)) if n]
+    if any(child.wait() for child in children):
+        raise SystemExit(f"bench_prepare: writing the {kind} input failed")
+    with open(path, "wb") as out:
+        for k, piece in enumerate(p for p in pieces if p.exists()):
+            with open(piece, "rb") as handle:
+                if k and kind == "csv":
+                    handle.readline()
+                shutil.copyfileobj(handle, out, 1 << 24)
+            piece.unlink()
+    with open(path, "rb") as handle, open(path.parent / f"small-{kind}{''.join(path.suffixes)}", "wb") as small:
+        small.writelines(line for _, line in zip(range(200), handle))
+
+
+def store_digests(store: Path) -> dict[str, str]:
+    from des.data.blocks import file_sha256
+
+    return {p.name: file_sha256(p) for p in sorted(store.iterdir())}
+
+
+def on_ranks(args: argparse.Namespace, work: Path) -> None:
+    """The ``--ranks`` measurement (module docstring)."""
+    ranks = [int(r) for r in args.ranks.split(",")]
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    command, env = launcher()
+    inputs = {"csv": (work / "avazu.csv", "avazu"), "criteo": (work / "criteo.tsv", "criteo")}
+    start = time.perf_counter()
+    for kind in kinds:
+        write_joined(kind, args.rows, args.parts, inputs[kind][0])
+    sizes = ", ".join(f"{inputs[k][0].name} {inputs[k][0].stat().st_size / 1e6:,.1f} MB" for k in kinds)
+    print(f"{args.rows:,} rows each; input sizes: {sizes} (written in {time.perf_counter() - start:.0f} s)", flush=True)
+    table = []
+    for kind in kinds:
+        source, schema = inputs[kind]
+        first: dict[str, Any] = {}
+        for count in ranks:
+            output = work / f"store-{kind}-{count}"
+            process = subprocess.run([*command, "-n", str(count), PYTHON, __file__, "--ranks-child", kind, str(source),
+                                      str(output), schema, str(args.chunk_rows)], stdout=subprocess.PIPE, text=True,
+                                     env=env)
+            if process.returncode:
+                raise SystemExit(f"bench_prepare: {count} ranks on {kind} failed with exit code {process.returncode}")
+            result = json.loads(process.stdout.strip().splitlines()[-1])
+            digests = store_digests(output)
+            for store in (output, work / f"warm-{kind}-{count}"):
+                shutil.rmtree(store, ignore_errors=True)
+            rows_s = result["rows"] / result["seconds"]
+            first = first or {"rows_s": rows_s, "digests": digests}
+            rss = [x / 2**20 for x in result["rss"]]
+            table.append({"what": f"prepare {kind}", "ranks": count, "threads": result["threads"],
+                          "seconds": result["seconds"], "rows_s": rows_s, "ratio": rows_s / first["rows_s"],
+                          "rss_max": max(rss), "rss_mean": sum(rss) / len(rss),
+                          "same": "yes" if digests == first["digests"] else "NO"})
+            print(f"  {kind} on {count} rank(s): {result['seconds']:.2f} s, {rows_s:,.0f} rows/s, "
+                  f"x{rows_s / first['rows_s']:.2f}, store {'identical' if digests == first['digests'] else 'DIFFERS'}",
+                  flush=True)
+    columns = [("what", "what", ""), ("ranks", "ranks", "d"), ("threads", "threads/rank", "d"),
+               ("seconds", "seconds", ".2f"), ("rows_s", "rows/s", ",.0f"), ("ratio", f"x {ranks[0]} rank(s)", ".2f"),
+               ("rss_max", "peak RSS MiB (largest rank)", ",.0f"), ("rss_mean", "(mean)", ",.0f"),
+               ("same", "store identical", "")]
+    print(benchlib.entry("bench_prepare", benchlib.environment(), sys.argv[1:], [("", columns, table)],
+                         [f"{args.rows:,} rows each; input sizes: {sizes}; each rank count one mpiexec job, timed "
+                          "on rank 0 between barriers after a warm-up (imports not timed); peak RSS of each rank's "
+                          "whole process; identical: every file's sha256 equal to the first rank count's store"]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=2_000_000, help="rows of each input (default 2,000,000)")
     parser.add_argument("--chunk-rows", type=int, default=1 << 18, help="prepare's chunk (default 262144)")
     parser.add_argument("--workdir", help="where to write the data (default: a temporary directory)")
+    parser.add_argument("--ranks", help="rank counts to compare, e.g. 1,8 (prepare on every rank of a job)")
+    parser.add_argument("--kinds", default="csv,criteo", help="with --ranks: the inputs (csv, criteo)")
+    parser.add_argument("--parts", type=int, default=max(1, min(os.cpu_count() or 1, 16)),
+                        help="with --ranks: pieces each input is written in, side by side (default: the cores, <= 16)")
     parser.add_argument("--child", nargs=5, metavar=("KIND", "SOURCE", "OUTPUT", "SCHEMA", "CHUNK"),
                         help=argparse.SUPPRESS)
+    parser.add_argument("--ranks-child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
-        kind, source, output, schema, chunk = args.child
-        child(kind, source, output, schema, int(chunk))
+    if args.child or args.ranks_child:
+        kind, source, output, schema, chunk = args.child or args.ranks_child
+        (child if args.child else ranks_child)(kind, source, output, schema, int(chunk))
         return
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench-prepare-"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.ranks:
+        try:
+            on_ranks(args, work)
+        finally:
+            if not args.workdir:
+                shutil.rmtree(work, ignore_errors=True)
+        return
     try:
         inputs = write_inputs(args.rows, work)
         parquet_toml = work / "avazu-parquet.toml"

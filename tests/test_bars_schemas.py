@@ -40,8 +40,9 @@ def test_published_layout_prepares_as_one_store(tmp_path, name):
     assert store.num_rows == 3 * len(rows)
     assert [len(store.split_rows(split)) for split in ("train", "validation", "test")] == [len(rows)] * 3
     assert list(store.take_labels(np.arange(len(rows)))) == [int(row[0]) for row in rows]
-    categorical = [c.name for c in schema.sparse_columns]
-    assert list(store.field_names) == categorical and set(categorical) | set(schema.dense_names) == set(header[1:])
+    assert list(store.field_names) == list(schema.field_names)
+    assert [c.name for c in schema.columns] == header[1:]  # every published column declared, in its order
+    categorical = [c.name for c in schema.columns if c.kind == "categorical"]
     for field in categorical:
         values = [row[header.index(field)] for row in rows]
         keys = store.gather(field, np.arange(len(rows))).keys
@@ -50,6 +51,26 @@ def test_published_layout_prepares_as_one_store(tmp_path, name):
         dense = store.take_dense(np.arange(len(rows)))
         expected = [[float(row[header.index(n)]) for n in schema.dense_names] for row in rows]
         np.testing.assert_array_equal(dense, np.asarray(expected, dtype=np.float32))
+
+
+def test_kkbox_lists_ages_and_country_codes(tmp_path):
+    """KKBox_x1's FuxiCTR preprocessing: space-separated lists, the first 3 ids kept; ``bd`` in
+    FuxiCTR's age buckets (below 1 and above 95 apart); ``isrc``'s first two characters a field."""
+    header, rows = _table("kkbox_x1")
+    raw = FIXTURES / "kkbox_x1.csv"
+    store = prepare_splits({"train": [raw]}, tmp_path / "store", schema="kkbox_x1", progress=False)
+    every = np.arange(len(rows))
+    for column in ("genre_ids", "artist_name"):
+        lists = [row[header.index(column)].split(" ")[:3] if row[header.index(column)] else [] for row in rows]
+        got = store.gather(column, every)
+        assert np.diff(got.offsets).tolist() == [len(ids) for ids in lists]
+        assert got.keys.tolist() == string_keys(pa.array([i for ids in lists for i in ids], pa.string())).tolist()
+    ages = [float(row[header.index("bd")]) for row in rows]  # 0, 24, 10, 96, 61, 11
+    assert store.gather("bd", every).keys.tolist() == [1, 4, 2, 9, 8, 3]
+    assert ages == [0, 24, 10, 96, 61, 11]
+    codes = [row[header.index("isrc")][:2] for row in rows]
+    assert store.gather("isrc_country", every).keys.tolist() == string_keys(pa.array(codes)).tolist()
+    assert store.gather("isrc_country", every).keys[2] == 0  # no isrc: the missing key
 
 
 def test_prepare_command_and_the_trainers_inputs(tmp_path):

@@ -123,7 +123,7 @@ def test_every_schema_problem_is_one_line_naming_the_file_and_key(tmp_path, chan
 
 
 def test_not_a_schema(tmp_path):
-    with pytest.raises(DataError, match="schema nothing: not a built-in schema .criteo, avazu, criteo_x1, avazu_x1, frappe_x1, movielenslatest_x1. nor a TOML file"):
+    with pytest.raises(DataError, match="schema nothing: not a built-in schema .criteo, avazu, criteo_x1, avazu_x1, frappe_x1, movielenslatest_x1, kkbox_x1. nor a TOML file"):
         load_schema("nothing")
     with pytest.raises(DataError, match="schema broken.toml: not valid TOML"):
         load_schema(_write(tmp_path, "name = ", "broken.toml"))

@@ -36,6 +36,7 @@ SCHEMA = {
         {"name": "score", "kind": "numeric", "as": "dense"},
         {"name": "ts", "kind": "input", "dtype": "int"},
         {"name": "hour", "kind": "input", "dtype": "string"},
+        {"name": "text", "kind": "input", "dtype": "string"},
         {"name": "noise", "kind": "ignored"},
     ],
     "derived": [
@@ -45,6 +46,7 @@ SCHEMA = {
         {"name": "wd_text", "transform": "weekday", "inputs": ["hour"], "time_format": "%y%m%d%H"},
         {"name": "s_x_i", "transform": "cross", "inputs": ["s", "i"]},
         {"name": "hod_x_s", "transform": "cross", "inputs": ["hod", "s"]},
+        {"name": "text_head", "transform": "prefix", "inputs": ["text"], "length": 2},
     ],
 }
 
@@ -70,7 +72,7 @@ def _rows(n: int, seed: int = 0) -> dict[str, list]:
         "scored": pick(["", "a:1.5", "a:0.25,b:2,c", "z:-3e-2", "q:1e10,,w:7"]),
         "plain": pick(["", "one", "one two", "日本 語"]),
         "price": floats, "count": counts, "age": floats[::-1], "score": pick(floats),
-        "ts": stamps, "hour": hours,
+        "ts": stamps, "hour": hours, "text": [None if v == "" else v for v in pick(STRINGS)],
     }
 
 

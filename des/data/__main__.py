@@ -11,7 +11,7 @@ from typing import Any
 from des.errors import DesError
 from des.plugins import load_plugins
 
-from .build import DEFAULT_CHUNK_ROWS, existing_preparation, prepare, prepare_splits
+from .build import DEFAULT_CHUNK_ROWS, on_first_rank, existing_preparation, prepare, prepare_splits
 from .errors import DataError
 from .schema import BUILT_IN, load_schema
 from .split import DEFAULT_SPLIT, check_fractions
@@ -31,7 +31,9 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def _report_error(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    """Print the one line (rank 0 alone in a job, where every rank fails alike: ``ranks.py``)."""
+    if _speaks():
+        print(f"{PROG}: error: {message}", file=sys.stderr)
     return 2
 
 
@@ -125,29 +127,55 @@ def _add_synth(commands: Any, plugins_help: str, split_help: str) -> None:
     synth.add_argument("--force", action="store_true", help="replace an existing output")
 
 
+_LAUNCHER_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+
+
+def _job() -> Any:
+    """The job's communicator when this process is one of several ranks (``mpiexec -n N``), else
+    None (mpi4py not even imported)."""
+    if not any(name in os.environ for name in _LAUNCHER_VARIABLES):
+        return None
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD if MPI.COMM_WORLD.Get_size() > 1 else None
+
+
+def _speaks() -> bool:
+    """Whether this process prints (rank 0 of a job, or alone)."""
+    comm = _job()
+    return comm is None or comm.Get_rank() == 0
+
+
 def _run_prepare(args: argparse.Namespace) -> None:
+    """Prepare (on every rank of a job, each its share: ``ranks.py``); rank 0 prints."""
     load_plugins(args.plugins)
+    comm = _job()
     schema = load_schema(args.schema)
     separate = {role: getattr(args, role) for role in ("train", "validation", "test") if getattr(args, role)}
     if bool(separate) == bool(args.input) or (separate and not args.train):
         raise DataError("give --input FILE.. (split by --split), or --train FILE.. with --validation/--test FILE..")
     if separate and (args.split != DEFAULT_SPLIT or args.seed != 0):
         raise DataError("--split and --seed split the rows of --input; with --train each input's rows are its split")
+    progress = args.progress if comm is None else False
     if not args.force:
-        existing = existing_preparation(args.input or [p for role in separate.values() for p in role], args.output,
-                                        split=args.split, seed=args.seed, bad_rows=args.bad_rows, schema=schema,
-                                        roles=[r for r, paths in separate.items() for _ in paths] or None)
+        existing = on_first_rank(comm, lambda: existing_preparation(
+            args.input or [p for role in separate.values() for p in role], args.output, split=args.split,
+            seed=args.seed, bad_rows=args.bad_rows, schema=schema,
+            roles=[r for r, paths in separate.items() for _ in paths] or None))
         if existing is not None:
-            print(f"already prepared: {existing.num_rows} rows from the same inputs and options in "
-                  f"{existing.path} (nothing to do; --force rebuilds it)")
+            if _speaks():
+                print(f"already prepared: {existing.num_rows} rows from the same inputs and options in "
+                      f"{existing.path} (nothing to do; --force rebuilds it)")
             return
     if separate:
         store = prepare_splits(separate, args.output, schema=schema, bad_rows=args.bad_rows,
-                               chunk_rows=args.chunk_rows, overwrite=args.force, progress=args.progress)
+                               chunk_rows=args.chunk_rows, overwrite=args.force, progress=progress, comm=comm)
     else:
         store = prepare(args.input, args.output, schema=schema, split=args.split, seed=args.seed,
                         bad_rows=args.bad_rows, chunk_rows=args.chunk_rows, overwrite=args.force,
-                        progress=args.progress)
+                        progress=progress, comm=comm)
+    if not _speaks():
+        return
     manifest = store.manifest
     bad = manifest["bad_rows"]
     if bad["skipped"]:
@@ -203,6 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "prepare":
             _run_prepare(args)
+        elif not _speaks():  # synth and inspect: rank 0 of a job alone (one output, one summary)
+            return 0
         elif args.command == "synth":
             _run_synth(args)
         else:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import os
 import zlib
 from dataclasses import dataclass
 from typing import IO, Any
@@ -24,6 +25,15 @@ from .errors import DataError
 
 UTF8_BOM = b"\xef\xbb\xbf"
 _NEWLINE = 10
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 (hex) of a file's bytes as stored."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 class HashingReader:
@@ -49,6 +59,42 @@ class HashingReader:
         while self.read(1 << 20):
             pass
         return self.sha256.hexdigest()
+
+
+@dataclass(frozen=True)
+class Share:
+    """The part of one input that one process reads (``des/data/ranks.py``): the bytes ``start``
+    to ``end`` of a plain text file (whole lines, the first of them line ``first_line``), or the
+    row groups ``start`` to ``end`` of a Parquet file (the first of them row ``first_line``);
+    ``end`` None: the whole file, read as one process reads it (its sha256 taken, an empty file or
+    one without a valid row refused). A part's file is checked and hashed whole elsewhere."""
+
+    path: str
+    start: int = 0
+    end: int | None = None
+    first_line: int = 1
+
+    @property
+    def whole(self) -> bool:
+        return self.end is None
+
+
+class RangeReader:
+    """A read-only stream of the bytes ``start`` to ``end`` of an open file."""
+
+    def __init__(self, handle: IO[bytes], start: int, end: int) -> None:
+        self._handle = handle
+        self._handle.seek(start)
+        self._left = end - start
+
+    def read(self, size: int = -1) -> bytes:
+        size = self._left if size is None or size < 0 else min(size, self._left)
+        data = self._handle.read(size)
+        self._left -= len(data)
+        return data
+
+    def readable(self) -> bool:
+        return True
 
 
 @dataclass
@@ -89,19 +135,21 @@ class LineBlocks:
     quote character (None: none). ``sha256()`` after the last block: the digest of the file as
     stored. Read errors of a gzip file are DataErrors naming the file and the line reached."""
 
-    def __init__(self, path: str, block_bytes: int, quote: str | None, progress: Any = None) -> None:
+    def __init__(self, path: str, block_bytes: int, quote: str | None, progress: Any = None,
+                 share: Share | None = None) -> None:
         self.path = path
         self.block_bytes = int(block_bytes)
         self.quote = quote.encode() if quote else None
         self._handle = open(path, "rb")
-        self.is_gzip = self._handle.read(2) == b"\x1f\x8b"
+        self.is_gzip = share is None and self._handle.read(2) == b"\x1f\x8b"
         self._handle.seek(0)
-        self._hashing = HashingReader(self._handle, progress)
+        part = self._handle if share is None or share.whole else RangeReader(self._handle, share.start, share.end)
+        self._hashing = HashingReader(part, progress)  # type: ignore[arg-type]
         self._stream: IO[bytes] = (gzip.GzipFile(fileobj=self._hashing, mode="rb") if self.is_gzip  # type: ignore[arg-type]
                                    else self._hashing)  # type: ignore[assignment]
         self._pending = b""
-        self._started = False
-        self.next_line = 1
+        self._started = share is not None and share.start > 0  # a UTF-8 BOM only at the file's start
+        self.next_line = 1 if share is None else share.first_line
         self.at_end = False
 
     def close(self) -> None:

@@ -12,10 +12,12 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Any
 
+from .blocks import file_sha256
 from .errors import DataError
 from .schema import Schema, load_schema, records_schema
 from .split import DEFAULT_SPLIT, SPLIT_NAMES, check_fractions
@@ -82,13 +84,66 @@ def _input_paths(inputs: PathLike | Sequence[PathLike]) -> list[str]:
 
 
 def _write_store(schema: Schema, paths: list[str], directory: Path, split: tuple[float, float, float], seed: int,
-                 bad_rows: str, chunk_rows: int, progress: bool | None) -> None:
+                 bad_rows: str, chunk_rows: int, progress: bool | None, comm: Any = None,
+                 roles: Sequence[str] | None = None, statistics_from: Sequence[str] | None = None) -> None:
     """Write the rows of ``paths`` as a store in ``directory``, the schema's statistics from the
-    training rows first (unless resolved already)."""
-    from .tabular import resolve_statistics, write_store
+    training rows first (unless resolved already; with ``roles``, all rows of ``statistics_from``);
+    with a ``comm`` of several ranks, every rank prepares its share (``ranks.py``)."""
+    from .tabular import training_statistics, write_store
 
-    resolved = resolve_statistics(schema, paths, split, seed, bad_rows, chunk_rows, progress)
-    write_store(resolved, paths, directory, split, seed, bad_rows, chunk_rows, progress)
+    if statistics_from is None:
+        statistics = (lambda: training_statistics(schema, paths, split, seed, bad_rows, chunk_rows, progress))
+    else:
+        statistics = (lambda: training_statistics(schema, statistics_from, (1.0, 0.0, 0.0), 0, bad_rows, chunk_rows,
+                                                  progress))
+    if not _several(comm):
+        resolved = schema if schema.resolved else schema.with_statistics(statistics())
+        write_store(resolved, paths, directory, split, seed, bad_rows, chunk_rows, progress, roles=roles)
+        return
+    from .ranks import resolved_on_ranks, write_store_on_ranks
+
+    resolved = resolved_on_ranks(comm, schema, statistics)
+    write_store_on_ranks(comm, resolved, paths, directory, split, seed, bad_rows, chunk_rows, roles)
+
+
+def _several(comm: Any) -> bool:
+    """True for a communicator of more than one rank (every rank then prepares its share)."""
+    return comm is not None and comm.Get_size() > 1
+
+
+@contextmanager
+def _store_directory(output: PathLike, if_exists: str, comm: Any) -> Iterator[Callable[[Callable[[Path], None]], None]]:
+    """Yields ``run(work)``: ``work(directory)`` in a new folder renamed to ``output`` at the end
+    (:func:`atomic_directory`; with several ranks, collective: ``ranks.in_shared_directory``)."""
+    if not _several(comm):
+        with atomic_directory(output, if_exists) as directory:
+            yield lambda work: work(directory)
+        return
+    from .ranks import Group, in_shared_directory
+
+    yield lambda work: in_shared_directory(Group(comm), lambda: atomic_directory(output, if_exists), work)
+
+
+def first_rank_value(comm: Any, compute: Callable[[], Any]) -> Any:
+    """``compute()`` (JSON-able) on rank 0 alone, its outcome on every rank (the same error or value)."""
+    if not _several(comm):
+        return compute()
+    from .ranks import Group, together
+
+    group = Group(comm)
+    return group.bcast(together(group, lambda: compute() if group.rank == 0 else None))
+
+
+def on_first_rank(comm: Any, find: Callable[[], ColumnStore | None]) -> ColumnStore | None:
+    """``find()`` (a store or None) on rank 0, its outcome on every rank (the same error or store)."""
+    found: dict[str, ColumnStore | None] = {}
+
+    def path() -> str | None:
+        found["store"] = find()
+        return None if found["store"] is None else str(found["store"].path)
+
+    opened = first_rank_value(comm, path)
+    return found["store"] if "store" in found else None if opened is None else ColumnStore.open(opened)
 
 
 def prepare(
@@ -102,6 +157,7 @@ def prepare(
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     overwrite: bool = False,
     progress: bool | None = None,
+    comm: Any = None,
 ) -> ColumnStore:
     """Validate raw files and write them as one column store at ``output``: Criteo TSV files
     (plain or .gz) for the default ``schema`` ``criteo``, else the files of that schema (a name,
@@ -116,17 +172,22 @@ def prepare(
     If ``output`` already holds a store prepared from the same inputs with the same options (see
     :func:`existing_preparation`), nothing is done and that store is returned; any other existing
     ``output`` is a DataError unless ``overwrite``.
+
+    ``comm``: an mpi4py communicator whose every rank calls this (collective): each prepares its
+    share of the inputs, together the same store, byte for byte (``ranks.py``).
     """
     paths = _input_paths(inputs)
     fractions = check_fractions(split)
     _check_policy(bad_rows)
     schema = load_schema(schema)
     if not overwrite:
-        existing = existing_preparation(paths, output, split=fractions, seed=seed, bad_rows=bad_rows, schema=schema)
+        existing = on_first_rank(comm, lambda: existing_preparation(paths, output, split=fractions, seed=seed,
+                                                                     bad_rows=bad_rows, schema=schema))
         if existing is not None:
             return existing
-    with atomic_directory(output, "replace" if overwrite else "error") as directory:
-        _write_store(schema, paths, directory, fractions, int(seed), bad_rows, int(chunk_rows), progress)
+    with _store_directory(output, "replace" if overwrite else "error", comm) as run:
+        run(lambda directory: _write_store(schema, paths, directory, fractions, int(seed), bad_rows, int(chunk_rows),
+                                           progress, comm))
     return ColumnStore.open(output)
 
 
@@ -139,11 +200,13 @@ def prepare_splits(
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     overwrite: bool = False,
     progress: bool | None = None,
+    comm: Any = None,
 ) -> ColumnStore:
     """One column store at ``output`` of separate inputs (``{"train": files, "validation": files,
     "test": files}``, validation and test optional): every row of an input in the split of its
     role, the schema's training statistics (quantiles, standardize mean and std) from the training
-    files only. Otherwise as :func:`prepare` (a store of the same inputs and options is kept)."""
+    files only. Otherwise as :func:`prepare` (a store of the same inputs and options is kept; ``comm``:
+    prepared by every rank)."""
     unknown = set(inputs) - set(SPLIT_NAMES)
     if unknown or not inputs.get("train"):
         raise DataError(f"separate inputs are train (required), validation and test, not {', '.join(sorted(inputs))}")
@@ -156,15 +219,14 @@ def prepare_splits(
     _check_policy(bad_rows)
     schema = load_schema(schema)
     if not overwrite:
-        existing = existing_preparation(paths, output, bad_rows=bad_rows, schema=schema, roles=roles)
+        existing = on_first_rank(comm, lambda: existing_preparation(paths, output, bad_rows=bad_rows, schema=schema,
+                                                                     roles=roles))
         if existing is not None:
             return existing
-    from .tabular import resolve_statistics, write_store
-
     train = [path for role, path in zip(roles, paths) if role == "train"]
-    with atomic_directory(output, "replace" if overwrite else "error") as directory:
-        resolved = resolve_statistics(schema, train, (1.0, 0.0, 0.0), 0, bad_rows, int(chunk_rows), progress)
-        write_store(resolved, paths, directory, DEFAULT_SPLIT, 0, bad_rows, int(chunk_rows), progress, roles=roles)
+    with _store_directory(output, "replace" if overwrite else "error", comm) as run:
+        run(lambda directory: _write_store(schema, paths, directory, DEFAULT_SPLIT, 0, bad_rows, int(chunk_rows),
+                                           progress, comm, roles=roles, statistics_from=train))
     return ColumnStore.open(output)
 
 
@@ -263,15 +325,6 @@ def _check_policy(bad_rows: str) -> None:
         raise DataError(f"bad_rows must be one of {', '.join(BAD_ROW_POLICIES)}, not {bad_rows!r}")
 
 
-def file_sha256(path: PathLike) -> str:
-    """sha256 (hex) of a file's bytes as stored."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def default_cache_dir() -> Path:
     """``$DES_CACHE_DIR`` if set, else ``~/.cache/des``."""
     return Path(os.environ.get("DES_CACHE_DIR") or "~/.cache/des").expanduser()
@@ -297,6 +350,7 @@ def open_dataset(
     bad_rows: str = "fail",
     schema: SchemaLike = None,
     progress: bool | None = None,
+    comm: Any = None,
 ) -> ColumnStore:
     """Open a prepared store, or prepare a raw file once into the cache and open that (a Criteo
     TSV/.gz file, or a file of ``schema``: see :func:`prepare`).
@@ -305,7 +359,8 @@ def open_dataset(
     after the input's sha256 and the split/seed/policy, so it is reused by later calls and by
     other processes; concurrent preparations are safe (the first rename wins, the others use its
     result). ``split``, ``seed``, ``bad_rows`` and ``schema`` only matter when a raw file is
-    prepared; the entry's name includes the schema's fingerprint (other than Criteo's).
+    prepared; the entry's name includes the schema's fingerprint (other than Criteo's). ``comm``:
+    every rank of it calls this, and prepares its share (:func:`prepare`).
     """
     source = Path(path)
     if source.is_dir():
@@ -316,11 +371,14 @@ def open_dataset(
     _check_policy(bad_rows)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     schema = load_schema(schema)
-    target = cache / cache_entry_name(source.name, file_sha256(source), fractions, int(seed), bad_rows, schema)
-    if not (target / MANIFEST_NAME).is_file():
-        with _removed_if_left_empty(cache), atomic_directory(target, "keep") as directory:
-            _write_store(schema, [os.fspath(source)], directory, fractions, int(seed), bad_rows, DEFAULT_CHUNK_ROWS,
-                         progress)
+    name = first_rank_value(comm, lambda: cache_entry_name(source.name, file_sha256(source), fractions, int(seed),
+                                                            bad_rows, schema))  # rank 0 hashes the file
+    target = cache / name
+    if not on_first_rank(comm, lambda: ColumnStore.open(target) if (target / MANIFEST_NAME).is_file() else None):
+        first = not _several(comm) or comm.Get_rank() == 0
+        with _removed_if_left_empty(cache) if first else nullcontext(), _store_directory(target, "keep", comm) as run:
+            run(lambda directory: _write_store(schema, [os.fspath(source)], directory, fractions, int(seed), bad_rows,
+                                               DEFAULT_CHUNK_ROWS, progress, comm))
     return ColumnStore.open(target)
 
 

@@ -13,15 +13,20 @@ import numpy as np
 from ..splitmix import GOLDEN_GAMMA
 
 _MAX_LOAD = 0.6
+_NO_AMOUNTS = np.empty(0, dtype=np.int64)
 
 
 @numba.njit(cache=True, nogil=True)
-def _insert(table_keys, table_counts, shift, keys, start, max_fill, fill, zeros):
+def _insert(table_keys, table_counts, shift, keys, amounts, start, max_fill, fill, zeros):
+    """Count ``keys[i]`` ``amounts[i]`` times (once each when ``amounts`` is empty) from ``start``;
+    returns where it stopped (the map full) and the new fill."""
     mask = table_keys.shape[0] - 1
+    weighted = amounts.shape[0] > 0
     for i in range(start, keys.shape[0]):
         key = keys[i]
+        amount = amounts[i] if weighted else 1
         if key == 0:  # the empty-slot marker: counted apart
-            zeros[0] += 1
+            zeros[0] += amount
             continue
         slot = np.int64((np.uint64(key) * GOLDEN_GAMMA) >> np.uint64(shift))
         while table_keys[slot] != 0 and table_keys[slot] != key:
@@ -31,7 +36,7 @@ def _insert(table_keys, table_counts, shift, keys, start, max_fill, fill, zeros)
                 return i, fill
             table_keys[slot] = key
             fill += 1
-        table_counts[slot] += 1
+        table_counts[slot] += amount
     return keys.shape[0], fill
 
 
@@ -59,18 +64,28 @@ class KeyCounter:
         self._zeros = np.zeros(1, dtype=np.int64)  # occurrences of key 0
         self.total = 0
 
-    def add(self, keys: np.ndarray) -> None:
-        """Count every key of ``keys`` (int64 array)."""
+    def add(self, keys: np.ndarray, counts: np.ndarray | None = None) -> None:
+        """Count every key of ``keys`` (int64 array), ``counts[i]`` times each when given (another
+        counter's :meth:`entries`: the counts of rows counted apart, merged)."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)
+        amounts = _NO_AMOUNTS if counts is None else np.ascontiguousarray(counts, dtype=np.int64)
         start = 0
         while True:
             max_fill = int(_MAX_LOAD * (1 << self._bits))
-            start, self._fill = _insert(self._keys, self._counts, 64 - self._bits, keys, start, max_fill, self._fill,
-                                        self._zeros)
+            start, self._fill = _insert(self._keys, self._counts, 64 - self._bits, keys, amounts, start, max_fill,
+                                        self._fill, self._zeros)
             if start == keys.shape[0]:
                 break
             self._grow()
-        self.total += keys.shape[0]
+        self.total += keys.shape[0] if counts is None else int(amounts.sum())
+
+    def entries(self) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct keys and how often each was counted (key 0 last, when counted)."""
+        filled = self._keys != 0
+        keys, counts = self._keys[filled], self._counts[filled]
+        if self._zeros[0]:
+            keys, counts = np.append(keys, np.int64(0)), np.append(counts, self._zeros[0])
+        return keys, counts
 
     def _grow(self) -> None:
         self._bits += 1

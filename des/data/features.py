@@ -881,7 +881,32 @@ class Cross(Transform):
         return tf_cross_keys(inputs[0].keys, inputs[1].keys)
 
 
-TRANSFORMS: Registry = Registry("transform", Transform, lambda: [HourOfDay, Weekday, Cross])
+class Prefix(Transform):
+    """The first ``length`` characters of a text (an ISRC's country code: ``length = 2``), keyed as a
+    string column's values are (missing, and an empty text: 0): the same slice of the same
+    characters on both sides (Arrow's and TensorFlow's UTF-8 characters)."""
+
+    name = "prefix"
+    options: ClassVar[dict[str, Any]] = {"length": 2}
+
+    def check(self, options: Mapping[str, Any], dtypes: Sequence[str]) -> str | None:
+        length = options["length"]
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            return f"length: {length!r} is not a positive integer"
+        return None if dtypes[0] == "string" else f"prefix takes a string column, not {dtypes[0]}"
+
+    def keys(self, inputs: Sequence[FeatureInput], options: Mapping[str, Any]) -> np.ndarray:
+        import pyarrow.compute as pc
+
+        return string_keys(pc.utf8_slice_codeunits(inputs[0].values, 0, options["length"]))
+
+    def tf_keys(self, inputs: Sequence[TFInput], options: Mapping[str, Any]) -> Any:
+        import tensorflow as tf
+
+        return tf_string_keys(tf.strings.substr(inputs[0].values, 0, options["length"], unit="UTF8_CHAR"))
+
+
+TRANSFORMS: Registry = Registry("transform", Transform, lambda: [HourOfDay, Weekday, Cross, Prefix])
 
 
 def register_transform(cls: type[Transform], *, replace: bool = False) -> type[Transform]:

@@ -81,23 +81,23 @@ class Part:
 
 
 def open_inputs(specs: Mapping[str, str], cache_dir: str | os.PathLike | None = None,
-                bad_rows: str = "fail", schema: SchemaLike = None) -> "ConcatStore":
+                bad_rows: str = "fail", schema: SchemaLike = None, comm: Any = None) -> "ConcatStore":
     """Expand, validate and prepare (once, into the cache) the inputs of each split; ``specs`` maps
     ``train`` / ``validation`` / ``test`` to a flag's value; raw files are read with ``schema``
     (default ``criteo``). Every error is one line naming the flag and the file (a glob matching
     nothing, a missing, malformed or empty file, a file of another column layout than the training
-    data)."""
+    data). ``comm``: every rank of it calls this and prepares its share of each file (``ranks.py``)."""
     schema = load_schema(schema)
     planned = [(role, path) for role in FLAGS if specs.get(role) for path in expand_inputs(specs[role], FLAGS[role])]
     # First what costs nothing (every file there and not empty, every layout the same), then the
     # preparations (which read and validate every row).
     check_layouts([(role, path, _checked_layout(path, FLAGS[role], schema)) for role, path in planned])
-    schema = _training_statistics(schema, planned, bad_rows)
+    schema = _training_statistics(schema, planned, bad_rows, comm)
     parts = []
     for role, path in planned:
         try:
             store = open_dataset(path, cache_dir=cache_dir, split=WHOLE_FILE, seed=0, bad_rows=bad_rows,
-                                 schema=schema)
+                                 schema=schema, comm=comm)
         except DataError as error:
             raise DataError(f"{FLAGS[role]}: {error}") from None
         if store.num_rows == 0:
@@ -108,12 +108,19 @@ def open_inputs(specs: Mapping[str, str], cache_dir: str | os.PathLike | None = 
     return ConcatStore(parts)
 
 
-def _training_statistics(schema: Schema, planned: Sequence[tuple[str, str]], bad_rows: str) -> Schema:
+def _training_statistics(schema: Schema, planned: Sequence[tuple[str, str]], bad_rows: str, comm: Any = None
+                         ) -> Schema:
     """The schema resolved with the statistics of every row of the raw training files (or, when
-    the training inputs are prepared directories, the schema recorded in the first one)."""
+    the training inputs are prepared directories, the schema recorded in the first one; with a
+    ``comm`` of several ranks, rank 0's)."""
     if schema.resolved:
         return schema
     from .tabular import resolve_statistics
+
+    if comm is not None and comm.Get_size() > 1:
+        from .ranks import resolved_on_ranks
+
+        return resolved_on_ranks(comm, schema, lambda: _training_statistics(schema, planned, bad_rows).statistics())
 
     raw = [path for role, path in planned if role == "train" and not os.path.isdir(path)]
     if not raw:

@@ -24,13 +24,23 @@ R = TypeVar("R")
 THREADS_VARIABLE = "DES_DATA_THREADS"
 _lock = threading.Lock()
 _pools: dict[int, ThreadPoolExecutor] = {}
+_processes = [1]  # processes of one job preparing on this machine (share_cores)
+
+
+def share_cores(processes: int) -> None:
+    """This process is one of ``processes`` preparing side by side on this machine (ranks of a
+    job): by default each uses its share of the usable cores."""
+    _processes[0] = max(1, int(processes))
 
 
 def threads() -> int:
-    """How many threads prepare's kernels use (``$DES_DATA_THREADS``, else the usable cores)."""
+    """How many threads prepare's kernels use (``$DES_DATA_THREADS``, else the usable cores, or
+    this process's share of them: :func:`share_cores`)."""
     text = os.environ.get(THREADS_VARIABLE, "").strip()
     if not text:
-        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        machine = os.cpu_count() or 1
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else machine
+        return max(1, cores // _processes[0] if cores >= machine else cores)  # a bound process: its own cores
     try:
         value = int(text)
     except ValueError:

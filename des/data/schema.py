@@ -65,7 +65,7 @@ schema, or reads a TOML file::
 
     [[derived]]                            # categorical fields computed from columns or fields
     name = "hour"
-    transform = "hour_of_day"             # hour_of_day | weekday | cross | a plugin's
+    transform = "hour_of_day"             # hour_of_day | weekday | cross | prefix | a plugin's
     inputs = ["timestamp"]
     time_format = "unix"                  # or a fixed-width format such as "%y%m%d%H"
 
@@ -335,6 +335,16 @@ class Schema:
                                             for k, v in values.items()})
             columns.append(column)
         return replace(self, columns=tuple(columns))
+
+    def statistics(self) -> dict[str, dict[str, Any]]:
+        """The training statistics filled in, as :meth:`with_statistics` takes them (JSON-ready)."""
+        found: dict[str, dict[str, Any]] = {}
+        for column in self.statistics_columns:
+            if column.as_ == "dense" and column.mean is not None:
+                found[column.name] = {"mean": column.mean, "std": column.std}
+            elif column.as_ != "dense" and column.boundaries is not None:
+                found[column.name] = {"boundaries": list(column.boundaries)}
+        return found
 
     def without_statistics(self) -> Schema:
         """A copy as declared: the training statistics of quantiles and standardize removed."""

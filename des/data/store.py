@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,11 @@ class _AppendFile:
         return _array_entry(self.file_name, self.dtype, [self.length] + ([] if self.width is None else [self.width]))
 
 
+def counted(counter: KeyCounter) -> dict[str, Any]:
+    """A field's manifest figures of its keys' counter."""
+    return {"distinct": counter.distinct, "nnz": counter.total, "top10_share": round(counter.top_share(10), 6)}
+
+
 class _FieldWriter:
     """Appends one field's keys (and offsets / weights) and counts its distinct keys. A one-hot
     field's keys go to the store's row-major ``one_hot.keys.bin`` (``one_hot``: its column there)."""
@@ -164,9 +170,7 @@ class _FieldWriter:
             "name": self.spec.name,
             "kind": self.spec.kind,
             "hotness": self.spec.hotness,
-            "distinct": self.counter.distinct,
-            "nnz": self.counter.total,
-            "top10_share": round(self.counter.top_share(10), 6),
+            **counted(self.counter),
             "keys": keys,
             "offsets": None if self.offsets is None else self.offsets.close(),
             "weights": None if self.weights is None else self.weights.close(),
@@ -215,6 +219,11 @@ class StoreWriter:
         self._extras = {
             name: _AppendFile(self.directory, f"{name}.bin", dtype) for name, dtype in (extra_arrays or {}).items()
         }
+
+    @property
+    def counters(self) -> list[KeyCounter]:
+        """Each field's counter of its keys so far."""
+        return [writer.counter for writer in self._fields]
 
     def __enter__(self) -> StoreWriter:
         return self
@@ -301,7 +310,7 @@ class StoreWriter:
             "key_scheme": KEY_SCHEME,
             "num_rows": self.num_rows,
             "num_positives": self.num_positives,
-            "positive_rate": self.num_positives / self.num_rows if self.num_rows else 0.0,
+            "positive_rate": positive_rate(self.num_positives, self.num_rows),
             "num_fields": len(fields),
             "field_names": [field["name"] for field in fields],
             "hotness": [field["hotness"] for field in fields],
@@ -317,13 +326,139 @@ class StoreWriter:
             },
             "arrays": {name: file.close() for name, file in self._extras.items()},
         }
-        if self.split_by_input is not None:  # each input's rows in its split: no fractions, no seed
-            manifest["split"].update(fractions=None, seed=None, method=SPLIT_BY_INPUT, inputs=self.split_by_input)
+        if self.split_by_input is not None:
+            _by_input(manifest["split"], self.split_by_input)
         if self._dense is not None:  # absent otherwise: a store without dense features is as before
             manifest["dense"] = {"names": list(self.dense_names), "array": self._dense.close()}
         manifest.update(sections)
         write_manifest(self.directory, manifest)
         return manifest
+
+
+def _by_input(split: dict[str, Any], inputs: list[list[str]]) -> None:
+    """A manifest's split section of a store whose inputs' rows are each in the split of its role
+    (no fractions, no seed)."""
+    split.update(fractions=None, seed=None, method=SPLIT_BY_INPUT, inputs=inputs)
+
+
+def positive_rate(positives: int, rows: int) -> float:
+    return positives / rows if rows else 0.0
+
+
+def part_arrays(manifest: Mapping[str, Any]) -> list[tuple[dict[str, Any], str, int | None]]:
+    """The arrays of a store as ``(entry, what, field)``: ``what`` is ``"rows"`` for an array of
+    a value (or a row of values) per row, ``"offsets"`` for a multi-hot field's row pointers and
+    ``"values"`` for its keys and weights (``field``: its number)."""
+    arrays = [(manifest["labels"], "rows", None), (manifest["split"]["array"], "rows", None)]
+    arrays += [(entry, "rows", None) for entry in manifest.get("arrays", {}).values()]
+    if manifest.get("dense"):
+        arrays.append((manifest["dense"]["array"], "rows", None))
+    one_hot = False
+    for number, field in enumerate(manifest["fields"]):
+        if field["offsets"] is None:
+            if "column" not in field["keys"]:
+                arrays.append((field["keys"], "rows", None))  # version 1: a file per field
+            elif not one_hot:
+                one_hot = True
+                arrays.append(({k: v for k, v in field["keys"].items() if k != "column"}, "rows", None))
+            continue
+        arrays += [(field["offsets"], "offsets", number), (field["keys"], "values", number)]
+        if field.get("weights") is not None:
+            arrays.append((field["weights"], "values", number))
+    return arrays
+
+
+def joined_manifest(parts: Sequence[Mapping[str, Any]], counts: Sequence[Mapping[str, Any]], split_rows: Sequence[int],
+                    split_inputs: list[list[str]] | None = None, **sections: Any) -> dict[str, Any]:
+    """The manifest of the store whose rows are the rows of the stores of ``parts`` (manifests, in
+    order, written by :class:`StoreWriter` s of the same fields), their keys counted by
+    ``counts`` (each field's :func:`counted` figures of every part's keys) and ``split_rows`` rows in each split
+    (``split_inputs``: each input's split, when given by input); ``sections`` replace the parts'
+    (sources, bad rows)."""
+    manifest = json.loads(json.dumps(parts[0]))
+    rows = sum(int(part["num_rows"]) for part in parts)
+    positives = sum(int(part["num_positives"]) for part in parts)
+    manifest.update(num_rows=rows, num_positives=positives, positive_rate=positive_rate(positives, rows))
+    manifest["split"]["rows"] = {name: int(n) for name, n in zip(SPLIT_NAMES, split_rows)}
+    for field, figures in zip(manifest["fields"], counts):
+        field.update(figures)
+    lengths: dict[tuple[str, int | None], int] = {}
+    for part in parts:
+        for entry, what, _ in part_arrays(part):
+            lengths[entry["file"], what] = lengths.get((entry["file"], what), 0) + int(entry["shape"][0]) - (
+                what == "offsets")
+    for entry, what, _ in part_arrays(manifest):
+        entry["shape"][0] = lengths[entry["file"], what] + (what == "offsets")
+    for field in manifest["fields"]:  # the one-hot keys' entry is each one-hot field's, with its column
+        if field["offsets"] is None and "column" in field["keys"]:
+            field["keys"]["shape"][0] = rows
+    if split_inputs is not None:
+        _by_input(manifest["split"], split_inputs)
+    manifest.update(sections)
+    return manifest
+
+
+def place_part(part: Path, manifest: Mapping[str, Any], target: Path, rows_before: int, values_before: Sequence[int],
+               rewrite: Mapping[str, Any] | None = None, block_bytes: int = 1 << 24) -> None:
+    """Write the arrays of the store at ``part`` (``manifest``) into the files of the joined store
+    at ``target`` (made at their full sizes), at the place of its rows: after ``rows_before`` rows
+    and, for a multi-hot field ``f``, ``values_before[f]`` keys (its row pointers shifted by them;
+    the first part writes the leading 0). ``rewrite`` maps a file name to ``f(first row, values)``
+    giving the values to write instead (the split codes, a function of the row's number)."""
+    for entry, what, field in part_arrays(manifest):
+        dtype = np.dtype(entry["dtype"])
+        shape = [int(n) for n in entry["shape"]]
+        width = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+        skip, first = 0, rows_before * width
+        if what == "values":
+            first = values_before[field]
+        elif what == "offsets":
+            skip, first = (0, 0) if rows_before == 0 else (1, rows_before + 1)
+        step = max(1, block_bytes // dtype.itemsize // width) * width
+        with open(target / entry["file"], "r+b") as handle:
+            if what != "offsets" and entry["file"] not in (rewrite or {}):  # the bytes as they are
+                _copy_bytes(part / entry["file"], handle, first * dtype.itemsize, block_bytes)
+                continue
+            if shape[0] * width <= skip:  # nothing of its own (a part without rows)
+                continue
+            source = np.memmap(part / entry["file"], dtype=dtype, mode="r", shape=(shape[0] * width,))
+            for start in range(skip, shape[0] * width, step):
+                values = np.asarray(source[start:start + step])
+                if what == "offsets":
+                    values = values + np.int64(values_before[field])
+                elif entry["file"] in (rewrite or {}):
+                    values = rewrite[entry["file"]](rows_before + start // width, values)
+                handle.seek((first + start - skip) * dtype.itemsize)
+                handle.write(memoryview(np.ascontiguousarray(values, dtype=dtype)).cast("B"))
+            del source
+
+
+def _copy_bytes(source: Path, handle: IO[bytes], offset: int, block_bytes: int) -> None:
+    """The bytes of the file ``source`` written into ``handle`` at ``offset``: by the kernel
+    (``copy_file_range``: no pass through this process, a shared extent where the file system
+    has them), else read and written in blocks."""
+    with open(source, "rb") as read:
+        size, done = os.fstat(read.fileno()).st_size, 0
+        try:
+            while done < size:
+                moved = os.copy_file_range(read.fileno(), handle.fileno(), size - done, done, offset + done)
+                if moved == 0:
+                    break
+                done += moved
+        except (AttributeError, OSError):  # no such call here, or not between these files
+            pass
+        read.seek(done)
+        handle.seek(offset + done)
+        while block := read.read(block_bytes):
+            handle.write(block)
+
+
+def make_files(target: Path, manifest: Mapping[str, Any]) -> None:
+    """Create the array files of ``manifest`` in ``target`` at their sizes (holes, to be written)."""
+    for entry, _, _ in part_arrays(manifest):
+        size = int(np.prod([int(n) for n in entry["shape"]], dtype=np.int64)) * np.dtype(entry["dtype"]).itemsize
+        with open(target / entry["file"], "wb") as handle:
+            handle.truncate(size)
 
 
 def write_manifest(directory: Path, manifest: Mapping[str, Any]) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .blocks import HashingReader, LineBlocks
+from .blocks import LineBlocks, Share, file_sha256
 from .errors import DataError
 from .features import TRANSFORMS, derived_inputs, encode_rows, float_values, hex_keys, multi_valued_field
 from .parallel import in_order, submit, threads
@@ -130,9 +130,24 @@ class TableReader:
         self.reports: list[SourceReport] = []
 
     # ------------------------------------------------------------------ files
-    def read(self, paths: Sequence[str | os.PathLike | InMemoryTable]) -> Iterator[Chunk]:
+    def read(self, paths: Sequence[str | os.PathLike | InMemoryTable | Share]) -> Iterator[Chunk]:
+        """The chunks of each input in order: a file, a table, or a :class:`Share` of a file."""
         for path in paths:
-            yield from self._read_file(path if isinstance(path, InMemoryTable) else os.fspath(path))
+            if isinstance(path, Share) and not path.whole:
+                yield from self._read_share(path)
+            elif isinstance(path, (Share, InMemoryTable)):
+                yield from self._read_file(path.path if isinstance(path, Share) else path)
+            else:
+                yield from self._read_file(os.fspath(path))
+
+    def _read_share(self, share: Share) -> Iterator[Chunk]:
+        """The rows of part of a file (its report: that part's lines, rows and bad rows)."""
+        report = SourceReport(display_name=share.path)
+        self.reports.append(report)
+        if self.schema.format.type == "parquet":
+            yield from self._read_parquet(share.path, report, share)
+        else:
+            yield from self._read_csv(share.path, report, share)
 
     def _read_file(self, path: str | InMemoryTable) -> Iterator[Chunk]:
         report = SourceReport(display_name=path.name if isinstance(path, InMemoryTable) else path)
@@ -221,17 +236,19 @@ class TableReader:
         finally:
             handle.close()
 
-    def _read_csv(self, path: str, report: SourceReport) -> Iterator[Chunk]:
-        """The rows of a CSV/TSV file: blocks of whole lines cut into pieces parsed side by side
-        (``blocks.py``), from the first block that cannot be cut on, one serial reader."""
+    def _read_csv(self, path: str, report: SourceReport, share: Share | None = None) -> Iterator[Chunk]:
+        """The rows of a CSV/TSV file (or of its ``share``: whole lines after the first, which the
+        header starts): blocks of whole lines cut into pieces parsed side by side (``blocks.py``),
+        from the first block that cannot be cut on, one serial reader."""
         names = self._header(path)
         self._check_names(path, names, "the header" if self.schema.format.header else "format.names")
         block = min(max(self.chunk_rows * _BYTES_PER_ROW_GUESS, _MIN_BLOCK_BYTES), _MAX_BLOCK_BYTES)
         bad_lines: list[tuple[int, int, int]] = []
-        lines = _LineNumbers(1 if self.schema.format.header else 0)
-        blocks = LineBlocks(path, block, self.schema.format.quote, self.progress)
+        later = share is not None and share.start > 0
+        lines = _LineNumbers(share.first_line - 1 if later else 1 if self.schema.format.header else 0)
+        blocks = LineBlocks(path, block, self.schema.format.quote, self.progress, share)
         try:
-            if not self.schema.format.header or blocks.skip_header():
+            if not self.schema.format.header or later or blocks.skip_header():
                 rest = yield from self._read_pieces(path, report, blocks, names, lines, bad_lines)
             else:  # a header pyarrow must find the end of: everything read by it
                 rest = (blocks.rest([]), 1)
@@ -240,7 +257,8 @@ class TableReader:
                 serial_names = names if blocks.next_line > 1 or not self.schema.format.header else None
                 yield from self._read_serial(path, report, stream, serial_names, first_line, block, lines, bad_lines)
             yield from self._chunk(path, report, None, lines, bad_lines)
-            report.sha256 = blocks.sha256()
+            if share is None:
+                report.sha256 = blocks.sha256()
         except self.pa.ArrowInvalid as error:
             raise DataError(f"{path}: {_arrow_message(error)}") from None
         finally:
@@ -308,7 +326,9 @@ class TableReader:
             where = f"after line {report.lines + 1}" if report.lines else "before its first rows could be read"
             raise DataError(f"{path}: truncated or corrupt gzip data {where} ({_arrow_message(error)})") from None
 
-    def _read_parquet(self, path: str, report: SourceReport) -> Iterator[Chunk]:
+    def _read_parquet(self, path: str, report: SourceReport, share: Share | None = None) -> Iterator[Chunk]:
+        """The rows of a Parquet file (of its ``share``'s row groups): runs of row groups read side
+        by side."""
         import pyarrow.parquet as pq
 
         try:
@@ -319,9 +339,11 @@ class TableReader:
         self._check_parquet_types(path, parquet.schema_arrow)
         columns = [self.schema.label.column, *(c.name for c in self.schema.read_columns)]
         size, total = os.path.getsize(path), max(parquet.metadata.num_rows, 1)
-        lines = _LineNumbers(0)
-        hashing = submit(_file_sha256, path)  # Parquet is read by row groups: its bytes are hashed apart
-        runs = _row_group_runs(parquet.metadata, self.chunk_rows)
+        groups = range(parquet.metadata.num_row_groups) if share is None else range(share.start, share.end)
+        lines = _LineNumbers(0 if share is None else share.first_line - 1)
+        # Parquet is read by row groups: its bytes are hashed apart (a share's file elsewhere)
+        hashing = submit(file_sha256, path) if share is None else None
+        runs = _row_group_runs(parquet.metadata, self.chunk_rows, groups)
 
         def read(run: list[int]) -> Any:  # a file object of its own per thread; all threads for one run
             one = pq.ParquetFile(path, metadata=parquet.metadata)
@@ -334,7 +356,8 @@ class TableReader:
                                            row_word="row ")
             if self.progress is not None:
                 self.progress.update(size * table.num_rows / total / 1e6)
-        report.sha256 = hashing.result()
+        if hashing is not None:
+            report.sha256 = hashing.result()
 
     def _check_parquet_types(self, path: str, arrow_schema: Any) -> None:
         """A Parquet column must hold what the schema declares: text for a string column (a hex id,
@@ -504,12 +527,12 @@ class _LineNumbers:
         return base + count
 
 
-def _row_group_runs(metadata: Any, rows: int) -> list[list[int]]:
-    """A Parquet file's row groups in runs of consecutive ones of about ``rows`` rows (a larger
-    row group alone), each read by one thread."""
+def _row_group_runs(metadata: Any, rows: int, groups: Sequence[int]) -> list[list[int]]:
+    """A Parquet file's ``groups`` (consecutive row groups) in runs of consecutive ones of about
+    ``rows`` rows (a larger row group alone), each read by one thread."""
     runs: list[list[int]] = []
     count = rows
-    for group in range(metadata.num_row_groups):
+    for group in groups:
         size = metadata.row_group(group).num_rows
         if count + size > rows:
             runs.append([])
@@ -517,11 +540,6 @@ def _row_group_runs(metadata: Any, rows: int) -> list[list[int]]:
         runs[-1].append(group)
         count += size
     return runs
-
-
-def _file_sha256(path: str) -> str:
-    with open(path, "rb") as handle:
-        return HashingReader(handle).finish()
 
 
 def _arrow_message(error: Exception) -> str:
@@ -637,6 +655,13 @@ def resolve_statistics(schema: Schema, paths: Sequence[str | os.PathLike], split
     schema itself when it has none to compute."""
     if schema.resolved:
         return schema
+    return schema.with_statistics(training_statistics(schema, paths, split, seed, bad_rows, chunk_rows, progress))
+
+
+def training_statistics(schema: Schema, paths: Sequence[str | os.PathLike], split: Sequence[float], seed: int,
+                        bad_rows: str = "fail", chunk_rows: int = 1 << 18,
+                        progress: bool | None = None) -> dict[str, dict[str, Any]]:
+    """The statistics :func:`resolve_statistics` fills in, by column (JSON-ready)."""
     columns = [c for c in schema.columns if c.needs_statistics]
     stats = [_Statistics(c, seed, i) for i, c in enumerate(columns)]
     row = 0
@@ -649,7 +674,7 @@ def resolve_statistics(schema: Schema, paths: Sequence[str | os.PathLike], split
                 accumulator.add(float_values(chunk.columns[accumulator.column.name])[train])
             if bar is not None:
                 bar.set_postfix_str(f"{row:,} rows", refresh=False)
-    return schema.with_statistics({a.column.name: a.result() for a in stats})
+    return {a.column.name: a.result() for a in stats}
 
 
 def open_reader(schema: Schema, bad_rows: str, chunk_rows: int, progress: Any = None) -> TableReader | CriteoTsvReader:
@@ -678,18 +703,24 @@ def write_store(schema: Schema, paths: Sequence[str | os.PathLike], directory: P
                 if bar is not None:
                     bar.set_postfix_str(f"{writer.num_rows:,} rows", refresh=False)
         if roles is not None:
-            writer.split_by_input = [[role, Path(r.display_name).name] for role, r in zip(roles, reader.reports)]
-        first_skipped = [f"{Path(r.display_name).name}:{line}" for r in reader.reports
-                         for line in r.first_skipped][:FIRST_BAD_LINES_KEPT]
-        first_error = next((f"{Path(r.display_name).name}:{r.first_error}" for r in reader.reports if r.first_error),
-                           None)
-        return writer.finish(
-            sources=[{"name": Path(r.display_name).name, "sha256": r.sha256, "lines": r.lines, "rows": r.rows,
-                      "skipped": r.skipped} for r in reader.reports],
-            bad_rows={"policy": bad_rows, "skipped": sum(r.skipped for r in reader.reports),
-                      "first_skipped": first_skipped, "first_error": first_error},
-            **manifest_sections(schema),
-        )
+            writer.split_by_input = split_by_input(roles, reader.reports)
+        return writer.finish(**source_sections(reader.reports, bad_rows), **manifest_sections(schema))
+
+
+def split_by_input(roles: Sequence[str], reports: Sequence[SourceReport]) -> list[list[str]]:
+    """The manifest's ``split.inputs``: each input's role and name."""
+    return [[role, Path(r.display_name).name] for role, r in zip(roles, reports)]
+
+
+def source_sections(reports: Sequence[SourceReport], bad_rows: str) -> dict[str, Any]:
+    """The manifest's ``sources`` and ``bad_rows`` of the files read (one report each, in order)."""
+    first_skipped = [f"{Path(r.display_name).name}:{line}" for r in reports
+                     for line in r.first_skipped][:FIRST_BAD_LINES_KEPT]
+    first_error = next((f"{Path(r.display_name).name}:{r.first_error}" for r in reports if r.first_error), None)
+    return {"sources": [{"name": Path(r.display_name).name, "sha256": r.sha256, "lines": r.lines, "rows": r.rows,
+                         "skipped": r.skipped} for r in reports],
+            "bad_rows": {"policy": bad_rows, "skipped": sum(r.skipped for r in reports),
+                         "first_skipped": first_skipped, "first_error": first_error}}
 
 
 class progress_bar:

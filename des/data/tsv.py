@@ -25,7 +25,7 @@ from typing import IO, Any
 import numba
 import numpy as np
 
-from .blocks import UTF8_BOM, HashingReader, line_pieces
+from .blocks import UTF8_BOM, HashingReader, RangeReader, Share, line_pieces
 from .errors import DataError
 from .features import HEX_DIGITS
 from .keys import FIELD_NAMES, NUM_FIELDS, NUM_INT_FIELDS
@@ -251,6 +251,7 @@ class SourceReport:
     skipped: int = 0
     first_skipped: list[int] = field(default_factory=list)
     first_error: str = ""  # "<line>: <problem>" of the first bad row, without the file name
+    line_base: int = 0  # lines of the file before the part read (a Share's first line - 1)
 
 
 class CriteoTsvReader:
@@ -274,13 +275,17 @@ class CriteoTsvReader:
         self._hexes = np.empty((NUM_FIELDS - NUM_INT_FIELDS, self.chunk_rows + 24), dtype=np.int64)[:, : self.chunk_rows]
         self._filled = 0
 
-    def read(self, paths: list[str | Path]) -> Iterator[Chunk]:
-        """Yield chunks of rows of all files in order (the last one may be short).
+    def read(self, paths: list[str | Path | Share]) -> Iterator[Chunk]:
+        """Yield chunks of rows of all files (or :class:`Share` s of files) in order (the last one
+        may be short).
 
         A chunk is a view of the reader's buffers: use it before asking for the next one.
         """
         for path in paths:
-            yield from self._read_file(path)
+            if isinstance(path, Share):
+                yield from self._read_file(path.path, None if path.whole else path)
+            else:
+                yield from self._read_file(path)
         if self._filled:
             yield self._take_block()
 
@@ -291,9 +296,11 @@ class CriteoTsvReader:
         self._filled = 0
         return Chunk(self._labels[:n], columns, scratch=True)
 
-    def _read_file(self, path: str | Path) -> Iterator[Chunk]:
+    def _read_file(self, path: str | Path, share: Share | None = None) -> Iterator[Chunk]:
+        """The rows of a file (of a ``share`` of its lines: the share's report, no sha256, the
+        whole file's checks left to whoever joins the shares)."""
         name = str(path)
-        report = SourceReport(display_name=name)
+        report = SourceReport(display_name=name, line_base=0 if share is None else share.first_line - 1)
         self.reports.append(report)
         file_path = Path(path)
         if not file_path.exists():
@@ -301,11 +308,14 @@ class CriteoTsvReader:
         if file_path.is_dir():
             raise DataError(f"{name}: is a directory, not a data file")
         with open(file_path, "rb") as handle:
-            is_gzip = handle.read(2) == b"\x1f\x8b"
+            is_gzip = share is None and handle.read(2) == b"\x1f\x8b"
             handle.seek(0)
-            hashing = HashingReader(handle, self.progress)
+            hashing = HashingReader(handle if share is None else RangeReader(handle, share.start, share.end),
+                                    self.progress)  # type: ignore[arg-type]
             stream = gzip.GzipFile(fileobj=hashing, mode="rb") if is_gzip else hashing  # type: ignore[arg-type]
-            yield from self._parse_stream(stream, report, is_gzip)
+            yield from self._parse_stream(stream, report, is_gzip, share is None or share.start == 0)
+            if share is not None:
+                return
             report.sha256 = hashing.finish()
         if report.lines == 0:
             raise DataError(f"{name}: file is empty (no rows)")
@@ -326,14 +336,15 @@ class CriteoTsvReader:
                 where = f"before line 1 could be read (within the first {offset + self.read_bytes:,} bytes of data)"
             raise DataError(f"{report.display_name}: {what} {where} ({error})") from None
 
-    def _parse_stream(self, stream: IO[bytes], report: SourceReport, is_gzip: bool) -> Iterator[Chunk]:
+    def _parse_stream(self, stream: IO[bytes], report: SourceReport, is_gzip: bool, at_start: bool = True
+                      ) -> Iterator[Chunk]:
         pending = b""
         at_eof = False
         offset = 0
         reading = submit(stream.read, self.read_bytes)  # the next bytes are read (and hashed) ahead
         while not at_eof:
             data = self._read_chunk(reading, report, is_gzip, offset)
-            if offset == 0 and data.startswith(UTF8_BOM):
+            if offset == 0 and at_start and data.startswith(UTF8_BOM):
                 data = data[len(UTF8_BOM):]  # some editors save one; it is not part of the label
             offset += len(data)
             at_eof = not data
@@ -351,7 +362,7 @@ class CriteoTsvReader:
                 pos = after
             pending = buf[pos:]
             if len(pending) > MAX_LINE_BYTES:
-                where = f"{report.display_name}:{report.lines + 1}"
+                where = f"{report.display_name}:{report.line_base + report.lines + 1}"
                 raise DataError(f"{where}: line is longer than {MAX_LINE_BYTES} bytes (binary data?)")
 
     def _parse_lines(self, array: np.ndarray, buf: bytes, pos: int, final: bool, report: SourceReport) -> int:
@@ -389,11 +400,11 @@ class CriteoTsvReader:
         return pieces[-1][1]
 
     def _record_bad_rows(self, report, buf, n_bad, status, bad_offset, bad_lines, problem) -> None:
-        where = f"{report.lines + bad_offset + 1}: {_describe_problem(status, problem, buf)}"
+        where = f"{report.line_base + report.lines + bad_offset + 1}: {_describe_problem(status, problem, buf)}"
         if not self.skip:
             raise DataError(f"{report.display_name}:{where}")
         if not report.first_error:
             report.first_error = where
         room = FIRST_BAD_LINES_KEPT - len(report.first_skipped)
-        report.first_skipped.extend(int(report.lines + x + 1) for x in bad_lines[: min(room, n_bad)])
+        report.first_skipped.extend(int(report.line_base + report.lines + x + 1) for x in bad_lines[: min(room, n_bad)])
         report.skipped += n_bad

@@ -1,0 +1,448 @@
+"""Preparing on every rank of a job: ``mpiexec -n N python -m des.data prepare ...`` and ``des.train``
+on raw inputs share the inputs among the ranks; each prepares its part and the parts form ONE
+store, the same bytes, file for file, as one process writes (the same fingerprint).
+
+**Sharing** (:func:`plan`, every rank computes the same plan): the inputs' bytes are laid end to
+end and rank ``r`` takes those from ``r/N`` to ``(r+1)/N`` of the total. A plain text file (CSV,
+TSV, Criteo's TSV) is cut there, after the first newline at or after the cut; a Parquet file
+between row groups; a gzip file, or a text file with a quote character or a ``\\r`` that does not
+end a line (where a line break may be something else) is read whole by one rank. Along the inputs
+the ranks only grow, so each rank's parts are a run of the rows in order. Before reading, each
+rank counts the lines of its cut parts (every part then names its bad rows by their line in the
+file, as one process does).
+
+**Writing**: each rank writes its rows as a store of its own (:class:`StoreWriter`, bounded
+memory as one process), in the store's folder; then every rank knows from the others' row and
+key counts where its rows go, writes them into the files of the joined store (which rank 0 made
+at their sizes): the split codes of its rows as a function of their numbers in the whole store
+(``split.py``), a multi-hot field's row pointers shifted by the keys before them. The fields' key
+counters (distinct ids, top-10 share) are merged field by field, the fields on the ranks side by
+side, and rank 0 writes the manifest; each file's sha256 is taken whole by the rank that reads its
+first part, beside its work.
+
+**Statistics** (quantiles, standardize): rank 0 computes them from the training rows, as one
+process does (each row's split is a function of its number, known only in order), and every rank
+gets them before preparing.
+
+**Failure**: every step ends with the ranks' outcomes gathered; the first failure in the order of
+the inputs (the one a single process meets first: a bad row, an empty file) is raised on every
+rank, the same one line, so a job reports it once and no rank waits for another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, ContextManager, TypeVar
+
+import numpy as np
+
+from .blocks import Share, file_sha256
+from .errors import DataError
+from .parallel import share_cores
+from .schema import Schema, manifest_sections
+from .split import SPLIT_NAMES, assign_splits
+from .store import StoreWriter, counted, joined_manifest, make_files, place_part, write_manifest
+from .tsv import FIRST_BAD_LINES_KEPT, SourceReport
+
+T = TypeVar("T")
+_SCAN_BYTES = 1 << 24
+_POLL_SECONDS = 0.001
+_NEWLINE = b"\n"
+
+
+class Group:
+    """The ranks of a job (an mpi4py communicator) as prepare uses them: JSON gathered and
+    broadcast over buffers (never pickled), int64 arrays sent point to point."""
+
+    def __init__(self, comm: Any) -> None:
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.comm = comm
+        self.rank: int = comm.Get_rank()
+        self.size: int = comm.Get_size()
+
+    def local_size(self) -> int:
+        node = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED)
+        try:
+            return node.Get_size()
+        finally:
+            node.Free()
+
+    @staticmethod
+    def _wait(request: Any) -> None:
+        """Complete a non-blocking call, sleeping between polls: a rank waiting for the others
+        (which read more, or write the manifest) leaves them the cores."""
+        while not request.Test():
+            time.sleep(_POLL_SECONDS)
+
+    def allgather(self, obj: Any) -> list[Any]:
+        payload = np.frombuffer(json.dumps(obj).encode(), dtype=np.uint8)
+        lengths = np.zeros(self.size, dtype=np.int64)
+        self._wait(self.comm.Iallgather(np.array([payload.shape[0]], dtype=np.int64), lengths))
+        data = np.empty(int(lengths.sum()), dtype=np.uint8)
+        self._wait(self.comm.Iallgatherv(payload, (data, lengths)))
+        ends = np.cumsum(lengths)
+        return [json.loads(data[end - n:end].tobytes().decode()) for n, end in zip(lengths, ends)]
+
+    def bcast(self, obj: Any) -> Any:
+        return self.allgather(obj if self.rank == 0 else None)[0]
+
+    def send(self, arrays: Sequence[np.ndarray], dest: int) -> None:
+        for array in arrays:
+            self.comm.Send(np.array([array.shape[0]], dtype=np.int64), dest=dest)
+            self.comm.Send(np.ascontiguousarray(array, dtype=np.int64), dest=dest)
+
+    def receive(self, source: int, count: int) -> list[np.ndarray]:
+        arrays = []
+        for _ in range(count):
+            length = np.zeros(1, dtype=np.int64)
+            self._wait(self.comm.Irecv(length, source=source))
+            arrays.append(np.empty(int(length[0]), dtype=np.int64))
+            self._wait(self.comm.Irecv(arrays[-1], source=source))
+        return arrays
+
+
+def _failure(order: float, error: BaseException) -> list[Any]:
+    kind = "data" if isinstance(error, (DataError, OSError)) else "internal"
+    text = str(error).replace("\n", " ") if kind == "data" else f"{type(error).__name__}: {error}"
+    return [order, kind, text]
+
+
+def agree(group: Group, failure: list[Any] | None, extra: Sequence[list[Any]] = ()) -> None:
+    """Raise on every rank the first (in the inputs' order) of the ranks' failures and ``extra``
+    (failures every rank found alike); nothing when there is none."""
+    failures = [f for f in group.allgather(failure) if f is not None] + list(extra)
+    if failures:
+        _, kind, text = min(failures, key=lambda f: f[0])
+        raise DataError(text) if kind == "data" else RuntimeError(text)
+
+
+def together(group: Group, work: Callable[[], T], order: float = 0.0) -> T:
+    """``work()`` on every rank, then :func:`agree`."""
+    try:
+        result, failure = work(), None
+    except Exception as error:  # noqa: BLE001 - every rank must learn of it, or the others wait
+        result, failure = None, _failure(order, error)
+    agree(group, failure)
+    return result  # type: ignore[return-value]
+
+
+def in_shared_directory(group: Group, atomic: Callable[[], ContextManager[Path]], work: Callable[[Path], None]
+                        ) -> None:
+    """``work(directory)`` on every rank, in the new folder of rank 0's ``atomic()``
+    (``build.atomic_directory``: renamed into place when every rank is done); the outcome agreed."""
+    if group.rank != 0:
+        start = group.bcast(None)
+        if "error" in start:
+            raise DataError(start["error"])
+        work(Path(start["directory"]))
+        end = group.bcast(None)
+        if end is not None:
+            raise DataError(end)
+        return
+    stage = "opening"
+    try:
+        with atomic() as directory:
+            stage = "working"
+            group.bcast({"directory": str(directory)})
+            work(directory)
+            stage = "renaming"
+    except Exception as error:  # noqa: BLE001 - told to the others, who wait for it
+        if stage == "opening":
+            group.bcast({"error": str(error)})
+        elif stage == "renaming":
+            group.bcast(str(error))
+        raise
+    group.bcast(None)
+
+
+# ------------------------------------------------------------------------------------ sharing
+def _cut_after_newline(handle: Any, position: int, size: int) -> int:
+    """The position after the first newline at or after ``position - 1`` (``size`` if none)."""
+    handle.seek(max(position - 1, 0))
+    offset = max(position - 1, 0)
+    while offset < size:
+        data = handle.read(1 << 16)
+        found = data.find(_NEWLINE)
+        if found >= 0:
+            return offset + found + 1
+        offset += len(data)
+        if not data:
+            break
+    return size
+
+
+def _is_gzip(path: str) -> bool:
+    with open(path, "rb") as handle:
+        return handle.read(2) == b"\x1f\x8b"
+
+
+def _file_cuts(path: str, kind: str, begin: int, size: int, bounds: Sequence[int]) -> list[tuple[int, int, int]]:
+    """``(start, end, rank)`` of the parts of a file at ``begin`` of the inputs' bytes, ``bounds``
+    the first byte of each rank's share of them."""
+    def rank_of(position: float) -> int:
+        return max(r for r, bound in enumerate(bounds) if bound <= position)
+
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        metadata = pq.ParquetFile(path).metadata
+        rows = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
+        total, parts, before = max(sum(rows), 1), [], 0
+        for group, count in enumerate(rows):
+            rank = rank_of(begin + size * (before + count / 2) / total)
+            if parts and parts[-1][2] == rank:
+                parts[-1] = (parts[-1][0], group + 1, rank)
+            else:
+                parts.append((group, group + 1, rank))
+            before += count
+        return parts
+    if size == 0 or _is_gzip(path):
+        return [(0, -1, rank_of(begin + size / 2))]
+    cuts = [0]
+    with open(path, "rb") as handle:
+        for bound in bounds[1:]:
+            if begin < bound < begin + size:
+                cut = _cut_after_newline(handle, bound - begin, size)
+                if cuts[-1] < cut < size:
+                    cuts.append(cut)
+    cuts.append(size)
+    return [(a, b, rank_of(begin + a)) for a, b in zip(cuts, cuts[1:])]
+
+
+def plan(paths: Sequence[str], kind: str, ranks: int) -> list[tuple[int, int, Share]]:
+    """The parts of the inputs, in order: ``(rank, input number, share)`` (a share's first line
+    still 1: :func:`count_lines` numbers them). Every rank computes the same plan."""
+    for path in paths:
+        if not os.path.exists(path):
+            raise DataError(f"{path}: no such file")
+        if os.path.isdir(path):
+            raise DataError(f"{path}: is a directory, not a data file")
+    sizes = [os.path.getsize(path) for path in paths]
+    total = max(sum(sizes), 1)
+    bounds = [total * r // ranks for r in range(ranks)]
+    parts, begin = [], 0
+    for number, (path, size) in enumerate(zip(paths, sizes)):
+        try:
+            cuts = _file_cuts(path, kind, begin, size, bounds)
+        except Exception:  # noqa: BLE001 - not a readable Parquet file: read whole, where it is refused
+            cuts = [(0, -1, max(r for r, bound in enumerate(bounds) if bound <= begin))]
+        whole = len(cuts) == 1
+        parts += [(rank, number, Share(path) if whole else Share(path, start, end)) for start, end, rank in cuts]
+        begin += size
+    return parts
+
+
+def _scan(share: Share, quote: bytes | None) -> tuple[int, bool]:
+    """A text share's lines (a last line without its newline counted) and whether it may be cut
+    (no quote character; every ``\\r`` before a newline)."""
+    lines, clean, carry, last = 0, True, b"", b""
+    with open(share.path, "rb") as handle:
+        handle.seek(share.start)
+        left = share.end - share.start
+        while left > 0:
+            read = handle.read(min(_SCAN_BYTES, left))
+            if not read:
+                break
+            left -= len(read)
+            lines += read.count(_NEWLINE)
+            data = carry + read
+            body = data[:-1] if data.endswith(b"\r") else data  # a pair across two reads: checked with the next
+            carry, last = data[len(body):], read[-1:]
+            if clean and ((quote is not None and quote in read) or body.count(b"\r") != body.count(b"\r\n")):
+                clean = False
+    if share.end == os.path.getsize(share.path) and last not in (b"", _NEWLINE):
+        lines += 1
+    return lines, clean and not carry
+
+
+def count_lines(group: Group, parts: list[tuple[int, int, Share]], kind: str, quote: str | None
+                ) -> list[tuple[int, int, Share]]:
+    """The parts with each cut text share's first line, and the files that cannot be cut (a quote
+    character, a lone ``\\r``) made one part of the rank of their first part."""
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        numbered = []
+        for rank, number, share in parts:
+            if not share.whole:
+                metadata = pq.ParquetFile(share.path).metadata
+                first = sum(metadata.row_group(g).num_rows for g in range(share.start)) + 1
+                share = dataclasses.replace(share, first_line=first)
+            numbered.append((rank, number, share))
+        return numbered
+    mark = quote.encode() if quote and kind != "criteo" else None
+    mine = {i: _scan(share, mark) for i, (rank, _, share) in enumerate(parts) if rank == group.rank and not share.whole}
+    found: dict[int, tuple[int, bool]] = {}
+    for scanned in group.allgather({str(i): list(v) for i, v in mine.items()}):
+        found.update({int(i): (int(v[0]), bool(v[1])) for i, v in scanned.items()})
+    unclean = {parts[i][1] for i, (_, clean) in found.items() if not clean and kind != "criteo"}
+    result: list[tuple[int, int, Share]] = []
+    next_line: dict[int, int] = {}
+    for i, (rank, number, share) in enumerate(parts):
+        if number in unclean:
+            if not result or result[-1][1] != number:
+                result.append((rank, number, Share(share.path)))
+            continue
+        if share.whole:
+            result.append((rank, number, share))
+            continue
+        first = next_line.get(number, 1)
+        result.append((rank, number, dataclasses.replace(share, first_line=first)))
+        next_line[number] = first + found[i][0]
+    return result
+
+
+# ------------------------------------------------------------------------------------ reading
+def _report(data: dict[str, Any]) -> SourceReport:
+    return SourceReport(**data)
+
+
+def _joined_reports(paths: Sequence[str], parts: list[tuple[int, int, Share]], reports: dict[int, SourceReport],
+                    digests: dict[int, str]) -> tuple[list[SourceReport], list[list[Any]]]:
+    """Each input's report (of its parts' reports, the parts read) and the failures of the inputs
+    read whole: an empty file, one without a valid row (as one process would find them)."""
+    joined, failures = [], []
+    for number, path in enumerate(paths):
+        indices = [i for i, (_, n, _) in enumerate(parts) if n == number]
+        if not all(i in reports for i in indices):
+            joined.append(SourceReport(display_name=path))
+            continue
+        if len(indices) == 1 and parts[indices[0]][2].whole:
+            joined.append(reports[indices[0]])
+            continue
+        mine = [reports[i] for i in indices]
+        report = SourceReport(display_name=path, sha256=digests.get(number, ""), rows=sum(r.rows for r in mine),
+                              lines=sum(r.lines for r in mine), skipped=sum(r.skipped for r in mine),
+                              first_skipped=[n for r in mine for n in r.first_skipped][:FIRST_BAD_LINES_KEPT],
+                              first_error=next((r.first_error for r in mine if r.first_error), ""))
+        joined.append(report)
+        order = indices[-1] + 0.5
+        if report.lines == 0:
+            failures.append([order, "data", f"{path}: file is empty (no rows)"])
+        elif report.rows == 0:
+            failures.append([order, "data", f"{path}: no valid rows ({report.skipped} bad rows skipped, first "
+                                            f"{path}:{report.first_error})"])
+    return joined, failures
+
+
+def _read_part(group: Group, schema: Schema, parts: list[tuple[int, int, Share]], folder: Path,
+               split: Sequence[float], seed: int, bad_rows: str, chunk_rows: int, codes: Sequence[int | None]
+               ) -> tuple[dict[str, Any], list[Any] | None, StoreWriter | None]:
+    """This rank's parts read into a store of its own in ``folder``: what the others need to know
+    of it, the failure that stopped it (None) and its writer (its key counters)."""
+    from .features import encode_rows
+    from .tabular import open_reader
+
+    mine = [(i, number, share) for i, (rank, number, share) in enumerate(parts) if rank == group.rank]
+    first_parts = {number: share.path for i, (_, number, share) in enumerate(parts)
+                   if not share.whole and parts[i][0] == group.rank and (i == 0 or parts[i - 1][1] != number)}
+    hashing = ThreadPoolExecutor(1, thread_name_prefix="des-data-hash") if first_parts else None
+    digests: dict[int, Future[str]] = {}
+    if hashing is not None:
+        digests = {number: hashing.submit(file_sha256, path) for number, path in first_parts.items()}
+    info: dict[str, Any] = {"reports": {}, "digests": {}}
+    writer, current = None, -1
+    try:
+        folder.mkdir()
+        writer = StoreWriter(folder, schema.field_specs(), split, seed, dense_names=schema.dense_names)
+        reader = open_reader(schema, bad_rows, chunk_rows)
+        for current, number, share in mine:
+            for chunk in reader.read([share]):
+                encoded = encode_rows(schema, chunk.columns, chunk.num_rows, in_place=chunk.scratch)
+                writer.append(chunk.labels, encoded.columns, dense=encoded.dense, split_code=codes[number])
+            info["reports"][str(current)] = dataclasses.asdict(reader.reports[-1])
+        info["digests"] = {str(number): digest.result() for number, digest in digests.items()}
+        info["manifest"] = writer.finish()
+        return info, None, writer
+    except Exception as error:  # noqa: BLE001 - every rank must learn of it
+        return info, _failure(current if current >= 0 else (mine[0][0] if mine else 0), error), writer
+    finally:
+        if hashing is not None:
+            hashing.shutdown(wait=True)
+
+
+def _merge_counters(group: Group, writer: StoreWriter) -> list[dict[str, Any]]:
+    """Each field's figures (distinct ids, top-10 share) of every rank's keys: field ``f``'s
+    counters merged on rank ``f mod N`` (the fields side by side), its figures then everyone's."""
+    mine: dict[str, dict[str, Any]] = {}
+    for number, counter in enumerate(writer.counters):
+        owner = number % group.size
+        if owner != group.rank:
+            group.send(counter.entries(), owner)
+            continue
+        for source in range(group.size):
+            if source != owner:
+                counter.add(*group.receive(source, 2))
+        mine[str(number)] = counted(counter)
+    found = {int(n): figures for each in group.allgather(mine) for n, figures in each.items()}
+    return [found[n] for n in range(len(found))]
+
+
+def write_store_on_ranks(comm: Any, schema: Schema, paths: Sequence[str], directory: Path, split: Sequence[float],
+                         seed: int, bad_rows: str, chunk_rows: int, roles: Sequence[str] | None = None) -> None:
+    """Collective: the rows of ``paths`` as one store in ``directory`` (every rank's the same
+    folder), prepared by every rank of ``comm``; as :func:`des.data.tabular.write_store` (a
+    resolved ``schema``), the same bytes."""
+    from .tabular import source_sections, split_by_input
+
+    group = Group(comm)
+    share_cores(group.local_size())
+    kind = schema.format.type
+    parts = together(group, lambda: plan(list(paths), kind, group.size))
+    parts = together(group, lambda: count_lines(group, parts, kind, schema.format.quote))
+    codes = [None if roles is None else SPLIT_NAMES.index(role) for role in roles or paths]
+    folder = directory / f".part-{group.rank}"
+    info, failure, writer = _read_part(group, schema, parts, folder, split, seed, bad_rows, chunk_rows, codes)
+    everyone = group.allgather(info)
+    reports = {int(i): _report(r) for each in everyone for i, r in each["reports"].items()}
+    digests = {int(n): d for each in everyone for n, d in each["digests"].items()}
+    joined, failures = _joined_reports(list(paths), parts, reports, digests)
+    agree(group, failure, failures)
+    manifests = [each["manifest"] for each in everyone]
+    sections = {**source_sections(joined, bad_rows), **manifest_sections(schema)}
+    outline = joined_manifest(manifests, [], [0, 0, 0], **sections)
+    together(group, lambda: make_files(directory, outline) if group.rank == 0 else None)
+    rows_before = sum(int(m["num_rows"]) for m in manifests[:group.rank])
+    values_before = [sum(int(m["fields"][f]["keys"]["shape"][0]) for m in manifests[:group.rank])
+                     if m0["offsets"] is not None else 0 for f, m0 in enumerate(manifests[0]["fields"])]
+    split_rows = np.zeros(len(SPLIT_NAMES), dtype=np.int64)
+
+    def split_codes(first_row: int, values: np.ndarray) -> np.ndarray:
+        new = assign_splits(seed, split, first_row, values.shape[0])
+        split_rows[:] += np.bincount(new, minlength=len(SPLIT_NAMES))
+        return new
+
+    rewrite = {manifests[0]["split"]["array"]["file"]: split_codes} if roles is None else {}
+    together(group, lambda: place_part(folder, manifests[group.rank], directory, rows_before, values_before, rewrite))
+    if roles is None:
+        counts = group.allgather(split_rows.tolist())
+        split_rows = np.sum(counts, axis=0)
+    else:
+        split_rows = np.sum([[m["split"]["rows"][n] for n in SPLIT_NAMES] for m in manifests], axis=0)
+    counts = together(group, lambda: _merge_counters(group, writer))  # type: ignore[arg-type]
+
+    def finish() -> None:
+        shutil.rmtree(folder)
+        if group.rank == 0:
+            inputs = split_by_input(roles, joined) if roles is not None else None
+            write_manifest(directory, joined_manifest(manifests, counts, split_rows.tolist(), inputs, **sections))
+
+    together(group, finish)
+
+
+def resolved_on_ranks(comm: Any, schema: Schema, compute: Callable[[], dict[str, Any]]) -> Schema:
+    """Collective: ``schema`` with the statistics rank 0 computes (``compute()``), on every rank."""
+    if schema.resolved:
+        return schema
+    group = Group(comm)
+    statistics = together(group, lambda: compute() if group.rank == 0 else None)
+    return schema.with_statistics(group.bcast(statistics))

@@ -1,0 +1,134 @@
+"""``des.data prepare`` on every rank of a job (``des/data/ranks.py``): N ranks share the inputs
+(byte ranges of plain CSV/TSV and Criteo TSV files cut after a newline, Parquet row groups, gzip
+and quoted files whole) and write ONE store, the same bytes, file for file, as one process; a bad
+row is named by its line in the file, and the job says it once."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import pytest
+
+from des.data import DataError, open_dataset, prepare, prepare_splits
+from des.data.ranks import plan
+from des.data.schema import Schema, load_schema
+from des.data.synth import default_config, synthesize_tsv
+from des.data.synth_schema import synthesize_schema
+from tests.conftest import run_mpi
+
+REPO = Path(__file__).resolve().parents[1]
+EVERY_KIND = str(REPO / "tests" / "data" / "every_kind.toml")
+
+
+def _files(store: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(store.iterdir())}
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines(keepends=True)
+
+
+def _inputs(tmp_path: Path) -> list[dict]:
+    """Each kind of input (its bad rows where a later rank reads them) and how to prepare it."""
+    raw = tmp_path / "rows.csv"
+    synthesize_schema(raw, 1500, "avazu", seed=1, file_format="raw")
+    lines = _lines(raw)
+    lines[40], lines[1400] = "1,2,3\n", "7" + lines[1400][1:]  # a wrong width; a bad label on the last rank
+    (tmp_path / "plain.csv").write_text("".join(lines))
+    quoted = lines[:]
+    fields = quoted[1000].split(",")
+    fields[5] = '"a\nb"'  # a line break in a value: the file is read whole
+    quoted[1000] = ",".join(fields)
+    (tmp_path / "quoted.csv").write_text("".join(quoted))
+    (tmp_path / "crlf.csv").write_bytes("".join(lines).replace("\n", "\r\n").encode())
+    (tmp_path / "rows.csv.gz").write_bytes(gzip.compress("".join(lines).encode(), mtime=0))
+    tsv = tmp_path / "day.tsv"
+    synthesize_tsv(tsv, 2000, default_config(seed=3))
+    lines = _lines(tsv)
+    lines[10], lines[1900] = "1\t2\n", "2" + lines[1900][1:]
+    lines[-1] = lines[-1].rstrip("\n")  # no newline at the end
+    tsv.write_text("".join(lines))
+    names = pcsv.open_csv(raw).schema.names
+    table = pcsv.read_csv(raw, convert_options=pcsv.ConvertOptions(
+        column_types={n: pa.int64() if n == "click" else pa.string() for n in names}))
+    pq.write_table(table, tmp_path / "rows.parquet", row_group_size=77)
+    parquet = Schema.from_dict({**load_schema("avazu").to_dict(), "name": "avazu-parquet", "format": {"type": "parquet"}})
+    every = tmp_path / "every.csv"
+    synthesize_schema(every, 1200, EVERY_KIND, seed=2, file_format="raw")
+    csvs = [str(tmp_path / name) for name in ("plain.csv", "quoted.csv", "crlf.csv", "rows.csv.gz")]
+    return [
+        {"name": "csv", "inputs": csvs, "options": {"schema": "avazu", "bad_rows": "skip", "chunk_rows": 97}},
+        {"name": "csv-fail", "inputs": [str(tmp_path / "plain.csv")], "options": {"schema": "avazu"}},
+        {"name": "criteo", "inputs": [str(tsv)], "options": {"bad_rows": "skip", "chunk_rows": 211, "seed": 5}},
+        {"name": "criteo-fail", "inputs": [str(tsv)], "options": {}},
+        {"name": "parquet", "inputs": [str(tmp_path / "rows.parquet")], "options": {"schema": parquet.to_dict()}},
+        {"name": "splits", "splits": {"train": [str(every)], "validation": [str(every)], "test": [str(raw)]},
+         "options": {"schema": EVERY_KIND, "bad_rows": "skip", "chunk_rows": 131}},
+        {"name": "statistics", "inputs": [str(every)], "options": {"schema": EVERY_KIND}},
+        {"name": "gzip", "inputs": [str(tmp_path / "rows.csv.gz")], "options": {"schema": "avazu", "bad_rows": "skip"}},
+        {"name": "cache", "cache": str(tmp_path / "plain.csv"), "options": {"schema": "avazu", "bad_rows": "skip"}},
+    ]
+
+
+def _one_process(job: dict, output: Path) -> dict[str, bytes] | str:
+    options = dict(job["options"])
+    if isinstance(options.get("schema"), dict):
+        options["schema"] = Schema.from_dict(options["schema"])
+    try:
+        if "cache" in job:
+            return _files(open_dataset(job["cache"], cache_dir=output, **options).path)
+        if "splits" in job:
+            return _files(prepare_splits(job["splits"], output, progress=False, **options).path)
+        return _files(prepare(job["inputs"], output, progress=False, **options).path)
+    except DataError as error:
+        return str(error)
+
+
+def _on_ranks(ranks: int, jobs: list[dict], folder: Path) -> list[dict[str, bytes] | str]:
+    listed = [{**job, "output": str(folder / job["name"])} for job in jobs]
+    folder.mkdir()
+    (folder / "jobs.json").write_text(json.dumps(listed))
+    run_mpi(ranks, ["-m", "tests.mpi_programs.prepare_stores", str(folder / "jobs.json")], timeout=180)
+    return [(folder / f"{job['name']}.error").read_text() if (folder / f"{job['name']}.error").exists()
+            else _files(next((folder / job["name"]).iterdir()) if "cache" in job else folder / job["name"])
+            for job in jobs]
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_ranks_write_one_process_store(tmp_path, ranks):
+    jobs = _inputs(tmp_path)
+    expected = [_one_process(job, tmp_path / "one" / job["name"]) for job in jobs]
+    got = _on_ranks(ranks, jobs, tmp_path / f"ranks-{ranks}")
+    for job, want, have in zip(jobs, expected, got):
+        if isinstance(want, dict) and isinstance(have, dict):
+            differing = sorted(name for name in set(want) | set(have) if want.get(name) != have.get(name))
+            assert not differing, f"{job['name']}: {differing}"
+        else:
+            assert have == want, job["name"]
+    for job in jobs[1:5]:  # each file of these cut into a part per rank
+        kind = "parquet" if job["name"] == "parquet" else "csv"
+        assert [rank for rank, _, share in plan(job["inputs"], kind, ranks) if not share.whole] == list(range(ranks))
+    whole = [share.path for _, _, share in plan(jobs[0]["inputs"], "csv", ranks) if share.whole]
+    assert whole[-1].endswith("rows.csv.gz")
+    by_name = dict(zip((job["name"] for job in jobs), expected))
+    assert by_name["csv-fail"].endswith("plain.csv:41: expected 24 columns, found 3")
+    assert by_name["criteo-fail"].endswith("day.tsv:11: expected 40 tab-separated columns, found 2")
+    assert b'"skipped": 8' in by_name["csv"]["manifest.json"] and b'"first_skipped"' in by_name["csv"]["manifest.json"]
+
+
+def test_a_bad_row_is_said_once_per_job(tmp_path):
+    raw = tmp_path / "day.tsv"
+    synthesize_tsv(raw, 1500, default_config(seed=4))
+    lines = _lines(raw)
+    lines[1400] = "2" + lines[1400][1:]  # read by the last rank
+    raw.write_text("".join(lines))
+    proc = run_mpi(3, ["-m", "des.data", "prepare", "--input", str(raw), "--output", str(tmp_path / "store")],
+                   check=False, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"des.data: error: {raw}:1401: column label: '2' is not 0 or 1"]
+    assert not (tmp_path / "store").exists() and [p.name for p in tmp_path.iterdir()] == ["day.tsv"]
