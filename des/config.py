@@ -187,6 +187,9 @@ class TrainConfig:
                                    "of --export-dir as --export-every does (0: off)")
     export_dir: str = _opt("", "with --export-every, where the versions go: DIR/<step>/ in TF Serving's layout")
     keep_exports: int = _opt(5, "keep the newest N versions in --export-dir, delete older ones (0: keep all)")
+    export_dtype: str = _opt("float32", "table rows in the exported versions: as trained (float32) or int8 with a "
+                             "scale and offset per row and block, dequantized inside the SavedModel",
+                             choices=("float32", "int8"))
     output: str = _opt("", "run folder (default runs/<model>-<timestamp>)")
     resume: str = _opt("", "checkpoint directory to continue from (inside --output: continue that run)")
     overwrite: bool = _opt(False, "replace the run already in --output (atomically, once this run succeeds); "

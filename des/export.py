@@ -41,7 +41,7 @@ from des.collectives import run_main
 from des.data.features import MISSING_INT  # an integer column's "missing" in a request
 from des.errors import ArgumentParser, ConfigError, DesError, UsageError
 from des.hashtable.tf_init import initial_values  # noqa: F401  (des.export's names)
-from des.serving.model import build_module, describe_inputs, request_signature
+from des.serving.model import ROW_DTYPES, build_module, describe_inputs, request_signature
 from des.serving.state import read_checkpoint
 
 
@@ -52,25 +52,31 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--force", action="store_true", help="replace an existing --output folder")
     parser.add_argument("--schema", default="", help="the data's schema (default: the checkpoint's; another is "
                         "refused)")
+    parser.add_argument("--export-dtype", default="float32", choices=ROW_DTYPES,
+                        help="table rows as trained (float32) or int8 with a scale and offset per row and block, "
+                        "dequantized inside the SavedModel (a quarter of the rows' bytes)")
     return parser
 
 
-def export(checkpoint: str | Path, output: str | Path, *, force: bool = False, schema: str = "") -> dict[str, Any]:
+def export(checkpoint: str | Path, output: str | Path, *, force: bool = False, schema: str = "",
+           export_dtype: str = "float32") -> dict[str, Any]:
     """Write the SavedModel of ``checkpoint`` to ``output`` (atomically); returns what was written.
-    ``schema``: a ``--schema`` given by the user, which must be the checkpoint's."""
+    ``schema``: a ``--schema`` given by the user, which must be the checkpoint's; ``export_dtype``:
+    how the table rows are held (``des.serving.model.ROW_DTYPES``)."""
     start = time.perf_counter()
     output = Path(output).resolve()
     if output.exists() and not force:
         raise ConfigError(f"output folder {output} exists (use --force to replace it)")
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
-    info = write_savedmodel(checkpoint, tmp, schema)
+    info = write_savedmodel(checkpoint, tmp, schema, export_dtype)
     _put_in_place(tmp, output, output.with_name(f".{output.name}.old-{os.getpid()}"))
     info["seconds"] = time.perf_counter() - start
     info["bytes"] = sum(p.stat().st_size for p in output.rglob("*") if p.is_file())
     return info
 
 
-def write_savedmodel(checkpoint: str | Path, folder: Path, schema: str = "") -> dict[str, Any]:
+def write_savedmodel(checkpoint: str | Path, folder: Path, schema: str = "", export_dtype: str = "float32"
+                     ) -> dict[str, Any]:
     """Write the SavedModel of ``checkpoint`` and its ``des_export.json`` into ``folder`` (replaced
     if present; the caller renames it into place), verified and synced; returns the json's content.
     A bad checkpoint fails before anything is written."""
@@ -91,7 +97,7 @@ def write_savedmodel(checkpoint: str | Path, folder: Path, schema: str = "") -> 
                           f"{data_schema.name!r} has {len(data_schema.field_names)}")
     model = build_model(config, manifest["num_fields"], manifest["model"].get("num_dense", 0))
     state = read_checkpoint(checkpoint, manifest, model)
-    module = build_module(model, state, data_schema)
+    module = build_module(model, state, data_schema, export_dtype)
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(folder, ignore_errors=True)
@@ -100,7 +106,7 @@ def write_savedmodel(checkpoint: str | Path, folder: Path, schema: str = "") -> 
             "model": manifest["model"], "dtype": manifest["dtype"], "rows": int(state["offsets"][-1]),
             "unadmitted": state["unadmitted"], "min_count": state["min_count"], "missing_int": MISSING_INT,
             "schema": data_schema.to_dict(), "inputs": describe_inputs(data_schema),
-            "outputs": {"probability": manifest["dtype"]}}
+            "outputs": {"probability": manifest["dtype"]}, "rows_dtype": export_dtype}
     (folder / "des_export.json").write_text(json.dumps(info, indent=1))
     _verify_savedmodel(folder, set(request_signature(data_schema)))
     _sync_tree(folder)
@@ -168,20 +174,21 @@ def exported_versions(root: Path) -> list[int]:
     return sorted(int(p.name) for p in root.iterdir() if p.name.isascii() and p.name.isdigit() and p.is_dir())
 
 
-def export_version(checkpoint: str | Path, root: Path, version: int, keep: int = 0) -> dict[str, Any]:
+def export_version(checkpoint: str | Path, root: Path, version: int, keep: int = 0, export_dtype: str = "float32"
+                   ) -> dict[str, Any]:
     """Write ``checkpoint`` as ``root/<version>/`` (built in ``root/.tmp-<version>``, verified,
     then renamed into place; what a crashed export left is removed first). The new version is then
     the highest: versions above it (of a job that got further before this one resumed from an
     earlier checkpoint, or the steps after the best one an early stop went back to) are removed,
-    and with ``keep`` all but the newest ``keep``. Returns ``{"version", "step", "path"}`` and
-    ``bytes``, ``seconds``, ``removed``."""
+    and with ``keep`` all but the newest ``keep``; ``export_dtype`` as :func:`export`'s. Returns
+    ``{"version", "step", "path"}`` and ``bytes``, ``seconds``, ``removed``."""
     start = time.perf_counter()
     root.mkdir(parents=True, exist_ok=True)
     for leftover in root.iterdir():
         if leftover.name.startswith(_LEFTOVER_PREFIXES):
             shutil.rmtree(leftover, ignore_errors=True)
     final = root / str(version)
-    info = write_savedmodel(checkpoint, root / f".tmp-{version}")
+    info = write_savedmodel(checkpoint, root / f".tmp-{version}", export_dtype=export_dtype)
     _put_in_place(root / f".tmp-{version}", final, root / f".old-{version}")
     versions = exported_versions(root)
     removed = [v for v in versions if v > version]
@@ -205,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     if MPI.COMM_WORLD.Get_size() > 1:  # every rank would write the same folder
         raise UsageError("des.export runs on one process: start it without mpiexec")
     runtime.configure_threads()
-    info = export(args.checkpoint, args.output, force=args.force, schema=args.schema)
+    info = export(args.checkpoint, args.output, force=args.force, schema=args.schema, export_dtype=args.export_dtype)
     print(f"exported {info['model']['model']} (step {info['step']}, written by {info['ranks']} rank(s), "
           f"{info['rows']} rows) to {args.output}: {info['bytes'] / 2**20:.1f} MiB in {info['seconds']:.1f} s")
     return 0

@@ -277,7 +277,8 @@ class Run:
 
             root = Path(self.config.export_dir).resolve()
             try:
-                record = export_version(self.checkpoint, root, self.saved_step, self.config.keep_exports)
+                record = export_version(self.checkpoint, root, self.saved_step, self.config.keep_exports,
+                                        self.config.export_dtype)
             except OSError as exc:  # a full disk, say: one line, not a traceback
                 raise DesError(f"--export-dir {root}: exporting step {self.saved_step} failed: {exc}") from None
         record = self.comm.bcast_json(record if self.comm.rank == 0 else None, "checkpoint")

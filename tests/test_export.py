@@ -4,6 +4,7 @@ with unknown ids and missing values; the key transform and initial values as TF 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -109,6 +110,44 @@ def test_shared_row_serves_unknown_and_unadmitted_ids(exported: dict) -> None:
     request.update({f"C{i}": tf.constant(["68fd1e64"] * len(values)) for i in range(2, 27)}, C1=tf.constant(values))
     p = serve(**request)["probability"].numpy()
     assert p[0] == p[1] == p[2] != p[3]
+
+
+def test_int8_rows_serve_close_to_float32_in_a_smaller_export(exported: dict) -> None:
+    """``des.export --export-dtype int8``: the same requests, served without des from 8-bit rows
+    (a scale and offset per row and block of 2 or more columns), within a small distance of the
+    float32 export, which stays the one equal to des.evaluate; the weights take fewer bytes."""
+    from des import export
+
+    root = exported["root"]
+    export.main(["--checkpoint", str(root / "deepfm-2"), "--output", str(root / "deepfm-2.int8"), "--export-dtype",
+                 "int8"])
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "serving_client.py"), str(exported["rows"]),
+                           str(root / "served-int8-"), str(root / "deepfm-2.int8")], cwd=root, env=mpi_env(1),
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    served, full = np.loadtxt(root / "served-int8-0.txt"), exported["served"]["deepfm-2"]
+    assert 0 < np.abs(served - full).max() < 0.02
+    size = {name: sum(p.stat().st_size for p in (root / name / "variables").glob("*") if p.is_file())
+            for name in ("deepfm-2.savedmodel", "deepfm-2.int8")}  # the weights (the graph has a few more ops)
+    assert size["deepfm-2.int8"] < 0.9 * size["deepfm-2.savedmodel"]
+    assert json.loads((root / "deepfm-2.int8" / "des_export.json").read_text())["rows_dtype"] == "int8"
+
+
+def test_quantized_rows_are_within_half_a_step() -> None:
+    """``quantize_rows``: each block of each row on 256 levels between its minimum and maximum, every
+    value within half a level (float32 rounding aside), a row whose block is constant exactly."""
+    from des.serving.model import quantize_rows
+
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=(50, 9)).astype(np.float32)
+    values[3, 1:] = 0.25  # the embedding block of row 3: constant
+    q, scale, offset = quantize_rows(values, [(0, 1), (1, 9)])
+    assert q.dtype == np.int8 and scale.shape == offset.shape == (50, 2)
+    columns = np.array([0] + [1] * 8)
+    back = (q.astype(np.float32) + 128) * scale[:, columns] + offset[:, columns]
+    assert (np.abs(back - values) <= scale[:, columns] / 2 + 1e-6).all()
+    assert (back[3, 1:] == 0.25).all() and (back[:, 0] == values[:, 0]).all()  # one value a block: exact
+    assert q[:, 1:].min() == -128 and q[:, 1:].max() == 127  # the ends of each block's range are levels
 
 
 @pytest.mark.parametrize("kind", ["normal", "uniform", "truncated_normal", "zeros"])

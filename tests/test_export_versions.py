@@ -42,10 +42,11 @@ def contents(folder: Path) -> dict[Path, bytes]:
     return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
-def stand_in_savedmodel(checkpoint, folder: Path, schema: str = "") -> dict:
+def stand_in_savedmodel(checkpoint, folder: Path, schema: str = "", export_dtype: str = "float32") -> dict:
     """In place of :func:`des.export.write_savedmodel`: a folder that says what it was made of."""
     folder.mkdir()
     (folder / "checkpoint").write_text(str(checkpoint))
+    (folder / "rows").write_text(export_dtype)
     return {"step": int(folder.name[len(".tmp-"):])}
 
 
@@ -100,8 +101,9 @@ def test_pruning_leftovers_and_versions_above(tmp_path: Path, monkeypatch) -> No
     assert listing(tmp_path) == ["4", "5", "6"] and record["removed"] == [3]
     for leftover in (".tmp-9", ".del-2", ".old-6", ".user-file"):
         (tmp_path / leftover).mkdir()
-    export.export_version("7", tmp_path, 7)  # keep 0: all
+    export.export_version("7", tmp_path, 7, export_dtype="int8")  # keep 0: all
     assert listing(tmp_path) == [".user-file", "4", "5", "6", "7"]  # only what an export leaves is cleared
+    assert (tmp_path / "7" / "rows").read_text() == "int8" and (tmp_path / "6" / "rows").read_text() == "float32"
     # A job resumed from an earlier step: its version replaces the one there, and is the highest.
     record = export.export_version("5", tmp_path, 5, keep=2)
     assert listing(tmp_path) == [".user-file", "4", "5"] and record["removed"] == [6, 7]

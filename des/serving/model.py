@@ -81,11 +81,38 @@ def field_salts(keys: list[np.ndarray]) -> np.ndarray:
     raise DesError("the fields' keys clash in one table under every salt tried")
 
 
+#: how an export may store its table rows (``des.export --export-dtype``)
+ROW_DTYPES = ("float32", "int8")
+
+
+def quantize_rows(values: np.ndarray, columns: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """8-bit rows, as FBGEMM's and Monolith's served tables hold them: each row's values of each
+    block (``columns``: its ``[start, end)``) mapped onto 256 levels between their minimum and
+    maximum. Returns ``(q int8 [rows, Σ widths], scale, offset float32 [rows, blocks])``; a value
+    is ``(q + 128) · scale + offset``, within ``scale / 2`` of the original (a block whose values
+    are all equal: exactly)."""
+    rows = values.shape[0]
+    q = np.empty((rows, sum(end - start for start, end in columns)), dtype=np.int8)
+    scale, offset = np.zeros((rows, len(columns)), np.float32), np.zeros((rows, len(columns)), np.float32)
+    at = 0
+    for b, (start, end) in enumerate(columns):
+        block = values[:, start:end].astype(np.float64)
+        lo, hi = block.min(axis=1), block.max(axis=1)
+        offset[:, b], scale[:, b] = lo, (hi - lo) / 255.0
+        step = np.where(scale[:, b] > 0, scale[:, b], 1.0)[:, None]
+        levels = np.rint((block - offset[:, b:b + 1]) / step)
+        q[:, at:at + end - start] = (np.clip(levels, 0, 255) - 128).astype(np.int8)
+        at += end - start
+    return q, scale, offset
+
+
 class ServedModel:
     """The trained model as TF variables and one hash table (held by :attr:`module`, the
-    ``tf.Module`` that is saved), and its forward on a request's features."""
+    ``tf.Module`` that is saved), and its forward on a request's features. ``rows_dtype``: the
+    table rows as they are (``float32``: in the model's dtype) or ``int8`` (:func:`quantize_rows`,
+    dequantized in the SavedModel for the rows a request reads)."""
 
-    def __init__(self, model: Any, state: dict[str, Any]) -> None:
+    def __init__(self, model: Any, state: dict[str, Any], rows_dtype: str = "float32") -> None:
         import tensorflow as tf
 
         from des.hashtable import Initializer
@@ -105,8 +132,25 @@ class ServedModel:
         self.blocks = list(self.specs)
         ends = np.cumsum([self.specs[b].dim for b in self.blocks])
         self.columns = {b: (int(e) - self.specs[b].dim, int(e)) for b, e in zip(self.blocks, ends)}
-        self.values = tf.Variable(np.concatenate([state["values"][b] for b in self.blocks], axis=1), trainable=False,
-                                  name="values")
+        values = np.concatenate([state["values"][b] for b in self.blocks], axis=1)
+        if rows_dtype not in ROW_DTYPES:
+            raise ValueError(f"rows_dtype must be one of {', '.join(ROW_DTYPES)}, got {rows_dtype!r}")
+        # int8: the blocks of 2 or more columns in 8 bits (a scale and an offset per row and block),
+        # the others (order-1 weights: one value a row) as they are
+        self.quantized = [b for b in self.blocks if rows_dtype == "int8" and self.specs[b].dim > 1]
+        if self.quantized:
+            q, scale, offset = quantize_rows(values, [self.columns[b] for b in self.quantized])
+            self.codes = tf.Variable(q, trainable=False, name="codes")
+            self.scale = tf.Variable(scale, trainable=False, name="scale")
+            self.offset = tf.Variable(offset, trainable=False, name="offset")
+            exact = [b for b in self.blocks if b not in self.quantized]
+            values = np.concatenate([values[:, slice(*self.columns[b])] for b in exact], axis=1) if exact else \
+                np.zeros((values.shape[0], 0), values.dtype)
+            # the codes' columns, then the exact ones: each column's place in the model's order
+            order = [c for b in (*self.quantized, *exact) for c in range(*self.columns[b])]
+            self.column_of = np.argsort(order)
+            self.code_block = np.concatenate([np.full(self.specs[b].dim, k) for k, b in enumerate(self.quantized)])
+        self.values = tf.Variable(values, trainable=False, name="values")
         self.field_params = {k: tf.Variable(v, trainable=False, name=k.replace(":", "_"))
                              for k, v in state["field_params"].items()}
         self.top = {k: tf.Variable(v, trainable=False, name=k.replace(":", "_")) for k, v in state["top"].items()}
@@ -121,6 +165,8 @@ class ServedModel:
         self.module = tf.Module(name="des_export")
         self.module.table, self.module.values, self.module.shared = self.table, self.values, self.shared
         self.module.field_params, self.module.top = self.field_params, self.top
+        if self.quantized:
+            self.module.codes, self.module.scale, self.module.offset = self.codes, self.scale, self.offset
 
     def rows(self, keys: Any, per_key: Any) -> Any:
         """The rows of ``keys`` (int64 ``[n]``), ``per_key(a)`` giving each key its field's entry of
@@ -155,7 +201,13 @@ class ServedModel:
         known, the unknown-id rule on the ids that miss only."""
         import tensorflow as tf
 
-        out = tf.gather(self.values, tf.maximum(rows, 0))
+        known = tf.maximum(rows, 0)
+        out = tf.gather(self.values, known)
+        if self.quantized:  # (q + 128) · scale + offset, each code by its block's; then the model's column order
+            scale = tf.gather(tf.gather(self.scale, known), self.code_block, axis=1)
+            offset = tf.gather(tf.gather(self.offset, known), self.code_block, axis=1)
+            codes = tf.cast((tf.cast(tf.gather(self.codes, known), tf.float32) + 128.0) * scale + offset, self.dtype)
+            out = tf.gather(tf.concat([codes, out], axis=1), self.column_of, axis=1)
         unknown = tf.where(rows < 0)
         return tf.tensor_scatter_nd_update(out, unknown, self.unknown_values(
             tf.gather_nd(keys, unknown), tf.gather_nd(fields, unknown)))
@@ -187,7 +239,8 @@ class ServedModel:
             return tf.concat(parts, 0) if multi else parts[0]
 
         fields = per_key(np.arange(len(names), dtype=np.int64))
-        values, dims = self.values_of(keys, fields, self.rows(keys, per_key)), int(self.values.shape[1])
+        values = self.values_of(keys, fields, self.rows(keys, per_key))
+        dims = sum(spec.dim for spec in self.specs.values())
         pooled = tf.reshape(values[:size * len(hot)], [size, len(hot), dims])
         if multi:
             sums = tf.math.unsorted_segment_sum(values[size * len(hot):] * tf.concat(weights, 0)[:, None],
@@ -225,11 +278,12 @@ def _named(weights: dict[str, Any], prefix: str) -> dict[str, Any]:
     return {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
 
 
-def build_module(model: Any, state: dict[str, Any], schema: Any) -> Any:
-    """A ``tf.Module`` whose ``serve`` is the ``serving_default`` signature (see the module doc)."""
+def build_module(model: Any, state: dict[str, Any], schema: Any, rows_dtype: str = "float32") -> Any:
+    """A ``tf.Module`` whose ``serve`` is the ``serving_default`` signature (see the module doc);
+    ``rows_dtype``: how the table rows are held (:class:`ServedModel`)."""
     import tensorflow as tf
 
-    served = ServedModel(model, state)
+    served = ServedModel(model, state, rows_dtype)
     module, signature = served.module, request_signature(schema)
 
     @tf.function(input_signature=[signature], autograph=False)
