@@ -239,8 +239,9 @@ class TrainConfig:
     def counters_needed_by(self) -> str:
         """The options that read rows' counts or last-seen steps (admission, eviction, incremental
         checkpoints), as flags; empty when none does."""
-        flags = [("--min-count", self.min_count_value() > 1), ("--ttl", self.ttl), ("--max-rows-per-field",
-                 self.max_rows_per_field), ("--ttl-files", self.ttl_files),
+        min_count = self.min_count_value()
+        flags = [(f"--min-count {min_count}", min_count > 1), ("--ttl", self.ttl),
+                 ("--max-rows-per-field", self.max_rows_per_field), ("--ttl-files", self.ttl_files),
                  ("--full-checkpoint-every", self.full_checkpoint_every > 1)]
         return ", ".join(flag for flag, on in flags if on)
 

@@ -56,8 +56,10 @@ def test_the_prediction_is_what_the_tables_allocate(layout) -> None:
     from des.strategies.components import FieldShard
 
     config = TrainConfig(model="deepfm", embedding_dim=8, min_count=1, table_layout=layout)
-    with pytest.raises(ConfigError, match="--table-layout compact keeps no admission count .* --min-count read"):
+    with pytest.raises(ConfigError, match="--table-layout compact keeps no admission count .* --min-count 2 read"):
         TrainConfig(model="deepfm", min_count=2, table_layout="compact").validate()
+    with pytest.raises(ConfigError, match="--min-count 2, --ttl read"):  # the shared row's default of 2 named
+        TrainConfig(model="lr", unadmitted="shared", ttl=5, table_layout="compact").validate()
     distinct = [3000, 10, 5000, 7]
     tables = table_options(config, distinct)
     assert tables.counters == (layout == "counters") == config.needs_counters()
