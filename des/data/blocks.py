@@ -75,6 +75,8 @@ class Share:
     start: int = 0
     end: int | None = None
     first_line: int = 1
+    #: the share's lines (a Parquet share's rows) where counted before reading, else None
+    lines: int | None = None
 
     @property
     def whole(self) -> bool:

@@ -12,10 +12,13 @@ rank counts the lines of its cut parts (every part then names its bad rows by th
 file, as one process does).
 
 **Writing**: each rank writes its rows as a store of its own (:class:`StoreWriter`, bounded
-memory as one process), in the store's folder; then every rank knows from the others' row and
-key counts where its rows go, writes them into the files of the joined store (which rank 0 made
-at their sizes): the split codes of its rows as a function of their numbers in the whole store
-(``split.py``), a multi-hot field's row pointers shifted by the keys before them. The fields' key
+memory as one process), in the store's folder, except the one-hot keys, most of the bytes, which
+go straight into the joined store's file where they would be if every line were a row
+(:class:`OneHotInPlace`); then every rank knows from the others' row and key counts where its rows
+go, writes them into the files of the joined store (which rank 0 made at their sizes, after moving
+one-hot keys down where some lines were not rows): the split codes of its rows as a function of
+their numbers in the whole store (``split.py``), a multi-hot field's row pointers shifted by the
+keys before them. The ranks write into shared mappings of the files, side by side. The fields' key
 counters (distinct ids, top-10 share) are merged field by field, the fields on the ranks side by
 side, and rank 0 writes the manifest; each file's sha256 is taken whole by the rank that reads its
 first part, beside its work.
@@ -36,7 +39,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ContextManager, TypeVar
@@ -48,7 +51,8 @@ from .errors import DataError
 from .parallel import share_cores
 from .schema import Schema, manifest_sections
 from .split import SPLIT_NAMES, assign_splits
-from .store import StoreWriter, counted, joined_manifest, make_files, place_part, write_manifest
+from .store import (ONE_HOT_KEYS_FILE, StoreWriter, counted, joined_manifest, make_files, move_rows, one_hot_width,
+                    place_part, write_manifest)
 from .tsv import FIRST_BAD_LINES_KEPT, SourceReport
 
 T = TypeVar("T")
@@ -288,8 +292,9 @@ def count_lines(group: Group, parts: list[tuple[int, int, Share]], kind: str, qu
         for rank, number, share in parts:
             if not share.whole:
                 metadata = pq.ParquetFile(share.path).metadata
-                first = sum(metadata.row_group(g).num_rows for g in range(share.start)) + 1
-                share = dataclasses.replace(share, first_line=first)
+                rows = [metadata.row_group(g).num_rows for g in range(share.end)]
+                share = dataclasses.replace(share, first_line=sum(rows[:share.start]) + 1,
+                                            lines=sum(rows[share.start:]))
             numbered.append((rank, number, share))
         return numbered
     mark = quote.encode() if quote and kind != "criteo" else None
@@ -309,9 +314,20 @@ def count_lines(group: Group, parts: list[tuple[int, int, Share]], kind: str, qu
             result.append((rank, number, share))
             continue
         first = next_line.get(number, 1)
-        result.append((rank, number, dataclasses.replace(share, first_line=first)))
+        result.append((rank, number, dataclasses.replace(share, first_line=first, lines=found[i][0])))
         next_line[number] = first + found[i][0]
     return result
+
+
+def rows_if_all_valid(group: Group, parts: list[tuple[int, int, Share]], header: bool) -> list[int] | None:
+    """Each rank's rows if every line of its parts is a row (a header line aside), or None where
+    a part's lines were not counted (a file read whole). An upper bound of the rows it reads."""
+    rows = [0] * group.size
+    for rank, _, share in parts:
+        if share.lines is None:
+            return None
+        rows[rank] += share.lines - (header and share.start == 0)
+    return rows
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -348,10 +364,12 @@ def _joined_reports(paths: Sequence[str], parts: list[tuple[int, int, Share]], r
 
 
 def _read_part(group: Group, schema: Schema, parts: list[tuple[int, int, Share]], folder: Path,
-               split: Sequence[float], seed: int, bad_rows: str, chunk_rows: int, codes: Sequence[int | None]
+               split: Sequence[float], seed: int, bad_rows: str, chunk_rows: int, codes: Sequence[int | None],
+               one_hot_into: tuple[Path, int, int] | None = None
                ) -> tuple[dict[str, Any], list[Any] | None, StoreWriter | None]:
-    """This rank's parts read into a store of its own in ``folder``: what the others need to know
-    of it, the failure that stopped it (None) and its writer (its key counters)."""
+    """This rank's parts read into a store of its own in ``folder`` (its one-hot keys into
+    ``one_hot_into``, see :class:`OneHotInPlace`): what the others need to know of it, the failure
+    that stopped it (None) and its writer (its key counters)."""
     from .features import encode_rows
     from .tabular import open_reader
 
@@ -366,7 +384,8 @@ def _read_part(group: Group, schema: Schema, parts: list[tuple[int, int, Share]]
     writer, current = None, -1
     try:
         folder.mkdir()
-        writer = StoreWriter(folder, schema.field_specs(), split, seed, dense_names=schema.dense_names)
+        writer = StoreWriter(folder, schema.field_specs(), split, seed, dense_names=schema.dense_names,
+                             one_hot_into=one_hot_into)
         reader = open_reader(schema, bad_rows, chunk_rows)
         for current, number, share in mine:
             for chunk in reader.read([share]):
@@ -400,6 +419,47 @@ def _merge_counters(group: Group, writer: StoreWriter) -> list[dict[str, Any]]:
     return [found[n] for n in range(len(found))]
 
 
+class OneHotInPlace:
+    """The joined store's one-hot keys (most of its bytes) written by each rank straight into
+    their file, where they would be if every line of the ranks before it were a row: the parts'
+    lines are counted before reading (:func:`count_lines`). Where some were not rows (bad rows
+    skipped, blank lines), rank 0 moves the blocks down in rank order before the file is cut to
+    its size; the bytes are the same either way. Off (the keys copied with the rest of a part,
+    :func:`place_part`) where a part was not counted (a file read whole) or there is no one-hot
+    field."""
+
+    def __init__(self, group: Group, schema: Schema, parts: list[tuple[int, int, Share]], directory: Path) -> None:
+        header = schema.format.type not in ("criteo", "parquet") and schema.format.header
+        self.expected = rows_if_all_valid(group, parts, header)
+        self.width = one_hot_width(schema.field_specs())
+        self.path = directory / ONE_HOT_KEYS_FILE
+        self.on = self.expected is not None and self.width > 0
+        #: the files the ranks wrote in place (:func:`place_part`'s ``placed``, :func:`make_files`'s ``keep``)
+        self.files = {ONE_HOT_KEYS_FILE} if self.on else set()
+
+    def start(self, group: Group) -> tuple[Path, int, int] | None:
+        """Collective: rank 0 makes the file for every line's row; this rank's ``(file, first row,
+        most rows)``."""
+        if not self.on:
+            return None
+        assert self.expected is not None
+        size = sum(self.expected) * self.width * np.dtype(np.int64).itemsize
+        together(group, lambda: os.truncate(self._create(), size) if group.rank == 0 else None)
+        return self.path, sum(self.expected[:group.rank]), self.expected[group.rank]
+
+    def _create(self) -> Path:
+        self.path.touch(exist_ok=False)
+        return self.path
+
+    def settle(self, manifests: Sequence[Mapping[str, Any]]) -> None:
+        """On rank 0 once every rank has read: each rank's rows moved to where they belong."""
+        if not self.on:
+            return
+        assert self.expected is not None
+        rows = [int(m["num_rows"]) for m in manifests]
+        move_rows(self.path, self.width, [(sum(self.expected[:r]), sum(rows[:r]), rows[r]) for r in range(len(rows))])
+
+
 def write_store_on_ranks(comm: Any, schema: Schema, paths: Sequence[str], directory: Path, split: Sequence[float],
                          seed: int, bad_rows: str, chunk_rows: int, roles: Sequence[str] | None = None) -> None:
     """Collective: the rows of ``paths`` as one store in ``directory`` (every rank's the same
@@ -414,7 +474,9 @@ def write_store_on_ranks(comm: Any, schema: Schema, paths: Sequence[str], direct
     parts = together(group, lambda: count_lines(group, parts, kind, schema.format.quote))
     codes = [None if roles is None else SPLIT_NAMES.index(role) for role in roles or paths]
     folder = directory / f".part-{group.rank}"
-    info, failure, writer = _read_part(group, schema, parts, folder, split, seed, bad_rows, chunk_rows, codes)
+    in_place = OneHotInPlace(group, schema, parts, directory)
+    info, failure, writer = _read_part(group, schema, parts, folder, split, seed, bad_rows, chunk_rows, codes,
+                                       in_place.start(group))
     everyone = group.allgather(info)
     reports = {int(i): _report(r) for each in everyone for i, r in each["reports"].items()}
     digests = {int(n): d for each in everyone for n, d in each["digests"].items()}
@@ -423,7 +485,8 @@ def write_store_on_ranks(comm: Any, schema: Schema, paths: Sequence[str], direct
     manifests = [each["manifest"] for each in everyone]
     sections = {**source_sections(joined, bad_rows), **manifest_sections(schema)}
     outline = joined_manifest(manifests, [], [0, 0, 0], **sections)
-    together(group, lambda: make_files(directory, outline) if group.rank == 0 else None)
+    together(group, lambda: (in_place.settle(manifests), make_files(directory, outline, in_place.files))
+             if group.rank == 0 else None)
     rows_before = sum(int(m["num_rows"]) for m in manifests[:group.rank])
     values_before = [sum(int(m["fields"][f]["keys"]["shape"][0]) for m in manifests[:group.rank])
                      if m0["offsets"] is not None else 0 for f, m0 in enumerate(manifests[0]["fields"])]
@@ -438,7 +501,7 @@ def write_store_on_ranks(comm: Any, schema: Schema, paths: Sequence[str], direct
     # the rows are copied into place on a thread while the key counters are merged over the ranks
     with ThreadPoolExecutor(1, thread_name_prefix="des-data-place") as placing:
         placed = placing.submit(place_part, folder, manifests[group.rank], directory, rows_before, values_before,
-                                rewrite)
+                                rewrite, placed=in_place.files)
         counts = together(group, lambda: _merge_counters(group, writer))  # type: ignore[arg-type]
         together(group, placed.result)
     if roles is None:

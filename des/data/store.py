@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -113,6 +113,38 @@ class _AppendFile:
         return _array_entry(self.file_name, self.dtype, [self.length] + ([] if self.width is None else [self.width]))
 
 
+class _PlacedFile:
+    """As :class:`_AppendFile`, the rows written from row ``first`` of an existing file (a joined
+    store's, made long enough: ``des/data/ranks.py``), through shared mappings, so the ranks
+    placing their rows into one file at once do not wait for each other (see :func:`place_part`)."""
+
+    def __init__(self, path: Path, dtype: np.dtype, width: int, first: int, limit: int) -> None:
+        self.file_name = path.name
+        self.dtype = np.dtype(dtype)
+        self.width = width
+        self.length = 0
+        self._path, self._first, self._limit = path, int(first), int(limit)
+
+    def append(self, values: np.ndarray) -> None:
+        chunk = np.ascontiguousarray(values, dtype=self.dtype)
+        assert chunk.shape[1:] == (self.width,)
+        if self.length + chunk.shape[0] > self._limit:  # the next writer's rows: never overwritten
+            raise RuntimeError(f"{self._path}: more than the {self._limit} rows placed from row {self._first}")
+        if chunk.size:
+            into = _file_range(self._path, self.dtype, (self._first + self.length) * self.width, chunk.size)
+            into[:] = chunk.reshape(-1)
+            del into
+        self.length += chunk.shape[0]
+
+    def close(self) -> dict[str, Any]:
+        return _array_entry(self.file_name, self.dtype, [self.length, self.width])
+
+
+def one_hot_width(fields: Sequence[FieldSpec]) -> int:
+    """Columns of a store's ``one_hot.keys.bin``: its one-hot fields."""
+    return sum(spec.hotness != MULTI_HOT for spec in fields)
+
+
 def counted(counter: KeyCounter) -> dict[str, Any]:
     """A field's manifest figures of its keys' counter."""
     return {"distinct": counter.distinct, "nnz": counter.total, "top10_share": round(counter.top_share(10), 6)}
@@ -191,7 +223,10 @@ class StoreWriter:
         seed: int,
         extra_arrays: Mapping[str, np.dtype] | None = None,
         dense_names: Sequence[str] = (),
+        one_hot_into: tuple[Path, int, int] | None = None,
     ) -> None:
+        """``one_hot_into``: ``(file, first row, most rows)``, the one-hot keys written into rows
+        ``first`` on of that existing file (a joined store's) instead of a file of this store."""
         self.directory = Path(directory)
         self.dense_names = tuple(str(name) for name in dense_names)
         self._dense = (_AppendFile(self.directory, DENSE_FILE, _DENSE_DTYPE, len(self.dense_names))
@@ -205,8 +240,11 @@ class StoreWriter:
         self.num_positives = 0
         self.split_counts = np.zeros(len(SPLIT_NAMES), dtype=np.int64)
         one_hot = [i for i, spec in enumerate(fields) if spec.hotness != MULTI_HOT]
-        self._one_hot = (_AppendFile(self.directory, ONE_HOT_KEYS_FILE, _KEY_DTYPE, len(one_hot)) if one_hot
-                         else None)
+        self._one_hot: _AppendFile | _PlacedFile | None = None
+        if one_hot:
+            self._one_hot = (_AppendFile(self.directory, ONE_HOT_KEYS_FILE, _KEY_DTYPE, len(one_hot))
+                             if one_hot_into is None else _PlacedFile(one_hot_into[0], _KEY_DTYPE, len(one_hot),
+                                                                      *one_hot_into[1:]))
         self._fields = [_FieldWriter(self.directory, i, spec,
                                      (self._one_hot, one_hot.index(i)) if self._one_hot and i in one_hot else None)
                         for i, spec in enumerate(fields)]
@@ -399,12 +437,14 @@ def joined_manifest(parts: Sequence[Mapping[str, Any]], counts: Sequence[Mapping
 
 
 def place_part(part: Path, manifest: Mapping[str, Any], target: Path, rows_before: int, values_before: Sequence[int],
-               rewrite: Mapping[str, Any] | None = None, block_bytes: int = 1 << 24) -> None:
+               rewrite: Mapping[str, Any] | None = None, block_bytes: int = 1 << 24, placed: Collection[str] = ()
+               ) -> None:
     """Write the arrays of the store at ``part`` (``manifest``) into the files of the joined store
     at ``target`` (made at their full sizes), at the place of its rows: after ``rows_before`` rows
     and, for a multi-hot field ``f``, ``values_before[f]`` keys (its row pointers shifted by them;
     the first part writes the leading 0). ``rewrite`` maps a file name to ``f(first row, values)``
-    giving the values to write instead (the split codes, a function of the row's number).
+    giving the values to write instead (the split codes, a function of the row's number); the files
+    named in ``placed`` are in place already (:class:`StoreWriter`'s ``one_hot_into``).
 
     The ranks of a job place their parts into the same files at once, each through a shared
     mapping of its range, a block at a time (:func:`_file_range`; a rank holds a block): a
@@ -412,6 +452,8 @@ def place_part(part: Path, manifest: Mapping[str, Any], target: Path, rows_befor
     ranks' copies would run one after another (as long as one process copying the whole store,
     however many ranks), where page faults on different pages of one file proceed side by side."""
     for entry, what, field in part_arrays(manifest):
+        if entry["file"] in placed:
+            continue
         dtype = np.dtype(entry["dtype"])
         shape = [int(n) for n in entry["shape"]]
         count = int(np.prod(shape, dtype=np.int64))
@@ -441,12 +483,28 @@ def _file_range(path: Path, dtype: np.dtype, first: int, count: int, mode: str =
     return np.memmap(path, dtype=dtype, mode=mode, offset=first * dtype.itemsize, shape=(count,))
 
 
-def make_files(target: Path, manifest: Mapping[str, Any]) -> None:
-    """Create the array files of ``manifest`` in ``target`` at their sizes (holes, to be written)."""
+def make_files(target: Path, manifest: Mapping[str, Any], keep: Collection[str] = ()) -> None:
+    """Create the array files of ``manifest`` in ``target`` at their sizes (holes, to be written);
+    the files named in ``keep`` exist and are only cut (or grown) to their sizes."""
     for entry, _, _ in part_arrays(manifest):
         size = int(np.prod([int(n) for n in entry["shape"]], dtype=np.int64)) * np.dtype(entry["dtype"]).itemsize
-        with open(target / entry["file"], "wb") as handle:
+        with open(target / entry["file"], "r+b" if entry["file"] in keep else "wb") as handle:
             handle.truncate(size)
+
+
+def move_rows(path: Path, width: int, moves: Sequence[tuple[int, int, int]], block_rows: int = 1 << 16) -> None:
+    """Move rows of ``width`` int64 values within the file ``path``: ``(from, to, rows)`` each, in
+    order, every ``to`` at most its ``from`` and past the rows moved before (a joined store's
+    one-hot keys placed where they would be had every line been a row: ``des/data/ranks.py``)."""
+    for source, dest, rows in moves:
+        if source == dest:
+            continue
+        for start in range(0, rows, block_rows):
+            count = min(block_rows, rows - start) * width
+            block = np.array(_file_range(path, _KEY_DTYPE, (source + start) * width, count))  # a copy: may overlap
+            into = _file_range(path, _KEY_DTYPE, (dest + start) * width, count)
+            into[:] = block
+            del into
 
 
 def write_manifest(directory: Path, manifest: Mapping[str, Any]) -> None:
