@@ -59,10 +59,12 @@ more at B=512; des-bf16 above des on CPUs with bf16 units (AVX512-BF16, AMX), be
 on Criteo des = alltoall at N = 2 and 4 (the planner exchanges every operator: the same step); with
 ``--data multihot`` the planner picks all partials, so des = des-partials, ahead of alltoall (the
 exchange's per-id work grows with the ids per sample, the partials' bytes do not). N = 4 on 2
-cores time-shares them and shows no scaling. On ``--data din`` des's din (B = 4096, N = 1) about
-0.4 of its roofline, whose attention over 30 items costs several times the rest of the network
-(about 7,000 against 30,000 samples/s for DeepFM's on the same rows), and about level with
-DeepCTR's DIN; N = 2 runs din's attention on the one rank holding the candidate and its items.
+cores time-shares them and shows no scaling. On ``--data din`` (recorded on a 2-core machine
+shared with other jobs, "DIN on a synthetic behaviour sequence"): des's din at N = 1 about at its
+dense roofline (0.90, median of six rounds at B = 4096), nearly all of which is DIN's attention
+over the 30 items (the 200-80 tower alone about a tenth of it), and below DeepCTR's DIN (0.56),
+by more than des's DeepFM trails DeepCTR's on the same rows under that load (0.66); din at N = 2
+below N = 1 (0.43: the attention runs on the one rank holding the candidate and its items).
 Other jobs on the machine move every figure: compare ratios within one run, with ``--rounds``.
 """
 
