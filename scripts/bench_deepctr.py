@@ -130,13 +130,21 @@ DEFAULT_INIT_STD, DEFAULT_L2 = 1e-4, 1e-5  # DeepCTR's own defaults (embedding i
 
 #: des model -> DeepCTR's model of the same network: DeepFM, and DCN with the full-rank cross layers of
 #: DCN-v2 (``cross_parameterization="matrix"``; parallel with the DNN, a linear logit, as des's dcnv2)
-DEEPCTR_MODELS = {"deepfm": "DeepFM", "dcnv2": "DCN (cross_parameterization='matrix')"}
+DEEPCTR_MODELS = {"deepfm": "DeepFM", "dcnv2": "DCN (cross_parameterization='matrix')",
+                  "din": "DIN (PReLU in its DNN and attention unit)"}
 DCN_CROSS_LAYERS = 3  # des's dcnv2 default
 
 
 def _deepctr_model(name: str, columns: list, hidden: Sequence[int], l2: float, seed: int):
-    """DeepCTR's model for des model ``name`` (:data:`DEEPCTR_MODELS`), its defaults otherwise."""
-    from deepctr.models import DCN, DeepFM
+    """DeepCTR's model for des model ``name`` (:data:`DEEPCTR_MODELS`), its defaults otherwise. DIN:
+    des's ``din`` network (PReLU, a learned slope per unit, in the DNN and in the attention unit
+    80-40, for Dice; scores not normalized, DeepCTR's default), ``columns`` from :func:`feature_columns`."""
+    import tensorflow as tf
+    from deepctr.models import DCN, DIN, DeepFM
+
+    if name == "din":
+        return DIN(columns, ["item_id"], dnn_hidden_units=tuple(hidden), dnn_activation=tf.keras.layers.PReLU,
+                   att_hidden_size=(80, 40), att_activation=tf.keras.layers.PReLU, l2_reg_embedding=l2, seed=seed)
 
     common = dict(dnn_hidden_units=tuple(hidden), l2_reg_linear=l2, l2_reg_embedding=l2, l2_reg_dnn=0.0,
                   dnn_dropout=0.0, dnn_activation="relu", seed=seed, task="binary")
@@ -164,27 +172,13 @@ def _compiled_model(store_path: str, seed: int, hidden: Sequence[int], dim: int,
 
     tf.config.threading.set_intra_op_parallelism_threads(os.cpu_count() or 1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    from deepctr.feature_column import DenseFeat, SparseFeat, VarLenSparseFeat
-
     from des.data import ColumnStore
 
     store = ColumnStore.open(store_path)
-    features, inputs = deepctr_inputs(store)
     labels = np.asarray(store.labels).astype(np.float32)
 
     tf.keras.utils.set_random_seed(seed)
-    init = tf.keras.initializers.RandomNormal(stddev=init_std, seed=seed)
-    columns = []
-    for feature in features:
-        if feature.kind == "dense":
-            columns.append(DenseFeat(feature.name, 1))
-            continue
-        sparse = SparseFeat(feature.name, vocabulary_size=feature.vocabulary_size, embedding_dim=dim,
-                            embeddings_initializer=init)
-        # combiner "sum" over the unmasked ids (0 is masked), times the store's weights when given;
-        # weight_norm=False: the weights as they are (DeepCTR's default softmax-normalizes them)
-        columns.append(sparse if feature.kind == "sparse" else VarLenSparseFeat(
-            sparse, maxlen=feature.maxlen, combiner="sum", weight_name=feature.weight_name, weight_norm=False))
+    columns, inputs = feature_columns(store, model_name, dim, tf.keras.initializers.RandomNormal(stddev=init_std, seed=seed))
     model = _deepctr_model(model_name, columns, hidden, l2, seed)
     model.compile(tf.keras.optimizers.Adam(learning_rate=0.001), "binary_crossentropy")
 
@@ -206,6 +200,33 @@ def _compiled_model(store_path: str, seed: int, hidden: Sequence[int], dim: int,
             return len(self.ends) - warmup, self.ends[-1] - ([self.begin] + self.ends)[warmup]
 
     return store, inputs, labels, model, StepTimer()
+
+
+def feature_columns(store, model_name: str, dim: int, init) -> tuple[list, dict]:
+    """DeepCTR's feature columns of a store for ``model_name`` and their arrays over all its rows, by
+    input name (in .venv-deepctr): :func:`deepctr_inputs`' columns, or for DIN bench_din's (the
+    candidate ``item_id`` and its ``history@1..L`` as ``hist_item_id``, sharing its embedding)."""
+    from deepctr.feature_column import DenseFeat, SparseFeat, VarLenSparseFeat
+
+    if model_name == "din":
+        import bench_din
+
+        data = bench_din.din_inputs(str(store.path))
+        columns = bench_din.din_columns(data, dim, init)
+        return columns, {c.name: data[c.name] for c in columns}
+    features, inputs = deepctr_inputs(store)
+    columns = []
+    for feature in features:
+        if feature.kind == "dense":
+            columns.append(DenseFeat(feature.name, 1))
+            continue
+        sparse = SparseFeat(feature.name, vocabulary_size=feature.vocabulary_size, embedding_dim=dim,
+                            embeddings_initializer=init)
+        # combiner "sum" over the unmasked ids (0 is masked), times the store's weights when given;
+        # weight_norm=False: the weights as they are (DeepCTR's default softmax-normalizes them)
+        columns.append(sparse if feature.kind == "sparse" else VarLenSparseFeat(
+            sparse, maxlen=feature.maxlen, combiner="sum", weight_name=feature.weight_name, weight_norm=False))
+    return columns, inputs
 
 
 def _rows_of(inputs: dict, rows):

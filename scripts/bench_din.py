@@ -68,29 +68,41 @@ def din_inputs(store_path: str) -> dict[str, np.ndarray]:
     return out
 
 
+def din_columns(data: dict[str, np.ndarray], dim: int = 8, initializer=None) -> list:
+    """DeepCTR's feature columns of :func:`din_inputs`' arrays (the module docstring; in the DeepCTR
+    venv): ``item_id`` and ``hist_item_id`` sharing its embedding, the others by their arrays'
+    shapes, embeddings ``dim`` wide (``initializer``: DeepCTR's default where None). Each column's
+    name is the key of its array."""
+    from deepctr.feature_column import DenseFeat, SparseFeat, VarLenSparseFeat
+
+    init = {} if initializer is None else {"embeddings_initializer": initializer}
+    skip = {"label", "vocabulary", "item_id", "hist_item_id"} | {k for k in data if k.startswith("rows_")}
+    movies = int(data["vocabulary"][0])
+    columns = [SparseFeat("item_id", movies, embedding_dim=dim, **init)]
+    for name in sorted(k for k in data if k not in skip):
+        a = data[name]
+        if a.dtype == np.float32:
+            columns.append(DenseFeat(name, 1))
+        elif a.ndim == 1:
+            columns.append(SparseFeat(name, int(a.max()) + 1, embedding_dim=dim, **init))
+        else:
+            columns.append(VarLenSparseFeat(SparseFeat(name, int(a.max()) + 1, embedding_dim=dim, **init), a.shape[1],
+                                            "mean"))
+    columns.append(VarLenSparseFeat(SparseFeat("hist_item_id", movies, embedding_dim=dim, embedding_name="item_id",
+                                               **init), data["hist_item_id"].shape[1]))
+    return columns
+
+
 def child(inputs_path: str, seed: int, epochs: int) -> dict:
     """In the DeepCTR venv: train DIN, the best epoch on validation AUC, its test metrics."""
     import tensorflow as tf
-    from deepctr.feature_column import DenseFeat, SparseFeat, VarLenSparseFeat
     from deepctr.models import DIN
     from sklearn.metrics import log_loss, roc_auc_score
 
     data = dict(np.load(inputs_path))
     tf.random.set_seed(seed)
     np.random.seed(seed)
-    skip = {"label", "vocabulary", "item_id", "hist_item_id"} | {k for k in data if k.startswith("rows_")}
-    movies = int(data["vocabulary"][0])
-    columns = [SparseFeat("item_id", movies, embedding_dim=8)]
-    for name in sorted(k for k in data if k not in skip):
-        a = data[name]
-        if a.dtype == np.float32:
-            columns.append(DenseFeat(name, 1))
-        elif a.ndim == 1:
-            columns.append(SparseFeat(name, int(a.max()) + 1, embedding_dim=8))
-        else:
-            columns.append(VarLenSparseFeat(SparseFeat(name, int(a.max()) + 1, embedding_dim=8), a.shape[1], "mean"))
-    columns.append(VarLenSparseFeat(SparseFeat("hist_item_id", movies, embedding_dim=8, embedding_name="item_id"),
-                                    data["hist_item_id"].shape[1]))
+    columns = din_columns(data)
     model = DIN(columns, ["item_id"], seed=seed)
     model.compile("adam", "binary_crossentropy")
     names = [c.name for c in columns]

@@ -1,4 +1,4 @@
-""".venv/bin/python scripts/bench_throughput.py [--quick] [--models lr,fm,wdl,deepfm,dcnv2,dlrm,finalmlp,xdeepfm] [--ranks 1,2,4] [--batch-size 4096,512] [--deepctr] [--warmup 3] [--steps 10] [--rounds 1] [--data criteo|multihot|PATH]
+""".venv/bin/python scripts/bench_throughput.py [--quick] [--models lr,fm,wdl,deepfm,dcnv2,dlrm,finalmlp,xdeepfm,din] [--ranks 1,2,4] [--batch-size 4096,512] [--deepctr] [--warmup 3] [--steps 10] [--rounds 1] [--data criteo|multihot|din|PATH] [--data-rows N]
 
 Shows the DES paper's Table 5 on this machine, and des on one process against what a dense TF
 program and DeepCTR reach, all measured in one run, for every batch size of ``--batch-size`` (a
@@ -9,7 +9,7 @@ comma-separated list, default 4096):
   same global batch, over ``--steps`` timed steps after ``--warmup`` steps (the first steps trace
   the tf.functions and fill the tables: excluded), plus the peak RSS per rank. ``--steps`` counts
   at the largest batch; a smaller batch runs proportionally more steps (the same samples timed).
-* **TF-only roofline** (W&D, DeepFM, DCN-v2, DLRM, FinalMLP and xDeepFM; LR's and FM's logit is a sum of the
+* **TF-only roofline** (W&D, DeepFM, DCN-v2, DLRM, FinalMLP, xDeepFM and DIN; LR's and FM's logit is a sum of the
   partials, no top network), at 2 threads (what one rank gets) and 1 thread (what each of 2 or 4 ranks gets):
   "top network only" = the top network every ``des-replicated`` rank repeats on the whole batch
   (DeepFM: FM combine + the MLP 400-400-400-1 behind the substituted first layer, on the [B, 410]
@@ -17,8 +17,11 @@ comma-separated list, default 4096):
   sum of [B, 39, 1] + FM of [B, 39, 8] + the MLP 312-400-400-400-1 as dense matmuls, forward,
   backward (with the gradients of both inputs) and Adam (``ResourceApplyAdam``) on its 446,402
   dense parameters in one ``tf.function``; the embeddings are given as dense inputs: no hash
-  tables, lookups, pooling or sparse updates. DCN-v2, DLRM, FinalMLP and xDeepFM: each substitution's textbook
-  ``reference`` on the dense inputs and the model's top network, with all its weights, likewise.
+  tables, lookups, pooling or sparse updates. DCN-v2, DLRM, FinalMLP, xDeepFM and DIN: each substitution's textbook
+  ``reference`` on the dense inputs and the model's top network, with all its weights, likewise
+  (DIN: its first layer on the fields but the items, the attention unit over the candidate and its
+  items, its tower 200-80). On ``--data din`` every network is built as des.train builds it for that
+  store (its fields and shared tables).
 * **Rounds** (``--rounds R``): every des/alltoall/ps job, the rooflines and DeepCTR run R times,
   round-robin over the configurations of a batch size (so a drift in the machine's load hits all of
   them alike); a row is the median job (its phases and memory with it) and shows the min-max over
@@ -26,8 +29,9 @@ comma-separated list, default 4096):
   samples/s moves between otherwise identical runs by more than many of the differences measured
   here: small ratios of single jobs are not readable without rounds.
 * **des vs the roofline and DeepCTR** (one process): per model and batch, the dense roofline at
-  2 threads, DeepCTR 0.9.4's DeepFM (for DCN-v2: its DCN with matrix cross layers) (``model.fit`` over ``--warmup`` + the timed steps of the
-  shipped sample in des's batch order, same batch size and network, its defaults: Adam on
+  2 threads, DeepCTR 0.9.4's DeepFM (for DCN-v2: its DCN with matrix cross layers; for DIN: its DIN
+  with PReLU for Dice, des's din network) (``model.fit`` over ``--warmup`` + the timed steps of the
+  data in des's batch order, same batch size and network, its defaults: Adam on
   everything, l2 1e-5 on the tables; 2 TF threads), des at N = 1, des / roofline and des / DeepCTR.
   DeepCTR runs in ``.venv-deepctr`` (see ``scripts/bench_deepctr.py``): ``--deepctr`` runs it and
   creates that venv if it is missing (from PyPI); by default it runs only when the
@@ -36,7 +40,12 @@ comma-separated list, default 4096):
 * **Data** (``--data``): the shipped Criteo sample (default: 39 fields, one id each), or
   ``multihot``: 40,000 synthetic rows (``des.data.synth``) with every categorical field multi-hot
   (0-50 ids, vocabularies x20: ~650 ids per sample, the paper's kind of data), generated once into
-  ``--cache``; or any path des.train reads. The roofline and DeepCTR run on Criteo only.
+  ``--cache``; ``din``: 40,000 synthetic rows (``des.data.synth_schema`` of ``benchlib.din_schema``)
+  with a behaviour sequence: a candidate ``item_id``, its history of up to 30 items read item by
+  item (``pooling = "none"``, sharing ``item_id``'s table), five other fields, for ``--models
+  din,deepfm`` (des's din with DIN's tower: ``--hidden 200,80 --activation prelu``; des strategies
+  only: alltoall keeps a table per field); ``--data-rows`` generates another count; or any path
+  des.train reads. The roofline and DeepCTR run on Criteo and din only.
 
 The figure shows grouped bars (log scale) per model and batch, with the rooflines and DeepCTR as
 short lines. Every child (des, the roofline, DeepCTR) runs with des's oneDNN setting: on where the
@@ -50,8 +59,13 @@ more at B=512; des-bf16 above des on CPUs with bf16 units (AVX512-BF16, AMX), be
 on Criteo des = alltoall at N = 2 and 4 (the planner exchanges every operator: the same step); with
 ``--data multihot`` the planner picks all partials, so des = des-partials, ahead of alltoall (the
 exchange's per-id work grows with the ids per sample, the partials' bytes do not). N = 4 on 2
-cores time-shares them and shows no scaling. Other jobs on the machine move every figure: compare
-ratios within one run, with ``--rounds``.
+cores time-shares them and shows no scaling. On ``--data din`` (recorded on a 2-core machine
+shared with other jobs, "DIN on a synthetic behaviour sequence"): des's din at N = 1 about at its
+dense roofline (0.90, median of six rounds at B = 4096), nearly all of which is DIN's attention
+over the 30 items (the 200-80 tower alone about a tenth of it), and below DeepCTR's DIN (0.56),
+by more than des's DeepFM trails DeepCTR's on the same rows under that load (0.66); din at N = 2
+below N = 1 (0.43: the attention runs on the one rank holding the candidate and its items).
+Other jobs on the machine move every figure: compare ratios within one run, with ``--rounds``.
 """
 
 from __future__ import annotations
@@ -71,10 +85,13 @@ STRATEGY_RANKS = {"des": (1, 2, 4), "des-partials": (2, 4), "des-replicated": (1
                   "alltoall": (1, 2, 4), "ps": (2, 4)}
 FIELDS, EMBEDDING_DIM, HIDDEN = 39, 8, (400, 400, 400)  # des.train's defaults: the network measured
 TITLES = {"lr": "LR", "fm": "FM", "wdl": "W&D", "deepfm": "DeepFM", "dcnv2": "DCN-v2", "dlrm": "DLRM",
-          "finalmlp": "FinalMLP", "xdeepfm": "xDeepFM"}
+          "finalmlp": "FinalMLP", "xdeepfm": "xDeepFM", "din": "DIN"}
+#: des.train flags of a model's jobs (and its roofline and DeepCTR's network) beyond des.train's
+#: defaults: DIN's own tower (des/models/din.py)
+MODEL_FLAGS = {"din": {"hidden": "200,80", "activation": "prelu"}}
 
 # the models with a top network (LR's and FM's top is a sum)
-ROOFLINE_MODELS = ("wdl", "deepfm", "dcnv2", "dlrm", "finalmlp", "xdeepfm")
+ROOFLINE_MODELS = ("wdl", "deepfm", "dcnv2", "dlrm", "finalmlp", "xdeepfm", "din")
 ROOFLINE_THREADS = (2, 1)  # what one rank gets on 2 cores, and what each of 2 or 4 ranks gets
 NO_TOP_NETWORK = {
     "lr": "LR: no top network (logit = sum of the 39 per-field partials + bias), so no TF-only roofline",
@@ -94,17 +111,46 @@ def scaled_steps(steps: int, batch: int, batches: Sequence[int]) -> int:
 
 
 # ------------------------------------------------------------------------------------ roofline child
-def roofline_child(threads: int, batches: Sequence[int], repeats: int, models: Sequence[str] = ROOFLINE_MODELS) -> dict:
+def roofline_child(threads: int, batches: Sequence[int], repeats: int, models: Sequence[str] = ROOFLINE_MODELS,
+                   data: str | None = None) -> dict:
     """Runs in its own process (TF threads must be set before the first op); prints JSON:
     ``{batch: {model: {"top": s, "plain": s, "top_median": s, "plain_median": s}}}`` (seconds per
-    call, see :func:`_roofline_model`)."""
+    call, see :func:`_roofline_model`; the models as des.train builds them for ``data``, None: the
+    Criteo sample)."""
     from des import runtime  # quiet TF
     import tensorflow as tf
 
     runtime.keep_freed_memory()  # the heap as des sets it for itself
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    return {str(b): {name: _roofline_model(name, b, repeats) for name in models} for b in batches}
+    return {str(b): {name: _roofline_model(roofline_model(name, data), b, repeats) for name in models} for b in batches}
+
+
+def model_hidden(name: str) -> tuple[int, ...]:
+    """The tower's widths of ``name``'s jobs (:data:`MODEL_FLAGS`, else des.train's default)."""
+    return tuple(int(h) for h in MODEL_FLAGS[name]["hidden"].split(",")) if "hidden" in MODEL_FLAGS.get(name, {}) \
+        else HIDDEN
+
+
+def roofline_model(name: str, data: str | None = None):
+    """des's model ``name`` as its jobs here train it: on the Criteo sample (``data`` None) 39 one-hot
+    fields of dimension 8 and the 400-400-400 tower; on a store, as des.train builds it for that
+    store (its fields, dense features and shared tables) with :data:`MODEL_FLAGS`."""
+    from des.models import get_model
+
+    if data is None:
+        return get_model(name)(num_fields=FIELDS, embedding_dim=EMBEDDING_DIM, hidden=model_hidden(name))
+    from des.building import build_model, strategy_class
+    from des.config import TrainConfig
+    from des.data import ColumnStore
+    from des.startup import shared_table_numbers
+
+    store = ColumnStore.open(data)
+    config = TrainConfig(model=name, data=data, **MODEL_FLAGS.get(name, {}))
+    model = build_model(shared_table_numbers(config, store, strategy_class(config)), store.num_fields, store.num_dense)
+    if model.num_dense:
+        raise ValueError(f"the roofline gives no dense features, and {data} has {model.num_dense}")
+    return model
 
 
 def plain_network(name: str, fields: int = FIELDS, dim: int = EMBEDDING_DIM, hidden: Sequence[int] = HIDDEN):
@@ -163,17 +209,16 @@ def reference_network(model: Any):
     return [v for params in weights for v in params.values()] + list(top.values()), logits
 
 
-def _roofline_model(name: str, batch: int, repeats: int) -> dict:
+def _roofline_model(model: Any, batch: int, repeats: int) -> dict:
     """Seconds per call of ``top`` (des's top network on the [B, P] buffer, forward + backward) and
-    ``plain`` (:func:`plain_network`, forward + backward + Adam): the wall time of ``repeats`` calls
+    ``plain`` (:func:`plain_network`, forward + backward + Adam) of des model ``model``: the wall time of ``repeats`` calls
     after 3 untimed ones over ``repeats`` (as des's and DeepCTR's samples/s), and the median call."""
     import numpy as np
     import tensorflow as tf
 
-    from des.models import get_model
     from des.substitutions.base import draw_param
 
-    model = get_model(name)(num_fields=FIELDS, embedding_dim=EMBEDDING_DIM, hidden=HIDDEN)
+    name, fields, dim = model.name, model.num_fields, model.embedding_dim
     subs = model.substitutions()
     starts = np.concatenate([[0], np.cumsum([s.width for s in subs])]).astype(int).tolist()
     names = list(model.top_params())
@@ -182,8 +227,8 @@ def _roofline_model(name: str, batch: int, repeats: int) -> dict:
     rng = np.random.default_rng(0)
     buffer = tf.constant(rng.normal(0, 0.1, (batch, starts[-1])).astype(np.float32))
     labels = tf.constant((rng.random(batch) < 0.25).astype(np.float32))
-    linear = tf.constant(rng.normal(0, 0.01, (batch, FIELDS, 1)).astype(np.float32))
-    emb = tf.constant(rng.normal(0, 0.01, (batch, FIELDS, EMBEDDING_DIM)).astype(np.float32))
+    linear = tf.constant(rng.normal(0, 0.01, (batch, fields, 1)).astype(np.float32))
+    emb = tf.constant(rng.normal(0, 0.01, (batch, fields, dim)).astype(np.float32))
 
     @tf.function
     def top_step(buf, y, params):
@@ -194,7 +239,8 @@ def _roofline_model(name: str, batch: int, repeats: int) -> dict:
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits))
         return tape.gradient(loss, [buf, params])
 
-    variables, plain_logits = plain_network(name) if name in ("wdl", "deepfm") else reference_network(model)
+    variables, plain_logits = (plain_network(name, fields, dim, model.tower.hidden) if name in ("wdl", "deepfm")
+                               else reference_network(model))
     slots = [(tf.Variable(tf.zeros_like(v)), tf.Variable(tf.zeros_like(v))) for v in variables]
     adam_step = tf.Variable(0.0)
     lr, beta1, beta2, epsilon = 0.001, 0.9, 0.999, 1e-7  # Keras's Adam defaults
@@ -228,10 +274,11 @@ def _roofline_model(name: str, batch: int, repeats: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------ parent
-def roofline_command(threads: int, batches: Sequence[int], repeats: int, models: Sequence[str]) -> list[str]:
+def roofline_command(threads: int, batches: Sequence[int], repeats: int, models: Sequence[str],
+                     data: str | None = None) -> list[str]:
     """The command line of a roofline child (:func:`roofline_child`; its output: :func:`roofline_result`)."""
     return [str(benchlib.PYTHON), __file__, "--roofline-child", str(threads), "--batch-size", ",".join(map(str, batches)),
-            "--repeats", str(repeats), "--roofline-models", ",".join(models)]
+            "--repeats", str(repeats), "--roofline-models", ",".join(models), *(["--data", data] if data else [])]
 
 
 def roofline_result(output: str) -> dict:
@@ -242,9 +289,11 @@ def roofline_result(output: str) -> dict:
     return json.loads(lines[-1][len("ROOFLINE "):])
 
 
-def roofline_rows(bench: benchlib.Bench, threads: int, batch: int, repeats: int, models: Sequence[str]) -> list[dict]:
-    """The TF-only rooflines of ``models`` at one batch size and thread count (a child process)."""
-    cmd = roofline_command(threads, [batch], repeats, models)
+def roofline_rows(bench: benchlib.Bench, threads: int, batch: int, repeats: int, models: Sequence[str],
+                  data: str | None = None) -> list[dict]:
+    """The TF-only rooflines of ``models`` at one batch size and thread count (a child process), of
+    the network des.train builds for ``data`` (None: the Criteo sample)."""
+    cmd = roofline_command(threads, [batch], repeats, models, data)
     try:
         proc = bench.run_command(cmd, label=f"roofline b{batch} ({threads} threads)", timeout=bench.timeout)
         result = roofline_result(proc.stdout)[str(batch)]
@@ -262,25 +311,26 @@ def roofline_rows(bench: benchlib.Bench, threads: int, batch: int, repeats: int,
     return rows
 
 
-def deepctr_store(bench: benchlib.Bench):
-    """bench_deepctr's venv (created if missing, else used as it is) and the store DeepCTR reads;
-    None (a failure noted) if the venv cannot be made."""
+def deepctr_store(bench: benchlib.Bench, data: str | None = None):
+    """bench_deepctr's venv (created if missing, else used as it is) and the store DeepCTR reads
+    (``data``, None: the Criteo sample); None (a failure noted) if the venv cannot be made."""
     try:
         bench_deepctr.ensure_venv(bench, skip=bench_deepctr.DEEPCTR_PYTHON.exists())
     except benchlib.BenchError as exc:
         bench.failures.append(f"DeepCTR venv: {exc}")
         bench.log(f"FAILED DeepCTR venv: {exc}")
         return None
-    return bench_deepctr.open_store()
+    return bench_deepctr.open_store(data or benchlib.SAMPLE)
 
 
 def deepctr_rows(bench: benchlib.Bench, store, batch: int, warmup: int, steps: int, model: str = "deepfm") -> list[dict]:
     """DeepCTR's model of des's ``model`` (bench_deepctr.DEEPCTR_MODELS: DeepFM, DCN with matrix
-    cross layers), throughput only, at one batch size (bench_deepctr's child)."""
+    cross layers, DIN), with des's tower for it (:func:`model_hidden`), throughput only, at one
+    batch size (bench_deepctr's child)."""
     label = f"deepctr {model} b{batch}"
     try:
         r = bench_deepctr.run_deepctr(bench, str(store.path), label=label, seed=0, batch=batch, warmup=warmup,
-                                      hidden=HIDDEN, dim=EMBEDDING_DIM, throughput_steps=steps, model=model)
+                                      hidden=model_hidden(model), dim=EMBEDDING_DIM, throughput_steps=steps, model=model)
     except (benchlib.BenchError, ValueError) as exc:
         bench.failures.append(f"{label}: {exc}")
         return []
@@ -359,6 +409,26 @@ def compare_rows(models: Sequence[str], batches: Sequence[int], rows: Sequence[d
     return out
 
 
+def data_note(name: str, path: str | None, rows: int | None) -> str:
+    """The table's note on ``--data`` ``name`` (``path``: where :func:`benchlib.dataset` put it)."""
+    if name == "criteo":
+        return "Data: the shipped Criteo sample (one id per field and sample)."
+    if name == "multihot":
+        return (f"Data: multihot ({path}: {rows or benchlib.MULTIHOT['rows']:,} synthetic rows, every categorical "
+                f"field multi-hot with 0-{benchlib.MULTIHOT['max_hot']} ids, vocabularies x"
+                f"{benchlib.MULTIHOT['vocab_scale']:g}); no roofline or DeepCTR (they model the Criteo sample's "
+                "one-hot inputs and DIN's sequence).")
+    if name == "din":
+        length = benchlib.DIN_DATA["max_length"]
+        return (f"Data: din ({path}: {rows or benchlib.DIN_DATA['rows']:,} synthetic rows of benchlib.din_schema, "
+                f"split 90/5/5: a candidate item_id (Zipf over 100,000 ids), its history of 0-{length + 2} items "
+                f"cut to the most recent {length} and read item by item (history@1..{length} sharing item_id's "
+                "table), four other one-hot fields and a mean-pooled multi-valued one; no dense features). "
+                f"des's din with {' '.join(f'--{k} {v}' for k, v in MODEL_FLAGS['din'].items())} (its attention unit "
+                "80-40, PReLU); the other models with des.train's defaults.")
+    return f"Data: {name}."
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="lr,fm,wdl,deepfm")
@@ -377,15 +447,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "exists and not --quick")
     parser.add_argument("--data", default="criteo",
                         help="criteo (the shipped sample, default), multihot (synthetic, every categorical field "
-                             "multi-hot with 0-50 ids; no roofline or DeepCTR), or a data path for des.train")
-    parser.add_argument("--cache", default=benchlib.CACHE, help="where --data multihot is generated")
+                             "multi-hot with 0-50 ids; no roofline or DeepCTR), din (synthetic, a candidate item "
+                             "and its history of up to 30 items sharing its table: for --models din), or a data "
+                             "path for des.train")
+    parser.add_argument("--data-rows", type=int, help="rows of --data multihot or din (default 40,000)")
+    parser.add_argument("--cache", default=benchlib.CACHE, help="where --data multihot and din are generated")
     parser.add_argument("--roofline-child", type=int, metavar="THREADS", help=argparse.SUPPRESS)
     parser.add_argument("--roofline-models", default=",".join(ROOFLINE_MODELS), help=argparse.SUPPRESS)
     benchlib.add_common_arguments(parser)
     args = parser.parse_args(argv)
     batches = batch_sizes(args.batch_size)
     if args.roofline_child:
-        result = roofline_child(args.roofline_child, batches, args.repeats, args.roofline_models.split(","))
+        result = roofline_child(args.roofline_child, batches, args.repeats, args.roofline_models.split(","),
+                                None if args.data == "criteo" else args.data)
         print("ROOFLINE " + json.dumps(result), flush=True)
         return 0
     if args.rounds < 1:
@@ -394,17 +468,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.models, args.ranks, args.warmup, args.steps, args.repeats = "lr,deepfm", "1,2", 2, 3, 5
     models, strategies = args.models.split(","), args.strategies.split(",")
     ranks = [int(x) for x in args.ranks.split(",")]
-    criteo = args.data == "criteo"  # the roofline and DeepCTR model the Criteo sample's one-hot inputs
+    criteo = args.data == "criteo"
+    modelled = args.data in ("criteo", "din")  # the data the rooflines and DeepCTR are built for
     deepctr_models = [m for m in models if m in bench_deepctr.DEEPCTR_MODELS]
-    with_deepctr = criteo and deepctr_models and (
+    with_deepctr = modelled and deepctr_models and (
         args.deepctr if args.deepctr is not None else not args.quick and bench_deepctr.DEEPCTR_PYTHON.exists())
     bench = benchlib.Bench(__file__, args)
-    data = benchlib.dataset(bench, args.data, args.cache)
+    data = benchlib.dataset(bench, args.data, args.cache, args.data_rows)
     data_flags = {} if data is None else {"data": data}
 
     rows, roof_rows, deepctr = [], [], []
-    roof_models = [m for m in ROOFLINE_MODELS if m in models] if criteo else []
-    store = deepctr_store(bench) if with_deepctr else None
+    roof_models = [m for m in ROOFLINE_MODELS if m in models] if modelled else []
+    store = deepctr_store(bench, data) if with_deepctr else None
     for batch in batches:  # des, the rooflines and DeepCTR of one batch size back to back (the load drifts)
         steps = scaled_steps(args.steps, batch, batches)
         configs = [(model, strategy, n) for model in models for strategy in strategies for n in ranks
@@ -415,12 +490,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             for model, strategy, n in configs:  # the rooflines and DeepCTR alike
                 tag = f"{model}-{strategy}-n{n}-b{batch}" + (f"-r{round_}" if args.rounds > 1 else "")
                 s = bench.steady(n, tag, args.warmup, steps, model=model, batch_size=batch, **data_flags,
-                                 **benchlib.strategy_flags(strategy))
+                                 **MODEL_FLAGS.get(model, {}), **benchlib.strategy_flags(strategy))
                 if s is not None:
                     runs[(model, strategy, n)].append(s)
             roof_rounds.append([row for threads in (ROOFLINE_THREADS if roof_models else ())
                                 for row in roofline_rows(bench, threads, batch, scaled_steps(args.repeats, batch, batches),
-                                                         roof_models)])
+                                                         roof_models, data)])
             if store is not None:
                 deepctr_rounds.append([row for model in deepctr_models
                                        for row in deepctr_rows(bench, store, batch, args.warmup, steps, model)])
@@ -454,13 +529,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         compare_columns += [("des_bf16", "des-bf16 N=1 samples/s", ",.0f"),
                             ("des_bf16_vs_roofline", "des-bf16 / roofline", ".2f"),
                             ("des_bf16_vs_deepctr", "des-bf16 / DeepCTR", ".2f")]
-    data_note = ("Data: the shipped Criteo sample (one id per field and sample)." if criteo else
-                 f"Data: {args.data}" + (f" ({data}: {benchlib.MULTIHOT['rows']:,} synthetic rows, every categorical field "
-                                         f"multi-hot with 0-{benchlib.MULTIHOT['max_hot']} ids, vocabularies x"
-                                         f"{benchlib.MULTIHOT['vocab_scale']:g}); no roofline or DeepCTR (they model the "
-                                         "Criteo sample's one-hot inputs)" if args.data == "multihot" else "") + ".")
     notes = [
-        data_note,
+        data_note(args.data, data, args.data_rows),
         f"Global batch {', '.join(map(str, batches))}; samples/s over "
         f"{', '.join(str(scaled_steps(args.steps, b, batches)) for b in batches)} timed steps respectively after "
         f"{args.warmup} warm-up steps (ps: per worker). des/alltoall: training samples over rank 0's training wall "
@@ -483,17 +553,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"'dense roofline' is the same model as a plain TF program on dense inputs [B, {FIELDS}, {EMBEDDING_DIM}] "
         f"and [B, {FIELDS}, 1] (MLP {FIELDS * EMBEDDING_DIM}-{'-'.join(map(str, HIDDEN))}-1 as dense matmuls, "
         "DeepFM's FM term), forward + backward (incl. the inputs' gradients) + Adam on the dense parameters: des "
-        "on one process minus its hash tables (lookup, pooling, sparse update).",
+        "on one process minus its hash tables (lookup, pooling, sparse update)."
+        + ("" if criteo else " On this data each model's network as des.train builds it for the store (its fields, "
+           "their pooled embeddings as the dense inputs; DIN: its first layer on the other fields and the "
+           "attention's reference on the candidate and its items, then its tower)."),
         "DeepCTR: " + (f"DeepCTR 0.9.4 DeepFM in {bench_deepctr.DEEPCTR_VENV.name} (TF 2.21 + tf-keras), k="
                        f"{EMBEDDING_DIM}, MLP {'-'.join(map(str, HIDDEN))}, its defaults (one Adam lr 0.001 for "
                        f"everything, embeddings N(0, {bench_deepctr.DEFAULT_INIT_STD:g}), l2 "
                        f"{bench_deepctr.DEFAULT_L2:g} on the tables), one model.fit over the warm-up + timed steps "
-                       "of the shipped sample's training split in des's batch order; samples/s of the steps after "
+                       "of the data's training split in des's batch order; samples/s of the steps after "
                        "the warm-up from per-batch callbacks; 2 TF threads."
                        + (" For dcnv2: DeepCTR's DCN with cross_parameterization='matrix' and "
                           f"{bench_deepctr.DCN_CROSS_LAYERS} cross layers (des's dcnv2 network)."
                           if "dcnv2" in deepctr_models else "")
-                       if with_deepctr else "not run (DeepFM and DCN-v2 only; --deepctr runs it, by default "
+                       + (" For din: DeepCTR's DIN with des's din network (DNN "
+                          f"{'-'.join(map(str, model_hidden('din')))} and attention unit 80-40, both PReLU, scores "
+                          "not normalized), item_id and hist_item_id (the history's items, 0 the masked padding) "
+                          "sharing one embedding, the other fields as bench_din.py gives them."
+                          if "din" in deepctr_models else "")
+                       if with_deepctr else "not run (DeepFM, DCN-v2 and DIN only; --deepctr runs it, by default "
                        "only when .venv-deepctr exists and not --quick)."),
         "Other engineers' jobs may have shared the 2 cores during these runs (load average per job in results.csv): "
         "compare ratios within the run, not absolute numbers across runs.",

@@ -17,7 +17,7 @@ only inside :meth:`Bench.steady`'s jobs, see :func:`train_with_warmup`).
   the steady-state ms per phase and samples/s of steps ``W+1 .. W+K`` (the first steps trace the
   tf.functions and fill the tables: seconds, not milliseconds); :meth:`Bench.steady_many` does
   that for several jobs in one launch; :meth:`Bench.run_together` runs commands at the same time.
-* :func:`dataset` -- ``--data criteo|multihot|PATH`` (the multi-hot store made on first use).
+* :func:`dataset` -- ``--data criteo|multihot|din|PATH`` (the multi-hot and DIN stores made on first use).
 * :func:`markdown_table` / :func:`write_csv` -- the writers (tested in ``tests/test_bench_scripts.py``).
 * :func:`machine_note` -- the line every table carries about this machine vs the paper's cluster.
 
@@ -128,21 +128,52 @@ def multihot_config():
                           max_hot=MULTIHOT["max_hot"], vocab_scale=MULTIHOT["vocab_scale"])
 
 
-def dataset(bench: Bench | None, data: str, cache: str) -> str | None:
-    """``--data``: None for the shipped Criteo sample (des.train's default), the multi-hot store
-    (made on first use), or a store or data path as given."""
+#: ``--data din``: a behaviour sequence for DIN (``des.data.synth_schema`` of :func:`din_schema`):
+#: a candidate ``item_id`` (100,000 ids), its ``history`` of up to ``max_length`` earlier items read
+#: item by item (``pooling = "none"``: fields ``history@1..L`` sharing ``item_id``'s table), four
+#: other one-hot fields and a mean-pooled multi-valued one; no dense features. Generated once into the cache
+DIN_DATA = {"rows": 40_000, "max_length": 30, "seed": 0}
+
+
+def din_schema(max_length: int = DIN_DATA["max_length"]):
+    """The schema of ``--data din`` (the synthetic generator's vocabulary follows a column's place:
+    10, 1,000, 100,000, 100, 10,000, ...; the history draws ``item_id``'s ids)."""
+    from des.data.schema import Schema
+
+    categorical = lambda name: {"name": name, "kind": "categorical"}  # noqa: E731
+    return Schema.from_dict({
+        "name": "din_bench", "format": {"type": "csv", "delimiter": ",", "header": True},
+        "label": {"column": "click"},
+        "columns": [categorical("gender"), categorical("user_id"), categorical("item_id"), categorical("category"),
+                    categorical("zip_code"),
+                    {"name": "genres", "kind": "multi_valued", "separator": "|", "pooling": "mean"},
+                    {"name": "history", "kind": "sequence", "max_length": max_length, "pooling": "none",
+                     "table": "item_id"}]}, source="bench din data")
+
+
+def dataset(bench: Bench | None, data: str, cache: str, rows: int | None = None) -> str | None:
+    """``--data``: None for the shipped Criteo sample (des.train's default), the multi-hot or the
+    DIN store (made on first use; ``rows`` instead of their default count), or a store or data path
+    as given."""
     if data == "criteo":
         return None
-    if data != "multihot":
+    if data not in ("multihot", "din"):
         return data
-    path = Path(cache) / "bench-multihot-{rows}-s{seed}-h{max_hot}-v{vocab_scale:g}".format(**MULTIHOT)
+    spec = dict(MULTIHOT if data == "multihot" else DIN_DATA, **({"rows": rows} if rows else {}))
+    name = ("bench-multihot-{rows}-s{seed}-h{max_hot}-v{vocab_scale:g}" if data == "multihot"
+            else "bench-din-{rows}-s{seed}-l{max_length}").format(**spec)
+    path = Path(cache) / name
     if not (path / "manifest.json").is_file():
         from des.data.synth import synthesize_store
+        from des.data.synth_schema import synthesize_schema
 
         if bench is not None:
-            bench.log(f"generating the multi-hot data into {path}")
+            bench.log(f"generating the {data} data into {path}")
         path.parent.mkdir(parents=True, exist_ok=True)
-        synthesize_store(path, MULTIHOT["rows"], multihot_config(), overwrite=True)
+        if data == "multihot":
+            synthesize_store(path, spec["rows"], multihot_config(), overwrite=True)
+        else:
+            synthesize_schema(path, spec["rows"], din_schema(spec["max_length"]), seed=spec["seed"], overwrite=True)
     return str(path)
 
 

@@ -337,6 +337,94 @@ def test_reference_roofline_network_is_the_model():
         np.testing.assert_allclose(logits(linear, emb).numpy(), small.top(top, outputs).numpy(), rtol=1e-5, atol=1e-6)
 
 
+def _din_store(tmp_path: Path, rows: int = 600) -> str:
+    """``--data din`` at ``rows`` rows (made in ``tmp_path``)."""
+    return benchlib.dataset(None, "din", str(tmp_path / "cache"), rows=rows)
+
+
+def test_din_roofline_network_is_the_model(tmp_path):
+    """``--data din``: a candidate and its history sharing its table; DIN's roofline is des's din as
+    des.train builds it for that store (DIN's tower), and its plain network is the engine's forward
+    on one rank for the same weights and inputs."""
+    import numpy as np
+    import tensorflow as tf
+
+    from des.data import ColumnStore
+
+    store = ColumnStore.open(_din_store(tmp_path))
+    length = benchlib.DIN_DATA["max_length"]
+    assert store.num_dense == 0 and store.field_names[store.num_fields - length:] == tuple(
+        f"history@{t}" for t in range(1, length + 1))
+    model = throughput.roofline_model("din", str(store.path))
+    candidate = store.field_names.index("item_id")
+    assert model.groups == [(candidate, tuple(range(store.num_fields - length, store.num_fields)))]
+    assert model.tower.hidden == (200, 80) and model.tower.activation == "prelu"
+    assert throughput.roofline_model("deepfm", str(store.path)).num_fields == store.num_fields
+    small = type(model)(num_fields=5, embedding_dim=2, hidden=(4, 3), shared_tables="3:1,4:1", attention_hidden=(3, 2))
+    variables, logits = throughput.reference_network(small)
+    weights, at = [], 0
+    for sub in small.substitutions():
+        weights.append(dict(zip(sub.field_params(), variables[at:at + len(sub.field_params())])))
+        at += len(sub.field_params())
+    top = dict(zip(small.top_params(), variables[at:]))
+    rng = np.random.default_rng(3)
+    emb = rng.normal(size=(6, 5, 2)).astype(np.float32)
+    emb[:2, 4] = 0.0  # an empty slot of the history
+    outputs = [sub.combine(sub.local(tf.constant(emb), {**params, "field_indices": tf.range(5)}))
+               for sub, params in zip(small.substitutions(), weights)]
+    np.testing.assert_allclose(logits(np.zeros((6, 5, 1), np.float32), emb).numpy(), small.top(top, outputs).numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_din_deepctr_inputs_read_the_stores_rows(tmp_path):
+    """DeepCTR's DIN reads des's rows: the candidate and the history re-indexed over one vocabulary
+    (1..V, 0 the padding of an empty slot), each slot's id the store's, the other fields' rows."""
+    import numpy as np
+
+    import bench_din
+
+    from des.data import ColumnStore
+
+    store = ColumnStore.open(_din_store(tmp_path))
+    data = bench_din.din_inputs(str(store.path))
+    names = list(store.field_names)
+    keys = {name: store.field(f) for f, name in enumerate(names)}
+    vocabulary = np.unique(np.concatenate([np.asarray(keys[n][1]) for n in names if n == "item_id" or "@" in n]))
+    assert int(data["vocabulary"][0]) == vocabulary.size + 1
+    assert np.array_equal(vocabulary[data["item_id"] - 1], np.asarray(keys["item_id"][1]))
+    hist = data["hist_item_id"]
+    assert hist.shape == (store.num_rows, benchlib.DIN_DATA["max_length"])
+    for t in (0, hist.shape[1] - 1):
+        offsets, k, _ = keys[f"history@{t + 1}"]
+        has = np.diff(np.asarray(offsets)) > 0
+        assert 0 < has.sum() < store.num_rows and not hist[~has, t].any()
+        assert np.array_equal(vocabulary[hist[has, t] - 1], np.asarray(k))
+    assert data["genres"].ndim == 2 and data["gender"].shape == (store.num_rows,)
+
+
+@pytest.mark.mpi
+def test_throughput_din_on_its_data(tmp_path):
+    """bench_throughput's din on ``--data din`` at the smallest size (one rank, a warm-up step and
+    2 timed ones of 64 rows): des's samples/s, both rooflines of its network at 2 and 1 threads, and
+    the comparison row of des against the dense roofline."""
+    out = tmp_path / "run"
+    code = throughput.main(["--models", "din", "--strategies", "des", "--ranks", "1", "--batch-size", "64",
+                            "--warmup", "1", "--steps", "2", "--repeats", "2", "--data", "din", "--data-rows", "600",
+                            "--cache", str(tmp_path / "cache"), "--no-deepctr", "--no-figure", "--out", str(out)])
+    (folder,) = out.glob("bench_throughput/*")  # the run folder
+    results = json.loads((folder / "results.json").read_text())
+    assert code == 0 and results["failures"] == []
+    rows = results["rows"]
+    des = [r for r in rows if r.get("strategy") == "des"]
+    assert [(r["model"], r["ranks"]) for r in des] == [("din", 1)] and des[0]["samples_per_second"] > 0
+    assert sorted((r["kind"], r["threads"]) for r in rows if r.get("kind") in ("top", "plain")) == [
+        ("plain", 1), ("plain", 2), ("top", 1), ("top", 2)]
+    compare = [r for r in rows if r.get("kind") == "compare"]
+    assert len(compare) == 1 and compare[0]["des_vs_roofline"] == pytest.approx(
+        compare[0]["des"] / compare[0]["roofline"])
+    assert "Data: din (" in (folder / "table.md").read_text()
+
+
 def test_deepctr_batch_order(tmp_path):
     """DeepCTR trains des's batches: one epoch (last partial batch dropped), or N batches over epochs."""
     from des.data import BatchReader, open_dataset
