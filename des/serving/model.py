@@ -315,19 +315,16 @@ def build_module(model: Any, state: dict[str, Any], schema: Any, rows_dtype: str
     served = ServedModel(model, state, rows_dtype)
     module, signature = served.module, request_signature(schema)
 
-    @tf.function(input_signature=[signature], autograph=False)
-    def serve(request):
+    # A signature function takes keyword arguments: each column is its own named input. The graph is
+    # built in it, not in a function it calls: one function in the SavedModel, a smaller graph file.
+    @tf.function(input_signature=list(signature.values()), autograph=False)
+    def serve(*columns):
+        request = dict(zip(signature, columns))
         features = request_fields(schema, request)
         dense = features.dense if schema.dense_names else None
-        return {"probability": served.probability(features, dense, tf.shape(next(iter(request.values())))[0])}
-
-    # A signature function takes keyword arguments: wrap so each column is its own named input.
-    @tf.function(input_signature=list(signature.values()), autograph=False)
-    def serving_default(*columns):
-        return serve(dict(zip(signature, columns)))
+        return {"probability": served.probability(features, dense, tf.shape(columns[0])[0])}
 
     module.serve = serve
-    module.serving_default = serving_default
     return module
 
 
