@@ -101,7 +101,7 @@ def write_savedmodel(checkpoint: str | Path, folder: Path, schema: str = "", exp
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(folder, ignore_errors=True)
-    tf.saved_model.save(module, str(folder), signatures={"serving_default": module.serving_default})
+    tf.saved_model.save(module, str(folder), signatures={"serving_default": module.serve})
     info = {"checkpoint": str(checkpoint), "step": manifest["step"], "ranks": manifest["ranks"],
             "model": manifest["model"], "dtype": manifest["dtype"], "rows": int(state["offsets"][-1]),
             "unadmitted": state["unadmitted"], "min_count": state["min_count"], "missing_int": MISSING_INT,

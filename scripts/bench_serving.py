@@ -12,8 +12,12 @@ bound no SavedModel reaches); with ``--baseline`` the SavedModels that another c
 ``des.export`` writes of the same checkpoints (before and after in one run); with ``--stages``
 where the time goes: the key transform alone (``request_fields``), then the lookup and pooling too
 (``ServedModel.pooled``), each a ``tf.function`` of its own; with ``--profile`` per-op timings of
-each SavedModel (TF's step stats, the op types that take the most). One-row requests: median and
-p99 latency. The export's time and size (next to the checkpoint's).
+each SavedModel (TF's step stats, the op types that take the most and the op runs a call: a
+count that load does not change). One-row requests: median and p99 latency. "empty SavedModel":
+a SavedModel with the same named inputs that computes nothing, called the same way: the floor of
+a call through ``tf.saved_model.load``'s signature (binding and checking the named tensors in
+Python, then the function call), which a model server's C++ ``Session::Run`` does not pay. The
+export's time and size (next to the checkpoint's).
 
 Models: ``--models`` trained on the shipped Criteo sample (one epoch, default sizes, one rank),
 ``--schema-models`` on synthetic rows of ``tests/data/every_kind.toml`` (string, int, multi-valued
@@ -26,7 +30,8 @@ SavedModels are loaded with plain ``tf.saved_model.load``; inter-op threads 1.
 Expect (a 2-core machine; recorded runs in ``docs/benchmarks.md``, "Serving"): the SavedModel
 smaller than the checkpoint (no optimizer slots); at 1024 rows and more the SavedModel at half the
 roofline or better (the fixed-shape one: about half); one-row requests in 1-2 ms with other jobs
-on the machine, most of it TF's cost per op run and per call.
+on the machine, about 0.6 ms of it the empty SavedModel's (the Python signature's), most of the
+rest the MLP's matrix products and TF's cost per op run.
 """
 
 from __future__ import annotations
@@ -53,6 +58,22 @@ MISSING_INT = -(2**63)
 
 def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def empty_savedmodel(signature: dict, folder: Path):
+    """The floor of a call: a SavedModel with the same named inputs that computes nothing (zeros of
+    the batch's length), saved and loaded as the export is; its ``serving_default``."""
+    import tensorflow as tf
+
+    module = tf.Module()
+    specs = [tf.TensorSpec(spec.shape, spec.dtype, name=name) for name, spec in signature.items()]
+
+    @tf.function(input_signature=specs, autograph=False)
+    def serving_default(*columns):
+        return {"probability": tf.zeros(tf.shape(columns[0]), tf.float32)}
+
+    tf.saved_model.save(module, str(folder), signatures={"serving_default": serving_default})
+    return tf.saved_model.load(str(folder)).signatures["serving_default"]
 
 
 def criteo_request(rows: int) -> dict:
@@ -117,6 +138,7 @@ class Subject:
         self.checkpoint_bytes = folder_bytes(resolve_checkpoint(str(run)))
         self.serve = tf.saved_model.load(str(work / f"{run.name}.savedmodel")).signatures["serving_default"]
         signature = self.serve.structured_input_signature[1]
+        self.empty = empty_savedmodel(signature, work / f"{run.name}.empty.savedmodel")
         self.baseline = self.baseline_folder = None
         if baseline:  # the same checkpoint exported by another checkout's des.export
             folder = work / f"{run.name}.baseline.savedmodel"
@@ -180,6 +202,7 @@ def measure(subject: Subject, rows: int, calls: int, stages: bool, out: dict) ->
     runs = {"savedmodel": lambda: subject.serve(**request)["probability"].numpy(),
             "forward": lambda: subject.forward(pooled, dense).numpy(),
             "static": lambda: subject.forward_static(pooled, dense if subject.schema.dense_names else None).numpy()}
+    runs["empty"] = lambda: subject.empty(**request)["probability"].numpy()
     if subject.baseline is not None:
         runs["baseline"] = lambda: subject.baseline(**request)["probability"].numpy()
     if stages:
@@ -298,7 +321,8 @@ def report(args, subjects: list, batches: list[int], times: dict, work: Path) ->
             row = {"model": subject.name, "batch": rows, "savedmodel": rows / t["savedmodel"],
                    "forward": rows / t["forward"], "ratio": t["forward"] / t["savedmodel"],
                    "savedmodel_ms": 1000 * t["savedmodel"], "forward_ms": 1000 * t["forward"],
-                   "static": rows / t["static"], "static_ratio": t["static"] / t["savedmodel"]}
+                   "static": rows / t["static"], "static_ratio": t["static"] / t["savedmodel"],
+                   "empty_ms": 1000 * t["empty"]}
             if subject.baseline is not None:
                 row.update(baseline=rows / t["baseline"], baseline_ratio=t["forward"] / t["baseline"])
             if args.stages:
@@ -315,7 +339,7 @@ def report(args, subjects: list, batches: list[int], times: dict, work: Path) ->
         columns[3:3] = [("baseline", "baseline rows/s", ",.0f"), ("baseline_ratio", "baseline ratio", ".2f")]
     if args.stages:
         columns += [("features_ms", "keys ms", ".3f"), ("pooled_ms", "keys + lookup ms", ".3f")]
-    columns += [("p99_ms", "p99 ms (1 row)", ".3f")]
+    columns += [("empty_ms", "empty SavedModel ms", ".3f"), ("p99_ms", "p99 ms (1 row)", ".3f")]
     size_columns = [("model", "model", ""), ("rows", "table rows", ",d"), ("export_s", "export s", ".1f"),
                     ("savedmodel_mib", "SavedModel MiB", ".1f"), ("checkpoint_mib", "checkpoint MiB", ".1f"),
                     ("baseline_mib", "baseline SavedModel MiB", ".1f")]

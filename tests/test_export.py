@@ -133,6 +133,30 @@ def test_int8_rows_serve_close_to_float32_in_a_smaller_export(exported: dict) ->
     assert json.loads((root / "deepfm-2.int8" / "des_export.json").read_text())["rows_dtype"] == "int8"
 
 
+def test_a_one_row_request_runs_few_ops(exported: dict) -> None:
+    """One row of Criteo served by the LR export (``--unadmitted shared``) runs at most 175 ops, as
+    TF's step stats count them when the SavedModel runs as a graph (as a model server runs it):
+    each kind of column in a few ops, the one-hot keys looked up as ``[B, k]`` and read by one
+    gather (an unknown id's fallback row picked before it), no op per field and none on the ids
+    that miss. (265 before the hex ids' table gather and the fallback rows.) A count, not a time."""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default(), tf.compat.v1.Session(graph=graph) as session:
+        signature = tf.compat.v1.saved_model.loader.load(
+            session, ["serve"], str(exported["root"] / "lr-1.savedmodel")).signature_def["serving_default"]
+        feed = {signature.inputs[f"I{i}"].name: np.array([i], np.int64) for i in range(1, 14)}
+        feed.update({signature.inputs[f"C{i}"].name: np.array([b"68fd1e64"]) for i in range(1, 27)})
+        output, metadata = signature.outputs["probability"].name, tf.compat.v1.RunMetadata()
+        session.run(output, feed)
+        session.run(output, feed, options=tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+                    run_metadata=metadata)
+    ops = [node.timeline_label.split(" = ")[-1].split("(")[0] for device in metadata.step_stats.dev_stats
+           for node in device.node_stats]
+    assert 100 < len(ops) <= 175, len(ops)
+    assert "LookupTableFindV2" in ops and not {"Tile", "TensorScatterUpdate"} & set(ops), ops
+
+
 def test_quantized_rows_are_within_half_a_step() -> None:
     """``quantize_rows``: each block of each row on 256 levels between its minimum and maximum, every
     value within half a level (float32 rounding aside), a row whose block is constant exactly."""

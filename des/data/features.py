@@ -130,7 +130,7 @@ def _tf_finish(h: Any) -> Any:
     import tensorflow as tf
 
     key = tf.bitcast(tf.bitwise.right_shift(h, _tf_uint64(1)), tf.int64)
-    return tf.where(key == 0, tf.ones_like(key), key)
+    return tf.where(key == 0, tf.constant(1, tf.int64), key)
 
 
 @numba.njit(cache=True, inline="always")
@@ -224,7 +224,7 @@ def tf_string_keys(values: Any) -> Any:
 
     h0 = tf.cast(lengths, tf.uint64) * _tf_uint64(_GOLDEN)
     _, h = tf.while_loop(lambda j, h: j < words, step, (tf.constant(0, tf.int64), h0))
-    return tf.reshape(tf.where(lengths == 0, tf.zeros_like(lengths), _tf_finish(h)), shape)
+    return tf.reshape(tf.where(lengths == 0, tf.constant(0, tf.int64), _tf_finish(h)), shape)
 
 
 def int_keys(values: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
@@ -241,7 +241,7 @@ def tf_int_keys(values: Any) -> Any:
     import tensorflow as tf
 
     mixed = _tf_finish(tf_mix64(tf.bitwise.bitwise_xor(tf.bitcast(values, tf.uint64), _tf_uint64(int(INT_SALT)))))
-    return tf.where(values == MISSING_INT, tf.zeros_like(values), mixed)
+    return tf.where(values == MISSING_INT, tf.constant(0, tf.int64), mixed)
 
 
 def cross_keys(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -321,49 +321,28 @@ def hex_keys(values: Any, tag: int = 0, out: np.ndarray | None = None) -> np.nda
     return tagged_keys(out, tag)
 
 
-def _swar(byte: int) -> Any:
-    """``byte`` in each of a uint64's 8 bytes, as a TF constant."""
-    return _tf_uint64(int.from_bytes(bytes([byte]) * 8, "little"))
-
-
 def tf_hex_keys(values: Any, names: Sequence[str]) -> Any:
     """Key scheme 2 of hex ids, as :func:`hex_keys`: ``[B, k]`` strings of the ``k`` request
     columns ``names`` at once; a value other than 8 hex digits or empty fails with an error naming
     its column (the first such value's).
 
-    Each value's 8 bytes are read as one little-endian uint64 (byte ``i``: character ``i``) and
-    parsed in its 8 byte lanes at once: a byte ``m`` (high bit clear) is a digit when ``0x30 <= m
-    <= 0x39``, a letter when ``0x61 <= (m | 0x20) <= 0x66`` (each bound a sum whose lane's high bit
-    tells, no lane carrying into the next), its value ``(m & 15) + 9 (m >> 6)``; the 8 nibbles are
-    then put in order (character 0 the highest) by three rounds of masks and shifts."""
+    Each value's first 8 bytes (zero-padded) are looked up in :data:`HEX_DIGITS`, the numpy side's
+    table (-1: not a digit, the padding included), all in one gather: a value of 8 characters whose
+    8 digits are all >= 0 spells ``Σ digit_i · 16^(7 - i)``, exactly the number the numpy side
+    accumulates; any other non-empty value is refused."""
     import tensorflow as tf
 
     length = tf.strings.length(values)
-    w = tf.bitcast(tf.io.decode_raw(values, tf.int64, fixed_length=8)[..., 0], tf.uint64)  # [B, k]
-    ascii_ = tf.equal(tf.bitwise.bitwise_and(w, _swar(0x80)), _tf_uint64(0))
-    m, high = tf.bitwise.bitwise_and(w, _swar(0x7F)), _swar(0x80)
-    folded = tf.bitwise.bitwise_or(m, _swar(0x20))
-
-    def between(x: Any, low: int, end: int) -> Any:  # 0x80 in each lane with low <= x < end
-        return tf.bitwise.bitwise_and(tf.bitwise.bitwise_and(x + _swar(0x80 - low), tf.bitwise.invert(
-            x + _swar(0x80 - end))), high)
-
-    lanes = tf.bitwise.bitwise_or(between(m, 0x30, 0x3A), between(folded, 0x61, 0x67))
-    valid = tf.logical_or(length == 0, tf.logical_and(tf.logical_and(length == 8, ascii_), tf.equal(lanes, high)))
+    empty = length == 0
+    digits = tf.gather(tf.constant(HEX_DIGITS), tf.cast(tf.io.decode_raw(values, tf.uint8, fixed_length=8), tf.int32))
+    valid = tf.logical_or(empty, tf.logical_and(length == 8, tf.reduce_min(digits, axis=-1) >= 0))
     first_bad = tf.where(tf.logical_not(valid))[:1]  # [0 or 1, 2]: (row, column)
     check = tf.debugging.Assert(tf.reduce_all(valid), [
         "request column", tf.gather(tf.constant(list(names)), first_bad[:, 1]),
         "has a value that is not 8 hex digits or empty (missing):", tf.gather_nd(values, first_bad)])
     with tf.control_dependencies([check]):
-        nibbles = tf.bitwise.bitwise_and(m, _swar(0x0F)) + _tf_uint64(9) * tf.bitwise.bitwise_and(
-            tf.bitwise.right_shift(m, _tf_uint64(6)), _swar(0x01))
-    value = nibbles
-    for width, mask in ((4, 0x000F000F000F000F), (8, 0x000000FF000000FF), (16, 0x000000000000FFFF)):
-        low = tf.bitwise.bitwise_and(value, _tf_uint64(mask))  # the earlier (higher) digits of each pair
-        high_part = tf.bitwise.bitwise_and(tf.bitwise.right_shift(value, _tf_uint64(2 * width)), _tf_uint64(mask))
-        value = tf.bitwise.bitwise_or(tf.bitwise.left_shift(low, _tf_uint64(width)), high_part)
-    value = tf.bitcast(value, tf.int64)
-    return tf.where(length == 0, tf.zeros_like(value), value + 1)
+        value = tf.reduce_sum(digits * tf.constant(16 ** np.arange(7, -1, -1, dtype=np.int64)), axis=-1)
+    return tf.where(empty, tf.constant(0, tf.int64), value + 1)
 
 
 @numba.njit(cache=True, inline="always")
@@ -475,18 +454,27 @@ def log_squared_keys(values: np.ndarray, tag: int = 0, out: np.ndarray | None = 
 
 
 def tf_log_squared_keys(values: Any) -> Any:
-    """Keys of float64 numbers (a tensor of any shape) bucketized by Criteo's transform, as
-    :func:`log_squared_keys`."""
+    """Keys of numbers (a tensor of any shape) bucketized by Criteo's transform, as
+    :func:`log_squared_keys`: a number above 2 by one search in the thresholds, one at most 2 as its
+    floor (at least ``-LOG_SQUARED_OFFSET``), a missing one as 0. ``values``: float64 (missing:
+    NaN) or an int64 request column (missing: ``MISSING_INT``), read as :func:`tf_float_values`
+    reads it: ``float64(v) <= 2`` exactly when ``v <= 2``, such a ``v`` its own floor, and
+    ``float64(v)`` never above the cap, so the int64 ops give the float64 ones' keys with fewer ops."""
     import tensorflow as tf
 
+    if values.dtype == tf.int64:
+        missing, at_most_2 = values == MISSING_INT, values <= 2
+        small = tf.maximum(values, -LOG_SQUARED_OFFSET)
+        numbers = tf.cast(values, tf.float64)
+    else:
+        missing, at_most_2 = tf.math.is_nan(values), values <= 2.0
+        small = tf.cast(tf.maximum(tf.floor(tf.minimum(values, 2.0)), -float(LOG_SQUARED_OFFSET)), tf.int64)
+        numbers = tf.minimum(values, _LOG_SQUARED_MAX)
     table = tf.constant(log_squared_thresholds().reshape(1, -1))
-    capped = tf.minimum(values, _LOG_SQUARED_MAX)
-    large = tf.reshape(tf.searchsorted(table, tf.reshape(capped, [1, -1]), side="right", out_type=tf.int64),
-                       tf.shape(values))
-    small = tf.cast(tf.clip_by_value(tf.floor(tf.where(values <= 2.0, values, tf.zeros_like(values))),
-                                     -float(LOG_SQUARED_OFFSET), float(LOG_SQUARED_OFFSET - 1)), tf.int64)
-    token = tf.where(values <= 2.0, small, large)
-    return tf.where(tf.math.is_nan(values), tf.zeros_like(token), token + LOG_SQUARED_OFFSET + 1)
+    large = tf.raw_ops.UpperBound(sorted_inputs=table, values=tf.reshape(numbers, [1, -1]), out_type=tf.int64)
+    shape = [-1, values.shape[1]] if values.shape.rank == 2 and values.shape[1] is not None else tf.shape(values)
+    token = tf.where(at_most_2, small, tf.reshape(large, shape))  # (UpperBound's [1, n] reshaped: no shape ops)
+    return tf.where(missing, tf.constant(0, tf.int64), token + LOG_SQUARED_OFFSET + 1)
 
 
 def bucket_keys(values: np.ndarray, boundaries: Sequence[float]) -> np.ndarray:
@@ -509,7 +497,7 @@ def tf_bucket_keys(values: Any, boundaries: Sequence[Sequence[float]]) -> Any:
     found = tf.searchsorted(tf.constant(table), tf.transpose(values), side="right", out_type=tf.int64)
     counts = tf.constant(np.array([len(b) for b in boundaries], dtype=np.int64))[None, :]
     buckets = tf.minimum(tf.transpose(found), counts)
-    return tf.where(tf.math.is_nan(values), tf.zeros_like(buckets), buckets + 1)
+    return tf.where(tf.math.is_nan(values), tf.constant(0, tf.int64), buckets + 1)
 
 
 def dense_transform(values: np.ndarray, column: ColumnSpec) -> np.ndarray:
@@ -1287,7 +1275,7 @@ def _group_keys(kind: str, values: Any, columns: Sequence[ColumnSpec]) -> Any:
     if kind == "int":
         return tf_int_keys(values)
     if kind == "log_squared":
-        return tf_log_squared_keys(tf_float_values(values))
+        return tf_log_squared_keys(values)
     return tf_bucket_keys(tf_float_values(values), [c.boundaries for c in columns])
 
 

@@ -14,11 +14,13 @@ Inside are, as plain TensorFlow ops and variables (loading it needs TensorFlow o
   side so that one gather reads them all (``state.py``:
   rows of ids not yet admitted keep what training gives them, their initial value or zero; with
   ``--unadmitted shared`` only admitted ids are kept);
-* the run's unknown-id behaviour, applied to the ids that miss only: ``--unadmitted zero`` gives
-  zeros, ``init`` the id's deterministic initial value, recomputed with the same splitmix64
-  streams in uint64 ops (``des/hashtable/tf_init.py``, the twin of ``des/hashtable/init.py``),
-  ``shared`` the field's trained out-of-vocabulary row (also for ids seen in training but not
-  admitted), as ``des.evaluate`` looks them up;
+* the run's unknown-id behaviour: ``--unadmitted shared`` reads the field's trained
+  out-of-vocabulary row (also for ids seen in training but not admitted), ``zero`` a row of zeros,
+  both rows of the same matrix after the trained ones, so that a key's row or its field's
+  fallback row is picked before the one gather (no op on the ids that miss); ``init`` computes
+  the initial values of the ids that miss, only those, with the same splitmix64 streams in uint64
+  ops (``des/hashtable/tf_init.py``, the twin of ``des/hashtable/init.py``), as ``des.evaluate``
+  looks them up;
 * the field-sliced weights, the dense features' weights and the top network, applied through each
   substitution's ``reference`` form (the whole-model forward, as ``des.evaluate`` computes it).
 
@@ -49,10 +51,9 @@ def request_fields(schema: Any, request: dict[str, Any]) -> Any:
     names = [name for group in by_dtype.values() for name in group]
     lengths = tf.concat([tf.concat(tf.shape_n([request[n] for n in group], out_type=tf.int64), 0)
                          for group in by_dtype.values()], 0)
-    wrong = tf.not_equal(lengths, tf.shape(request[next(iter(request))], out_type=tf.int64)[0])
+    wrong = tf.not_equal(lengths, lengths[0])
     check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(wrong)), [
-        "column", tf.gather(tf.constant(names), tf.argmax(tf.cast(wrong, tf.int32))),
-        f"has another number of rows than {next(iter(request))}"])
+        "column", tf.gather(tf.constant(names), tf.argmax(wrong)), f"has another number of rows than {names[0]}"])
     with tf.control_dependencies([check]):
         return ServingFeatures(schema)(request)
 
@@ -133,6 +134,17 @@ class ServedModel:
         ends = np.cumsum([self.specs[b].dim for b in self.blocks])
         self.columns = {b: (int(e) - self.specs[b].dim, int(e)) for b, e in zip(self.blocks, ends)}
         values = np.concatenate([state["values"][b] for b in self.blocks], axis=1)
+        # After the trained rows, the rows an id that misses is read from (``fallback[f]``: field f's):
+        # --unadmitted shared: every field's shared row; zero: one row of zeros; init: none (its values
+        # are computed, row 0 stands in)
+        fields, trained = len(state["keys"]), int(offsets[-1])
+        if self.unadmitted == "shared":
+            values = np.concatenate([values, np.concatenate([state["shared"][b] for b in self.blocks], axis=1)])
+            self.fallback = trained + np.arange(fields, dtype=np.int64)
+        else:
+            if self.unadmitted == "zero":
+                values = np.concatenate([values, np.zeros((1, values.shape[1]), values.dtype)])
+            self.fallback = np.full(fields, trained if self.unadmitted == "zero" else 0, dtype=np.int64)
         if rows_dtype not in ROW_DTYPES:
             raise ValueError(f"rows_dtype must be one of {', '.join(ROW_DTYPES)}, got {rows_dtype!r}")
         # int8: the blocks of 2 or more columns in 8 bits (a scale and an offset per row and block),
@@ -154,104 +166,121 @@ class ServedModel:
         self.field_params = {k: tf.Variable(v, trainable=False, name=k.replace(":", "_"))
                              for k, v in state["field_params"].items()}
         self.top = {k: tf.Variable(v, trainable=False, name=k.replace(":", "_")) for k, v in state["top"].items()}
-        # --unadmitted shared: [fields, dims] values of every field's shared row, the blocks side by side
-        self.shared = None if not state["shared"] else tf.Variable(
-            np.concatenate([state["shared"][b] for b in self.blocks], axis=1), trainable=False, name="shared")
         # uint64 stream bases per (block, field), as des.hashtable.init.Initializer.stream_base (as int64
         # bits; of the table's field: a field using another's table draws as that one)
         self.bases = {b: np.array([Initializer.stream_base(state["seed"], owner, b) for owner in state["owners"]],
                                   dtype=np.uint64).view(np.int64) for b in self.specs}
         #: what is saved: the table and every variable above
         self.module = tf.Module(name="des_export")
-        self.module.table, self.module.values, self.module.shared = self.table, self.values, self.shared
+        self.module.table, self.module.values = self.table, self.values
         self.module.field_params, self.module.top = self.field_params, self.top
         if self.quantized:
             self.module.codes, self.module.scale, self.module.offset = self.codes, self.scale, self.offset
 
-    def rows(self, keys: Any, per_key: Any) -> Any:
-        """The rows of ``keys`` (int64 ``[n]``), ``per_key(a)`` giving each key its field's entry of
-        a per-field array: one lookup of the salted keys, -1 where unknown or where the row found
-        is another field's."""
+    def lookup(self, keys: Any, per_field: Any) -> tuple[Any, Any]:
+        """``(rows, known)`` of ``keys`` (int64, any shape), ``per_field(a)`` giving each key its
+        field's entry of a per-field array (broadcast to the keys' shape): one lookup of the salted
+        keys; ``known`` false where the key is unknown or the row found is another field's."""
         import tensorflow as tf
 
-        salted = tf.bitwise.bitwise_xor(keys, per_key(self.salts)) if self.salts.any() else keys
+        salted = tf.bitwise.bitwise_xor(keys, per_field(self.salts)) if self.salts.any() else keys
         rows = self.table.lookup(salted)
-        known = tf.logical_and(rows >= per_key(self.first_row), rows < per_key(self.end_row))
-        return tf.where(known, rows, -tf.ones_like(rows))
+        rows.set_shape(keys.shape)  # (the lookup's shape function gives none: later ops need the static one)
+        return rows, tf.logical_and(rows >= per_field(self.first_row), rows < per_field(self.end_row))
 
-    def unknown_values(self, keys: Any, fields: Any) -> Any:
-        """What unknown (or unadmitted) ``keys`` of ``fields`` are looked up as: ``[n, dims]``, every
-        block's values side by side."""
+    def rows(self, keys: Any, per_field: Any) -> Any:
+        """The rows of ``keys`` (:meth:`lookup`), -1 where not known."""
         import tensorflow as tf
 
-        if self.unadmitted == "shared":
-            return tf.gather(self.shared, fields)
+        rows, known = self.lookup(keys, per_field)
+        return tf.where(known, rows, tf.constant(-1, tf.int64))
+
+    def initial(self, keys: Any, fields: Any) -> Any:
+        """``[n, dims]``: what unknown (or unadmitted) ``keys`` (``[n]``) of ``fields`` are looked up as
+        under ``--unadmitted init``, every block's values side by side."""
+        import tensorflow as tf
+
         parts = []
         for b in self.blocks:
             dim, init = self.specs[b].dim, self.specs[b].init
-            if self.unadmitted == "zero" or init.kind == "zeros":
+            if init.kind == "zeros":
                 parts.append(tf.zeros([tf.shape(keys)[0], dim], self.dtype))
             else:
                 bases = tf.bitcast(tf.gather(tf.constant(self.bases[b]), fields), tf.uint64)
                 parts.append(tf.cast(initial_values(keys, bases, init.kind, init.scale, dim), self.dtype))
         return tf.concat(parts, axis=1) if len(parts) > 1 else parts[0]
 
-    def values_of(self, keys: Any, fields: Any, rows: Any) -> Any:
-        """``[n, dims]``: every block's values of ids (``rows`` from :meth:`rows`): one gather of the
-        known, the unknown-id rule on the ids that miss only."""
+    def gathered(self, index: Any) -> Any:
+        """``[..., dims]``: every block's values of the rows ``index`` (any shape), in one gather
+        (int8 rows: dequantized, then in the model's column order)."""
         import tensorflow as tf
 
-        known = tf.maximum(rows, 0)
-        out = tf.gather(self.values, known)
+        out = tf.gather(self.values, index)
         if self.quantized:  # (q + 128) · scale + offset, each code by its block's; then the model's column order
-            scale = tf.gather(tf.gather(self.scale, known), self.code_block, axis=1)
-            offset = tf.gather(tf.gather(self.offset, known), self.code_block, axis=1)
-            codes = tf.cast((tf.cast(tf.gather(self.codes, known), tf.float32) + 128.0) * scale + offset, self.dtype)
-            out = tf.gather(tf.concat([codes, out], axis=1), self.column_of, axis=1)
-        unknown = tf.where(rows < 0)
-        return tf.tensor_scatter_nd_update(out, unknown, self.unknown_values(
-            tf.gather_nd(keys, unknown), tf.gather_nd(fields, unknown)))
+            scale = tf.gather(tf.gather(self.scale, index), self.code_block, axis=-1)
+            offset = tf.gather(tf.gather(self.offset, index), self.code_block, axis=-1)
+            codes = tf.cast((tf.cast(tf.gather(self.codes, index), tf.float32) + 128.0) * scale + offset, self.dtype)
+            out = tf.gather(tf.concat([codes, out], axis=-1), self.column_of, axis=-1)
+        return out
+
+    def values_of(self, keys: Any, fields: Any) -> Any:
+        """``[..., dims]``: every block's values of ``keys``, whose fields are ``fields``: a numpy
+        array ``[k]`` (``keys`` ``[B, k]``, column j of field ``fields[j]``: per-field entries are
+        constants broadcast over the rows) or an int64 tensor of the keys' shape. One gather: a
+        known key's row, else its field's fallback row (:attr:`fallback`: shared or zero);
+        ``--unadmitted init`` then computes the initial values of the ids that miss, only those."""
+        import tensorflow as tf
+
+        if isinstance(fields, np.ndarray):
+            def per_field(table: np.ndarray) -> Any:
+                return tf.constant(table[fields])
+
+            def fields_at(where: Any) -> Any:
+                return tf.gather(tf.constant(fields.astype(np.int64)), where[:, -1])
+        else:
+            def per_field(table: np.ndarray) -> Any:
+                return tf.gather(tf.constant(table), fields)
+
+            def fields_at(where: Any) -> Any:
+                return tf.gather_nd(fields, where)
+        rows, known = self.lookup(keys, per_field)
+        out = self.gathered(tf.where(known, rows, per_field(self.fallback)))
+        if self.unadmitted != "init":
+            return out
+        unknown = tf.where(tf.logical_not(known))
+        return tf.tensor_scatter_nd_update(out, unknown, self.initial(tf.gather_nd(keys, unknown), fields_at(unknown)))
 
     def pooled(self, features: Any, size: Any) -> dict[str, Any]:
         """Per block ``[B, fields, dim]``: every field's values pooled per sample (as the tables'
-        gather pools them: each id's value times its weight, summed, in the ids' order), the
-        one-hot fields' and the multi-valued fields' ids looked up together."""
+        gather pools them: each id's value times its weight, summed, in the ids' order): the
+        one-hot fields' ``[B, k]`` keys looked up as they are, the multi-valued fields' ids together."""
         import tensorflow as tf
 
-        names = list(features.field_names)
-        hot = [names.index(n) for n in features.one_hot_names]
-        multi = list(features.multi_valued)
-        keys, counts, segments, weights = [tf.reshape(features.one_hot, [-1])], [], [], []
-        for j, name in enumerate(multi):  # pooled into segment row * len(multi) + j
-            ragged = features.multi_valued[name]
-            keys.append(ragged.flat_values)
-            counts.append(tf.shape(ragged.flat_values))
-            segments.append(ragged.value_rowids() * len(multi) + j)
-            weights.append(tf.cast(features.weights[name].flat_values, self.dtype) if name in features.weights
-                           else tf.ones(tf.shape(ragged.flat_values), self.dtype))
-        keys = tf.concat(keys, 0) if multi else keys[0]
-        wanted = [names.index(name) for name in multi]
-
-        def per_key(table: np.ndarray) -> Any:
-            """Each key's field's entry of ``table`` (the one-hot fields' by tiling their row)."""
-            parts = [tf.tile(tf.constant(table[hot]), [size])]
-            parts += [tf.fill(n, tf.constant(table[f])) for n, f in zip(counts, wanted)]
-            return tf.concat(parts, 0) if multi else parts[0]
-
-        fields = per_key(np.arange(len(names), dtype=np.int64))
-        values = self.values_of(keys, fields, self.rows(keys, per_key))
+        names, multi = list(features.field_names), list(features.multi_valued)
         dims = sum(spec.dim for spec in self.specs.values())
-        pooled = tf.reshape(values[:size * len(hot)], [size, len(hot), dims])
-        if multi:
-            sums = tf.math.unsorted_segment_sum(values[size * len(hot):] * tf.concat(weights, 0)[:, None],
-                                                tf.concat(segments, 0), size * len(multi))
-            pooled = tf.concat([pooled, tf.reshape(sums, [size, len(multi), dims])], axis=1)
-            order = [*features.one_hot_names, *multi]
+        parts = []
+        if features.one_hot_names:
+            parts.append(self.values_of(features.one_hot, np.array([names.index(n) for n in features.one_hot_names])))
+        if multi:  # pooled into segment row * len(multi) + j
+            keys, fields, segments, weights = [], [], [], []
+            for j, name in enumerate(multi):
+                ragged = features.multi_valued[name]
+                keys.append(ragged.flat_values)
+                fields.append(tf.fill(tf.shape(ragged.flat_values), tf.constant(names.index(name), tf.int64)))
+                segments.append(ragged.value_rowids() * len(multi) + j)
+                weights.append(tf.cast(features.weights[name].flat_values, self.dtype) if name in features.weights
+                               else tf.ones(tf.shape(ragged.flat_values), self.dtype))
+            values = self.values_of(tf.concat(keys, 0), tf.concat(fields, 0))
+            sums = tf.math.unsorted_segment_sum(values * tf.concat(weights, 0)[:, None], tf.concat(segments, 0),
+                                                size * len(multi))
+            parts.append(tf.reshape(sums, [-1, len(multi), dims]))
+        pooled = tf.concat(parts, axis=1) if len(parts) > 1 else parts[0]
+        order = [*features.one_hot_names, *multi]
+        if order != names:
             pooled = tf.gather(pooled, [order.index(n) for n in names], axis=1)
         if len(self.blocks) == 1:
             return {self.blocks[0]: pooled}
-        out = {b: pooled[:, :, start:end] for b, (start, end) in self.columns.items()}
-        return out
+        return {b: pooled[:, :, start:end] for b, (start, end) in self.columns.items()}
 
     def forward(self, pooled: dict[str, Any], dense: Any) -> Any:
         """The whole model's forward on its dense inputs (each substitution's ``reference``, then
@@ -286,19 +315,16 @@ def build_module(model: Any, state: dict[str, Any], schema: Any, rows_dtype: str
     served = ServedModel(model, state, rows_dtype)
     module, signature = served.module, request_signature(schema)
 
-    @tf.function(input_signature=[signature], autograph=False)
-    def serve(request):
+    # A signature function takes keyword arguments: each column is its own named input. The graph is
+    # built in it, not in a function it calls: one function in the SavedModel, a smaller graph file.
+    @tf.function(input_signature=list(signature.values()), autograph=False)
+    def serve(*columns):
+        request = dict(zip(signature, columns))
         features = request_fields(schema, request)
         dense = features.dense if schema.dense_names else None
-        return {"probability": served.probability(features, dense, tf.shape(next(iter(request.values())))[0])}
-
-    # A signature function takes keyword arguments: wrap so each column is its own named input.
-    @tf.function(input_signature=list(signature.values()), autograph=False)
-    def serving_default(*columns):
-        return serve(dict(zip(signature, columns)))
+        return {"probability": served.probability(features, dense, tf.shape(columns[0])[0])}
 
     module.serve = serve
-    module.serving_default = serving_default
     return module
 
 

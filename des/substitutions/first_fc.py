@@ -89,8 +89,7 @@ class FirstFC(Substitution):
 
     def reference(self, emb: tf.Tensor, params: Mapping[str, tf.Tensor], dense: tf.Tensor | None = None,
                   dense_params: Mapping[str, tf.Tensor] | None = None) -> tf.Tensor:
-        batch = tf.shape(emb)[0]
-        concatenated = tf.reshape(emb, [batch, self.num_fields * self.dim])
+        concatenated = tf.reshape(emb, [-1, self.num_fields * self.dim])
         kernel = tf.reshape(params["kernel"], [self.num_fields * self.dim, self.units])
         if dense is not None:  # the dense features: more rows of the layer's input and kernel
             concatenated = tf.concat([concatenated, dense], axis=1)

@@ -54,8 +54,11 @@ class FirstOrderLinear(Substitution):
                   dense_params: Mapping[str, tf.Tensor] | None = None) -> tf.Tensor:
         # W^T X with X the one-hot (or weighted multi-hot) indicator and the dense features: the sum
         # of looked-up weights plus x · w_x.
-        flat = tf.reshape(emb, [tf.shape(emb)[0], -1])
-        weights = tf.ones([tf.shape(flat)[1]], dtype=flat.dtype)
+        shape = tf.TensorShape(emb.shape)
+        width = shape[1] * shape[2] if shape[1:].is_fully_defined() else None
+        # a static width (a served model's): no shape ops per call, the ones a constant
+        flat = tf.reshape(emb, [-1, width] if width is not None else [tf.shape(emb)[0], -1])
+        weights = tf.ones([width if width is not None else tf.shape(flat)[1]], dtype=flat.dtype)
         if dense is not None:
             flat = tf.concat([flat, dense], axis=1)
             weights = tf.concat([weights, dense_params["dense_weight"]], axis=0)
