@@ -131,7 +131,7 @@ def load_parts(new_table: Callable[..., Any], parts: Sequence[tuple[str | os.Pat
     its kept rows' admitted count (which of its keys it evicted or admitted before is not known: the
     lower bound a file without the counter loads with); ``last_update_step`` is the latest of the
     parts. ``capacity`` (index slots) is a lower bound, the default fits the rows kept at about
-    ``max_load / 1.5``. ``table_dtype``: how the loaded rows are stored (default: as the files
+    ``max_load / 1.5`` (pending keys at ``max_load``). ``table_dtype``: how the loaded rows are stored (default: as the files
     say), converted where it differs (``bfloat16.convert``: widening is exact, narrowing rounds to
     nearest). ``counters``: whether the table keeps counts and last-seen steps (default: as the
     files; always with a ``min_count`` above 1). Raises :class:`TableFormatError` naming the file.
@@ -143,10 +143,12 @@ def load_parts(new_table: Callable[..., Any], parts: Sequence[tuple[str | os.Pat
         raise ValueError("load_parts: no parts")
     header = read.first["header"]
     n = sum(int(arrays["keys"].shape[0]) for _, arrays in read.pieces)
-    keys = n + sum(int(p[0].shape[0]) for p in read.pending)  # rows and pending keys, in the index
+    pending = sum(int(p[0].shape[0]) for p in read.pending)  # keys in the index without a row
     max_load = float(header["max_load"])
-    needed = math.ceil(keys / max_load) + 1
-    cap = max(needed, int(capacity) if capacity is not None else math.ceil(keys * INDEX_GROWTH / max_load),
+    needed = math.ceil((n + pending) / max_load) + 1
+    # room for new keys as a growth leaves it (INDEX_GROWTH) by the rows; a pending key takes its
+    # slot alone, and its admission no other
+    cap = max(needed, int(capacity) if capacity is not None else math.ceil((n * INDEX_GROWTH + pending) / max_load),
               MIN_CAPACITY)
     try:
         table = new_table(field=int(header["field"]), blocks=read.first["blocks"], seed=int(header["seed"]),
