@@ -24,12 +24,12 @@ Layout (see ``_index.py`` for the kernels):
   its count >= ``min_count`` (the count only grows, so no separate flag is needed).
 * pending keys (``min_count`` > 1): a key seen fewer than ``min_count`` times has no row, only its
   index slot, whose row field holds its count (``_index.py``); its row is made, count and all,
-  when the count reaches ``min_count``. So the rows are the admitted keys' (and a file's rows that
-  were saved unadmitted by earlier versions, which load as pending keys), and a key that is never
-  admitted costs 12 bytes / load instead of a whole row: the rows can be sized from the keys that
-  will be admitted (``TableOptions.initial_size``) and the index from all keys. A pending key
-  gathers as an absent one (its initial value, zeros or the shared row, as before: its row would
-  have held its initial value, untrained). It is never evicted (it has no last-seen step; it holds
+  when the count reaches ``min_count``. So the rows are the admitted keys' only (a file of an
+  earlier version that holds unadmitted keys as rows loads them as pending keys), and a key that is
+  never admitted costs 12 bytes / load instead of a whole row: the rows can be sized from the keys
+  that will be admitted (``TableOptions.initial_size``) and the index from all keys. A pending key
+  gathers as an absent one: its initial value (as its untrained row held it; bfloat16 rows held it
+  rounded), zeros or the shared row. It is never evicted (it has no last-seen step; it holds
   no row), and every checkpoint, incremental ones too, saves every pending key with its count.
 * growth: the row capacity grows by ``ROW_GROWTH`` = 1.15x, which bounds the row slack to 15%.
   The two slacks can peak together (a freshly grown index at load ``max_load / 1.5`` while the
@@ -58,8 +58,8 @@ kernels release the GIL, so *different* tables may be used from different thread
 
 Kernels that drive many tables at once (``fused.py``) use the table through a small public
 surface: :attr:`EmbeddingTable.arrays` (valid while :attr:`EmbeddingTable.version` is unchanged:
-it changes whenever an array is replaced), :attr:`EmbeddingTable.row_limit`,
-:meth:`EmbeddingTable.grow`, :meth:`EmbeddingTable.commit_rows` (rows such a kernel inserted), the
+it changes whenever an array is replaced), :attr:`EmbeddingTable.row_capacity`,
+:attr:`EmbeddingTable.fill_limit`, :attr:`EmbeddingTable.pending_count`, :meth:`EmbeddingTable.grow`, :meth:`EmbeddingTable.commit_rows` (rows such a kernel inserted), the
 shared row (:meth:`EmbeddingTable.shared_row`, :meth:`EmbeddingTable.map_to_shared`) and
 :attr:`EmbeddingTable.stream_bases`.
 """
@@ -219,7 +219,8 @@ class EmbeddingTable:
         K.rehash(old, self._idx, self._keys)
 
     def grow(self) -> None:
-        """Room for at least one more row (:attr:`row_limit` > ``len(self)``): the rows grow by
+        """Room for at least one more row and one more key (:attr:`row_capacity` > ``len(self)``,
+        :attr:`fill_limit` > ``len(self) + pending_count``): the rows grow by
         ``ROW_GROWTH``, the index by ``INDEX_GROWTH``, as needed; :attr:`version` may change."""
         if self._n >= self._row_cap:
             if self._n >= _MAX_ROWS:
@@ -479,12 +480,6 @@ class EmbeddingTable:
         are the table's; valid until :attr:`version` changes."""
         return TableArrays(self._idx, self._keys, self._meta, tuple(self._data),
                            tuple(_NO_STEPS if s is None else s for s in self._steps))
-
-    @property
-    def row_limit(self) -> int:
-        """Rows the table may hold before it must :meth:`grow`: its row capacity, or the index's
-        fill bound less the pending keys if lower."""
-        return min(self._row_cap, self._max_fill - self._pending)
 
     @property
     def fill_limit(self) -> int:
