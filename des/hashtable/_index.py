@@ -13,7 +13,8 @@ committed, never written before the rehash fills it. A wide slot whose row field
 negated (``-count``, at most ``min_count - 1``), so a pending key costs its slot alone; it gets a row
 when its count reaches ``min_count`` (:func:`insert_keys`). A probe returns such a key's "row" as
 ``-count - 1`` (<= -2), which no caller reads as a row (:func:`find_keys` gives -1, as for an
-absent key); a compact index has no pending keys (its table admits every key). Linear probing; the home slot is Lemire's "fastrange" of
+absent key); a compact index has no pending keys (its table admits every key).
+Linear probing; the home slot is Lemire's "fastrange" of
 the high 32 bits of ``splitmix64(key)``, so the capacity need not be a power of two (the index can
 grow by 1.5x) and the home slot is monotone in the hash (a rehash writes the new index almost
 sequentially). Deletion is by backward shift: no tombstones, probe sequences stay as short as if

@@ -5,7 +5,8 @@ initialization of new rows.
 
 Each field keeps its own :class:`~des.hashtable.table.EmbeddingTable` (checkpointed and re-sharded
 by field, grown and evicted on its own), used through its public surface only (``arrays``,
-``row_capacity``, ``fill_limit``, ``pending_count``, ``grow``, ``commit_rows``, the shared row); :class:`ShardTables` holds the addresses
+``row_capacity``, ``fill_limit``, ``pending_count``, ``grow``, ``commit_rows``, the shared row);
+:class:`ShardTables` holds the addresses
 of the tables' arrays in one ``int64`` table (``_views.py``), pins those arrays, and refreshes a
 field's row when its table replaced an array (``EmbeddingTable.version``) or was itself replaced (a
 checkpoint load puts new tables into the shard's dict). The kernels take their arguments grouped

@@ -131,7 +131,8 @@ def load_parts(new_table: Callable[..., Any], parts: Sequence[tuple[str | os.Pat
     its kept rows' admitted count (which of its keys it evicted or admitted before is not known: the
     lower bound a file without the counter loads with); ``last_update_step`` is the latest of the
     parts. ``capacity`` (index slots) is a lower bound, the default fits the rows kept at about
-    ``max_load / 1.5`` (pending keys at ``max_load``). ``table_dtype``: how the loaded rows are stored (default: as the files
+    ``max_load / 1.5`` (pending keys at ``max_load``). ``table_dtype``: how the loaded rows are
+    stored (default: as the files
     say), converted where it differs (``bfloat16.convert``: widening is exact, narrowing rounds to
     nearest). ``counters``: whether the table keeps counts and last-seen steps (default: as the
     files; always with a ``min_count`` above 1). Raises :class:`TableFormatError` naming the file.

@@ -59,7 +59,8 @@ kernels release the GIL, so *different* tables may be used from different thread
 Kernels that drive many tables at once (``fused.py``) use the table through a small public
 surface: :attr:`EmbeddingTable.arrays` (valid while :attr:`EmbeddingTable.version` is unchanged:
 it changes whenever an array is replaced), :attr:`EmbeddingTable.row_capacity`,
-:attr:`EmbeddingTable.fill_limit`, :attr:`EmbeddingTable.pending_count`, :meth:`EmbeddingTable.grow`, :meth:`EmbeddingTable.commit_rows` (rows such a kernel inserted), the
+:attr:`EmbeddingTable.fill_limit`, :attr:`EmbeddingTable.pending_count`, :meth:`EmbeddingTable.grow`,
+:meth:`EmbeddingTable.commit_rows` (rows such a kernel inserted), the
 shared row (:meth:`EmbeddingTable.shared_row`, :meth:`EmbeddingTable.map_to_shared`) and
 :attr:`EmbeddingTable.stream_bases`.
 """
@@ -462,7 +463,8 @@ class EmbeddingTable:
             elif status == K.OK:
                 return
             else:
-                raise ValueError(f"set_pending: key {int(keys[pos])} of field {self.field} has a row or is the sentinel")
+                raise ValueError(f"set_pending: key {int(keys[pos])} of field {self.field} has a row "
+                                 "or is the sentinel")
 
     def _maybe_shrink(self) -> None:
         target = max(MIN_CAPACITY, math.ceil(self._n * ROW_GROWTH))
