@@ -124,11 +124,11 @@ def strategy_class(config: TrainConfig):
 
 def build_strategy(config: TrainConfig, comm: Communicator, num_fields: int, distinct: list[int], *,
                    cls: Any = None, strategy: str | None = None, placement: list[list[int]] | None = None,
-                   loads_tables: bool = False, num_dense: int = 0, model: Any = None):
+                   loads_tables: bool = False, num_dense: int = 0, model: Any = None, admitted: Sequence[int] = ()):
     """The strategy object of this rank, with its model (``model``, or built from ``config``),
     optimizers, placement and tables (``--table-capacity 0``: sized from ``distinct``, unless
     ``loads_tables``: a checkpoint's tables replace them, and two full-size sets would be held at
-    once)."""
+    once; rows for the ``admitted`` keys, where counted: :func:`table_options`)."""
     from des.strategies import StrategyContext, get_strategy
 
     cls = cls or get_strategy(strategy or config.strategy)
@@ -137,22 +137,23 @@ def build_strategy(config: TrainConfig, comm: Communicator, num_fields: int, dis
     context = StrategyContext(
         model=model or build_model(config, num_fields, num_dense), comm=comm, optimizers=build_optimizers(config),
         placement=placement, seed=config.seed, dtype=np.dtype(config.dtype),
-        tables=table_options(config, () if loads_tables else distinct),
+        tables=table_options(config, () if loads_tables else distinct, admitted),
         options=cls.Options.of(config),
         compute_dtype=None if config.compute_dtype == "auto" else config.compute_dtype)
     return cls(context)
 
 
-def table_options(config: TrainConfig, distinct: Sequence[int]):
+def table_options(config: TrainConfig, distinct: Sequence[int], admitted: Sequence[int] = ()):
     """How the tables start (``des.options.TableOptions``): sized from ``distinct`` (by field; empty:
-    not from the data), admission, and how rows are stored."""
+    not from the data; rows for the ``admitted`` keys of each field where given,
+    ``des.data.counting.admitted_keys``), admission, and how rows are stored."""
     from des.options import TableOptions
     from des.placement import shared_tables
 
     shared = shared_tables(config.shared_tables)
     return TableOptions(config.table_capacity, config.min_count_value(), config.unadmitted_mode(), tuple(distinct),
                         config.dtype if config.table_dtype == "auto" else config.table_dtype,
-                        tuple(sorted(shared.items())), config.needs_counters())
+                        tuple(sorted(shared.items())), config.needs_counters(), tuple(admitted))
 
 
 def layout_table(config: TrainConfig, num_fields: int, num_dense: int = 0):

@@ -209,7 +209,9 @@ def state_arrays(folder: Path) -> dict[str, np.ndarray]:
         arrays = table.to_arrays()
         order = np.argsort(arrays["keys"], kind="stable")
         out.update({f"{table_file(field)}/{k}": widened(table, v)[order] for k, v in arrays.items()
-                    if k not in BOOKKEEPING})
+                    if k not in BOOKKEEPING and not k.startswith("pending.")})
+        # the keys counted but not admitted yet, and their counts (by key): admission is the same too
+        out.update({f"{table_file(field)}/{k}": v for k, v in arrays.items() if k.startswith("pending.")})
     return out
 
 

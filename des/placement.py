@@ -191,14 +191,18 @@ def split_groups(placement: Sequence[Sequence[int]]) -> dict[int, list[int]]:
 def predicted_table_bytes(placement: Sequence[Sequence[int]], distinct: Sequence[int], layout, tables) -> list[int]:
     """Each rank's table memory at the data's distinct ids: per field (a share of a split field:
     its part of the ids) the bytes of ``layout`` (an empty table of the run's row layout: every
-    field's table has the same) holding them, with the initial sizes ``tables`` (``TableOptions``)
-    gives, or none (``footprint.estimated_bytes``: no growth slack)."""
+    field's table has the same) holding them (rows for those the training split admits, where
+    ``tables`` knows them: ``TableOptions.rows_held``), with the initial sizes ``tables``
+    (``TableOptions``) gives, or none (``footprint.estimated_bytes``: no growth slack)."""
     groups = {f: len(ranks) for f, ranks in split_groups(placement).items()}
 
     def estimate(f: int) -> int:
         parts = groups.get(f, 1)
-        capacity, rows = (None, None) if tables is None else tables.initial_size(f, parts)
-        return layout.estimated_bytes(-(-int(distinct[f]) // parts), capacity, rows)
+        if tables is None:
+            return layout.estimated_bytes(-(-int(distinct[f]) // parts))
+        capacity, rows = tables.initial_size(f, parts)
+        held = tables.rows_held(f, parts) - 1 if tables.distinct else -(-int(distinct[f]) // parts)
+        return layout.estimated_bytes(held, capacity, rows)
 
     return [sum(estimate(f) for f in fields) for fields in placement]
 

@@ -17,6 +17,7 @@ from des import plan_trials, runtime
 from des.building import build_model, build_optimizers, build_strategy, data_fingerprint, open_data, strategy_class
 from des.collectives import Communicator
 from des.config import MODELS, TrainConfig
+from des.data.counting import admitted_keys
 from des.errors import ConfigError, DesError, UsageError
 from des.placement import parse_split_fields
 from des.reporting import startup_report, versions
@@ -49,7 +50,8 @@ def setup(config: TrainConfig, comm: Communicator, *, warmup_steps: int = 1) -> 
     steps = None if stream else count_steps(config, train_rows, store.display_name)
     build_optimizers(config)  # a bad optimizer spec fails before TensorFlow is started
     hosts = runtime.host_ranks(comm)  # collective
-    refuse_what_cannot_fit(config, store.num_fields, store.num_dense, placement, distinct, hosts)
+    admitted = admitted_keys(store, config.min_count_value()) if counts_admission(config, stream) else []
+    refuse_what_cannot_fit(config, store.num_fields, store.num_dense, placement, distinct, hosts, admitted)
     if config.early_stop == -1:  # auto: a plain value from here on (config.json, checkpoints)
         config = dataclasses.replace(config, early_stop=config.early_stop_patience(validation_rows)
                                      if cls.synchronous else 0)
@@ -63,7 +65,8 @@ def setup(config: TrainConfig, comm: Communicator, *, warmup_steps: int = 1) -> 
     config, planning, trials = choose_plan(config, cls, store, placement, distinct, comm, model,
                                            steps[1] if steps else 0)
     strategy = build_strategy(config, comm, store.num_fields, distinct, cls=cls, placement=placement,
-                              loads_tables=bool(config.resume), num_dense=store.num_dense, model=model)
+                              loads_tables=bool(config.resume), num_dense=store.num_dense, model=model,
+                              admitted=admitted)
     source = (StreamSource(config, comm, stream, strategy) if stream else
               EpochSource(config, store, *steps, batch_order(config, store), strategy))
     manifest = resume(config, strategy, store, source) if config.resume else None
@@ -93,8 +96,17 @@ def setup(config: TrainConfig, comm: Communicator, *, warmup_steps: int = 1) -> 
 RANK_BASE_BYTES = 1 << 29
 
 
+def counts_admission(config: TrainConfig, stream: Any) -> bool:
+    """Whether the tables' rows are sized from the training split's admitted keys
+    (``des.data.counting.admitted_keys``: one pass over its ids at start-up): tables sized from the
+    data (``--table-capacity 0``), ``--min-count`` above 1, an epoch source (a stream's files are
+    not all known), and no checkpoint's tables to load instead."""
+    return not config.table_capacity and config.min_count_value() > 1 and stream is None and not config.resume
+
+
 def refuse_what_cannot_fit(config: TrainConfig, num_fields: int, num_dense: int, placement: list[list[int]],
-                           distinct: list[int], hosts: dict[str, tuple[list[int], int]]) -> None:
+                           distinct: list[int], hosts: dict[str, tuple[list[int], int]],
+                           admitted: list[int] | tuple[int, ...] = ()) -> None:
     """Stop before any table is made, with one line on every rank alike, when the tables predicted
     for a host's ranks (``placement.predicted_table_bytes``: the run's row layout, table dtype and
     optimizers at the data's distinct ids, as the start-up report prints them), plus
@@ -104,7 +116,7 @@ def refuse_what_cannot_fit(config: TrainConfig, num_fields: int, num_dense: int,
     from des.placement import predicted_table_bytes
 
     layout = layout_table(config, num_fields, num_dense)
-    predicted = predicted_table_bytes(placement, distinct, layout, table_options(config, distinct))
+    predicted = predicted_table_bytes(placement, distinct, layout, table_options(config, distinct, admitted))
     for host, (ranks, memory) in hosts.items():
         need = sum(predicted[r] for r in ranks)
         if need + RANK_BASE_BYTES * len(ranks) > memory:

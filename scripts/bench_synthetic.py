@@ -33,7 +33,6 @@ test AUC vs the oracle, samples/s and bytes/step.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -50,11 +49,7 @@ def synth_config(seed: int, vocab_scale: float, zipf_scale: float):
 
     if zipf_scale <= 0:
         raise ValueError(f"--zipf-scale must be positive, not {zipf_scale}")
-    config = default_config(seed=seed, vocab_scale=vocab_scale)
-    if zipf_scale != 1.0:
-        config = dataclasses.replace(config, fields=tuple(
-            dataclasses.replace(f, zipf=f.zipf * zipf_scale) for f in config.fields))
-    return config
+    return default_config(seed=seed, vocab_scale=vocab_scale, zipf_scale=zipf_scale)
 
 
 def store_name(rows: int, seed: int, vocab_scale: float, zipf_scale: float) -> str:

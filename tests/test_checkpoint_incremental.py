@@ -14,9 +14,11 @@ import pytest
 from tests.conftest import assert_states_equal, criteo_head, run_job
 
 # W&D: Adam catchup=1 embeddings (the catch-ups a chain replays, under a changing sparse rate),
-# validations between checkpoints, evictions between checkpoints.
+# validations between checkpoints, evictions between checkpoints, ids pending admission (--min-count
+# 2: their counts in every increment).
 FLAGS = ["--model", "wdl", "--dtype", "float64", "--embedding-dim", "4", "--hidden", "16,8", "--batch-size", "256",
          "--eval-batch-size", "1024", "--no-progress", "--table-capacity", "256", "--unadmitted", "init",
+         "--min-count", "2",
          "--checkpoint-every", "2", "--full-checkpoint-every", "3", "--ttl", "3", "--evict-every", "3",
          "--eval-every", "3", "--sparse-schedule", "warmup:steps=20", "--keep-checkpoints", "0", "--max-steps", "12"]
 

@@ -105,6 +105,27 @@ def test_cli_synth_and_inspect(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("des.data: error: ")
 
 
+def test_zipf_scale_0_with_a_large_vocabulary_gives_ids_seen_about_once(tmp_path, capsys):
+    """``--zipf-scale 0 --vocab 4294967295``: every value of a categorical field's vocabulary of 2^32
+    equally likely, so its ids are all distinct but for its missing values (the cheap way to tables
+    of 100M ids); the default skew repeats them."""
+    from des.data.store import ColumnStore
+
+    flags = {"flat": ["--zipf-scale", "0", "--vocab", str(2**32 - 1)], "skewed": []}
+    for name, extra in flags.items():
+        assert main(["synth", "--rows", "2000", "--output", str(tmp_path / name), *extra]) == 0
+    flat, skewed = (ColumnStore.open(tmp_path / name) for name in flags)
+    config = default_config(zipf_scale=0, categorical_vocab=2**32 - 1)
+    categorical = [f for f, spec in enumerate(config.fields) if spec.kind == "categorical"]
+    assert len(categorical) == 26 and {config.fields[f].vocab for f in categorical} == {2**32 - 1}
+    for f in categorical:  # the missing values share one key; a collision in 2^32 is unlikely
+        seen = 2000 * (1 - config.fields[f].missing)
+        assert 0.9 * seen <= flat.distinct_count(f) <= seen + 100, config.fields[f]
+    assert sum(skewed.distinct_count(f) for f in categorical) < 0.5 * sum(flat.distinct_count(f) for f in categorical)
+    with pytest.raises(DataError, match="zipf_scale must be >= 0"):
+        default_config(zipf_scale=-1)
+
+
 def test_the_criteo_schema_synthesizes_like_any_schema(tmp_path, capsys):
     """``--schema criteo``: the schemas' generator, its TSV prepared by Criteo's reader to the keys
     of the store it writes directly (no schema recorded: the built-in criteo's)."""

@@ -69,8 +69,8 @@ def test_ttl_then_budget_and_evicted_keys_come_back_fresh() -> None:
 
 def test_the_shared_row_is_never_evicted() -> None:
     t = make(unadmitted="shared", min_count=2)
-    for step in range(4):
-        t.lookup(np.arange(10 * step, 10 * step + 10, dtype=np.int64), insert=True, step=step)
+    for step in range(4):  # each id twice: admitted, a row of its own
+        t.lookup(np.tile(np.arange(10 * step, 10 * step + 10, dtype=np.int64), 2), insert=True, step=step)
     shared = t.shared_row(None)
     t.arrays.meta[shared, 1] = -100  # the least recently seen row of all
     assert len(t) == 41 and t.evict(None, 4, max_rows=5) == 36

@@ -101,9 +101,9 @@ def test_shared_row_serves_unknown_and_unadmitted_ids(exported: dict) -> None:
 
     folder, _ = read_manifest(exported["root"] / "lr-1")
     table = EmbeddingTable.load(folder / "field-013.table")  # C1
-    keys = table.keys()
-    admitted = table.metadata(np.arange(keys.size))["admitted"]
-    seen_once, known = (keys[(keys != SHARED_KEY) & flag][0] & (2**40 - 1) for flag in (~admitted, admitted))
+    keys = table.keys()  # the admitted ids' rows; an id seen once is pending (no row, its count)
+    assert table.admitted_count == len(table) and table.pending_count
+    seen_once, known = (int(k) & (2**40 - 1) for k in (table.pending()[0][0], keys[keys != SHARED_KEY][0]))
     values = [f"{seen_once:08x}", "abc00001", "ABC00002", f"{known:08x}"]
     serve = tf.saved_model.load(str(exported["root"] / "lr-1.savedmodel")).signatures["serving_default"]
     request = {f"I{i}": tf.constant([1] * len(values), tf.int64) for i in range(1, 14)}

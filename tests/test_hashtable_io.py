@@ -32,6 +32,8 @@ def trained_table(capacity: int = 64) -> EmbeddingTable:
 def assert_same(a: EmbeddingTable, b: EmbeddingTable) -> None:
     assert len(a) == len(b) and a.evicted_count == b.evicted_count
     assert a.admitted_total == b.admitted_total
+    for x, y in zip(a.pending(), b.pending()):  # the keys counted below min_count, and their counts
+        np.testing.assert_array_equal(x, y)
     keys = a.keys()
     np.testing.assert_array_equal(keys, b.keys())  # row order is kept
     ra, rb = a.lookup(keys, insert=False), b.lookup(keys, insert=False)
@@ -208,3 +210,39 @@ def test_a_table_without_counters_round_trips_and_converts(tmp_path) -> None:
     with pytest.raises(ValueError, match="min_count 2 needs counters"):
         EmbeddingTable(field=5, seed=9, blocks=blocks, min_count=2, counters=False)
     assert compact.evict(ttl=None, step=4) == 0 and compact.delete(compact.keys()[:10]) == 10
+
+
+def test_pending_keys_are_saved_whole_and_old_files_load_their_unadmitted_rows_as_pending(tmp_path) -> None:
+    """A key counted below min_count has no row, only its count (pending): every save holds the
+    pending keys, an incremental one too (they have no last-seen step), and loading or upserting
+    restores them; a file of an earlier version, whose unadmitted keys are rows, loads them as
+    pending keys with their counts, the table that training would hold now."""
+    from des.hashtable.format import read_table_file, write_table_file
+
+    t = trained_table()
+    t.lookup(np.arange(1000, 1010), insert=True, step=5)  # seen once: pending
+    keys, counts = t.pending()
+    assert t.pending_count == keys.shape[0] == 10 and (counts == 1).all()
+    assert (t.lookup(keys, insert=False) == -1).all() and t.admitted_count == len(t)
+    t.save(tmp_path / "full.table")
+    t.lookup(keys[:3], insert=True, step=6)  # admitted now: rows of their own, counted 2
+    assert t.pending_count == keys.shape[0] - 3 and (t.lookup(keys[:3], insert=False) >= 0).all()
+    t.save(tmp_path / "inc.table", since=6)
+    _, increment = read_table_file(tmp_path / "inc.table")
+    assert increment["keys"].shape[0] == 3 and increment["pending.keys"].shape[0] == t.pending_count
+    u = EmbeddingTable.load(tmp_path / "full.table")
+    u.upsert(EmbeddingTable.load(tmp_path / "inc.table").to_arrays())
+    u.admitted_total = t.admitted_total
+    assert_same(t, u)
+    # an earlier version's file: every key a row, those counted once unadmitted
+    old = EmbeddingTable(field=5, seed=9, capacity=64, min_count=1, blocks=t.blocks)
+    old.lookup(np.array([7, 8, 8, 9, 9, 9]), insert=True, step=0)
+    old.save(tmp_path / "old.table")
+    header, arrays = read_table_file(tmp_path / "old.table")
+    write_table_file(tmp_path / "old.table", {**header, "min_count": 3}, arrays)
+    v = EmbeddingTable.load(tmp_path / "old.table")
+    assert v.keys().tolist() == [9] and [a.tolist() for a in v.pending()] == [[7, 8], [1, 2]]
+    v.lookup(np.array([8]), insert=True, step=1)  # its third occurrence: admitted
+    assert sorted(v.keys().tolist()) == [8, 9] and v.metadata(v.lookup(np.array([8]), insert=False))["count"] == [3]
+    with pytest.raises(ValueError, match=r"pending counts must be in \[1, 3\)"):
+        v.set_pending(np.array([5]), np.array([3]))

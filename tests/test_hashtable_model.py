@@ -21,7 +21,8 @@ batches = st.lists(st.sampled_from(UNIVERSE), min_size=0, max_size=25)
 
 
 class TableModel(RuleBasedStateMachine):
-    """model[key] = {"w": float, "count": int, "last": int, "adam_steps": int}."""
+    """model[key] = {"w": float, "count": int, "last": int, "adam_steps": int}; a key counted below
+    ``min_count`` is pending in the table (no row, its count in the index)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -59,7 +60,9 @@ class TableModel(RuleBasedStateMachine):
         by_key: dict[int, int] = {}
         for k, r in zip(keys, rows.tolist()):
             assert by_key.setdefault(k, r) == r  # duplicates share a row
-        assert len(set(by_key.values())) == len(by_key)  # distinct keys, distinct rows
+        held = [r for r in by_key.values() if r >= 0]  # pending keys: -1
+        assert len(set(held)) == len(held)  # distinct keys, distinct rows
+        assert all((r >= 0) == self.admitted(k) for k, r in by_key.items())
 
     @rule(keys=batches)
     def insert(self, keys: list[int]) -> None:
@@ -80,7 +83,7 @@ class TableModel(RuleBasedStateMachine):
         n = len(self.t)
         rows = self.t.lookup(np.array(keys, dtype=np.int64), insert=False)
         for k, r in zip(keys, rows.tolist()):
-            assert (r >= 0) == (k in self.model)
+            assert (r >= 0) == (k in self.model and self.admitted(k))
         assert len(self.t) == n
 
     @rule(keys=batches, seed=st.integers(0, 2**16))
@@ -100,7 +103,7 @@ class TableModel(RuleBasedStateMachine):
 
     @rule(ttl=st.integers(-1, 4))
     def evict(self, ttl: int) -> None:
-        dead = [k for k, e in self.model.items() if self.step - e["last"] > ttl]
+        dead = [k for k, e in self.model.items() if self.step - e["last"] > ttl and self.admitted(k)]
         assert self.t.evict(ttl, self.step) == len(dead)
         for k in dead:
             del self.model[k]
@@ -117,9 +120,19 @@ class TableModel(RuleBasedStateMachine):
         if not hasattr(self, "t"):
             return
         t = self.t
-        assert len(t) == len(self.model)
-        assert sorted(t.keys().tolist()) == sorted(self.model)
-        keys = np.array(sorted(self.model), dtype=np.int64)
+        held = sorted(k for k in self.model if self.admitted(k))  # keys with rows
+        pending = sorted(k for k in self.model if not self.admitted(k))
+        assert len(t) == len(held) and t.pending_count == len(pending)
+        assert sorted(t.keys().tolist()) == held
+        got_keys, got_counts = t.pending()
+        assert got_keys.tolist() == pending and got_counts.tolist() == [self.model[k]["count"] for k in pending]
+        if pending:  # a pending key gathers as an absent one: its initial value, or zeros
+            pk = np.array(pending, dtype=np.int64)
+            prow = t.lookup(pk, insert=False)
+            assert (prow == -1).all()
+            expect_p = [0.0 if t.unadmitted == "zero" else self.model[k]["w"] for k in pending]
+            assert t.gather("w", pk, prow)[:, 0].tolist() == expect_p
+        keys = np.array(held, dtype=np.int64)
         rows = t.lookup(keys, insert=False)
         assert sorted(rows.tolist()) == list(range(len(keys)))
         meta = t.metadata(rows)
@@ -134,7 +147,7 @@ class TableModel(RuleBasedStateMachine):
         assert t.admitted_count == sum(self.admitted(k) for k in self.model)
         assert t.admitted_total == self.admissions and t.admitted_total >= t.admitted_count
         m = t.memory()
-        assert m["load_factor"] <= t.max_load and m["rows"] == len(self.model)
+        assert m["load_factor"] <= t.max_load and m["rows"] == len(held) and m["pending"] == len(pending)
 
 
 TableModel.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None,

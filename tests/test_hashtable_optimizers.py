@@ -203,8 +203,10 @@ def test_from_spec() -> None:
     assert Adam(0.1).num_slots == 2 and FTRL(0.1).num_slots == 2 and SGD(0.1).num_slots == 0
     for bad in ["adam", "nope:lr=1", "adam:lr", "adam:lr=x", "adam:lr=0.1,foo=2", "sgd:lr=-1",
                 "adam:lr=0.1,beta1=1"]:
-        with pytest.raises((ValueError, TypeError)):
+        with pytest.raises(ValueError):
             optimizer_from_spec(bad)
+    with pytest.raises(ValueError, match=r"rowwise_adagrad needs lr= \(e.g. rowwise_adagrad:lr=0.05\)"):
+        optimizer_from_spec("rowwise_adagrad")  # a required rate named, not a TypeError
 
 
 def _rowwise_reference(opt, w, slots, t, g):

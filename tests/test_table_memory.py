@@ -4,6 +4,8 @@ prediction exceeds a host's memory (des/startup.py: refuse_what_cannot_fit)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from des.building import layout_table, table_options
@@ -74,3 +76,38 @@ def test_the_prediction_is_what_the_tables_allocate(layout) -> None:
     assert sum(m["bytes"] for m in memory) == predicted[0]
     keyed = sum(m["index_bytes"] + m["metadata_bytes"] for m in memory) / sum(distinct)
     assert keyed < 24 if min_count == 1 else keyed > 24
+
+
+def test_rows_are_sized_from_the_keys_the_training_split_admits(tmp_path) -> None:
+    """--min-count 2: the rows are the admitted keys' (a key counted once is pending, its index
+    slot alone), sized from the training split's counts (``admitted_keys``), the index from every
+    key; the start-up's prediction is what the tables allocate, and a pass over the split admits
+    exactly the keys counted: bytes per trained row near the layout's per id, not 3x it."""
+    import numpy as np
+
+    from des.building import build_model, build_optimizers
+    from des.data.counting import admitted_keys
+    from des.data.synth import default_config, synthesize_store
+    from des.strategies.components import FieldShard
+
+    store = synthesize_store(tmp_path / "store", 3000, default_config())
+    config = TrainConfig(model="deepfm", embedding_dim=8, min_count=2)
+    distinct = [store.distinct_count(f) for f in range(store.num_fields)]
+    admitted = admitted_keys(store, 2)
+    tables = table_options(config, distinct, admitted)
+    shard = FieldShard(range(store.num_fields), build_model(config, store.num_fields).blocks(),
+                       build_optimizers(config), seed=0, dtype=np.dtype(config.dtype), tables=tables)
+    train = store.split_rows("train")
+    for f, table in shard.tables.items():
+        for lo in range(0, train.shape[0], 256):
+            table.lookup(store.gather(f, train[lo:lo + 256]).keys, insert=True, step=lo)
+    memory = [table.memory() for table in shard.tables.values()]
+    assert [m["rows"] for m in memory] == [a + 1 for a in admitted]  # and the shared row
+    assert sum(m["pending"] for m in memory) > sum(admitted)  # most keys of this data are seen once
+    fields = list(range(store.num_fields))
+    layout = layout_table(config, store.num_fields)
+    assert sum(m["bytes"] for m in memory) == predicted_table_bytes([fields], distinct, layout, tables)[0]
+    big = [f for f in fields if admitted[f] > 200]  # fields past the tables' floor of 16 rows
+    per_row = sum(memory[f]["bytes"] for f in big) / sum(memory[f]["rows"] for f in big)
+    per_id = layout.estimated_bytes(10**6, math.ceil(10**6 * 1.5 / 0.7) + 1, 10**6) / 10**6  # sized from data
+    assert per_row < 1.3 * per_id

@@ -121,6 +121,12 @@ def _add_synth(commands: Any, plugins_help: str, split_help: str) -> None:
     synth.add_argument("--max-hot", type=_positive_int, default=4, help="multi-hot rows have 0..k ids (default 4)")
     synth.add_argument("--weighted", action="store_true", help="multi-hot ids carry weights in [0.5, 1.5)")
     synth.add_argument("--vocab-scale", type=float, default=1.0, help="scale every vocabulary size (default 1.0)")
+    synth.add_argument("--zipf-scale", type=float, default=1.0,
+                       help="multiply every field's Zipf exponent (default 1.0; 0: uniform over each vocabulary, "
+                            "so with a large --vocab nearly every id is new)")
+    synth.add_argument("--vocab", type=int, default=0,
+                       help="every categorical field's vocabulary size, at most 2^32 (default 0: Criteo-like "
+                            "sizes times --vocab-scale)")
     synth.add_argument("--positive-rate", type=float, default=0.25, help="target positive rate (default 0.25)")
     synth.add_argument("--latent-dim", type=_positive_int, default=4, help="latent size of the oracle FM (default 4)")
     synth.add_argument("--split", type=_fractions, default=DEFAULT_SPLIT, help=split_help)
@@ -212,7 +218,9 @@ def _run_synth(args: argparse.Namespace) -> None:
         multi_hot = DEFAULT_MULTI_HOT_FIELDS
     config = default_config(
         seed=args.seed, multi_hot_fields=multi_hot, max_hot=args.max_hot, weighted=args.weighted,
-        vocab_scale=args.vocab_scale, positive_rate=args.positive_rate, latent_dim=args.latent_dim,
+        vocab_scale=args.vocab_scale, zipf_scale=args.zipf_scale, categorical_vocab=args.vocab,
+        positive_rate=args.positive_rate,
+        latent_dim=args.latent_dim,
     )
     if args.format == "tsv":
         info = synthesize_tsv(args.output, args.rows, config, overwrite=args.force)

@@ -7,6 +7,8 @@ beside it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba
 import numpy as np
 
@@ -109,3 +111,22 @@ class KeyCounter:
         if counts.shape[0] > k:
             counts = np.partition(counts, counts.shape[0] - k)[-k:]
         return float(counts.sum()) / float(self.total)
+
+
+#: rows of a split read at a time by :func:`admitted_keys`
+_COUNT_ROWS = 1 << 20
+
+
+def admitted_keys(store: Any, min_count: int, split: str = "train") -> list[int]:
+    """Per field of ``store``, its distinct keys that occur at least ``min_count`` times in the rows
+    of ``split``: the keys a first pass over that split admits (``--min-count``), which the tables'
+    rows are sized from (``des.options.TableOptions.admitted``). One pass over the split's ids,
+    ``_COUNT_ROWS`` rows at a time, a field at a time (memory: one field's distinct keys)."""
+    rows = store.split_rows(split)
+    out = []
+    for field in range(store.num_fields):
+        counter = KeyCounter()
+        for lo in range(0, rows.shape[0], _COUNT_ROWS):
+            counter.add(store.gather(field, rows[lo:lo + _COUNT_ROWS]).keys)
+        out.append(int(np.count_nonzero(counter.entries()[1] >= min_count)))
+    return out

@@ -111,9 +111,14 @@ def default_config(
     max_hot: int = 4,
     weighted: bool = False,
     vocab_scale: float = 1.0,
+    zipf_scale: float = 1.0,
+    categorical_vocab: int = 0,
     **overrides: Any,
 ) -> SynthConfig:
-    """The Criteo-like configuration; ``vocab_scale`` shrinks (or grows) every vocabulary."""
+    """The Criteo-like configuration; ``vocab_scale`` shrinks (or grows) every vocabulary,
+    ``zipf_scale`` multiplies every Zipf exponent (smaller: flatter, more distinct ids; 0: every
+    value of a vocabulary equally likely, so a vocabulary far larger than the rows gives ids seen
+    about once each); ``categorical_vocab`` > 0 is every categorical field's vocabulary instead."""
     unknown = set(multi_hot_fields) - set(FIELD_NAMES[NUM_INT_FIELDS:])
     if unknown:
         raise DataError(f"multi-hot fields must be categorical fields C1..C26, not {', '.join(sorted(unknown))}")
@@ -121,15 +126,21 @@ def default_config(
         raise DataError(f"max_hot must be >= 1, not {max_hot}")
     if vocab_scale <= 0:
         raise DataError(f"vocab_scale must be positive, not {vocab_scale}")
+    if zipf_scale < 0:
+        raise DataError(f"zipf_scale must be >= 0, not {zipf_scale}")
     fields = []
     for index, (name, (vocab, zipf, missing)) in enumerate(zip(FIELD_NAMES, CRITEO_LIKE)):
         multi = name in multi_hot_fields
+        if categorical_vocab > 0 and index >= NUM_INT_FIELDS:
+            vocab, vocab_scale_of = categorical_vocab, 1.0
+        else:
+            vocab_scale_of = vocab_scale
         fields.append(
             SynthField(
                 name=name,
                 kind="integer" if index < NUM_INT_FIELDS else "categorical",
-                vocab=max(2, int(round(vocab * vocab_scale))),
-                zipf=zipf,
+                vocab=max(2, int(round(vocab * vocab_scale_of))),
+                zipf=zipf * zipf_scale,
                 missing=0.0 if multi else missing,
                 max_hot=max_hot if multi else 0,
                 weighted=weighted and multi,

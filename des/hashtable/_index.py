@@ -8,7 +8,13 @@ key in ``row_keys``: a third of the index's memory for one more cache line per p
 that a table with counters reads in ``meta`` instead (and prefetched the same way). The row is
 stored plus one, so a free slot
 is one whose row field (the last column) is 0 and zero-filled memory is an empty index: a new index is only
-committed, never written before the rehash fills it. Linear probing; the home slot is Lemire's "fastrange" of
+committed, never written before the rehash fills it. A wide slot whose row field is negative holds a
+*pending* key: seen fewer than ``min_count`` times, it has no row yet, and the field holds its count,
+negated (``-count``, at most ``min_count - 1``), so a pending key costs its slot alone; it gets a row
+when its count reaches ``min_count`` (:func:`insert_keys`). A probe returns such a key's "row" as
+``-count - 1`` (<= -2), which no caller reads as a row (:func:`find_keys` gives -1, as for an
+absent key); a compact index has no pending keys (its table admits every key).
+Linear probing; the home slot is Lemire's "fastrange" of
 the high 32 bits of ``splitmix64(key)``, so the capacity need not be a power of two (the index can
 grow by 1.5x) and the home slot is monotone in the hash (a rehash writes the new index almost
 sequentially). Deletion is by backward shift: no tombstones, probe sequences stay as short as if
@@ -34,7 +40,7 @@ from numba.extending import overload
 
 from ._memory import row_array
 from ..splitmix import splitmix64
-from .distinct import add_to_distinct, distinct_rows
+from .distinct import add_to_distinct, distinct_keys, distinct_rows
 from ._prefetch import prefetch1, prefetch2
 from .bfloat16 import load
 from .init import init_row
@@ -47,6 +53,7 @@ _S32 = np.uint64(32)
 _LO32 = np.int64(0xFFFFFFFF)
 
 _NO_META = np.zeros((0, 0), np.int32)  # the meta of a read-only probe (its prefetch reads no count)
+ONE_EACH = np.zeros(0, np.int64)  # insert_keys' amounts: one occurrence per key
 # statuses returned by lookup_insert
 OK, BAD_KEY, NEED_GROWTH = 0, 1, 2
 
@@ -92,8 +99,21 @@ def set_slot(idx, s: int, key: np.int64, row) -> None:
 
 @njit(cache=True, nogil=True, inline="always")
 def slot_row(idx, s: int):
-    """The row of an occupied slot."""
+    """The row of an occupied slot (a pending key's: its count, as :func:`pending_row` encodes it)."""
     return idx[s, idx.shape[1] - 1] - 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def pending_row(count):
+    """The "row" a probe returns for a pending key of ``count`` (>= 1) occurrences: ``-count - 1``
+    (its slot's row field ``-count``); :func:`pending_count` reads it back."""
+    return -count - 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def pending_count(r):
+    """The count held by a probe's result ``r``: a pending key's (``r <= -2``), else 0."""
+    return -r - 1 if r < -1 else 0
 
 
 # The batched kernels probe through :func:`probe` and :func:`ahead`, which numba resolves by the
@@ -198,16 +218,23 @@ def find_slot(idx, row_keys, key: np.int64) -> int:
 
 
 @njit(nogil=True)
-def insert_keys(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, min_count, count=True):
+def insert_keys(idx, keys, out, start, n_rows, fill, row_cap, max_fill, row_keys, meta, step, min_count,
+                count, amounts):
     """Rows of ``keys[start:]`` into ``out``, inserting missing keys as rows ``n_rows, ...``.
 
-    Every occurrence increments ``count`` (saturating) and sets ``last_seen = step``. Returns
-    ``(position, n_rows, status, admitted)``, ``admitted`` = rows whose count reached
+    Each key counts ``amounts[i]`` occurrences (one each when ``amounts`` is empty, ``ONE_EACH``): its ``count``
+    rises by them (saturating) and ``last_seen = step``. With counters and ``min_count > 1`` a key
+    whose count stays below ``min_count`` gets no row: it stays *pending* in its index slot (``out``
+    -1) and gets its row, count and all, when the count reaches ``min_count``, so only admitted keys
+    have rows. ``count=False`` (bulk writes) counts nothing and gives every key a row, a pending key
+    its pending count (``last_seen`` and the rest of the row are the caller's). ``fill``: the
+    index's occupied slots (rows and pending keys), ``max_fill`` its bound, ``row_cap`` the rows'.
+    Returns ``(position, n_rows, fill, status, admitted)``, ``admitted`` = keys whose count reached
     ``min_count`` in this call (new rows, for ``min_count`` 0 or a table without counters); on
     NEED_GROWTH the caller grows and calls again from ``position`` (everything before it is done).
-    ``max_rows`` = min(row capacity, index fill bound). Two-stage prefetch: the index line of key
-    ``i + PF``, and of key ``i + PF/2`` (its index line has arrived by then) what :func:`ahead` says
-    the probe reads next. A table without counters (``meta`` of no columns) counts nothing.
+    Two-stage prefetch: the index line of key ``i + PF``, and of key ``i + PF/2`` (its index line has
+    arrived by then) what :func:`ahead` says the probe reads next. A table without counters (``meta``
+    of no columns) counts nothing.
     """
     n = keys.shape[0]
     cap = idx.shape[0]
@@ -215,6 +242,8 @@ def insert_keys(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, m
     admitted = 0
     counted = meta.shape[1] != 0
     count = count and counted
+    pend = count and min_count > 1
+    each = amounts.shape[0] == 0
     for i in range(start, n):
         if i + PF < n:
             prefetch2(idx, home_slot(keys[i + PF], cap), 0)
@@ -222,55 +251,87 @@ def insert_keys(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, m
             ahead(idx, row_keys, meta, keys[i + half], count)
         key = keys[i]
         if key == EMPTY:
-            return i, n_rows, BAD_KEY, admitted
+            return i, n_rows, fill, BAD_KEY, admitted
+        a = np.int64(1) if each else np.int64(amounts[i])
         s, r = probe(idx, row_keys, key)
         if r < 0:
-            if n_rows >= max_rows:
-                return i, n_rows, NEED_GROWTH, admitted
+            c0 = pending_count(r)
+            if r == -1 and fill >= max_fill:
+                return i, n_rows, fill, NEED_GROWTH, admitted
+            if pend and c0 + a < min_count:  # pending: its count in its slot, no row
+                fill += r == -1
+                set_slot(idx, s, key, pending_row(c0 + a))
+                out[i] = -1
+                continue
+            if n_rows >= row_cap:
+                return i, n_rows, fill, NEED_GROWTH, admitted
+            fill += r == -1
             r = n_rows
             n_rows += 1
             row_keys[r] = key
             set_slot(idx, s, key, r)
             if counted:
-                meta[r, COUNT] = 0
+                meta[r, COUNT] = c0
             if min_count == 0 or not counted:
                 admitted += 1
         out[i] = r
         if not count:
             continue
-        c = meta[r, COUNT]
-        if c < INT32_MAX:  # saturate instead of wrapping
-            meta[r, COUNT] = c + 1
-            if c + 1 == min_count:
-                admitted += 1
-        meta[r, LAST] = step
-    return n, n_rows, OK, admitted
-
-
-@njit(nogil=True)
-def count_distinct(uniq, inverse, u, meta, step, min_count):
-    """The counting of :func:`insert_keys` for a whole batch, by distinct row (``uniq[:u]``, each
-    position's number ``inverse``, as :func:`distinct_keys` numbers the keys): each row's
-    ``count`` raised by its occurrences (saturating) and its ``last_seen`` set to ``step``: one
-    meta line per distinct row instead of per occurrence. Returns the rows whose count reached
-    ``min_count >= 1`` (none without counters: :func:`insert_keys` counted the new rows)."""
-    if meta.shape[1] == 0:
-        return 0
-    occurrences = np.zeros(u, np.int64)
-    for i in range(inverse.shape[0]):
-        occurrences[inverse[i]] += 1
-    admitted = 0
-    for p in range(u):
-        if p + PF < u:
-            prefetch2(meta, uniq[p + PF], 0)
-        r = uniq[p]
         c = np.int64(meta[r, COUNT])
-        new = min(c + occurrences[p], INT32_MAX)
+        new = min(c + a, INT32_MAX)  # saturate instead of wrapping
         meta[r, COUNT] = new
         if c < min_count <= new:
             admitted += 1
         meta[r, LAST] = step
-    return admitted
+    return n, n_rows, fill, OK, admitted
+
+
+@njit(nogil=True)
+def occurrences(inverse, u):
+    """How often each of ``u`` distinct keys occurs, from each position's number ``inverse`` (as
+    :func:`distinct_keys` numbers them): :func:`insert_keys`' ``amounts`` for a batch's distinct keys."""
+    out = np.zeros(u, np.int64)
+    for i in range(inverse.shape[0]):
+        out[inverse[i]] += 1
+    return out
+
+
+@njit(cache=True, nogil=True)
+def set_pending(idx, row_keys, keys, counts, start, fill, max_fill):
+    """Keys ``keys[start:]`` pending with ``counts`` (each in [1, min_count), checked by the caller):
+    a pending key's count replaced, a missing key added. Returns ``(position, fill, status)``:
+    NEED_GROWTH when the index is full (grow, call again from ``position``), BAD_KEY at a key that
+    has a row or is the sentinel."""
+    for i in range(start, keys.shape[0]):
+        key = keys[i]
+        if key == EMPTY:
+            return i, fill, BAD_KEY
+        s, r = probe(idx, row_keys, key)
+        if r >= 0:
+            return i, fill, BAD_KEY
+        if r == -1:
+            if fill >= max_fill:
+                return i, fill, NEED_GROWTH
+            fill += 1
+        set_slot(idx, s, key, pending_row(np.int64(counts[i])))
+    return keys.shape[0], fill, OK
+
+
+@njit(cache=True, nogil=True)
+def pending_entries(idx):
+    """``(keys, counts)`` of the pending keys of a wide index, in slot order."""
+    n = 0
+    for s in range(idx.shape[0]):
+        n += idx[s, 2] < 0
+    keys = np.empty(n, np.int64)
+    counts = np.empty(n, np.int32)
+    n = 0
+    for s in range(idx.shape[0]):
+        if idx[s, 2] < 0:
+            keys[n] = (np.int64(idx[s, 1]) << 32) | (np.int64(idx[s, 0]) & _LO32)
+            counts[n] = -idx[s, 2]
+            n += 1
+    return keys, counts
 
 
 @njit(cache=True, nogil=True)
@@ -286,14 +347,25 @@ def use_shared_row(meta, row, min_count, step, seen) -> None:
 
 
 @njit(cache=True, nogil=True)
-def lookup_insert(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, min_count):
+def lookup_insert(idx, keys, out, start, n_rows, fill, row_cap, max_fill, row_keys, meta, step, min_count, count,
+                  amounts):
     """:func:`insert_keys` on one table."""
-    return insert_keys(idx, keys, out, start, n_rows, max_rows, row_keys, meta, step, min_count)
+    return insert_keys(idx, keys, out, start, n_rows, fill, row_cap, max_fill, row_keys, meta, step, min_count,
+                       count, amounts)
+
+
+@njit(cache=True, nogil=True)
+def batch_distinct(keys, ukeys, inverse):
+    """``(u, amounts)``: a batch's distinct keys in first-occurrence order into ``ukeys[:u]``, each
+    position's place among them (``inverse``) and how often each occurs: one table's training
+    lookup inserts and counts them so (as the fused lookup does, the same rows in the same order)."""
+    u = distinct_keys(keys, ukeys, inverse)
+    return u, occurrences(inverse, u)
 
 
 @njit(nogil=True)
 def find_keys(idx, row_keys, keys, out):
-    """Rows of ``keys`` (-1 when absent); read-only. Returns the first sentinel position or -1."""
+    """Rows of ``keys`` (-1 when absent or pending); read-only. Returns the first sentinel position or -1."""
     n = keys.shape[0]
     cap = idx.shape[0]
     half = PF // 2
@@ -305,7 +377,7 @@ def find_keys(idx, row_keys, keys, out):
         key = keys[i]
         if key == EMPTY:
             return i
-        out[i] = probe(idx, row_keys, key)[1]
+        out[i] = max(probe(idx, row_keys, key)[1], -1)
     return -1
 
 
@@ -356,10 +428,10 @@ def admit_distinct(rows, adm, uniq, inverse, u, meta, min_count, shared):
     admitted[u] = True
     all_admitted = True
     for p in range(u):
-        if p + PF < u and min_count > 1:
+        if p + PF < u and min_count > 1 and uniq[p + PF] >= 0:
             prefetch2(meta, uniq[p + PF], 0)
         r = uniq[p]
-        admitted[p] = min_count <= 1 or meta[r, COUNT] >= min_count
+        admitted[p] = r >= 0 and (min_count <= 1 or meta[r, COUNT] >= min_count)
         all_admitted &= admitted[p]
         if r == shared:
             mapped = p

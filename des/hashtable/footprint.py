@@ -46,7 +46,8 @@ def estimated_bytes(table: Any, rows: int, capacity: int | None = None, initial_
 
 
 def memory(table: Any) -> dict[str, Any]:
-    """Allocated bytes by part, rows, capacity, load factor and the raw payload for comparison."""
+    """Allocated bytes by part, rows, pending keys (in the index, no row), capacity, load factor
+    (rows and pending keys) and the raw payload for comparison."""
     index = table.arrays.index.nbytes
     cap, n = table.row_capacity, len(table)
     row_values, row_meta = _row_bytes(table)
@@ -54,8 +55,8 @@ def memory(table: Any) -> dict[str, Any]:
     total = index + values + meta
     payload = n * payload_bytes_per_row(table)
     return {"bytes": total, "index_bytes": index, "values_bytes": values,
-            "metadata_bytes": meta, "rows": n, "row_capacity": cap,
-            "capacity": table.capacity, "load_factor": n / table.capacity,
+            "metadata_bytes": meta, "rows": n, "row_capacity": cap, "pending": table.pending_count,
+            "capacity": table.capacity, "load_factor": (n + table.pending_count) / table.capacity,
             "payload_bytes": payload,
             "bytes_per_row": total / n if n else float("nan"),
             "overhead": total / payload if payload else float("nan")}

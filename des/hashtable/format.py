@@ -13,6 +13,9 @@ A table file is an *uncompressed* ``.npz`` archive (a zip of ``.npy`` arrays, as
                                                 ``z``, ``n``), same dtype as the values; a
                                                 row-wise slot ``[n, 1]``
 ``block.<i>.steps``        int32   [n]   Adam's per-row step count (only for Adam blocks)
+``pending.keys``           int64   [p]   keys counted below ``min_count``, which have no row (by key);
+                                         absent when there are none
+``pending.counts``         int32   [p]   their counts, each in [1, min_count)
 
 (A row is admitted, i.e. trained, iff ``count >= min_count``; every row of a file without counters.)
 
@@ -21,7 +24,7 @@ The header is a JSON object::
     {"format": "des.hashtable", "version": 1, "field": int, "seed": int, "dtype": "float32",
      "table_dtype": "float32"|"float64"|"bfloat16",
      "min_count": int, "unadmitted": "init"|"zero"|"shared", "counters": bool, "max_load": float, "n_rows": n,
-     "evicted_count": int, "admitted_total": int, "last_update_step": int|null,
+     "n_pending": p, "evicted_count": int, "admitted_total": int, "last_update_step": int|null,
      "blocks": [{"name": str, "dim": int, "optimizer": {...}, "init": {...}}, ...],
      "arrays": {name: {"dtype": numpy dtype str, "shape": [...]}, ...},
      "sha256": hex digest of the payload}
@@ -30,7 +33,8 @@ The header is a JSON object::
 header entries they do not know, and a file without it loads with the number of admitted rows.
 ``table_dtype`` (how values and slots are stored: bfloat16 as ``uint16`` bits) likewise: a file
 without it stores them in ``dtype``. ``counters`` too: a file without it holds ``count`` and
-``last_seen``.
+``last_seen``. ``n_pending`` and the ``pending.*`` arrays too: a file without them has no pending
+keys, and a row of it counted below ``min_count`` loads as a pending key (``persistence.py``).
 
 The payload digest is SHA-256 over the arrays in sorted name order, each contributing
 ``name NUL dtype.str NUL json(shape) NUL`` followed by its C-order bytes. Files are written to a

@@ -5,7 +5,8 @@ initialization of new rows.
 
 Each field keeps its own :class:`~des.hashtable.table.EmbeddingTable` (checkpointed and re-sharded
 by field, grown and evicted on its own), used through its public surface only (``arrays``,
-``row_limit``, ``grow``, ``commit_rows``, the shared row); :class:`ShardTables` holds the addresses
+``row_capacity``, ``fill_limit``, ``pending_count``, ``grow``, ``commit_rows``, the shared row);
+:class:`ShardTables` holds the addresses
 of the tables' arrays in one ``int64`` table (``_views.py``), pins those arrays, and refreshes a
 field's row when its table replaced an array (``EmbeddingTable.version``) or was itself replaced (a
 checkpoint load puts new tables into the shard's dict). The kernels take their arguments grouped
@@ -17,8 +18,8 @@ numba's thread count of the calling thread (``_threads.py``: ``NUMBA_NUM_THREADS
 The lookup also numbers each field's distinct trained rows in order of first occurrence
 (``Touched.distinct``, ``distinct_rows``; in a pipelined step on the background thread),
 and a training lookup looks up and inserts only the distinct keys (``distinct_keys``) and
-raises the counts once per distinct row by its occurrences (``K.count_distinct``: one meta cache
-line per row, not per id; the same counts). Both later
+raises the counts once per distinct key by its occurrences (``K.insert_keys``' amounts: one meta
+cache line per row, not per id; the same counts and the same pending keys). Both later
 passes work by that number: the gather reads each distinct row from its table once (a batch has
 ~6 ids per distinct row on Criteo, ~12 on heavy multi-hot data: the random reads of the large
 tables were most of the gather) and copies or pools the ids from those few rows; the update adds
@@ -147,7 +148,9 @@ class _Lookup(NamedTuple):
     rows: np.ndarray  # int64 [nnz]: the ids' rows
     admitted: np.ndarray  # bool [nnz]
     pos: np.ndarray  # int64 [F]: where the field resumes (its ids, or its distinct keys)
-    max_rows: np.ndarray  # int64 [F]: rows the field may hold before it must grow
+    max_rows: np.ndarray  # int64 [F]: rows the field may hold before it must grow (its row capacity)
+    fill: np.ndarray  # int64 [F]: the field's index slots in use (rows and pending keys)
+    max_fill: np.ndarray  # int64 [F]: slots it may use before it must grow
     status: np.ndarray  # int64 [F]: PENDING, K.OK, K.NEED_GROWTH or K.BAD_KEY
     admissions: np.ndarray  # int64 [F]: rows admitted in this lookup
     outside: np.ndarray  # bool [F]: an id is neither admitted nor mapped to the shared row
@@ -417,18 +420,22 @@ class ShardTables:
         n = len(tables)
         n0 = self._tables.n_rows.copy()
         work = _Lookup(np.empty(keys.shape[0], dtype=np.int64), np.empty(keys.shape[0], dtype=np.bool_),
-                       np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), np.full(n, PENDING, dtype=np.int64),
+                       np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64),
+                       np.zeros(n, dtype=np.int64), np.full(n, PENDING, dtype=np.int64),
                        np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.bool_), np.empty(keys.shape[0], dtype=np.int64),
                        np.zeros(n, dtype=np.int64), np.empty(keys.shape[0], dtype=np.int32))
         work_arg = tuple(work)
         while True:
-            work.max_rows[:] = [t.row_limit for t in tables]
+            work.max_rows[:] = [t.row_capacity for t in tables]
+            work.fill[:] = [len(t) + t.pending_count for t in tables]
+            work.max_fill[:] = [t.fill_limit for t in tables]
             weight = np.where(work.status == PENDING,
                               np.diff(key_offsets) - work.pos + _LOOKUP_ROW_COST * self._last_distinct, 0)
             _threads.run(lambda j0, j1: _lookup_fields(j0, j1, self._tables_arg, keys, key_offsets, work_arg, shared,
                                                        step, train), weight, _MIN_PARALLEL)
-            for j in np.flatnonzero(self._tables.n_rows != n0):
-                tables[j].commit_rows(self._tables.n_rows[j])
+            for j, t in enumerate(tables):
+                if self._tables.n_rows[j] != len(t) or work.fill[j] != len(t) + t.pending_count:
+                    t.commit_rows(self._tables.n_rows[j], work.fill[j] - self._tables.n_rows[j])
             bad = np.flatnonzero(work.status == K.BAD_KEY)
             if bad.size:
                 j = int(bad[0])
@@ -697,8 +704,9 @@ def _lookup_field(shard, j, keys, key_offsets, work, shared, step, insert):
     distinct rows of :class:`Distinct`, in the same order) and only they are looked up and
     inserted (a Criteo batch has ~6 ids per distinct key: the index probes were half the lookup),
     in first-occurrence order as inserting every id would; the counts are raised once per
-    distinct row by its occurrences (``count_distinct``); admission is then read once per
-    distinct row and the admitted ones numbered again from those numbers (``admit_distinct``).
+    distinct key by its occurrences (``insert_keys``' amounts: a key whose count stays below
+    ``min_count`` stays pending, row -1); admission is then read once per distinct key and the
+    admitted ones numbered again from those numbers (``admit_distinct``).
     Across a growth (``pos[j]`` > 0) ``uniq`` holds the distinct keys, ``count[j]`` their number
     and ``rows`` the rows found so far. Finding, every occurrence is admitted (``admit``). The
     inserted rows are counted in ``shard.n_rows[j]``."""
@@ -717,9 +725,10 @@ def _lookup_field(shard, j, keys, key_offsets, work, shared, step, insert):
                 return
             count[j] = distinct_keys(field_keys, uniq[lo:hi], inverse[lo:hi])
         u = count[j]
-        p, n, st, a = K.insert_keys(idx, uniq[lo:lo + u], field_rows, pos[j], n_rows[j], work.max_rows[j],
-                                    _row_keys(shard, j), meta, step, min_count[j], False)
-        pos[j], n_rows[j] = p, n
+        p, n, f, st, a = K.insert_keys(idx, uniq[lo:lo + u], field_rows, pos[j], n_rows[j], work.fill[j],
+                                       work.max_rows[j], work.max_fill[j], _row_keys(shard, j), meta, step,
+                                       min_count[j], True, K.occurrences(inverse[lo:hi], u))
+        pos[j], n_rows[j], work.fill[j] = p, n, f
         work.admissions[j] += a
         if st != K.OK:
             status[j] = st
@@ -727,7 +736,6 @@ def _lookup_field(shard, j, keys, key_offsets, work, shared, step, insert):
         uniq[lo:lo + u] = field_rows[:u]  # the distinct keys' rows, then every id's
         for i in range(lo, hi):
             rows[i] = uniq[lo + inverse[i]]
-        work.admissions[j] += K.count_distinct(uniq[lo:hi], inverse[lo:hi], u, meta, step, min_count[j])
         status[j] = K.OK
         count[j], work.outside[j] = K.admit_distinct(field_rows, admitted[lo:hi], uniq[lo:hi], inverse[lo:hi], u,
                                                      meta, min_count[j], shared[j])

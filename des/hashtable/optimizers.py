@@ -58,7 +58,7 @@ the column loops into SIMD (the results are the same either way).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, ClassVar, NamedTuple, Union
 
 import numpy as np
@@ -804,6 +804,11 @@ def optimizer_from_dict(d: dict[str, Any]) -> Optimizer:
     unknown = sorted(set(params) - names)
     if unknown:
         raise ValueError(f"unknown {cls.kind} parameter(s) {unknown}; expected some of {sorted(names)}")
+    missing = sorted(f.name for f in fields(cls) if f.name not in params and f.default is MISSING
+                     and f.default_factory is MISSING and f.init)
+    if missing:
+        raise ValueError(f"{cls.kind} needs {', '.join(f'{name}=' for name in missing)} (e.g. {cls.kind}:"
+                         f"{','.join(f'{name}=0.05' for name in missing)})")
     return cls(**params)
 
 

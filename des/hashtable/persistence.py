@@ -8,7 +8,11 @@ step counts) as the table holds them, and loading writes them back into rows of 
 same layout, so a loaded table is the saved one bit for bit (its rows in file order). A table
 without counters writes no count or last_seen (its header says ``"counters": false``); loaded into
 a table with counters, its rows are admitted (count ``max(min_count, 1)``) and last seen at its
-``last_update_step``; a file with counters loads into a table without by dropping them. This module
+``last_update_step``; a file with counters loads into a table without by dropping them. Pending keys
+(seen fewer than ``min_count`` times, no row: ``table.py``) are saved as two arrays of their keys
+and counts (by key), by every save, an incremental one too (a pending key has no last-seen step);
+a file of an earlier version that holds such keys as rows (count below ``min_count``) loads them as
+pending keys, as the table would hold them now. This module
 acts on the storage (``table.py``) through its public surface and builds a new table through the
 class it is given: it never imports the table, which delegates to it.
 """
@@ -25,6 +29,9 @@ from . import _index as K
 from .bfloat16 import convert, stored_dtype
 from .format import TableFormatError, read_table_file, write_table_file
 from .layout import INDEX_GROWTH, MIN_CAPACITY, SHARED_KEY, BlockSpec, as_keys, sentinel_error
+
+#: the arrays of a table file holding its pending keys and their counts (``format.py``)
+PENDING_KEYS, PENDING_COUNTS = "pending.keys", "pending.counts"
 
 #: which rows of a table file :func:`load_parts` keeps: int64 keys -> bool mask
 KeyFilter = Callable[[np.ndarray], np.ndarray]
@@ -61,6 +68,8 @@ def to_arrays(table: Any, since: int | None = None) -> dict[str, np.ndarray]:
     if since is not None:
         changed = arrays["last_seen"] >= since
         arrays = {name: a[changed] for name, a in arrays.items()}
+    if table.pending_count:
+        arrays[PENDING_KEYS], arrays[PENDING_COUNTS] = table.pending()
     return arrays
 
 
@@ -71,6 +80,7 @@ def save(table: Any, path: str | os.PathLike, since: int | None = None) -> None:
     header = {"field": table.field, "seed": table.seed, "dtype": table.dtype.name, "table_dtype": table.table_dtype,
               "min_count": table.min_count, "unadmitted": table.unadmitted, "counters": table.counters,
               "max_load": table.max_load, "n_rows": int(arrays["keys"].shape[0]),
+              "n_pending": int(arrays[PENDING_KEYS].shape[0]) if PENDING_KEYS in arrays else 0,
               "evicted_count": table.evicted_count, "admitted_total": table.admitted_total,
               "last_update_step": table.last_update_step,
               "blocks": [b.to_dict() for b in table.blocks]}
@@ -80,7 +90,9 @@ def save(table: Any, path: str | os.PathLike, since: int | None = None) -> None:
 def upsert(table: Any, arrays: dict[str, np.ndarray]) -> int:
     """Rows given as :func:`to_arrays` gives them (distinct keys) into ``table``: a key it holds
     has its row replaced (counts, ``last_seen``, values, slots, step counts), a new key gets a new
-    row. Counters (``evicted_count``, ``admitted_total``) are left alone. Returns the new rows."""
+    row; pending keys given (``PENDING_KEYS``, ``PENDING_COUNTS``) become or stay pending with
+    their counts. Counters (``evicted_count``, ``admitted_total``) are left alone. Returns the new rows."""
+    arrays, pending = split_pending(arrays)
     n = int(np.asarray(arrays["keys"]).shape[0])
     _check_arrays(arrays, table.blocks, table.stored_dtype, n, "count" in arrays)
     arrays = with_counters(arrays, table, n)
@@ -92,7 +104,19 @@ def upsert(table: Any, arrays: dict[str, np.ndarray]) -> int:
     for name, column in row_columns(table).items():
         if name != "keys":  # claim_rows wrote them
             column[rows] = arrays[name]
+    table.set_pending(*pending)
     return len(table) - n0
+
+
+def split_pending(arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """A file's arrays as ``(row arrays, (pending keys, their counts))`` (none: empty)."""
+    rows = {k: a for k, a in arrays.items() if k not in (PENDING_KEYS, PENDING_COUNTS)}
+    keys = np.asarray(arrays.get(PENDING_KEYS, np.zeros(0, np.int64)))
+    counts = np.asarray(arrays.get(PENDING_COUNTS, np.zeros(0, np.int32)))
+    if keys.dtype != np.int64 or counts.dtype != np.int32 or keys.shape != counts.shape or keys.ndim != 1:
+        raise ValueError(f"pending keys {keys.dtype}{list(keys.shape)} and counts {counts.dtype}{list(counts.shape)} "
+                         "are not int64 [n] and int32 [n]")
+    return rows, (keys, counts)
 
 
 def load_parts(new_table: Callable[..., Any], parts: Sequence[tuple[str | os.PathLike, KeyFilter | None]],
@@ -107,7 +131,8 @@ def load_parts(new_table: Callable[..., Any], parts: Sequence[tuple[str | os.Pat
     its kept rows' admitted count (which of its keys it evicted or admitted before is not known: the
     lower bound a file without the counter loads with); ``last_update_step`` is the latest of the
     parts. ``capacity`` (index slots) is a lower bound, the default fits the rows kept at about
-    ``max_load / 1.5``. ``table_dtype``: how the loaded rows are stored (default: as the files
+    ``max_load / 1.5`` (pending keys at ``max_load``). ``table_dtype``: how the loaded rows are
+    stored (default: as the files
     say), converted where it differs (``bfloat16.convert``: widening is exact, narrowing rounds to
     nearest). ``counters``: whether the table keeps counts and last-seen steps (default: as the
     files; always with a ``min_count`` above 1). Raises :class:`TableFormatError` naming the file.
@@ -119,9 +144,12 @@ def load_parts(new_table: Callable[..., Any], parts: Sequence[tuple[str | os.Pat
         raise ValueError("load_parts: no parts")
     header = read.first["header"]
     n = sum(int(arrays["keys"].shape[0]) for _, arrays in read.pieces)
+    pending = sum(int(p[0].shape[0]) for p in read.pending)  # keys in the index without a row
     max_load = float(header["max_load"])
-    needed = math.ceil(n / max_load) + 1
-    cap = max(needed, int(capacity) if capacity is not None else math.ceil(n * INDEX_GROWTH / max_load),
+    needed = math.ceil((n + pending) / max_load) + 1
+    # room for new keys as a growth leaves it (INDEX_GROWTH) by the rows; a pending key takes its
+    # slot alone, and its admission no other
+    cap = max(needed, int(capacity) if capacity is not None else math.ceil((n * INDEX_GROWTH + pending) / max_load),
               MIN_CAPACITY)
     try:
         table = new_table(field=int(header["field"]), blocks=read.first["blocks"], seed=int(header["seed"]),
@@ -133,6 +161,11 @@ def load_parts(new_table: Callable[..., Any], parts: Sequence[tuple[str | os.Pat
         raise _inconsistent(read.first["path"], e) from e
     table.evicted_count, table.admitted_total, table.last_update_step = read.evicted, read.admitted, read.last
     _fill(table, read.pieces, n)
+    for path, (pending_keys, counts) in zip((p for p, _ in read.pieces), read.pending):
+        try:
+            table.set_pending(pending_keys, counts)
+        except ValueError as e:
+            raise _inconsistent(path, e) from e
     return table
 
 
@@ -141,6 +174,7 @@ class _Parts:
 
     def __init__(self) -> None:
         self.pieces: list[tuple[str, dict[str, np.ndarray]]] = []
+        self.pending: list[tuple[np.ndarray, np.ndarray]] = []  # each part's kept pending keys and counts
         self.first: dict[str, Any] = {}  # the first part's path, header, dtype and blocks
         self.evicted = self.admitted = 0
         self.last: int | None = None
@@ -150,7 +184,9 @@ class _Parts:
         """Read the part at ``path`` and keep its rows ``keep`` selects (see :func:`load_parts`)."""
         header, arrays = read_table_file(path)
         try:
+            arrays, pending = split_pending(arrays)
             arrays = self._kept_rows(path, header, arrays, keep)
+            arrays, pending = _unadmitted_as_pending(arrays, pending, header, keep)
             if keep is None:  # read whole: its counters
                 self.evicted += int(header["evicted_count"])
                 total = header.get("admitted_total")  # absent in files of older versions of des
@@ -165,6 +201,7 @@ class _Parts:
         except (KeyError, TypeError, ValueError) as e:
             raise _inconsistent(path, e) from e
         self.pieces.append((path, arrays))
+        self.pending.append(pending)
 
     def _kept_rows(self, path: str, header: dict[str, Any], arrays: dict[str, np.ndarray],
                    keep: KeyFilter | None) -> dict[str, np.ndarray]:
@@ -192,6 +229,25 @@ class _Parts:
         if mask is not None and not mask.all():
             arrays = {name: a[mask] for name, a in arrays.items()}
         return arrays
+
+
+def _unadmitted_as_pending(arrays: dict[str, np.ndarray], pending: tuple[np.ndarray, np.ndarray],
+                           header: dict[str, Any], keep: KeyFilter | None) -> tuple[dict[str, np.ndarray], tuple]:
+    """A part's kept rows and pending keys as the table holds them now: its pending keys that
+    ``keep`` keeps, and its rows counted below ``min_count`` (a file of an earlier version: no
+    shared row among them) moved to the pending keys."""
+    keys, counts = pending
+    if keep is not None and keys.shape[0]:
+        mask = np.asarray(keep(keys), dtype=np.bool_)
+        keys, counts = keys[mask], counts[mask]
+    min_count = int(header["min_count"])
+    if "count" in arrays and min_count > 1:
+        low = (arrays["count"] < min_count) & (arrays["keys"] != SHARED_KEY)
+        if low.any():
+            keys = np.concatenate([keys, arrays["keys"][low]])
+            counts = np.concatenate([counts, np.maximum(arrays["count"][low], 1).astype(np.int32)])
+            arrays = {name: a[~low] for name, a in arrays.items()}
+    return arrays, (keys, counts)
 
 
 def _fill(table: Any, pieces: list[tuple[str, dict[str, np.ndarray]]], n: int) -> None:

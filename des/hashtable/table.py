@@ -22,6 +22,15 @@ Layout (see ``_index.py`` for the kernels):
   that row (co-located, so an update touches one or two cache lines), in the dtype or as bfloat16
   bits (``table_dtype``, ``bfloat16.py``), plus an int32 step count for Adam blocks. A row is admitted iff
   its count >= ``min_count`` (the count only grows, so no separate flag is needed).
+* pending keys (``min_count`` > 1): a key seen fewer than ``min_count`` times has no row, only its
+  index slot, whose row field holds its count (``_index.py``); its row is made, count and all,
+  when the count reaches ``min_count``. So the rows are the admitted keys' only (a file of an
+  earlier version that holds unadmitted keys as rows loads them as pending keys), and a key that is
+  never admitted costs 12 bytes / load instead of a whole row: the rows can be sized from the keys
+  that will be admitted (``TableOptions.initial_size``) and the index from all keys. A pending key
+  gathers as an absent one: its initial value (as its untrained row held it; bfloat16 rows held it
+  rounded), zeros or the shared row. It is never evicted (it has no last-seen step; it holds
+  no row), and every checkpoint, incremental ones too, saves every pending key with its count.
 * growth: the row capacity grows by ``ROW_GROWTH`` = 1.15x, which bounds the row slack to 15%.
   The two slacks can peak together (a freshly grown index at load ``max_load / 1.5`` while the
   rows have just grown), so the worst case is ``1.15 * (payload + 8 B meta) + 12 B * 1.5 /
@@ -49,8 +58,9 @@ kernels release the GIL, so *different* tables may be used from different thread
 
 Kernels that drive many tables at once (``fused.py``) use the table through a small public
 surface: :attr:`EmbeddingTable.arrays` (valid while :attr:`EmbeddingTable.version` is unchanged:
-it changes whenever an array is replaced), :attr:`EmbeddingTable.row_limit`,
-:meth:`EmbeddingTable.grow`, :meth:`EmbeddingTable.commit_rows` (rows such a kernel inserted), the
+it changes whenever an array is replaced), :attr:`EmbeddingTable.row_capacity`,
+:attr:`EmbeddingTable.fill_limit`, :attr:`EmbeddingTable.pending_count`, :meth:`EmbeddingTable.grow`,
+:meth:`EmbeddingTable.commit_rows` (rows such a kernel inserted), the
 shared row (:meth:`EmbeddingTable.shared_row`, :meth:`EmbeddingTable.map_to_shared`) and
 :attr:`EmbeddingTable.stream_bases`.
 """
@@ -128,6 +138,7 @@ class EmbeddingTable:
         self._eviction = eviction.Eviction()  # which rows go, and the log of evicted keys (eviction.py)
         self._updates = RowUpdates()  # the optimizer application's scratch buffers (updates.py)
         self._n = 0
+        self._pending = 0  # keys held in the index without a row (counted below min_count)
         #: changes whenever an array of :attr:`arrays` is replaced (growth, eviction, loading); read only
         self.version = 0
         self._shared = -1  # row of SHARED_KEY once known (unadmitted="shared"); rows move on evict
@@ -209,13 +220,14 @@ class EmbeddingTable:
         K.rehash(old, self._idx, self._keys)
 
     def grow(self) -> None:
-        """Room for at least one more row (:attr:`row_limit` > ``len(self)``): the rows grow by
+        """Room for at least one more row and one more key (:attr:`row_capacity` > ``len(self)``,
+        :attr:`fill_limit` > ``len(self) + pending_count``): the rows grow by
         ``ROW_GROWTH``, the index by ``INDEX_GROWTH``, as needed; :attr:`version` may change."""
         if self._n >= self._row_cap:
             if self._n >= _MAX_ROWS:
                 raise ValueError(f"table of field {self.field} is full ({_MAX_ROWS} rows)")
             self._resize_rows(self._next_row_cap())
-        if self._n >= self._max_fill:
+        if self._n + self._pending >= self._max_fill:
             self._rehash(math.ceil(self.capacity * INDEX_GROWTH))
 
     def _init_rows(self, start: int, stop: int) -> None:
@@ -273,8 +285,13 @@ class EmbeddingTable:
 
     def _make_shared_row(self, step: int | None) -> int:
         """The shared row, inserted (and admitted) if missing; ``last_seen = step`` if given."""
-        if self._shared < 0:
-            self._shared = int(self._lookup(np.array([SHARED_KEY], dtype=np.int64), insert=True, step=step or 0)[0])
+        if self._shared < 0:  # a row at once, whatever min_count (the shared row is always admitted)
+            n0 = self._n
+            self._shared = int(self.claim_rows(np.array([SHARED_KEY], dtype=np.int64))[0])
+            if self._n > n0:
+                self._meta[n0:self._n] = 0
+                self._init_rows(n0, self._n)
+                self.admitted_total += self.min_count <= 1
         K.use_shared_row(self._meta, self._shared, self.min_count, 0 if step is None else step, step is not None)
         return self._shared
 
@@ -286,11 +303,18 @@ class EmbeddingTable:
             step = check_step(step)
             if flat.shape[0] and (flat == K.EMPTY).any():  # checked up front: no partial update
                 raise sentinel_error(flat)
+            # the distinct keys, each counted once by its occurrences: a key's row is made when its
+            # count reaches min_count, in first-occurrence order (as the fused lookup makes them)
+            ukeys = np.empty(flat.shape[0], dtype=np.int64)
+            inverse = np.empty(flat.shape[0], dtype=np.int32)
+            u, amounts = K.batch_distinct(flat, ukeys, inverse)
+            rows = np.empty(u, dtype=np.int64)
             n0, pos = self._n, 0
             while True:
-                pos, self._n, status, admitted = K.lookup_insert(
-                    self._idx, flat, out, pos, self._n, min(self._row_cap, self._max_fill),
-                    self._keys, self._meta, step, self.min_count)
+                pos, self._n, fill, status, admitted = K.lookup_insert(
+                    self._idx, ukeys[:u], rows, pos, self._n, self._n + self._pending, self._row_cap, self._max_fill,
+                    self._keys, self._meta, step, self.min_count, True, amounts)
+                self._pending = fill - self._n
                 self.admitted_total += admitted
                 if status == K.NEED_GROWTH:
                     self.grow()
@@ -300,6 +324,7 @@ class EmbeddingTable:
                     self._init_rows(n0, self._n)
                     raise sentinel_error(flat)
             self._init_rows(n0, self._n)
+            np.take(rows, inverse, out=out)
         else:  # read-only: ranges of keys on numba's thread count
             bad: list[int] = []
             _threads.run(lambda lo, hi: bad.append(K.lookup_only(self._idx, self._keys, flat[lo:hi], out[lo:hi])),
@@ -360,8 +385,8 @@ class EmbeddingTable:
     def remove_rows(self, dead: np.ndarray) -> int:
         """Remove the rows ``dead`` (a bool mask of the live rows) and their index slots: the index
         deletes by backward shift (no tombstones), the last rows move into the holes (rows stay
-        dense; earlier :meth:`lookup` results become stale) and oversized storage shrinks. Returns
-        how many were removed."""
+        dense; earlier :meth:`lookup` results become stale) and oversized storage shrinks; pending
+        keys stay. Returns how many were removed."""
         n = self._n
         src, dst, n_live = K.evict_plan(self._idx, self._keys, n, dead)
         if src.shape[0]:
@@ -373,14 +398,16 @@ class EmbeddingTable:
         return n - n_live
 
     def claim_rows(self, keys: np.ndarray) -> np.ndarray:
-        """int64 rows of these int64 keys (no sentinel), a missing key inserted with its key and
-        index slot only: its count, ``last_seen``, values, slots and step counts are the caller's to
-        write (every column, before the row is read), as loading an increment's rows does."""
+        """int64 rows of these int64 keys (no sentinel), a missing or pending key inserted with its
+        key and index slot only: its count, ``last_seen``, values, slots and step counts are the
+        caller's to write (every column, before the row is read), as loading an increment's rows does."""
         rows = np.empty(keys.shape[0], dtype=np.int64)
         pos = 0
         while True:  # count=False: inserts missing keys, leaves meta to the caller
-            pos, self._n, status, _ = K.insert_keys(self._idx, keys, rows, pos, self._n, self.row_limit,
-                                                    self._keys, self._meta, 0, self.min_count, False)
+            pos, self._n, fill, status, _ = K.lookup_insert(
+                self._idx, keys, rows, pos, self._n, self._n + self._pending, self._row_cap, self._max_fill,
+                self._keys, self._meta, 0, self.min_count, False, K.ONE_EACH)
+            self._pending = fill - self._n
             if status == K.NEED_GROWTH:
                 self.grow()
             elif status == K.OK:
@@ -407,12 +434,45 @@ class EmbeddingTable:
             self._shared = -1
         return bad
 
+    def pending(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(keys, counts)`` of the pending keys (seen, fewer than ``min_count`` times, no row), by
+        key; empty in a table whose keys all have rows."""
+        if not self._pending:
+            return np.zeros(0, np.int64), np.zeros(0, np.int32)
+        keys, counts = K.pending_entries(self._idx)
+        order = np.argsort(keys, kind="stable")
+        return keys[order], counts[order]
+
+    def set_pending(self, keys: np.ndarray, counts: np.ndarray) -> None:
+        """These keys (none with a row) pending with these counts (each in [1, ``min_count``)), as
+        :meth:`pending` gives them: a checkpoint's pending keys into the table."""
+        keys = as_keys(keys).reshape(-1)
+        counts = np.asarray(counts).reshape(-1)
+        if counts.shape != keys.shape:
+            raise ValueError(f"set_pending: {keys.shape[0]} keys but {counts.shape[0]} counts")
+        if keys.shape[0] and (not self.counters or counts.min() < 1 or counts.max() >= self.min_count):
+            raise ValueError(f"pending counts must be in [1, {self.min_count}) in a table with counters: "
+                             f"field {self.field} got [{counts.min()}, {counts.max()}]")
+        pos = 0
+        while True:
+            pos, fill, status = K.set_pending(self._idx, self._keys, keys, counts.astype(np.int32), pos,
+                                              self._n + self._pending, self._max_fill)
+            self._pending = fill - self._n
+            if status == K.NEED_GROWTH:
+                self.grow()
+            elif status == K.OK:
+                return
+            else:
+                raise ValueError(f"set_pending: key {int(keys[pos])} of field {self.field} has a row "
+                                 "or is the sentinel")
+
     def _maybe_shrink(self) -> None:
         target = max(MIN_CAPACITY, math.ceil(self._n * ROW_GROWTH))
         if self._row_cap > target * ROW_GROWTH:
             self._resize_rows(target)
-        if self._n < self.capacity * self.max_load / 4 and self.capacity > 4 * MIN_CAPACITY:
-            self._rehash(math.ceil(self._n / (self.max_load / INDEX_GROWTH)) + MIN_CAPACITY)
+        fill = self._n + self._pending
+        if fill < self.capacity * self.max_load / 4 and self.capacity > 4 * MIN_CAPACITY:
+            self._rehash(math.ceil(fill / (self.max_load / INDEX_GROWTH)) + MIN_CAPACITY)
 
     # ---------------------------------------------------------------- kernels of many tables (fused.py)
 
@@ -424,25 +484,32 @@ class EmbeddingTable:
                            tuple(_NO_STEPS if s is None else s for s in self._steps))
 
     @property
-    def row_limit(self) -> int:
-        """Rows the table may hold before it must :meth:`grow`: its row capacity, or the index's
-        fill bound if lower."""
-        return min(self._row_cap, self._max_fill)
+    def fill_limit(self) -> int:
+        """Keys (rows and pending keys) the index may hold before it must :meth:`grow`."""
+        return self._max_fill
+
+    @property
+    def pending_count(self) -> int:
+        """Keys held in the index without a row (seen fewer than ``min_count`` times)."""
+        return self._pending
 
     @property
     def stream_bases(self) -> tuple[np.uint64, ...]:
         """Per block, the base of its keys' initial-value streams (``Initializer.stream_base``)."""
         return tuple(self._bases)
 
-    def commit_rows(self, n_rows: int) -> None:
+    def commit_rows(self, n_rows: int, pending: int | None = None) -> None:
         """Rows ``[len(self), n_rows)`` were inserted into :attr:`arrays` by a kernel (their keys,
-        ``meta`` and index slots, as ``_index.insert_keys`` writes them): they are the table's now.
-        Their values and slots are the caller's to initialize (``init.init_block_rows``) before they
+        ``meta`` and index slots, as ``_index.insert_keys`` writes them), and the index holds
+        ``pending`` pending keys (default: as many as before): they are the table's now. Their
+        values and slots are the caller's to initialize (``init.init_block_rows``) before they
         are read; a :meth:`grow` in between keeps them."""
         n_rows = int(n_rows)
-        if not self._n <= n_rows <= self.row_limit:
-            raise ValueError(f"commit_rows({n_rows}): the table has {self._n} rows and room for {self.row_limit}")
-        self._n = n_rows
+        pending = self._pending if pending is None else int(pending)
+        if not self._n <= n_rows <= self._row_cap or not 0 <= pending or n_rows + pending > self._max_fill:
+            raise ValueError(f"commit_rows({n_rows}, {pending}): the table has {self._n} rows and room for "
+                             f"{self._row_cap} rows and {self._max_fill} keys")
+        self._n, self._pending = n_rows, pending
 
     # ---------------------------------------------------------------- inspection
 
