@@ -64,7 +64,7 @@ MIXED_PLAN = "fm2=exchange"  # (see the plans below)
 # The schema's data under every plan: all partials, all exchange, and the two mixed plans.
 SCHEMA_PLANS = {"partials": (2, 3), "exchange": (2, 3), MIXED_PLAN: (3,), "linear=exchange,first_fc=exchange": (2,)}
 RANKS = (1, 2, 3, 4)
-BUDGET = 300
+BUDGET = 80  # below the largest tables: rows are made only for ids admitted (seen twice) in 12 steps of 64 rows
 BOUNDED = ("--max-rows-per-field", str(BUDGET), "--evict-every", "4", "--ttl", "6")
 SGD_AVERAGE = ("--dense-optimizer", "sgd:lr=0.05", "--group-sync", "average", "--sync-every", "1")
 SMALL = ("--embedding-dim", "4", "--hidden", "16,8", "--linear-optimizer", "ftrl:alpha=0.1,l1=0.01,l2=0.001",
