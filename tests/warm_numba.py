@@ -23,7 +23,7 @@ COMPACT = ("--table-layout", "compact", "--min-count", "1", "--unadmitted", "ini
 BFLOAT16 = ("--dtype", "float32", "--table-dtype", "bfloat16", "--embedding-optimizer", "adam:lr=0.01")
 RUNS = (
     ("--dtype", "float32"),
-    ("--dtype", "float64", "--embedding-optimizer", "adam:lr=0.01"),
+    ("--dtype", "float64"),  # (the default Adam with catch-up: its catch-up kernel too)
     BFLOAT16,
     ("--dtype", "float32", *COMPACT),
     ("--dtype", "float64", *COMPACT),
