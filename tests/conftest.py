@@ -147,3 +147,46 @@ def mpich_shm() -> set[str]:
     shm = Path("/dev/shm")
     return {p.name for p in shm.glob("mpich_*")} if shm.is_dir() else set()
 
+
+#: a session of at least this many tests (the whole suite, not a file or a -k selection) on a
+#: cold numba cache first compiles the table kernels on every core (tests/warm_numba.py)
+WARM_NUMBA_MIN_TESTS = 300
+
+
+def numba_cache_is_cold() -> bool:
+    """No cached fused update kernel of des.hashtable where numba keeps it (importing the package
+    first drops a stale cache)."""
+    from des.hashtable import fused
+
+    try:  # numba's own file name for the kernel's index (private, stable since numba 0.4x)
+        return not os.path.exists(fused._update_pieces._cache._cache_file._index_path)
+    except AttributeError:
+        return False
+
+
+def pytest_collection_finish(session) -> None:
+    """A whole-suite run on a cold cache: tests/warm_numba.py in one process per core (at most 2: its
+    runs are few), waited for; one line if it failed (then the tests compile what they need)."""
+    if session.config.option.collectonly or len(session.items) < WARM_NUMBA_MIN_TESTS or not numba_cache_is_cold():
+        return
+    import time
+
+    from tests.warm_numba import prepare_store
+
+    parts = max(1, min(2, os.cpu_count() or 1))
+    with tempfile.TemporaryDirectory(prefix="des-warm-numba-") as scratch:
+        store = prepare_store(Path(scratch))
+        procs = [subprocess.Popen([sys.executable, "-m", "tests.warm_numba", str(store), str(i), str(parts)], cwd=REPO,
+                                  env=mpi_env(parts), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for i in range(parts)]
+        deadline = time.monotonic() + 600
+        for proc in procs:
+            try:
+                out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+            if proc.returncode:
+                last = (out.strip().splitlines() or ["no output"])[-1]
+                session.config.pluginmanager.get_plugin("terminalreporter").write_line(
+                    f"tests/warm_numba.py exited {proc.returncode}: {last}")

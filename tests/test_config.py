@@ -144,3 +144,13 @@ def test_a_strategy_refuses_what_it_cannot_do(flags: list[str], message: str) ->
 
     with pytest.raises(UsageError, match=message):
         strategy_class(load_config(flags))
+
+
+def test_the_numba_warm_up_runs_every_kind_of_table_rows(tmp_path: Path) -> None:
+    """tests/warm_numba.py (a cold cache's kernels compiled beside the suite): valid runs, one per
+    row dtype and index layout, each a kernel signature of its own."""
+    from tests.warm_numba import RUNS, train_args
+
+    configs = [load_config(train_args(tmp_path / "store", tmp_path / "run", flags)) for flags in RUNS]
+    kinds = {(c.dtype if c.table_dtype == "auto" else c.table_dtype, c.table_layout) for c in configs}
+    assert kinds == {(d, layout) for d in ("float32", "float64", "bfloat16") for layout in ("counters", "compact")}
