@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from typing import Any, Sequence
 
 import numpy as np
@@ -309,21 +310,19 @@ class EmbeddingTable:
             inverse = np.empty(flat.shape[0], dtype=np.int32)
             u, amounts = K.batch_distinct(flat, ukeys, inverse)
             rows = np.empty(u, dtype=np.int64)
-            n0, pos = self._n, 0
-            while True:
+            n0 = self._n
+
+            def insert(pos: int) -> tuple[int, int, int]:
                 pos, self._n, fill, status, admitted = K.lookup_insert(
                     self._idx, ukeys[:u], rows, pos, self._n, self._n + self._pending, self._row_cap, self._max_fill,
                     self._keys, self._meta, step, self.min_count, True, amounts)
-                self._pending = fill - self._n
                 self.admitted_total += admitted
-                if status == K.NEED_GROWTH:
-                    self.grow()
-                elif status == K.OK:
-                    break
-                else:  # unreachable after the check above; keep the table consistent anyway
-                    self._init_rows(n0, self._n)
-                    raise sentinel_error(flat)
+                return pos, fill, status
+
+            status, _ = self._with_growth(insert)
             self._init_rows(n0, self._n)
+            if status != K.OK:  # unreachable after the check above; the table is consistent anyway
+                raise sentinel_error(flat)
             np.take(rows, inverse, out=out)
         else:  # read-only: ranges of keys on numba's thread count
             bad: list[int] = []
@@ -402,20 +401,31 @@ class EmbeddingTable:
         key and index slot only: its count, ``last_seen``, values, slots and step counts are the
         caller's to write (every column, before the row is read), as loading an increment's rows does."""
         rows = np.empty(keys.shape[0], dtype=np.int64)
-        pos = 0
-        while True:  # count=False: inserts missing keys, leaves meta to the caller
+
+        def insert(pos: int) -> tuple[int, int, int]:  # count=False: inserts missing keys, leaves meta to the caller
             pos, self._n, fill, status, _ = K.lookup_insert(
                 self._idx, keys, rows, pos, self._n, self._n + self._pending, self._row_cap, self._max_fill,
                 self._keys, self._meta, 0, self.min_count, False, K.ONE_EACH)
-            self._pending = fill - self._n
-            if status == K.NEED_GROWTH:
-                self.grow()
-            elif status == K.OK:
-                break
-            else:
-                raise sentinel_error(keys)
+            return pos, fill, status
+
+        status, _ = self._with_growth(insert)
+        if status != K.OK:
+            raise sentinel_error(keys)
         self._shared = -1
         return rows
+
+    def _with_growth(self, step: Callable[[int], tuple[int, int, int]]) -> tuple[int, int]:
+        """Run a resumable index kernel to its end: ``step(position)`` -> ``(position, fill, status)``
+        (``fill``: rows plus pending keys), the table grown and the kernel called again from
+        ``position`` whenever the index is full (everything before it is done). Returns the final
+        status (``K.OK``, or ``K.BAD_KEY``) and the position it stopped at."""
+        pos = 0
+        while True:
+            pos, fill, status = step(pos)
+            self._pending = fill - self._n
+            if status != K.NEED_GROWTH:
+                return status, pos
+            self.grow()
 
     def reserve_rows(self, n_rows: int) -> None:
         """Row capacity for ``n_rows`` rows (at least ``MIN_CAPACITY``) in an empty table, to be
@@ -453,18 +463,11 @@ class EmbeddingTable:
         if keys.shape[0] and (not self.counters or counts.min() < 1 or counts.max() >= self.min_count):
             raise ValueError(f"pending counts must be in [1, {self.min_count}) in a table with counters: "
                              f"field {self.field} got [{counts.min()}, {counts.max()}]")
-        pos = 0
-        while True:
-            pos, fill, status = K.set_pending(self._idx, self._keys, keys, counts.astype(np.int32), pos,
-                                              self._n + self._pending, self._max_fill)
-            self._pending = fill - self._n
-            if status == K.NEED_GROWTH:
-                self.grow()
-            elif status == K.OK:
-                return
-            else:
-                raise ValueError(f"set_pending: key {int(keys[pos])} of field {self.field} has a row "
-                                 "or is the sentinel")
+        counts = counts.astype(np.int32)
+        status, pos = self._with_growth(lambda pos: K.set_pending(self._idx, self._keys, keys, counts, pos,
+                                                                   self._n + self._pending, self._max_fill))
+        if status != K.OK:
+            raise ValueError(f"set_pending: key {int(keys[pos])} of field {self.field} has a row or is the sentinel")
 
     def _maybe_shrink(self) -> None:
         target = max(MIN_CAPACITY, math.ceil(self._n * ROW_GROWTH))
