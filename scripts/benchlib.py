@@ -93,7 +93,7 @@ STRATEGY_NOTE = ("des = the default command: the upper network data-parallel (re
                  "exchanges an operator's inputs where that is cheaper in bytes, collective calls and per-id work: "
                  "on Criteo every operator, on heavy multi-hot data none); "
                  "des-partials = every operator as partial sums (--plan partials); des-measure = des with the "
-                 "plan timed on the machine (--plan measure: the model's plan and the pure ones, 2 + 3 steps each); des-replicated = the paper's step "
+                 "plan timed on the machine (--plan measure: the model's plan and the pure ones, 2 + 3 steps each, two rounds); des-replicated = the paper's step "
                  "(--upper replicated: one AllReduce, every rank runs the upper network on the whole batch); des-bf16 "
                  "= des with --compute-dtype bfloat16 (the upper network and the first FC layer's matmuls in bf16 on float32 master "
                  "weights); alltoall "
