@@ -65,6 +65,36 @@ def request_signature(schema: Any) -> dict[str, Any]:
     return ServingFeatures(schema).signature()
 
 
+#: the second signature's name, and its one input's: a batch of serialized ``tf.Example`` s
+EXAMPLES = "examples"
+
+
+def parsed_examples(schema: Any, examples: Any) -> dict[str, Any]:
+    """The named request of ``examples`` (``[B]`` serialized ``tf.Example`` s, one a row), in one
+    ``ParseExampleV2``: each raw column a feature of its name, int64 as an ``int64_list``, string as
+    a ``bytes_list``, float64 as a ``bytes_list`` of its decimal text (a ``float_list`` holds
+    float32, which would round the value before the schema's buckets and standardization see it;
+    the text parsed here is the same correctly rounded float64 as a CSV cell's). A feature left out
+    is the column's missing value (int64 ``-2**63``, string ``""``, float64 NaN; ``""`` also
+    stands for NaN), so every column has the batch's length by construction; other features are ignored (as
+    ``tf.Example`` consumers do); a feature of another type or with more than one value fails in
+    the parse, naming its key."""
+    import tensorflow as tf
+
+    from des.data.features import MISSING_INT
+
+    columns = request_signature(schema)
+    spec = {name: tf.io.FixedLenFeature([], tf.int64 if c.dtype == tf.int64 else tf.string,
+                                        default_value=MISSING_INT if c.dtype == tf.int64 else "")
+            for name, c in columns.items()}
+    parsed = tf.io.parse_example(examples, spec)
+    for name, c in columns.items():
+        if c.dtype == tf.float64:  # "" (missing) -> NaN, as the named form's missing float64
+            text = parsed[name]
+            parsed[name] = tf.strings.to_number(tf.where(tf.equal(text, ""), "nan", text), tf.float64)
+    return {name: parsed[name] for name in columns}
+
+
 def field_salts(keys: list[np.ndarray]) -> np.ndarray:
     """Per field an int64 that its keys are XORed with to share one table with the other fields':
     zeros when all fields' keys are distinct already (key scheme 1's carry their field), else
@@ -308,24 +338,41 @@ def _named(weights: dict[str, Any], prefix: str) -> dict[str, Any]:
 
 
 def build_module(model: Any, state: dict[str, Any], schema: Any, rows_dtype: str = "float32") -> Any:
-    """A ``tf.Module`` whose ``serve`` is the ``serving_default`` signature (see the module doc);
-    ``rows_dtype``: how the table rows are held (:class:`ServedModel`)."""
+    """A ``tf.Module`` whose ``serve`` is the ``serving_default`` signature (see the module doc)
+    and ``serve_examples`` the :data:`EXAMPLES` one (the same rows as serialized ``tf.Example`` s,
+    :func:`parsed_examples`, then the same graph: the same probabilities); ``rows_dtype``: how
+    the table rows are held (:class:`ServedModel`)."""
     import tensorflow as tf
+
+    from des.data.features import ServingFeatures
 
     served = ServedModel(model, state, rows_dtype)
     module, signature = served.module, request_signature(schema)
 
+    def probability(features: Any, size: Any) -> dict[str, Any]:
+        dense = features.dense if schema.dense_names else None
+        return {"probability": served.probability(features, dense, size)}
+
     # A signature function takes keyword arguments: each column is its own named input. The graph is
-    # built in it, not in a function it calls: one function in the SavedModel, a smaller graph file.
+    # built in it, not in a function it calls: one function per signature, a smaller graph file.
     @tf.function(input_signature=list(signature.values()), autograph=False)
     def serve(*columns):
-        request = dict(zip(signature, columns))
-        features = request_fields(schema, request)
-        dense = features.dense if schema.dense_names else None
-        return {"probability": served.probability(features, dense, tf.shape(columns[0])[0])}
+        return probability(request_fields(schema, dict(zip(signature, columns))), tf.shape(columns[0])[0])
 
-    module.serve = serve
+    # One string input: the call binds one tensor, not one per column; the parse gives every column
+    # the batch's length, so no check of the lengths is needed
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=EXAMPLES)], autograph=False)
+    def serve_examples(examples):
+        return probability(ServingFeatures(schema)(parsed_examples(schema, examples)), tf.shape(examples)[0])
+
+    module.serve, module.serve_examples = serve, serve_examples
     return module
+
+
+def signatures(module: Any) -> dict[str, Any]:
+    """The SavedModel's signatures of a :func:`build_module` module: ``serving_default`` (named
+    columns) and :data:`EXAMPLES`."""
+    return {"serving_default": module.serve, EXAMPLES: module.serve_examples}
 
 
 def describe_inputs(schema: Any) -> str:
