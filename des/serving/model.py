@@ -7,13 +7,13 @@ Inside are, as plain TensorFlow ops and variables (loading it needs TensorFlow o
   numpy twin: string hashing, hex ids, buckets (Criteo's ``log_squared`` too), key scheme 1's
   field tags, time parts, crosses, multi-valued splitting, truncation and pooling weights, the
   dense features' transforms with the training statistics);
-* one hash table from key to row for all fields, each field's keys XORed with its salt (0 when
-  the fields' keys are distinct already, as key scheme 1's carry their field), a row counting
-  only inside its field's range of rows (so a key of another field that lands on the same salted
-  key is unknown: exact), and the matrix of the trained rows, every value block's columns side by
-  side so that one gather reads them all (``state.py``:
-  rows of ids not yet admitted keep what training gives them, their initial value or zero; with
-  ``--unadmitted shared`` only admitted ids are kept);
+* one hash table from key to row (int32 rows unless there are 2^31 of them: half the saved
+  table's bytes) for all fields, each field's keys XORed with its salt (0 when the fields' keys
+  are distinct already, as key scheme 1's carry their field), a row counting only inside its
+  field's range of rows (so a key of another field that lands on the same salted key is unknown:
+  exact), and the matrix of the trained rows, every value block's columns side by side so that
+  one gather reads them all (``state.py``: rows of ids not yet admitted keep what training gives
+  them, their initial value or zero; with ``--unadmitted shared`` only admitted ids are kept);
 * the run's unknown-id behaviour: ``--unadmitted shared`` reads the field's trained
   out-of-vocabulary row (also for ids seen in training but not admitted), ``zero`` a row of zeros,
   both rows of the same matrix after the trained ones, so that a key's row or its field's
@@ -152,13 +152,15 @@ class ServedModel:
         self.dtype = tf.as_dtype(state["dtype"])
         self.unadmitted, self.specs = state["unadmitted"], state["specs"]
         self.salts = field_salts(state["keys"])
-        offsets = np.asarray(state["offsets"], dtype=np.int64)
+        # rows as int32 where they fit (all but tables of 2^31 rows): the saved table's values take half
+        self.row_dtype = np.int32 if state["offsets"][-1] + len(state["keys"]) < 2**31 else np.int64
+        offsets = np.asarray(state["offsets"], dtype=self.row_dtype)
         self.first_row, self.end_row = offsets[:-1], offsets[1:]  # field f's rows: [first_row[f], end_row[f])
         # one table for all fields: salted key -> row of the values
-        self.table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1)
+        self.table = tf.lookup.experimental.MutableHashTable(tf.int64, self.row_dtype, default_value=-1)
         if offsets[-1]:
             self.table.insert(tf.constant(np.concatenate([k ^ s for k, s in zip(state["keys"], self.salts)])),
-                              tf.range(int(offsets[-1]), dtype=tf.int64))
+                              tf.range(int(offsets[-1]), dtype=self.row_dtype))
         # every block's values side by side, one row per key: block b is columns [start[b], end[b])
         self.blocks = list(self.specs)
         ends = np.cumsum([self.specs[b].dim for b in self.blocks])
@@ -170,11 +172,11 @@ class ServedModel:
         fields, trained = len(state["keys"]), int(offsets[-1])
         if self.unadmitted == "shared":
             values = np.concatenate([values, np.concatenate([state["shared"][b] for b in self.blocks], axis=1)])
-            self.fallback = trained + np.arange(fields, dtype=np.int64)
+            self.fallback = trained + np.arange(fields, dtype=self.row_dtype)
         else:
             if self.unadmitted == "zero":
                 values = np.concatenate([values, np.zeros((1, values.shape[1]), values.dtype)])
-            self.fallback = np.full(fields, trained if self.unadmitted == "zero" else 0, dtype=np.int64)
+            self.fallback = np.full(fields, trained if self.unadmitted == "zero" else 0, dtype=self.row_dtype)
         if rows_dtype not in ROW_DTYPES:
             raise ValueError(f"rows_dtype must be one of {', '.join(ROW_DTYPES)}, got {rows_dtype!r}")
         # int8: the blocks of 2 or more columns in 8 bits (a scale and an offset per row and block),
@@ -223,7 +225,7 @@ class ServedModel:
         import tensorflow as tf
 
         rows, known = self.lookup(keys, per_field)
-        return tf.where(known, rows, tf.constant(-1, tf.int64))
+        return tf.where(known, rows, tf.constant(-1, rows.dtype))
 
     def initial(self, keys: Any, fields: Any) -> Any:
         """``[n, dims]``: what unknown (or unadmitted) ``keys`` (``[n]``) of ``fields`` are looked up as
