@@ -342,30 +342,27 @@ def _named(weights: dict[str, Any], prefix: str) -> dict[str, Any]:
 def build_module(model: Any, state: dict[str, Any], schema: Any, rows_dtype: str = "float32") -> Any:
     """A ``tf.Module`` whose ``serve`` is the ``serving_default`` signature (see the module doc)
     and ``serve_examples`` the :data:`EXAMPLES` one (the same rows as serialized ``tf.Example`` s,
-    :func:`parsed_examples`, then the same graph: the same probabilities); ``rows_dtype``: how
-    the table rows are held (:class:`ServedModel`)."""
+    :func:`parsed_examples`, then a call of ``serve``: the same graph, so the same probabilities,
+    held once in the SavedModel); ``rows_dtype``: how the table rows are held (:class:`ServedModel`)."""
     import tensorflow as tf
-
-    from des.data.features import ServingFeatures
 
     served = ServedModel(model, state, rows_dtype)
     module, signature = served.module, request_signature(schema)
 
-    def probability(features: Any, size: Any) -> dict[str, Any]:
-        dense = features.dense if schema.dense_names else None
-        return {"probability": served.probability(features, dense, size)}
-
     # A signature function takes keyword arguments: each column is its own named input. The graph is
-    # built in it, not in a function it calls: one function per signature, a smaller graph file.
+    # built in it, not in a function it calls: one function in the SavedModel, a smaller graph file.
     @tf.function(input_signature=list(signature.values()), autograph=False)
     def serve(*columns):
-        return probability(request_fields(schema, dict(zip(signature, columns))), tf.shape(columns[0])[0])
+        request = dict(zip(signature, columns))
+        features = request_fields(schema, request)
+        dense = features.dense if schema.dense_names else None
+        return {"probability": served.probability(features, dense, tf.shape(columns[0])[0])}
 
-    # One string input: the call binds one tensor, not one per column; the parse gives every column
-    # the batch's length, so no check of the lengths is needed
+    # One string input: the call binds one tensor, not one per column; then serve's graph, called
+    # (the SavedModel holds it once; TF inlines the call when it optimizes the graph, adding no op)
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=EXAMPLES)], autograph=False)
     def serve_examples(examples):
-        return probability(ServingFeatures(schema)(parsed_examples(schema, examples)), tf.shape(examples)[0])
+        return serve(*parsed_examples(schema, examples).values())
 
     module.serve, module.serve_examples = serve, serve_examples
     return module
