@@ -178,7 +178,8 @@ def test_a_one_row_request_runs_few_ops(exported: dict) -> None:
         import tensorflow as tf
 
         row = {f"I{i}": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])) for i in range(1, 14)}
-        row.update({f"C{i}": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"68fd1e64"])) for i in range(1, 27)})
+        text = tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"68fd1e64"]))
+        row.update({f"C{i}": text for i in range(1, 27)})
         example = tf.train.Example(features=tf.train.Features(feature=row)).SerializeToString()
         return {signature.inputs["examples"].name: np.array([example])}
 
