@@ -14,6 +14,10 @@ equal length, one per raw column the data's schema reads (the checkpoint records
   (missing NaN) or string (missing ``""``); a multi-valued column as its delimited text
   (``"Action|Comedy"``). ``des_export.json`` lists them.
 
+Its ``examples`` signature takes the same rows as one string input ``examples``, a serialized
+``tf.Example`` a row (each column a feature of its name; ``des.serving.model.parsed_examples``),
+and returns the same ``probability``.
+
 What is inside, as plain TensorFlow ops and variables (loading it needs TensorFlow only, never
 des), is ``des.serving``'s: ``des/serving/model.py`` builds the graph from what
 ``des/serving/state.py`` reads of the checkpoint. This module is the command line and the writing:
@@ -41,7 +45,7 @@ from des.collectives import run_main
 from des.data.features import MISSING_INT  # an integer column's "missing" in a request
 from des.errors import ArgumentParser, ConfigError, DesError, UsageError
 from des.hashtable.tf_init import initial_values  # noqa: F401  (des.export's names)
-from des.serving.model import ROW_DTYPES, build_module, describe_inputs, request_signature
+from des.serving.model import EXAMPLES, ROW_DTYPES, build_module, describe_inputs, request_signature, signatures
 from des.serving.state import read_checkpoint
 
 
@@ -101,7 +105,7 @@ def write_savedmodel(checkpoint: str | Path, folder: Path, schema: str = "", exp
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(folder, ignore_errors=True)
-    tf.saved_model.save(module, str(folder), signatures={"serving_default": module.serve})
+    tf.saved_model.save(module, str(folder), signatures=signatures(module))
     info = {"checkpoint": str(checkpoint), "step": manifest["step"], "ranks": manifest["ranks"],
             "model": manifest["model"], "dtype": manifest["dtype"], "rows": int(state["offsets"][-1]),
             "unadmitted": state["unadmitted"], "min_count": state["min_count"], "missing_int": MISSING_INT,
@@ -114,15 +118,17 @@ def write_savedmodel(checkpoint: str | Path, folder: Path, schema: str = "", exp
 
 
 def _verify_savedmodel(folder: Path, inputs: set[str]) -> None:
-    """What a model server reads first, read back: the graph parses and its ``serving_default``
-    takes ``inputs`` and returns ``probability``; the variables' index is there."""
+    """What a model server reads first, read back: the graph parses, its ``serving_default``
+    takes ``inputs`` and its ``examples`` one string, both return ``probability``; the variables'
+    index is there."""
     from tensorflow.core.protobuf import saved_model_pb2
 
     saved = saved_model_pb2.SavedModel()
     saved.ParseFromString((folder / "saved_model.pb").read_bytes())
-    signature = saved.meta_graphs[0].signature_def["serving_default"]
-    if set(signature.inputs) != inputs or set(signature.outputs) != {"probability"} or \
-            not (folder / "variables" / "variables.index").is_file():
+    defs = saved.meta_graphs[0].signature_def
+    wanted = {"serving_default": inputs, EXAMPLES: {EXAMPLES}}
+    if any(name not in defs or set(defs[name].inputs) != names or set(defs[name].outputs) != {"probability"}
+           for name, names in wanted.items()) or not (folder / "variables" / "variables.index").is_file():
         raise DesError(f"the SavedModel written to {folder} is incomplete: not putting it in place")
 
 

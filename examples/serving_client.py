@@ -1,9 +1,13 @@
 """A serving client that knows nothing of des: plain TensorFlow on raw rows (copy it).
 
-    python examples/serving_client.py ROWS OUT_PREFIX SAVEDMODEL...
+    python examples/serving_client.py [--examples] ROWS OUT_PREFIX SAVEDMODEL...
 
 Loads each SavedModel with ``tf.saved_model.load`` and writes one probability per row of ROWS to
-``OUT_PREFIX<i>.txt``. ROWS is a raw Criteo TSV (its 39 feature columns become the request: I1..I13
+``OUT_PREFIX<i>.txt`` (through ``serving_default``, one named input per column); with
+``--examples`` also to ``OUT_PREFIX<i>.examples.txt`` through the ``examples`` signature, each row
+sent as one serialized ``tf.Example`` (int64 as an ``int64_list``, string as a ``bytes_list``,
+float64 as a ``bytes_list`` of its text; a missing value left out), the form whose call binds one
+input instead of one per column. ROWS is a raw Criteo TSV (its 39 feature columns become the request: I1..I13
 int64, missing = -2**63; C1..C26 strings, "" = missing) or a CSV with a header, whose columns are
 sent as the signature declares them (int64: missing = -2**63, float64: missing = NaN, string: as
 written, "" = missing): each column is built in its signature's dtype, so a request of mixed dtypes
@@ -57,13 +61,33 @@ def csv_request(path: str, signature: dict) -> dict:
     return {name: typed(name, [row[name] for row in rows], spec.dtype) for name, spec in signature.items()}
 
 
+def serialized_examples(columns: dict) -> tf.Tensor:
+    """The rows of a named request as serialized ``tf.Example`` s, a missing value left out."""
+    features = [{} for _ in range(len(next(iter(columns.values()))))]
+    for name, column in columns.items():
+        for row, value in zip(features, column.numpy().tolist()):
+            if column.dtype == tf.int64 and value != MISSING_INT:
+                row[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+            elif column.dtype == tf.float64 and not np.isnan(value):  # repr: the float64's shortest exact text
+                row[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[repr(value).encode()]))
+            elif column.dtype == tf.string and value:
+                row[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+    return tf.constant([tf.train.Example(features=tf.train.Features(feature=row)).SerializeToString()
+                        for row in features])
+
+
 def main() -> None:
-    rows, prefix, *models = sys.argv[1:]
+    examples = "--examples" in sys.argv[1:]
+    rows, prefix, *models = [a for a in sys.argv[1:] if a != "--examples"]
     for i, folder in enumerate(models):
-        serve = tf.saved_model.load(folder).signatures["serving_default"]
+        signatures = tf.saved_model.load(folder).signatures
+        serve = signatures["serving_default"]
         signature = serve.structured_input_signature[1]
         columns = csv_request(rows, signature) if rows.endswith(".csv") else criteo_request(rows)
         np.savetxt(f"{prefix}{i}.txt", serve(**columns)["probability"].numpy(), fmt="%.9g")
+        if examples:
+            p = signatures["examples"](examples=serialized_examples(columns))["probability"]
+            np.savetxt(f"{prefix}{i}.examples.txt", p.numpy(), fmt="%.9g")
     assert not any(name == "des" or name.startswith("des.") for name in sys.modules), "des was imported"
 
 

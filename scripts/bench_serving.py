@@ -6,18 +6,21 @@ network's forward (``des.serving.model.ServedModel.forward``: the substitutions'
 and the top network, with the same weights) as a plain ``tf.function`` on dense inputs (the pooled
 embeddings and dense features of the same rows, precomputed), on the same threads, traced for any
 batch size as the SavedModel is. Per model and batch size: rows/s of the SavedModel's
-``serving_default`` and of the roofline and their ratio; the roofline traced per batch size too
+``serving_default`` (named columns) and of the roofline and their ratio, and of its ``examples``
+signature on the same rows as serialized ``tf.Example`` s (serialized before the timing, as a
+server receives them: ``examples/serving_client.py``'s ``serialized_examples``); the roofline traced per batch size too
 ("fixed-shape", which lets TF fold what depends on the shape alone, such as FM's pair mask: a
 bound no SavedModel reaches); with ``--baseline`` the SavedModels that another checkout's
 ``des.export`` writes of the same checkpoints (before and after in one run); with ``--stages``
 where the time goes: the key transform alone (``request_fields``), then the lookup and pooling too
 (``ServedModel.pooled``), each a ``tf.function`` of its own; with ``--profile`` per-op timings of
 each SavedModel (TF's step stats, the op types that take the most and the op runs a call: a
-count that load does not change). One-row requests: median and p99 latency. "empty SavedModel":
-a SavedModel with the same named inputs that computes nothing, called the same way: the floor of
-a call through ``tf.saved_model.load``'s signature (binding and checking the named tensors in
-Python, then the function call), which a model server's C++ ``Session::Run`` does not pay. The
-export's time and size (next to the checkpoint's).
+count that load does not change; both signatures). One-row requests: median and p99 latency.
+"empty SavedModel": a SavedModel with the same named inputs (and an ``examples`` signature of one
+string) that computes nothing, called the same way: the floor of a call through
+``tf.saved_model.load``'s signature (binding and checking the named tensors in Python, then the
+function call), which a model server's C++ ``Session::Run`` does not pay. The export's time and
+size (next to the checkpoint's).
 
 Models: ``--models`` trained on the shipped Criteo sample (one epoch, default sizes, one rank),
 ``--schema-models`` on synthetic rows of ``tests/data/every_kind.toml`` (string, int, multi-valued
@@ -30,8 +33,9 @@ SavedModels are loaded with plain ``tf.saved_model.load``; inter-op threads 1.
 Expect (a 2-core machine; recorded runs in ``docs/benchmarks.md``, "Serving"): the SavedModel
 smaller than the checkpoint (no optimizer slots); at 1024 rows and more the SavedModel at half the
 roofline or better (the fixed-shape one: about half); one-row requests in 1-2 ms with other jobs
-on the machine, about 0.6 ms of it the empty SavedModel's (the Python signature's), most of the
-rest the MLP's matrix products and TF's cost per op run.
+on the machine, about 0.6 ms of it the empty SavedModel's (the Python signature's binding of 39
+named inputs), most of the rest the MLP's matrix products and TF's cost per op run; through
+``examples`` about 0.4 ms less (one input to bind; the parse is one op).
 """
 
 from __future__ import annotations
@@ -52,8 +56,17 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "examples"))
+EXAMPLES = "examples"  # the SavedModel's signature of serialized tf.Examples, and its input
 SCHEMA = REPO / "tests" / "data" / "every_kind.toml"
 MISSING_INT = -(2**63)
+
+
+def serialized_examples(request: dict):
+    """The rows of a named request as serialized ``tf.Example`` s (``examples/serving_client.py``'s)."""
+    from serving_client import serialized_examples as examples_of
+
+    return examples_of(request)
 
 
 def folder_bytes(folder: Path) -> int:
@@ -72,8 +85,12 @@ def empty_savedmodel(signature: dict, folder: Path):
     def serving_default(*columns):
         return {"probability": tf.zeros(tf.shape(columns[0]), tf.float32)}
 
-    tf.saved_model.save(module, str(folder), signatures={"serving_default": serving_default})
-    return tf.saved_model.load(str(folder)).signatures["serving_default"]
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")], autograph=False)
+    def examples(serialized):
+        return {"probability": tf.zeros(tf.shape(serialized), tf.float32)}
+
+    tf.saved_model.save(module, str(folder), signatures={"serving_default": serving_default, "examples": examples})
+    return tf.saved_model.load(str(folder)).signatures
 
 
 def criteo_request(rows: int) -> dict:
@@ -136,9 +153,11 @@ class Subject:
         self.folder = work / f"{run.name}.savedmodel"
         self.info = export(run, self.folder, force=True)
         self.checkpoint_bytes = folder_bytes(resolve_checkpoint(str(run)))
-        self.serve = tf.saved_model.load(str(work / f"{run.name}.savedmodel")).signatures["serving_default"]
+        signatures = tf.saved_model.load(str(work / f"{run.name}.savedmodel")).signatures
+        self.serve, self.serve_examples = signatures["serving_default"], signatures["examples"]
         signature = self.serve.structured_input_signature[1]
-        self.empty = empty_savedmodel(signature, work / f"{run.name}.empty.savedmodel")
+        empty = empty_savedmodel(signature, work / f"{run.name}.empty.savedmodel")
+        self.empty, self.empty_examples = empty["serving_default"], empty["examples"]
         self.baseline = self.baseline_folder = None
         if baseline:  # the same checkpoint exported by another checkout's des.export
             folder = work / f"{run.name}.baseline.savedmodel"
@@ -150,6 +169,7 @@ class Subject:
             self.baseline_bytes = folder_bytes(folder)
         self.name = f"{self.info['model']['model']}" + (" (every_kind)" if schema else " (criteo)")
         self.request = csv_request(work / "every_kind-requests.csv", signature) if schema else criteo_request(largest)
+        self.examples = serialized_examples(self.request)  # the same rows, one tf.Example each
         folder, manifest = read_manifest(run)
         self.schema = trained_schema(manifest.get("schema"), "", str(folder))
         model = build_model(TrainConfig(**manifest["config"]), manifest["num_fields"],
@@ -186,7 +206,8 @@ class Subject:
     def batch(self, rows: int) -> tuple[dict, tuple]:
         """The request and the roofline's inputs of the first ``rows`` rows."""
         pooled, dense = self.inputs
-        return {k: v[:rows] for k, v in self.request.items()}, ({b: v[:rows] for b, v in pooled.items()}, dense[:rows])
+        return ({**{k: v[:rows] for k, v in self.request.items()}, EXAMPLES: self.examples[:rows]},
+                ({b: v[:rows] for b, v in pooled.items()}, dense[:rows]))
 
 
 def timed(call) -> float:
@@ -196,13 +217,16 @@ def timed(call) -> float:
 
 
 def measure(subject: Subject, rows: int, calls: int, stages: bool, out: dict) -> None:
-    """``calls`` alternating calls of the SavedModel, the roofline (and the stages) on ``rows`` rows,
-    their seconds appended to ``out``."""
-    request, (pooled, dense) = subject.batch(rows)
+    """``calls`` alternating calls of the SavedModel (both signatures), the roofline (and the stages)
+    on ``rows`` rows, their seconds appended to ``out``."""
+    both, (pooled, dense) = subject.batch(rows)
+    request, examples = {k: v for k, v in both.items() if k != EXAMPLES}, both[EXAMPLES]
     runs = {"savedmodel": lambda: subject.serve(**request)["probability"].numpy(),
+            "examples": lambda: subject.serve_examples(examples=examples)["probability"].numpy(),
             "forward": lambda: subject.forward(pooled, dense).numpy(),
             "static": lambda: subject.forward_static(pooled, dense if subject.schema.dense_names else None).numpy()}
     runs["empty"] = lambda: subject.empty(**request)["probability"].numpy()
+    runs["empty_examples"] = lambda: subject.empty_examples(examples=examples)["probability"].numpy()
     if subject.baseline is not None:
         runs["baseline"] = lambda: subject.baseline(**request)["probability"].numpy()
     if stages:
@@ -221,10 +245,12 @@ def tf_flat(structure) -> list:
     return [t for t in tf.nest.flatten(structure, expand_composites=True) if t is not None]
 
 
-def profile_ops(folder: Path, request: dict, calls: int, threads: int) -> tuple[float, int, list]:
-    """Per-op timings of a SavedModel's ``serving_default`` on ``request`` (TF's step stats of a
-    traced session run, the SavedModel loaded as a graph): the median over ``calls`` traced calls
-    of the summed op time, the op runs a call, and per op type its median ms and runs a call."""
+def profile_ops(folder: Path, request: dict, calls: int, threads: int, signature_name: str = "serving_default"
+                ) -> tuple[float, int, list] | None:
+    """Per-op timings of a SavedModel's ``signature_name`` on ``request`` (its inputs by name; TF's
+    step stats of a traced session run, the SavedModel loaded as a graph): the median over
+    ``calls`` traced calls of the summed op time, the op runs a call, and per op type its median
+    ms and runs a call; None if the SavedModel has no such signature."""
     import collections
 
     import tensorflow as tf
@@ -232,9 +258,11 @@ def profile_ops(folder: Path, request: dict, calls: int, threads: int) -> tuple[
     graph = tf.Graph()
     config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads, inter_op_parallelism_threads=1)
     with graph.as_default(), tf.compat.v1.Session(graph=graph, config=config) as session:
-        signature = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(folder)).signature_def[
-            "serving_default"]
-        feed = {signature.inputs[k].name: v.numpy() for k, v in request.items()}
+        signatures = tf.compat.v1.saved_model.loader.load(session, ["serve"], str(folder)).signature_def
+        if signature_name not in signatures:
+            return None
+        signature = signatures[signature_name]
+        feed = {signature.inputs[k].name: v.numpy() for k, v in request.items() if k in signature.inputs}
         output = signature.outputs["probability"].name
         for _ in range(3):
             session.run(output, feed)
@@ -262,11 +290,15 @@ def print_profiles(subjects: list, batches: list[int], threads: int) -> None:
         for name, folder in (("SavedModel", subject.folder), ("baseline", subject.baseline_folder)):
             if folder is None:
                 continue
-            for rows in batches:
+            for rows, signature in ((rows, s) for rows in batches for s in ("serving_default", EXAMPLES)):
                 request, _ = subject.batch(rows)
-                total, runs, ranked = profile_ops(folder, request, 5 if rows >= 1024 else 20, threads)
+                profile = profile_ops(folder, request, 5 if rows >= 1024 else 20, threads, signature)
+                if profile is None:
+                    continue
+                total, runs, ranked = profile
                 top = "; ".join(f"{op} {ms:.3f} ms x{n}" for ms, n, op in ranked[:14])
-                print(f"profile {subject.name} {name}, {rows} rows: {total:.3f} ms summed over {runs} op runs; {top}")
+                print(f"profile {subject.name} {name} ({signature}), {rows} rows: {total:.3f} ms summed over "
+                      f"{runs} op runs; {top}")
 
 
 def main() -> None:
@@ -322,14 +354,17 @@ def report(args, subjects: list, batches: list[int], times: dict, work: Path) ->
                    "forward": rows / t["forward"], "ratio": t["forward"] / t["savedmodel"],
                    "savedmodel_ms": 1000 * t["savedmodel"], "forward_ms": 1000 * t["forward"],
                    "static": rows / t["static"], "static_ratio": t["static"] / t["savedmodel"],
-                   "empty_ms": 1000 * t["empty"]}
+                   "empty_ms": 1000 * t["empty"], "examples": rows / t["examples"],
+                   "examples_ratio": t["forward"] / t["examples"], "examples_ms": 1000 * t["examples"],
+                   "empty_examples_ms": 1000 * t["empty_examples"]}
             if subject.baseline is not None:
                 row.update(baseline=rows / t["baseline"], baseline_ratio=t["forward"] / t["baseline"])
             if args.stages:
                 row.update(features_ms=1000 * t["features"], pooled_ms=1000 * t["pooled"])
             if rows == 1:
-                ordered = sorted(times[(subject.name, rows)]["savedmodel"])
-                row["p99_ms"] = 1000 * ordered[int(0.99 * (len(ordered) - 1))]
+                for key, name in (("p99_ms", "savedmodel"), ("examples_p99_ms", "examples")):
+                    ordered = sorted(times[(subject.name, rows)][name])
+                    row[key] = 1000 * ordered[int(0.99 * (len(ordered) - 1))]
             rows_out.append(row)
     columns = [("model", "model", ""), ("batch", "batch", "d"), ("savedmodel", "SavedModel rows/s", ",.0f"),
                ("forward", "roofline rows/s", ",.0f"), ("ratio", "ratio", ".2f"),
@@ -339,7 +374,10 @@ def report(args, subjects: list, batches: list[int], times: dict, work: Path) ->
         columns[3:3] = [("baseline", "baseline rows/s", ",.0f"), ("baseline_ratio", "baseline ratio", ".2f")]
     if args.stages:
         columns += [("features_ms", "keys ms", ".3f"), ("pooled_ms", "keys + lookup ms", ".3f")]
-    columns += [("empty_ms", "empty SavedModel ms", ".3f"), ("p99_ms", "p99 ms (1 row)", ".3f")]
+    columns += [("empty_ms", "empty SavedModel ms", ".3f"), ("p99_ms", "p99 ms (1 row)", ".3f"),
+                ("examples", "examples rows/s", ",.0f"), ("examples_ratio", "examples ratio", ".2f"),
+                ("examples_ms", "examples ms", ".3f"), ("empty_examples_ms", "empty SavedModel's examples ms", ".3f"),
+                ("examples_p99_ms", "examples p99 ms (1 row)", ".3f")]
     size_columns = [("model", "model", ""), ("rows", "table rows", ",d"), ("export_s", "export s", ".1f"),
                     ("savedmodel_mib", "SavedModel MiB", ".1f"), ("checkpoint_mib", "checkpoint MiB", ".1f"),
                     ("baseline_mib", "baseline SavedModel MiB", ".1f")]

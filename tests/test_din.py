@@ -133,11 +133,14 @@ def test_din_exported_serves_what_evaluate_predicts(store, tmp_path):
     evaluate.main(["--checkpoint", str(run), "--data", str(requests), "--cache-dir", str(tmp_path / "cache"),
                    "--predictions", str(tmp_path / "evaluate.txt")])
     export.main(["--checkpoint", str(run), "--output", str(tmp_path / "model")])
-    done = subprocess.run([sys.executable, str(REPO / "examples" / "serving_client.py"), str(requests),
-                           str(tmp_path / "served-"), str(tmp_path / "model")], cwd=tmp_path, env=mpi_env(1),
-                          capture_output=True, text=True, timeout=240)
+    done = subprocess.run([sys.executable, str(REPO / "examples" / "serving_client.py"), "--examples",
+                           str(requests), str(tmp_path / "served-"), str(tmp_path / "model")], cwd=tmp_path,
+                          env=mpi_env(1), capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     histories = [line.split(",")[-1] for line in requests.read_text().splitlines()[1:]]
     assert "" in histories and max(h.count("|") for h in histories) >= 3  # empty and over-long ones
     np.testing.assert_allclose(np.loadtxt(tmp_path / "served-0.txt"), np.loadtxt(tmp_path / "evaluate.txt"),
                                atol=1e-6)
+    # the same rows as serialized tf.Examples (the examples signature): the same probabilities
+    np.testing.assert_array_equal(np.loadtxt(tmp_path / "served-0.examples.txt"),
+                                  np.loadtxt(tmp_path / "served-0.txt"))

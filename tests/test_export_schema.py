@@ -62,12 +62,13 @@ def exported(tmp_path_factory) -> dict:
         expected[name] = np.loadtxt(root / f"{name}.evaluate.txt")
         export.main(["--checkpoint", str(root / name), "--output", str(root / f"{name}.savedmodel")])
         models.append(str(root / f"{name}.savedmodel"))
-    proc = subprocess.run([sys.executable, str(REPO / "examples" / "serving_client.py"), str(root / "requests.csv"),
-                           str(root / "served-"), *models], cwd=root, env=mpi_env(1), capture_output=True,
-                          text=True, timeout=240)
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "serving_client.py"), "--examples",
+                           str(root / "requests.csv"), str(root / "served-"), *models], cwd=root, env=mpi_env(1),
+                          capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
     served = {name: np.loadtxt(root / f"served-{i}.txt") for i, (name, *_) in enumerate(RUNS)}
-    return {"root": root, "expected": expected, "served": served}
+    examples = {name: np.loadtxt(root / f"served-{i}.examples.txt") for i, (name, *_) in enumerate(RUNS)}
+    return {"root": root, "expected": expected, "served": served, "examples": examples}
 
 
 @pytest.mark.parametrize("name", [r[0] for r in RUNS])
@@ -76,6 +77,15 @@ def test_served_probabilities_equal_evaluate(exported: dict, name: str) -> None:
     assert served.shape == expected.shape == (300 + len(EDITED),)
     np.testing.assert_allclose(served, expected, rtol=0, atol=1e-6)
     assert len(set(np.round(served[-len(EDITED):], 7))) == len(EDITED)  # the edited rows are told apart
+
+
+@pytest.mark.parametrize("name", [r[0] for r in RUNS])
+def test_examples_signature_serves_the_same_probabilities(exported: dict, name: str) -> None:
+    """Each row as one serialized ``tf.Example`` (float64 columns as their text, missing values
+    left out): ``des.evaluate``'s probabilities, and exactly ``serving_default``'s."""
+    served = exported["examples"][name]
+    np.testing.assert_allclose(served, exported["expected"][name], rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(served, exported["served"][name])
 
 
 def test_one_named_input_per_raw_column(exported: dict) -> None:

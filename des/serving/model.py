@@ -7,13 +7,13 @@ Inside are, as plain TensorFlow ops and variables (loading it needs TensorFlow o
   numpy twin: string hashing, hex ids, buckets (Criteo's ``log_squared`` too), key scheme 1's
   field tags, time parts, crosses, multi-valued splitting, truncation and pooling weights, the
   dense features' transforms with the training statistics);
-* one hash table from key to row for all fields, each field's keys XORed with its salt (0 when
-  the fields' keys are distinct already, as key scheme 1's carry their field), a row counting
-  only inside its field's range of rows (so a key of another field that lands on the same salted
-  key is unknown: exact), and the matrix of the trained rows, every value block's columns side by
-  side so that one gather reads them all (``state.py``:
-  rows of ids not yet admitted keep what training gives them, their initial value or zero; with
-  ``--unadmitted shared`` only admitted ids are kept);
+* one hash table from key to row (int32 rows unless there are 2^31 of them: half the saved
+  table's bytes) for all fields, each field's keys XORed with its salt (0 when the fields' keys
+  are distinct already, as key scheme 1's carry their field), a row counting only inside its
+  field's range of rows (so a key of another field that lands on the same salted key is unknown:
+  exact), and the matrix of the trained rows, every value block's columns side by side so that
+  one gather reads them all (``state.py``: rows of ids not yet admitted keep what training gives
+  them, their initial value or zero; with ``--unadmitted shared`` only admitted ids are kept);
 * the run's unknown-id behaviour: ``--unadmitted shared`` reads the field's trained
   out-of-vocabulary row (also for ids seen in training but not admitted), ``zero`` a row of zeros,
   both rows of the same matrix after the trained ones, so that a key's row or its field's
@@ -63,6 +63,36 @@ def request_signature(schema: Any) -> dict[str, Any]:
     from des.data.features import ServingFeatures
 
     return ServingFeatures(schema).signature()
+
+
+#: the second signature's name, and its one input's: a batch of serialized ``tf.Example`` s
+EXAMPLES = "examples"
+
+
+def parsed_examples(schema: Any, examples: Any) -> dict[str, Any]:
+    """The named request of ``examples`` (``[B]`` serialized ``tf.Example`` s, one a row), in one
+    ``ParseExampleV2``: each raw column a feature of its name, int64 as an ``int64_list``, string as
+    a ``bytes_list``, float64 as a ``bytes_list`` of its decimal text (a ``float_list`` holds
+    float32, which would round the value before the schema's buckets and standardization see it;
+    the text parsed here is the same correctly rounded float64 as a CSV cell's). A feature left out
+    is the column's missing value (int64 ``-2**63``, string ``""``, float64 NaN; ``""`` also
+    stands for NaN), so every column has the batch's length by construction; other features are ignored (as
+    ``tf.Example`` consumers do); a feature of another type or with more than one value fails in
+    the parse, naming its key."""
+    import tensorflow as tf
+
+    from des.data.features import MISSING_INT
+
+    columns = request_signature(schema)
+    spec = {name: tf.io.FixedLenFeature([], tf.int64 if c.dtype == tf.int64 else tf.string,
+                                        default_value=MISSING_INT if c.dtype == tf.int64 else "")
+            for name, c in columns.items()}
+    parsed = tf.io.parse_example(examples, spec)
+    for name, c in columns.items():
+        if c.dtype == tf.float64:  # "" (missing) -> NaN, as the named form's missing float64
+            text = parsed[name]
+            parsed[name] = tf.strings.to_number(tf.where(tf.equal(text, ""), "nan", text), tf.float64)
+    return {name: parsed[name] for name in columns}
 
 
 def field_salts(keys: list[np.ndarray]) -> np.ndarray:
@@ -122,13 +152,15 @@ class ServedModel:
         self.dtype = tf.as_dtype(state["dtype"])
         self.unadmitted, self.specs = state["unadmitted"], state["specs"]
         self.salts = field_salts(state["keys"])
-        offsets = np.asarray(state["offsets"], dtype=np.int64)
+        # rows as int32 where they fit (all but tables of 2^31 rows): the saved table's values take half
+        self.row_dtype = np.int32 if state["offsets"][-1] + len(state["keys"]) < 2**31 else np.int64
+        offsets = np.asarray(state["offsets"], dtype=self.row_dtype)
         self.first_row, self.end_row = offsets[:-1], offsets[1:]  # field f's rows: [first_row[f], end_row[f])
         # one table for all fields: salted key -> row of the values
-        self.table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1)
+        self.table = tf.lookup.experimental.MutableHashTable(tf.int64, self.row_dtype, default_value=-1)
         if offsets[-1]:
             self.table.insert(tf.constant(np.concatenate([k ^ s for k, s in zip(state["keys"], self.salts)])),
-                              tf.range(int(offsets[-1]), dtype=tf.int64))
+                              tf.range(int(offsets[-1]), dtype=self.row_dtype))
         # every block's values side by side, one row per key: block b is columns [start[b], end[b])
         self.blocks = list(self.specs)
         ends = np.cumsum([self.specs[b].dim for b in self.blocks])
@@ -140,11 +172,11 @@ class ServedModel:
         fields, trained = len(state["keys"]), int(offsets[-1])
         if self.unadmitted == "shared":
             values = np.concatenate([values, np.concatenate([state["shared"][b] for b in self.blocks], axis=1)])
-            self.fallback = trained + np.arange(fields, dtype=np.int64)
+            self.fallback = trained + np.arange(fields, dtype=self.row_dtype)
         else:
             if self.unadmitted == "zero":
                 values = np.concatenate([values, np.zeros((1, values.shape[1]), values.dtype)])
-            self.fallback = np.full(fields, trained if self.unadmitted == "zero" else 0, dtype=np.int64)
+            self.fallback = np.full(fields, trained if self.unadmitted == "zero" else 0, dtype=self.row_dtype)
         if rows_dtype not in ROW_DTYPES:
             raise ValueError(f"rows_dtype must be one of {', '.join(ROW_DTYPES)}, got {rows_dtype!r}")
         # int8: the blocks of 2 or more columns in 8 bits (a scale and an offset per row and block),
@@ -193,7 +225,7 @@ class ServedModel:
         import tensorflow as tf
 
         rows, known = self.lookup(keys, per_field)
-        return tf.where(known, rows, tf.constant(-1, tf.int64))
+        return tf.where(known, rows, tf.constant(-1, rows.dtype))
 
     def initial(self, keys: Any, fields: Any) -> Any:
         """``[n, dims]``: what unknown (or unadmitted) ``keys`` (``[n]``) of ``fields`` are looked up as
@@ -308,8 +340,10 @@ def _named(weights: dict[str, Any], prefix: str) -> dict[str, Any]:
 
 
 def build_module(model: Any, state: dict[str, Any], schema: Any, rows_dtype: str = "float32") -> Any:
-    """A ``tf.Module`` whose ``serve`` is the ``serving_default`` signature (see the module doc);
-    ``rows_dtype``: how the table rows are held (:class:`ServedModel`)."""
+    """A ``tf.Module`` whose ``serve`` is the ``serving_default`` signature (see the module doc)
+    and ``serve_examples`` the :data:`EXAMPLES` one (the same rows as serialized ``tf.Example`` s,
+    :func:`parsed_examples`, then a call of ``serve``: the same graph, so the same probabilities,
+    held once in the SavedModel); ``rows_dtype``: how the table rows are held (:class:`ServedModel`)."""
     import tensorflow as tf
 
     served = ServedModel(model, state, rows_dtype)
@@ -324,8 +358,20 @@ def build_module(model: Any, state: dict[str, Any], schema: Any, rows_dtype: str
         dense = features.dense if schema.dense_names else None
         return {"probability": served.probability(features, dense, tf.shape(columns[0])[0])}
 
-    module.serve = serve
+    # One string input: the call binds one tensor, not one per column; then serve's graph, called
+    # (the SavedModel holds it once; TF inlines the call when it optimizes the graph, adding no op)
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=EXAMPLES)], autograph=False)
+    def serve_examples(examples):
+        return serve(*parsed_examples(schema, examples).values())
+
+    module.serve, module.serve_examples = serve, serve_examples
     return module
+
+
+def signatures(module: Any) -> dict[str, Any]:
+    """The SavedModel's signatures of a :func:`build_module` module: ``serving_default`` (named
+    columns) and :data:`EXAMPLES`."""
+    return {"serving_default": module.serve, EXAMPLES: module.serve_examples}
 
 
 def describe_inputs(schema: Any) -> str:
