@@ -144,6 +144,7 @@ class EmbeddingTable:
         self.version = 0
         self._shared = -1  # row of SHARED_KEY once known (unadmitted="shared"); rows move on evict
         self._slot_init = [b.slot_column_values() for b in self.blocks]
+        self._value_args = [b.value_args(self.dtype) for b in self.blocks]  # rows computing their values
         self._committing: Any = None  # a background commit of the next growth step's rows
         self._alloc_index(self._clamp_capacity(capacity))
         # rows for the initial index, but a huge `capacity` does not commit memory up front
@@ -345,7 +346,7 @@ class EmbeddingTable:
         if keys.shape != rows.shape:
             raise ValueError(f"gather: {keys.shape[0]} keys but {rows.shape[0]} rows")
         out = np.empty((rows.shape[0], spec.dim), dtype=self.dtype)
-        bad = K.gather_rows(self._data[b], spec.dim, rows, keys, self._n, self._meta,
+        bad = K.gather_rows(self._data[b], spec.dim, self._value_args[b], rows, keys, self._n, self._meta,
                             self.min_count, self.unadmitted == "zero", self._bases[b],
                             spec.init.code, spec.init.scale, out)
         if bad >= 0:
@@ -592,16 +593,19 @@ class EmbeddingTable:
 
     @classmethod
     def load(cls, path: str | os.PathLike, capacity: int | None = None,
-             table_dtype: str | None = None, counters: bool | None = None) -> "EmbeddingTable":
+             table_dtype: str | None = None, counters: bool | None = None,
+             computed: Sequence[bool] | None = None) -> "EmbeddingTable":
         """Read a table written by :meth:`save`; ``capacity`` (index slots) is a lower bound, the
         default fits the rows at about ``max_load / 1.5``; ``table_dtype``: stored so, ``counters``:
-        with or without counters (default: as saved). Raises :class:`TableFormatError`."""
-        return persistence.load_parts(cls, [(path, None)], capacity, table_dtype, counters)
+        with or without counters, ``computed``: per block, values computed from the slots or
+        stored (default: as saved). Raises :class:`TableFormatError`."""
+        return persistence.load_parts(cls, [(path, None)], capacity, table_dtype, counters, computed)
 
     @classmethod
     def load_parts(cls, parts: Sequence[tuple[str | os.PathLike, KeyFilter | None]],
                    capacity: int | None = None, table_dtype: str | None = None,
-                   counters: bool | None = None) -> "EmbeddingTable":
-        """One table of the rows that each part ``(path, keep)`` keeps, stored as ``table_dtype``
-        and with or without ``counters`` (default: the files'): :func:`persistence.load_parts`."""
-        return persistence.load_parts(cls, parts, capacity, table_dtype, counters)
+                   counters: bool | None = None, computed: Sequence[bool] | None = None) -> "EmbeddingTable":
+        """One table of the rows that each part ``(path, keep)`` keeps, stored as ``table_dtype``,
+        with or without ``counters`` and each block's values ``computed`` or stored (default: the
+        files'): :func:`persistence.load_parts`."""
+        return persistence.load_parts(cls, parts, capacity, table_dtype, counters, computed)
