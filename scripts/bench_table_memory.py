@@ -44,6 +44,7 @@ BATCH = 4096 * 39
 #: (name, order-1 optimizer, embedding optimizer, table dtype)
 SETTINGS = [
     ("today: ftrl + adam", "ftrl:alpha=0.05", "adam:lr=0.001", "float32"),
+    ("ftrl storing w + adam", "ftrl:alpha=0.05,store_w=1", "adam:lr=0.001", "float32"),
     ("ftrl + adam, bf16", "ftrl:alpha=0.05", "adam:lr=0.001", "bfloat16"),
     ("ftrl + rowwise_adam", "ftrl:alpha=0.05", "rowwise_adam:lr=0.001", "float32"),
     ("ftrl + rowwise_adam, bf16", "ftrl:alpha=0.05", "rowwise_adam:lr=0.001", "bfloat16"),

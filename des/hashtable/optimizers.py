@@ -38,6 +38,11 @@ Notation: ``w`` parameter, ``g`` gradient, ``lr`` learning rate, ``t`` step coun
   ``w <- (clip(z, -l1, l1) - z) / (sqrt(n') / alpha + 2 * (l2 + beta / (2 alpha)))``;  ``n <- n'``.
   That is McMahan's ``w = -(z - sgn(z) l1) / ((beta + sqrt(n)) / alpha + lambda2)`` for
   ``|z| > l1`` (else 0) with ``lambda2 = 2 * l2`` (Keras' ``l2_regularization_strength``).
+  ``w`` is a pure function of (z, n) (:func:`ftrl_weight`), so a table row of a zeros-initialized
+  block holds only z and n (``store_w=0``, the default; ``BlockSpec.computed``): the update
+  computes the old w from the old z and n (the bits it would have stored) and writes no w, every
+  reader computes w the same way (McMahan's Algorithm 1 computes w at prediction time too).
+  ``store_w=1`` stores w, as a rate schedule needs (the formula takes the rate).
   Keras evaluates ``n ** 0.5`` with ``tf.pow``, which on CPU is off by up to 2 ulp in float32;
   the kernel uses the correctly rounded ``sqrt``, so float32 FTRL agrees with Keras to about 1e-6
   of the weights' scale rather than bitwise (float64: ~1e-13; SGD, AdaGrad, Adam: bitwise).

@@ -4,8 +4,11 @@ field's parts (:func:`load_parts`), and an incremental checkpoint's rows into a 
 ``docs/design.md``, sections 4 and 11.
 
 Exact: a file holds every column of its rows (keys, count, last_seen, values, each slot, Adam's
-step counts) as the table holds them, and loading writes them back into rows of a table of the
-same layout, so a loaded table is the saved one bit for bit (its rows in file order). A table
+step counts) as the table holds them (no values where they are computed from the slots:
+``BlockSpec.computed``), and loading writes them back into rows of a table of the same layout, so
+a loaded table is the saved one bit for bit (its rows in file order); loaded into the other form,
+FTRL's stored w is dropped or computed from z and n (the update's formula: the same bits in float
+rows trained at a constant rate; bfloat16 rows stored w rounded, and read it unrounded once dropped). A table
 without counters writes no count or last_seen (its header says ``"counters": false``); loaded into
 a table with counters, its rows are admitted (count ``max(min_count, 1)``) and last seen at its
 ``last_update_step``; a file with counters loads into a table without by dropping them. Pending keys

@@ -20,7 +20,10 @@ Layout (see ``_index.py`` for the kernels):
   (count, last_seen) (int32 pair; none in a table without counters, below), and per block one array ``[rows, dim + slot columns]`` (a slot
   spans ``dim`` columns, a row-wise one 1) holding the values followed by the optimizer slots of
   that row (co-located, so an update touches one or two cache lines), in the dtype or as bfloat16
-  bits (``table_dtype``, ``bfloat16.py``), plus an int32 step count for Adam blocks. A row is admitted iff
+  bits (``table_dtype``, ``bfloat16.py``), plus an int32 step count for Adam blocks. A block whose
+  values are a function of its slots (FTRL's w of z and n on a zeros-initialized block:
+  ``BlockSpec.computed``) stores the slots only; every read computes the values
+  (``bfloat16.read_values``), bit for bit what the update would have stored. A row is admitted iff
   its count >= ``min_count`` (the count only grows, so no separate flag is needed).
 * pending keys (``min_count`` > 1): a key seen fewer than ``min_count`` times has no row, only its
   index slot, whose row field holds its count (``_index.py``); its row is made, count and all,
@@ -34,7 +37,7 @@ Layout (see ``_index.py`` for the kernels):
 * growth: the row capacity grows by ``ROW_GROWTH`` = 1.15x, which bounds the row slack to 15%.
   The two slacks can peak together (a freshly grown index at load ``max_load / 1.5`` while the
   rows have just grown), so the worst case is ``1.15 * (payload + 8 B meta) + 12 B * 1.5 /
-  max_load`` per row: for the benchmark's FTRL[1] + Adam[8] float32 row (payload 120 B: key 8 +
+  max_load`` per row: for the benchmark's FTRL[1] (storing w) + Adam[8] float32 row (payload 120 B: key 8 +
   12 + 96 + Adam step 4) that is (1.15 * 128 + 25.7) / 120 = 1.44x the raw payload at any size
   past the initial allocation (``docs/benchmarks.md`` has the measured figures). Large row arrays
   live in address-space reservations of 8x (``_memory.py``): growing inside a reservation commits
