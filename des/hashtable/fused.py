@@ -346,7 +346,8 @@ class ShardTables:
         if names != self.blocks:
             raise ValueError(f"table of field {t.field} has blocks {names}, the shard expects {self.blocks}")
         if t.stored_dtype != self._tables.stored.dtype or (self._blocks and t.dtype != self._blocks[0].derive.dtype):
-            raise ValueError(f"table of field {t.field} is stored as {t.table_dtype}, the shard's tables as "
+            raise ValueError(f"table of field {t.field} is {t.dtype.name} stored as {t.table_dtype}, the shard's tables "
+                             f"{self._blocks[0].derive.dtype if self._blocks else '-'} stored as "
                              f"{self._tables.stored.dtype}")
         held = t.arrays
         if held.index.dtype != self._tables.index.dtype:
