@@ -98,9 +98,17 @@ def build_optimizers(config: TrainConfig):
         except ValueError as exc:
             raise ConfigError(f"--{flag} {spec!r}: {exc}") from None
 
+    # a sparse rate schedule: FTRL stores its weights (computed when read, they would take the
+    # rate of the step that reads them, not the one that last updated them)
+    scheduled = not config.schedules()["sparse"].constant
+
+    def sparse(flag: str, spec: str):
+        optimizer = parse(flag, spec)
+        return optimizer.stored_values(True) if scheduled else optimizer
+
     return Optimizers(
-        sparse={"linear": parse("linear-optimizer", config.linear_optimizer_spec()),
-                "embedding": parse("embedding-optimizer", config.embedding_optimizer_spec())},
+        sparse={"linear": sparse("linear-optimizer", config.linear_optimizer_spec()),
+                "embedding": sparse("embedding-optimizer", config.embedding_optimizer_spec())},
         dense=parse("dense-optimizer", config.dense_optimizer),
     )
 

@@ -367,7 +367,8 @@ def load_checkpoint(strategy: Any, path: str | Path, *, data_order: dict[str, An
         held = state.tables.get(field)
         state.tables[field] = field_table(folder, manifest, field, split.get(field),
                                           None if held is None else held.table_dtype,
-                                          None if held is None else held.counters)
+                                          None if held is None else held.counters,
+                                          None if held is None else [b.computed for b in held.blocks])
     dense = state.dense
     for field in dense.fields:  # own fields, and every field of a weight the strategy replicates
         dense_path = verified_file(folder, manifest, f"{_field_stem(field)}.dense.npz")
@@ -401,7 +402,7 @@ def table_fields(manifest: dict[str, Any]) -> list[int]:
 
 def field_table(folder: Path, manifest: dict[str, Any], field: int,
                 share: tuple[int, int] | None = None, table_dtype: str | None = None,
-                counters: bool | None = None) -> EmbeddingTable:
+                counters: bool | None = None, computed: list[bool] | None = None) -> EmbeddingTable:
     """The table of ``field`` in a checkpoint (:func:`read_manifest`'s answer): whole, or cut to
     ``share`` = (share, group size), the keys :func:`des.placement.share_of` puts in it. Saved
     whole or in shares of any group size: every file it needs is verified (sha256) and merged
@@ -409,11 +410,13 @@ def field_table(folder: Path, manifest: dict[str, Any], field: int,
     incremental checkpoint, its chain replayed (:func:`checkpoint_chain`; the module docstring).
     ``table_dtype``: its rows stored so (default: as saved; ``--table-dtype`` converts a checkpoint's
     rows on load, ``EmbeddingTable.load_parts``); ``counters``: with or without admission counts and
-    last-seen steps (default: as saved; the run's options decide, ``TrainConfig.needs_counters``)."""
+    last-seen steps (default: as saved; the run's options decide, ``TrainConfig.needs_counters``);
+    ``computed``: per block, values computed from the optimizer's slots or stored (default: as
+    saved; the run's blocks decide, ``BlockSpec.computed``)."""
     if share is not None and share[1] == 1:
         share = None
     chain = checkpoint_chain(folder, manifest)
-    table, whole = _saved_table(*chain[0], field, share, table_dtype, counters)
+    table, whole = _saved_table(*chain[0], field, share, table_dtype, counters, computed)
     for link, link_manifest in chain[1:]:
         for file in _table_parts(link, link_manifest, field).values():
             path = verified_file(link, link_manifest, evicted_file(file))
@@ -424,7 +427,8 @@ def field_table(folder: Path, manifest: dict[str, Any], field: int,
             table.delete(keys)
         for step, rate in link_manifest["catch_ups"]:  # what every row took in memory, in order
             table.catch_up(int(step), float(rate))
-        rows, rows_whole = _saved_table(link, link_manifest, field, share, table_dtype, counters)
+        rows, rows_whole = _saved_table(link, link_manifest, field, share, table_dtype, counters,
+                                        [b.computed for b in table.blocks])
         with as_checkpoint_error(link):
             table.upsert(rows.to_arrays())
         whole = whole and rows_whole
@@ -437,7 +441,8 @@ def field_table(folder: Path, manifest: dict[str, Any], field: int,
 
 
 def _saved_table(folder: Path, manifest: dict[str, Any], field: int, share: tuple[int, int] | None,
-                 table_dtype: str | None = None, counters: bool | None = None) -> tuple[EmbeddingTable, bool]:
+                 table_dtype: str | None = None, counters: bool | None = None,
+                 computed: list[bool] | None = None) -> tuple[EmbeddingTable, bool]:
     """The table (or rows) of ``field`` that this one checkpoint's files hold, cut to ``share``,
     and whether every file was read whole (its counters then are the writer's)."""
     saved = _table_parts(folder, manifest, field)
@@ -451,10 +456,10 @@ def _saved_table(folder: Path, manifest: dict[str, Any], field: int, share: tupl
     parts = [(verified_file(folder, manifest, file), cut) for file, cut in plan]
     if len(parts) == 1 and parts[0][1] is None:
         with as_checkpoint_error(parts[0][0]):
-            table = EmbeddingTable.load(parts[0][0], table_dtype=table_dtype, counters=counters)
+            table = EmbeddingTable.load(parts[0][0], table_dtype=table_dtype, counters=counters, computed=computed)
     else:
         try:
-            table = EmbeddingTable.load_parts(parts, table_dtype=table_dtype, counters=counters)
+            table = EmbeddingTable.load_parts(parts, table_dtype=table_dtype, counters=counters, computed=computed)
         except (OSError, ValueError, KeyError) as exc:  # the message names the file
             raise CheckpointError(f"checkpoint table of field {field} cannot be loaded: {exc}") from None
     if table.field != field:

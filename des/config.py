@@ -101,7 +101,8 @@ class TrainConfig:
 
     linear_optimizer: str = _opt("auto", "sparse order-1 weights (name:key=value,...); auto: adagrad lr 0.1 for lr, "
                                  "ftrl alpha 0.5 for fm, 0.05 for wdl/deepfm and user models (chosen on the shipped "
-                                 "sample's validation split: scripts/select_defaults.py)")
+                                 "sample's validation split: scripts/select_defaults.py); ftrl rows hold z and n only, "
+                                 "w computed when read (ftrl:...,store_w=1 stores it, as a --sparse-schedule does)")
     embedding_optimizer: str = _opt("auto", "sparse embeddings (name:key=value,...: sgd, adagrad, adam, ftrl, "
                                     "rowwise_adagrad, rowwise_adam; docs/training.md); auto: adam lr 0.001 for fm, "
                                     "adam lr 0.001 with catchup=1 (TensorFlow's dense Adam semantics) for wdl/deepfm "

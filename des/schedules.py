@@ -43,6 +43,11 @@ class Schedule:
     def on_plateau(self) -> bool:
         return self.kind == "plateau"
 
+    @property
+    def constant(self) -> bool:
+        """Whether the factor is 1 at every step (no warm-up, no decay, no plateau)."""
+        return self.kind == "constant"
+
     def factor(self, step: int, total_steps: int, plateau: float = 1.0) -> float:
         """The multiplier of the learning rate at 0-based global ``step`` of ``total_steps``."""
         w = self.warmup

@@ -4,7 +4,8 @@ Bytes per id of DeepFM's table rows (an order-1 block of dim 1 and an embedding 
 each optimizer setting, table dtype and row layout (``counters``: each row's admission count and
 last-seen step and 12-byte index slots; ``compact``: neither, 4-byte index slots, the layout of a
 run that needs no admission, eviction or incremental checkpoint), next to today's default (FTRL
-order-1 + Adam embeddings, float32 rows, with counters):
+order-1 rows of z and n + Adam embeddings, float32 rows, with counters; "ftrl storing w" is the
+order-1 row that also stores w, ``ftrl:store_w=1``):
 
 * ``predicted``: exactly what ``footprint.estimated_bytes`` (the start-up report's figure) gives for
   one table of ``--ids`` keys sized from the data (``--table-capacity 0``: the index at the load a
@@ -21,8 +22,8 @@ One table at a time; at ``--measure 2e6`` the largest (k = 64, float32 Adam) hol
 
 Expect (a 2-core machine takes a few minutes with ``--measure 2e6``; recorded runs in
 ``docs/benchmarks.md``, "Table memory"): the measured bytes per id equal the predicted ones; at
-k = 16 today's rows take about 250 B per id sized from the data, bfloat16 row-wise AdaGrad rows
-about 80 B (0.32x); key, index and metadata 41.7 B per id with counters, 16.6 B compact.
+k = 16 today's rows take about 246 B per id sized from the data (250 B storing FTRL's w),
+bfloat16 row-wise AdaGrad rows about 80 B (0.32x); key, index and metadata 41.7 B per id with counters, 16.6 B compact.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ BATCH = 4096 * 39
 #: (name, order-1 optimizer, embedding optimizer, table dtype)
 SETTINGS = [
     ("today: ftrl + adam", "ftrl:alpha=0.05", "adam:lr=0.001", "float32"),
+    ("ftrl storing w + adam", "ftrl:alpha=0.05,store_w=1", "adam:lr=0.001", "float32"),
     ("ftrl + adam, bf16", "ftrl:alpha=0.05", "adam:lr=0.001", "bfloat16"),
     ("ftrl + rowwise_adam", "ftrl:alpha=0.05", "rowwise_adam:lr=0.001", "float32"),
     ("ftrl + rowwise_adam, bf16", "ftrl:alpha=0.05", "rowwise_adam:lr=0.001", "bfloat16"),

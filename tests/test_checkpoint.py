@@ -233,3 +233,39 @@ def test_a_checkpoint_of_rows_with_counters_resumes_without_them_and_back(store,
         rows = np.arange(len(table))
         assert table.counters and table.admitted_count == len(table) == len(compact.shard.tables[field])
         assert (table.metadata(rows)["last_seen"] == table.last_update_step).all()
+
+
+def test_a_checkpoint_of_ftrl_rows_storing_w_resumes_into_rows_of_z_and_n_and_back(store, tmp_path) -> None:
+    """A checkpoint whose FTRL rows store w (ftrl:store_w=1, and every checkpoint of an earlier
+    version) loads into a run whose rows hold z and n only (the default): w is dropped, and the run
+    trains on exactly as the run storing w does; its checkpoint (z and n) loads back, w computed."""
+    def engine(store_w: int) -> DES:
+        model = get_model("fm")(num_fields=store.num_fields, embedding_dim=4)
+        optimizers = Optimizers(sparse={"linear": FTRL(0.1, l1=0.01, store_w=store_w), "embedding": AdaGrad(0.1)},
+                                dense=Adam(0.01))
+        return DES.build(model, Communicator(MPI.COMM_SELF), place_fields(store.num_fields, 1), optimizers,
+                         seed=5, dtype=np.float64)
+
+    def linear(engine: DES) -> dict[int, bytes]:
+        return {f: t.gather("linear", np.sort(t.keys()), t.lookup(np.sort(t.keys()), insert=False)).tobytes()
+                for f, t in engine.shard.tables.items()}
+
+    stored = engine(1)
+    train(stored, store, 3)
+    save(stored, tmp_path / "stored")
+    computed = engine(0)
+    load_checkpoint(computed, resolve_checkpoint(tmp_path / "stored"))
+    assert all(t.blocks[0].computed and t.arrays.blocks[0].shape[1] == 2 for t in computed.shard.tables.values())
+    assert linear(computed) == linear(stored)
+    train(stored, store, 2)
+    train(computed, store, 2)
+    expected, got = state(stored), state(computed)
+    assert expected.keys() == got.keys() and all(expected[k].tobytes() == got[k].tobytes() for k in expected)
+    assert linear(computed) == linear(stored)
+    save(computed, tmp_path / "computed")
+    again = engine(1)
+    load_checkpoint(again, resolve_checkpoint(tmp_path / "computed"))
+    for field, table in again.shard.tables.items():
+        n = len(table)
+        assert not table.blocks[0].computed
+        assert table.arrays.blocks[0][:n].tobytes() == stored.shard.tables[field].arrays.blocks[0][:n].tobytes()

@@ -68,8 +68,17 @@ def test_bfloat16_rows_halve_the_payload_and_load_into_another_dtype(tmp_path) -
     for t in (t32, t16):
         rows = t.lookup(keys, insert=True, step=0)
         t.apply_gradients("emb", rows, np.ones((100, 8), np.float32), step=0)
-    # key 8 + FTRL (w, z, n) + row-wise AdaGrad (8 values + 1): 8 + 4 * 12 vs 8 + 2 * 12
-    assert (t32.payload_bytes_per_row(), t16.payload_bytes_per_row()) == (56, 32)
+        t.apply_gradients("linear", rows, np.linspace(-2, 2, 100, dtype=np.float32)[:, None], step=0)
+    # key 8 + FTRL (z, n; w computed when read) + row-wise AdaGrad (8 values + 1): 8 + 4 * 11 vs 8 + 2 * 11
+    assert (t32.payload_bytes_per_row(), t16.payload_bytes_per_row()) == (52, 30)
+    # a bfloat16 row's w: computed in float32 from its widened z and n (the update's arithmetic), unrounded
+    z, n = (widened(t16.arrays.blocks[0][:100, c]) for c in (0, 1))
+    two_l2 = np.float32(0.0) + np.float32(1.0) / (np.float32(0.05) + np.float32(0.05))
+    l1 = np.float32(0.01)
+    expected = (np.clip(z, -l1, l1) - z) / (np.sqrt(n) / np.float32(0.05) + (two_l2 + two_l2))
+    linear = t16.gather("linear", keys, t16.lookup(keys, insert=False))[:, 0]
+    assert linear.dtype == np.float32 and np.count_nonzero(linear) > 50
+    np.testing.assert_array_equal(linear, expected)
     t16.save(tmp_path / "t16.npz")
     same = EmbeddingTable.load(tmp_path / "t16.npz")
     assert same.table_dtype == "bfloat16" and same.arrays.blocks[1][:100].tobytes() == t16.arrays.blocks[1][:100].tobytes()

@@ -36,8 +36,9 @@ def keyed(ids):
 
 
 def make_tables(fields, dtype, *, optimizer, min_count=1, unadmitted="init", capacity=64, dims=(1, 4, 3),
-                table_dtype=None, counters=True):
-    blocks = [BlockSpec("linear", dims[0], FTRL(0.05, l1=0.01), Initializer("zeros")),
+                table_dtype=None, counters=True, store_w=0):
+    """The order-1 block's FTRL holds z and n only (w computed when read) unless ``store_w``."""
+    blocks = [BlockSpec("linear", dims[0], FTRL(0.05, l1=0.01, store_w=store_w), Initializer("zeros")),
               BlockSpec("embedding", dims[1], optimizer, Initializer("normal", 0.1)),
               BlockSpec("extra", dims[2] if len(dims) > 2 else 1, AdaGrad(0.1), Initializer("truncated_normal", 0.5))]
     blocks = blocks[:len(dims)]
@@ -136,12 +137,17 @@ OPTIMIZERS = {"sgd": SGD(0.1), "adagrad": AdaGrad(0.05), "adam": Adam(0.01),
     ("bfloat16", "adam", 1, "init", (1, 4, 3)),
 ])
 def test_fused_equals_the_per_table_path(dtype, optimizer, min_count, unadmitted, dims) -> None:
+    """Besides: the order-1 FTRL rows hold z and n only where the rate is constant (FTRL cases,
+    bfloat16 rows), else they store w, as a rate schedule needs (a factor refused otherwise)."""
     fields = [0, 3, 5, 7]
     dtype, table_dtype = (np.float32, "bfloat16") if dtype == "bfloat16" else (dtype, None)
+    computed = optimizer == "ftrl" or table_dtype == "bfloat16"
+    rate = (lambda step: 1.0) if computed else (lambda step: 0.5 + step / 8)
     ref = make_tables(fields, dtype, optimizer=OPTIMIZERS[optimizer], min_count=min_count, unadmitted=unadmitted,
-                      dims=dims, table_dtype=table_dtype)
+                      dims=dims, table_dtype=table_dtype, store_w=int(not computed))
     new = make_tables(fields, dtype, optimizer=OPTIMIZERS[optimizer], min_count=min_count, unadmitted=unadmitted,
-                      dims=dims, table_dtype=table_dtype)
+                      dims=dims, table_dtype=table_dtype, store_w=int(not computed))
+    assert new[0].blocks[0].computed == computed
     shard = ShardTables(new, fields, BLOCK_NAMES[:len(dims)])
     rng = np.random.default_rng(3)
     for step in range(8):
@@ -151,9 +157,8 @@ def test_fused_equals_the_per_table_path(dtype, optimizer, min_count, unadmitted
             for x in ids[:2]:
                 x.keys[[0, -1]] = SHARED_KEY
         grads = [rng.normal(size=(size, len(fields), d)).astype(dtype) for d in dims]
-        expected = reference_step(ref, fields, ids, train=True, step=step, grads=grads, lr_scale=0.5 + step / 8)
-        got = fused_step(shard, ids, train=True, step=step, grads=grads, lr_scale=0.5 + step / 8,
-                         together=step % 4 >= 2)
+        expected = reference_step(ref, fields, ids, train=True, step=step, grads=grads, lr_scale=rate(step))
+        got = fused_step(shard, ids, train=True, step=step, grads=grads, lr_scale=rate(step), together=step % 4 >= 2)
         for e, g in zip(expected, got):
             assert e.tobytes() == g.tobytes()
         if step % 3 == 2:  # evaluation: unknown keys read as init/zero/shared, nothing inserted
@@ -165,6 +170,9 @@ def test_fused_equals_the_per_table_path(dtype, optimizer, min_count, unadmitted
     for f in fields:
         assert_same_tables(ref[f], new[f])
         assert new[f].capacity > 64  # the lookups grew the tables (inside the fused lookup)
+    if computed:
+        with pytest.raises(ValueError, match="FTRL computing its weights from z and n needs a constant rate"):
+            fused_step(shard, ids, train=True, step=9, grads=grads, lr_scale=0.5)
 
 
 @pytest.mark.parametrize("dtype,optimizer,min_count,unadmitted", [
@@ -299,7 +307,7 @@ def test_update_and_next_gather_in_one_pass(monkeypatch, n_threads) -> None:
     fields, dims = [1, 2, 4, 6], (1, 4, 3)
     states = []
     for merged in (False, True):
-        tables = make_tables(fields, np.float64, optimizer=Adam(0.01, catchup=1), min_count=2, capacity=16)
+        tables = make_tables(fields, np.float64, optimizer=Adam(0.01, catchup=1), min_count=2, capacity=16, store_w=1)
         shard = ShardTables(tables, fields, BLOCK_NAMES)
         rng = np.random.default_rng(9)
         batches = [make_ids(rng, fields, 128, 400, s) for s in range(6)]
@@ -441,7 +449,7 @@ def test_a_large_field_cut_into_pieces_gives_the_same_bytes(monkeypatch, dtype, 
     for n_threads in (1, 3):
         monkeypatch.setattr(_threads, "threads", lambda n=n_threads: n)
         tables = make_tables(fields, dtype, optimizer=OPTIMIZERS[optimizer], min_count=2, capacity=16, dims=dims,
-                             table_dtype=table_dtype)
+                             table_dtype=table_dtype, store_w=1)
         shard = ShardTables(tables, fields, BLOCK_NAMES)
         outs = lambda: {k: np.empty((256, 3, d), tables[1].dtype) for k, d in enumerate(dims)}  # noqa: E731
         touched, pooled = shard.touch(keyed(batches[0]), train=True, step=0), outs()

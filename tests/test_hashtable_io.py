@@ -11,12 +11,13 @@ import pytest
 
 from des.hashtable import (FTRL, AdaGrad, Adam, BlockSpec, EmbeddingTable, Initializer,
                            TableFormatError)
-from des.hashtable.format import payload_digest
+from des.hashtable.format import payload_digest, write_table_file
 
 
-def trained_table(capacity: int = 64) -> EmbeddingTable:
-    t = EmbeddingTable(field=5, seed=9, capacity=capacity, min_count=2, unadmitted="zero", blocks=[
-        BlockSpec("linear", 1, FTRL(0.05, l1=0.01), Initializer("zeros")),
+def trained_table(capacity: int = 64, store_w: int = 0, dtype=np.float32) -> EmbeddingTable:
+    """The order-1 FTRL block holds z and n only (w computed when read) unless ``store_w``."""
+    t = EmbeddingTable(field=5, seed=9, capacity=capacity, min_count=2, unadmitted="zero", dtype=dtype, blocks=[
+        BlockSpec("linear", 1, FTRL(0.05, l1=0.01, store_w=store_w), Initializer("zeros")),
         BlockSpec("embedding", 4, Adam(0.01), Initializer("normal", 0.1)),
         BlockSpec("aux", 2, AdaGrad(0.1), Initializer("uniform", 0.2))])
     rng = np.random.default_rng(0)
@@ -24,7 +25,7 @@ def trained_table(capacity: int = 64) -> EmbeddingTable:
         keys = rng.integers(1, 400, 600)
         rows = t.lookup(keys, insert=True, step=step)
         for b in t.blocks:
-            t.apply_gradients(b.name, rows, rng.normal(size=(keys.size, b.dim)).astype(np.float32), step)
+            t.apply_gradients(b.name, rows, rng.normal(size=(keys.size, b.dim)).astype(dtype), step)
     t.evict(ttl=2, step=5)
     return t
 
@@ -70,6 +71,60 @@ def test_round_trip_and_continued_training(tmp_path, capacity) -> None:
     assert_same(t, u)
     t.save(path)  # overwriting works
     assert_same(t, EmbeddingTable.load(path))
+
+
+def continue_training(tables, steps=range(5, 8)) -> None:
+    rng = np.random.default_rng(1)
+    for step in steps:  # the same keys and gradients into each, new keys too
+        keys = rng.integers(1, 2000, 900)
+        for x in tables:
+            rows = x.lookup(keys, insert=True, step=step)
+            for b in x.blocks:
+                g = np.random.default_rng(step).normal(size=(keys.size, b.dim)).astype(x.dtype)
+                x.apply_gradients(b.name, rows, g, step)
+
+
+def assert_same_values(a: EmbeddingTable, b: EmbeddingTable) -> None:
+    """The same keys, values as read (bit for bit) and slots, whatever each stores of the values."""
+    keys = a.keys()
+    np.testing.assert_array_equal(keys, b.keys())
+    ra, rb = a.lookup(keys, insert=False), b.lookup(keys, insert=False)
+    for i, spec in enumerate(a.blocks):
+        assert a.gather(spec.name, keys, ra).tobytes() == b.gather(spec.name, keys, rb).tobytes()
+        for x, y in zip(spec.columns(a.arrays.blocks[i][:len(a)])[1], b.blocks[i].columns(b.arrays.blocks[i][:len(b)])[1]):
+            assert x.tobytes() == y.tobytes()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_ftrl_rows_hold_z_and_n_and_files_holding_w_still_load(tmp_path, dtype) -> None:
+    """FTRL on a zeros-initialized block stores z and n only (4 B less per float32 id): it trains and
+    reads the same bits as w stored; a file holds z and n; a file of an earlier version (w stored,
+    its FTRL without store_w) loads as it was, or converted to either form, and trains on alike."""
+    stored, computed = trained_table(store_w=1, dtype=dtype), trained_table(dtype=dtype)
+    assert [b.computed for b in computed.blocks] == [True, False, False] and computed.arrays.blocks[0].shape[1] == 2
+    assert stored.payload_bytes_per_row() - computed.payload_bytes_per_row() == dtype().itemsize
+    assert_same_values(stored, computed)
+    computed.save(tmp_path / "new.table")
+    with np.load(tmp_path / "new.table") as f:
+        assert "block.0.values" not in f.files and {"block.0.slot.z", "block.0.slot.n"} <= set(f.files)
+    stored.save(tmp_path / "old.table")  # as an earlier version wrote it: FTRL without store_w
+    with np.load(tmp_path / "old.table") as f:
+        arrays = {k: f[k] for k in f.files if k != "header"}
+        header = json.loads(f["header"].tobytes())
+    del header["blocks"][0]["optimizer"]["store_w"]
+    write_table_file(tmp_path / "old.table", header, arrays)
+    old = EmbeddingTable.load(tmp_path / "old.table")
+    assert old.blocks == stored.blocks and not old.blocks[0].computed
+    assert_same(stored, old)
+    as_new = EmbeddingTable.load(tmp_path / "old.table", computed=[True, False, False])
+    as_old = EmbeddingTable.load(tmp_path / "new.table", computed=[False, False, False])
+    assert as_new.blocks == computed.blocks and as_old.blocks == stored.blocks
+    assert_same(computed, as_new)
+    assert_same(stored, as_old)  # w computed from z and n on load: the bits the update stored
+    tables = [stored, computed, old, as_new, as_old, EmbeddingTable.load(tmp_path / "new.table")]
+    continue_training(tables)
+    for t in tables[1:]:
+        assert_same_values(stored, t)
 
 
 def test_admitted_total_is_saved_and_files_without_it_still_load(tmp_path) -> None:

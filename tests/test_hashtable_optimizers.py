@@ -209,6 +209,23 @@ def test_from_spec() -> None:
         optimizer_from_spec("rowwise_adagrad")  # a required rate named, not a TypeError
 
 
+def test_ftrl_computes_w_where_it_is_a_function_of_z_and_n() -> None:
+    """FTRL rows hold z and n only on a zeros-initialized block (w = 0 at z = 0), unless store_w=1 or
+    the formula is 0/0 on a new row (no initial_accumulator, beta nor l2); table files of earlier
+    versions (no store_w) stored w."""
+    assert optimizer_from_spec("ftrl:alpha=0.05,store_w=1") == FTRL(0.05, store_w=1.0)
+    assert FTRL(0.05).computes_values(True) and not FTRL(0.05).computes_values(False)
+    assert not FTRL(0.05, store_w=1).computes_values(True)
+    assert not FTRL(0.05, beta=0.0, initial_accumulator=0.0).computes_values(True)
+    assert FTRL(0.05, beta=0.0, initial_accumulator=0.0, l2=0.5).computes_values(True)
+    assert not any(o.computes_values(True) for o in (SGD(0.1), AdaGrad(0.1), Adam(0.1)))
+    assert FTRL(0.05).stored_values(True) == FTRL(0.05, store_w=1) and Adam(0.1).stored_values(True) == Adam(0.1)
+    saved = {"type": "ftrl", "alpha": 0.05}
+    assert optimizer_from_dict(saved) == FTRL(0.05) and optimizer_from_dict(saved, saved=True) == FTRL(0.05, store_w=1)
+    with pytest.raises(ValueError, match="store_w must be 0 or 1"):
+        optimizer_from_spec("ftrl:alpha=0.05,store_w=2")
+
+
 def _rowwise_reference(opt, w, slots, t, g):
     """FBGEMM's row-wise AdaGrad / partial row-wise Adam on one row, written out in ``w``'s dtype:
     the mean square is the sum in column order over ``dim``."""

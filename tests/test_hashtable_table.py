@@ -152,13 +152,18 @@ def test_growth_to_10m_keys_loses_nothing() -> None:
 
 
 def test_memory_report_and_payload() -> None:
+    # FTRL on a zeros-initialized block holds z and n only (w computed when read); store_w=1: w too
+    stored = EmbeddingTable(field=0, seed=0, blocks=[
+        BlockSpec("linear", 1, FTRL(0.05, store_w=1), Initializer("zeros")),
+        BlockSpec("embedding", 8, Adam(0.001), Initializer("normal", 0.01))])
+    assert stored.payload_bytes_per_row() == 8 + 3 * 4 + 24 * 4 + 4
     t = EmbeddingTable(field=0, seed=0, blocks=[
         BlockSpec("linear", 1, FTRL(0.05), Initializer("zeros")),
         BlockSpec("embedding", 8, Adam(0.001), Initializer("normal", 0.01))])
-    assert t.payload_bytes_per_row() == 8 + 3 * 4 + 24 * 4 + 4
+    assert t.payload_bytes_per_row() == 8 + 2 * 4 + 24 * 4 + 4
     t.lookup(np.arange(1, 200_001), insert=True)
     m = t.memory()
-    assert m["payload_bytes"] == 200_000 * 120
+    assert m["payload_bytes"] == 200_000 * 116
     assert m["overhead"] <= 1.5, m
     assert 0 < m["load_factor"] <= 0.7
 
@@ -168,7 +173,7 @@ def test_memory_stays_within_1_5x_the_payload_at_every_size() -> None:
     steps of 25k keys: row slack and a freshly grown index coincide at some sizes (with 1.25x row
     growth that reached 1.52x at ~1.14M keys); the bound must hold after every step."""
     t = EmbeddingTable(field=0, seed=0, dtype=np.float32, blocks=[
-        BlockSpec("linear", 1, FTRL(0.05), Initializer("zeros")),
+        BlockSpec("linear", 1, FTRL(0.05, store_w=1), Initializer("zeros")),
         BlockSpec("embedding", 8, Adam(0.001), Initializer("normal", 0.01))])
     assert t.payload_bytes_per_row() == 120
     keys = np.random.default_rng(1).permutation(1_500_000).astype(np.int64) * 7919 + 1

@@ -92,8 +92,9 @@ def test_the_background_lookup_runs_at_idle_priority(tmp_path: Path, monkeypatch
     assert sys.getswitchinterval() == pytest.approx(_threads.BACKGROUND_SWITCH_INTERVAL)
 
 
-def _deepfm_engine(tmp_path: Path, rows: int, batches: int, embedding_optimizer):
-    """A one-rank float64 DeepFM engine on the first ``rows`` Criteo rows, and its first training batches."""
+def _deepfm_engine(tmp_path: Path, rows: int, batches: int, embedding_optimizer, store_w: int = 0):
+    """A one-rank float64 DeepFM engine on the first ``rows`` Criteo rows, and its first training batches
+    (``store_w``: the order-1 FTRL rows store w, as a sparse rate schedule needs)."""
     from mpi4py import MPI
 
     from des.collectives import Communicator
@@ -108,7 +109,8 @@ def _deepfm_engine(tmp_path: Path, rows: int, batches: int, embedding_optimizer)
     tmp_path.mkdir(parents=True, exist_ok=True)
     store = prepare(criteo_head(tmp_path / "head.tsv", rows), tmp_path / "store", split=(0.9, 0.1, 0.0), seed=1)
     model = get_model("deepfm")(num_fields=store.num_fields, embedding_dim=4, hidden=(16, 8))
-    optimizers = Optimizers(sparse={"linear": FTRL(0.1), "embedding": embedding_optimizer}, dense=Adam(0.01))
+    optimizers = Optimizers(sparse={"linear": FTRL(0.1, store_w=store_w), "embedding": embedding_optimizer},
+                            dense=Adam(0.01))
     engine = DES.build(model, Communicator(MPI.COMM_SELF), place_fields(store.num_fields, 1), optimizers,
                        dtype=np.float64)
     reader = BatchReader(store, "train", batch_size=64, seed=0, fields=list(range(store.num_fields)))
@@ -148,7 +150,7 @@ def test_a_pipelined_step_finishes_its_updates_later(tmp_path: Path) -> None:
 
     trained, pending = [], []
     for pipelined in (False, True):
-        engine, batches = _deepfm_engine(tmp_path / str(pipelined), 400, 4, Adam(0.01, catchup=1))
+        engine, batches = _deepfm_engine(tmp_path / str(pipelined), 400, 4, Adam(0.01, catchup=1), store_w=1)
         apply, rates = engine.dense.apply, engine.dense.rates
 
         def late(*args, apply=apply):  # in the background, after the next step's factor is set

@@ -30,10 +30,15 @@ def test_the_prediction_follows_the_row_layout() -> None:
     compact = TrainConfig(model="deepfm", embedding_dim=16, table_dtype="bfloat16",
                           embedding_optimizer="rowwise_adagrad:lr=0.05", linear_optimizer="rowwise_adagrad:lr=0.05")
     a, b = predicted(today), predicted(compact)
-    # per row: FTRL (w, z, n) 12 B + Adam (w, m, v) 192 B + its step 4 B, against (w, a) 4 B + (16 w + 1 a) 34 B
-    # + 1: a shared row each; a table starts with 16 rows at least
+    # per row: FTRL (z, n; w computed when read) 8 B + Adam (w, m, v) 192 B + its step 4 B, against (w, a) 4 B +
+    # (16 w + 1 a) 34 B; + 1: a shared row each; a table starts with 16 rows at least
     ids = [sum(max(DISTINCT[f] + 1, 16) for f in fields) for fields in PLACEMENT]
-    assert [x - y for x, y in zip(a, b)] == [n * (208 - 38) for n in ids]
+    assert [x - y for x, y in zip(a, b)] == [n * (204 - 38) for n in ids]
+    # FTRL storing w (store_w=1, or any sparse rate schedule: w computed when read would take the reading
+    # step's rate): 4 B more per id
+    for stored in (TrainConfig(model="deepfm", embedding_dim=16, linear_optimizer="ftrl:alpha=0.05,store_w=1"),
+                   TrainConfig(model="deepfm", embedding_dim=16, sparse_schedule="warmup:steps=10")):
+        assert [x - y for x, y in zip(predicted(stored), a)] == [n * 4 for n in ids]
 
 
 def test_a_run_that_cannot_fit_is_refused_before_training() -> None:
@@ -69,6 +74,7 @@ def test_the_prediction_is_what_the_tables_allocate(layout) -> None:
     shard = FieldShard(range(len(distinct)), build_model(config, len(distinct)).blocks(), build_optimizers(config),
                        seed=0, dtype=np.dtype(config.dtype), tables=tables)
     for f, table in shard.tables.items():
+        assert [b.computed for b in table.blocks] == [True, False]  # FTRL's order-1 rows hold z and n only
         table.lookup(np.arange(1, distinct[f] + 1, dtype=np.int64), insert=True, step=0)
     memory = [table.memory() for table in shard.tables.values()]
     predicted = predicted_table_bytes([list(range(len(distinct)))], distinct, layout_table(config, len(distinct)),

@@ -42,7 +42,7 @@ from ._memory import row_array
 from ..splitmix import splitmix64
 from .distinct import add_to_distinct, distinct_keys, distinct_rows
 from ._prefetch import prefetch1, prefetch2
-from .bfloat16 import load
+from .bfloat16 import read_values
 from .init import init_row
 
 EMPTY = np.int64(-(2**63))  # the reserved sentinel key: marks free index slots
@@ -552,13 +552,13 @@ def evict_plan(idx, row_keys, n_rows, dead):
 
 
 @njit(nogil=True, inline="always")
-def gather_row(data, dim, r, stored, zero, key, base, kind, scale, out, i) -> None:
-    """``out[i, :dim]``: row ``r``'s stored values when ``stored``, else zeros (``zero``) or the
-    key's initial value. An unadmitted row's stored value is its initial value (written at
-    insertion and never trained), so callers store-copy it unless unadmitted rows read as zeros."""
+def gather_row(data, dim, derive, r, stored, zero, key, base, kind, scale, out, i) -> None:
+    """``out[i, :dim]``: row ``r``'s values when ``stored`` (``read_values``: stored, or computed
+    from its slots by ``derive``), else zeros (``zero``) or the key's initial value. An unadmitted
+    row's value is its initial value (written at insertion and never trained; a computed one is
+    0, the zeros initializer's), so callers read it unless unadmitted rows read as zeros."""
     if stored:
-        for c in range(dim):
-            out[i, c] = load(data, r, c)
+        read_values(data, r, dim, derive, out, i)
     elif zero:
         for c in range(dim):
             out[i, c] = 0
@@ -567,10 +567,11 @@ def gather_row(data, dim, r, stored, zero, key, base, kind, scale, out, i) -> No
 
 
 @njit(cache=True, nogil=True)
-def gather_rows(data, dim, rows, keys, n_rows, meta, min_count, zero_unadmitted, base, kind,
+def gather_rows(data, dim, derive, rows, keys, n_rows, meta, min_count, zero_unadmitted, base, kind,
                 scale, out):
-    """``out[i] = data[rows[i], :dim]``; absent rows (-1), and unadmitted rows when
-    ``zero_unadmitted``, get the key's initial value or zeros. Returns a bad position or -1."""
+    """``out[i]`` = row ``rows[i]``'s ``dim`` values (:func:`gather_row`); absent rows (-1), and
+    unadmitted rows when ``zero_unadmitted``, get the key's initial value or zeros. Returns a bad
+    position or -1."""
     n = rows.shape[0]
     for i in range(n):
         if i + PF < n:
@@ -583,7 +584,7 @@ def gather_rows(data, dim, rows, keys, n_rows, meta, min_count, zero_unadmitted,
         if r >= n_rows or r < -1:
             return i
         stored = r >= 0 and (not zero_unadmitted or min_count <= 1 or meta[r, COUNT] >= min_count)
-        gather_row(data, dim, r, stored, zero_unadmitted, keys[i], base, kind, scale, out, i)
+        gather_row(data, dim, derive, r, stored, zero_unadmitted, keys[i], base, kind, scale, out, i)
     return -1
 
 

@@ -36,7 +36,7 @@ from ..splitmix import mix64
 from .init import init_block_rows
 from . import _threads
 from ._prefetch import prefetch1, prefetch2
-from .optimizers import StepArgs, update_rows
+from .optimizers import StepArgs, ftrl_terms, ftrl_weight, update_rows
 
 #: table dtypes by name (``--table-dtype``) -> the dtype of the stored arrays
 STORED = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64), "bfloat16": np.dtype(np.uint16)}
@@ -143,6 +143,23 @@ def _load(data, r, c):
     return lambda data, r, c: data[r, c]
 
 
+@njit(nogil=True, inline="always")
+def read_values(data, r, dim, derive, out, i):
+    """``out[i, :dim]``: row ``r``'s values of a block's stored array ``data`` as :func:`load` reads
+    them, or, where ``derive`` is not empty nor 0 first (``BlockSpec.value_args``: the row holds only FTRL's
+    z, columns ``[0, dim)``, and n, ``[dim, 2 dim)``), computed from them by
+    ``optimizers.ftrl_weight`` with ``derive[1:]``'s hyperparameters, in the arithmetic of the
+    update (the table's dtype; a bfloat16 row's z and n widened to float32): the bits the update
+    would have stored, unrounded."""
+    if derive.shape[0] == 0 or derive[0] == 0:
+        for c in range(dim):
+            out[i, c] = load(data, r, c)
+    else:
+        lr, l1, two_l2_reg = ftrl_terms(derive[1:])
+        for c in range(dim):
+            out[i, c] = ftrl_weight(load(data, r, c), np.sqrt(load(data, r, dim + c)), lr, l1, two_l2_reg)
+
+
 @njit(nogil=True)
 def widen_rows(data, rows, out):
     """``out[i] = data[rows[i]]`` widened (the rows' values and slots, float32); rows prefetched
@@ -206,7 +223,8 @@ def columns(data, dim, w0, w1):
 
 
 def update_stored(data, dim, w0, w1, steps, rows, g, args, keys, base, step):
-    """``update_rows`` on the stored block ``data`` (values, then slots of widths ``w0``, ``w1``)."""
+    """``update_rows`` on the stored block ``data`` (``dim`` stored value columns, then slots of
+    widths ``w0``, ``w1``; ``dim`` 0: values computed from the slots, ``BlockSpec.value_columns``)."""
 
 
 @overload(update_stored)
@@ -263,7 +281,7 @@ def init_table_rows(arrays: Any, blocks: Any, bases: Any, slot_init: Any, start:
     if stop <= start:
         return
     for b, spec in enumerate(blocks):
-        args = (arrays.blocks[b], spec.dim, arrays.steps[b], arrays.keys)
+        args = (arrays.blocks[b], spec.value_columns, arrays.steps[b], arrays.keys)
         init = (bases[b], spec.init.code, spec.init.scale, slot_init[b])
         _threads.run(lambda lo, hi: init_new_rows(*args, start + lo, start + hi, *init), stop - start,
                      _MIN_PARALLEL_ROWS)

@@ -8,7 +8,10 @@ A table file is an *uncompressed* ``.npz`` archive (a zip of ``.npy`` arrays, as
 ``count``                  int32   [n]   occurrences seen at ``lookup(insert=True)`` (saturating);
                                          absent when ``counters`` is false
 ``last_seen``              int32   [n]   step of the last ``lookup(insert=True)``; likewise
-``block.<i>.values``       float   [n, dim_i]   values of block ``i`` (blocks in header order)
+``block.<i>.values``       float   [n, dim_i]   values of block ``i`` (blocks in header order);
+                                                absent where they are computed from the slots
+                                                (``BlockSpec.computed``: FTRL with ``store_w`` 0
+                                                on a zeros-initialized block holds z and n only)
 ``block.<i>.slot.<name>``  float   [n, dim_i]   optimizer slots (``m``, ``v``, ``accumulator``,
                                                 ``z``, ``n``), same dtype as the values; a
                                                 row-wise slot ``[n, 1]``
@@ -35,6 +38,8 @@ header entries they do not know, and a file without it loads with the number of 
 without it stores them in ``dtype``. ``counters`` too: a file without it holds ``count`` and
 ``last_seen``. ``n_pending`` and the ``pending.*`` arrays too: a file without them has no pending
 keys, and a row of it counted below ``min_count`` loads as a pending key (``persistence.py``).
+FTRL's ``store_w`` too: an FTRL block of a file without it stores its values (``optimizer_from_dict``'s
+``saved``), as every file did before.
 
 The payload digest is SHA-256 over the arrays in sorted name order, each contributing
 ``name NUL dtype.str NUL json(shape) NUL`` followed by its C-order bytes. Files are written to a

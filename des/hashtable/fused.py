@@ -58,9 +58,10 @@ from . import _threads
 from ._prefetch import prefetch2
 from ._views import view1, view2
 from .distinct import distinct_keys, distinct_rows
-from .bfloat16 import columns, init_stored, load, update_stored
+from .bfloat16 import columns, init_stored, read_values, update_stored
 from .optimizers import StepArgs, catch_up_rows
 from .pooling import one_hot_fields, pool_or_unpool, pool_samples, unpool_rows
+from .layout import check_rate
 from .table import EmbeddingTable, as_keys, check_step, sentinel_error
 
 # columns of the address table: index, row keys, meta, then per block its values+slots and steps;
@@ -69,6 +70,7 @@ _IDX, _KEYS, _META, _BLOCKS = 0, 1, 2, 3
 _ADDR, _ROWS, _WIDTH = 0, 1, 2
 PENDING = -1  # a field's lookup status before (and, after growth, again until) it completes
 _MAX_SLOTS = 2  # optimizer slots per block at most (Adam: m, v; FTRL: z, n)
+_DERIVE = 5  # BlockSpec.value_args of a block computing its values (FTRL: 1, alpha, l1, l2, beta)
 _MIN_PARALLEL = 20_000  # ids of work below which one thread does it all (a hand-off costs more than it saves)
 # The threads split the fields by their work in ids, a distinct row counting as this many ids (its
 # cache lines in the tables). A field's time on one thread is a + b x its distinct rows, closely
@@ -130,6 +132,8 @@ class _Block(NamedTuple):
     col: int  # the values' column in _Tables.views (the steps': col + 1)
     dims: np.ndarray  # int64 [F]
     slot_widths: np.ndarray  # int64 [F, _MAX_SLOTS]: columns of each optimizer slot (dim, or 1: row-wise)
+    value_columns: np.ndarray  # int64 [F]: stored value columns (dim, or 0: computed, BlockSpec.value_columns)
+    derive: np.ndarray  # [F, _DERIVE] of the tables' dtype: BlockSpec.value_args (row j all 0: stored values)
 
 
 class _Init(NamedTuple):
@@ -291,7 +295,9 @@ class ShardTables:
         index = np.empty((0, 0), dtype=first.arrays.index.dtype if first is not None else np.int32)
         self._tables = _Tables(np.zeros((n, cols, 3), dtype=np.int64), np.zeros(n, dtype=np.int64),
                                np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.bool_), stored, index)
-        self._blocks = [_Block(_BLOCKS + 2 * b, np.zeros(n, dtype=np.int64), np.zeros((n, _MAX_SLOTS), dtype=np.int64))
+        dtype = first.dtype if first is not None else np.dtype(np.float32)
+        self._blocks = [_Block(_BLOCKS + 2 * b, np.zeros(n, dtype=np.int64), np.zeros((n, _MAX_SLOTS), dtype=np.int64),
+                               np.zeros(n, dtype=np.int64), np.zeros((n, _DERIVE), dtype=dtype))
                         for b in range(len(self.blocks))]
         self._inits = [_Init(np.zeros(n, dtype=np.uint64), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.float64),
                              np.zeros((n, _MAX_SLOTS), dtype=np.float64), np.zeros(n, dtype=np.int64))
@@ -339,8 +345,9 @@ class ShardTables:
         names = [b.name for b in t.blocks]
         if names != self.blocks:
             raise ValueError(f"table of field {t.field} has blocks {names}, the shard expects {self.blocks}")
-        if t.stored_dtype != self._tables.stored.dtype:
-            raise ValueError(f"table of field {t.field} is stored as {t.table_dtype}, the shard's tables as "
+        if t.stored_dtype != self._tables.stored.dtype or (self._blocks and t.dtype != self._blocks[0].derive.dtype):
+            raise ValueError(f"table of field {t.field} is {t.dtype.name} stored as {t.table_dtype}, the shard's tables "
+                             f"{self._blocks[0].derive.dtype if self._blocks else '-'} stored as "
                              f"{self._tables.stored.dtype}")
         held = t.arrays
         if held.index.dtype != self._tables.index.dtype:
@@ -363,6 +370,9 @@ class ShardTables:
             block.dims[j], init.bases[j], init.n_slots[j] = spec.dim, base, slots.shape[0]
             block.slot_widths[j, :] = 0
             block.slot_widths[j, :len(spec.slot_widths)] = spec.slot_widths
+            args = spec.value_args(t.dtype)
+            block.value_columns[j], block.derive[j, :] = spec.value_columns, 0
+            block.derive[j, :args.shape[0]] = args
             init.kinds[j], init.scales[j] = spec.init.code, spec.init.scale
             init.slot_init[j, :slots.shape[0]] = slots
         tables.zero[j], tables.min_count[j] = t.unadmitted == "zero", t.min_count
@@ -602,6 +612,8 @@ class ShardTables:
                     lr_scale: float) -> "_Pass":
         """:meth:`apply_pooled` as a :class:`_Pass` (see :meth:`_gather_plan`)."""
         dtype = tables[0].dtype if tables else np.dtype(np.float64)
+        for t in tables if lr_scale != 1.0 else ():
+            check_rate([t.blocks[block] for block in grads], lr_scale)
         bad = np.full(len(tables), -1, dtype=np.int64)
         ids, count = touched.arrays, touched.distinct.count
         base = np.zeros(len(tables) + 1, dtype=np.int64)  # field j's sums: rows base[j] .. base[j] + count[j]
@@ -755,7 +767,7 @@ def _init_fields(j0, j1, shard, block, init, n0):
     for j in range(j0, j1):
         start, stop = n0[j], shard.n_rows[j]
         if stop > start:
-            init_stored(_values(shard, j, block.col, shard.stored), block.dims[j], _steps(shard, j, block.col),
+            init_stored(_values(shard, j, block.col, shard.stored), block.value_columns[j], _steps(shard, j, block.col),
                             _row_keys(shard, j), start, stop, init.bases[j], init.kinds[j], init.scales[j],
                             init.slot_init[j, :init.n_slots[j]])
 
@@ -792,7 +804,9 @@ def _gather_pieces(i0, i1, pieces, shard, block, init, ids, out, bad, slot, valu
         lo, hi = ids.key_offsets[j], ids.key_offsets[j + 1]
         data = _values(shard, j, block.col, shard.stored)
         rows, admitted, u = ids.rows[lo:hi], ids.admitted[lo:hi], ids.count[j]
-        found = _read_distinct(data, dim, rows, admitted, ids.uniq[lo + p0:lo + p1], shard.n_rows[j], values[lo + p0:])
+        derive = block.derive[j]
+        found = _read_distinct(data, dim, derive, rows, admitted, ids.uniq[lo + p0:lo + p1], shard.n_rows[j],
+                               values[lo + p0:])
         if found < 0 and last:
             m = u
             for t in range(lo, hi):
@@ -801,7 +815,7 @@ def _gather_pieces(i0, i1, pieces, shard, block, init, ids, out, bad, slot, valu
                 else:
                     slot[t] = m
                     m += 1
-            found = _read_others(data, dim, ids.keys[lo:hi], rows, admitted, u, shard.n_rows[j], shard.zero[j],
+            found = _read_others(data, dim, derive, ids.keys[lo:hi], rows, admitted, u, shard.n_rows[j], shard.zero[j],
                                  init.bases[j], init.kinds[j], init.scales[j], slot[lo:hi], values[lo:hi])
         if found >= 0:
             bad[j] = found  # every piece of the field finds the same first bad position
@@ -842,10 +856,10 @@ def _samples_of_pieces(b0, b1, key_offsets, hot, later, bad, slot, values, ids, 
 
 
 @njit(nogil=True)
-def _read_distinct(data, dim, rows, admitted, uniq, n_rows, values):
+def _read_distinct(data, dim, derive, rows, admitted, uniq, n_rows, values):
     """Distinct trained rows ``uniq`` of one field (its ``rows``, ``admitted``; its table ``data`` of
-    ``n_rows`` rows) into ``values[:len(uniq)]``. Returns the position of the field's first id whose
-    row is not the table's, or -1."""
+    ``n_rows`` rows) into ``values[:len(uniq)]`` (``read_values``: stored, or computed by ``derive``).
+    Returns the position of the field's first id whose row is not the table's, or -1."""
     u = uniq.shape[0]
     for p in range(u):
         if p + K.PF < u:
@@ -855,13 +869,12 @@ def _read_distinct(data, dim, rows, admitted, uniq, n_rows, values):
         r = uniq[p]
         if r < 0 or r >= n_rows:
             return K.first_bad_row(rows, admitted, False, n_rows)
-        for c in range(dim):
-            values[p, c] = load(data, r, c)
+        read_values(data, r, dim, derive, values, p)
     return -1
 
 
 @njit(nogil=True)
-def _read_others(data, dim, keys, rows, admitted, u, n_rows, zero, base, kind, scale, slot, values):
+def _read_others(data, dim, derive, keys, rows, admitted, u, n_rows, zero, base, kind, scale, slot, values):
     """Each id of one field that is not among its ``u`` distinct trained rows into its own row
     ``values[slot[i]]`` (``gather_row``, ``stored`` = present and admitted or not read as zero).
     Returns the position of the first id whose row is not the table's, or -1."""
@@ -872,7 +885,7 @@ def _read_others(data, dim, keys, rows, admitted, u, n_rows, zero, base, kind, s
             if r >= n_rows or r < -1:
                 return K.first_bad_row(rows, admitted, False, n_rows)
             stored = r >= 0 and (admitted[i] or not zero)
-            K.gather_row(data, dim, r, stored, zero, keys[i], base, kind, scale, values, s)
+            K.gather_row(data, dim, derive, r, stored, zero, keys[i], base, kind, scale, values, s)
     return -1
 
 
@@ -896,8 +909,8 @@ def _gather_ids_fields(j0, j1, shard, block, init, ids, out, bad):
                 bad[j] = i - lo
                 break
             stored = r >= 0 and (admitted[i] or not zero[j])
-            K.gather_row(data, dim, r, stored, zero[j], ids.keys[i], init.bases[j], init.kinds[j], init.scales[j],
-                         out, i)
+            K.gather_row(data, dim, block.derive[j], r, stored, zero[j], ids.keys[i], init.bases[j], init.kinds[j],
+                         init.scales[j], out, i)
 
 
 @njit(cache=True, nogil=True)
@@ -913,7 +926,7 @@ def _catch_up_pieces(i0, i1, pieces, shard, block, ids, member, args):
         rows = ids.uniq[ids.key_offsets[j] + p0:ids.key_offsets[j] + p1]
         if rows.shape[0] and (rows.min() < 0 or rows.max() >= shard.n_rows[j]):
             continue
-        w, s0, s1 = columns(_values(shard, j, block.col, args.hp), block.dims[j], block.slot_widths[j, 0],
+        w, s0, s1 = columns(_values(shard, j, block.col, args.hp), block.value_columns[j], block.slot_widths[j, 0],
                             block.slot_widths[j, 1])
         catch_up_rows(w, s0, s1, _steps(shard, j, block.col), rows, args)
 
@@ -1035,6 +1048,6 @@ def _update_pieces(i0, i1, pieces, shard, block, init, ids, member, base, acc, a
         if found >= 0:
             bad[j] = found  # a field's pieces all find the same position: its first bad id
             continue
-        update_stored(_values(shard, j, block.col, shard.stored), block.dims[j], block.slot_widths[j, 0],
+        update_stored(_values(shard, j, block.col, shard.stored), block.value_columns[j], block.slot_widths[j, 0],
                       block.slot_widths[j, 1], _steps(shard, j, block.col), uniq[lo + p0:lo + p1],
                       acc[base[j] + p0:base[j] + p1], args, _row_keys(shard, j), init.bases[j], step)

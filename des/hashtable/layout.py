@@ -8,8 +8,8 @@ one another, so that each stays a module of its own (``docs/design.md``, section
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -55,9 +55,30 @@ class BlockSpec:
         return self.optimizer.slot_widths(self.dim)
 
     @property
+    def computed(self) -> bool:
+        """Whether a row holds only the optimizer's slots, its values computed from them when read
+        (FTRL on a zeros-initialized block: ``optimizers.FTRL.computes_values``)."""
+        return self.optimizer.computes_values(self.init.kind == "zeros")
+
+    @property
+    def value_columns(self) -> int:
+        """Columns of stored values in a row: ``dim``, or 0 where they are :attr:`computed`."""
+        return 0 if self.computed else self.dim
+
+    @property
     def width(self) -> int:
-        """Columns of the co-located row: values then each slot."""
-        return self.dim + sum(self.slot_widths)
+        """Columns of the co-located row: the stored values then each slot."""
+        return self.value_columns + sum(self.slot_widths)
+
+    def value_args(self, dtype: Any) -> np.ndarray:
+        """What a reader of a row needs to compute its values (``bfloat16.read_values``), in the
+        table's ``dtype``: empty where they are stored."""
+        return self.optimizer.value_args(np.dtype(dtype)) if self.computed else np.zeros(0, np.dtype(dtype))
+
+    def with_computed(self, computed: bool) -> "BlockSpec":
+        """This block with its values computed from the slots (``computed``, where its optimizer
+        and initializer allow) or stored: the same training, another row layout."""
+        return replace(self, optimizer=self.optimizer.stored_values(not computed))
 
     def slot_column_values(self) -> np.ndarray:
         """A new row's slot columns (float64 ``[width - dim]``): each slot's initial value over its width."""
@@ -65,13 +86,14 @@ class BlockSpec:
                          np.array(self.slot_widths, dtype=np.int64))
 
     def columns(self, data: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
-        """The values ``[rows, dim]`` and each slot (``[rows, width]``) of this block's co-located
-        array ``data`` (views): the one place that knows a row holds its values then each slot."""
-        start, slots = self.dim, []
+        """The stored values ``[rows, value_columns]`` and each slot (``[rows, width]``) of this
+        block's co-located array ``data`` (views): the one place that knows a row holds its values
+        (none where :attr:`computed`) then each slot."""
+        start, slots = self.value_columns, []
         for width in self.slot_widths:
             slots.append(data[:, start:start + width])
             start += width
-        return data[:, :self.dim], tuple(slots)
+        return data[:, :self.value_columns], tuple(slots)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "dim": self.dim, "optimizer": self.optimizer.to_dict(),
@@ -79,7 +101,8 @@ class BlockSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "BlockSpec":
-        return cls(name=d["name"], dim=int(d["dim"]), optimizer=optimizer_from_dict(d["optimizer"]),
+        """A table file's block (:meth:`to_dict`; an earlier version's too: ``optimizer_from_dict``'s ``saved``)."""
+        return cls(name=d["name"], dim=int(d["dim"]), optimizer=optimizer_from_dict(d["optimizer"], saved=True),
                    init=Initializer.from_dict(d["init"]))
 
 
@@ -92,6 +115,17 @@ class TableArrays(NamedTuple):
     meta: np.ndarray  # int32 [rows, 2]: each row's (count, last_seen)
     blocks: tuple[np.ndarray, ...]  # per block, [rows, dim * (1 + slots)]: values, then the optimizer's slots
     steps: tuple[np.ndarray, ...]  # per block, int32 [rows]: Adam's per-row step count (empty: none)
+
+
+def check_rate(blocks: Sequence[BlockSpec], lr_scale: float) -> None:
+    """A ValueError where a rate factor other than 1 (a schedule's) would update a block whose
+    values are computed when read: their formula takes the rate, so a row's weights would change
+    with the rate of the step that reads them (``ftrl:store_w=1`` stores them, as a schedule needs)."""
+    if lr_scale != 1.0:
+        for b in blocks:
+            if b.computed:
+                raise ValueError(f"block {b.name!r}: FTRL computing its weights from z and n needs a constant rate, "
+                                 f"got a factor {lr_scale} (a schedule: use ftrl:store_w=1)")
 
 
 def as_keys(keys: np.ndarray) -> np.ndarray:

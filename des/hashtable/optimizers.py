@@ -38,6 +38,11 @@ Notation: ``w`` parameter, ``g`` gradient, ``lr`` learning rate, ``t`` step coun
   ``w <- (clip(z, -l1, l1) - z) / (sqrt(n') / alpha + 2 * (l2 + beta / (2 alpha)))``;  ``n <- n'``.
   That is McMahan's ``w = -(z - sgn(z) l1) / ((beta + sqrt(n)) / alpha + lambda2)`` for
   ``|z| > l1`` (else 0) with ``lambda2 = 2 * l2`` (Keras' ``l2_regularization_strength``).
+  ``w`` is a pure function of (z, n) (:func:`ftrl_weight`), so a table row of a zeros-initialized
+  block holds only z and n (``store_w=0``, the default; ``BlockSpec.computed``): the update
+  computes the old w from the old z and n (the bits it would have stored) and writes no w, every
+  reader computes w the same way (McMahan's Algorithm 1 computes w at prediction time too).
+  ``store_w=1`` stores w, as a rate schedule needs (the formula takes the rate).
   Keras evaluates ``n ** 0.5`` with ``tf.pow``, which on CPU is off by up to 2 ulp in float32;
   the kernel uses the correctly rounded ``sqrt``, so float32 FTRL agrees with Keras to about 1e-6
   of the weights' scale rather than bitwise (float64: ~1e-13; SGD, AdaGrad, Adam: bitwise).
@@ -58,7 +63,7 @@ the column loops into SIMD (the results are the same either way).
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from typing import Any, ClassVar, NamedTuple, Union
 
 import numpy as np
@@ -408,23 +413,45 @@ def _skipped_steps(mm, vv, ww, since, order, c0, c1, upto, horizon, dim, b1, b2,
 
 
 @njit(inline="always", nogil=True)
-def _ftrl_rows(w, z, n, rows, g, hp):
+def ftrl_terms(hp):
+    """FTRL's ``(alpha, l1, 2 * (l2 + beta / (2 alpha)))`` from its hyperparameters ``hp`` (alpha, l1,
+    l2, beta in the parameter's dtype), formed as Keras forms them (``l2 + beta / (2.0 * lr)``)."""
     lr, l1, l2, beta = hp[0], hp[1], hp[2], hp[3]
-    l2_reg = l2 + beta / (lr + lr)  # Keras: l2 + beta / (2.0 * lr)
-    two_l2_reg = l2_reg + l2_reg
+    l2_reg = l2 + beta / (lr + lr)
+    return lr, l1, l2_reg + l2_reg
+
+
+@njit(inline="always", nogil=True)
+def ftrl_weight(z, sqrt_n, lr, l1, two_l2_reg):
+    """FTRL-proximal's weight of slots ``z`` and ``n`` (given as ``sqrt(n)``):
+    ``(clip(z, -l1, l1) - z) / (sqrt(n) / alpha + 2 * (l2 + beta / (2 alpha)))``, the one place of
+    this formula: the update writes it (stored form) or reads it (computed form), and every reader
+    of a row holding only ``z`` and ``n`` computes it (``bfloat16.read_values``). A pure function
+    of (z, n) and the hyperparameters, so a row whose weight starts at ``ftrl_weight(0, sqrt(n0))
+    = 0`` (a zeros initializer) needs no stored weight: the same bits as one stored."""
+    return (min(max(z, -l1), l1) - z) / (sqrt_n / lr + two_l2_reg)
+
+
+@njit(inline="always", nogil=True)
+def _ftrl_rows(w, z, n, rows, g, hp):
+    """FTRL on rows of ``z`` and ``n``; ``w`` holds the weights (stored form) or has no columns
+    (computed form: the old weight computed from the old z and n by :func:`ftrl_weight`, exactly
+    the stored one's bits, and the new one not written)."""
+    lr, l1, two_l2_reg = ftrl_terms(hp)
+    stored = w.shape[1] > 0
     n_rows = rows.shape[0]
     for i in range(n_rows):
-        _prefetch_ahead(w, n, rows, i, n_rows)
+        _prefetch_ahead(z, n, rows, i, n_rows)
         r = rows[i]
-        for j in range(w.shape[1]):
+        for j in range(z.shape[1]):
             gj = g[i, j]
             nj, new_n = _accumulate_square(n, r, j, gj)
-            sq_new = np.sqrt(new_n)
-            zj = z[r, j] + (gj - ((sq_new - np.sqrt(nj)) / lr) * w[r, j])
-            quadratic = sq_new / lr + two_l2_reg
-            clipped = min(max(zj, -l1), l1)
+            sq_old, sq_new = np.sqrt(nj), np.sqrt(new_n)
+            w_old = w[r, j] if stored else ftrl_weight(z[r, j], sq_old, lr, l1, two_l2_reg)
+            zj = z[r, j] + (gj - ((sq_new - sq_old) / lr) * w_old)
             z[r, j] = zj
-            w[r, j] = (clipped - zj) / quadratic
+            if stored:
+                w[r, j] = ftrl_weight(zj, sq_new, lr, l1, two_l2_reg)
 
 
 # kernel codes (``_OptimizerBase.kernel_args``)
@@ -528,6 +555,8 @@ class _OptimizerBase:
     needs_step: ClassVar[bool] = False
     #: per slot, whether it holds one value per row (row-wise) instead of one per value column
     rowwise_slots: ClassVar[tuple[bool, ...]] = ()
+    #: hyperparameters a table file of an earlier version leaves out, with what it meant by that
+    saved_defaults: ClassVar[dict[str, float]] = {}
 
     @property
     def num_slots(self) -> int:
@@ -547,6 +576,20 @@ class _OptimizerBase:
     def slot_initial_values(self) -> tuple[float, ...]:
         """Initial value of each slot, in ``slot_names`` order."""
         return (0.0,) * self.num_slots
+
+    def computes_values(self, zero_init: bool) -> bool:
+        """Whether table rows of a block (``zero_init``: initialized to zeros) hold only the slots,
+        the values a function of them computed when read (FTRL); else the values are stored."""
+        return False
+
+    def stored_values(self, stored: bool) -> "Optimizer":
+        """This optimizer with its table values stored (``stored``) or computed where it can
+        (:meth:`computes_values`): itself where values are always stored."""
+        return self  # type: ignore[return-value]
+
+    def value_args(self, dtype: np.dtype) -> np.ndarray:
+        """What a reader needs to compute a row's values from its slots; empty: values are stored."""
+        return np.zeros(0, dtype)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able description: ``{"type": kind, **hyperparameters}``."""
@@ -722,16 +765,40 @@ class FTRL(_OptimizerBase):
     l1: float = 0.0
     l2: float = 0.0
     initial_accumulator: float = 0.1
+    #: 0: a table row whose weights start at 0 (a zeros initializer) holds only ``z`` and ``n``, the
+    #: weights computed when read (:meth:`computes_values`); 1: the weights stored beside them
+    store_w: float = 0.0
     kind: ClassVar[str] = "ftrl"
     slot_names: ClassVar[tuple[str, ...]] = ("z", "n")
+    #: what a table file written before ``store_w`` existed meant: its rows hold the weights
+    saved_defaults: ClassVar[dict[str, float]] = {"store_w": 1.0}
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "alpha", _finite_pos("alpha", self.alpha))
         for name in ("beta", "l1", "l2", "initial_accumulator"):
             object.__setattr__(self, name, _finite_nonneg(name, getattr(self, name)))
+        _check(self.store_w in (0.0, 1.0), f"store_w must be 0 or 1, got {self.store_w!r}")
+        object.__setattr__(self, "store_w", float(self.store_w))
 
     def slot_initial_values(self) -> tuple[float, ...]:
         return (0.0, self.initial_accumulator)
+
+    def computes_values(self, zero_init: bool) -> bool:
+        """Rows of a block initialized to zeros (``zero_init``) hold only z and n unless ``store_w``:
+        w = :func:`ftrl_weight` (z, n) is then 0 at a new row (z = 0) as the initializer's, and
+        every later w is that function's value. Not where the function is 0/0 at a new row (no
+        ``initial_accumulator``, ``beta`` nor ``l2``: the stored form's w starts at 0 there)."""
+        return (not self.store_w and zero_init
+                and (self.initial_accumulator > 0 or self.beta > 0 or self.l2 > 0))
+
+    def stored_values(self, stored: bool) -> "FTRL":
+        """This FTRL storing its weights (``stored``) or computing them where it can."""
+        return replace(self, store_w=1.0 if stored else 0.0)
+
+    def value_args(self, dtype: np.dtype) -> np.ndarray:
+        """What a reader of a row computing its weights needs (``bfloat16.read_values``): 1, then
+        alpha, l1, l2, beta in the parameter's dtype (the update's ``hp``)."""
+        return np.concatenate([np.ones(1, dtype), self._hp(np.dtype(dtype))])
 
     def _hp(self, dtype: np.dtype) -> np.ndarray:
         return np.array([self.alpha, self.l1, self.l2, self.beta], dtype=dtype)
@@ -791,8 +858,10 @@ _ALIASES = {"ada_grad": "adagrad", "ftrl_proximal": "ftrl", "exact_rowwise_adagr
             "partial_rowwise_adam": "rowwise_adam"}
 
 
-def optimizer_from_dict(d: dict[str, Any]) -> Optimizer:
-    """Inverse of ``to_dict()``: ``{"type": "adam", "lr": 0.001, ...}`` -> ``Adam(...)``."""
+def optimizer_from_dict(d: dict[str, Any], saved: bool = False) -> Optimizer:
+    """Inverse of ``to_dict()``: ``{"type": "adam", "lr": 0.001, ...}`` -> ``Adam(...)``; ``saved``:
+    ``d`` is a table file's, where a hyperparameter an earlier version did not write takes the
+    value it meant (``saved_defaults``: an FTRL file without ``store_w`` stores its weights)."""
     if not isinstance(d, dict) or "type" not in d:
         raise ValueError(f"optimizer dict needs a 'type' entry, got {d!r}")
     kind = str(d["type"]).lower()
@@ -800,7 +869,7 @@ def optimizer_from_dict(d: dict[str, Any]) -> Optimizer:
     if cls is None:
         raise ValueError(f"unknown optimizer type {d['type']!r}; expected one of {sorted(_BY_KIND)}")
     names = {f.name for f in fields(cls)}
-    params = {k: v for k, v in d.items() if k != "type"}
+    params = {**(cls.saved_defaults if saved else {}), **{k: v for k, v in d.items() if k != "type"}}
     unknown = sorted(set(params) - names)
     if unknown:
         raise ValueError(f"unknown {cls.kind} parameter(s) {unknown}; expected some of {sorted(names)}")

@@ -4,8 +4,11 @@ field's parts (:func:`load_parts`), and an incremental checkpoint's rows into a 
 ``docs/design.md``, sections 4 and 11.
 
 Exact: a file holds every column of its rows (keys, count, last_seen, values, each slot, Adam's
-step counts) as the table holds them, and loading writes them back into rows of a table of the
-same layout, so a loaded table is the saved one bit for bit (its rows in file order). A table
+step counts) as the table holds them (no values where they are computed from the slots:
+``BlockSpec.computed``), and loading writes them back into rows of a table of the same layout, so
+a loaded table is the saved one bit for bit (its rows in file order); loaded into the other form,
+FTRL's stored w is dropped or computed from z and n (the update's formula: the same bits in float
+rows trained at a constant rate; bfloat16 rows stored w rounded, and read it unrounded once dropped). A table
 without counters writes no count or last_seen (its header says ``"counters": false``); loaded into
 a table with counters, its rows are admitted (count ``max(min_count, 1)``) and last seen at its
 ``last_update_step``; a file with counters loads into a table without by dropping them. Pending keys
@@ -49,7 +52,8 @@ def row_columns(table: Any) -> dict[str, np.ndarray]:
         views.update({"count": arrays.meta[:, K.COUNT], "last_seen": arrays.meta[:, K.LAST]})
     for b, spec in enumerate(table.blocks):
         values, slots = spec.columns(arrays.blocks[b])
-        views[f"block.{b}.values"] = values
+        if not spec.computed:
+            views[f"block.{b}.values"] = values
         views.update({f"block.{b}.slot.{name}": s for name, s in zip(spec.optimizer.slot_names, slots)})
         if spec.optimizer.needs_step:
             views[f"block.{b}.steps"] = arrays.steps[b]
@@ -120,7 +124,8 @@ def split_pending(arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray],
 
 
 def load_parts(new_table: Callable[..., Any], parts: Sequence[tuple[str | os.PathLike, KeyFilter | None]],
-               capacity: int | None = None, table_dtype: str | None = None, counters: bool | None = None) -> Any:
+               capacity: int | None = None, table_dtype: str | None = None, counters: bool | None = None,
+               computed: Sequence[bool] | None = None) -> Any:
     """One table (made by ``new_table``, the table's class) of the rows of several files written by
     :func:`save` (the parts of one field, such as its shares): of each part ``(path, keep)`` the rows
     whose keys ``keep(keys)`` (a bool mask) selects, every row where ``keep`` is None. The parts must
@@ -135,7 +140,11 @@ def load_parts(new_table: Callable[..., Any], parts: Sequence[tuple[str | os.Pat
     stored (default: as the files
     say), converted where it differs (``bfloat16.convert``: widening is exact, narrowing rounds to
     nearest). ``counters``: whether the table keeps counts and last-seen steps (default: as the
-    files; always with a ``min_count`` above 1). Raises :class:`TableFormatError` naming the file.
+    files; always with a ``min_count`` above 1). ``computed``: per block, whether its rows hold only
+    the optimizer's slots, the values computed when read (``BlockSpec.computed``, where the block
+    allows; default: as the files): a file's stored values are dropped (FTRL's are the function of
+    z and n the table computes), or computed from the slots where the file holds none (rounded to
+    nearest into bfloat16 rows). Raises :class:`TableFormatError` naming the file.
     """
     read = _Parts()
     for path, keep in parts:
@@ -151,8 +160,13 @@ def load_parts(new_table: Callable[..., Any], parts: Sequence[tuple[str | os.Pat
     # slot alone, and its admission no other
     cap = max(needed, int(capacity) if capacity is not None else math.ceil((n * INDEX_GROWTH + pending) / max_load),
               MIN_CAPACITY)
+    blocks = read.first["blocks"]
+    if computed is not None:
+        if len(computed) != len(blocks):
+            raise _inconsistent(read.first["path"], ValueError(f"{len(blocks)} blocks, {len(computed)} wanted"))
+        blocks = [b.with_computed(c) for b, c in zip(blocks, computed)]
     try:
-        table = new_table(field=int(header["field"]), blocks=read.first["blocks"], seed=int(header["seed"]),
+        table = new_table(field=int(header["field"]), blocks=blocks, seed=int(header["seed"]),
                           dtype=np.dtype(header["dtype"]), capacity=cap, max_load=max_load,
                           min_count=int(header["min_count"]), unadmitted=header["unadmitted"],
                           table_dtype=header["table_dtype"] if table_dtype is None else table_dtype,
@@ -161,6 +175,7 @@ def load_parts(new_table: Callable[..., Any], parts: Sequence[tuple[str | os.Pat
         raise _inconsistent(read.first["path"], e) from e
     table.evicted_count, table.admitted_total, table.last_update_step = read.evicted, read.admitted, read.last
     _fill(table, read.pieces, n)
+    _computed_values(table, read.first["blocks"], n)
     for path, (pending_keys, counts) in zip((p for p, _ in read.pieces), read.pending):
         try:
             table.set_pending(pending_keys, counts)
@@ -261,7 +276,9 @@ def _fill(table: Any, pieces: list[tuple[str, dict[str, np.ndarray]]], n: int) -
         hi = lo + int(arrays["keys"].shape[0])
         arrays = with_counters(arrays, table, hi - lo)
         for name, column in columns.items():
-            a = arrays[name]
+            a = arrays.get(name)
+            if a is None:  # values the file computes from its slots: _computed_values
+                continue
             column[lo:hi] = a if a.dtype == column.dtype else convert(a, table.table_dtype)
         pieces[i] = (path, {})  # the part's arrays may go
         starts.append(hi)
@@ -275,6 +292,21 @@ def _fill(table: Any, pieces: list[tuple[str, dict[str, np.ndarray]]], n: int) -
         where = f" (also in {pieces[other][0]})" if other != part else ""
         raise TableFormatError(f"{pieces[part][0]}: inconsistent table file (ValueError: key {key} (row "
                                f"{bad - starts[part]}) is duplicated or the sentinel{where})")
+
+
+def _computed_values(table: Any, saved: Sequence[BlockSpec], n: int) -> None:
+    """Rows ``[0, n)`` of ``table`` store the values of each block the file (its blocks ``saved``)
+    computed from the slots: read from the slots as the file's table read them (``K.gather_rows``
+    over the slot columns, with the file's block's ``value_args``)."""
+    columns = row_columns(table)
+    for b, (spec, was) in enumerate(zip(table.blocks, saved)):
+        if spec.computed or not was.computed or not n:
+            continue
+        values = np.empty((n, spec.dim), dtype=table.dtype)
+        slots = table.arrays.blocks[b][:, spec.value_columns:]
+        K.gather_rows(slots, spec.dim, was.value_args(table.dtype), np.arange(n, dtype=np.int64), columns["keys"],
+                      n, table.arrays.meta, 0, False, np.uint64(0), 0, 0.0, values)
+        columns[f"block.{b}.values"][:n] = convert(values, table.table_dtype)
 
 
 def _inconsistent(path: str, e: Exception) -> TableFormatError:
@@ -309,7 +341,8 @@ def _check_arrays(arrays: dict[str, np.ndarray], blocks: Sequence[BlockSpec], dt
     if counters:
         expected.update({"count": (np.int32, (n,)), "last_seen": (np.int32, (n,))})
     for b, spec in enumerate(blocks):
-        expected[f"block.{b}.values"] = (dtype, (n, spec.dim))
+        if not spec.computed:
+            expected[f"block.{b}.values"] = (dtype, (n, spec.dim))
         for name, width in zip(spec.optimizer.slot_names, spec.slot_widths):
             expected[f"block.{b}.slot.{name}"] = (dtype, (n, width))
         if spec.optimizer.needs_step:

@@ -20,7 +20,10 @@ Layout (see ``_index.py`` for the kernels):
   (count, last_seen) (int32 pair; none in a table without counters, below), and per block one array ``[rows, dim + slot columns]`` (a slot
   spans ``dim`` columns, a row-wise one 1) holding the values followed by the optimizer slots of
   that row (co-located, so an update touches one or two cache lines), in the dtype or as bfloat16
-  bits (``table_dtype``, ``bfloat16.py``), plus an int32 step count for Adam blocks. A row is admitted iff
+  bits (``table_dtype``, ``bfloat16.py``), plus an int32 step count for Adam blocks. A block whose
+  values are a function of its slots (FTRL's w of z and n on a zeros-initialized block:
+  ``BlockSpec.computed``) stores the slots only; every read computes the values
+  (``bfloat16.read_values``), bit for bit what the update would have stored. A row is admitted iff
   its count >= ``min_count`` (the count only grows, so no separate flag is needed).
 * pending keys (``min_count`` > 1): a key seen fewer than ``min_count`` times has no row, only its
   index slot, whose row field holds its count (``_index.py``); its row is made, count and all,
@@ -34,7 +37,7 @@ Layout (see ``_index.py`` for the kernels):
 * growth: the row capacity grows by ``ROW_GROWTH`` = 1.15x, which bounds the row slack to 15%.
   The two slacks can peak together (a freshly grown index at load ``max_load / 1.5`` while the
   rows have just grown), so the worst case is ``1.15 * (payload + 8 B meta) + 12 B * 1.5 /
-  max_load`` per row: for the benchmark's FTRL[1] + Adam[8] float32 row (payload 120 B: key 8 +
+  max_load`` per row: for the benchmark's FTRL[1] (storing w) + Adam[8] float32 row (payload 120 B: key 8 +
   12 + 96 + Adam step 4) that is (1.15 * 128 + 25.7) / 120 = 1.44x the raw payload at any size
   past the initial allocation (``docs/benchmarks.md`` has the measured figures). Large row arrays
   live in address-space reservations of 8x (``_memory.py``): growing inside a reservation commits
@@ -144,6 +147,7 @@ class EmbeddingTable:
         self.version = 0
         self._shared = -1  # row of SHARED_KEY once known (unadmitted="shared"); rows move on evict
         self._slot_init = [b.slot_column_values() for b in self.blocks]
+        self._value_args = [b.value_args(self.dtype) for b in self.blocks]  # rows computing their values
         self._committing: Any = None  # a background commit of the next growth step's rows
         self._alloc_index(self._clamp_capacity(capacity))
         # rows for the initial index, but a huge `capacity` does not commit memory up front
@@ -345,7 +349,7 @@ class EmbeddingTable:
         if keys.shape != rows.shape:
             raise ValueError(f"gather: {keys.shape[0]} keys but {rows.shape[0]} rows")
         out = np.empty((rows.shape[0], spec.dim), dtype=self.dtype)
-        bad = K.gather_rows(self._data[b], spec.dim, rows, keys, self._n, self._meta,
+        bad = K.gather_rows(self._data[b], spec.dim, self._value_args[b], rows, keys, self._n, self._meta,
                             self.min_count, self.unadmitted == "zero", self._bases[b],
                             spec.init.code, spec.init.scale, out)
         if bad >= 0:
@@ -592,16 +596,19 @@ class EmbeddingTable:
 
     @classmethod
     def load(cls, path: str | os.PathLike, capacity: int | None = None,
-             table_dtype: str | None = None, counters: bool | None = None) -> "EmbeddingTable":
+             table_dtype: str | None = None, counters: bool | None = None,
+             computed: Sequence[bool] | None = None) -> "EmbeddingTable":
         """Read a table written by :meth:`save`; ``capacity`` (index slots) is a lower bound, the
         default fits the rows at about ``max_load / 1.5``; ``table_dtype``: stored so, ``counters``:
-        with or without counters (default: as saved). Raises :class:`TableFormatError`."""
-        return persistence.load_parts(cls, [(path, None)], capacity, table_dtype, counters)
+        with or without counters, ``computed``: per block, values computed from the slots or
+        stored (default: as saved). Raises :class:`TableFormatError`."""
+        return persistence.load_parts(cls, [(path, None)], capacity, table_dtype, counters, computed)
 
     @classmethod
     def load_parts(cls, parts: Sequence[tuple[str | os.PathLike, KeyFilter | None]],
                    capacity: int | None = None, table_dtype: str | None = None,
-                   counters: bool | None = None) -> "EmbeddingTable":
-        """One table of the rows that each part ``(path, keep)`` keeps, stored as ``table_dtype``
-        and with or without ``counters`` (default: the files'): :func:`persistence.load_parts`."""
-        return persistence.load_parts(cls, parts, capacity, table_dtype, counters)
+                   counters: bool | None = None, computed: Sequence[bool] | None = None) -> "EmbeddingTable":
+        """One table of the rows that each part ``(path, keep)`` keeps, stored as ``table_dtype``,
+        with or without ``counters`` and each block's values ``computed`` or stored (default: the
+        files'): :func:`persistence.load_parts`."""
+        return persistence.load_parts(cls, parts, capacity, table_dtype, counters, computed)

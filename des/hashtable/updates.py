@@ -16,6 +16,7 @@ import numpy as np
 
 from . import _index as K
 from .bfloat16 import update_stored_rows
+from .layout import check_rate
 
 
 class RowUpdates:
@@ -42,6 +43,7 @@ class RowUpdates:
             raise ValueError(f"apply_gradients({block!r}): grads shape {grads.shape} != "
                              f"({rows.shape[0]}, {spec.dim})")
         grads = np.ascontiguousarray(grads, dtype=table.dtype)
+        check_rate((spec,), lr_scale)
         uniq, acc = self._scratch(rows.shape[0], spec.dim, table.dtype)
         arrays, n = table.arrays, len(table)
         u, bad = K.sum_duplicates(rows, grads, n, arrays.meta, table.min_count, uniq, acc)
@@ -51,7 +53,7 @@ class RowUpdates:
         if table.table_dtype == "bfloat16":  # widened, updated and rounded back (bfloat16.py)
             widths = (*spec.slot_widths, 0, 0)
             args = spec.optimizer.kernel_args(table.dtype, lr_scale, int(step) + 1)
-            update_stored_rows(arrays.blocks[b], spec.dim, widths[0], widths[1], arrays.steps[b],
+            update_stored_rows(arrays.blocks[b], spec.value_columns, widths[0], widths[1], arrays.steps[b],
                                np.ascontiguousarray(uniq[:u]), acc[:u], tuple(args), arrays.keys,
                                table.stream_bases[b], int(step) + 1)
         else:
