@@ -131,13 +131,16 @@ def store(tmp_path_factory) -> Path:
 def test_din_on_two_ranks_equals_one_rank_float64(store):
     """Under the partials (the attention on its group's rank), the exchanged plan (the items' values
     moved to the row owners, the attention whole there) and alltoall, against one 1-rank run; with
-    DeepFM's linear and FM terms (the pooled history's FM products in the top network)."""
+    DeepFM's linear and FM terms (the pooled history's FM products in the top network), the
+    exchanged plan also with the softmax over the present items."""
     from des.check import Case, check
 
     flags = ("--hidden", "6,4", "--model-options", "attention_hidden=4;wide=fm")
+    softmax = ("--hidden", "6,4", "--model-options", "attention_hidden=4;wide=fm;attention_softmax=true")
     partials = (*flags, "--plan", "partials")
     cases = [Case("din", "des", str(store / "store"), "float64", partials),
-             Case("din", "des", str(store / "store"), "float64", (*flags, "--plan", "exchange"), reference_flags=partials),
+             Case("din", "des", str(store / "store"), "float64", (*softmax, "--plan", "exchange"),
+                  reference_flags=(*softmax, "--plan", "partials")),
              Case("din", "alltoall", str(store / "store"), "float64", flags, reference_strategy="des",
                   reference_flags=partials)]
     results = check(cases, ranks=(2,), steps=4, batch_size=32, timeout=400)
