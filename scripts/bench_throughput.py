@@ -44,7 +44,7 @@ comma-separated list, default 4096):
   with a behaviour sequence: a candidate ``item_id``, its history of up to 30 items read item by
   item (``pooling = "none"``, sharing ``item_id``'s table), five other fields, for ``--models
   din,deepfm`` (des's din as DeepCTR's DIN: ``--hidden 200,80 --activation prelu --model-options
-  wide=none``; des strategies
+  'wide=none;attention_softmax=false'``; des strategies
   only: alltoall keeps a table per field); ``--data-rows`` generates another count; or any path
   des.train reads. The roofline and DeepCTR run on Criteo and din only.
 
@@ -89,7 +89,8 @@ TITLES = {"lr": "LR", "fm": "FM", "wdl": "W&D", "deepfm": "DeepFM", "dcnv2": "DC
           "finalmlp": "FinalMLP", "xdeepfm": "xDeepFM", "din": "DIN"}
 #: des.train flags of a model's jobs (and its roofline and DeepCTR's network) beyond des.train's
 #: defaults: DIN's own tower (des/models/din.py), without DeepFM's shallow part (as DeepCTR's DIN)
-MODEL_FLAGS = {"din": {"hidden": "200,80", "activation": "prelu", "model_options": "wide=none"}}
+MODEL_FLAGS = {"din": {"hidden": "200,80", "activation": "prelu",
+                       "model_options": "wide=none;attention_softmax=false"}}
 
 # the models with a top network (LR's and FM's top is a sum)
 ROOFLINE_MODELS = ("wdl", "deepfm", "dcnv2", "dlrm", "finalmlp", "xdeepfm", "din")
