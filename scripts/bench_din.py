@@ -11,8 +11,10 @@ the validation AUC; test AUC and logloss there, per seed. DeepCTR runs in its ow
 ``TF_USE_LEGACY_KERAS=1``; it breaks under Keras 3), fed arrays this process writes.
 
 Expect, on a 2-core machine: DeepCTR's DIN at a test AUC of about 0.776 (0.7764 ± 0.0016
-recorded), level with des's ``din`` (0.7771 ± 0.0018) and below des's DeepFM without the history
-(0.7905): docs/benchmarks.md, "DIN's target attention".
+recorded), level with des's ``din`` as the paper's (``--hidden 200,80 --activation prelu
+--model-options 'wide=none;attention_softmax=false'``: 0.7771 ± 0.0018) and below des's DeepFM
+without the history (0.7905): docs/benchmarks.md, "DIN's target attention" (and "DIN with
+DeepFM's shallow part" for des's default ``din``).
 """
 
 from __future__ import annotations

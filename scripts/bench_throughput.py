@@ -43,7 +43,8 @@ comma-separated list, default 4096):
   ``--cache``; ``din``: 40,000 synthetic rows (``des.data.synth_schema`` of ``benchlib.din_schema``)
   with a behaviour sequence: a candidate ``item_id``, its history of up to 30 items read item by
   item (``pooling = "none"``, sharing ``item_id``'s table), five other fields, for ``--models
-  din,deepfm`` (des's din with DIN's tower: ``--hidden 200,80 --activation prelu``; des strategies
+  din,deepfm`` (des's din as DeepCTR's DIN: ``--hidden 200,80 --activation prelu --model-options
+  'wide=none;attention_softmax=false'``; des strategies
   only: alltoall keeps a table per field); ``--data-rows`` generates another count; or any path
   des.train reads. The roofline and DeepCTR run on Criteo and din only.
 
@@ -87,8 +88,9 @@ FIELDS, EMBEDDING_DIM, HIDDEN = 39, 8, (400, 400, 400)  # des.train's defaults: 
 TITLES = {"lr": "LR", "fm": "FM", "wdl": "W&D", "deepfm": "DeepFM", "dcnv2": "DCN-v2", "dlrm": "DLRM",
           "finalmlp": "FinalMLP", "xdeepfm": "xDeepFM", "din": "DIN"}
 #: des.train flags of a model's jobs (and its roofline and DeepCTR's network) beyond des.train's
-#: defaults: DIN's own tower (des/models/din.py)
-MODEL_FLAGS = {"din": {"hidden": "200,80", "activation": "prelu"}}
+#: defaults: DIN's own tower (des/models/din.py), without DeepFM's shallow part (as DeepCTR's DIN)
+MODEL_FLAGS = {"din": {"hidden": "200,80", "activation": "prelu",
+                       "model_options": "wide=none;attention_softmax=false"}}
 
 # the models with a top network (LR's and FM's top is a sum)
 ROOFLINE_MODELS = ("wdl", "deepfm", "dcnv2", "dlrm", "finalmlp", "xdeepfm", "din")
@@ -420,11 +422,12 @@ def data_note(name: str, path: str | None, rows: int | None) -> str:
                 "one-hot inputs and DIN's sequence).")
     if name == "din":
         length = benchlib.DIN_DATA["max_length"]
+        flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in MODEL_FLAGS["din"].items())
         return (f"Data: din ({path}: {rows or benchlib.DIN_DATA['rows']:,} synthetic rows of benchlib.din_schema, "
                 f"split 90/5/5: a candidate item_id (Zipf over 100,000 ids), its history of 0-{length + 2} items "
                 f"cut to the most recent {length} and read item by item (history@1..{length} sharing item_id's "
                 "table), four other one-hot fields and a mean-pooled multi-valued one; no dense features). "
-                f"des's din with {' '.join(f'--{k} {v}' for k, v in MODEL_FLAGS['din'].items())} (its attention unit "
+                f"des's din with {flags} (its attention unit "
                 "80-40, PReLU); the other models with des.train's defaults.")
     return f"Data: {name}."
 

@@ -358,9 +358,11 @@ def test_din_roofline_network_is_the_model(tmp_path):
     model = throughput.roofline_model("din", str(store.path))
     candidate = store.field_names.index("item_id")
     assert model.groups == [(candidate, tuple(range(store.num_fields - length, store.num_fields)))]
-    assert model.tower.hidden == (200, 80) and model.tower.activation == "prelu"
+    assert model.tower.hidden == (200, 80) and model.tower.activation == "prelu" and model.wide == "none"
+    assert not model.attention.unit.softmax
     assert throughput.roofline_model("deepfm", str(store.path)).num_fields == store.num_fields
-    small = type(model)(num_fields=5, embedding_dim=2, hidden=(4, 3), shared_tables="3:1,4:1", attention_hidden=(3, 2))
+    small = type(model)(num_fields=5, embedding_dim=2, hidden=(4, 3), shared_tables="3:1,4:1", attention_hidden=(3, 2),
+                        wide=model.wide, attention_softmax=False)
     variables, logits = throughput.reference_network(small)
     weights, at = [], 0
     for sub in small.substitutions():

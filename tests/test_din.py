@@ -1,7 +1,7 @@
 """DIN: a sequence read item by item (``pooling = "none"``: fields ``name@1`` .. ``name@L``, the same
 keys prepared and served; DIN's activation unit: tests/test_layers.py), and the ``din`` model
-trained on N ranks equal to 1 rank in float64 under the partials, the exchanged plan and alltoall, exported
-and served equal to ``des.evaluate``."""
+trained on N ranks equal to 1 rank in float64 under the partials, the exchanged plan and alltoall (with DeepFM's
+linear and FM terms beside the MLP), exported and served equal to ``des.evaluate``."""
 
 from __future__ import annotations
 
@@ -93,6 +93,29 @@ def test_din_needs_a_sequence_sharing_its_candidates_table():
     assert model.groups == [(0, (2, 3))] and model.substitutions()[0].fields == (0, 1, 4)
 
 
+def test_dins_fm_takes_the_pooled_history_as_one_more_field():
+    """``wide = "fm"``: the reduced sums of the fields but the items plus FM's partials of ``v_h`` in
+    the top network give FM's pairwise sum over those fields and ``v_h``, each product once."""
+    tf = pytest.importorskip("tensorflow")
+    from des.building import build_model
+    from des.config import TrainConfig
+    from des.substitutions import FMOrder2
+
+    model = build_model(TrainConfig(model="din", shared_tables="2:0,3:0", embedding_dim=3, hidden="4",
+                                    model_options="attention_hidden=2;wide=fm"), 5, num_dense=1)
+    linear, sums = model.substitutions()[2:]
+    assert (linear.block, linear.fields, sums.inner.fields, sums.width) == ("linear", (0, 1, 4), (0, 1, 4), 4)
+    rng = np.random.default_rng(0)
+    emb, pooled = tf.constant(rng.normal(size=(6, 5, 3))), tf.constant(rng.normal(size=(6, 3)))
+    fields = tf.concat([tf.gather(emb, [0, 1, 4], axis=1), pooled[:, None, :]], axis=1)
+    np.testing.assert_allclose(model.pairwise(sums.reference(emb, {}), pooled).numpy(),
+                               FMOrder2(4, 3).reference(fields, {})[:, 0].numpy(), rtol=1e-12)
+    bare = build_model(TrainConfig(model="din", shared_tables="2:0,3:0", model_options="wide=none"), 5)
+    assert [b.name for b in bare.blocks()] == ["embedding"] and len(bare.substitutions()) == 2
+    with pytest.raises(ConfigError, match="--model din: wide must be one of none, linear, fm, got 'deep'"):
+        build_model(TrainConfig(model="din", shared_tables="2:0,3:0", model_options="wide=deep"), 5)
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Path:
     from des.data import prepare
@@ -107,13 +130,17 @@ def store(tmp_path_factory) -> Path:
 
 def test_din_on_two_ranks_equals_one_rank_float64(store):
     """Under the partials (the attention on its group's rank), the exchanged plan (the items' values
-    moved to the row owners, the attention whole there) and alltoall, against one 1-rank run."""
+    moved to the row owners, the attention whole there) and alltoall, against one 1-rank run; with
+    DeepFM's linear and FM terms (the pooled history's FM products in the top network), the
+    exchanged plan also with the softmax over the present items."""
     from des.check import Case, check
 
-    flags = ("--hidden", "6,4", "--model-options", "attention_hidden=4")
+    flags = ("--hidden", "6,4", "--model-options", "attention_hidden=4;wide=fm")
+    softmax = ("--hidden", "6,4", "--model-options", "attention_hidden=4;wide=fm;attention_softmax=true")
     partials = (*flags, "--plan", "partials")
     cases = [Case("din", "des", str(store / "store"), "float64", partials),
-             Case("din", "des", str(store / "store"), "float64", (*flags, "--plan", "exchange"), reference_flags=partials),
+             Case("din", "des", str(store / "store"), "float64", (*softmax, "--plan", "exchange"),
+                  reference_flags=(*softmax, "--plan", "partials")),
              Case("din", "alltoall", str(store / "store"), "float64", flags, reference_strategy="des",
                   reference_flags=partials)]
     results = check(cases, ranks=(2,), steps=4, batch_size=32, timeout=400)
@@ -121,15 +148,17 @@ def test_din_on_two_ranks_equals_one_rank_float64(store):
         [(r.case.flags, r.failures[:2]) for r in results]
 
 
-def test_din_exported_serves_what_evaluate_predicts(store, tmp_path):
+@pytest.mark.parametrize("wide", ["none", "fm"])
+def test_din_exported_serves_what_evaluate_predicts(store, tmp_path, wide):
     """Served without des (examples/serving_client.py) == des.evaluate to 1e-6, on rows with empty
-    and over-long histories (the synthetic sequences run 0 .. max_length + 2 ids)."""
+    and over-long histories (the synthetic sequences run 0 .. max_length + 2 ids), without and with
+    DeepFM's linear and FM terms."""
     from des import evaluate, export, train
     from tests.conftest import REPO, mpi_env
 
     run, requests = tmp_path / "run", store / "din.csv"
     train.main(["--model", "din", "--data", str(store / "store"), "--max-steps", "6", "--batch-size", "32",
-                "--hidden", "6,4", "--model-options", "attention_hidden=4", "--output", str(run)])
+                "--hidden", "6,4", "--model-options", f"attention_hidden=4;wide={wide}", "--output", str(run)])
     evaluate.main(["--checkpoint", str(run), "--data", str(requests), "--cache-dir", str(tmp_path / "cache"),
                    "--predictions", str(tmp_path / "evaluate.txt")])
     export.main(["--checkpoint", str(run), "--output", str(tmp_path / "model")])

@@ -110,7 +110,7 @@ def test_the_gate_and_the_fusion_are_finalmlps() -> None:
 
 def test_the_attention_unit_is_dins():
     """DIN's activation unit (eq. 3, no softmax): a_t = MLP([q, e_t, q - e_t, q * e_t]), Σ_t a_t e_t;
-    an empty slot (a zero item) adds nothing."""
+    an empty slot (a zero item) adds nothing; with ``softmax`` the shares of the present slots."""
     unit = AttentionUnit(3, (4,), "prelu", prefix="a")
     w, q, items = weights(unit), RNG.normal(size=(5, 3)), RNG.normal(size=(5, 2, 3))
     items[1, 1] = 0.0
@@ -118,3 +118,15 @@ def test_the_attention_unit_is_dins():
     h = x @ w["a_kernel_0"] + w["a_bias_0"]
     scores = ((relu(h) + w["a_alpha_0"] * np.minimum(h, 0)) @ w["a_kernel_1"] + w["a_bias_1"])[..., 0]
     np.testing.assert_allclose(unit(w, q, items).numpy(), np.einsum("bl,blk->bk", scores, items), rtol=1e-12)
+    # softmax over a row's present slots: row 1's empty slot takes no share, row 2 (all empty) pools to 0
+    items[2] = 0.0
+    x = np.concatenate([np.repeat(q[:, None], 2, 1), items, q[:, None] - items, q[:, None] * items], axis=2)
+    h = x @ w["a_kernel_0"] + w["a_bias_0"]
+    scores = ((relu(h) + w["a_alpha_0"] * np.minimum(h, 0)) @ w["a_kernel_1"] + w["a_bias_1"])[..., 0]
+    present = np.any(items != 0, axis=2)
+    exps = np.where(present, np.exp(scores), 0.0)
+    shares = exps / np.maximum(exps.sum(axis=1, keepdims=True), 1e-300)
+    softmax = AttentionUnit(3, (4,), "prelu", prefix="a", softmax=True)
+    pooled = softmax(w, q, items).numpy()
+    np.testing.assert_allclose(pooled, np.einsum("bl,blk->bk", shares, items), rtol=1e-12)
+    assert shares[1, 1] == 0 and shares[1, 0] == 1 and not pooled[2].any()

@@ -132,7 +132,7 @@ def test_report_names_the_rank_counts_actually_checked() -> None:
 
 def test_registry_defaults_and_user_addition() -> None:
     assert [c.name for c in default_substitutions()] == ["linear", "fm2", "first_fc", "embeddings", "field_subset",
-                                                         "target_attention"]
+                                                         "target_attention", "uncombined"]
     assert get_substitution("first_fc") is FirstFC
     with pytest.raises(ConfigError, match="unknown substitution 'nope'"):
         get_substitution("nope")

@@ -1,12 +1,18 @@
 """DIN's activation unit (Zhou et al. 2018, fig. 2 and eq. 3): target attention over a behaviour
 sequence, the candidate item's embedding ``q`` against each item ``e_t`` of the sequence.
 
-    a_t    = MLP([q, e_t, q − e_t, q ⊙ e_t])       a score per item (one output unit, no softmax)
+    a_t    = MLP([q, e_t, q − e_t, q ⊙ e_t])       a score per item (one output unit; softmax: optional)
     pooled = Σ_t a_t e_t                          [B, k]
 
 The scores are not normalized (the paper's choice, keeping the intensity of a user's interests);
 an empty slot's item is the zero vector (nothing was looked up), so it adds ``a_t · 0 = 0`` to the
-sum and nothing to any gradient: the mask is exact without a mask tensor. The MLP is a
+sum and nothing to any gradient: the mask is exact without a mask tensor. With ``softmax`` (the
+variant DeepCTR calls ``weight_normalization``) the scores of a row's present slots are normalized
+to sum to one, ``a_t = exp(s_t) / Σ_{u present} exp(s_u)``: a zero score would still take a share,
+so the mask is read from the items, a slot being present when its vector is not all zeros (an
+id's row; an empty slot, or an id that looks up nothing under ``--unadmitted zero``, is absent).
+A row without any present slot pools to zero. The mask is a function of the row's own items, so
+the pooling stays row-wise and the same wherever the group is computed. The MLP is a
 :class:`~des.layers.DeepTower` over ``4k`` inputs; DIN's Dice normalizes with batch statistics,
 which would make a row's output depend on the other rows (and N ranks differ from 1), so PReLU, a
 learned slope per unit, stands in for it (as DeepCTR's ``att_activation="prelu"``).
@@ -24,11 +30,13 @@ from des.substitutions.base import ParamSpec
 
 class AttentionUnit:
     """DIN's local activation unit for ``dim``-wide embeddings: ``hidden`` widths with
-    ``activation``, then one linear score; weights named ``{prefix}_kernel_i``/``_bias_i``/``_alpha_i``."""
+    ``activation``, then one linear score (``softmax``: normalized over a row's present slots);
+    weights named ``{prefix}_kernel_i``/``_bias_i``/``_alpha_i``."""
 
     def __init__(self, dim: int, hidden: Sequence[int] = (80, 40), activation: str = "prelu",
-                 prefix: str = "attention") -> None:
+                 prefix: str = "attention", softmax: bool = False) -> None:
         self.dim = int(dim)
+        self.softmax = bool(softmax)
         self.tower = DeepTower(hidden, activation, input_dim=4 * self.dim, output_units=1, prefix=prefix)
 
     @property
@@ -47,5 +55,19 @@ class AttentionUnit:
         return tf.reshape(self.tower(params, flat), [shape[0], shape[1]])
 
     def __call__(self, params: Mapping[str, tf.Tensor], query: tf.Tensor, items: tf.Tensor) -> tf.Tensor:
-        """``Σ_t a_t e_t``: the items pooled by their scores, ``[B, k]``."""
-        return tf.einsum("bl,blk->bk", self.scores(params, query, items), items)
+        """``Σ_t a_t e_t``: the items pooled by their scores (or their softmax), ``[B, k]``."""
+        scores = self.scores(params, query, items)
+        return tf.einsum("bl,blk->bk", present_softmax(scores, items) if self.softmax else scores, items)
+
+
+def present_softmax(scores: tf.Tensor, items: tf.Tensor) -> tf.Tensor:
+    """``scores [B, L]`` normalized over each row's present slots (``items [B, L, k]`` not all zero),
+    0 at absent slots and in a row with none. Shifted by the row's largest present score (softmax
+    is shift-invariant, so the shift carries no gradient); absent slots never reach ``exp``."""
+    present = tf.reduce_any(tf.not_equal(items, 0), axis=2)
+    floor = tf.reduce_min(scores, axis=1, keepdims=True)
+    shift = tf.stop_gradient(tf.reduce_max(tf.where(present, scores, floor), axis=1, keepdims=True))
+    zeros = tf.zeros_like(scores)
+    exps = tf.where(present, tf.exp(tf.where(present, scores - shift, zeros)), zeros)
+    empty = 1.0 - tf.cast(tf.reduce_any(present, axis=1, keepdims=True), scores.dtype)
+    return exps / (tf.reduce_sum(exps, axis=1, keepdims=True) + empty)

@@ -4,6 +4,11 @@ the reference):
 
     v_h   = Σ_t a(e_c, e_t) e_t                     a: DIN's activation unit (des.layers.AttentionUnit)
     logit = MLP([e_f for the fields but the items | v_h | x_dense])
+          + Σ_f w_f + x·w_x + Σ_{i<j} <u_i, u_j>    (wide = "fm"; u: the fields but the items, and v_h)
+
+``wide`` adds DeepFM's shallow part (Guo et al. 2017) beside the MLP: ``"linear"`` the order-1
+weights of the fields but the items (and the dense features'), ``"fm"`` those and FM's pairwise
+products over the same fields with the attention-pooled history as one more field vector.
 
 The sequence is a column declared with ``pooling = "none"`` and ``table = "<candidate>"``: its
 items are fields ``name@1`` .. ``name@L`` sharing the candidate's table (``--shared-tables``
@@ -19,11 +24,24 @@ What is substituted, and why it is exact:
   candidate field's slices, trained there from ``G`` alone; only ``v_h`` (``k`` floats a row)
   enters the buffer.
 
+* the order-1 term over the fields but the items (:class:`~des.substitutions.FieldSubset` of
+  :class:`~des.substitutions.FirstOrderLinear`, eqs. 2-3), and FM's sums over them
+  (:class:`~des.substitutions.Uncombined` of a field subset of :class:`~des.substitutions.FMOrder2`:
+  ``[Σ_f e_f, Σ_f ‖e_f‖²]`` reduced, eq. 5), when ``wide`` asks for them.
+
 ``v_h``'s block of the first layer, ``v_h W_h``, is added in the top network (``attention_kernel``,
-replicated: a ``[k, H_1]`` matmul on the rows). DIN's Dice activation normalizes by batch
-statistics, which would tie a row's output to the other rows (and N ranks to differ from 1), so
-the MLP and the attention unit use PReLU (DeepCTR's ``prelu`` activations); no softmax over the
-scores (the paper's eq. 3); an empty slot adds ``a · 0``, exactly nothing.
+replicated: a ``[k, H_1]`` matmul on the rows). So are its FM products: ``v_h`` exists only on the
+candidate's rank and the other fields' sums only after the reduction, so the top adds FM's own
+partials of ``v_h`` as one more field (``[v_h, ‖v_h‖²]``) to the reduced sums and runs FM's
+``combine`` on the rows: ``Σ_{i<j}`` over the fields and ``v_h``, each product once, a function of
+the row's reduced buffer only (row-wise, the same on N ranks as on 1).
+
+DIN's Dice activation normalizes by batch statistics, which would tie a row's output to the other
+rows (and N ranks to differ from 1), so the MLP and the attention unit use PReLU (DeepCTR's
+``prelu`` activations). The scores are normalized by a softmax over a row's present items
+(``attention_softmax``, chosen on MovieLens's validation split: docs/benchmarks.md, "DIN with
+DeepFM's shallow part"; false: the paper's eq. 3, unnormalized, where an empty slot adds
+``a · 0``, exactly nothing).
 """
 
 from __future__ import annotations
@@ -35,7 +53,8 @@ import tensorflow as tf
 
 from des.layers import DeepTower
 from des.models.base import CRITEO_NUM_FIELDS, EmbeddingBlock, EmbeddingModel
-from des.substitutions import FieldSubset, FirstFC, ParamSpec, Substitution, TargetAttention
+from des.substitutions import (FieldSubset, FirstFC, FirstOrderLinear, FMOrder2, ParamSpec, Substitution,
+                               TargetAttention, Uncombined)
 
 
 def attention_groups(shared_tables: str) -> list[tuple[int, tuple[int, ...]]]:
@@ -51,8 +70,14 @@ class DIN(EmbeddingModel):
     """DIN; ``hidden``: the MLP's widths (the first substituted), ``activation``: its activation
     (``prelu``, DIN's with Dice's batch statistics left out), ``attention_hidden``: the activation
     unit's widths; ``shared_tables``: the run's resolved ``--shared-tables`` (the candidates and
-    their items). ``des.train`` sets the tower by ``--hidden`` and ``--activation`` (DIN's:
-    ``--hidden 200,80 --activation prelu``; the flags' defaults are DeepFM's 400-400-400 ReLU)."""
+    their items); ``wide``: DeepFM's shallow part beside the MLP (``none``, ``linear`` or ``fm``);
+    ``attention_softmax``: the attention scores normalized over a row's present items (false: the
+    paper's unnormalized scores). ``des.train`` sets the tower by ``--hidden`` and ``--activation``
+    (the paper's: ``--hidden 200,80 --activation prelu``; the flags' defaults, DeepFM's 400-400-400
+    ReLU, scored higher on MovieLens's validation split with ``wide`` and the softmax, their
+    defaults: docs/benchmarks.md, "DIN with DeepFM's shallow part")."""
+
+    WIDE = ("none", "linear", "fm")
 
     name = "din"
 
@@ -68,6 +93,8 @@ class DIN(EmbeddingModel):
         num_dense: int = 0,
         shared_tables: str = "none",
         attention_hidden: Sequence[int] = (80, 40),
+        wide: str = "fm",
+        attention_softmax: bool = True,
     ) -> None:
         super().__init__(num_fields, embedding_dim, init_scale, l2_embedding, l2_dense, num_dense)
         self.groups = attention_groups(shared_tables)
@@ -75,22 +102,33 @@ class DIN(EmbeddingModel):
             raise ValueError("din attends over a sequence's items, fields sharing the candidate's table, and no "
                              "field shares a table (declare a sequence column with pooling = \"none\" and "
                              "table = \"<candidate column>\")")
+        if wide not in self.WIDE:
+            raise ValueError(f"wide must be one of {', '.join(self.WIDE)}, got {wide!r}")
+        self.wide = wide
         self.items = sorted(f for _, items in self.groups for f in items)
         self.tower = DeepTower(hidden, activation, prefix="deep")
-        self.attention = TargetAttention(num_fields, embedding_dim, self.groups, attention_hidden, "prelu")
+        self.attention = TargetAttention(num_fields, embedding_dim, self.groups, attention_hidden, "prelu",
+                                         softmax=attention_softmax)
+        self.fm = FMOrder2(num_fields, embedding_dim)
 
     @property
     def _hyper(self) -> dict[str, Any]:
         return {**super()._hyper, "hidden": list(self.tower.hidden), "activation": self.tower.activation,
-                "attention_hidden": list(self.attention.unit.hidden)}
+                "attention_hidden": list(self.attention.unit.hidden), "wide": self.wide,
+                "attention_softmax": self.attention.unit.softmax}
 
-    def blocks(self) -> list[EmbeddingBlock]:  # no order-1 term
-        return [block for block in super().blocks() if block.name != "linear"]
+    def blocks(self) -> list[EmbeddingBlock]:  # an order-1 term only with the wide part
+        return [block for block in super().blocks() if block.name != "linear" or self.wide != "none"]
 
     def substitutions(self) -> list[Substitution]:
         first = FirstFC(self.num_fields, self.embedding_dim, self.tower.hidden[0], num_dense=self.num_dense,
                         input_dim=self.input_dim)
-        return [FieldSubset(first, self.others), self.attention]
+        subs: list[Substitution] = [FieldSubset(first, self.others), self.attention]
+        if self.wide != "none":
+            subs.append(FieldSubset(FirstOrderLinear(self.num_fields, num_dense=self.num_dense), self.others))
+        if self.wide == "fm":
+            subs.append(Uncombined(FieldSubset(self.fm, self.others)))
+        return subs
 
     @property
     def others(self) -> list[int]:
@@ -109,5 +147,17 @@ class DIN(EmbeddingModel):
                 "attention_kernel": ParamSpec((width, units), "glorot_uniform", self.input_dim, units)}
 
     def top(self, params: Mapping[str, tf.Tensor], outputs: Sequence[tf.Tensor]) -> tf.Tensor:
-        first_layer, pooled = outputs
-        return self.tower(params, first_layer + tf.matmul(pooled, params["attention_kernel"])) + params["bias"][0]
+        first_layer, pooled, *wide = outputs
+        logit = self.tower(params, first_layer + tf.matmul(pooled, params["attention_kernel"])) + params["bias"][0]
+        if self.wide != "none":
+            logit += wide[0][:, 0]
+        if self.wide == "fm":
+            logit += self.pairwise(wide[1], pooled)
+        return logit
+
+    def pairwise(self, field_sums: tf.Tensor, pooled: tf.Tensor) -> tf.Tensor:
+        """FM's ``Σ_{i<j} <u_i, u_j>`` over the fields but the items and the pooled histories, ``[B]``:
+        ``field_sums`` (the fields' reduced ``[Σ e_f, Σ ‖e_f‖²]``) plus each pooled vector's own
+        partials as one more field, then FM's ``combine``."""
+        histories = tf.reshape(pooled, [-1, len(self.groups), self.embedding_dim])
+        return self.fm.combine(field_sums + self.fm.local(histories, {}))[:, 0]

@@ -2,12 +2,12 @@
 
 Public: :class:`Substitution` (the base class), :class:`FieldParam`, the built-ins
 :class:`FirstOrderLinear`, :class:`FMOrder2`, :class:`FirstFC`, :class:`FieldEmbeddings`,
-:class:`TargetAttention` (DIN), :class:`FieldSubset`, the registry
+:class:`TargetAttention` (DIN), :class:`FieldSubset`, :class:`Uncombined`, the registry
 (:func:`register_substitution`, :func:`get_substitution`, :func:`default_substitutions`,
 :func:`registered_substitutions`) and the conformance checker :func:`check_substitution`.
 """
 
-from des.substitutions.attention import FieldSubset, TargetAttention
+from des.substitutions.attention import FieldSubset, TargetAttention, Uncombined
 from des.substitutions.base import FieldParam, ParamSpec, Substitution, draw_param, stable_id
 from des.substitutions.conformance import (
     ConformanceReport,
@@ -39,6 +39,7 @@ __all__ = [
     "Substitution",
     "SubstitutionConformanceError",
     "TargetAttention",
+    "Uncombined",
     "check_substitution",
     "default_substitutions",
     "get_substitution",

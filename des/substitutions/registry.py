@@ -12,7 +12,7 @@ A user adds a substitution by subclassing :class:`des.substitutions.Substitution
 from __future__ import annotations
 
 from des.registry import Registry
-from des.substitutions.attention import FieldSubset, TargetAttention
+from des.substitutions.attention import FieldSubset, TargetAttention, Uncombined
 from des.substitutions.base import Substitution
 from des.substitutions.conformance import check_substitution
 from des.substitutions.embeddings import FieldEmbeddings
@@ -23,7 +23,7 @@ from des.substitutions.linear import FirstOrderLinear
 
 def default_substitutions() -> list[type[Substitution]]:
     """The built-ins, in a fixed order."""
-    return [FirstOrderLinear, FMOrder2, FirstFC, FieldEmbeddings, FieldSubset, TargetAttention]
+    return [FirstOrderLinear, FMOrder2, FirstFC, FieldEmbeddings, FieldSubset, TargetAttention, Uncombined]
 
 
 SUBSTITUTION_REGISTRY: Registry[type[Substitution]] = Registry(
