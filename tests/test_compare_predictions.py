@@ -45,6 +45,22 @@ def test_identical_predictions_differ_by_exactly_zero():
     assert (r["logloss_difference"], r["logloss_low"], r["logloss_high"]) == (0.0, 0.0, 0.0)
 
 
+def test_resampling_by_groups_takes_each_drawn_group_whole():
+    groups = np.array([3, 1, 3, 2, 1, 3, 7])
+    resampler = compare.Resampler(groups, seed=5)
+    for _ in range(20):
+        times = np.bincount(resampler.rows(), minlength=groups.size)
+        per_group = [np.unique(times[groups == g]) for g in (1, 2, 3, 7)]
+        assert all(t.size == 1 for t in per_group)  # every row of a group drawn as often as the others
+        assert sum(int(t[0]) for t in per_group) == 4  # as many groups drawn as there are
+    rng = np.random.default_rng(6)
+    labels = (rng.random(300) < 0.5).astype(np.float64)
+    a, b = scores(labels, 1.0, rng), scores(labels, 2.0, rng)
+    plain = compare.paired_bootstrap(labels, a, b, resamples=30, seed=2)
+    assert compare.paired_bootstrap(labels, a, b, resamples=30, seed=2, groups=np.arange(300) * 2) == plain
+    assert compare.paired_bootstrap(labels, a, b, resamples=30, seed=2, groups=np.arange(300) // 10) != plain
+
+
 def test_comparisons_average_the_files_then_pair_them_one_by_one():
     rng = np.random.default_rng(3)
     labels = (rng.random(300) < 0.5).astype(np.float64)
@@ -75,6 +91,14 @@ def test_command_line_reads_the_store_labels_and_refuses_a_short_file(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert f"perfect (A) - flat (B) on the {labels.size} test rows" in proc.stdout
     assert "| one file each | 1.0000 | 0.5000 | +0.5000 [+0.5000, +0.5000] | 0.000 |" in proc.stdout
+    proc = run("--a", f"perfect={tmp_path / 'a.txt'}", "--b", f"flat={tmp_path / 'b.txt'}", "--resamples", "50",
+               "--cluster", "user")
+    assert proc.returncode == 0, proc.stderr
+    users = np.unique(np.asarray(store.field("user")[1])[store.split_rows("test")]).size
+    assert f"50 paired resamples of user values ({users}) with their rows" in proc.stdout
+    assert "| one file each | 1.0000 | 0.5000 | +0.5000 [+0.5000, +0.5000] | 0.000 |" in proc.stdout
+    proc = run("--a", f"perfect={tmp_path / 'a.txt'}", "--b", f"flat={tmp_path / 'b.txt'}", "--cluster", "genres")
+    assert proc.returncode == 2 and "--cluster genres: not a one-hot field" in proc.stderr
     np.savetxt(tmp_path / "short.txt", np.full(labels.size - 1, 0.5))
     proc = run("--a", f"perfect={tmp_path / 'a.txt'}", "--b", f"flat={tmp_path / 'short.txt'}")
     assert proc.returncode == 2 and f"short.txt: {labels.size - 1} predictions, the split has {labels.size} rows" in proc.stderr
