@@ -16,8 +16,8 @@ spread of the seed-by-seed rows.
 
 Expect, on a 2-core machine, about 2 s per 1,000 resamples of 10,000 rows and one pair;
 identical predictions give exactly 0 and an interval [0, 0]. On MovieLens 100K's latest 10,000
-ratings (166 users), des's ``din`` against DeepFM: intervals about 0.002 wide over rows and 0.005
-to 0.01 over users (docs/benchmarks.md, "DIN's target attention on a time-ordered split").
+ratings (166 users), des's ``din`` against DeepFM: intervals 0.002 to 0.003 wide over rows and
+0.004 to 0.011 over users (docs/benchmarks.md, "DIN's target attention on a time-ordered split").
 """
 
 from __future__ import annotations
