@@ -1,4 +1,4 @@
-"""MovieLens 100K as one CSV with each rating's behaviour history: the movies its user rated before.
+"""MovieLens 100K as a CSV (or three, by time) with each rating's history: the movies its user rated before.
 
     python examples/movielens_history.py --source ../shared/data/movielens-100k/raw --output history.csv
 
@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, required=True,
                         help="folder with the GroupLens ml-100k files (u.data, u.user, u.item, u.genre)")
-    parser.add_argument("--output", type=Path, required=True, help="CSV file to write")
+    parser.add_argument("--output", type=Path, required=True,
+                        help="CSV file to write (with --split-by-time: the three files' name before .train and so on)")
     parser.add_argument("--length", type=int, default=20, help="the most recent movies kept per history")
     parser.add_argument("--split-by-time", metavar="TRAIN,VALIDATION,TEST", default="",
                         help="write three CSVs (OUTPUT with .train, .validation, .test before its suffix): "
