@@ -1,4 +1,4 @@
-"""MovieLens 100K as one CSV with each rating's behaviour history: the movies its user rated before.
+"""MovieLens 100K as a CSV (or three, by time) with each rating's history: the movies its user rated before.
 
     python examples/movielens_history.py --source ../shared/data/movielens-100k/raw --output history.csv
 
@@ -10,6 +10,19 @@ ratings). ``examples/movielens_history.toml`` declares it as a ``sequence`` colu
 movies' table (``table = "item_id"``: one embedding per movie, whether rated now or before). The
 history holds which movies were rated, never their ratings: the label of a row stays out of every
 row's features.
+
+``--split-by-time TRAIN,VALIDATION,TEST`` (fractions, e.g. ``0.8,0.1,0.1``) writes three CSVs
+instead of one, ``OUTPUT`` with ``.train``, ``.validation`` and ``.test`` before its suffix
+(``history.train.csv``, ...): the ratings ordered by timestamp (ties by their order in
+``u.data``), the earliest ``TRAIN`` of them in the first, the next ``VALIDATION`` in the second, the
+latest in the third, each in that order. The histories are the same as in one file: all of the
+user's earlier ratings whichever file they are in (a test row's past may be a training or a
+validation row; never a later rating, nor one of the same second). Prepared as one store with the
+training rows' statistics:
+
+    python examples/movielens_history.py --source ml-100k --output history.csv --split-by-time 0.8,0.1,0.1
+    python -m des.data prepare --schema examples/movielens_history.toml --train history.train.csv \
+        --validation history.validation.csv --test history.test.csv --output history-time
 """
 
 from __future__ import annotations
@@ -44,8 +57,27 @@ def histories(ratings: list[tuple[str, str, int]], length: int) -> list[str]:
     return out
 
 
-def join(source: Path, output: Path, length: int) -> tuple[int, int]:
-    """Write the CSV; returns (rows, rows with a non-empty history)."""
+SPLITS = ("train", "validation", "test")
+
+
+def time_split(timestamps: list[int], fractions: tuple[float, float, float]) -> list[list[int]]:
+    """Row indices of the train, validation and test parts: the rows ordered by timestamp (ties by
+    index), cut after the first ``round(n * train)`` and ``round(n * (train + validation))``."""
+    order = sorted(range(len(timestamps)), key=lambda i: (timestamps[i], i))
+    train_end = round(len(order) * fractions[0])
+    validation_end = round(len(order) * (fractions[0] + fractions[1]))
+    return [order[:train_end], order[train_end:validation_end], order[validation_end:]]
+
+
+def split_outputs(output: Path) -> list[Path]:
+    """``history.csv`` -> ``history.train.csv``, ``history.validation.csv``, ``history.test.csv``."""
+    return [output.with_name(f"{output.stem}.{split}{output.suffix}") for split in SPLITS]
+
+
+def join(source: Path, output: Path, length: int,
+         fractions: tuple[float, float, float] | None = None) -> tuple[list[int], int]:
+    """Write the CSV, or with ``fractions`` the three of :func:`split_outputs` (:func:`time_split`);
+    returns (rows per file written, rows with a non-empty history)."""
     users = read_users(source / "u.user")
     movies = read_movies(source / "u.item", read_genres(source / "u.genre"))
     ratings, rest = [], []
@@ -57,30 +89,56 @@ def join(source: Path, output: Path, length: int) -> tuple[int, int]:
         ratings.append((user_id, item_id, int(timestamp)))
         rest.append([rating, timestamp, *users[user_id], *movies[item_id]])
     history = histories(ratings, length)
-    with open(output, "w", newline="") as f:
-        writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(HISTORY_HEADER)
-        for (user_id, item_id, _), values, past in zip(ratings, rest, history):
-            writer.writerow([user_id, item_id, *values, past])
-    return len(ratings), sum(1 for h in history if h)
+    if fractions is None:
+        parts, paths = [list(range(len(ratings)))], [output]
+    else:
+        parts, paths = time_split([t for _, _, t in ratings], fractions), split_outputs(output)
+    for rows, path in zip(parts, paths):
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f, lineterminator="\n")
+            writer.writerow(HISTORY_HEADER)
+            for i in rows:
+                writer.writerow([*ratings[i][:2], *rest[i], history[i]])
+    return [len(rows) for rows in parts], sum(1 for h in history if h)
+
+
+def parse_fractions(text: str) -> tuple[float, float, float]:
+    """``"0.8,0.1,0.1"`` -> three positive fractions summing to 1; ValueError naming what is wrong."""
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"--split-by-time {text!r}: expected three numbers TRAIN,VALIDATION,TEST") from None
+    if len(values) != 3 or min(values) <= 0 or abs(sum(values) - 1) > 1e-9:
+        raise ValueError(f"--split-by-time {text!r}: expected three positive fractions summing to 1")
+    return values
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, required=True,
                         help="folder with the GroupLens ml-100k files (u.data, u.user, u.item, u.genre)")
-    parser.add_argument("--output", type=Path, required=True, help="CSV file to write")
+    parser.add_argument("--output", type=Path, required=True,
+                        help="CSV file to write (with --split-by-time: the three files' name before .train and so on)")
     parser.add_argument("--length", type=int, default=20, help="the most recent movies kept per history")
+    parser.add_argument("--split-by-time", metavar="TRAIN,VALIDATION,TEST", default="",
+                        help="write three CSVs (OUTPUT with .train, .validation, .test before its suffix): "
+                        "the earliest ratings, the next, the latest, by these fractions")
     args = parser.parse_args(argv)
     if args.length < 1:
         parser.error(f"--length must be at least 1, not {args.length}")
+    try:
+        fractions = parse_fractions(args.split_by_time) if args.split_by_time else None
+    except ValueError as e:
+        parser.error(str(e))
     missing = [name for name in FILES if not (args.source / name).is_file()]
     if missing:
         print(f"missing in {args.source}: {', '.join(missing)} "
               f"(expected the GroupLens ml-100k files {', '.join(FILES)})", file=sys.stderr)
         return 2
-    rows, with_history = join(args.source, args.output, args.length)
-    print(f"wrote {rows:,} rows to {args.output}; with a history: {with_history:,}")
+    rows, with_history = join(args.source, args.output, args.length, fractions)
+    paths = [args.output] if fractions is None else split_outputs(args.output)
+    print("wrote " + ", ".join(f"{n:,} rows to {path}" for n, path in zip(rows, paths))
+          + f"; with a history: {with_history:,}")
     return 0
 
 

@@ -129,3 +129,49 @@ def test_real_movielens_100k_with_histories_prepares_with_its_schema(tmp_path):
     assert store.num_rows == 100_000 and "history" in store.field_names
     lengths = np.diff(store.field(store.field_names.index("history"))[0])
     assert lengths.max() == 20 and (lengths == 0).sum() == 100_000 - 97_865
+
+
+def test_split_by_time_partitions_the_ratings_and_keeps_every_history_in_the_past(tmp_path):
+    """--split-by-time: the earliest ratings in the training file, the latest in the test file (ties
+    by u.data's order), every rating in exactly one; each history still reads all of the user's
+    earlier ratings, across the files, and never a later one or one of the same second."""
+    write_excerpt(tmp_path / "ml")
+    ratings = [("1", "267", 876000000), ("5", "1", 876000000), ("2", "1", 888551196), ("5", "1633", 876000000),
+               ("2", "267", 870000000), ("1", "1311", 880000000), ("5", "1311", 880000000), ("2", "1633", 880000000)]
+    with open(tmp_path / "ml" / "u.data", "a") as f:  # the excerpt's 4 ratings, then these 8: 12 in all
+        f.writelines(f"{u}\t{m}\t4\t{t}\n" for u, m, t in ratings)
+    out = tmp_path / "history.csv"
+    proc = subprocess.run([sys.executable, str(HISTORY_SCRIPT), "--source", str(tmp_path / "ml"), "--output", str(out),
+                           "--split-by-time", "0.5,0.25,0.25"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert not out.exists() and "6 rows to" in proc.stdout and "3 rows to" in proc.stdout
+    parts = {}
+    for split in ("train", "validation", "test"):
+        with open(tmp_path / f"history.{split}.csv", newline="") as f:
+            parts[split] = list(csv.DictReader(f))
+    # u.data order: 2/1311 888551196, 1/1 874965758, 5/267 875635064, 1/1633 878542420, then `ratings`
+    assert [(r["user_id"], r["item_id"]) for r in parts["train"]] == [
+        ("2", "267"), ("1", "1"), ("5", "267"), ("1", "267"), ("5", "1"), ("5", "1633")]
+    assert [(r["user_id"], r["item_id"]) for r in parts["validation"]] == [("1", "1633"), ("1", "1311"), ("5", "1311")]
+    assert [(r["user_id"], r["item_id"]) for r in parts["test"]] == [("2", "1633"), ("2", "1311"), ("2", "1")]
+    rows = [r for split in ("train", "validation", "test") for r in parts[split]]
+    time = {(r["user_id"], r["item_id"]): int(r["timestamp"]) for r in rows}
+    assert len(rows) == len(time) == 12  # a partition: each rating once
+    for earlier, later in (("train", "validation"), ("validation", "test")):
+        assert max(int(r["timestamp"]) for r in parts[earlier]) <= min(int(r["timestamp"]) for r in parts[later])
+    for r in rows:
+        past = [m for (u, m), t in time.items() if u == r["user_id"] and t < int(r["timestamp"])]
+        assert sorted(r["history"].split("|") if r["history"] else []) == sorted(past)
+    # user 2's 1311 and 1 in one second: neither in the other's past; 267 from the training file
+    assert [r["history"] for r in parts["test"]] == ["267", "267|1633", "267|1633"]
+    assert parts["validation"][1]["history"] == "1|267|1633"  # user 1's past, all in the training file
+
+
+def test_split_by_time_refuses_bad_fractions(tmp_path):
+    write_excerpt(tmp_path / "ml")
+    for bad in ("0.8,0.2", "0.8,0.1,0.2", "0.9,0.1,0", "a,b,c"):
+        proc = subprocess.run([sys.executable, str(HISTORY_SCRIPT), "--source", str(tmp_path / "ml"),
+                               "--output", str(tmp_path / "h.csv"), "--split-by-time", bad],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and "--split-by-time" in proc.stderr and bad in proc.stderr
+    assert not list(tmp_path.glob("h*.csv"))
