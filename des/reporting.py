@@ -24,9 +24,11 @@ from des.tensorboard import summary_scalars
 # ---------------------------------------------------------------------------------------------- start-up
 def startup_report(run: Any, *, train_rows: int, validation_rows: int, distinct: list[int], hosts: str, threads: Any,
                    pipeline_auto: bool, plan_text: str | None, manifest: dict[str, Any] | None,
-                   work: list[float] | None = None) -> list[str]:
+                   work: list[float] | None = None, tables: Any = None) -> list[str]:
     """The lines a run starts with: what trains on what, where the ranks run, the resolved options,
-    the placement with its table memory, the run folder."""
+    the placement with its table memory, the run folder. ``tables``: the tables' options sized from
+    the data, which the memory is predicted with (default the strategy's own; a resumed run's tables
+    are not sized at start, they grow to the data's keys as they train)."""
     config, strategy, store = run.config, run.strategy, run.store
     data, steps = run.source.describe(train_rows, validation_rows)
     lines = [
@@ -51,7 +53,7 @@ def startup_report(run: Any, *, train_rows: int, validation_rows: int, distinct:
         lines.append(f"  resumed from {config.resume} at step {strategy.step_count} ({where}, batch "
                      f"{manifest['next_batch']}), written by {manifest['ranks']} rank(s)")
     lines.append(describe_placement(strategy.placement, distinct, store.field_names, _empty_table(strategy),
-                                    strategy.context.tables, work))
+                                    tables or strategy.context.tables, work))
     if store.num_dense:
         lines.append(f"  dense features: {store.num_dense} ({', '.join(store.dense_names)}), read by every rank for "
                      "its rows; their weights replicated with the top network")

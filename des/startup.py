@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from des import plan_trials, runtime
-from des.building import build_model, build_optimizers, build_strategy, data_fingerprint, open_data, strategy_class
+from des.building import (build_model, build_optimizers, build_strategy, data_fingerprint, open_data, strategy_class,
+                          table_options)
 from des.collectives import Communicator
 from des.config import MODELS, TrainConfig
 from des.data.counting import admitted_keys
@@ -86,7 +87,8 @@ def setup(config: TrainConfig, comm: Communicator, *, warmup_steps: int = 1) -> 
     if run.talks:
         for line in startup_report(run, train_rows=train_rows, validation_rows=validation_rows, distinct=distinct,
                                    hosts=runtime.describe_hosts(hosts), threads=threads, pipeline_auto=pipeline_auto,
-                                   plan_text=plan_text, manifest=manifest, work=work):
+                                   plan_text=plan_text, manifest=manifest, work=work,
+                                   tables=table_options(config, distinct, admitted)):
             print(line, flush=True)
     return run
 
@@ -99,9 +101,10 @@ RANK_BASE_BYTES = 1 << 29
 def counts_admission(config: TrainConfig, stream: Any) -> bool:
     """Whether the tables' rows are sized from the training split's admitted keys
     (``des.data.counting.admitted_keys``: one pass over its ids at start-up): tables sized from the
-    data (``--table-capacity 0``), ``--min-count`` above 1, an epoch source (a stream's files are
-    not all known), and no checkpoint's tables to load instead."""
-    return not config.table_capacity and config.min_count_value() > 1 and stream is None and not config.resume
+    data (``--table-capacity 0``), ``--min-count`` above 1 and an epoch source (a stream's files are
+    not all known). A resumed run's tables are the checkpoint's, but they grow to the same rows: the
+    memory check and the start-up report predict them the same way as a fresh run's."""
+    return not config.table_capacity and config.min_count_value() > 1 and stream is None
 
 
 def refuse_what_cannot_fit(config: TrainConfig, num_fields: int, num_dense: int, placement: list[list[int]],
@@ -112,7 +115,7 @@ def refuse_what_cannot_fit(config: TrainConfig, num_fields: int, num_dense: int,
     optimizers at the data's distinct ids, as the start-up report prints them), plus
     :data:`RANK_BASE_BYTES` a rank, exceed the host's physical memory (``runtime.host_ranks``):
     such a run would be killed for memory mid-epoch."""
-    from des.building import layout_table, table_options
+    from des.building import layout_table
     from des.placement import predicted_table_bytes
 
     layout = layout_table(config, num_fields, num_dense)

@@ -133,6 +133,17 @@ def test_resume_equals_straight_run(resume_runs, work: Path, name: str) -> None:
     assert tail["test_logloss"] == pytest.approx(summary(work, "straight")["test_logloss"], rel=1e-9)
 
 
+def test_a_resumed_run_predicts_the_table_memory_of_a_fresh_one(work: Path) -> None:
+    """The start-up report's table memory at the data's keys: a resumed run's tables are the
+    checkpoint's, not sized at start, but they grow to the same rows (the admitted keys': deepfm's
+    --min-count 2), so it predicts what the fresh run predicted."""
+    flags = ["--model", "deepfm", "--table-capacity", "0", "--checkpoint-every", "2"]
+    fresh = train(work, 1, "sized", *flags, "--max-steps", "2").stdout
+    resumed = train(work, 1, "sized-resumed", *flags, "--max-steps", "4", "--resume", str(work / "sized")).stdout
+    predicted = [re.findall(r"distinct ids, tables ~ *([\d.]+) MiB", out) for out in (fresh, resumed)]
+    assert "resumed from" in resumed and predicted[0] and predicted[1] == predicted[0], predicted
+
+
 @pytest.mark.mpi
 def test_evaluate_with_other_rank_counts(resume_runs, work: Path) -> None:
     checkpoint = str(resume_runs["straight"])
