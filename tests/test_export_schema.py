@@ -88,6 +88,21 @@ def test_examples_signature_serves_the_same_probabilities(exported: dict, name: 
     np.testing.assert_array_equal(served, exported["served"][name])
 
 
+def test_examples_signature_names_a_float64_feature_that_is_not_a_number(exported: dict) -> None:
+    import tensorflow as tf
+
+    serve = tf.saved_model.load(str(exported["root"] / "deepfm-1.savedmodel")).signatures["examples"]
+
+    def example(price: bytes) -> bytes:
+        feature = {"price": tf.train.Feature(bytes_list=tf.train.BytesList(value=[price]))}
+        return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+    good = serve(examples=tf.constant([example(b" -1.5e2"), example(b"NaN"), example(b"")]))["probability"].numpy()
+    assert good.shape[0] == 3 and np.isfinite(good).all()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="feature price: not a decimal number.*12,5"):
+        serve(examples=tf.constant([example(b"3"), example(b"12,5")]))
+
+
 def test_one_named_input_per_raw_column(exported: dict) -> None:
     from tensorflow.python.tools import saved_model_utils
 

@@ -91,8 +91,17 @@ def parsed_examples(schema: Any, examples: Any) -> dict[str, Any]:
     for name, c in columns.items():
         if c.dtype == tf.float64:  # "" (missing) -> NaN, as the named form's missing float64
             text = parsed[name]
-            parsed[name] = tf.strings.to_number(tf.where(tf.equal(text, ""), "nan", text), tf.float64)
+            bad = ~(tf.equal(text, "") | tf.strings.regex_full_match(text, DECIMAL_TEXT))
+            check = tf.debugging.Assert(~tf.reduce_any(bad), [f"feature {name}: not a decimal number:",
+                                                               tf.boolean_mask(text, bad)[:1]])
+            with tf.control_dependencies([check]):  # TF's own parse error would not name the feature
+                parsed[name] = tf.strings.to_number(tf.where(tf.equal(text, ""), "nan", text), tf.float64)
     return {name: parsed[name] for name in columns}
+
+
+#: the text of a float64 feature ``parsed_examples`` accepts (RE2): a decimal number, optionally
+#: signed, with an exponent, or nan / inf / infinity (any case), spaces around it
+DECIMAL_TEXT = r"\s*[+-]?((\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|(?i:nan|inf|infinity))\s*"
 
 
 def field_salts(keys: list[np.ndarray]) -> np.ndarray:
