@@ -1,4 +1,4 @@
-"""MovieLens 100K as a CSV (or three, by time) with each rating's history: the movies its user rated before.
+"""MovieLens 100K as a CSV (or three, split by time) with each rating's history: the movies its user rated before.
 
     python examples/movielens_history.py --source ../shared/data/movielens-100k/raw --output history.csv
 
@@ -23,6 +23,11 @@ training rows' statistics:
     python examples/movielens_history.py --source ml-100k --output history.csv --split-by-time 0.8,0.1,0.1
     python -m des.data prepare --schema examples/movielens_history.toml --train history.train.csv \
         --validation history.validation.csv --test history.test.csv --output history-time
+
+``--split-last VALIDATION,TEST`` (ratings per user, e.g. ``10,10``) writes the same three files by
+user instead: each user's latest ``TEST`` ratings in the test file, the ``VALIDATION`` before them in
+the validation file, the rest in the training file (the sequential recommenders' leave-last-out:
+every test user has training rows), each file in timestamp order, the histories as above.
 """
 
 from __future__ import annotations
@@ -69,15 +74,34 @@ def time_split(timestamps: list[int], fractions: tuple[float, float, float]) -> 
     return [order[:train_end], order[train_end:validation_end], order[validation_end:]]
 
 
+def per_user_split(ratings: list[tuple[str, str, int]], validation: int, test: int) -> list[list[int]]:
+    """Row indices of the train, validation and test parts: each user's latest ``test`` ratings
+    (by timestamp, ties by index) in the test part, the ``validation`` before them in the
+    validation part, the rest in training (a user with fewer ratings fills test first); each part
+    in timestamp order."""
+    by_user: dict[str, list[int]] = defaultdict(list)
+    for i, (user, _, _) in enumerate(ratings):
+        by_user[user].append(i)
+    parts: list[list[int]] = [[], [], []]
+    for indices in by_user.values():
+        indices.sort(key=lambda i: (ratings[i][2], i))
+        cut_test, cut_validation = len(indices) - test, len(indices) - test - validation
+        parts[0] += indices[:max(0, cut_validation)]
+        parts[1] += indices[max(0, cut_validation):max(0, cut_test)]
+        parts[2] += indices[max(0, cut_test):]
+    return [sorted(part, key=lambda i: (ratings[i][2], i)) for part in parts]
+
+
 def split_outputs(output: Path) -> list[Path]:
     """``history.csv`` -> ``history.train.csv``, ``history.validation.csv``, ``history.test.csv``."""
     return [output.with_name(f"{output.stem}.{split}{output.suffix}") for split in SPLITS]
 
 
-def join(source: Path, output: Path, length: int,
-         fractions: tuple[float, float, float] | None = None) -> tuple[list[int], int]:
-    """Write the CSV, or with ``fractions`` the three of :func:`split_outputs` (:func:`time_split`);
-    returns (rows per file written, rows with a non-empty history)."""
+def join(source: Path, output: Path, length: int, fractions: tuple[float, float, float] | None = None,
+         last: tuple[int, int] | None = None) -> tuple[list[int], int]:
+    """Write the CSV, or with ``fractions`` (:func:`time_split`) or ``last`` (validation and test
+    ratings per user: :func:`per_user_split`) the three of :func:`split_outputs`; returns (rows per
+    file written, rows with a non-empty history)."""
     users = read_users(source / "u.user")
     movies = read_movies(source / "u.item", read_genres(source / "u.genre"))
     ratings, rest = [], []
@@ -89,10 +113,12 @@ def join(source: Path, output: Path, length: int,
         ratings.append((user_id, item_id, int(timestamp)))
         rest.append([rating, timestamp, *users[user_id], *movies[item_id]])
     history = histories(ratings, length)
-    if fractions is None:
-        parts, paths = [list(range(len(ratings)))], [output]
-    else:
+    if fractions is not None:
         parts, paths = time_split([t for _, _, t in ratings], fractions), split_outputs(output)
+    elif last is not None:
+        parts, paths = per_user_split(ratings, *last), split_outputs(output)
+    else:
+        parts, paths = [list(range(len(ratings)))], [output]
     for rows, path in zip(parts, paths):
         with open(path, "w", newline="") as f:
             writer = csv.writer(f, lineterminator="\n")
@@ -113,6 +139,17 @@ def parse_fractions(text: str) -> tuple[float, float, float]:
     return values
 
 
+def parse_last(text: str) -> tuple[int, int]:
+    """``"10,10"`` -> (validation, test) ratings per user, each at least 1; ValueError otherwise."""
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 2 or min(values) < 1:
+        raise ValueError(f"--split-last {text!r}: expected two whole numbers VALIDATION,TEST, each at least 1")
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, required=True,
@@ -123,11 +160,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split-by-time", metavar="TRAIN,VALIDATION,TEST", default="",
                         help="write three CSVs (OUTPUT with .train, .validation, .test before its suffix): "
                         "the earliest ratings, the next, the latest, by these fractions")
+    parser.add_argument("--split-last", metavar="VALIDATION,TEST", default="",
+                        help="write three CSVs as --split-by-time does, by user: each user's latest TEST ratings "
+                        "the test file, the VALIDATION before them the validation file, the rest training")
     args = parser.parse_args(argv)
     if args.length < 1:
         parser.error(f"--length must be at least 1, not {args.length}")
+    if args.split_by_time and args.split_last:
+        parser.error("--split-by-time and --split-last: give one")
     try:
         fractions = parse_fractions(args.split_by_time) if args.split_by_time else None
+        last = parse_last(args.split_last) if args.split_last else None
     except ValueError as e:
         parser.error(str(e))
     missing = [name for name in FILES if not (args.source / name).is_file()]
@@ -135,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"missing in {args.source}: {', '.join(missing)} "
               f"(expected the GroupLens ml-100k files {', '.join(FILES)})", file=sys.stderr)
         return 2
-    rows, with_history = join(args.source, args.output, args.length, fractions)
-    paths = [args.output] if fractions is None else split_outputs(args.output)
+    rows, with_history = join(args.source, args.output, args.length, fractions, last)
+    paths = [args.output] if fractions is None and last is None else split_outputs(args.output)
     print("wrote " + ", ".join(f"{n:,} rows to {path}" for n, path in zip(rows, paths))
           + f"; with a history: {with_history:,}")
     return 0

@@ -175,3 +175,32 @@ def test_split_by_time_refuses_bad_fractions(tmp_path):
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and "--split-by-time" in proc.stderr and bad in proc.stderr
     assert not list(tmp_path.glob("h*.csv"))
+
+
+def test_split_last_puts_each_users_latest_ratings_in_test(tmp_path):
+    """--split-last 1,1: each user's latest rating in the test file, the one before in the
+    validation file, the rest in training; histories as in one file."""
+    write_excerpt(tmp_path / "ml")
+    ratings = [("1", "267", 876000000), ("5", "1", 876000000), ("2", "1", 888551196), ("5", "1633", 876000000),
+               ("2", "267", 870000000), ("1", "1311", 880000000), ("5", "1311", 880000000), ("2", "1633", 880000000)]
+    with open(tmp_path / "ml" / "u.data", "a") as f:
+        f.writelines(f"{u}\t{m}\t4\t{t}\n" for u, m, t in ratings)
+    out = tmp_path / "history.csv"
+    proc = subprocess.run([sys.executable, str(HISTORY_SCRIPT), "--source", str(tmp_path / "ml"), "--output", str(out),
+                           "--split-last", "1,1"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    parts = {}
+    for split in ("train", "validation", "test"):
+        with open(tmp_path / f"history.{split}.csv", newline="") as f:
+            parts[split] = [(r["user_id"], r["item_id"], r["history"]) for r in csv.DictReader(f)]
+    # by user, in time (ties by u.data's order): 1: 1, 267, 1633, 1311; 2: 267, 1633, 1311, 1; 5: 267, 1, 1633, 1311
+    assert [r[:2] for r in parts["test"]] == [("1", "1311"), ("5", "1311"), ("2", "1")]
+    assert [r[:2] for r in parts["validation"]] == [("5", "1633"), ("1", "1633"), ("2", "1311")]
+    assert sorted(r[:2] for r in parts["train"]) == [("1", "1"), ("1", "267"), ("2", "1633"), ("2", "267"),
+                                                      ("5", "1"), ("5", "267")]
+    assert parts["test"][0][2] == "1|267|1633"  # user 1's past, across the other two files
+    for bad in ("1", "0,1", "a,b"):
+        proc = subprocess.run([sys.executable, str(HISTORY_SCRIPT), "--source", str(tmp_path / "ml"),
+                               "--output", str(tmp_path / "h.csv"), "--split-last", bad],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and "--split-last" in proc.stderr
