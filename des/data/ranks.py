@@ -60,6 +60,10 @@ _SCAN_BYTES = 1 << 24
 _POLL_SECONDS = 0.001
 _NEWLINE = b"\n"
 _RETURN = ord("\r")
+#: CPU seconds of sha256 over a file's bytes per CPU second of preparing them, by the input's
+#: kind (one process, one thread, 2-core AMD EPYC with SHA extensions, docs/benchmarks.md: sha256
+#: ~1.3 GB/s; an Avazu-like CSV ~53 MB/s, a Criteo TSV ~100 MB/s); other kinds as CSV
+HASH_COST = {"csv": 0.04, "criteo": 0.08}
 
 
 class Group:
@@ -225,15 +229,45 @@ def _file_cuts(path: str, kind: str, begin: int, size: int, bounds: Sequence[int
 
 def plan(paths: Sequence[str], kind: str, ranks: int) -> list[tuple[int, int, Share]]:
     """The parts of the inputs, in order: ``(rank, input number, share)`` (a share's first line
-    still 1: :func:`count_lines` numbers them). Every rank computes the same plan."""
+    still 1: :func:`count_lines` numbers them). Every rank computes the same plan: the bytes
+    shared evenly, then again with the ranks that hash a cut file whole given less of them
+    (:func:`share_weights`). Any plan gives the same store; this one only balances the work."""
     for path in paths:
         if not os.path.exists(path):
             raise DataError(f"{path}: no such file")
         if os.path.isdir(path):
             raise DataError(f"{path}: is a directory, not a data file")
     sizes = [os.path.getsize(path) for path in paths]
+    even = [1.0] * ranks
+    parts = _parts(paths, kind, sizes, even)
+    relieved = share_weights(parts, sizes, kind, ranks)
+    return parts if relieved == even else _parts(paths, kind, sizes, relieved)
+
+
+def share_weights(parts: Sequence[tuple[int, int, Share]], sizes: Sequence[int], kind: str, ranks: int
+                   ) -> list[float]:
+    """The ranks' weights of the bytes such that each rank's work, preparing its share plus
+    hashing the cut files whose first part it reads (:func:`_read_part`), is the same: hashing a
+    byte costs ``HASH_COST[kind]`` of preparing one, so a rank hashing ``H`` bytes prepares
+    ``HASH_COST * H`` fewer (clamped at none, the others then sharing the rest evenly)."""
+    cost = HASH_COST.get(kind, HASH_COST["csv"])
+    hashed = [0.0] * ranks
+    for i, (rank, number, share) in enumerate(parts):
+        if not share.whole and (i == 0 or parts[i - 1][1] != number):
+            hashed[rank] += cost * sizes[number]
     total = max(sum(sizes), 1)
-    bounds = [total * r // ranks for r in range(ranks)]
+    if not any(hashed):
+        return [1.0] * ranks
+    work = (total + sum(hashed)) / ranks
+    return [max(work - load, 0.0) / total * ranks for load in hashed]
+
+
+def _parts(paths: Sequence[str], kind: str, sizes: Sequence[int], weights: Sequence[float]
+           ) -> list[tuple[int, int, Share]]:
+    """The parts of the inputs where rank ``r`` takes ``weights[r] / sum(weights)`` of their bytes."""
+    total = max(sum(sizes), 1)
+    ends = np.cumsum(weights) / sum(weights)
+    bounds = [0] + [int(total * end) for end in ends[:-1]]
     parts, begin = [], 0
     for number, (path, size) in enumerate(zip(paths, sizes)):
         try:
