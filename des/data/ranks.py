@@ -104,19 +104,24 @@ class Group:
     def bcast(self, obj: Any) -> Any:
         return self.allgather(obj if self.rank == 0 else None)[0]
 
-    def send(self, arrays: Sequence[np.ndarray], dest: int) -> None:
-        for array in arrays:
-            self.comm.Send(np.array([array.shape[0]], dtype=np.int64), dest=dest)
-            self.comm.Send(np.ascontiguousarray(array, dtype=np.int64), dest=dest)
+    def alltoallv(self, pieces: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """``pieces[d]`` (int64) sent to rank ``d``: the pieces every rank sent this one, by
+        source (its own included), in two non-blocking collectives (the lengths, then the data)."""
+        lengths = np.array([piece.shape[0] for piece in pieces], dtype=np.int64)
+        found = np.zeros(self.size, dtype=np.int64)
+        self._wait(self.comm.Ialltoall(lengths, found))
+        if max(int(lengths.max()), int(found.max())) >= 1 << 31:
+            raise RuntimeError(f"a rank's exchange of {max(int(lengths.max()), int(found.max()))} values "
+                               "exceeds MPI's count limit (2^31)")
+        data = np.concatenate([np.ascontiguousarray(piece, dtype=np.int64) for piece in pieces])
+        received = np.empty(int(found.sum()), dtype=np.int64)
 
-    def receive(self, source: int, count: int) -> list[np.ndarray]:
-        arrays = []
-        for _ in range(count):
-            length = np.zeros(1, dtype=np.int64)
-            self._wait(self.comm.Irecv(length, source=source))
-            arrays.append(np.empty(int(length[0]), dtype=np.int64))
-            self._wait(self.comm.Irecv(arrays[-1], source=source))
-        return arrays
+        def layout(counts: np.ndarray) -> tuple[list[int], list[int]]:
+            return counts.tolist(), (np.cumsum(counts) - counts).tolist()
+
+        self._wait(self.comm.Ialltoallv([data, layout(lengths), self.MPI.INT64_T],
+                                        [received, layout(found), self.MPI.INT64_T]))
+        return np.split(received, np.cumsum(found)[:-1].tolist())
 
 
 def _failure(order: float, error: BaseException) -> list[Any]:
@@ -438,16 +443,29 @@ def _read_part(group: Group, schema: Schema, parts: list[tuple[int, int, Share]]
 
 def _merge_counters(group: Group, writer: StoreWriter) -> list[dict[str, Any]]:
     """Each field's figures (distinct ids, top-10 share) of every rank's keys: field ``f``'s
-    counters merged on rank ``f mod N`` (the fields side by side), its figures then everyone's."""
-    mine: dict[str, dict[str, Any]] = {}
+    counters merged on rank ``f mod N`` (the fields side by side), its figures then everyone's.
+    The counters' entries go to their fields' ranks in one exchange (:meth:`Group.alltoallv`:
+    a few collectives, not a message per field and rank one after another); each rank's piece for
+    a rank is that rank's fields' key counts, then each field's keys and their counts."""
+    owners = [number % group.size for number in range(len(writer.counters))]
+    pieces: list[list[np.ndarray]] = [[] for _ in range(group.size)]
     for number, counter in enumerate(writer.counters):
-        owner = number % group.size
-        if owner != group.rank:
-            group.send(counter.entries(), owner)
-            continue
-        for source in range(group.size):
-            if source != owner:
-                counter.add(*group.receive(source, 2))
+        if owners[number] != group.rank:
+            pieces[owners[number]] += counter.entries()
+    for owner, piece in enumerate(pieces):
+        pieces[owner] = [np.array([array.shape[0] for array in piece[::2]], dtype=np.int64), *piece]
+    received = group.alltoallv([np.concatenate(piece) for piece in pieces])
+    fields = [number for number, owner in enumerate(owners) if owner == group.rank]
+    split: dict[int, list[np.ndarray]] = {}
+    for source, data in enumerate(received):
+        if source != group.rank:
+            lengths = data[:len(fields)]
+            split[source] = np.split(data[len(fields):], np.cumsum(np.repeat(lengths, 2))[:-1].tolist())
+    mine: dict[str, dict[str, Any]] = {}
+    for index, number in enumerate(fields):
+        counter = writer.counters[number]
+        for source in sorted(split):
+            counter.add(split[source][2 * index], split[source][2 * index + 1])
         mine[str(number)] = counted(counter)
     found = {int(n): figures for each in group.allgather(mine) for n, figures in each.items()}
     return [found[n] for n in range(len(found))]
