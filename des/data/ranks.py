@@ -3,13 +3,15 @@ on raw inputs share the inputs among the ranks; each prepares its part and the p
 store, the same bytes, file for file, as one process writes (the same fingerprint).
 
 **Sharing** (:func:`plan`, every rank computes the same plan): the inputs' bytes are laid end to
-end and rank ``r`` takes those from ``r/N`` to ``(r+1)/N`` of the total. A plain text file (CSV,
-TSV, Criteo's TSV) is cut there, after the first newline at or after the cut; a Parquet file
-between row groups; a gzip file, or a text file with a quote character or a ``\\r`` that does not
-end a line (where a line break may be something else) is read whole by one rank. Along the inputs
-the ranks only grow, so each rank's parts are a run of the rows in order. Before reading, each
-rank counts the lines of its cut parts (every part then names its bad rows by their line in the
-file, as one process does).
+end and rank ``r`` takes the ``r``-th run of them: ``1/N`` of the total, except that a rank which
+hashes a cut file whole (below) takes fewer, by what hashing those bytes costs against preparing
+them (:data:`HASH_COST`, measured), so that every rank's work is the same and the hashing rank
+does not finish last (:func:`share_weights`). A plain text file (CSV, TSV, Criteo's TSV) is cut
+there, after the first newline at or after the cut; a Parquet file between row groups; a gzip
+file, or a text file with a quote character or a ``\\r`` that does not end a line (where a line
+break may be something else) is read whole by one rank. Along the inputs the ranks only grow, so
+each rank's parts are a run of the rows in order. Before reading, each rank counts the lines of
+its cut parts (every part then names its bad rows by their line in the file, as one process does).
 
 **Writing**: each rank writes its rows as a store of its own (:class:`StoreWriter`, bounded
 memory as one process), in the store's folder, except the one-hot keys, most of the bytes, which
@@ -20,8 +22,10 @@ one-hot keys down where some lines were not rows): the split codes of its rows a
 their numbers in the whole store (``split.py``), a multi-hot field's row pointers shifted by the
 keys before them. The ranks write into shared mappings of the files, side by side. The fields' key
 counters (distinct ids, top-10 share) are merged field by field, the fields on the ranks side by
-side, and rank 0 writes the manifest; each file's sha256 is taken whole by the rank that reads its
-first part, beside its work.
+side (each rank's entries sent to the fields' ranks in one exchange, :meth:`Group.alltoallv`), and
+rank 0 writes the manifest; each file's sha256 is taken whole by the rank that reads its first
+part, beside its (smaller) share. How the bytes are shared only balances the work: any plan gives
+the same store.
 
 **Statistics** (quantiles, standardize): rank 0 computes them from the training rows, as one
 process does (each row's split is a function of its number, known only in order), and every rank
@@ -68,7 +72,7 @@ HASH_COST = {"csv": 0.04, "criteo": 0.08}
 
 class Group:
     """The ranks of a job (an mpi4py communicator) as prepare uses them: JSON gathered and
-    broadcast over buffers (never pickled), int64 arrays sent point to point."""
+    broadcast over buffers (never pickled), int64 arrays exchanged all to all."""
 
     def __init__(self, comm: Any) -> None:
         from mpi4py import MPI
