@@ -22,7 +22,7 @@ one-hot keys down where some lines were not rows): the split codes of its rows a
 their numbers in the whole store (``split.py``), a multi-hot field's row pointers shifted by the
 keys before them. The ranks write into shared mappings of the files, side by side. The fields' key
 counters (distinct ids, top-10 share) are merged field by field, the fields on the ranks side by
-side (each rank's entries sent to the fields' ranks in one exchange, :meth:`Group.alltoallv`), and
+side (each field's entries gathered on its rank by one collective, :meth:`Group.gather`), and
 rank 0 writes the manifest; each file's sha256 is taken whole by the rank that reads its first
 part, beside its (smaller) share. How the bytes are shared only balances the work: any plan gives
 the same store.
@@ -72,7 +72,7 @@ HASH_COST = {"csv": 0.04, "criteo": 0.08}
 
 class Group:
     """The ranks of a job (an mpi4py communicator) as prepare uses them: JSON gathered and
-    broadcast over buffers (never pickled), int64 arrays exchanged all to all."""
+    broadcast over buffers (never pickled), int64 arrays gathered."""
 
     def __init__(self, comm: Any) -> None:
         from mpi4py import MPI
@@ -108,24 +108,18 @@ class Group:
     def bcast(self, obj: Any) -> Any:
         return self.allgather(obj if self.rank == 0 else None)[0]
 
-    def alltoallv(self, pieces: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """``pieces[d]`` (int64) sent to rank ``d``: the pieces every rank sent this one, by
-        source (its own included), in two non-blocking collectives (the lengths, then the data)."""
-        lengths = np.array([piece.shape[0] for piece in pieces], dtype=np.int64)
-        found = np.zeros(self.size, dtype=np.int64)
-        self._wait(self.comm.Ialltoall(lengths, found))
-        if max(int(lengths.max()), int(found.max())) >= 1 << 31:
-            raise RuntimeError(f"a rank's exchange of {max(int(lengths.max()), int(found.max()))} values "
-                               "exceeds MPI's count limit (2^31)")
-        data = np.concatenate([np.ascontiguousarray(piece, dtype=np.int64) for piece in pieces])
-        received = np.empty(int(found.sum()), dtype=np.int64)
-
-        def layout(counts: np.ndarray) -> tuple[list[int], list[int]]:
-            return counts.tolist(), (np.cumsum(counts) - counts).tolist()
-
-        self._wait(self.comm.Ialltoallv([data, layout(lengths), self.MPI.INT64_T],
-                                        [received, layout(found), self.MPI.INT64_T]))
-        return np.split(received, np.cumsum(found)[:-1].tolist())
+    def gather(self, array: np.ndarray, root: int, lengths: Sequence[int]) -> np.ndarray | None:
+        """Collective: every rank's ``array`` (int64; ``lengths[r]`` values on rank ``r``, which
+        every rank knows) laid end to end on ``root``, in rank order; None on the others."""
+        array = np.ascontiguousarray(array, dtype=np.int64)
+        if self.rank != root:
+            self._wait(self.comm.Igatherv(array, None, root=root))
+            return None
+        counts = np.asarray(lengths, dtype=np.int64)
+        received = np.empty(int(counts.sum()), dtype=np.int64)
+        self._wait(self.comm.Igatherv(array, [received, (counts.tolist(), (np.cumsum(counts) - counts).tolist()),
+                                              self.MPI.INT64_T], root=root))
+        return received
 
 
 def _failure(order: float, error: BaseException) -> list[Any]:
@@ -254,7 +248,7 @@ def plan(paths: Sequence[str], kind: str, ranks: int) -> list[tuple[int, int, Sh
 
 
 def share_weights(parts: Sequence[tuple[int, int, Share]], sizes: Sequence[int], kind: str, ranks: int
-                   ) -> list[float]:
+                  ) -> list[float]:
     """The ranks' weights of the bytes such that each rank's work, preparing its share plus
     hashing the cut files whose first part it reads (:func:`_read_part`), is the same: hashing a
     byte costs ``HASH_COST[kind]`` of preparing one, so a rank hashing ``H`` bytes prepares
@@ -446,28 +440,23 @@ def _read_part(group: Group, schema: Schema, parts: list[tuple[int, int, Share]]
 def _merge_counters(group: Group, writer: StoreWriter) -> list[dict[str, Any]]:
     """Each field's figures (distinct ids, top-10 share) of every rank's keys: field ``f``'s
     counters merged on rank ``f mod N`` (the fields side by side), its figures then everyone's.
-    The counters' entries go to their fields' ranks in one exchange (:meth:`Group.alltoallv`:
-    a few collectives, not a message per field and rank one after another); each rank's piece for
-    a rank is that rank's fields' key counts, then each field's keys and their counts."""
-    owners = [number % group.size for number in range(len(writer.counters))]
-    pieces: list[list[np.ndarray]] = [[] for _ in range(group.size)]
-    for number, counter in enumerate(writer.counters):
-        if owners[number] != group.rank:
-            pieces[owners[number]] += counter.entries()
-    for owner, piece in enumerate(pieces):
-        pieces[owner] = [np.array([array.shape[0] for array in piece[::2]], dtype=np.int64), *piece]
-    received = group.alltoallv([np.concatenate(piece) for piece in pieces])
-    fields = [number for number, owner in enumerate(owners) if owner == group.rank]
-    split: dict[int, list[np.ndarray]] = {}
-    for source, data in enumerate(received):
-        if source != group.rank:
-            lengths = data[:len(fields)]
-            split[source] = np.split(data[len(fields):], np.cumsum(np.repeat(lengths, 2))[:-1].tolist())
+    Each field's entries (keys, then their counts) are gathered on its rank by one collective
+    that every rank joins (:meth:`Group.gather`), a field at a time: not a blocking message per
+    field and rank, which ran one after another across the ranks."""
+    sizes = np.array(group.allgather([counter.distinct for counter in writer.counters]), dtype=np.int64)
+    if 2 * int(sizes.sum(axis=0).max(initial=0)) >= 1 << 31:
+        raise RuntimeError("a field's keys on the ranks exceed what one MPI collective carries (2^31 values)")
     mine: dict[str, dict[str, Any]] = {}
-    for index, number in enumerate(fields):
-        counter = writer.counters[number]
-        for source in sorted(split):
-            counter.add(split[source][2 * index], split[source][2 * index + 1])
+    for number, counter in enumerate(writer.counters):
+        owner = number % group.size
+        lengths = [0 if rank == owner else 2 * int(size) for rank, size in enumerate(sizes[:, number])]
+        gathered = group.gather(np.zeros(0, dtype=np.int64) if owner == group.rank else np.concatenate(
+            counter.entries()), owner, lengths)
+        if gathered is None:
+            continue
+        for start, length in zip(np.cumsum(lengths) - lengths, lengths):
+            if length:
+                counter.add(gathered[start:start + length // 2], gathered[start + length // 2:start + length])
         mine[str(number)] = counted(counter)
     found = {int(n): figures for each in group.allgather(mine) for n, figures in each.items()}
     return [found[n] for n in range(len(found))]
