@@ -12,10 +12,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
+import numpy as np
 import pytest
 
 from des.data import DataError, open_dataset, prepare, prepare_splits
 from des.data.blocks import Share
+import des.data.ranks as ranks_module
 from des.data.ranks import plan, share_weights
 from des.data.schema import Schema, load_schema
 from des.data.synth import default_config, synthesize_tsv
@@ -157,3 +159,19 @@ def test_the_ranks_that_hash_a_file_prepare_less_of_it(tmp_path):
     hashers = {rank for i, (rank, number, _) in enumerate(both) if i == 0 or both[i - 1][1] != number}
     assert hashers == {0, 2} and max(got[0], got[2]) < min(got[1], got[3]) - 2 * line
     assert share_weights([(0, 0, Share(str(first)))], [len(data)], "csv", 3) == [1.0, 1.0, 1.0]  # none cut
+
+
+def test_the_key_counters_are_exchanged_in_bounded_runs_of_fields():
+    """Each run of fields sends and receives at most the bound on every rank (a field over it
+    alone is a run of its own), the fields in order; a field no MPI call can carry is refused."""
+    bound = ranks_module._EXCHANGE_VALUES
+    sizes = np.array([[bound // 8, bound // 8, 1, 3], [bound // 8, 0, bound, 3]], dtype=np.int64)
+    owners = [0, 1, 0, 1]
+    rounds = ranks_module._exchange_rounds(sizes, owners)
+    assert rounds == [[0, 1], [2], [3]] and sum(rounds, []) == [0, 1, 2, 3]
+    for fields in rounds[:1]:
+        sent = [sum(2 * int(sizes[r, f]) for f in fields if owners[f] != r) for r in range(2)]
+        got = [sum(2 * int(sizes[s, f]) for f in fields if owners[f] == r for s in range(2) if s != r) for r in range(2)]
+        assert max(a + b for a, b in zip(sent, got)) <= bound
+    with pytest.raises(RuntimeError, match="2\\^31"):
+        ranks_module._exchange_rounds(np.array([[0], [1 << 30]], dtype=np.int64), [0])

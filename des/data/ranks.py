@@ -22,7 +22,7 @@ one-hot keys down where some lines were not rows): the split codes of its rows a
 their numbers in the whole store (``split.py``), a multi-hot field's row pointers shifted by the
 keys before them. The ranks write into shared mappings of the files, side by side. The fields' key
 counters (distinct ids, top-10 share) are merged field by field, the fields on the ranks side by
-side (each field's entries gathered on its rank by one collective, :meth:`Group.gather`), and
+side (the entries sent to the fields' ranks in a few collectives, :meth:`Group.alltoallv`), and
 rank 0 writes the manifest; each file's sha256 is taken whole by the rank that reads its first
 part, beside its (smaller) share. How the bytes are shared only balances the work: any plan gives
 the same store.
@@ -62,6 +62,8 @@ from .tsv import FIRST_BAD_LINES_KEPT, SourceReport
 T = TypeVar("T")
 _SCAN_BYTES = 1 << 20
 _POLL_SECONDS = 0.001
+#: most int64 values a rank sends and receives in one exchange of the key counters (128 MiB)
+_EXCHANGE_VALUES = 1 << 24
 _NEWLINE = b"\n"
 _RETURN = ord("\r")
 #: CPU seconds of sha256 over a file's bytes per CPU second of preparing them, by the input's
@@ -72,7 +74,7 @@ HASH_COST = {"csv": 0.04, "criteo": 0.08}
 
 class Group:
     """The ranks of a job (an mpi4py communicator) as prepare uses them: JSON gathered and
-    broadcast over buffers (never pickled), int64 arrays gathered."""
+    broadcast over buffers (never pickled), int64 arrays exchanged all to all."""
 
     def __init__(self, comm: Any) -> None:
         from mpi4py import MPI
@@ -108,18 +110,22 @@ class Group:
     def bcast(self, obj: Any) -> Any:
         return self.allgather(obj if self.rank == 0 else None)[0]
 
-    def gather(self, array: np.ndarray, root: int, lengths: Sequence[int]) -> np.ndarray | None:
-        """Collective: every rank's ``array`` (int64; ``lengths[r]`` values on rank ``r``, which
-        every rank knows) laid end to end on ``root``, in rank order; None on the others."""
-        array = np.ascontiguousarray(array, dtype=np.int64)
-        if self.rank != root:
-            self._wait(self.comm.Igatherv(array, None, root=root))
-            return None
-        counts = np.asarray(lengths, dtype=np.int64)
-        received = np.empty(int(counts.sum()), dtype=np.int64)
-        self._wait(self.comm.Igatherv(array, [received, (counts.tolist(), (np.cumsum(counts) - counts).tolist()),
-                                              self.MPI.INT64_T], root=root))
-        return received
+    def alltoallv(self, pieces: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Collective: ``pieces[d]`` (int64, fewer than 2^31 values) sent to rank ``d``; the pieces
+        every rank sent this one, by source (its own included), in two non-blocking collectives
+        (the lengths, then the data)."""
+        lengths = np.array([piece.shape[0] for piece in pieces], dtype=np.int64)
+        found = np.zeros(self.size, dtype=np.int64)
+        self._wait(self.comm.Ialltoall(lengths, found))
+        data = np.concatenate([np.ascontiguousarray(piece, dtype=np.int64) for piece in pieces])
+        received = np.empty(int(found.sum()), dtype=np.int64)
+
+        def layout(counts: np.ndarray) -> tuple[list[int], list[int]]:
+            return counts.tolist(), (np.cumsum(counts) - counts).tolist()
+
+        self._wait(self.comm.Ialltoallv([data, layout(lengths), self.MPI.INT64_T],
+                                        [received, layout(found), self.MPI.INT64_T]))
+        return np.split(received, np.cumsum(found)[:-1].tolist())
 
 
 def _failure(order: float, error: BaseException) -> list[Any]:
@@ -437,27 +443,50 @@ def _read_part(group: Group, schema: Schema, parts: list[tuple[int, int, Share]]
             hashing.shutdown(wait=True)
 
 
+def _exchange_rounds(sizes: np.ndarray, owners: Sequence[int]) -> list[list[int]]:
+    """The fields in runs, in order, such that no rank sends and receives more than
+    ``_EXCHANGE_VALUES`` values in one (a field over that alone is a run of its own): ``sizes[r, f]``
+    the distinct keys of field ``f`` on rank ``r``, each sent to ``owners[f]`` as keys and counts."""
+    rounds: list[list[int]] = []
+    load = np.zeros(sizes.shape[0], dtype=np.int64)
+    for number, owner in enumerate(owners):
+        values = 2 * sizes[:, number]
+        values[owner] = values.sum() - values[owner]
+        if values[owner] >= 1 << 31:
+            raise RuntimeError(f"field {number}'s keys on the ranks exceed what one MPI call carries (2^31 values)")
+        if not rounds or int((load + values).max()) > _EXCHANGE_VALUES:
+            rounds.append([])
+            load[:] = 0
+        rounds[-1].append(number)
+        load += values
+    return rounds
+
+
 def _merge_counters(group: Group, writer: StoreWriter) -> list[dict[str, Any]]:
     """Each field's figures (distinct ids, top-10 share) of every rank's keys: field ``f``'s
     counters merged on rank ``f mod N`` (the fields side by side), its figures then everyone's.
-    Each field's entries (keys, then their counts) are gathered on its rank by one collective
-    that every rank joins (:meth:`Group.gather`), a field at a time: not a blocking message per
-    field and rank, which ran one after another across the ranks."""
+    The entries go to their fields' ranks in a few collectives (:meth:`Group.alltoallv`), not a
+    message per field and rank one after another; in runs of fields (:func:`_exchange_rounds`)
+    that bound the values in flight. A rank's piece for a rank: that rank's fields' entry counts,
+    then each field's keys and their counts."""
+    owners = [number % group.size for number in range(len(writer.counters))]
     sizes = np.array(group.allgather([counter.distinct for counter in writer.counters]), dtype=np.int64)
-    if 2 * int(sizes.sum(axis=0).max(initial=0)) >= 1 << 31:
-        raise RuntimeError("a field's keys on the ranks exceed what one MPI collective carries (2^31 values)")
     mine: dict[str, dict[str, Any]] = {}
-    for number, counter in enumerate(writer.counters):
-        owner = number % group.size
-        lengths = [0 if rank == owner else 2 * int(size) for rank, size in enumerate(sizes[:, number])]
-        gathered = group.gather(np.zeros(0, dtype=np.int64) if owner == group.rank else np.concatenate(
-            counter.entries()), owner, lengths)
-        if gathered is None:
-            continue
-        for start, length in zip(np.cumsum(lengths) - lengths, lengths):
-            if length:
-                counter.add(gathered[start:start + length // 2], gathered[start + length // 2:start + length])
-        mine[str(number)] = counted(counter)
+    for fields in _exchange_rounds(sizes.reshape(group.size, len(owners)), owners):
+        pieces: list[list[np.ndarray]] = [[] for _ in range(group.size)]
+        for number in fields:
+            if owners[number] != group.rank:
+                pieces[owners[number]] += writer.counters[number].entries()
+        received = group.alltoallv([np.concatenate([np.array([a.shape[0] for a in piece[::2]], dtype=np.int64),
+                                                    *piece]) for piece in pieces])
+        merged = [number for number in fields if owners[number] == group.rank]
+        for source, data in enumerate(received):
+            if source != group.rank:
+                lengths = data[:len(merged)]
+                arrays = np.split(data[len(merged):], np.cumsum(np.repeat(lengths, 2))[:-1].tolist())
+                for index, number in enumerate(merged):
+                    writer.counters[number].add(arrays[2 * index], arrays[2 * index + 1])
+        mine.update({str(number): counted(writer.counters[number]) for number in merged})
     found = {int(n): figures for each in group.allgather(mine) for n, figures in each.items()}
     return [found[n] for n in range(len(found))]
 
