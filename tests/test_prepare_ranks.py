@@ -12,10 +12,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
+import numpy as np
 import pytest
 
 from des.data import DataError, open_dataset, prepare, prepare_splits
-from des.data.ranks import plan
+from des.data.blocks import Share
+import des.data.ranks as ranks_module
+from des.data.ranks import plan, share_weights
 from des.data.schema import Schema, load_schema
 from des.data.synth import default_config, synthesize_tsv
 from des.data.synth_schema import synthesize_schema
@@ -132,3 +135,43 @@ def test_a_bad_row_is_said_once_per_job(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f"des.data: error: {raw}:1401: column label: '2' is not 0 or 1"]
     assert not (tmp_path / "store").exists() and [p.name for p in tmp_path.iterdir()] == ["day.tsv"]
+
+
+def test_the_ranks_that_hash_a_file_prepare_less_of_it(tmp_path):
+    """The plan's parts still tile each file, cut after a newline, in rank order; a rank that
+    hashes a cut file whole (the one reading its first part) gets that much less of the bytes."""
+    first, second = tmp_path / "first.csv", tmp_path / "second.csv"
+    synthesize_schema(first, 3000, "avazu", seed=1, file_format="raw")
+    synthesize_schema(second, 2000, "avazu", seed=2, file_format="raw")
+    data = first.read_bytes()
+    parts = plan([str(first)], "csv", 3)
+    assert [rank for rank, _, _ in parts] == [0, 1, 2]
+    spans = [(share.start, share.end) for _, _, share in parts]
+    assert spans[0][0] == 0 and spans[-1][1] == len(data) and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    assert all(data[start - 1:start] == b"\n" for start, _ in spans[1:])
+    lengths = [end - start for start, end in spans]
+    line = max(len(text) for text in data.splitlines(keepends=True))
+    assert lengths[0] < min(lengths[1:]) - 2 * line and abs(lengths[1] - lengths[2]) <= 2 * line
+    both = plan([str(first), str(second)], "csv", 4)  # rank 2 reads the second file's first part
+    got = [0] * 4
+    for rank, _, share in both:
+        got[rank] += share.end - share.start
+    hashers = {rank for i, (rank, number, _) in enumerate(both) if i == 0 or both[i - 1][1] != number}
+    assert hashers == {0, 2} and max(got[0], got[2]) < min(got[1], got[3]) - 2 * line
+    assert share_weights([(0, 0, Share(str(first)))], [len(data)], "csv", 3) == [1.0, 1.0, 1.0]  # none cut
+
+
+def test_the_key_counters_are_exchanged_in_bounded_runs_of_fields():
+    """Each run of fields sends and receives at most the bound on every rank (a field over it
+    alone is a run of its own), the fields in order; a field no MPI call can carry is refused."""
+    bound = ranks_module._EXCHANGE_VALUES
+    sizes = np.array([[bound // 8, bound // 8, 1, 3], [bound // 8, 0, bound, 3]], dtype=np.int64)
+    owners = [0, 1, 0, 1]
+    rounds = ranks_module._exchange_rounds(sizes, owners)
+    assert rounds == [[0, 1], [2], [3]] and sum(rounds, []) == [0, 1, 2, 3]
+    for fields in rounds[:1]:
+        sent = [sum(2 * int(sizes[r, f]) for f in fields if owners[f] != r) for r in range(2)]
+        got = [sum(2 * int(sizes[s, f]) for f in fields if owners[f] == r for s in range(2) if s != r) for r in range(2)]
+        assert max(a + b for a, b in zip(sent, got)) <= bound
+    with pytest.raises(RuntimeError, match="2\\^31"):
+        ranks_module._exchange_rounds(np.array([[0], [1 << 30]], dtype=np.int64), [0])

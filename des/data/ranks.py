@@ -3,13 +3,15 @@ on raw inputs share the inputs among the ranks; each prepares its part and the p
 store, the same bytes, file for file, as one process writes (the same fingerprint).
 
 **Sharing** (:func:`plan`, every rank computes the same plan): the inputs' bytes are laid end to
-end and rank ``r`` takes those from ``r/N`` to ``(r+1)/N`` of the total. A plain text file (CSV,
-TSV, Criteo's TSV) is cut there, after the first newline at or after the cut; a Parquet file
-between row groups; a gzip file, or a text file with a quote character or a ``\\r`` that does not
-end a line (where a line break may be something else) is read whole by one rank. Along the inputs
-the ranks only grow, so each rank's parts are a run of the rows in order. Before reading, each
-rank counts the lines of its cut parts (every part then names its bad rows by their line in the
-file, as one process does).
+end and rank ``r`` takes the ``r``-th run of them: ``1/N`` of the total, except that a rank which
+hashes a cut file whole (below) takes fewer, by what hashing those bytes costs against preparing
+them (:data:`HASH_COST`, measured), so that every rank's work is the same and the hashing rank
+does not finish last (:func:`share_weights`). A plain text file (CSV, TSV, Criteo's TSV) is cut
+there, after the first newline at or after the cut; a Parquet file between row groups; a gzip
+file, or a text file with a quote character or a ``\\r`` that does not end a line (where a line
+break may be something else) is read whole by one rank. Along the inputs the ranks only grow, so
+each rank's parts are a run of the rows in order. Before reading, each rank counts the lines of
+its cut parts (every part then names its bad rows by their line in the file, as one process does).
 
 **Writing**: each rank writes its rows as a store of its own (:class:`StoreWriter`, bounded
 memory as one process), in the store's folder, except the one-hot keys, most of the bytes, which
@@ -20,8 +22,10 @@ one-hot keys down where some lines were not rows): the split codes of its rows a
 their numbers in the whole store (``split.py``), a multi-hot field's row pointers shifted by the
 keys before them. The ranks write into shared mappings of the files, side by side. The fields' key
 counters (distinct ids, top-10 share) are merged field by field, the fields on the ranks side by
-side, and rank 0 writes the manifest; each file's sha256 is taken whole by the rank that reads its
-first part, beside its work.
+side (the entries sent to the fields' ranks in a few collectives, :meth:`Group.alltoallv`), and
+rank 0 writes the manifest; each file's sha256 is taken whole by the rank that reads its first
+part, beside its (smaller) share. How the bytes are shared only balances the work: any plan gives
+the same store.
 
 **Statistics** (quantiles, standardize): rank 0 computes them from the training rows, as one
 process does (each row's split is a function of its number, known only in order), and every rank
@@ -56,15 +60,21 @@ from .store import (ONE_HOT_KEYS_FILE, StoreWriter, counted, joined_manifest, ma
 from .tsv import FIRST_BAD_LINES_KEPT, SourceReport
 
 T = TypeVar("T")
-_SCAN_BYTES = 1 << 24
+_SCAN_BYTES = 1 << 20
 _POLL_SECONDS = 0.001
+#: most int64 values a rank sends and receives in one exchange of the key counters (128 MiB)
+_EXCHANGE_VALUES = 1 << 24
 _NEWLINE = b"\n"
 _RETURN = ord("\r")
+#: CPU seconds of sha256 over a file's bytes per CPU second of preparing them, by the input's
+#: kind (one process, one thread, 2-core AMD EPYC with SHA extensions, docs/benchmarks.md: sha256
+#: ~1.3 GB/s; an Avazu-like CSV ~53 MB/s, a Criteo TSV ~100 MB/s); other kinds as CSV
+HASH_COST = {"csv": 0.04, "criteo": 0.08}
 
 
 class Group:
     """The ranks of a job (an mpi4py communicator) as prepare uses them: JSON gathered and
-    broadcast over buffers (never pickled), int64 arrays sent point to point."""
+    broadcast over buffers (never pickled), int64 arrays exchanged all to all."""
 
     def __init__(self, comm: Any) -> None:
         from mpi4py import MPI
@@ -100,19 +110,22 @@ class Group:
     def bcast(self, obj: Any) -> Any:
         return self.allgather(obj if self.rank == 0 else None)[0]
 
-    def send(self, arrays: Sequence[np.ndarray], dest: int) -> None:
-        for array in arrays:
-            self.comm.Send(np.array([array.shape[0]], dtype=np.int64), dest=dest)
-            self.comm.Send(np.ascontiguousarray(array, dtype=np.int64), dest=dest)
+    def alltoallv(self, pieces: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Collective: ``pieces[d]`` (int64, fewer than 2^31 values) sent to rank ``d``; the pieces
+        every rank sent this one, by source (its own included), in two non-blocking collectives
+        (the lengths, then the data)."""
+        lengths = np.array([piece.shape[0] for piece in pieces], dtype=np.int64)
+        found = np.zeros(self.size, dtype=np.int64)
+        self._wait(self.comm.Ialltoall(lengths, found))
+        data = np.concatenate([np.ascontiguousarray(piece, dtype=np.int64) for piece in pieces])
+        received = np.empty(int(found.sum()), dtype=np.int64)
 
-    def receive(self, source: int, count: int) -> list[np.ndarray]:
-        arrays = []
-        for _ in range(count):
-            length = np.zeros(1, dtype=np.int64)
-            self._wait(self.comm.Irecv(length, source=source))
-            arrays.append(np.empty(int(length[0]), dtype=np.int64))
-            self._wait(self.comm.Irecv(arrays[-1], source=source))
-        return arrays
+        def layout(counts: np.ndarray) -> tuple[list[int], list[int]]:
+            return counts.tolist(), (np.cumsum(counts) - counts).tolist()
+
+        self._wait(self.comm.Ialltoallv([data, layout(lengths), self.MPI.INT64_T],
+                                        [received, layout(found), self.MPI.INT64_T]))
+        return np.split(received, np.cumsum(found)[:-1].tolist())
 
 
 def _failure(order: float, error: BaseException) -> list[Any]:
@@ -225,15 +238,45 @@ def _file_cuts(path: str, kind: str, begin: int, size: int, bounds: Sequence[int
 
 def plan(paths: Sequence[str], kind: str, ranks: int) -> list[tuple[int, int, Share]]:
     """The parts of the inputs, in order: ``(rank, input number, share)`` (a share's first line
-    still 1: :func:`count_lines` numbers them). Every rank computes the same plan."""
+    still 1: :func:`count_lines` numbers them). Every rank computes the same plan: the bytes
+    shared evenly, then again with the ranks that hash a cut file whole given less of them
+    (:func:`share_weights`). Any plan gives the same store; this one only balances the work."""
     for path in paths:
         if not os.path.exists(path):
             raise DataError(f"{path}: no such file")
         if os.path.isdir(path):
             raise DataError(f"{path}: is a directory, not a data file")
     sizes = [os.path.getsize(path) for path in paths]
+    even = [1.0] * ranks
+    parts = _parts(paths, kind, sizes, even)
+    relieved = share_weights(parts, sizes, kind, ranks)
+    return parts if relieved == even else _parts(paths, kind, sizes, relieved)
+
+
+def share_weights(parts: Sequence[tuple[int, int, Share]], sizes: Sequence[int], kind: str, ranks: int
+                  ) -> list[float]:
+    """The ranks' weights of the bytes such that each rank's work, preparing its share plus
+    hashing the cut files whose first part it reads (:func:`_read_part`), is the same: hashing a
+    byte costs ``HASH_COST[kind]`` of preparing one, so a rank hashing ``H`` bytes prepares
+    ``HASH_COST * H`` fewer (clamped at none, the others then sharing the rest evenly)."""
+    cost = HASH_COST.get(kind, HASH_COST["csv"])
+    hashed = [0.0] * ranks
+    for i, (rank, number, share) in enumerate(parts):
+        if not share.whole and (i == 0 or parts[i - 1][1] != number):
+            hashed[rank] += cost * sizes[number]
     total = max(sum(sizes), 1)
-    bounds = [total * r // ranks for r in range(ranks)]
+    if not any(hashed):
+        return [1.0] * ranks
+    work = (total + sum(hashed)) / ranks
+    return [max(work - load, 0.0) / total * ranks for load in hashed]
+
+
+def _parts(paths: Sequence[str], kind: str, sizes: Sequence[int], weights: Sequence[float]
+           ) -> list[tuple[int, int, Share]]:
+    """The parts of the inputs where rank ``r`` takes ``weights[r] / sum(weights)`` of their bytes."""
+    total = max(sum(sizes), 1)
+    ends = np.cumsum(weights) / sum(weights)
+    bounds = [0] + [int(total * end) for end in ends[:-1]]
     parts, begin = [], 0
     for number, (path, size) in enumerate(zip(paths, sizes)):
         try:
@@ -248,34 +291,32 @@ def plan(paths: Sequence[str], kind: str, ranks: int) -> list[tuple[int, int, Sh
 
 def _scan(share: Share, quote: bytes | None) -> tuple[int, bool]:
     """A text share's lines (a last line without its newline counted) and whether it may be cut
-    (no quote character; every ``\\r`` before a newline). One read into a reused buffer, its newlines
-    counted by numpy (a vector compare: 3x ``bytes.count``); the line breaks checked only where the
-    share has a ``\\r``."""
+    (no quote character; every ``\\r`` before a newline). Read a megabyte at a time into one
+    reused buffer (it stays in the cache: 2x faster than 16 MB reads), its newlines counted by
+    numpy (a vector compare: 3x ``bytes.count``); the line breaks checked only where the share
+    has a ``\\r``."""
     lines, clean, crlf_open, last = 0, True, False, -1
-    with open(share.path, "rb") as handle:
+    with open(share.path, "rb", buffering=0) as handle:
         handle.seek(share.start)
         left = share.end - share.start
         buffer = bytearray(min(_SCAN_BYTES, max(left, 0)))
+        view, codes = memoryview(buffer), np.frombuffer(buffer, dtype=np.uint8)
         while left > 0:
-            if left < len(buffer):
-                buffer = bytearray(left)
-            read = handle.readinto(buffer)
+            read = handle.readinto(view[:min(left, len(buffer))])
             if not read:
                 break
-            if read < len(buffer):
-                del buffer[read:]
             left -= read
-            lines += int(np.count_nonzero(np.frombuffer(buffer, dtype=np.uint8) == _NEWLINE[0]))
-            if clean and quote is not None and quote in buffer:
+            lines += int(np.count_nonzero(codes[:read] == _NEWLINE[0]))
+            if clean and quote is not None and buffer.find(quote, 0, read) >= 0:
                 clean = False
-            if clean and (crlf_open or b"\r" in buffer):
+            if clean and (crlf_open or buffer.find(b"\r", 0, read) >= 0):
                 # a "\r" ending the previous read must pair with a "\n" starting this one
                 if crlf_open and buffer[0] != _NEWLINE[0]:
                     clean = False
-                crlf_open = buffer[-1] == _RETURN
-                if buffer.count(b"\r") - buffer.count(b"\r\n") - crlf_open:
+                crlf_open = buffer[read - 1] == _RETURN
+                if buffer.count(b"\r", 0, read) - buffer.count(b"\r\n", 0, read) - crlf_open:
                     clean = False
-            last = buffer[-1]
+            last = buffer[read - 1]
     if share.end == os.path.getsize(share.path) and last not in (-1, _NEWLINE[0]):
         lines += 1
     return lines, clean and not crlf_open
@@ -402,19 +443,50 @@ def _read_part(group: Group, schema: Schema, parts: list[tuple[int, int, Share]]
             hashing.shutdown(wait=True)
 
 
+def _exchange_rounds(sizes: np.ndarray, owners: Sequence[int]) -> list[list[int]]:
+    """The fields in runs, in order, such that no rank sends and receives more than
+    ``_EXCHANGE_VALUES`` values in one (a field over that alone is a run of its own): ``sizes[r, f]``
+    the distinct keys of field ``f`` on rank ``r``, each sent to ``owners[f]`` as keys and counts."""
+    rounds: list[list[int]] = []
+    load = np.zeros(sizes.shape[0], dtype=np.int64)
+    for number, owner in enumerate(owners):
+        values = 2 * sizes[:, number]
+        values[owner] = values.sum() - values[owner]
+        if values[owner] >= 1 << 31:
+            raise RuntimeError(f"field {number}'s keys on the ranks exceed what one MPI call carries (2^31 values)")
+        if not rounds or int((load + values).max()) > _EXCHANGE_VALUES:
+            rounds.append([])
+            load[:] = 0
+        rounds[-1].append(number)
+        load += values
+    return rounds
+
+
 def _merge_counters(group: Group, writer: StoreWriter) -> list[dict[str, Any]]:
     """Each field's figures (distinct ids, top-10 share) of every rank's keys: field ``f``'s
-    counters merged on rank ``f mod N`` (the fields side by side), its figures then everyone's."""
+    counters merged on rank ``f mod N`` (the fields side by side), its figures then everyone's.
+    The entries go to their fields' ranks in a few collectives (:meth:`Group.alltoallv`), not a
+    message per field and rank one after another; in runs of fields (:func:`_exchange_rounds`)
+    that bound the values in flight. A rank's piece for a rank: that rank's fields' entry counts,
+    then each field's keys and their counts."""
+    owners = [number % group.size for number in range(len(writer.counters))]
+    sizes = np.array(group.allgather([counter.distinct for counter in writer.counters]), dtype=np.int64)
     mine: dict[str, dict[str, Any]] = {}
-    for number, counter in enumerate(writer.counters):
-        owner = number % group.size
-        if owner != group.rank:
-            group.send(counter.entries(), owner)
-            continue
-        for source in range(group.size):
-            if source != owner:
-                counter.add(*group.receive(source, 2))
-        mine[str(number)] = counted(counter)
+    for fields in _exchange_rounds(sizes.reshape(group.size, len(owners)), owners):
+        pieces: list[list[np.ndarray]] = [[] for _ in range(group.size)]
+        for number in fields:
+            if owners[number] != group.rank:
+                pieces[owners[number]] += writer.counters[number].entries()
+        received = group.alltoallv([np.concatenate([np.array([a.shape[0] for a in piece[::2]], dtype=np.int64),
+                                                    *piece]) for piece in pieces])
+        merged = [number for number in fields if owners[number] == group.rank]
+        for source, data in enumerate(received):
+            if source != group.rank:
+                lengths = data[:len(merged)]
+                arrays = np.split(data[len(merged):], np.cumsum(np.repeat(lengths, 2))[:-1].tolist())
+                for index, number in enumerate(merged):
+                    writer.counters[number].add(arrays[2 * index], arrays[2 * index + 1])
+        mine.update({str(number): counted(writer.counters[number]) for number in merged})
     found = {int(n): figures for each in group.allgather(mine) for n, figures in each.items()}
     return [found[n] for n in range(len(found))]
 
