@@ -239,6 +239,8 @@ def summary_record(run: Any, results: dict[str, Any]) -> dict[str, Any]:
         "buffer_floats_per_sample": getattr(strategy, "buffer_width", None),
         "ms_per_phase": comm.bcast_json(strategy.timer.ms_per_step(), "summary", root=strategy.evaluators[0]),
         "ms_per_phase_by_rank": phases_by_rank(strategy, comm),
+        # the last steps' collectives: each rank's median ms a call waiting for the last rank to enter it
+        "ms_waiting_by_rank": comm.waiting_ms(list(strategy.traffic_sites)),
         "overlapped_steps": strategy.overlapped_steps,  # --pipeline: steps that looked up the next batch meanwhile
         "peak_rss_bytes_per_rank": per_rank[:, 0].tolist(),
         "table_rows_per_rank": per_rank[:, 1].tolist(),

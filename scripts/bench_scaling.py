@@ -607,6 +607,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "ms_per_phase_rounds": [s["steady"]["ms_per_phase"] for s in runs[job]],
                  # every rank's phases: a rank waiting in a collective for a slower one shows it there
                  "ms_per_phase_by_rank_rounds": [s["steady"].get("ms_per_phase_by_rank", {}) for s in runs[job]],
+                 # each rank's median ms a call waiting for the last rank to enter it, per collective site
+                 "ms_waiting_by_rank_rounds": [s["steady"].get("ms_waiting_by_rank", {}) for s in runs[job]],
                  "load_average_rounds": [s.get("load_average") for s in runs[job]]} for job in flags_of]
     bench.finish(rows + roof + ceiling, tables, notes, figure,
                  extra={"skipped": skipped, "stopped": stopped, "data": data, "jobs": job_list,

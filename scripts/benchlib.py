@@ -606,6 +606,7 @@ def add_steady(summary: dict[str, Any] | None, flags: Mapping[str, Any], steps: 
     batch = int(flags.get("batch_size", 1024))
     steady = {"ms_per_phase": summary["ms_per_phase"], "measured_steps": steps,
               "ms_per_phase_by_rank": summary.get("ms_per_phase_by_rank", {}),
+              "ms_waiting_by_rank": summary.get("ms_waiting_by_rank", {}),
               "samples_per_second_from_phases": steady_from_phases(summary, batch)}
     steady["samples_per_second"] = steady["samples_per_second_from_phases"] if ps else summary["samples_per_second"]
     summary["steady"] = steady

@@ -126,6 +126,8 @@ def test_resume_equals_straight_run(resume_runs, work: Path, name: str) -> None:
     tail = summary(work, name)
     assert tail["ranks"] == RESUMES[name][0]
     assert tail["steps"] == 12 and tail["steps_this_run"] == 12 - RESUMES[name][2]
+    waits = tail["ms_waiting_by_rank"]  # one machine: each rank's wait for the last to enter, by site
+    assert (waits == {}) if tail["ranks"] == 1 else (waits and all(len(v) == 2 and min(v) >= 0 for v in waits.values()))
     if tail["ranks"] > 1:  # des/planner.py's prediction (--plan auto: its cheapest plan), printed at start-up
         assert tail["planner"]["plan"] == tail["planner"]["cheapest_plan"] == tail["plan"]
         # (from the distinct ids of the first 4 batches; the run's batches differ a little)

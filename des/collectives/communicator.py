@@ -44,7 +44,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections import defaultdict
+import zlib
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,10 @@ from mpi4py import MPI
 from des.collectives.node_memory import NodeBuffers
 from des.row_blocks import row_bounds
 from des.zero_copy import aligned_empty
+
+
+#: entry times kept per site, the last calls' (:meth:`Communicator.waiting_ms`)
+ENTRIES_KEPT = 64
 
 
 @dataclass
@@ -99,6 +104,8 @@ class Communicator:
         self.yield_seconds = yield_seconds
         self.poll_sleep_seconds = poll_sleep_seconds
         self.stats: dict[str, CallStats] = defaultdict(CallStats)
+        #: per site, when this rank entered its last calls (``time.perf_counter``: one clock per machine)
+        self.entries: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=ENTRIES_KEPT))
         # the row-block collectives in shared memory when all ranks share one machine (decided at
         # their first call, which every rank makes): des/collectives/node_memory.py
         self._node_memory: NodeBuffers | bool | None = None if node_memory and self.size > 1 else False
@@ -108,7 +115,7 @@ class Communicator:
         it), ordered by rank, accounting into this one's sites (the summary reads one set)."""
         sub = Communicator(self.comm.Split(int(color), self.rank), yield_seconds=self.yield_seconds,
                            poll_sleep_seconds=self.poll_sleep_seconds)
-        sub.stats = self.stats
+        sub.stats, sub.entries = self.stats, self.entries
         return sub
 
     def _node(self) -> NodeBuffers | None:
@@ -126,9 +133,36 @@ class Communicator:
         entry.bytes_sent += int(round(sent))
         entry.bytes_received += int(round(received))
         entry.seconds += seconds
+        self.entries[site].append(time.perf_counter() - seconds)
 
     def stats_dict(self) -> dict[str, dict[str, float]]:
         return {site: s.as_dict() for site, s in sorted(self.stats.items())}
+
+    def waiting_ms(self, sites: list[str]) -> dict[str, list[float]]:
+        """Collective: per site, every rank's median milliseconds from entering one of the site's
+        last calls (at most :data:`ENTRIES_KEPT`) to the last rank's entering it: the part of a
+        collective's time spent waiting for the slowest peer, not moving data (the median: a
+        warm-up step's wait does not weigh). Only where every rank runs on one machine (one clock)
+        and made as many calls at the site (lock-step: the i-th calls match); {} with one rank."""
+        if self.size == 1:
+            return {}
+        width = ENTRIES_KEPT + 1
+        row = np.full(1 + len(sites) * width, np.nan)
+        row[0] = zlib.crc32(MPI.Get_processor_name().encode())
+        for i, site in enumerate(sites):
+            kept = list(self.entries.get(site, ()))
+            row[1 + i * width] = self.stats[site].calls if site in self.stats else 0
+            row[2 + i * width : 2 + i * width + len(kept)] = kept
+        table = self.allgather(row, "waiting")
+        if np.unique(table[:, 0]).size > 1:
+            return {}
+        waits = {}
+        for i, site in enumerate(sites):
+            calls, entered = table[:, 1 + i * width], table[:, 2 + i * width : 1 + (i + 1) * width]
+            if calls[0] and (calls == calls[0]).all():
+                entered = entered[:, : int(min(calls[0], ENTRIES_KEPT))]
+                waits[site] = [round(float(v) * 1e3, 3) for v in np.median(entered.max(axis=0) - entered, axis=1)]
+        return waits
 
     def wait(self, request: MPI.Request) -> None:
         """Complete ``request`` without hogging a core while peers are busy (see module doc)."""

@@ -4,6 +4,7 @@ world communicator (under ``mpiexec -n N``), in the style of mpi4py's own tests.
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 
@@ -61,6 +62,18 @@ def check_collectives(comm) -> None:  # comm: des.collectives.Communicator
     assert comm.bcast_json({"rank": me, "text": "é"}, "json") == {"rank": 0, "text": "é"}
     assert comm.allreduce_scalar(me, "max", op="max") == n - 1
     comm.barrier()
+
+    # waiting: the last rank enters each call at "late" 0.1 s after the others, who wait for it
+    for _ in range(3):
+        if n > 1 and me == n - 1:
+            time.sleep(0.1)
+        comm.allreduce_sum_(np.zeros(1), "late")
+    waits = comm.waiting_ms(["late", "never_called"])
+    if n == 1:
+        assert waits == {}
+    else:
+        assert set(waits) == {"late"} and len(waits["late"]) == n, waits
+        assert waits["late"][n - 1] < 20 and min(waits["late"][:-1]) > 50, waits
 
 
 def block_all(comm, block: np.ndarray, rows: int) -> np.ndarray:
