@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import sys
 import time
+import zlib
 
 import numpy as np
+from mpi4py import MPI
 
 
 def check_collectives(comm) -> None:  # comm: des.collectives.Communicator
@@ -69,7 +71,8 @@ def check_collectives(comm) -> None:  # comm: des.collectives.Communicator
             time.sleep(0.1)
         comm.allreduce_sum_(np.zeros(1), "late")
     waits = comm.waiting_ms(["late", "never_called"])
-    if n == 1:
+    hosts = comm.allgather(np.array([zlib.crc32(MPI.Get_processor_name().encode())], dtype=np.int64), "hosts")
+    if n == 1 or np.unique(hosts).size > 1:  # no peers, or clocks of several machines
         assert waits == {}
     else:
         assert set(waits) == {"late"} and len(waits["late"]) == n, waits
