@@ -9,15 +9,15 @@ import gzip
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
-import numpy as np
 import pytest
 
 from des.data import DataError, open_dataset, prepare, prepare_splits
+from des.data import ranks as ranks_module
 from des.data.blocks import Share
-import des.data.ranks as ranks_module
 from des.data.ranks import plan, share_weights
 from des.data.schema import Schema, load_schema
 from des.data.synth import default_config, synthesize_tsv

@@ -143,7 +143,9 @@ class Communicator:
         last calls (at most :data:`ENTRIES_KEPT`) to the last rank's entering it: the part of a
         collective's time spent waiting for the slowest peer, not moving data (the median: a
         warm-up step's wait does not weigh). Only where every rank runs on one machine (one clock)
-        and made as many calls at the site (lock-step: the i-th calls match); {} with one rank."""
+        and made as many calls at the site (lock-step: the i-th calls match); {} with one rank.
+        A split communicator's sites (:meth:`split`: groups calling side by side) are compared over
+        this communicator's ranks, so there the figure is the groups' skew too."""
         if self.size == 1:
             return {}
         width = ENTRIES_KEPT + 1

@@ -69,6 +69,11 @@ def request_signature(schema: Any) -> dict[str, Any]:
 EXAMPLES = "examples"
 
 
+#: the text of a float64 feature ``parsed_examples`` accepts (RE2): a decimal number, optionally
+#: signed, with an exponent, or nan / inf / infinity (any case), spaces around it
+DECIMAL_TEXT = r"\s*[+-]?((\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|(?i:nan|inf|infinity))\s*"
+
+
 def parsed_examples(schema: Any, examples: Any) -> dict[str, Any]:
     """The named request of ``examples`` (``[B]`` serialized ``tf.Example`` s, one a row), in one
     ``ParseExampleV2``: each raw column a feature of its name, int64 as an ``int64_list``, string as
@@ -78,7 +83,8 @@ def parsed_examples(schema: Any, examples: Any) -> dict[str, Any]:
     is the column's missing value (int64 ``-2**63``, string ``""``, float64 NaN; ``""`` also
     stands for NaN), so every column has the batch's length by construction; other features are ignored (as
     ``tf.Example`` consumers do); a feature of another type or with more than one value fails in
-    the parse, naming its key."""
+    the parse, naming its key, and a float64 feature's text that is not a number
+    (:data:`DECIMAL_TEXT`) fails naming the feature."""
     import tensorflow as tf
 
     from des.data.features import MISSING_INT
@@ -97,11 +103,6 @@ def parsed_examples(schema: Any, examples: Any) -> dict[str, Any]:
             with tf.control_dependencies([check]):  # TF's own parse error would not name the feature
                 parsed[name] = tf.strings.to_number(tf.where(tf.equal(text, ""), "nan", text), tf.float64)
     return {name: parsed[name] for name in columns}
-
-
-#: the text of a float64 feature ``parsed_examples`` accepts (RE2): a decimal number, optionally
-#: signed, with an exponent, or nan / inf / infinity (any case), spaces around it
-DECIMAL_TEXT = r"\s*[+-]?((\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|(?i:nan|inf|infinity))\s*"
 
 
 def field_salts(keys: list[np.ndarray]) -> np.ndarray:
