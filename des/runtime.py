@@ -7,6 +7,13 @@ TF's thread pools can only be sized before its first op (the log-level variables
 (measured: more threads than cores per rank slow every rank down when ranks share cores);
 ``--threads`` overrides it.
 
+With several ranks of 2 threads or more on a machine whose cores they fit, each rank's threads are
+bound to cores of its own (:func:`cores_to_pin`, ``--pin-cores``): unbound, the scheduler moves a rank's TF, numba
+and pipeline threads onto its neighbours' cores, and a synchronous step waits for the rank that
+lost its core (measured on a 16-core host, 8 ranks x 2 threads, global batch 4096: 13 % more
+samples/s bound, and fewer slow steps; docs/benchmarks.md, "Each rank on cores of its own"). One
+rank alone stays unbound: its helper threads then run on the idle cores.
+
 A step allocates and frees the same few-MB arrays every time (pooled inputs, gradients, what the
 collectives receive). glibc returns such memory to the kernel (arrays above its mmap threshold,
 and the heap's free top above its trim threshold), and the next step's first write to each page
@@ -19,7 +26,10 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from des.errors import ConfigError
 
 #: glibc's largest mmap threshold on 64-bit (``DEFAULT_MMAP_THRESHOLD_MAX``): arrays up to it come
 #: from the heap and go back to it
@@ -30,11 +40,16 @@ _USER_MALLOC_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MA
 
 def local_ranks() -> int:
     """Number of ranks of this job on this machine."""
+    return node_position()[1]
+
+
+def node_position() -> tuple[int, int]:
+    """``(index, count)``: this rank's place among the job's ranks on this machine, and their number."""
     from mpi4py import MPI
 
     node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        return node.Get_size()
+        return node.Get_rank(), node.Get_size()
     finally:
         node.Free()
 
@@ -50,13 +65,14 @@ class Threads:
     local_ranks: int
     chosen: str  # "auto" (cores // local ranks) or "--threads"
     heap: str = ""  # what keep_freed_memory() did
+    pinning: str = ""  # what pin_cores() did
 
     def describe(self) -> str:
         from des._tensorflow_env import onednn_setting
 
         return (f"  threads per rank: TF intra-op {self.intra_op}, inter-op {self.inter_op}, numba {self.numba} "
                 f"({self.chosen}: {self.cores} cores, {self.local_ranks} rank(s) on this machine); TF oneDNN "
-                f"{onednn_setting()} (TF_ENABLE_ONEDNN_OPTS); heap: {self.heap}")
+                f"{onednn_setting()} (TF_ENABLE_ONEDNN_OPTS); heap: {self.heap}; cores: {self.pinning}")
 
 
 def keep_freed_memory() -> str:
@@ -78,14 +94,16 @@ def keep_freed_memory() -> str:
     return f"freed memory kept (mmap threshold {MMAP_THRESHOLD >> 20} MiB, no trim)"
 
 
-def configure_threads(threads: int = 0) -> Threads:
+def configure_threads(threads: int = 0, pin: str = "auto") -> Threads:
     """Size TF's and numba's thread pools: ``threads`` per rank, or (0) ``cores // local ranks``
-    (at least 1). Oversubscribed (more ranks than cores): BLAS gets 1 thread, so no library starts
-    a pool on top of TF's. Also :func:`keep_freed_memory` (every entry point calls this first)."""
+    (at least 1), and bind them to cores as ``pin`` says (:func:`pin_cores`). Oversubscribed (more
+    ranks than cores): BLAS gets 1 thread, so no library starts a pool on top of TF's. Also
+    :func:`keep_freed_memory` (every entry point calls this first)."""
     heap = keep_freed_memory()
-    ranks = local_ranks()
+    index, ranks = node_position()
     cores = os.cpu_count() or 1
     intra = threads or max(1, cores // ranks)
+    pinning = pin_cores(pin, intra, index, ranks)
     if ranks >= cores:
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     if "numba" not in sys.modules:
@@ -105,7 +123,54 @@ def configure_threads(threads: int = 0) -> Threads:
     # what TF really has (0: its own default, one thread per core)
     return Threads(tf.config.threading.get_intra_op_parallelism_threads() or cores,
                    tf.config.threading.get_inter_op_parallelism_threads() or cores, numba_threads, cores, ranks,
-                   "--threads" if threads else "auto", heap)
+                   "--threads" if threads else "auto", heap, pinning)
+
+
+def cores_to_pin(mode: str, threads: int, index: int, ranks: int, allowed: Sequence[int],
+                 cores: int) -> tuple[list[int] | None, str]:
+    """The cores the ``index``-th of ``ranks`` ranks on a machine of ``cores`` cores binds its
+    threads to, and why (None: it stays as it is). ``allowed``: the cores the process may use now.
+    ``auto`` binds when several ranks share the machine, nobody bound them before (``allowed`` is
+    every core: ``mpiexec --bind-to``, ``taskset`` or a batch system's binding is kept), each rank
+    has 2 threads or more (its TF and numba pools and the pipeline's thread are what spill onto the
+    neighbours' cores; one thread a rank was not measured better bound) and ``ranks x threads``
+    fit: the ``index``-th run of ``threads`` cores. ``on`` binds in the cores
+    allowed whenever they fit, one rank too, and refuses what does not fit; ``off`` never binds."""
+    need = ranks * threads
+    if mode == "off":
+        return None, "not bound (--pin-cores off)"
+    if mode == "on" and need > len(allowed):
+        raise ConfigError(f"--pin-cores on: {ranks} rank(s) x {threads} thread(s) need {need} cores of their own; "
+                          f"this machine lets a rank use {len(allowed)}")
+    if mode == "auto":
+        if ranks == 1:
+            return None, "not bound (one rank on this machine: its helper threads use the idle cores)"
+        if len(allowed) < cores:
+            return None, f"bound by the launcher to {_ranges(sorted(allowed))}"
+        if need > len(allowed):
+            return None, f"not bound ({ranks} ranks x {threads} threads exceed the {len(allowed)} cores)"
+        if threads == 1:
+            return None, "not bound (one thread a rank: nothing of its own to keep off its neighbours' cores)"
+    mine = sorted(allowed)[index * threads:(index + 1) * threads]
+    return mine, f"bound to {_ranges(mine)} ({ranks} rank(s) x {threads} thread(s), --pin-cores {mode})"
+
+
+def pin_cores(mode: str, threads: int, index: int, ranks: int) -> str:
+    """Bind every thread of this process, and those it starts later, to :func:`cores_to_pin`'s
+    cores; returns what it did, for the start-up report."""
+    if not hasattr(os, "sched_setaffinity"):
+        if mode == "on":
+            raise ConfigError("--pin-cores on: this platform cannot bind threads to cores")
+        return "not bound (no sched_setaffinity on this platform)"
+    mine, what = cores_to_pin(mode, threads, index, ranks, os.sched_getaffinity(0), os.cpu_count() or 1)
+    if mine is not None:
+        os.sched_setaffinity(0, mine)  # this thread, and every thread it starts from now on
+        for task in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else []:
+            try:  # threads started before (TF's, numba's pools) follow
+                os.sched_setaffinity(int(task), mine)
+            except OSError:
+                pass  # ended meanwhile
+    return what
 
 
 def host_ranks(comm) -> dict[str, tuple[list[int], int]]:

@@ -58,7 +58,7 @@ def setup(config: TrainConfig, comm: Communicator, *, warmup_steps: int = 1) -> 
                                      if cls.synchronous else 0)
     schedules = check_validation_use(config, cls, validation_rows)
     run_folder = plan_run_folder(config, comm)
-    threads = runtime.configure_threads(config.threads)
+    threads = runtime.configure_threads(config.threads, config.pin_cores)
     pipeline_auto = config.pipeline == "auto"
     if pipeline_auto:  # per rank (never changes results): the overlap needs a spare core
         config = dataclasses.replace(config, pipeline="on" if threads.intra_op >= 2 else "off")

@@ -23,7 +23,7 @@ def test_numba_compiles_after_threads_are_set_with_several_ranks_per_machine(tmp
         import os
         import numba  # imported first, as des.train's data reader does
         from des import runtime
-        runtime.local_ranks = lambda: (os.cpu_count() or 1) + 1  # more ranks than cores: 1 thread each
+        runtime.node_position = lambda: (0, (os.cpu_count() or 1) + 1)  # more ranks than cores: 1 thread each
         threads = runtime.configure_threads()
         assert threads.numba == 1, threads
         add_one = numba.njit(lambda x: x + 1)  # a compilation after the pool started
@@ -154,3 +154,61 @@ def test_the_start_up_report_says_what_became_of_the_heap(monkeypatch) -> None:
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=65536")
     assert runtime.keep_freed_memory() == "malloc as the environment sets it"
+
+
+def test_cores_to_pin_binds_ranks_of_two_threads_or_more_that_fit_and_keeps_a_launchers_binding() -> None:
+    """``--pin-cores``: auto binds the i-th of several ranks of T >= 2 threads to the i-th run of T
+    cores, only where they fit and nobody bound them; one rank, one thread a rank or a launcher's
+    binding stay as they are; on binds whatever fits (one rank too) and refuses the rest; off never."""
+    from des.errors import ConfigError
+    from des.runtime import cores_to_pin
+
+    every = range(16)
+    assert cores_to_pin("auto", 2, 3, 8, every, 16)[0] == [6, 7]
+    assert cores_to_pin("auto", 2, 0, 8, every, 16)[0] == [0, 1]
+    assert cores_to_pin("auto", 4, 1, 4, every, 16)[0] == [4, 5, 6, 7]
+    mine, why = cores_to_pin("auto", 2, 0, 1, every, 16)
+    assert mine is None and "one rank" in why
+    mine, why = cores_to_pin("auto", 1, 5, 16, every, 16)
+    assert mine is None and "one thread" in why
+    mine, why = cores_to_pin("auto", 4, 0, 8, every, 16)
+    assert mine is None and "exceed" in why
+    mine, why = cores_to_pin("auto", 2, 1, 8, [2, 3], 16)
+    assert mine is None and "launcher" in why and "2-3" in why
+    assert cores_to_pin("on", 2, 0, 1, every, 16)[0] == [0, 1]
+    assert cores_to_pin("on", 1, 1, 2, [4, 9], 16)[0] == [9]  # within the cores allowed, in order
+    assert cores_to_pin("off", 2, 3, 8, every, 16)[0] is None
+    with pytest.raises(ConfigError, match=r"--pin-cores on: 8 rank\(s\) x 4 thread\(s\) need 32 cores"):
+        cores_to_pin("on", 4, 0, 8, every, 16)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two cores this process may bind to")
+def test_pinned_ranks_run_every_thread_on_cores_of_their_own() -> None:
+    """Two ranks with ``--pin-cores on``: each rank's threads, those started before the binding
+    too, run on its own core, and the two ranks' cores differ."""
+    from tests.conftest import run_mpi
+
+    program = textwrap.dedent("""
+        import os, threading
+        from mpi4py import MPI
+        from des import runtime
+        seen, go = {}, threading.Event()
+        def before():
+            go.wait()
+            seen["before"] = sorted(os.sched_getaffinity(0))
+        started = threading.Thread(target=before)
+        started.start()
+        threads = runtime.configure_threads(1, "on")
+        go.set(); started.join()
+        later = threading.Thread(target=lambda: seen.__setitem__("after", sorted(os.sched_getaffinity(0))))
+        later.start(); later.join()
+        mine = sorted(os.sched_getaffinity(0))
+        assert seen["before"] == seen["after"] == mine and len(mine) == 1, (seen, mine)
+        assert "bound to" in threads.pinning, threads.pinning
+        cores = MPI.COMM_WORLD.allgather(mine[0])
+        assert len(set(cores)) == 2, cores
+        print("bound", cores)
+    """)
+    proc = run_mpi(2, ["-c", program], timeout=120)
+    assert proc.stdout.count("bound") == 2, proc.stdout + proc.stderr
