@@ -79,7 +79,7 @@ def cache_key(config: Any, ranks: int, fingerprint: str, placement: Sequence[Seq
     """What a measurement holds for: host, ranks, threads and their cores, batch, model options, data,
     placement."""
     parts = {"host": platform.node(), "ranks": ranks, "threads": config.threads, "batch": config.batch_size,
-             "pin": getattr(config, "pin_cores", "auto"),
+             "pin": getattr(config, "pin_cores", "off"),
              "dtype": config.dtype, "compute": config.compute_dtype, "xla": getattr(config, "xla", "off"),
              "model": config.model, "options": [config.embedding_dim, config.hidden, config.model_options],
              "data": fingerprint, "placement": [list(p) for p in placement], "strategy": config.strategy}

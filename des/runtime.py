@@ -7,12 +7,12 @@ TF's thread pools can only be sized before its first op (the log-level variables
 (measured: more threads than cores per rank slow every rank down when ranks share cores);
 ``--threads`` overrides it.
 
-With several ranks of 2 threads or more on a machine whose cores they fit, each rank's threads are
-bound to cores of its own (:func:`cores_to_pin`, ``--pin-cores``): unbound, the scheduler moves a rank's TF, numba
-and pipeline threads onto its neighbours' cores, and a synchronous step waits for the rank that
-lost its core (measured on a 16-core host, 8 ranks x 2 threads, global batch 4096: 13 % more
-samples/s bound, and fewer slow steps; docs/benchmarks.md, "Each rank on cores of its own"). One
-rank alone stays unbound: its helper threads then run on the idle cores.
+``--pin-cores on`` binds each rank's threads to cores of its own (:func:`cores_to_pin`). Unbound,
+the scheduler moves a rank's TF, numba and pipeline threads onto its neighbours' cores, and a
+synchronous step waits for the rank that lost its core; bound, a rank cannot leave a core that
+something else on the machine takes. Measured on a 16-core host, 8 ranks x 2 threads: 13 % more
+samples/s bound with 512 rows a rank (every bound round faster than every unbound one), none with
+4096 (docs/benchmarks.md, "Each rank on cores of its own"). So it is off by default.
 
 A step allocates and frees the same few-MB arrays every time (pooled inputs, gradients, what the
 collectives receive). glibc returns such memory to the kernel (arrays above its mmap threshold,
@@ -94,7 +94,7 @@ def keep_freed_memory() -> str:
     return f"freed memory kept (mmap threshold {MMAP_THRESHOLD >> 20} MiB, no trim)"
 
 
-def configure_threads(threads: int = 0, pin: str = "auto") -> Threads:
+def configure_threads(threads: int = 0, pin: str = "off") -> Threads:
     """Size TF's and numba's thread pools: ``threads`` per rank, or (0) ``cores // local ranks``
     (at least 1), and bind them to cores as ``pin`` says (:func:`pin_cores`). Oversubscribed (more
     ranks than cores): BLAS gets 1 thread, so no library starts a pool on top of TF's. Also
@@ -130,29 +130,19 @@ def cores_to_pin(mode: str, threads: int, index: int, ranks: int, allowed: Seque
                  cores: int) -> tuple[list[int] | None, str]:
     """The cores the ``index``-th of ``ranks`` ranks on a machine of ``cores`` cores binds its
     threads to, and why (None: it stays as it is). ``allowed``: the cores the process may use now.
-    ``auto`` binds when several ranks share the machine, nobody bound them before (``allowed`` is
-    every core: ``mpiexec --bind-to``, ``taskset`` or a batch system's binding is kept), each rank
-    has 2 threads or more (its TF and numba pools and the pipeline's thread are what spill onto the
-    neighbours' cores; one thread a rank was not measured better bound) and ``ranks x threads``
-    fit: the ``index``-th run of ``threads`` cores. ``on`` binds in the cores
-    allowed whenever they fit, one rank too, and refuses what does not fit; ``off`` never binds."""
-    need = ranks * threads
+    ``on``: the ``index``-th run of ``threads`` of them, one rank too; a process its launcher bound
+    already (``mpiexec --bind-to``, ``taskset``, a batch system: ``allowed`` is not every core)
+    keeps that binding; ranks that do not fit are refused. ``off``: never."""
     if mode == "off":
         return None, "not bound (--pin-cores off)"
-    if mode == "on" and need > len(allowed):
+    if len(allowed) < cores:
+        return None, f"bound by the launcher to {_ranges(sorted(allowed))}"
+    need = ranks * threads
+    if need > len(allowed):
         raise ConfigError(f"--pin-cores on: {ranks} rank(s) x {threads} thread(s) need {need} cores of their own; "
-                          f"this machine lets a rank use {len(allowed)}")
-    if mode == "auto":
-        if ranks == 1:
-            return None, "not bound (one rank on this machine: its helper threads use the idle cores)"
-        if len(allowed) < cores:
-            return None, f"bound by the launcher to {_ranges(sorted(allowed))}"
-        if need > len(allowed):
-            return None, f"not bound ({ranks} ranks x {threads} threads exceed the {len(allowed)} cores)"
-        if threads == 1:
-            return None, "not bound (one thread a rank: nothing of its own to keep off its neighbours' cores)"
+                          f"this machine has {len(allowed)}")
     mine = sorted(allowed)[index * threads:(index + 1) * threads]
-    return mine, f"bound to {_ranges(mine)} ({ranks} rank(s) x {threads} thread(s), --pin-cores {mode})"
+    return mine, f"bound to {_ranges(mine)} ({ranks} rank(s) x {threads} thread(s), --pin-cores on)"
 
 
 def pin_cores(mode: str, threads: int, index: int, ranks: int) -> str:

@@ -156,28 +156,23 @@ def test_the_start_up_report_says_what_became_of_the_heap(monkeypatch) -> None:
     assert runtime.keep_freed_memory() == "malloc as the environment sets it"
 
 
-def test_cores_to_pin_binds_ranks_of_two_threads_or_more_that_fit_and_keeps_a_launchers_binding() -> None:
-    """``--pin-cores``: auto binds the i-th of several ranks of T >= 2 threads to the i-th run of T
-    cores, only where they fit and nobody bound them; one rank, one thread a rank or a launcher's
-    binding stay as they are; on binds whatever fits (one rank too) and refuses the rest; off never."""
+def test_cores_to_pin_gives_each_rank_its_own_run_of_cores_and_keeps_a_launchers_binding() -> None:
+    """``--pin-cores on``: the i-th rank of a machine binds to the i-th run of T cores (one rank
+    too), a process its launcher bound keeps that binding, ranks that do not fit are refused;
+    ``off`` never binds."""
     from des.errors import ConfigError
     from des.runtime import cores_to_pin
 
     every = range(16)
-    assert cores_to_pin("auto", 2, 3, 8, every, 16)[0] == [6, 7]
-    assert cores_to_pin("auto", 2, 0, 8, every, 16)[0] == [0, 1]
-    assert cores_to_pin("auto", 4, 1, 4, every, 16)[0] == [4, 5, 6, 7]
-    mine, why = cores_to_pin("auto", 2, 0, 1, every, 16)
-    assert mine is None and "one rank" in why
-    mine, why = cores_to_pin("auto", 1, 5, 16, every, 16)
-    assert mine is None and "one thread" in why
-    mine, why = cores_to_pin("auto", 4, 0, 8, every, 16)
-    assert mine is None and "exceed" in why
-    mine, why = cores_to_pin("auto", 2, 1, 8, [2, 3], 16)
-    assert mine is None and "launcher" in why and "2-3" in why
+    assert cores_to_pin("on", 2, 3, 8, every, 16)[0] == [6, 7]
+    assert cores_to_pin("on", 2, 0, 8, every, 16)[0] == [0, 1]
+    assert cores_to_pin("on", 4, 1, 4, every, 16)[0] == [4, 5, 6, 7]
     assert cores_to_pin("on", 2, 0, 1, every, 16)[0] == [0, 1]
-    assert cores_to_pin("on", 1, 1, 2, [4, 9], 16)[0] == [9]  # within the cores allowed, in order
-    assert cores_to_pin("off", 2, 3, 8, every, 16)[0] is None
+    assert cores_to_pin("on", 1, 15, 16, every, 16)[0] == [15]
+    mine, why = cores_to_pin("on", 2, 1, 8, [2, 3], 16)
+    assert mine is None and "launcher" in why and "2-3" in why
+    mine, why = cores_to_pin("off", 2, 3, 8, every, 16)
+    assert mine is None and "off" in why
     with pytest.raises(ConfigError, match=r"--pin-cores on: 8 rank\(s\) x 4 thread\(s\) need 32 cores"):
         cores_to_pin("on", 4, 0, 8, every, 16)
 
