@@ -10,15 +10,12 @@ functions of their inputs, so every rank computes the same placement:
 * ``"mod"`` -- field ``f`` goes whole to rank ``f mod N`` (the paper's choice);
 * ``"balanced"`` -- whole fields by greedy longest-processing-time on per-field distinct-id counts
   (the biggest first, each to the rank with the fewest ids so far; ties to the lower field / rank);
-  given each field's work per step (:func:`field_work`, counted on a batch of the data), by work
-  within a memory bound: each field, most work first, to the rank with the least work so far among
-  those whose table memory stays within :func:`memory_bound` (the largest field's, or 1.25x the
-  mean). A step waits for its slowest rank, and a field's work is not its table's size: a field of
-  a few hundred ids with 25 ids in every row costs a rank more per step than one of 300,000 ids
-  with one id a row, and holding many such fields made one rank of 8 twice as slow as the others
-  (docs/benchmarks.md, "Scaling"). Memory only has to fit: balancing it as much as the work (the
-  larger of the two shares, as before) left 8 ranks on Criteo-shaped data at 1.28x the mean work,
-  for a memory peak set by the largest field anyway;
+  given each field's work per step (:func:`field_work`, counted on a batch of the data), on both at
+  once: each field, largest share first, to the rank whose larger share (of all the memory, of all
+  the work) stays smallest with it. A step waits for its slowest rank, and a field's work is not its
+  table's size: a field of a few hundred ids with 25 ids in every row costs a rank more per step
+  than one of 300,000 ids with one id a row, and holding many such fields made one rank of 8 twice
+  as slow as the others (docs/benchmarks.md, "Scaling");
 * ``"split"`` -- the fewest of the largest fields split over every rank (each rank then holds
   ``1/N`` of each, TorchRec's row-wise sharding), the rest placed whole as ``balanced`` does, so
   that the predicted table memory of the largest rank is within :data:`SPLIT_TARGET` of the mean.
@@ -66,7 +63,7 @@ def place_fields(
     """Fields of each rank (sorted), for ``num_ranks`` ranks; a field listed by every rank is split.
     ``split`` (policy ``split`` only): ``"auto"`` (the policy's choice), ``"all"``, or the fields to
     split (the others placed whole, largest first). ``work`` (policy ``balanced``): each field's
-    work per step (:func:`field_work`), balanced within a memory bound. ``shared`` (field -> the field
+    work per step (:func:`field_work`), balanced with the memory. ``shared`` (field -> the field
     whose table it uses): a table's fields are placed together, as one field."""
     if shared:
         return _place_shared(num_fields, num_ranks, policy, distinct_counts, split, shared, work)
@@ -91,7 +88,7 @@ def place_fields(
         if work is not None and num_ranks > 1:
             if len(work) != num_fields:
                 raise ConfigError(f"the balanced placement got the work of {len(work)} fields, not {num_fields}")
-            return _by_work_within_memory(num_fields, cost, work, num_ranks)
+            return _longest_first_by_both(num_fields, cost, work, num_ranks)
         return _longest_first(range(num_fields), cost, num_ranks)
     if split == "auto":
         return _split(cost, num_ranks)
@@ -120,33 +117,24 @@ def _longest_first(fields: Sequence[int], cost: Sequence[int], num_ranks: int,
     return [sorted(fields) for fields in owned]
 
 
-def memory_bound(memory: Sequence[int], num_ranks: int) -> float:
-    """The most of all the table memory (a share) the ``balanced`` placement gives a rank while it
-    balances the work: the largest field's share, or 1.25x the mean, whichever is larger."""
-    total = max(float(np.sum(memory)), 1.0)
-    return max(max(memory, default=0) / total, 1.25 / num_ranks)
-
-
-def _by_work_within_memory(num_fields: int, memory: Sequence[int], work: Sequence[float],
+def _longest_first_by_both(num_fields: int, memory: Sequence[int], work: Sequence[float],
                            num_ranks: int) -> list[list[int]]:
-    """Whole fields by greedy longest-processing-time on the work, within :func:`memory_bound`:
-    each field, most work first, to the rank with the least work with it among those whose memory
-    stays within the bound (none: every rank; ties: less memory, fewer fields, lower rank). The
-    first ``num_ranks`` fields land on distinct ranks; no rank stays empty."""
-    mem = np.asarray(memory, np.float64) / max(float(np.sum(memory)), 1.0)
-    cost = np.maximum(np.asarray(work, np.float64), 0.0) / max(float(np.sum(work)), 1e-300)
-    bound = memory_bound(memory, num_ranks) + 1e-12
-    held, busy = np.zeros(num_ranks), np.zeros(num_ranks)
+    """Whole fields by greedy longest-processing-time on two loads at once (vector scheduling): each
+    field's shares of all the memory and of all the work, the field of the largest share first, to
+    the rank whose larger load is smallest with it (ties: the smaller sum, fewer fields, lower
+    rank). The first ``num_ranks`` fields land on distinct ranks; no rank stays empty."""
+    shares = np.stack([np.asarray(memory, np.float64) / max(float(np.sum(memory)), 1.0),
+                       np.maximum(np.asarray(work, np.float64), 0.0) / max(float(np.sum(work)), 1e-300)], axis=1)
+    load = np.zeros((num_ranks, 2))
     owned: list[list[int]] = [[] for _ in range(num_ranks)]
-    for field in sorted(range(num_fields), key=lambda f: (-float(cost[f]), f)):
+    for field in sorted(range(num_fields), key=lambda f: (-float(shares[f].max()), f)):
         empty = [r for r in range(num_ranks) if not owned[r]]
         remaining = num_fields - sum(map(len, owned))
-        candidates = empty if len(empty) >= remaining else list(range(num_ranks))  # keep a field for every rank
-        fitting = [r for r in candidates if held[r] + mem[field] <= bound] or candidates
-        rank = min(fitting, key=lambda r: (float(busy[r] + cost[field]), float(held[r] + mem[field]), len(owned[r]), r))
+        candidates = empty if len(empty) >= remaining else range(num_ranks)  # keep a field for every rank
+        after = load + shares[field]
+        rank = min(candidates, key=lambda r: (float(after[r].max()), float(after[r].sum()), len(owned[r]), r))
         owned[rank].append(field)
-        held[rank] += mem[field]
-        busy[rank] += cost[field]
+        load[rank] = after[rank]
     return [sorted(fields) for fields in owned]
 
 
