@@ -1,7 +1,8 @@
 """DIN: a sequence read item by item (``pooling = "none"``: fields ``name@1`` .. ``name@L``, the same
 keys prepared and served; DIN's activation unit: tests/test_layers.py), and the ``din`` model
-trained on N ranks equal to 1 rank in float64 under the partials, the exchanged plan and alltoall (with DeepFM's
-linear and FM terms beside the MLP), exported and served equal to ``des.evaluate``."""
+trained on N ranks equal to 1 rank in float64 under the partials, the exchanged plan and alltoall
+(with DeepFM's linear and FM terms beside the MLP, and with the activation unit reading each slot's
+position), exported and served equal to ``des.evaluate``."""
 
 from __future__ import annotations
 
@@ -111,9 +112,26 @@ def test_dins_fm_takes_the_pooled_history_as_one_more_field():
     np.testing.assert_allclose(model.pairwise(sums.reference(emb, {}), pooled).numpy(),
                                FMOrder2(4, 3).reference(fields, {})[:, 0].numpy(), rtol=1e-12)
     bare = build_model(TrainConfig(model="din", shared_tables="2:0,3:0", model_options="wide=none"), 5)
+    assert bare.attention.unit.recency == "none" and "attention_position" not in bare.attention.field_params()
     assert [b.name for b in bare.blocks()] == ["embedding"] and len(bare.substitutions()) == 2
     with pytest.raises(ConfigError, match="--model din: wide must be one of none, linear, fm, got 'deep'"):
         build_model(TrainConfig(model="din", shared_tables="2:0,3:0", model_options="wide=deep"), 5)
+
+
+def test_dins_recency_is_a_position_table_per_candidate_slice():
+    """``recency``: the activation unit's ``[L, k]`` position vectors are a field parameter of the
+    attention (the candidate's slice is the group's), drawn per field: N-independent."""
+    from des.building import build_model
+    from des.config import TrainConfig
+
+    model = build_model(TrainConfig(model="din", shared_tables="2:0,3:0,4:1", embedding_dim=3,
+                                    model_options="recency=concat"), 6)
+    assert model.attention.unit.recency == "concat" and model.attention.unit.positions == 2
+    assert model.attention.field_params()["attention_position"].shape == (2, 3)
+    whole, some = (model.attention.init_field_params(0, fields)["attention_position"] for fields in (range(6), [4, 0]))
+    np.testing.assert_array_equal(some, whole[[4, 0]])
+    with pytest.raises(ConfigError, match="--model din: recency must be one of none, concat, add, got 'time'"):
+        build_model(TrainConfig(model="din", shared_tables="2:0,3:0", model_options="recency=time"), 5)
 
 
 @pytest.fixture(scope="module")
@@ -132,33 +150,37 @@ def test_din_on_two_ranks_equals_one_rank_float64(store):
     """Under the partials (the attention on its group's rank), the exchanged plan (the items' values
     moved to the row owners, the attention whole there) and alltoall, against one 1-rank run; with
     DeepFM's linear and FM terms (the pooled history's FM products in the top network), the
-    exchanged plan also with the softmax over the present items."""
+    exchanged plan also with the softmax over the present items, and the activation unit reading
+    each slot's position."""
     from des.check import Case, check
 
     flags = ("--hidden", "6,4", "--model-options", "attention_hidden=4;wide=fm")
     softmax = ("--hidden", "6,4", "--model-options", "attention_hidden=4;wide=fm;attention_softmax=true")
+    recency = ("--hidden", "6,4", "--model-options", "attention_hidden=4;wide=fm;recency=concat")
     partials = (*flags, "--plan", "partials")
     cases = [Case("din", "des", str(store / "store"), "float64", partials),
              Case("din", "des", str(store / "store"), "float64", (*softmax, "--plan", "exchange"),
                   reference_flags=(*softmax, "--plan", "partials")),
+             Case("din", "des", str(store / "store"), "float64", (*recency, "--plan", "exchange"),
+                  reference_flags=(*recency, "--plan", "partials")),
              Case("din", "alltoall", str(store / "store"), "float64", flags, reference_strategy="des",
                   reference_flags=partials)]
     results = check(cases, ranks=(2,), steps=4, batch_size=32, timeout=400)
-    assert len(results) == 3 and all(not r.failures and r.arrays > 0 for r in results), \
+    assert len(results) == 4 and all(not r.failures and r.arrays > 0 for r in results), \
         [(r.case.flags, r.failures[:2]) for r in results]
 
 
-@pytest.mark.parametrize("wide", ["none", "fm"])
-def test_din_exported_serves_what_evaluate_predicts(store, tmp_path, wide):
+@pytest.mark.parametrize("options", ["wide=none", "wide=fm", "wide=fm;recency=add"])
+def test_din_exported_serves_what_evaluate_predicts(store, tmp_path, options):
     """Served without des (examples/serving_client.py) == des.evaluate to 1e-6, on rows with empty
     and over-long histories (the synthetic sequences run 0 .. max_length + 2 ids), without and with
-    DeepFM's linear and FM terms."""
+    DeepFM's linear and FM terms, and with the slots' positions."""
     from des import evaluate, export, train
     from tests.conftest import REPO, mpi_env
 
     run, requests = tmp_path / "run", store / "din.csv"
     train.main(["--model", "din", "--data", str(store / "store"), "--max-steps", "6", "--batch-size", "32",
-                "--hidden", "6,4", "--model-options", f"attention_hidden=4;wide={wide}", "--output", str(run)])
+                "--hidden", "6,4", "--model-options", f"attention_hidden=4;{options}", "--output", str(run)])
     evaluate.main(["--checkpoint", str(run), "--data", str(requests), "--cache-dir", str(tmp_path / "cache"),
                    "--predictions", str(tmp_path / "evaluate.txt")])
     export.main(["--checkpoint", str(run), "--output", str(tmp_path / "model")])

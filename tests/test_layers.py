@@ -130,3 +130,32 @@ def test_the_attention_unit_is_dins():
     pooled = softmax(w, q, items).numpy()
     np.testing.assert_allclose(pooled, np.einsum("bl,blk->bk", shares, items), rtol=1e-12)
     assert shares[1, 1] == 0 and shares[1, 0] == 1 and not pooled[2].any()
+
+
+@pytest.mark.parametrize("recency", ["concat", "add"])
+def test_the_attention_unit_reads_each_slots_position(recency):
+    """``recency``: slot t's learned ``p_t`` (row t - 1, t = 1 the most recent) appended to the
+    unit's input or added to the item it scores; the pooled vector is still Σ_t a_t e_t of the
+    items, an empty slot takes no share and gives its ``p_t`` no gradient."""
+    tf = pytest.importorskip("tensorflow")
+    unit = AttentionUnit(3, (4,), "prelu", prefix="a", softmax=True, recency=recency, positions=4)
+    assert unit.params()["a_position"].shape == (4, 3)
+    assert unit.params()["a_kernel_0"].shape[0] == (12 if recency == "add" else 15)
+    w, q, items = weights(unit), RNG.normal(size=(5, 3)), RNG.normal(size=(5, 3, 3))
+    items[1, 2] = 0.0
+    p = np.broadcast_to(w["a_position"][None, :3], items.shape)
+    keyed = items + p if recency == "add" else items
+    x = np.concatenate([np.repeat(q[:, None], 3, 1), keyed, q[:, None] - keyed, q[:, None] * keyed]
+                       + ([p] if recency == "concat" else []), axis=2)
+    h = x @ w["a_kernel_0"] + w["a_bias_0"]
+    scores = ((relu(h) + w["a_alpha_0"] * np.minimum(h, 0)) @ w["a_kernel_1"] + w["a_bias_1"])[..., 0]
+    exps = np.where(np.any(items != 0, axis=2), np.exp(scores), 0.0)
+    np.testing.assert_allclose(unit(w, q, items).numpy(), np.einsum("bl,blk->bk", exps / exps.sum(1, keepdims=True),
+                                                                      items), rtol=1e-12)
+    position = tf.Variable(w["a_position"])
+    with tf.GradientTape() as tape:
+        pooled = unit({**w, "a_position": position}, q[1:2], items[1:2])  # row 1: slot 3 empty, slot 4 unused
+    grad = tape.gradient(pooled, position).numpy()
+    assert np.abs(grad[:2]).min() > 0 and not grad[2:].any()
+    with pytest.raises(ValueError, match="recency must be one of none, concat, add, got 'time'"):
+        AttentionUnit(3, recency="time", positions=4)

@@ -16,6 +16,15 @@ the pooling stays row-wise and the same wherever the group is computed. The MLP 
 :class:`~des.layers.DeepTower` over ``4k`` inputs; DIN's Dice normalizes with batch statistics,
 which would make a row's output depend on the other rows (and N ranks differ from 1), so PReLU, a
 learned slope per unit, stands in for it (as DeepCTR's ``att_activation="prelu"``).
+
+**Recency** (``recency``, off by default): the unit sees where item ``t`` sits in the sequence, a
+learned vector ``p_t`` per slot (``t = 1`` the most recent .. ``positions``), as BST, DIEN and TWIN
+give their models the position or time; ``"concat"`` appends it to the unit's input,
+``[q, e_t, q − e_t, q ⊙ e_t, p_t]`` (``5k`` wide), ``"add"`` keys the item by it,
+``e'_t = e_t + p_t`` in place of ``e_t`` in the four features. Either way only the score reads
+``p_t``: the pooled vector is still ``Σ_t a_t e_t`` of the items themselves and the mask still
+reads ``e_t``, so an empty slot adds nothing and gives ``p_t`` no gradient. ``p_t`` is a weight of
+the unit like its MLP's (the slots, not the items: the same ``p_t`` whichever item is there).
 """
 
 from __future__ import annotations
@@ -31,27 +40,50 @@ from des.substitutions.base import ParamSpec
 class AttentionUnit:
     """DIN's local activation unit for ``dim``-wide embeddings: ``hidden`` widths with
     ``activation``, then one linear score (``softmax``: normalized over a row's present slots);
-    weights named ``{prefix}_kernel_i``/``_bias_i``/``_alpha_i``."""
+    weights named ``{prefix}_kernel_i``/``_bias_i``/``_alpha_i``. ``recency`` (one of
+    :attr:`RECENCY`): the slots' position vectors ``{prefix}_position`` (``[positions, dim]``, row
+    ``t - 1`` for slot ``t``) concatenated to the unit's input or added to the items it scores."""
+
+    RECENCY = ("none", "concat", "add")
 
     def __init__(self, dim: int, hidden: Sequence[int] = (80, 40), activation: str = "prelu",
-                 prefix: str = "attention", softmax: bool = False) -> None:
+                 prefix: str = "attention", softmax: bool = False, recency: str = "none",
+                 positions: int = 0) -> None:
+        if recency not in self.RECENCY:
+            raise ValueError(f"recency must be one of {', '.join(self.RECENCY)}, got {recency!r}")
+        if recency != "none" and positions < 1:
+            raise ValueError(f"recency {recency!r} needs the number of slots (positions >= 1), got {positions}")
         self.dim = int(dim)
         self.softmax = bool(softmax)
-        self.tower = DeepTower(hidden, activation, input_dim=4 * self.dim, output_units=1, prefix=prefix)
+        self.recency = recency
+        self.positions = int(positions) if recency != "none" else 0
+        self.position_name = f"{prefix}_position"
+        width = (5 if recency == "concat" else 4) * self.dim
+        self.tower = DeepTower(hidden, activation, input_dim=width, output_units=1, prefix=prefix)
 
     @property
     def hidden(self) -> tuple[int, ...]:
         return self.tower.hidden
 
     def params(self) -> dict[str, ParamSpec]:
-        return self.tower.params()
+        """The MLP's weights, and with ``recency`` the position vectors (``N(0, 0.01²)``, as an
+        embedding's rows: a small start the MLP's Glorot kernel reads like the items)."""
+        specs = self.tower.params()
+        if self.recency != "none":
+            specs[self.position_name] = ParamSpec((self.positions, self.dim), "normal", scale=0.01)
+        return specs
 
     def scores(self, params: Mapping[str, tf.Tensor], query: tf.Tensor, items: tf.Tensor) -> tf.Tensor:
-        """``a_t``: ``query [B, k]`` and ``items [B, L, k]`` -> ``[B, L]``, row by row and item by item."""
+        """``a_t``: ``query [B, k]`` and ``items [B, L, k]`` -> ``[B, L]``, row by row and item by item
+        (with ``recency``, ``L <= positions``: slot ``t`` reads position row ``t - 1``)."""
         shape = tf.shape(items)
         q = tf.broadcast_to(query[:, None, :], shape)
-        features = tf.concat([q, items, q - items, q * items], axis=2)
-        flat = tf.reshape(features, [shape[0] * shape[1], 4 * self.dim])
+        keyed = items
+        if self.recency != "none":
+            slots = tf.broadcast_to(params[self.position_name][None, : items.shape[1]], shape)
+            keyed = items + slots if self.recency == "add" else items
+        features = [q, keyed, q - keyed, q * keyed] + ([slots] if self.recency == "concat" else [])
+        flat = tf.reshape(tf.concat(features, axis=2), [shape[0] * shape[1], self.tower.input_dim])
         return tf.reshape(self.tower(params, flat), [shape[0], shape[1]])
 
     def __call__(self, params: Mapping[str, tf.Tensor], query: tf.Tensor, items: tf.Tensor) -> tf.Tensor:

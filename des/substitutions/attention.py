@@ -15,8 +15,8 @@ field and its items:
     M(V_r)   = F on the rank holding the group, 0 elsewhere
     F̃(R)    = R
 
-``W_c`` (the attention unit's MLP, :class:`des.layers.AttentionUnit`) is the candidate field's
-slice of the operator's field parameters: it lives, and is trained, where the group lives. A
+``W_c`` (the attention unit's MLP, :class:`des.layers.AttentionUnit`, and with ``recency`` its
+slots' position vectors) is the candidate field's slice of the operator's field parameters: it lives, and is trained, where the group lives. A
 rank's partials read only its own fields and its own slices, the group is never split, and every
 other rank adds exact zeros, so the sum over ranks is the operator in any precision; its
 gradients (autodiff of :meth:`TargetAttention.local`, from ``G``) are the candidate's rank's
@@ -51,14 +51,17 @@ def _selection(indices: tf.Tensor, wanted: Sequence[int], dtype: tf.DType) -> tf
 class TargetAttention(Substitution):
     """DIN's attention pooling of each group's items by its candidate; width ``groups · dim``.
     ``groups``: ``(candidate field, (item fields...))`` pairs; ``hidden``, ``activation``: the
-    attention unit's MLP; ``softmax``: its scores normalized over a row's present items."""
+    attention unit's MLP; ``softmax``: its scores normalized over a row's present items;
+    ``recency``: the unit reads each slot's position (:class:`des.layers.AttentionUnit`), one
+    ``[L, dim]`` table of them a field slice like the MLP's (``L`` the longest group's items), so
+    a group's positions are its candidate's and live, are trained and are saved with it."""
 
     name = "target_attention"
     reads_field_indices = True
 
     def __init__(self, num_fields: int, dim: int, groups: Sequence[tuple[int, Sequence[int]]],
                  hidden: Sequence[int] = (80, 40), activation: str = "prelu", block: str = "embedding",
-                 softmax: bool = False) -> None:
+                 softmax: bool = False, recency: str = "none") -> None:
         from des.layers.attention import AttentionUnit  # the layers import this package's base
 
         super().__init__(block=block, dim=dim, num_fields=num_fields)
@@ -68,7 +71,8 @@ class TargetAttention(Substitution):
             raise ValueError("target attention needs a candidate field with at least one item field")
         if len(set(seen)) != len(seen) or not all(0 <= f < num_fields for f in seen):
             raise ValueError(f"target attention: groups {self.groups} must name distinct fields of {num_fields}")
-        self.unit = AttentionUnit(dim, hidden, activation, prefix="attention", softmax=softmax)
+        self.unit = AttentionUnit(dim, hidden, activation, prefix="attention", softmax=softmax, recency=recency,
+                                  positions=max(len(items) for _, items in self.groups))
 
     @classmethod
     def example(cls, num_fields: int) -> "TargetAttention":
@@ -113,7 +117,7 @@ class TargetAttention(Substitution):
 
     def describe(self) -> dict[str, object]:
         return {**super().describe(), "groups": [[c, list(items)] for c, items in self.groups],
-                "hidden": list(self.unit.hidden), "softmax": self.unit.softmax}
+                "hidden": list(self.unit.hidden), "softmax": self.unit.softmax, "recency": self.unit.recency}
 
 
 class Wrapping(Substitution):
