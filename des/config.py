@@ -93,8 +93,8 @@ class TrainConfig:
                              choices=("counters", "compact"))
     threads: int = _opt(0, "TF intra-op and numba threads per rank (0: cores // ranks on this machine)")
     pin_cores: str = _opt("off", "on: bind each rank's threads to --threads cores of its own (refused where ranks x "
-                          "threads exceed the machine's cores; a launcher's binding is kept); measured 1.13x the samples/s "
-                          "at 8 ranks x 2 threads on 16 cores with 512 rows a rank, none with 4096 "
+                          "threads exceed the machine's cores; a launcher's binding is kept); on a shared 16-core host, 8 "
+                          "ranks x 2 threads with 512 rows a rank ran 1.13x and 0.98x as fast bound, in two runs "
                           "(docs/benchmarks.md)", choices=("off", "on"))
     xla: str = _opt("off", "compile the training step's TF calls with XLA (one fused program per call, not a kernel "
                     "launch per op: pays where a rank's rows are few)", choices=("on", "off"))

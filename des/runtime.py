@@ -10,9 +10,10 @@ TF's thread pools can only be sized before its first op (the log-level variables
 ``--pin-cores on`` binds each rank's threads to cores of its own (:func:`cores_to_pin`). Unbound,
 the scheduler moves a rank's TF, numba and pipeline threads onto its neighbours' cores, and a
 synchronous step waits for the rank that lost its core; bound, a rank cannot leave a core that
-something else on the machine takes. Measured on a 16-core host, 8 ranks x 2 threads: 13 % more
-samples/s bound with 512 rows a rank (every bound round faster than every unbound one), none with
-4096 (docs/benchmarks.md, "Each rank on cores of its own"). So it is off by default.
+something else on the machine takes. On a shared 16-core host, 8 ranks x 2 threads with 512 rows a
+rank ran 1.13x as fast bound in one run and 0.98x in another, where two bound ranks shared their
+cores with something else (docs/benchmarks.md, "Each rank on cores of its own"). So it is off by
+default.
 
 A step allocates and frees the same few-MB arrays every time (pooled inputs, gradients, what the
 collectives receive). glibc returns such memory to the kernel (arrays above its mmap threshold,
