@@ -3,6 +3,7 @@ error on one rank ends the whole job with its message instead of hanging."""
 
 from __future__ import annotations
 
+import glob
 import re
 import time
 
@@ -31,6 +32,16 @@ def test_error_on_one_rank_aborts_the_job() -> None:
     assert "[rank 1] fail_on_rank: error: table file x.npz is corrupt" in proc.stderr
     assert "Traceback" not in proc.stderr  # a user error is one line, not a traceback wall
     assert time.monotonic() - start < 30
+
+
+def test_a_rank_failing_while_the_others_make_node_memory_leaves_nothing_in_dev_shm() -> None:
+    """The others wait for rank 1 inside the making of their shared memory (rank 0 has made it) when
+    rank 1 fails and the job is killed: the memory has no name, so nothing is left in /dev/shm."""
+    before = set(glob.glob("/dev/shm/des-*"))
+    proc = run_mpi(2, ["-m", "tests.mpi_programs.fail_on_rank", "x.npz is corrupt", "--in-node-memory"],
+                   timeout=60, check=False)
+    assert proc.returncode != 0 and "[rank 1] fail_on_rank: error: x.npz is corrupt" in proc.stderr, proc.stderr
+    assert set(glob.glob("/dev/shm/des-*")) <= before
 
 
 def test_a_waiting_rank_yields_its_core_then_sleeps(monkeypatch) -> None:

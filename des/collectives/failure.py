@@ -36,7 +36,7 @@ _USAGE_ERROR_WAIT_SECONDS = 30.0
 _ABORT_WATCHDOG_SECONDS = 10.0
 _SHM_DIR = "/dev/shm/"
 _SHM_PREFIXES = ("mpich_", "des-")  # mpich_shm_* (the node slab), mpich_vci_* (extra VCIs, if any) and
-# des-* (des/collectives/node_memory.py: unlinked once mapped; named only for an instant)
+# des-* (des/collectives/node_memory.py, only where /proc is closed to it: unlinked once mapped)
 _first_failure_fd: int | None = None  # a tiny file shared by the ranks of a node (see _claim_report)
 _processes: list[tuple[str, int]] = []  # (host, pid) of every rank, gathered by prepare_job
 

@@ -16,8 +16,11 @@ collectives instead use one shared array per purpose:
 Each purpose has two alternating buffers, so one barrier per call suffices: a rank can only write a
 buffer again two calls later, after a barrier every rank reached after reading it.
 
-The memory is a file in ``/dev/shm`` created by the node's first rank and unlinked as soon as every
-rank has mapped it, so nothing is left behind whatever happens to the job (a killed rank included).
+The memory has no name: the node's first rank makes it (``memfd_create``) and the others open its
+descriptor through ``/proc``, so it goes with the last process that maps it, and nothing is left
+behind whatever happens to the job, a rank killed while the others wait for it in the allocation
+included. Where ``/proc`` is closed to them, a file in ``/dev/shm`` made by the first rank and
+unlinked as soon as every rank has mapped it (a job killed in between leaves it).
 The bytes accounted per call are the same as for the MPI path: the logical volume of the collective.
 """
 
@@ -96,30 +99,65 @@ class NodeBuffers:
 
     def _allocate(self, purpose: str, nbytes: int) -> np.ndarray:
         """A new shared ``[2, nbytes]`` array (collective; the old one is dropped by each rank)."""
+        size = 2 * nbytes
+        fd, path = self._nameless(size)
+        if fd < 0:
+            fd, path = self._named(size)
+        try:
+            mapping = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self._barrier()  # every rank has it mapped: the name can go
+        if path and self.rank == 0:
+            os.unlink(path)
+        self._maps[purpose] = mapping
+        self._arrays[purpose] = np.frombuffer(mapping, dtype=np.uint8).reshape(2, nbytes)
+        self._calls[purpose] = 0
+        return self._arrays[purpose]
+
+    def _nameless(self, size: int) -> tuple[int, str]:
+        """Memory with no name anywhere (collective): rank 0 makes it (``memfd_create``), the others
+        open rank 0's descriptor through ``/proc``; it goes with the last process that maps it, so a
+        job killed at any moment leaves nothing behind. ``(-1, "")`` on every rank where one rank
+        cannot (no ``memfd_create``, ``/proc`` closed to it)."""
+        where = np.zeros(2, dtype=np.int64)
+        fd = -1
+        if self.rank == 0 and hasattr(os, "memfd_create"):
+            try:
+                fd = os.memfd_create("des-node-buffer", os.MFD_CLOEXEC)
+                os.ftruncate(fd, size)
+                where[:] = os.getpid(), fd
+            except OSError:
+                fd = -1
+        self.comm.Bcast(where, root=0)
+        if self.rank != 0 and where[0]:
+            try:
+                fd = os.open(f"/proc/{int(where[0])}/fd/{int(where[1])}", os.O_RDWR)
+            except OSError:
+                fd = -1
+        opened = np.array([int(fd >= 0)], dtype=np.int32)
+        self.comm.Allreduce(MPI.IN_PLACE, opened, op=MPI.MIN)  # also: every rank opened before rank 0 closes
+        if opened[0]:
+            return fd, ""
+        if fd >= 0:
+            os.close(fd)
+        return -1, ""
+
+    def _named(self, size: int) -> tuple[int, str]:
+        """A file in /dev/shm (collective), rank 0's to unlink once every rank has mapped it."""
         name = np.zeros(64, dtype=np.uint8)
         if self.rank == 0:
             encoded = f"des-{uuid.uuid4().hex}".encode()
             name[: len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
         self.comm.Bcast(name, root=0)
         path = os.path.join(_SHM_DIR, name.tobytes().rstrip(b"\0").decode())
-        size = 2 * nbytes
         if self.rank == 0:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
             os.ftruncate(fd, size)
         self._barrier()
         if self.rank != 0:
             fd = os.open(path, os.O_RDWR)
-        try:
-            mapping = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        self._barrier()  # every rank has it mapped: the name can go
-        if self.rank == 0:
-            os.unlink(path)
-        self._maps[purpose] = mapping
-        self._arrays[purpose] = np.frombuffer(mapping, dtype=np.uint8).reshape(2, nbytes)
-        self._calls[purpose] = 0
-        return self._arrays[purpose]
+        return fd, path
 
 
 @njit(cache=True, nogil=True)
