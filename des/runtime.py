@@ -128,32 +128,36 @@ def configure_threads(threads: int = 0, pin: str = "off") -> Threads:
 
 
 def cores_to_pin(mode: str, threads: int, index: int, ranks: int, allowed: Sequence[int],
-                 cores: int) -> tuple[list[int] | None, str]:
-    """The cores the ``index``-th of ``ranks`` ranks on a machine of ``cores`` cores binds its
-    threads to, and why (None: it stays as it is). ``allowed``: the cores the process may use now.
-    ``on``: the ``index``-th run of ``threads`` of them, one rank too; a process its launcher bound
-    already (``mpiexec --bind-to``, ``taskset``, a batch system: ``allowed`` is not every core)
-    keeps that binding; ranks that do not fit are refused. ``off``: never."""
+                 shared: bool) -> tuple[list[int] | None, str]:
+    """The cores the ``index``-th of ``ranks`` ranks on a machine binds its threads to, and why
+    (None: it stays as it is). ``allowed``: the cores the process may use now; ``shared``: every
+    rank of the machine may use the same ones (nobody bound the ranks one by one; a container's or
+    batch system's cores for the whole job still count as shared). ``on``: the ``index``-th run of
+    ``threads`` of the allowed cores, one rank too; ranks their launcher bound one by one
+    (``mpiexec --bind-to``, ``taskset`` per rank) keep that binding; ranks that do not fit are
+    refused. ``off``: never."""
     if mode == "off":
         return None, "not bound (--pin-cores off)"
-    if len(allowed) < cores:
+    if not shared:
         return None, f"bound by the launcher to {_ranges(sorted(allowed))}"
     need = ranks * threads
     if need > len(allowed):
         raise ConfigError(f"--pin-cores on: {ranks} rank(s) x {threads} thread(s) need {need} cores of their own; "
-                          f"this machine has {len(allowed)}")
+                          f"this machine lets them use {len(allowed)}")
     mine = sorted(allowed)[index * threads:(index + 1) * threads]
     return mine, f"bound to {_ranges(mine)} ({ranks} rank(s) x {threads} thread(s), --pin-cores on)"
 
 
 def pin_cores(mode: str, threads: int, index: int, ranks: int) -> str:
     """Bind every thread of this process, and those it starts later, to :func:`cores_to_pin`'s
-    cores; returns what it did, for the start-up report."""
+    cores; returns what it did, for the start-up report. With ``on``, collective over the
+    machine's ranks (they compare the cores each may use)."""
+    if mode == "off":
+        return cores_to_pin(mode, threads, index, ranks, [], True)[1]
     if not hasattr(os, "sched_setaffinity"):
-        if mode == "on":
-            raise ConfigError("--pin-cores on: this platform cannot bind threads to cores")
-        return "not bound (no sched_setaffinity on this platform)"
-    mine, what = cores_to_pin(mode, threads, index, ranks, os.sched_getaffinity(0), os.cpu_count() or 1)
+        raise ConfigError("--pin-cores on: this platform cannot bind threads to cores")
+    allowed = os.sched_getaffinity(0)
+    mine, what = cores_to_pin(mode, threads, index, ranks, allowed, same_cores_on_the_machine(allowed))
     if mine is not None:
         os.sched_setaffinity(0, mine)  # this thread, and every thread it starts from now on
         for task in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else []:
@@ -162,6 +166,27 @@ def pin_cores(mode: str, threads: int, index: int, ranks: int) -> str:
             except OSError:
                 pass  # ended meanwhile
     return what
+
+
+def same_cores_on_the_machine(allowed: set[int]) -> bool:
+    """Whether every rank of this machine may use the same cores (collective over them)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    mask = np.zeros(max([*allowed, 0]) // 64 + 1, dtype=np.uint64)
+    for core in allowed:
+        mask[core // 64] |= np.uint64(1 << (core % 64))
+    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        width = np.array([mask.size], dtype=np.int64)
+        node.Allreduce(MPI.IN_PLACE, width, op=MPI.MAX)
+        row = np.zeros(int(width[0]), dtype=np.uint64)
+        row[: mask.size] = mask
+        rows = np.empty((node.Get_size(), row.size), dtype=np.uint64)
+        node.Allgather(row, rows)
+    finally:
+        node.Free()
+    return bool((rows == rows[0]).all())
 
 
 def host_ranks(comm) -> dict[str, tuple[list[int], int]]:

@@ -157,24 +157,25 @@ def test_the_start_up_report_says_what_became_of_the_heap(monkeypatch) -> None:
 
 
 def test_cores_to_pin_gives_each_rank_its_own_run_of_cores_and_keeps_a_launchers_binding() -> None:
-    """``--pin-cores on``: the i-th rank of a machine binds to the i-th run of T cores (one rank
-    too), a process its launcher bound keeps that binding, ranks that do not fit are refused;
-    ``off`` never binds."""
+    """``--pin-cores on``: the i-th rank of a machine binds to the i-th run of T of the cores the
+    ranks share (one rank too; a container's cores for the whole job are shared), ranks a launcher
+    bound one by one keep that binding, ranks that do not fit are refused; ``off`` never binds."""
     from des.errors import ConfigError
     from des.runtime import cores_to_pin
 
     every = range(16)
-    assert cores_to_pin("on", 2, 3, 8, every, 16)[0] == [6, 7]
-    assert cores_to_pin("on", 2, 0, 8, every, 16)[0] == [0, 1]
-    assert cores_to_pin("on", 4, 1, 4, every, 16)[0] == [4, 5, 6, 7]
-    assert cores_to_pin("on", 2, 0, 1, every, 16)[0] == [0, 1]
-    assert cores_to_pin("on", 1, 15, 16, every, 16)[0] == [15]
-    mine, why = cores_to_pin("on", 2, 1, 8, [2, 3], 16)
+    assert cores_to_pin("on", 2, 3, 8, every, True)[0] == [6, 7]
+    assert cores_to_pin("on", 2, 0, 8, every, True)[0] == [0, 1]
+    assert cores_to_pin("on", 4, 1, 4, every, True)[0] == [4, 5, 6, 7]
+    assert cores_to_pin("on", 2, 0, 1, every, True)[0] == [0, 1]
+    assert cores_to_pin("on", 1, 15, 16, every, True)[0] == [15]
+    assert cores_to_pin("on", 2, 1, 2, [8, 9, 12, 13], True)[0] == [12, 13]  # a container's cores, in order
+    mine, why = cores_to_pin("on", 2, 1, 8, [2, 3], False)
     assert mine is None and "launcher" in why and "2-3" in why
-    mine, why = cores_to_pin("off", 2, 3, 8, every, 16)
+    mine, why = cores_to_pin("off", 2, 3, 8, every, True)
     assert mine is None and "off" in why
     with pytest.raises(ConfigError, match=r"--pin-cores on: 8 rank\(s\) x 4 thread\(s\) need 32 cores"):
-        cores_to_pin("on", 4, 0, 8, every, 16)
+        cores_to_pin("on", 4, 0, 8, every, True)
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
@@ -207,3 +208,29 @@ def test_pinned_ranks_run_every_thread_on_cores_of_their_own() -> None:
     """)
     proc = run_mpi(2, ["-c", program], timeout=120)
     assert proc.stdout.count("bound") == 2, proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two cores this process may bind to")
+def test_ranks_a_launcher_bound_one_by_one_keep_their_cores() -> None:
+    """Two ranks each already on a core of its own (as ``mpiexec --bind-to core`` leaves them):
+    ``--pin-cores on`` sees that their cores differ and keeps them. Both on the same fewer cores
+    than the machine has (a container's, a batch system's for the whole job) count as shared."""
+    from tests.conftest import run_mpi
+
+    program = textwrap.dedent("""
+        import os
+        from des import runtime
+        index, ranks = runtime.node_position()
+        every = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, every[:1])  # the job's cores, fewer than the machine's
+        assert runtime.same_cores_on_the_machine(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, every)
+        core = every[index]
+        os.sched_setaffinity(0, [core])  # the launcher's binding
+        what = runtime.pin_cores("on", 1, index, ranks)
+        assert "bound by the launcher" in what and sorted(os.sched_getaffinity(0)) == [core], what
+        print("kept", core)
+    """)
+    proc = run_mpi(2, ["-c", program], timeout=120)
+    assert proc.stdout.count("kept") == 2, proc.stdout + proc.stderr
