@@ -47,9 +47,10 @@ the distinct ids of a field in a row block (in order of first occurrence) and ho
 With ``N = 1`` every term is 0. Plans are ranked by these bytes plus two costs that are not bytes,
 counted in bytes: :data:`CALL_BYTES` per collective call and :data:`ID_BYTES` per distinct id and
 row block the exchange handles (its local work: distinct ids, gathers, pooling, per-id gradient
-sums), calibrated where the ranks share the cores (docs/benchmarks.md). Every plan is ``--strategy des --plan ...`` (``--strategy
-alltoall`` is ``--plan exchange``); :meth:`PlanCost.sites` maps the terms onto their Communicator
-sites.
+sums), calibrated where the ranks share the cores, and :data:`ID_BYTES_OWN_CORES` where each rank
+has cores of its own (:func:`id_bytes_for`; docs/benchmarks.md). Every plan is ``--strategy des
+--plan ...`` (``--strategy alltoall`` is ``--plan exchange``); :meth:`PlanCost.sites` maps the
+terms onto their Communicator sites.
 """
 
 from __future__ import annotations
@@ -197,11 +198,23 @@ CALL_BYTES = 65_536
 #: What the exchange's local work costs beyond its bytes, in bytes per distinct id and row block a
 #: rank handles (as an owner: find the row blocks' distinct ids, gather them, scatter their
 #: gradient sums; as a row owner: pool them, sum their gradients per id), work the partials plan
-#: does not have. Plans are ranked by bytes + this x those pairs. The value sits between what the
-#: throughput runs on Criteo (few distinct ids per sample: the exchange wins) and on heavy
-#: multi-hot data (many: the partials win) allow; counting bytes alone, the planner picked the
-#: slower plan on the latter (docs/benchmarks.md, "The planner's constants").
+#: does not have. Plans are ranked by bytes + this x those pairs. Where ranks share cores (a rank
+#: with less than two cores of its own), a byte costs a wait for the peer's compute, and the value
+#: sits between what Criteo (few distinct ids per sample: the exchange wins) and heavy multi-hot
+#: data (many: the partials win) allow; counting bytes alone, the planner picked the slower plan on
+#: the latter (docs/benchmarks.md, "The planner's constants").
 ID_BYTES = 16
+#: :data:`ID_BYTES` where every rank's threads have cores of their own (:func:`id_bytes_for`): bytes
+#: move through shared memory while no rank waits for another's compute, and the per-id work weighs
+#: ten times as much against them (16-core host: a mixed plan 1.7x slower than all partials on
+#: multi-hot data needed more than 80, Criteo-shaped data's exchange at N = 2 less than 192).
+ID_BYTES_OWN_CORES = 160
+
+
+def id_bytes_for(threads: int, local_ranks: int, cores: int) -> int:
+    """:data:`ID_BYTES_OWN_CORES` where each of the ``local_ranks`` ranks of a machine with
+    ``cores`` usable cores has ``threads`` >= 2 of them to itself, else :data:`ID_BYTES`."""
+    return ID_BYTES_OWN_CORES if threads >= 2 and local_ranks * threads <= cores else ID_BYTES
 
 
 @dataclass
@@ -217,12 +230,14 @@ class PlanCost:
     #: mean over ranks of the distinct (id, row block) pairs a rank handles in the exchange, as
     #: an owner and as a row owner (0 when nothing is exchanged)
     id_pairs: float = 0.0
+    #: what a pair costs in bytes (:data:`ID_BYTES` or :data:`ID_BYTES_OWN_CORES`)
+    id_bytes: int = ID_BYTES
 
     @property
     def score(self) -> float:
         """What :func:`best_plan` minimizes: the mean bytes plus :data:`CALL_BYTES` per call plus
-        :data:`ID_BYTES` per exchanged (id, row block) pair."""
-        return self.mean + CALL_BYTES * self.calls + ID_BYTES * self.id_pairs
+        :attr:`id_bytes` per exchanged (id, row block) pair."""
+        return self.mean + CALL_BYTES * self.calls + self.id_bytes * self.id_pairs
 
     def per_rank(self) -> list[float]:
         return [sum(values[r] for values in self.terms.values()) for r in range(self.ranks)]
@@ -308,9 +323,10 @@ def format_plan(plan: Mapping[str, str]) -> str:
 
 def plan_cost(shape: ModelShape, plan: str | Mapping[str, str], batch_size: int,
               placement: Sequence[Sequence[int]], unique: UniqueIds | None, dtype_size: int = 4,
-              upper: str = "data-parallel") -> PlanCost:
+              upper: str = "data-parallel", id_bytes: int = ID_BYTES) -> PlanCost:
     """Bytes per step per rank of ``plan`` (see the module docstring for the formulas).
-    ``unique`` (U_{q,f} for this B and N) is needed only when an operator is exchanged.
+    ``unique`` (U_{q,f} for this B and N) is needed only when an operator is exchanged;
+    ``id_bytes``: what the score counts per exchanged (id, row block) pair (:func:`id_bytes_for`).
 
     ``upper="replicated"`` is the paper's step (``des --upper replicated``), all partials only:
     ONE ring AllReduce of the whole ``[B, P]`` buffer, ``2 (N-1)/N · s · B · P``, and nothing else
@@ -321,7 +337,7 @@ def plan_cost(shape: ModelShape, plan: str | Mapping[str, str], batch_size: int,
     plan = normalize_plan(shape, plan)
     n, s = len(placement), dtype_size
     ring = 2.0 * (n - 1) / n * s  # ring AllReduce: bytes sent per float of the payload
-    cost = PlanCost(plan, batch_size, n)
+    cost = PlanCost(plan, batch_size, n, id_bytes=id_bytes)
     # fields split by key: their pooled values (every block an operator reads) join the partials'
     # columns in every plan, and the partials operators' slices of them are trained where the rows are
     split = sorted(split_groups(placement))
@@ -417,9 +433,9 @@ def operator_costs(shape: ModelShape, batch_size: int, placement: Sequence[Seque
 
 
 def best_plan(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[int]], unique: UniqueIds | None,
-              dtype_size: int = 4) -> PlanCost:
+              dtype_size: int = 4, id_bytes: int = ID_BYTES) -> PlanCost:
     """The plan with the lowest :attr:`PlanCost.score` (mean bytes over ranks + :data:`CALL_BYTES`
-    per collective call + :data:`ID_BYTES` per exchanged (id, row block) pair), by trying all
+    per collective call + ``id_bytes`` per exchanged (id, row block) pair), by trying all
     2^ops plans: operators interact (a block two exchanged operators read travels once), so the
     per-operator choice alone is not always the best (DeepFM on Criteo: once the first FC layer
     exchanges the embedding block, FM rides along for free). Its score never exceeds either pure
@@ -430,7 +446,7 @@ def best_plan(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[i
     choices = [(PARTIALS,) * len(names)] if unique is None else itertools.product(MODES, repeat=len(names))
     best: PlanCost | None = None
     for modes in choices:
-        cost = plan_cost(shape, dict(zip(names, modes)), batch_size, placement, unique, dtype_size)
+        cost = plan_cost(shape, dict(zip(names, modes)), batch_size, placement, unique, dtype_size, id_bytes=id_bytes)
         if best is None or cost.score < best.score - 1e-9:
             best = cost
     assert best is not None
@@ -448,13 +464,15 @@ class Planning:
     placement: Sequence[Sequence[int]]
     unique: UniqueIds
     dtype_size: int = 4
+    id_bytes: int = ID_BYTES  # :func:`id_bytes_for` this job's ranks and cores
     best: PlanCost = field(init=False)
 
     def __post_init__(self) -> None:
-        self.best = best_plan(self.shape, self.batch_size, self.placement, self.unique, self.dtype_size)
+        self.best = best_plan(self.shape, self.batch_size, self.placement, self.unique, self.dtype_size, self.id_bytes)
 
     def cost(self, plan: str | Mapping[str, str], upper: str = "data-parallel") -> PlanCost:
-        return plan_cost(self.shape, plan, self.batch_size, self.placement, self.unique, self.dtype_size, upper=upper)
+        return plan_cost(self.shape, plan, self.batch_size, self.placement, self.unique, self.dtype_size, upper=upper,
+                         id_bytes=self.id_bytes)
 
     def report(self) -> str:
         return report(self.shape, self.batch_size, self.placement, self.unique, self.dtype_size, best=self.best)
@@ -502,6 +520,6 @@ def report(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[int]
     totals = ", ".join(f"all {mode} {_bytes(c.mean)}" for mode, c in pure.items())
     chosen = ", ".join(f"{k}={v}" for k, v in best.plan.items())
     lines.append(f"  plans: {totals}; cheapest {chosen} {_bytes(best.mean)} in {best.calls} collective calls "
-                 f"(ranked by bytes + {_bytes(CALL_BYTES)} per call + {ID_BYTES} B per distinct id and row block "
+                 f"(ranked by bytes + {_bytes(CALL_BYTES)} per call + {best.id_bytes} B per distinct id and row block "
                  f"an exchange handles: {best.id_pairs:,.0f} per rank)")
     return "\n".join(lines)

@@ -64,7 +64,7 @@ def setup(config: TrainConfig, comm: Communicator, *, warmup_steps: int = 1) -> 
         config = dataclasses.replace(config, pipeline="on" if threads.intra_op >= 2 else "off")
     model = build_model(config, store.num_fields, store.num_dense)
     config, planning, trials = choose_plan(config, cls, store, placement, distinct, comm, model,
-                                           steps[1] if steps else 0)
+                                           steps[1] if steps else 0, threads)
     strategy = build_strategy(config, comm, store.num_fields, distinct, cls=cls, placement=placement,
                               loads_tables=bool(config.resume), num_dense=store.num_dense, model=model,
                               admitted=admitted)
@@ -220,13 +220,14 @@ def field_work_of(config: TrainConfig, store: Any, ranks: int) -> list[float] | 
     return field_work(reader.batch(0), store.num_fields) if len(reader) else None
 
 
-def resolve_plan(config: TrainConfig, cls: Any, store: Any, placement: list[list[int]], model: Any
-                 ) -> tuple[TrainConfig, Any]:
+def resolve_plan(config: TrainConfig, cls: Any, store: Any, placement: list[list[int]], model: Any,
+                 id_bytes: int | None = None) -> tuple[TrainConfig, Any]:
     """``--plan auto`` -> the planner's cheapest plan for this data, batch size and placement
     (``des/planner.py``: distinct ids counted on the first 4 batches of the training order, the
-    same on every rank), written into the config (``config.json`` says what ran). Returns the
-    config and the :class:`~des.planner.Planning` (None on one rank or for a strategy the planner
-    does not model)."""
+    same on every rank), written into the config (``config.json`` says what ran). ``id_bytes``:
+    what an exchanged id costs in bytes (:func:`plan_id_bytes`; None: ``planner.ID_BYTES``).
+    Returns the config and the :class:`~des.planner.Planning` (None on one rank or for a strategy
+    the planner does not model)."""
     ranks = len(placement)
     if cls.communication_plan is None or ranks == 1:
         if config.plan in ("auto", "measure"):  # one rank: nothing travels, every plan is the same step
@@ -236,20 +237,33 @@ def resolve_plan(config: TrainConfig, cls: Any, store: Any, placement: list[list
 
     unique = planner.estimate_unique_ids(store, config.batch_size, ranks, seed=config.seed, drop_last=config.drop_last)
     planning = planner.Planning(planner.model_shape(model), config.batch_size, placement, unique,
-                                np.dtype(config.dtype).itemsize)
+                                np.dtype(config.dtype).itemsize, planner.ID_BYTES if id_bytes is None else id_bytes)
     if config.plan in ("auto", "measure") and getattr(cls, "fixed_plan", None) is None:
         best = "partials" if config.upper == "replicated" else planner.format_plan(planning.best.plan)
         config = dataclasses.replace(config, plan=best)
     return config, planning
 
 
+def plan_id_bytes(comm: Communicator, threads: Any) -> int:
+    """What the planner counts per exchanged id (``des.planner.id_bytes_for``): the value for
+    ranks with cores of their own only where every rank of the job has them (collective: every
+    rank takes the same plan)."""
+    from des import planner
+
+    own = planner.id_bytes_for(threads.intra_op, threads.local_ranks, threads.cores)
+    return int(comm.allreduce_scalar(own, "plan_id_bytes", "min"))
+
+
 def choose_plan(config: TrainConfig, cls: Any, store: Any, placement: list[list[int]], distinct: list[int],
-                comm: Communicator, model: Any, total_steps: int) -> tuple[TrainConfig, Any, plan_trials.Trials | None]:
-    """``--plan`` resolved (:func:`resolve_plan`), then, on a long run with ``auto`` or with
-    ``measure``, the candidates timed on this machine (:func:`measure_plans`). Returns the config,
-    the planning and the trials (None: not measured)."""
+                comm: Communicator, model: Any, total_steps: int, threads: Any = None
+                ) -> tuple[TrainConfig, Any, plan_trials.Trials | None]:
+    """``--plan`` resolved (:func:`resolve_plan`, with ``threads``' :func:`plan_id_bytes`), then,
+    on a long run with ``auto`` or with ``measure``, the candidates timed on this machine
+    (:func:`measure_plans`). Returns the config, the planning and the trials (None: not measured)."""
     measures = plan_trials.wanted(config, comm.size, total_steps) and not config.stream
-    config, planning = resolve_plan(config, cls, store, placement, model)
+    plans = cls.communication_plan is not None and len(placement) > 1
+    id_bytes = plan_id_bytes(comm, threads) if plans and threads is not None else None
+    config, planning = resolve_plan(config, cls, store, placement, model, id_bytes)
     if not measures or planning is None or getattr(cls, "fixed_plan", None) is not None \
             or config.upper == "replicated":
         return config, planning, None
