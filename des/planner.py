@@ -206,9 +206,10 @@ CALL_BYTES = 65_536
 ID_BYTES = 16
 #: :data:`ID_BYTES` where every rank's threads have cores of their own (:func:`id_bytes_for`): bytes
 #: move through shared memory while no rank waits for another's compute, and the per-id work weighs
-#: ten times as much against them (16-core host: a mixed plan 1.7x slower than all partials on
-#: multi-hot data needed more than 80, Criteo-shaped data's exchange at N = 2 less than 192).
-ID_BYTES_OWN_CORES = 160
+#: eight times as much against them (16-core host: a mixed plan 1.6-1.8x slower than all partials on
+#: multi-hot data needs more than 74, the exchange 1.15x faster on Criteo-shaped data at N = 2 less
+#: than 190; the value sits between them, 1.5x from each).
+ID_BYTES_OWN_CORES = 128
 
 
 def id_bytes_for(threads: int, local_ranks: int, cores: int) -> int:
