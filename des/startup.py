@@ -317,7 +317,8 @@ def communication_plan(config: TrainConfig, strategy: Any, planning: Any, trials
     cost, best = planning.cost(plan, upper=upper), planning.best
     record = {"plan": cost.plan, "upper": upper, "predicted_bytes_per_step": cost.mean,
               "predicted_sites": {site: float(np.mean(v)) for site, v in cost.sites().items()},
-              "cheapest_plan": best.plan, "cheapest_bytes_per_step": best.mean, "batches_sampled": planning.unique.batches}
+              "cheapest_plan": best.plan, "cheapest_bytes_per_step": best.mean, "batches_sampled": planning.unique.batches,
+              "bytes_per_exchanged_id": planning.id_bytes}
     text = planning.report()
     text += (f"\n  this run: --plan {planner.format_plan(cost.plan)}"
              + (f" (upper {upper})" if upper != "data-parallel" else "")
