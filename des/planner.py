@@ -213,8 +213,9 @@ ID_BYTES_OWN_CORES = 128
 
 
 def id_bytes_for(threads: int, local_ranks: int, cores: int) -> int:
-    """:data:`ID_BYTES_OWN_CORES` where each of the ``local_ranks`` ranks of a machine with
-    ``cores`` usable cores has ``threads`` >= 2 of them to itself, else :data:`ID_BYTES`."""
+    """:data:`ID_BYTES_OWN_CORES` where each of the ``local_ranks`` ranks of a machine whose job
+    may use ``cores`` cores (its affinity: a container's, not the machine's) has ``threads`` >= 2
+    of them to itself, else :data:`ID_BYTES`."""
     return ID_BYTES_OWN_CORES if threads >= 2 and local_ranks * threads <= cores else ID_BYTES
 
 

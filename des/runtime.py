@@ -67,6 +67,9 @@ class Threads:
     chosen: str  # "auto" (cores // local ranks) or "--threads"
     heap: str = ""  # what keep_freed_memory() did
     pinning: str = ""  # what pin_cores() did
+    #: the cores the job's ranks on this machine may use (their affinity before any binding: a
+    #: container's or batch system's cores, not the machine's); 0 where the platform cannot say
+    usable: int = 0
 
     def describe(self) -> str:
         from des._tensorflow_env import onednn_setting
@@ -103,6 +106,7 @@ def configure_threads(threads: int = 0, pin: str = "off") -> Threads:
     heap = keep_freed_memory()
     index, ranks = node_position()
     cores = os.cpu_count() or 1
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
     intra = threads or max(1, cores // ranks)
     pinning = pin_cores(pin, intra, index, ranks)
     if ranks >= cores:
@@ -124,7 +128,7 @@ def configure_threads(threads: int = 0, pin: str = "off") -> Threads:
     # what TF really has (0: its own default, one thread per core)
     return Threads(tf.config.threading.get_intra_op_parallelism_threads() or cores,
                    tf.config.threading.get_inter_op_parallelism_threads() or cores, numba_threads, cores, ranks,
-                   "--threads" if threads else "auto", heap, pinning)
+                   "--threads" if threads else "auto", heap, pinning, usable)
 
 
 def cores_to_pin(mode: str, threads: int, index: int, ranks: int, allowed: Sequence[int],

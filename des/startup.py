@@ -250,19 +250,19 @@ def plan_id_bytes(comm: Communicator, threads: Any) -> int:
     rank takes the same plan)."""
     from des import planner
 
-    own = planner.id_bytes_for(threads.intra_op, threads.local_ranks, threads.cores)
+    own = planner.id_bytes_for(threads.intra_op, threads.local_ranks, threads.usable or threads.cores)
     return int(comm.allreduce_scalar(own, "plan_id_bytes", "min"))
 
 
 def choose_plan(config: TrainConfig, cls: Any, store: Any, placement: list[list[int]], distinct: list[int],
-                comm: Communicator, model: Any, total_steps: int, threads: Any = None
+                comm: Communicator, model: Any, total_steps: int, threads: Any
                 ) -> tuple[TrainConfig, Any, plan_trials.Trials | None]:
     """``--plan`` resolved (:func:`resolve_plan`, with ``threads``' :func:`plan_id_bytes`), then,
     on a long run with ``auto`` or with ``measure``, the candidates timed on this machine
     (:func:`measure_plans`). Returns the config, the planning and the trials (None: not measured)."""
     measures = plan_trials.wanted(config, comm.size, total_steps) and not config.stream
     plans = cls.communication_plan is not None and len(placement) > 1
-    id_bytes = plan_id_bytes(comm, threads) if plans and threads is not None else None
+    id_bytes = plan_id_bytes(comm, threads) if plans else None
     config, planning = resolve_plan(config, cls, store, placement, model, id_bytes)
     if not measures or planning is None or getattr(cls, "fixed_plan", None) is not None \
             or config.upper == "replicated":

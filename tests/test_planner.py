@@ -256,8 +256,8 @@ def test_measured_bytes_equal_the_prediction(tmp_path: Path) -> None:
     for strategy, plan in runs:
         summary = json.loads((tmp_path / "runs" / strategy / "summary.json").read_text())
         assert summary["steps"] == 3 and summary["planner"]["plan"] == normalize_plan(shape, plan), strategy
-        cores = os.cpu_count() or 1  # 2 ranks of cores // 2 threads each: cores of their own from 4 cores on
-        assert summary["planner"]["bytes_per_exchanged_id"] == id_bytes_for(max(1, cores // 2), 2, cores)
+        machine, usable = os.cpu_count() or 1, len(os.sched_getaffinity(0))  # 2 ranks of machine // 2 threads
+        assert summary["planner"]["bytes_per_exchanged_id"] == id_bytes_for(max(1, machine // 2), 2, usable)
         cost = plan_cost(shape, plan, 63, placement, unique, dtype_size=8)
         predicted = {site: float(np.mean(v)) for site, v in cost.sites().items()}
         measured = summary["bytes_per_step_by_site"]  # every declared site (des: forward_partials = 0 here)

@@ -182,7 +182,8 @@ def test_cores_to_pin_gives_each_rank_its_own_run_of_cores_and_keeps_a_launchers
                     reason="needs two cores this process may bind to")
 def test_pinned_ranks_run_every_thread_on_cores_of_their_own() -> None:
     """Two ranks with ``--pin-cores on``: each rank's threads, those started before the binding
-    too, run on its own core, and the two ranks' cores differ."""
+    too, run on its own core, and the two ranks' cores differ; the cores the job may use (what
+    the planner counts) are recorded as they were before the binding."""
     from tests.conftest import run_mpi
 
     program = textwrap.dedent("""
@@ -195,7 +196,9 @@ def test_pinned_ranks_run_every_thread_on_cores_of_their_own() -> None:
             seen["before"] = sorted(os.sched_getaffinity(0))
         started = threading.Thread(target=before)
         started.start()
+        usable = len(os.sched_getaffinity(0))
         threads = runtime.configure_threads(1, "on")
+        assert threads.usable == usable >= 2, (threads.usable, usable)  # the job's cores, before the binding
         go.set(); started.join()
         later = threading.Thread(target=lambda: seen.__setitem__("after", sorted(os.sched_getaffinity(0))))
         later.start(); later.join()

@@ -13,6 +13,7 @@ from des.collectives import Communicator, install_abort_hook
 from des.collectives.node_memory import NodeBuffers
 from tests.mpi_programs.collectives_body import check_collectives
 
+
 def node_buffers() -> list[str]:
     """``device:inode`` of every node-memory segment this process maps (nameless, or a des-* file)."""
     found = set()
