@@ -65,6 +65,27 @@ def test_csv_pieces_quoted_crlf_gzip_and_bad_rows(monkeypatch, tmp_path):
     assert message.endswith("quoted.csv:41: expected 24 columns, found 3")
 
 
+
+def test_csv_blocks_are_a_few_megabytes_a_thread(monkeypatch, tmp_path):
+    """A CSV is read in blocks of at most ``_BLOCK_BYTES_PER_THREAD`` a thread (below the chunk's
+    bound): the store is the one of a single block, whatever the threads."""
+    import des.data.tabular as tabular
+
+    raw = tmp_path / "rows.csv"
+    synthesize_schema(raw, 1500, "avazu", seed=5, file_format="raw")
+    whole = _files(prepare(raw, tmp_path / "whole", schema="avazu", progress=False).path)
+    sizes = []
+    blocks = tabular.LineBlocks
+
+    def spy(path, block_bytes, *args, **options):
+        sizes.append(block_bytes)
+        return blocks(path, block_bytes, *args, **options)
+
+    monkeypatch.setattr(tabular, "LineBlocks", spy)
+    monkeypatch.setattr(tabular, "_BLOCK_BYTES_PER_THREAD", 4096)  # 28 blocks of this 115 kB file on 1 thread
+    assert _both_ways(monkeypatch, tmp_path, [raw], schema="avazu") == whole
+    assert sizes == [4096, 3 * 4096] and raw.stat().st_size > 25 * 4096
+
 def test_every_kind_of_column(monkeypatch, tmp_path):
     raw = tmp_path / "every.csv"
     synthesize_schema(raw, 2000, EVERY_KIND, seed=2, file_format="raw")
