@@ -217,3 +217,60 @@ def test_another_format_read_as_criteo_names_the_schema_flag_and_leaves_no_cache
     with pytest.raises(DataError):
         open_dataset(path, cache_dir=tmp_path / "kept")
     assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["other"]
+
+
+def _by_the_rules(line: bytes) -> tuple[int, int, list[float], list[int]]:
+    """The module docstring's rules of one row, in Python: (status, label, integers, hex values)."""
+    from des.data import tsv
+
+    columns = (line[:-1] if line.endswith(b"\r") else line).split(b"\t")
+    if len(columns) != tsv.NUM_COLUMNS:
+        return tsv._COLUMNS, -1, [], []
+    if columns[0] not in (b"0", b"1"):
+        return tsv._LABEL, -1, [], []
+    ints, hexes = [], []
+    for text in columns[1:14]:
+        if text and not re.fullmatch(rb"[+-]?[0-9]+", text):
+            return tsv._NOT_INT, -1, [], []
+        ints.append(float(int(text)) if text else float("nan"))
+    for text in columns[14:]:
+        if text and not re.fullmatch(rb"[0-9a-fA-F]{8}", text):
+            return tsv._NOT_HEX, -1, [], []
+        hexes.append(int(text, 16) if text else -1)
+    return tsv._OK, int(columns[0]), ints, hexes
+
+
+def test_the_parser_follows_the_rules_on_damaged_lines():
+    """The numba parser (one pass: each value read as its end is found) against the rules in
+    Python, on good lines damaged at random: a tab, a carriage return, a sign, a letter or digits
+    put in or bytes taken out; every fifth line ends with CRLF."""
+    from des.data import tsv
+
+    rng = np.random.default_rng(7)
+    lines = [line.encode() for line in random_criteo_lines(300, seed=3, missing_rate=0.2)]
+    pieces = [b"\t", b"\r", b"-", b"+", b"0", b"7", b"a", b"G", b" ", b"00012", b"123456789012345678"]
+    labels, ints, hexes = np.zeros(1, np.uint8), np.zeros((13, 1)), np.zeros((26, 1), np.int64)
+    kinds = set()
+    for trial in range(3000):
+        line = bytearray(lines[trial % len(lines)])
+        for _ in range(int(rng.integers(0, 3))):
+            at = int(rng.integers(len(line) + 1))
+            if rng.random() < 0.3:
+                del line[at:at + int(rng.integers(1, 12))]
+            else:
+                line[at:at] = pieces[int(rng.integers(len(pieces)))]
+        if trial % 5 == 0:
+            line += b"\r"  # a CRLF line end
+        expected = _by_the_rules(bytes(line))
+        buffer = np.frombuffer(bytes(line) + b"\n", np.uint8)
+        got = tsv._parse_block(buffer, 0, True, 0, labels, ints, hexes, False, np.zeros(10, np.int64),
+                               np.zeros(3, np.int64))
+        status = tsv._OK if got[3] == 0 else got[4]
+        assert status == expected[0], bytes(line)
+        if status == tsv._OK:
+            assert (labels[0], hexes[:, 0].tolist()) == (expected[1], expected[3])
+            exact = ~(np.abs(expected[2]) >= 2.0**63)  # beyond an int64: float64's approximation, as documented
+            np.testing.assert_array_equal(ints[exact, 0], np.asarray(expected[2])[exact])
+            np.testing.assert_allclose(ints[~exact, 0], np.asarray(expected[2])[~exact], rtol=1e-14)
+        kinds.add(status)
+    assert kinds == {tsv._OK, tsv._COLUMNS, tsv._LABEL, tsv._NOT_INT, tsv._NOT_HEX}

@@ -45,35 +45,6 @@ _INT64_MAX_DIV10, _INT64_MAX_MOD10 = divmod(2**63 - 1, 10)
 _HEX_VALUE = HEX_DIGITS  # byte -> hex digit value, -1 if not a hex digit
 
 
-@numba.njit(cache=True, inline="always")
-def _parse_integer_column(buf, start, end, field, ints, row):
-    if start == end:
-        ints[field, row] = np.nan
-        return _OK
-    negative = False
-    i = start
-    if buf[i] == 45 or buf[i] == 43:  # '-' or '+'
-        negative = buf[i] == 45
-        i += 1
-    if i == end:
-        return _NOT_INT
-    while i < end and buf[i] == 48:  # leading zeros are not significant digits ("007" is 7)
-        i += 1
-    digits_start = i
-    value = 0
-    while i < end:
-        d = np.int64(buf[i]) - 48
-        if d < 0 or d > 9:
-            return _NOT_INT
-        value = value * 10 + d  # wraps beyond 18 digits; such values take _large_value
-        i += 1
-    if end - digits_start <= _EXACT_DIGITS:
-        ints[field, row] = float(-value if negative else value)
-    else:
-        ints[field, row] = _large_value(buf, digits_start, end, negative)
-    return _OK
-
-
 @numba.njit(cache=True, nogil=True)
 def _large_value(buf, start, end, negative):
     """The float64 of a value of more than 18 significant digits ``buf[start:end]`` (no sign, no
@@ -93,65 +64,87 @@ def _large_value(buf, start, end, negative):
 
 
 @numba.njit(cache=True, inline="always")
-def _parse_hex_column(buf, start, end, field, hexes, row):
-    if start == end:
-        hexes[field, row] = -1
-        return _OK
-    if end - start != 8:
-        return _NOT_HEX
-    value = 0
-    for i in range(start, end):
-        d = _HEX_VALUE[buf[i]]
-        if d < 0:
-            return _NOT_HEX
-        value = value * 16 + d
-    hexes[field, row] = value
-    return _OK
+def _to_delimiter(buf, i, n):
+    """The position of the first tab or newline from ``i`` (``n``: none)."""
+    while i < n and buf[i] != _TAB and buf[i] != _NEWLINE:
+        i += 1
+    return i
 
 
-@numba.njit(cache=True, inline="always")
-def _parse_column(buf, start, end, column, labels, ints, hexes, row):
-    if column == 0:
-        if end - start == 1 and (buf[start] == 48 or buf[start] == 49):
-            labels[row] = buf[start] - 48
-            return _OK
-        return _LABEL
-    field = column - 1
-    if field < NUM_INT_FIELDS:
-        return _parse_integer_column(buf, start, end, field, ints, row)
-    return _parse_hex_column(buf, start, end, field - NUM_INT_FIELDS, hexes, row)
-
-
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def _parse_line(buf, pos, final, labels, ints, hexes, row, problem):
     """Parse the line at ``pos`` into slot ``row``; returns (status, position after the line).
 
-    On a bad line, ``problem`` gets [column, value start, value end] (column count for _COLUMNS).
+    Each column's digits are read in the pass that finds its end (decimal after an optional sign
+    in an integer column, hex in a categorical one), then checked and stored: one pass over the
+    bytes, 1.9x finding the end first and then reading the value. One function: numba's inlined
+    helpers (a tuple or a status returned) cost it nearly half its speed. On a bad line,
+    ``problem`` gets [column, value start, value end] (column count for _COLUMNS).
     """
     n = buf.shape[0]
     column = 0
-    start = pos
     status = _OK
     i = pos
     while True:
-        if i >= n:
-            if not final:
-                return _INCOMPLETE, pos
-            c = _NEWLINE
-        else:
-            c = buf[i]
-        if c == _TAB or c == _NEWLINE:
-            end = i
-            if c == _NEWLINE and end > start and buf[end - 1] == _CR:
-                end -= 1
-            if status == _OK and column < NUM_COLUMNS:
-                status = _parse_column(buf, start, end, column, labels, ints, hexes, row)
-                if status != _OK:
-                    problem[0], problem[1], problem[2] = column, start, end
-            column += 1
-            if c == _NEWLINE:
-                break
-            start = i + 1
+        start = i
+        value = np.int64(0)
+        negative = False
+        if status == _OK and 0 < column <= NUM_INT_FIELDS:
+            if i < n and (buf[i] == 45 or buf[i] == 43):  # '-' or '+'
+                negative = buf[i] == 45
+                i += 1
+            while i < n:
+                d = np.int64(buf[i]) - 48
+                if d < 0 or d > 9:
+                    break
+                value = value * 10 + d  # wraps beyond 18 digits; such values take _large_value
+                i += 1
+        elif status == _OK and NUM_INT_FIELDS < column < NUM_COLUMNS:
+            while i < n:
+                d = _HEX_VALUE[buf[i]]
+                if d < 0:
+                    break
+                value = value * 16 + d
+                i += 1
+        digits_end = i
+        if i < n and buf[i] != _TAB and buf[i] != _NEWLINE:
+            i = _to_delimiter(buf, i, n)
+        if i >= n and not final:
+            return _INCOMPLETE, pos
+        line_end = i >= n or buf[i] == _NEWLINE
+        end = i - 1 if line_end and i > start and buf[i - 1] == _CR else i
+        if status == _OK and column < NUM_COLUMNS:
+            if column == 0:
+                if end - start == 1 and (buf[start] == 48 or buf[start] == 49):
+                    labels[row] = buf[start] - 48
+                else:
+                    status = _LABEL
+            elif column <= NUM_INT_FIELDS:
+                if start == end:
+                    ints[column - 1, row] = np.nan
+                else:
+                    first = start + 1 if buf[start] == 45 or buf[start] == 43 else start
+                    if first == end or digits_end < end:
+                        status = _NOT_INT
+                    else:
+                        while first < end and buf[first] == 48:  # leading zeros are not significant ("007" is 7)
+                            first += 1
+                        if end - first <= _EXACT_DIGITS:
+                            ints[column - 1, row] = float(-value if negative else value)
+                        else:
+                            ints[column - 1, row] = _large_value(buf, first, end, negative)
+            else:
+                if start == end:
+                    hexes[column - 1 - NUM_INT_FIELDS, row] = -1
+                elif end - start != 8 or digits_end < end:
+                    status = _NOT_HEX
+                else:
+                    hexes[column - 1 - NUM_INT_FIELDS, row] = value
+            if status != _OK:
+                problem[0], problem[1], problem[2] = column, start, end
+        column += 1
+        if line_end:
+            break
         i += 1
     if column != NUM_COLUMNS:
         status = _COLUMNS
