@@ -399,3 +399,20 @@ def test_distinct_counts_count_the_missing_key_once() -> None:
     counter.add(np.arange(1, 50, dtype=np.int64))
     assert counter.distinct == 50 and counter.total == 155
     assert counter.top_share(1) == pytest.approx(103 / 155)
+
+
+def test_top_share_is_the_share_of_the_largest_counts() -> None:
+    """``top_share(k)``: the k largest counts (key 0's among them) over all occurrences, as a sort
+    of every distinct key's count gives it, ties and fewer than k keys included."""
+    from des.data.counting import KeyCounter
+
+    rng = np.random.default_rng(3)
+    keys = rng.zipf(1.3, size=20_000) % 3_000
+    counter = KeyCounter(initial_bits=4)
+    counter.add(keys.astype(np.int64))
+    counts = np.sort(np.unique(keys, return_counts=True)[1])[::-1]
+    for k in (1, 2, 10, 100, 5_000):
+        assert counter.top_share(k) == pytest.approx(counts[:k].sum() / keys.shape[0], abs=1e-12)
+    ties = KeyCounter()
+    ties.add(np.array([4, 4, 9, 9, 3], dtype=np.int64))
+    assert ties.top_share(1) == pytest.approx(2 / 5) and ties.top_share(2) == pytest.approx(4 / 5)

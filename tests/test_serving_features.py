@@ -157,6 +157,19 @@ def test_string_keys_follow_the_documented_chain():
     sliced = pa.array([None, *STRINGS]).slice(1, 5)
     assert string_keys(sliced).tolist() == [reference(s) for s in STRINGS[:5]]
     assert int_keys(np.array([5, MISSING_INT])).tolist()[1] == 0
+    # short values read as words: every start within a word, the buffer's last bytes, an
+    # unaligned buffer (read byte by byte), a slice
+    rng = np.random.default_rng(0)
+    texts = ["".join(rng.choice(list("ab\u00e9\u65e5"), size=rng.integers(0, 11))) for _ in range(400)]
+    assert string_keys(pa.array(texts)).tolist() == [reference(t) for t in texts]
+    for tail in range(1, 10):
+        assert string_keys(pa.array(["x" * 17, "y" * tail])).tolist() == [reference("x" * 17), reference("y" * tail)]
+    data = b"".join(t.encode() for t in texts)
+    offsets = np.cumsum([0] + [len(t.encode()) for t in texts]).astype(np.int32)
+    unaligned = pa.py_buffer(b"." + data)[1:]
+    array = pa.StringArray.from_buffers(len(texts), pa.py_buffer(offsets.tobytes()), unaligned)
+    assert unaligned.address % 8 and string_keys(array).tolist() == [reference(t) for t in texts]
+    assert string_keys(pa.array(texts).slice(3, 50)).tolist() == [reference(t) for t in texts[3:53]]
 
 
 def test_log_squared_is_the_criteo_integer_transform():

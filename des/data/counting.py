@@ -55,6 +55,22 @@ def _rehash(old_keys, old_counts, new_keys, new_counts, shift):
             new_counts[slot] = old_counts[i]
 
 
+@numba.njit(cache=True, nogil=True)
+def _top_sum(table_keys, table_counts, extra, k):
+    """The sum of the ``k`` largest counts of the filled slots and ``extra`` (key 0's count, 0 if
+    none): one pass keeping the ``k`` largest seen, not a partition of a copy of every count."""
+    top = np.zeros(k, dtype=np.int64)  # the k largest counts so far (0: none yet)
+    low = 0  # where the smallest of them is
+    for i in range(table_keys.shape[0] + 1):
+        count = extra if i == table_keys.shape[0] else (table_counts[i] if table_keys[i] != 0 else 0)
+        if count > top[low]:
+            top[low] = count
+            for j in range(k):
+                if top[j] < top[low]:
+                    low = j
+    return top.sum()
+
+
 class KeyCounter:
     """Counts occurrences of int64 keys; grows as needed."""
 
@@ -103,14 +119,9 @@ class KeyCounter:
 
     def top_share(self, k: int = 10) -> float:
         """Fraction of all occurrences taken by the ``k`` most frequent keys (0.0 if none)."""
-        if self.total == 0:
+        if self.total == 0 or k < 1:
             return 0.0
-        counts = self._counts[self._keys != 0]
-        if self._zeros[0]:
-            counts = np.append(counts, self._zeros[0])
-        if counts.shape[0] > k:
-            counts = np.partition(counts, counts.shape[0] - k)[-k:]
-        return float(counts.sum()) / float(self.total)
+        return float(_top_sum(self._keys, self._counts, self._zeros[0], int(k))) / float(self.total)
 
 
 #: rows of a split read at a time by :func:`admitted_keys`

