@@ -95,7 +95,16 @@ def test_every_kind_of_column(monkeypatch, tmp_path):
     _both_ways(monkeypatch, tmp_path, [raw], schema=EVERY_KIND, bad_rows="skip", chunk_rows=131)
 
 
-def test_criteo_pieces_with_bad_rows(monkeypatch, tmp_path):
+@pytest.mark.parametrize("piece_bytes", [None, 4096])
+def test_criteo_pieces_with_bad_rows(monkeypatch, tmp_path, piece_bytes):
+    """Bad rows in pieces of a thread each, and (``piece_bytes``: pieces of 4 kB or more) in two
+    pieces a thread: a piece's rows after bad ones moved down."""
+    from des.data import blocks
+
+    if piece_bytes is not None:
+        monkeypatch.setattr(blocks, "_MIN_PIECE_BYTES", piece_bytes)
+        monkeypatch.setenv(THREADS_VARIABLE, "3")
+        assert [blocks.piece_count(n * piece_bytes) for n in (1, 4, 10)] == [3, 4, 6]
     raw = tmp_path / "day.tsv"
     synthesize_tsv(raw, 3000, default_config(seed=3))
     lines = _lines(raw)

@@ -25,11 +25,11 @@ from typing import IO, Any
 import numba
 import numpy as np
 
-from .blocks import UTF8_BOM, HashingReader, RangeReader, Share, line_pieces
+from .blocks import UTF8_BOM, HashingReader, RangeReader, Share, line_pieces, piece_count
 from .errors import DataError
 from .features import HEX_DIGITS
 from .keys import FIELD_NAMES, NUM_FIELDS, NUM_INT_FIELDS
-from .parallel import each, submit, threads
+from .parallel import each, submit
 
 NUM_COLUMNS = NUM_FIELDS + 1
 COLUMN_NAMES: tuple[str, ...] = ("label", *FIELD_NAMES)
@@ -366,10 +366,10 @@ class CriteoTsvReader:
         end = size if final else buf.rfind(b"\n", pos) + 1  # at the end of the file, its last line too
         if end <= pos:
             return pos
-        cuts, counts = line_pieces(buf, pos, end, threads())
+        cuts, counts = line_pieces(buf, pos, end, piece_count(end - pos))
         if sum(counts) > room:  # only the first ``room`` lines fit
             end = pos + int(np.flatnonzero(array[pos:end] == _NEWLINE)[room - 1]) + 1
-            cuts, counts = line_pieces(buf, pos, end, threads())
+            cuts, counts = line_pieces(buf, pos, end, piece_count(end - pos))
         slots = (self._filled + np.cumsum([0, *counts[:-1]])).tolist()
         pieces = list(zip(cuts, cuts[1:], slots))
 
