@@ -7,6 +7,7 @@ Parquet row groups, many chunks)."""
 from __future__ import annotations
 
 import gzip
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -128,3 +129,24 @@ def test_parquet_row_groups(monkeypatch, tmp_path):
     declared = load_schema("avazu").to_dict()
     schema = Schema.from_dict({**declared, "name": "avazu-parquet", "format": {"type": "parquet"}})
     _both_ways(monkeypatch, tmp_path, [tmp_path / "rows.parquet"], schema=schema, chunk_rows=200)
+
+
+def test_work_given_in_a_pool_thread_runs_there():
+    """A reader keys a batch in the pool's thread that parsed it, and keying spreads its fields with
+    ``each``: there it runs them in that thread (waiting on tasks queued behind itself, two busy
+    threads would wait for ever; so this runs in a process of its own, with a time limit)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import threading\n"
+        "from des.data.parallel import each, in_pool, submit\n"
+        "def outer(_):\n"
+        "    assert in_pool()\n"
+        "    return each(lambda _: threading.current_thread().name, range(4))\n"
+        "names = [f.result() for f in [submit(outer, k) for k in range(4)]]\n"
+        "assert all(len(set(n)) == 1 and n[0].startswith('des-data_') for n in names) and not in_pool()\n"
+        "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO,
+                          env={**os.environ, THREADS_VARIABLE: "2"})
+    assert done.stdout.strip() == "ok", done.stderr

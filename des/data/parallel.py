@@ -24,6 +24,7 @@ R = TypeVar("R")
 THREADS_VARIABLE = "DES_DATA_THREADS"
 _lock = threading.Lock()
 _pools: dict[int, ThreadPoolExecutor] = {}
+_POOL_NAME = "des-data"  # its threads are des-data_0, des-data_1, ...
 _processes = [1]  # processes of one job preparing on this machine (share_cores)
 
 
@@ -55,8 +56,14 @@ def pool() -> ThreadPoolExecutor:
     size = threads()
     with _lock:
         if size not in _pools:
-            _pools[size] = ThreadPoolExecutor(size, thread_name_prefix="des-data")
+            _pools[size] = ThreadPoolExecutor(size, thread_name_prefix=_POOL_NAME)
         return _pools[size]
+
+
+def in_pool() -> bool:
+    """True in one of the pool's threads: work given there runs there (a task that waited on tasks
+    queued behind it could wait for ever)."""
+    return threading.current_thread().name.startswith(_POOL_NAME + "_")
 
 
 def each(function: Callable[[T], R], items: Iterable[T]) -> list[R]:
@@ -64,7 +71,7 @@ def each(function: Callable[[T], R], items: Iterable[T]) -> list[R]:
     calling thread when there is one); the first exception raised is raised here, after every
     call has ended."""
     items = list(items)
-    if threads() == 1 or len(items) < 2:
+    if threads() == 1 or len(items) < 2 or in_pool():
         return [function(item) for item in items]
     futures = [pool().submit(function, item) for item in items]
     return [future.result() for future in _all_ended(futures)]

@@ -411,8 +411,7 @@ def _read_part(group: Group, schema: Schema, parts: list[tuple[int, int, Share]]
     """This rank's parts read into a store of its own in ``folder`` (its one-hot keys into
     ``one_hot_into``, see :class:`OneHotInPlace`): what the others need to know of it, the failure
     that stopped it (None) and its writer (its key counters)."""
-    from .features import encode_rows
-    from .tabular import open_reader
+    from .tabular import encoded, open_reader
 
     mine = [(i, number, share) for i, (rank, number, share) in enumerate(parts) if rank == group.rank]
     first_parts = {number: share.path for i, (_, number, share) in enumerate(parts)
@@ -427,11 +426,11 @@ def _read_part(group: Group, schema: Schema, parts: list[tuple[int, int, Share]]
         folder.mkdir()
         writer = StoreWriter(folder, schema.field_specs(), split, seed, dense_names=schema.dense_names,
                              one_hot_into=one_hot_into)
-        reader = open_reader(schema, bad_rows, chunk_rows)
+        reader = open_reader(schema, bad_rows, chunk_rows, encode=True)
         for current, number, share in mine:
             for chunk in reader.read([share]):
-                encoded = encode_rows(schema, chunk.columns, chunk.num_rows, in_place=chunk.scratch)
-                writer.append(chunk.labels, encoded.columns, dense=encoded.dense, split_code=codes[number])
+                rows = encoded(schema, chunk)
+                writer.append(chunk.labels, rows.columns, dense=rows.dense, split_code=codes[number])
             info["reports"][str(current)] = dataclasses.asdict(reader.reports[-1])
         info["digests"] = {str(number): digest.result() for number, digest in digests.items()}
         info["manifest"] = writer.finish()

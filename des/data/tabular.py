@@ -34,7 +34,8 @@ import numpy as np
 
 from .blocks import LineBlocks, Share, file_sha256
 from .errors import DataError
-from .features import TRANSFORMS, derived_inputs, encode_rows, float_values, hex_keys, multi_valued_field
+from .features import (TRANSFORMS, EncodedRows, derived_inputs, encode_rows, float_values, hex_keys,
+                       multi_valued_field)
 from .parallel import in_order, submit, threads
 from .schema import ColumnSpec, Schema, manifest_sections
 from .split import SPLIT_NAMES, assign_splits
@@ -95,6 +96,15 @@ class _Problems:
         self.mask |= bad
 
 
+@dataclass
+class _Checked:
+    """A batch of ``rows`` rows validated: its ``problems`` and its good rows (None: none)."""
+
+    rows: int
+    problems: _Problems
+    good: Chunk | None
+
+
 @dataclass(frozen=True)
 class InMemoryTable:
     """Rows already in memory (a ``pyarrow.Table`` with the schema's columns, each of its value
@@ -122,7 +132,7 @@ class TableReader:
     """
 
     def __init__(self, schema: Schema, bad_rows: str = "fail", chunk_rows: int = 1 << 18,
-                 progress: Any = None) -> None:
+                 progress: Any = None, encode: bool = False) -> None:
         import pyarrow as pa
 
         self.pa = pa
@@ -130,6 +140,7 @@ class TableReader:
         self.skip = bad_rows == "skip"
         self.chunk_rows = int(chunk_rows)
         self.progress = progress
+        self.encode = encode  # key the rows where they are read (each chunk's ``encoded``)
         self.reports: list[SourceReport] = []
 
     # ------------------------------------------------------------------ files
@@ -288,26 +299,25 @@ class TableReader:
         yield from self._piece_chunks(path, report, parsed, lines, bad_lines)
         return None if block is None else (blocks.rest([block]), block.first_line)
 
-    def _parse_piece(self, piece: bytes, names: Sequence[str], first_line: int) -> tuple[Any, list]:
-        """A piece of whole lines (the first at ``first_line``) as a table, and its rows of a wrong
-        width ``(line, columns found, expected)``."""
+    def _parse_piece(self, piece: bytes, names: Sequence[str], first_line: int) -> tuple[list[_Checked], list]:
+        """A piece of whole lines (the first at ``first_line``) parsed and checked (:meth:`_check`),
+        and its rows of a wrong width ``(line, columns found, expected)``."""
         import pyarrow.csv as csv
 
         bad: list[tuple[int, int, int]] = []
         read, parse, convert = self._csv_options(names, len(piece) + 1, bad, None, first_line)
-        return csv.read_csv(self.pa.py_buffer(piece), read_options=read, parse_options=parse,
-                            convert_options=convert), bad
+        return self._checked(csv.read_csv(self.pa.py_buffer(piece), read_options=read, parse_options=parse,
+                                          convert_options=convert)), bad
 
     def _piece_chunks(self, path: str, report: SourceReport, pieces: list, lines: _LineNumbers,
                       bad_lines: list) -> Iterator[Chunk]:
         for future in pieces:
-            table, bad = future.result()
+            checked, bad = future.result()
             for number, *_ in bad:
                 lines.skip(number)
             bad_lines.extend(bad)
-            for batch in table.to_batches():
-                for start in range(0, batch.num_rows, self.chunk_rows):
-                    yield from self._chunk(path, report, batch.slice(start, self.chunk_rows), lines, bad_lines)
+            for batch in checked:
+                yield from self._chunk(path, report, batch, lines, bad_lines)
 
     def _read_serial(self, path: str, report: SourceReport, stream: Any, names: Sequence[str] | None,
                      first_line: int, block: int, lines: _LineNumbers, bad_lines: list) -> Iterator[Chunk]:
@@ -324,8 +334,8 @@ class TableReader:
                     batch = reader.read_next_batch()
                 except StopIteration:
                     break
-                for start in range(0, batch.num_rows, self.chunk_rows):
-                    yield from self._chunk(path, report, batch.slice(start, self.chunk_rows), lines, bad_lines)
+                for checked in self._checked(batch):
+                    yield from self._chunk(path, report, checked, lines, bad_lines)
         except OSError as error:  # pyarrow's decompression errors
             if "compress" not in str(error).lower():
                 raise
@@ -351,17 +361,16 @@ class TableReader:
         hashing = submit(file_sha256, path) if share is None else None
         runs = _row_group_runs(parquet.metadata, self.chunk_rows, groups)
 
-        def read(run: list[int]) -> Any:  # a file object of its own per thread; all threads for one run
+        def read(run: list[int]) -> tuple[list[_Checked], int]:  # a file object of its own per thread
             one = pq.ParquetFile(path, metadata=parquet.metadata)
-            return one.read_row_groups(run, columns=columns, use_threads=len(runs) == 1).combine_chunks()
+            table = one.read_row_groups(run, columns=columns, use_threads=len(runs) == 1).combine_chunks()
+            return self._checked(table), table.num_rows
 
-        for table in in_order(read, runs):
-            for batch in table.to_batches():
-                for start in range(0, batch.num_rows, self.chunk_rows):
-                    yield from self._chunk(path, report, batch.slice(start, self.chunk_rows), lines, [],
-                                           row_word="row ")
+        for checked, rows in in_order(read, runs):
+            for batch in checked:
+                yield from self._chunk(path, report, batch, lines, [], row_word="row ")
             if self.progress is not None:
-                self.progress.update(size * table.num_rows / total / 1e6)
+                self.progress.update(size * rows / total / 1e6)
         if hashing is not None:
             report.sha256 = hashing.result()
 
@@ -391,21 +400,46 @@ class TableReader:
         lines = _LineNumbers(0)
         for batch in source.table.select(columns).to_batches(max_chunksize=self.chunk_rows):
             if batch.num_rows:
-                yield from self._chunk(source.name, report, batch, lines, [], row_word="row ")
+                yield from self._chunk(source.name, report, self._check(batch), lines, [], row_word="row ")
         report.sha256 = source.sha256()
 
     # ------------------------------------------------------------------ validation
-    def _chunk(self, path: str, report: SourceReport, batch: Any, lines: _LineNumbers,
+    def _checked(self, rows: Any) -> list[_Checked]:
+        """Every slice of at most ``chunk_rows`` rows of a table's batches (or of one batch), checked."""
+        batches = [rows] if isinstance(rows, self.pa.RecordBatch) else rows.to_batches()
+        return [self._check(batch.slice(start, self.chunk_rows)) for batch in batches
+                for start in range(0, batch.num_rows, self.chunk_rows)]
+
+    def _check(self, batch: Any) -> _Checked:
+        """Validate one batch, keep its good rows and key them (``encode``): the work a batch needs
+        of itself, done in the thread that parsed or read it (the pool's, side by side); what needs
+        the batches in file order (line numbers, the first error, the counts) is :meth:`_chunk`'s.
+        Where the main thread validated and keyed what the pool parsed, it bounded the whole: 2M
+        Avazu-like rows on 16 threads took 1.26 s, 1.01 s so (docs/benchmarks.md)."""
+        problems = _Problems(batch.num_rows)
+        labels, typed = self._validate({name: batch.column(name) for name in batch.schema.names}, problems)
+        keep = ~problems.mask
+        if not keep.any():
+            return _Checked(batch.num_rows, problems, None)
+        if not keep.all():
+            labels = labels[keep]
+            mask = self.pa.array(keep)
+            typed = {name: array.filter(mask) for name, array in typed.items()}
+        good = Chunk(labels, typed)
+        if self.encode:
+            good.encoded = encode_rows(self.schema, typed, labels.shape[0])
+        return _Checked(batch.num_rows, problems, good)
+
+    def _chunk(self, path: str, report: SourceReport, checked: _Checked | None, lines: _LineNumbers,
                bad_lines: list[tuple[int, int, int]], row_word: str = "") -> Iterator[Chunk]:
-        """Validate one batch (None: only the rows of wrong width left at the end of the file)."""
+        """One checked batch's rows in file order: its bad rows' lines (with those of a wrong width
+        before it) failed or counted, its good rows given (None: only the rows of a wrong width left
+        at the end of the file)."""
         first_row = lines.returned  # rows pyarrow returned before this batch
-        rows = 0 if batch is None else batch.num_rows
-        last_line = lines.line(first_row + rows - 1) if batch is not None else None
+        rows = 0 if checked is None else checked.rows
+        last_line = lines.line(first_row + rows - 1) if checked is not None else None
         width_errors = [b for b in bad_lines[lines.widths_seen:] if last_line is None or b[0] <= last_line]
-        problems = _Problems(rows)
-        if batch is not None:
-            columns = {name: batch.column(name) for name in batch.schema.names}
-            labels, typed = self._validate(columns, problems)
+        problems = _Problems(0) if checked is None else checked.problems
         message = None
         if problems.first is not None:
             message = (lines.line(first_row + problems.first[0]), problems.first[1])
@@ -427,15 +461,10 @@ class TableReader:
         lines.widths_seen += len(width_errors)
         lines.returned += rows
         report.lines += rows + len(width_errors)
-        if batch is None or rows == int(problems.mask.sum()):
+        if checked is None or checked.good is None:
             return
-        keep = ~problems.mask
-        if not keep.all():
-            labels = labels[keep]
-            mask = self.pa.array(keep)
-            typed = {name: array.filter(mask) for name, array in typed.items()}
-        report.rows += labels.shape[0]
-        yield Chunk(labels, typed)
+        report.rows += checked.good.num_rows
+        yield checked.good
 
     def _validate(self, columns: dict[str, Any], problems: _Problems) -> tuple[np.ndarray, dict[str, Any]]:
         pa = self.pa
@@ -683,12 +712,21 @@ def training_statistics(schema: Schema, paths: Sequence[str | os.PathLike], spli
     return {a.column.name: a.result() for a in stats}
 
 
-def open_reader(schema: Schema, bad_rows: str, chunk_rows: int, progress: Any = None) -> TableReader | CriteoTsvReader:
+def open_reader(schema: Schema, bad_rows: str, chunk_rows: int, progress: Any = None,
+                encode: bool = False) -> TableReader | CriteoTsvReader:
     """The reader of ``schema``'s files (how their bytes become columns): Criteo's own for
-    ``[format] type = "criteo"``, else :class:`TableReader`."""
+    ``[format] type = "criteo"``, else :class:`TableReader` (``encode``: keying the rows where it
+    reads them; see :func:`encoded`)."""
     if schema.format.type == "criteo":
         return CriteoTsvReader(bad_rows, chunk_rows, progress=progress)
-    return TableReader(schema, bad_rows, chunk_rows, progress)
+    return TableReader(schema, bad_rows, chunk_rows, progress, encode=encode)
+
+
+def encoded(schema: Schema, chunk: Chunk) -> EncodedRows:
+    """The store's columns of a chunk's rows: the reader's, where it keyed them, else keyed here."""
+    if chunk.encoded is not None:
+        return chunk.encoded
+    return encode_rows(schema, chunk.columns, chunk.num_rows, in_place=chunk.scratch)
 
 
 def write_store(schema: Schema, paths: Sequence[str | os.PathLike], directory: Path, split: Sequence[float],
@@ -700,12 +738,12 @@ def write_store(schema: Schema, paths: Sequence[str | os.PathLike], directory: P
     assert schema.resolved
     with progress_bar(paths, "preparing", progress) as bar, \
             StoreWriter(directory, schema.field_specs(), split, seed, dense_names=schema.dense_names) as writer:
-        reader = open_reader(schema, bad_rows, chunk_rows, bar)
+        reader = open_reader(schema, bad_rows, chunk_rows, bar, encode=True)
         groups = [(None, list(paths))] if roles is None else [(SPLIT_NAMES.index(r), [p]) for r, p in zip(roles, paths)]
         for code, group in groups:
             for chunk in reader.read(group):
-                encoded = encode_rows(schema, chunk.columns, chunk.num_rows, in_place=chunk.scratch)
-                writer.append(chunk.labels, encoded.columns, dense=encoded.dense, split_code=code)
+                rows = encoded(schema, chunk)
+                writer.append(chunk.labels, rows.columns, dense=rows.dense, split_code=code)
                 if bar is not None:
                     bar.set_postfix_str(f"{writer.num_rows:,} rows", refresh=False)
         if roles is not None:

@@ -227,6 +227,7 @@ class Chunk:
     labels: np.ndarray
     columns: dict[str, Any]
     scratch: bool = False  # the columns are a reader's buffers: what reads them once may overwrite them
+    encoded: Any = None  # the rows' store columns (``features.EncodedRows``), where the reader keyed them
 
     @property
     def num_rows(self) -> int:
