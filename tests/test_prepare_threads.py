@@ -150,3 +150,33 @@ def test_work_given_in_a_pool_thread_runs_there():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO,
                           env={**os.environ, THREADS_VARIABLE: "2"})
     assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_each_does_not_wait_behind_the_pools_queue(monkeypatch):
+    """``each`` while both pool threads are busy with work given before: its caller does every call
+    (the helpers it queued are called off), in order; the first error in item order is raised once
+    every call has ended."""
+    import threading
+
+    from des.data.parallel import each, submit
+
+    monkeypatch.setenv(THREADS_VARIABLE, "2")
+    release = threading.Event()
+    busy = [submit(release.wait, 30) for _ in range(2)]
+    done: list = []
+    caller = threading.Thread(target=lambda: done.append(each(lambda x: x * x, range(5))))
+    caller.start()
+    caller.join(10)
+    release.set()
+    assert done == [[0, 1, 4, 9, 16]] and all(future.result(timeout=30) for future in busy)
+    ended: list[int] = []
+
+    def call(x: int) -> int:
+        ended.append(x)
+        if x in (1, 3):
+            raise ValueError(f"item {x}")
+        return x
+
+    with pytest.raises(ValueError, match="item 1"):
+        each(call, range(6))
+    assert sorted(ended) == list(range(6))

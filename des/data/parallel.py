@@ -9,6 +9,7 @@ items. ``DES_DATA_THREADS`` sets how many threads work (default: the cores this 
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections import deque
@@ -67,14 +68,36 @@ def in_pool() -> bool:
 
 
 def each(function: Callable[[T], R], items: Iterable[T]) -> list[R]:
-    """``[function(item) for item in items]``, the calls spread over the pool's threads (in the
-    calling thread when there is one); the first exception raised is raised here, after every
-    call has ended."""
+    """``[function(item) for item in items]``, the calls spread over the calling thread and
+    helpers in the pool (all in the calling thread when there is one thread, or when it is one of
+    the pool's); the first exception raised is raised here, after every call has ended.
+
+    The caller takes items too, and a helper that has not started when the items run out is
+    called off: work the pool took before (the next pieces parsed, a reader's next bytes) never
+    holds up the caller's, which would wait behind it in the pool's queue (2M CSV rows on 2
+    threads of the 16-core Xeon: 1.13x; the same on 16 threads and on a 2-core machine)."""
     items = list(items)
     if threads() == 1 or len(items) < 2 or in_pool():
         return [function(item) for item in items]
-    futures = [pool().submit(function, item) for item in items]
-    return [future.result() for future in _all_ended(futures)]
+    outcomes: list[Any] = [None] * len(items)
+    taken = itertools.count()  # one item each (``next`` is atomic)
+
+    def work() -> None:
+        while (index := next(taken)) < len(items):
+            try:
+                outcomes[index] = (function(items[index]), None)
+            except Exception as error:  # noqa: BLE001 - raised by the caller, after every call has ended
+                outcomes[index] = (None, error)
+
+    helpers = [pool().submit(work) for _ in range(min(threads(), len(items)) - 1)]
+    work()
+    for helper in helpers:
+        if not helper.cancel():
+            helper.result()
+    for _, error in outcomes:
+        if error is not None:
+            raise error
+    return [value for value, _ in outcomes]
 
 
 def submit(function: Callable[..., R], *args: Any) -> Future[R]:
