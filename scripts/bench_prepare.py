@@ -39,12 +39,12 @@ What to look for (``--ranks 1,8 --rows 20000000`` on 16 cores): the stores ident
 ratio of 8 ranks to one; one rank has every core for its threads where 8 have two each, so
 ``DES_DATA_THREADS=2`` in the environment compares ranks at the same threads per rank.
 
-Expect (a 2-core machine with both cores free): the CSV path at 0.35-0.5x ``pandas.read_csv``'s
+Expect (a 2-core machine with both cores free): the CSV path at 0.4-0.6x ``pandas.read_csv``'s
 rows/s (pandas 3 parses this all-integer file on one core at about 3M rows/s and only parses: no
 validation, hashing or store, and it holds the whole table where ``prepare`` holds a chunk or two;
 pyarrow's parse alone takes about 1 s of a core here), Parquet faster than CSV, and the Criteo path
 near 1M rows/s, within 1-2x of the CSV path (its rows are 3x the bytes, its store 39 keys a row).
-With 16 cores (2026-11-30): CSV 1.6-1.8M rows/s, Parquet 2.6-3.0M, Criteo 1.8M.
+With 16 cores (2026-11-30): CSV about 2M rows/s, Parquet 2.6-3.0M, Criteo 1.7M.
 """
 
 from __future__ import annotations
