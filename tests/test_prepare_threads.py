@@ -87,6 +87,38 @@ def test_csv_blocks_are_a_few_megabytes_a_thread(monkeypatch, tmp_path):
     assert _both_ways(monkeypatch, tmp_path, [raw], schema="avazu") == whole
     assert sizes == [4096, 3 * 4096] and raw.stat().st_size > 25 * 4096
 
+
+def test_a_reader_keys_the_good_rows_where_it_checks_them(monkeypatch, tmp_path):
+    """``TableReader(encode=True)``: a chunk's store columns made by the pool thread that parsed
+    it (CSV pieces, the serial reader after a quoted line break, Parquet runs) are the keys of its
+    good rows, as keying them afterwards gives them."""
+    from des.data import tabular
+    from des.data.features import encode_rows
+    from des.data.tabular import TableReader
+
+    monkeypatch.setattr(tabular, "_BLOCK_BYTES_PER_THREAD", 4096)  # blocks in pieces before the quoted line
+    raw = tmp_path / "rows.csv"
+    synthesize_schema(raw, 900, "avazu", seed=4, file_format="raw")
+    lines = _lines(raw)
+    lines[50] = "7" + lines[50][1:]  # a bad label: its chunk's other rows are kept
+    fields = lines[600].split(",")
+    fields[5] = '"a\nb"'
+    lines[600] = ",".join(fields)
+    raw.write_text("".join(lines))
+    pq.write_table(pcsv.read_csv(raw, convert_options=pcsv.ConvertOptions(
+        column_types={name: pa.string() for name in lines[0].strip().split(",")[1:]})), tmp_path / "rows.parquet",
+        row_group_size=100)
+    monkeypatch.setenv(THREADS_VARIABLE, "3")
+    schema = load_schema("avazu")
+    parquet = Schema.from_dict({**schema.to_dict(), "name": "avazu-parquet", "format": {"type": "parquet"}})
+    for path, declared in ((raw, schema), (tmp_path / "rows.parquet", parquet)):
+        chunks = list(TableReader(declared, "skip", 64, encode=True).read([path]))
+        assert sum(chunk.num_rows for chunk in chunks) == 899
+        for chunk in chunks:
+            again = encode_rows(declared, chunk.columns, chunk.num_rows)
+            assert all((a == b).all() for a, b in zip(chunk.encoded.columns, again.columns))
+
+
 def test_every_kind_of_column(monkeypatch, tmp_path):
     raw = tmp_path / "every.csv"
     synthesize_schema(raw, 2000, EVERY_KIND, seed=2, file_format="raw")
