@@ -114,8 +114,10 @@ def test_avazu_rows_in_the_kaggle_layout(tmp_path):
     assert store.manifest["sources"][0]["lines"] == 4 and store.num_dense == 0
 
 
-def test_csv_tsv_gzip_and_parquet_give_the_same_store(tmp_path):
+def test_csv_tsv_gzip_and_parquet_give_the_same_store(tmp_path, monkeypatch):
     rows = _table_rows(300)
+    for row in rows[::29]:
+        row[1] = ""  # a missing user
     csv_store = prepare(_csv(tmp_path / "t.csv", rows), tmp_path / "csv", schema=_schema(tmp_path))
     tsv = _csv(tmp_path / "t.tsv.gz", rows, delimiter="\t", header=False)
     names = 'delimiter = "\\t"\nheader = false\nnames = ["y", "user", "tags", "price", "age", "note"]'
@@ -129,7 +131,19 @@ def test_csv_tsv_gzip_and_parquet_give_the_same_store(tmp_path):
                             schema=_schema(tmp_path, "", "p.toml").read_text().replace('type = "csv"',
                                                                                      'type = "parquet"')
                             and _parquet_schema(tmp_path))
-    for other in (tsv_store, parquet_store):
+    coded = table  # text as dictionaries (a pandas categorical's): a categorical's stays so, the list's is decoded
+    for name in ("user", "tags", "note"):
+        coded = coded.set_column(coded.schema.get_field_index(name), name, coded[name].dictionary_encode())
+    assert coded["user"].null_count
+    pq.write_table(coded, tmp_path / "coded.parquet")
+    from des.data import features
+
+    through: list[int] = []  # the dictionaries keyed as such
+    keyed = features.by_indices
+    monkeypatch.setattr(features, "by_indices", lambda array, keys: through.append(len(keys)) or keyed(array, keys))
+    coded_store = prepare(tmp_path / "coded.parquet", tmp_path / "coded", schema=_parquet_schema(tmp_path))
+    assert through and max(through) <= 50  # the users' (u0..u49), not the notes' (300)
+    for other in (tsv_store, parquet_store, coded_store):
         for a, b in zip(_keys(csv_store), _keys(other)):
             np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(csv_store.take_dense(np.arange(300)), other.take_dense(np.arange(300)))

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from des.data.features import (MISSING_INT, ServingFeatures, encode_rows, int_keys, log_squared_keys,
+from des.data.features import (MISSING_INT, ServingFeatures, encode_rows, hex_keys, int_keys, log_squared_keys,
                                string_keys)
 from des.data.keys import integer_token
 from des.data.schema import Schema
@@ -170,6 +170,13 @@ def test_string_keys_follow_the_documented_chain():
     array = pa.StringArray.from_buffers(len(texts), pa.py_buffer(offsets.tobytes()), unaligned)
     assert unaligned.address % 8 and string_keys(array).tolist() == [reference(t) for t in texts]
     assert string_keys(pa.array(texts).slice(3, 50)).tolist() == [reference(t) for t in texts[3:53]]
+    # a dictionary array's values (a null among them): keyed through its dictionary, as their text
+    coded = pa.array([*texts[:30], None, *texts[:30]]).dictionary_encode()
+    assert string_keys(coded).tolist() == string_keys(coded.dictionary_decode()).tolist()
+    hexes = pa.array(["1fbe01fe", None, "", "xyz", "1fbe01fe", "0000000a"]).dictionary_encode()
+    assert hex_keys(hexes).tolist() == hex_keys(hexes.dictionary_decode()).tolist() == [0x1FBE01FE + 1, 0, 0, -1,
+                                                                                          0x1FBE01FE + 1, 11]
+    assert string_keys(pa.array([None, None], pa.string()).dictionary_encode()).tolist() == [0, 0]
 
 
 def test_log_squared_is_the_criteo_integer_transform():

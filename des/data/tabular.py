@@ -141,6 +141,7 @@ class TableReader:
         self.chunk_rows = int(chunk_rows)
         self.progress = progress
         self.encode = encode  # key the rows where they are read (each chunk's ``encoded``)
+        self._coded = _coded_columns(schema)
         self.reports: list[SourceReport] = []
 
     # ------------------------------------------------------------------ files
@@ -488,7 +489,8 @@ class TableReader:
         typed: dict[str, Any] = {}
         for column in schema.read_columns:
             array = columns[column.name]
-            if pa.types.is_dictionary(array.type):
+            if pa.types.is_dictionary(array.type) and not (column.name in self._coded and (
+                    pa.types.is_string(array.type.value_type) or pa.types.is_large_string(array.type.value_type))):
                 array = array.dictionary_decode()
             typed[column.name] = self._typed(column, array, problems)
         for derived in schema.derived:
@@ -508,7 +510,8 @@ class TableReader:
         pa = self.pa
         dtype = column.value_dtype
         if dtype == "string":
-            if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
+            if not (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)
+                    or pa.types.is_dictionary(array.type)):  # text, or its dictionary (_coded)
                 array = array.cast(pa.string())
             if column.is_list and (column.weight_separator is not None or column.key_dtype == "int"):
                 self._check_elements(column, array, problems)
@@ -560,6 +563,15 @@ class _LineNumbers:
         while bisect.bisect_right(self.skipped, base + count) != count:
             count = bisect.bisect_right(self.skipped, base + count)
         return base + count
+
+
+def _coded_columns(schema: Schema) -> frozenset[str]:
+    """The columns whose dictionary arrays of text (a Parquet file's, a pandas categorical's) stay
+    so: categorical text read for its keys alone (hashed once per distinct value,
+    :func:`des.data.features.by_indices`), not an element list nor a derived field's input."""
+    inputs = {name for derived in schema.derived for name in derived.inputs}
+    return frozenset(c.name for c in schema.read_columns if c.kind == "categorical" and c.value_dtype == "string"
+                     and not c.is_list and c.name not in inputs)
 
 
 def _row_group_runs(metadata: Any, rows: int, groups: Sequence[int]) -> list[list[int]]:
