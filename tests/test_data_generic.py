@@ -127,22 +127,24 @@ def test_csv_tsv_gzip_and_parquet_give_the_same_store(tmp_path, monkeypatch):
     for i, name in ((0, "y"), (3, "price"), (4, "age")):  # Parquet columns hold numbers, not text
         table = table.set_column(i, name, table[name].cast(pa.float64()))
     pq.write_table(table, tmp_path / "t.parquet")
+    from des.data import features
+
+    through: list[int] = []  # the dictionaries keyed as such (text read as one: its pages hold one)
+    keyed = features.by_indices
+    monkeypatch.setattr(features, "by_indices", lambda array, keys: through.append(len(keys)) or keyed(array, keys))
     parquet_store = prepare(tmp_path / "t.parquet", tmp_path / "parquet",
                             schema=_schema(tmp_path, "", "p.toml").read_text().replace('type = "csv"',
                                                                                      'type = "parquet"')
                             and _parquet_schema(tmp_path))
+    assert through and max(through) <= 50
+    through.clear()
     coded = table  # text as dictionaries (a pandas categorical's): a categorical's stays so, the list's is decoded
     for name in ("user", "tags", "note"):
         coded = coded.set_column(coded.schema.get_field_index(name), name, coded[name].dictionary_encode())
     assert coded["user"].null_count
     pq.write_table(coded, tmp_path / "coded.parquet")
-    from des.data import features
-
-    through: list[int] = []  # the dictionaries keyed as such
-    keyed = features.by_indices
-    monkeypatch.setattr(features, "by_indices", lambda array, keys: through.append(len(keys)) or keyed(array, keys))
     coded_store = prepare(tmp_path / "coded.parquet", tmp_path / "coded", schema=_parquet_schema(tmp_path))
-    assert through and max(through) <= 50  # the users' (u0..u49), not the notes' (300)
+    assert through and max(through) <= 50  # the users' (u0..u49) keyed as a dictionary, not the notes' (300)
     for other in (tsv_store, parquet_store, coded_store):
         for a, b in zip(_keys(csv_store), _keys(other)):
             np.testing.assert_array_equal(a, b)
@@ -153,6 +155,22 @@ def test_csv_tsv_gzip_and_parquet_give_the_same_store(tmp_path, monkeypatch):
     tags = csv_store.field("tags")
     lengths = np.diff(tags[0])
     np.testing.assert_array_equal(tags[2], (1.0 / np.repeat(lengths, lengths)).astype(np.float32))
+
+
+def test_parquet_text_is_read_as_a_dictionary_only_where_its_pages_hold_one(tmp_path):
+    """A Parquet column is read as a dictionary where its first row group's dictionary page is
+    small (the writer kept it: 2x faster than text), not where the writer gave up on it for plain
+    pages (many distinct values: 4x slower as a dictionary) nor where it wrote none."""
+    from des.data.tabular import _small_dictionary
+
+    many = [f"id{v}" for v in np.random.default_rng(0).permutation(150_000)]
+    few = [f"u{v % 50}" for v in range(150_000)]
+    pq.write_table(pa.table({"many": many, "few": few}), tmp_path / "d.parquet")
+    pq.write_table(pa.table({"few": few}), tmp_path / "plain.parquet", use_dictionary=False)
+    metadata = pq.ParquetFile(tmp_path / "d.parquet").metadata
+    assert not _small_dictionary(metadata, "many") and _small_dictionary(metadata, "few")
+    assert not _small_dictionary(pq.ParquetFile(tmp_path / "plain.parquet").metadata, "few")
+    assert not _small_dictionary(metadata, "absent")
 
 
 def _parquet_schema(tmp_path: Path) -> Path:
