@@ -32,12 +32,17 @@ preparation after a warm-up on a few rows, timed on rank 0 between two barriers;
 its peak RSS. A row: the seconds, rows/s, the ratio to the first rank count's rows/s, the threads
 of each rank (``DES_DATA_THREADS`` when set, else its share of the cores), the largest and mean
 peak RSS of a rank, and whether the store is the first rank count's, file for file (sha256 of
-every file). Needs numpy, pandas, pyarrow, numba and mpi4py (no TensorFlow); the stores go to
+every file). Then one rank again under ``taskset`` on as many cores as each rank of the largest
+count has (``--one-rank-cores``; a column gives every row's ratio to it). Needs numpy, pandas, pyarrow, numba and mpi4py (no TensorFlow); the stores go to
 ``--workdir`` (default: a temporary directory; a tmpfs such as /dev/shm keeps the disk out of it).
 
 What to look for (``--ranks 1,8 --rows 20000000`` on 16 cores): the stores identical, and the
 ratio of 8 ranks to one; one rank has every core for its threads where 8 have two each, so
-``DES_DATA_THREADS=2`` in the environment compares ranks at the same threads per rank.
+``DES_DATA_THREADS=2`` in the environment compares ranks at the same threads per rank. Even so, one
+rank alone keeps about 2.6 cores busy (its main thread appends while two threads parse and key);
+under ``taskset -c 0,1`` it has the two cores each of 8 ranks has. On the 16-core Xeon (2026-11-30)
+8 ranks took 2.9-3.8 s for 20M CSV rows: 5.3-5.6x one rank on two cores, 3.6-4.6x one rank free, and
+as fast as eight independent one-process prepares of an eighth each run at once.
 
 Expect (a 2-core machine with both cores free): the CSV path at 0.4-0.6x ``pandas.read_csv``'s
 rows/s (pandas 3 parses this all-integer file on one core at about 3M rows/s and only parses: no
@@ -57,6 +62,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -219,11 +225,35 @@ def store_digests(store: Path) -> dict[str, str]:
     return {p.name: file_sha256(p) for p in sorted(store.iterdir())}
 
 
+def one_rank_cores(requested: int | None, ranks: Sequence[int]) -> int:
+    """The cores the pinned one-rank job gets: ``requested``, else this process's usable cores over
+    the largest rank count (what each of its ranks has); 0 where there is no ``taskset`` or the job
+    would have every core anyway."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = requested if requested is not None else usable // max(ranks)
+    return cores if 0 < cores < usable and shutil.which("taskset") else 0
+
+
+def ranks_job(kind: str, count: int, cores: int, source: Path, output: Path, schema: str, chunk_rows: int
+              ) -> dict[str, Any]:
+    """One ``mpiexec -n count`` job of ``--ranks-child`` (under ``taskset`` on the first ``cores``
+    cores when ``cores``): its JSON line."""
+    command, env = launcher()
+    pinned = ["taskset", "-c", f"0-{cores - 1}"] if cores else []
+    process = subprocess.run([*pinned, *command, "-n", str(count), PYTHON, __file__, "--ranks-child", kind,
+                              str(source), str(output), schema, str(chunk_rows)], stdout=subprocess.PIPE, text=True,
+                             env=env)
+    if process.returncode:
+        raise SystemExit(f"bench_prepare: {count} ranks on {kind} failed with exit code {process.returncode}")
+    return json.loads(process.stdout.strip().splitlines()[-1])
+
+
 def on_ranks(args: argparse.Namespace, work: Path) -> None:
     """The ``--ranks`` measurement (module docstring)."""
     ranks = [int(r) for r in args.ranks.split(",")]
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    command, env = launcher()
+    pinned = one_rank_cores(args.one_rank_cores, ranks)
+    jobs = [(count, 0) for count in ranks] + ([(1, pinned)] if pinned else [])
     inputs = {"csv": (work / "avazu.csv", "avazu"), "criteo": (work / "criteo.tsv", "criteo")}
     start = time.perf_counter()
     for kind in kinds:
@@ -234,35 +264,48 @@ def on_ranks(args: argparse.Namespace, work: Path) -> None:
     for kind in kinds:
         source, schema = inputs[kind]
         first: dict[str, Any] = {}
-        for count in ranks:
+        for count, cores in jobs:
             output = work / f"store-{kind}-{count}"
-            process = subprocess.run([*command, "-n", str(count), PYTHON, __file__, "--ranks-child", kind, str(source),
-                                      str(output), schema, str(args.chunk_rows)], stdout=subprocess.PIPE, text=True,
-                                     env=env)
-            if process.returncode:
-                raise SystemExit(f"bench_prepare: {count} ranks on {kind} failed with exit code {process.returncode}")
-            result = json.loads(process.stdout.strip().splitlines()[-1])
+            result = ranks_job(kind, count, cores, source, output, schema, args.chunk_rows)
             digests = store_digests(output)
             for store in (output, work / f"warm-{kind}-{count}"):
                 shutil.rmtree(store, ignore_errors=True)
             rows_s = result["rows"] / result["seconds"]
             first = first or {"rows_s": rows_s, "digests": digests}
             rss = [x / 2**20 for x in result["rss"]]
-            table.append({"what": f"prepare {kind}", "ranks": count, "threads": result["threads"],
+            where = f"{count} (on {_cores(cores)})" if cores else str(count)
+            table.append({"what": f"prepare {kind}", "ranks": where, "threads": result["threads"],
                           "seconds": result["seconds"], "rows_s": rows_s, "ratio": rows_s / first["rows_s"],
                           "rss_max": max(rss), "rss_mean": sum(rss) / len(rss),
                           "same": "yes" if digests == first["digests"] else "NO"})
-            print(f"  {kind} on {count} rank(s): {result['seconds']:.2f} s, {rows_s:,.0f} rows/s, "
+            print(f"  {kind} on {where} rank(s): {result['seconds']:.2f} s, {rows_s:,.0f} rows/s, "
                   f"x{rows_s / first['rows_s']:.2f}, store {'identical' if digests == first['digests'] else 'DIFFERS'}",
                   flush=True)
-    columns = [("what", "what", ""), ("ranks", "ranks", "d"), ("threads", "threads/rank", "d"),
-               ("seconds", "seconds", ".2f"), ("rows_s", "rows/s", ",.0f"), ("ratio", f"x {ranks[0]} rank(s)", ".2f"),
-               ("rss_max", "peak RSS MiB (largest rank)", ",.0f"), ("rss_mean", "(mean)", ",.0f"),
-               ("same", "store identical", "")]
-    print(benchlib.entry("bench_prepare", benchlib.environment(), sys.argv[1:], [("", columns, table)],
-                         [f"{args.rows:,} rows each; input sizes: {sizes}; each rank count one mpiexec job, timed "
-                          "on rank 0 between barriers after a warm-up (imports not timed); peak RSS of each rank's "
-                          "whole process; identical: every file's sha256 equal to the first rank count's store"]))
+        if pinned:
+            base = table[-1]["rows_s"]
+            for row in table[-len(jobs):]:
+                row["pinned_ratio"] = row["rows_s"] / base
+    print_ranks_entry(args, ranks, pinned, sizes, table)
+
+
+def _cores(count: int) -> str:
+    return f"{count} core{'s' if count > 1 else ''}"
+
+
+def print_ranks_entry(args: argparse.Namespace, ranks: Sequence[int], pinned: int, sizes: str,
+                      table: Sequence[dict[str, Any]]) -> None:
+    columns = [("what", "what", ""), ("ranks", "ranks", ""), ("threads", "threads/rank", "d"),
+               ("seconds", "seconds", ".2f"), ("rows_s", "rows/s", ",.0f"), ("ratio", f"x {ranks[0]} rank(s)", ".2f")]
+    columns += [("pinned_ratio", f"x 1 rank on {_cores(pinned)}", ".2f")] if pinned else []
+    columns += [("rss_max", "peak RSS MiB (largest rank)", ",.0f"), ("rss_mean", "(mean)", ",.0f"),
+                ("same", "store identical", "")]
+    notes = [f"{args.rows:,} rows each; input sizes: {sizes}; each rank count one mpiexec job, timed on rank 0 "
+             "between barriers after a warm-up (imports not timed); peak RSS of each rank's whole process; "
+             "identical: every file's sha256 equal to the first rank count's store"]
+    if pinned:
+        notes.append(f"1 (on {_cores(pinned)}): one rank under taskset on the first {_cores(pinned)}, as many as each rank "
+                     f"of {max(ranks)} has; free, one rank keeps more cores busy than its threads")
+    print(benchlib.entry("bench_prepare", benchlib.environment(), sys.argv[1:], [("", columns, table)], notes))
 
 
 def main() -> None:
@@ -272,6 +315,9 @@ def main() -> None:
     parser.add_argument("--workdir", help="where to write the data (default: a temporary directory)")
     parser.add_argument("--ranks", help="rank counts to compare, e.g. 1,8 (prepare on every rank of a job)")
     parser.add_argument("--kinds", default="csv,criteo", help="with --ranks: the inputs (csv, criteo)")
+    parser.add_argument("--one-rank-cores", type=int, default=None,
+                        help="with --ranks: also time one rank under taskset on this many cores (default: the usable "
+                             "cores over the largest rank count; 0: not)")
     parser.add_argument("--parts", type=int, default=max(1, min(os.cpu_count() or 1, 16)),
                         help="with --ranks: pieces each input is written in, side by side (default: the cores, <= 16)")
     parser.add_argument("--child", nargs=5, metavar=("KIND", "SOURCE", "OUTPUT", "SCHEMA", "CHUNK"),

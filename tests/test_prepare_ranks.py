@@ -162,16 +162,70 @@ def test_the_ranks_that_hash_a_file_prepare_less_of_it(tmp_path):
 
 
 def test_the_key_counters_are_exchanged_in_bounded_runs_of_fields():
-    """Each run of fields sends and receives at most the bound on every rank (a field over it
-    alone is a run of its own), the fields in order; a field no MPI call can carry is refused."""
+    """Each run of fields sends and receives about at most the bound on every rank (a rank sends
+    its keys, and receives a rank's share of everyone's), a field over it alone is a run of its
+    own, the fields in order; a field no MPI call can carry is refused."""
     bound = ranks_module._EXCHANGE_VALUES
     sizes = np.array([[bound // 8, bound // 8, 1, 3], [bound // 8, 0, bound, 3]], dtype=np.int64)
-    owners = [0, 1, 0, 1]
-    rounds = ranks_module._exchange_rounds(sizes, owners)
+    rounds = ranks_module._exchange_rounds(sizes)
     assert rounds == [[0, 1], [2], [3]] and sum(rounds, []) == [0, 1, 2, 3]
     for fields in rounds[:1]:
-        sent = [sum(2 * int(sizes[r, f]) for f in fields if owners[f] != r) for r in range(2)]
-        got = [sum(2 * int(sizes[s, f]) for f in fields if owners[f] == r for s in range(2) if s != r) for r in range(2)]
-        assert max(a + b for a, b in zip(sent, got)) <= bound
+        load = [sum(2 * max(int(sizes[r, f]), int(sizes[:, f].sum()) // 2) for f in fields) for r in range(2)]
+        assert max(load) <= bound
     with pytest.raises(RuntimeError, match="2\\^31"):
-        ranks_module._exchange_rounds(np.array([[0], [1 << 30]], dtype=np.int64), [0])
+        ranks_module._exchange_rounds(np.array([[0], [1 << 30]], dtype=np.int64))
+
+
+@pytest.mark.parametrize("parts", [1, 3, 8])
+def test_key_counters_merged_by_ranges_of_keys_give_one_counters_figures(parts):
+    """Every rank's counter cut into the same ranges of keys, each range merged apart: the ranges
+    hold every key once, and their distinct keys, occurrences and 10 largest counts give the
+    figures of one counter of all the keys (key 0 and ties included)."""
+    from des.data.counting import KeyCounter, by_range, top_share_of
+    from des.data.store import counted, key_figures
+
+    rng = np.random.default_rng(parts)
+    batches = [rng.zipf(1.3, size=5000).astype(np.int64) * 7919 for _ in range(3)]
+    batches[1][:40] = 0
+    one, ranks = KeyCounter(), [KeyCounter() for _ in batches]
+    for counter, keys in zip(ranks, batches):
+        counter.add(keys)
+        one.add(keys)
+    cuts = [by_range(*counter.entries(), parts) for counter in ranks]
+    merged = []
+    for r in range(parts):
+        counter = KeyCounter()
+        for cut in cuts:
+            counter.add(*cut[r])
+        merged.append(counter)
+    seen = np.concatenate([counter.entries()[0] for counter in merged])
+    assert np.unique(seen).shape[0] == seen.shape[0] == one.distinct
+    if parts > 1:
+        assert all(counter.distinct for counter in merged)  # every range gets keys
+    total = sum(counter.total for counter in merged)
+    figures = key_figures(sum(c.distinct for c in merged), total, top_share_of([c.top_counts(10) for c in merged], total))
+    assert figures == counted(one) and 0 < figures["top10_share"] < 1
+
+
+def test_a_cut_files_digest_is_taken_from_the_plan_on_and_given_up_if_it_is_read_whole(tmp_path):
+    """The rank reading a cut file's first part hashes the whole file (the others none); a file the
+    line count makes one part is given up, its hash stopped."""
+    import hashlib
+    import threading
+
+    from des.data.blocks import file_sha256
+    from des.data.ranks import FileDigests
+
+    path = tmp_path / "rows.csv"
+    path.write_bytes(b"a,b\n" * 300_000)
+    size = path.stat().st_size
+    parts = [(0, 0, Share(str(path), 0, size // 2)), (1, 0, Share(str(path), size // 2, size))]
+    with FileDigests(parts, 0) as first, FileDigests(parts, 1) as second:
+        assert first.result() == {"0": hashlib.sha256(path.read_bytes()).hexdigest()}
+        assert second.result() == {}
+    with FileDigests(parts, 0) as given_up:
+        given_up.keep([(0, 0, Share(str(path)))])
+        assert given_up.result() == {}
+    stop = threading.Event()
+    stop.set()
+    assert file_sha256(path, stop) == ""

@@ -147,7 +147,13 @@ def one_hot_width(fields: Sequence[FieldSpec]) -> int:
 
 def counted(counter: KeyCounter) -> dict[str, Any]:
     """A field's manifest figures of its keys' counter."""
-    return {"distinct": counter.distinct, "nnz": counter.total, "top10_share": round(counter.top_share(10), 6)}
+    return key_figures(counter.distinct, counter.total, counter.top_share(10))
+
+
+def key_figures(distinct: int, occurrences: int, top10_share: float) -> dict[str, Any]:
+    """A field's manifest figures: its distinct keys, their occurrences, the 10 most frequent
+    keys' share of them."""
+    return {"distinct": distinct, "nnz": occurrences, "top10_share": round(top10_share, 6)}
 
 
 class _FieldWriter:
