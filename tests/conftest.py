@@ -10,6 +10,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # oneDNN: des's own choice (des/_tensorflow_env.py)
 
 import importlib
+import importlib.util
 import io
 import subprocess
 import sys
@@ -38,6 +39,15 @@ REPO = Path(__file__).resolve().parent.parent
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 
 
+#: TensorFlow's import loads Keras eagerly, and with it scikit-learn and SciPy: over a second of
+#: every process's start-up, and des uses no Keras. Where the legacy Keras package is not installed,
+#: asking for it leaves Keras unloaded (TensorFlow skips the eager import of a missing package; a
+#: use of ``tf.keras`` would fail loudly). The tests' child processes get it (:func:`mpi_env`, and
+#: des.check's jobs through :func:`driver_env`); tests/test_train.py's progress-bar job runs without
+#: it, as a user's would.
+NO_KERAS = {} if importlib.util.find_spec("tf_keras") else {"TF_USE_LEGACY_KERAS": "1"}
+
+
 def mpi_env(ranks: int) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
@@ -46,6 +56,7 @@ def mpi_env(ranks: int) -> dict[str, str]:
         NUMBA_NUM_THREADS="1",
         OMP_NUM_THREADS="1",
         PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+        **NO_KERAS,
     )
     return env
 
@@ -71,6 +82,20 @@ def run_mpi(
     if check and proc.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc
+
+
+def run_mpi_many(ranks: int, runs: dict[str, list[str]], folder: Path, *, timeout: float = 240) -> dict[str, str]:
+    """Several ``-m MODULE ARGS...`` runs (by name) one after another in ONE ``mpiexec -n ranks``
+    job (tests/mpi_programs/entry_points.py: the ranks start once); a failing run fails the test.
+    Returns each run's standard output, its ranks' in rank order. For runs that set up alike and
+    succeed; a run expected to fail keeps a job of its own."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    listing = folder / "runs.json"
+    listing.write_text(json.dumps([{"name": name, "args": args} for name, args in runs.items()]))
+    run_mpi(ranks, ["-m", "tests.mpi_programs.entry_points", str(listing)], timeout=timeout)
+    return {name: "".join((folder / f"{name}.rank-{r}.out").read_text() for r in range(ranks)) for name in runs}
 
 
 def run_here(args: list[str], *, check: bool = True) -> subprocess.CompletedProcess:

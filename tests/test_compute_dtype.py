@@ -9,30 +9,40 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import criteo_head, run_mpi
+from tests.conftest import criteo_head, run_mpi_many
 from tests.test_train import checkpoint_arrays
 
 
 #: FinalMLP's second stream and gates as wide as --hidden's first layer (their defaults: 800)
 SMALLER = {"finalmlp": ("--model-options", "mlp2_hidden=32;fs_hidden=32")}
+MODELS = ["deepfm", "dcnv2", "dlrm", "finalmlp", "xdeepfm"]
+
+
+@pytest.fixture(scope="module")
+def bf16_runs(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """Every model's bf16 run on 2 ranks, one after another in one launch: the folder and their
+    standard outputs."""
+    root = tmp_path_factory.mktemp("bf16")
+    criteo_head(root / "small.tsv", 2000)
+    runs = {model: ["-m", "des.train", "--data", str(root / "small.tsv"), "--cache-dir", str(root / "cache"),
+                    "--output", str(root / model), "--model", model, "--hidden", "32,16", "--batch-size", "128",
+                    "--epochs", "2", "--early-stop", "0", "--compute-dtype", "bfloat16", "--no-progress",
+                    *SMALLER.get(model, ())] for model in MODELS}
+    return root, run_mpi_many(2, runs, root / "jobs", timeout=400)
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("model", ["deepfm", "dcnv2", "dlrm", "finalmlp", "xdeepfm"])
-def test_bfloat16_top_network_trains_and_learns_on_two_ranks(tmp_path: Path, model: str) -> None:
-    criteo_head(tmp_path / "small.tsv", 2000)
-    proc = run_mpi(2, ["-m", "des.train", "--data", str(tmp_path / "small.tsv"), "--cache-dir", str(tmp_path / "cache"),
-                       "--output", str(tmp_path / "run"), "--model", model, "--hidden", "32,16", "--batch-size", "128",
-                       "--epochs", "2", "--early-stop", "0", "--compute-dtype", "bfloat16", "--no-progress",
-                       *SMALLER.get(model, ())])
-    assert "compute_dtype=bfloat16" in proc.stdout
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+@pytest.mark.parametrize("model", MODELS)
+def test_bfloat16_top_network_trains_and_learns_on_two_ranks(bf16_runs, model: str) -> None:
+    root, stdout = bf16_runs
+    assert "compute_dtype=bfloat16" in stdout[model]
+    summary = json.loads((root / model / "summary.json").read_text())
+    records = [json.loads(line) for line in (root / model / "metrics.jsonl").read_text().splitlines()]
     assert summary["test_auc"] > 0.65, summary["test_auc"]  # learned (a constant model scores 0.5)
     if model != "dlrm":  # (DLRM has no order-1 term: its bias moves at the dense Adam's pace, too slowly for
         # its training loss to reach the positive rate's in 28 steps)
         assert records[-1]["auc"] > records[0]["auc"] - 0.02 and records[-1]["train_loss"] < 0.6
-    arrays = checkpoint_arrays(tmp_path / "run" / "checkpoints")
+    arrays = checkpoint_arrays(root / model / "checkpoints")
     floats = {k: v.dtype for k, v in arrays.items() if v.dtype.kind == "f"}
     assert floats and set(floats.values()) == {np.dtype(np.float32)}, floats
 

@@ -6,6 +6,7 @@ implementation: tests/test_reference.py; the SavedModel: tests/test_export_schem
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ from des.building import parse_model_options
 from des.errors import ConfigError
 from des.models import DCNv2, DLRM
 from des.substitutions import draw_param
-from tests.conftest import criteo_head, run_job
+from tests.conftest import criteo_head, run_job, run_mpi_many
 from tests.test_train import assert_checkpoints_equal
 
 
@@ -80,20 +81,35 @@ SMALL = ["--embedding-dim", "4", "--hidden", "16,8", "--batch-size", "128", "--n
          "--unadmitted", "init", "--checkpoint-every", "4", "--ttl", "4", "--max-steps", "8"]
 
 
-@pytest.mark.mpi
-@pytest.mark.parametrize(("model", "ranks", "flags"), [
+RESUMES = [  # (model, ranks, flags)
     ("dcnv2", 2, ["--model-options", "cross_layers=2;cross=mix;low_rank=3;experts=2"]),
     ("dlrm", 3, []),
     ("finalmlp", 4, ["--model-options", "mlp2_hidden=8;fs_hidden=8;num_heads=2"]),
     ("xdeepfm", 2, ["--model-options", "cin_layers=4,3", "--plan", "embeddings=exchange"]),
-])
-def test_resume_on_another_number_of_ranks(tmp_path: Path, model: str, ranks: int, flags: list[str]) -> None:
+]
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory) -> Path:
+    """Each model 8 steps straight on one rank (in this process), and from its step-4 checkpoint on
+    its rank count: the runs of one rank count one after another in one launch."""
+    root = tmp_path_factory.mktemp("resume")
+    data = criteo_head(root / "small.tsv", 1500)
+    common = {model: ["-m", "des.train", "--data", str(data), "--cache-dir", str(root / "cache"), "--model", model,
+                      *SMALL, *flags] for model, _, flags in RESUMES}
+    for model, _, _ in RESUMES:
+        run_job(1, [*common[model], "--output", str(root / model / "straight")])
+    for ranks in sorted({n for _, n, _ in RESUMES}):
+        run_mpi_many(ranks, {model: [*common[model], "--output", str(root / model / "resumed"), "--resume",
+                                     str(root / model / "straight" / "checkpoints" / "step-00000004")]
+                             for model, n, _ in RESUMES if n == ranks}, root / f"jobs-{ranks}", timeout=300)
+    return root
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("model", "ranks", "flags"), RESUMES)
+def test_resume_on_another_number_of_ranks(resumed: Path, model: str, ranks: int, flags: list[str]) -> None:
     """8 steps straight on one rank, and from its step-4 checkpoint on ``ranks`` ranks: the same
     checkpoint at step 8, every table row, field slice and top weight to 1e-9."""
-    data = criteo_head(tmp_path / "small.tsv", 1500)
-    common = ["-m", "des.train", "--data", str(data), "--cache-dir", str(tmp_path / "cache"), "--model", model,
-              *SMALL, *flags]
-    run_job(1, [*common, "--output", str(tmp_path / "straight")])
-    straight = tmp_path / "straight" / "checkpoints"
-    run_job(ranks, [*common, "--output", str(tmp_path / "resumed"), "--resume", str(straight / "step-00000004")])
-    assert_checkpoints_equal(straight, tmp_path / "resumed" / "checkpoints")
+    assert_checkpoints_equal(resumed / model / "straight" / "checkpoints", resumed / model / "resumed" / "checkpoints")
+    assert json.loads((resumed / model / "resumed" / "summary.json").read_text())["ranks"] == ranks

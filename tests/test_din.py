@@ -170,28 +170,44 @@ def test_din_on_two_ranks_equals_one_rank_float64(store):
         [(r.case.flags, r.failures[:2]) for r in results]
 
 
-@pytest.mark.parametrize("options", ["wide=none", "wide=fm", "wide=fm;recency=add"])
-def test_din_exported_serves_what_evaluate_predicts(store, tmp_path, options):
-    """Served without des (examples/serving_client.py) == des.evaluate to 1e-6, on rows with empty
-    and over-long histories (the synthetic sequences run 0 .. max_length + 2 ids), without and with
-    DeepFM's linear and FM terms, and with the slots' positions."""
+OPTIONS = ["wide=none", "wide=fm", "wide=fm;recency=add"]
+
+
+@pytest.fixture(scope="module")
+def served(store, tmp_path_factory) -> dict:
+    """Each of OPTIONS trained, predicted by des.evaluate and exported; the exports served by one
+    process without des (examples/serving_client.py): each one's probabilities by both signatures."""
     from des import evaluate, export, train
     from tests.conftest import REPO, mpi_env
 
-    run, requests = tmp_path / "run", store / "din.csv"
-    train.main(["--model", "din", "--data", str(store / "store"), "--max-steps", "6", "--batch-size", "32",
-                "--hidden", "6,4", "--model-options", f"attention_hidden=4;{options}", "--output", str(run)])
-    evaluate.main(["--checkpoint", str(run), "--data", str(requests), "--cache-dir", str(tmp_path / "cache"),
-                   "--predictions", str(tmp_path / "evaluate.txt")])
-    export.main(["--checkpoint", str(run), "--output", str(tmp_path / "model")])
+    root, requests, models, out = tmp_path_factory.mktemp("din-served"), store / "din.csv", [], {}
+    for i, options in enumerate(OPTIONS):
+        run = root / f"run-{i}"
+        train.main(["--model", "din", "--data", str(store / "store"), "--max-steps", "6", "--batch-size", "32",
+                    "--hidden", "6,4", "--model-options", f"attention_hidden=4;{options}", "--output", str(run)])
+        evaluate.main(["--checkpoint", str(run), "--data", str(requests), "--cache-dir", str(root / "cache"),
+                       "--predictions", str(root / f"evaluate-{i}.txt")])
+        export.main(["--checkpoint", str(run), "--output", str(root / f"model-{i}")])
+        models.append(str(root / f"model-{i}"))
     done = subprocess.run([sys.executable, str(REPO / "examples" / "serving_client.py"), "--examples",
-                           str(requests), str(tmp_path / "served-"), str(tmp_path / "model")], cwd=tmp_path,
+                           str(requests), str(root / "served-"), *models], cwd=root,
                           env=mpi_env(1), capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
+    for i, options in enumerate(OPTIONS):
+        out[options] = {kind: np.loadtxt(root / name) for kind, name in
+                        (("evaluate", f"evaluate-{i}.txt"), ("served", f"served-{i}.txt"),
+                         ("examples", f"served-{i}.examples.txt"))}
+    return out
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+def test_din_exported_serves_what_evaluate_predicts(store, served, options):
+    """Served without des (examples/serving_client.py) == des.evaluate to 1e-6, on rows with empty
+    and over-long histories (the synthetic sequences run 0 .. max_length + 2 ids), without and with
+    DeepFM's linear and FM terms, and with the slots' positions."""
+    requests = store / "din.csv"
     histories = [line.split(",")[-1] for line in requests.read_text().splitlines()[1:]]
     assert "" in histories and max(h.count("|") for h in histories) >= 3  # empty and over-long ones
-    np.testing.assert_allclose(np.loadtxt(tmp_path / "served-0.txt"), np.loadtxt(tmp_path / "evaluate.txt"),
-                               atol=1e-6)
+    np.testing.assert_allclose(served[options]["served"], served[options]["evaluate"], atol=1e-6)
     # the same rows as serialized tf.Examples (the examples signature): the same probabilities
-    np.testing.assert_array_equal(np.loadtxt(tmp_path / "served-0.examples.txt"),
-                                  np.loadtxt(tmp_path / "served-0.txt"))
+    np.testing.assert_array_equal(served[options]["examples"], served[options]["served"])

@@ -21,8 +21,8 @@ import psutil
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from tests.conftest import (MPIEXEC, REPO, assert_states_equal, criteo_head, mpi_env, mpich_shm, run_here, run_job,
-                            run_mpi)
+from tests.conftest import (MPIEXEC, NO_KERAS, REPO, assert_states_equal, criteo_head, mpi_env, mpich_shm, run_here,
+                            run_job, run_mpi, run_mpi_many)
 
 SMALL = ["--embedding-dim", "4", "--hidden", "16,8", "--batch-size", "256", "--eval-batch-size", "1024",
          "--no-progress", "--table-capacity", "256"]
@@ -35,10 +35,13 @@ def work(tmp_path_factory) -> Path:
     return root
 
 
-def train(work: Path, ranks: int, output: str, *flags: str, check: bool = True, timeout: float = 240):
-    args = ["-m", "des.train", "--data", str(work / "small.tsv"), "--cache-dir", str(work / "cache"),
+def train_args(work: Path, output: str, *flags: str) -> list[str]:
+    return ["-m", "des.train", "--data", str(work / "small.tsv"), "--cache-dir", str(work / "cache"),
             "--output", str(work / output), *SMALL, *flags]
-    return run_job(ranks, args, check=check, timeout=timeout)
+
+
+def train(work: Path, ranks: int, output: str, *flags: str, check: bool = True, timeout: float = 240):
+    return run_job(ranks, train_args(work, output, *flags), check=check, timeout=timeout)
 
 
 def summary(work: Path, output: str) -> dict:
@@ -109,12 +112,24 @@ RESUMES = {"1to1": (1, "straight", 4), "1to2": (2, "straight", 4), "2to1": (1, "
 
 @pytest.fixture(scope="module")
 def resume_runs(work: Path) -> dict[str, Path]:
-    """12 steps straight on 1 rank (checkpoints at 4, 8, 12), and the resumed runs of RESUMES."""
+    """12 steps straight on 1 rank (checkpoints at 4, 8, 12), and the resumed runs of RESUMES. The
+    2-rank resume runs in one launch with the other 2-rank runs of the straight run's data: alltoall
+    from scratch and des.evaluate of the straight run on its rows reversed (their stdout: ``"stdout"``)."""
     train(work, 1, "straight", *RESUME_FLAGS, "--max-steps", "12")
     runs = {"straight": work / "straight" / "checkpoints"}
+    rows = (work / "small.tsv").read_text().splitlines()
+    (work / "reversed.tsv").write_text("\n".join(rows[::-1]) + "\n")
+    others = {"alltoall": train_args(work, "alltoall", *RESUME_FLAGS, "--max-steps", "12", "--strategy", "alltoall"),
+              "evaluate-2": ["-m", "des.evaluate", "--checkpoint", str(runs["straight"]), "--data",
+                             str(work / "reversed.tsv"), "--cache-dir", str(work / "cache"), "--predictions",
+                             str(work / "predictions-2.txt")]}
     for name, (ranks, source, step) in RESUMES.items():
-        train(work, ranks, name, *RESUME_FLAGS, "--max-steps", "12",
-              "--resume", str(runs[source] / f"step-{step:08d}"))
+        args = train_args(work, name, *RESUME_FLAGS, "--max-steps", "12", "--resume",
+                          str(runs[source] / f"step-{step:08d}"))
+        if ranks == 1:
+            run_here(args)
+        else:
+            runs["stdout"] = run_mpi_many(ranks, {name: args, **others}, work / "two-ranks")
         runs[name] = work / name / "checkpoints"
     return runs
 
@@ -150,15 +165,11 @@ def test_a_resumed_run_predicts_the_table_memory_of_a_fresh_one(work: Path) -> N
 def test_evaluate_with_other_rank_counts(resume_runs, work: Path) -> None:
     checkpoint = str(resume_runs["straight"])
     rows = (work / "small.tsv").read_text().splitlines()
-    (work / "reversed.tsv").write_text("\n".join(rows[::-1]) + "\n")
-    outputs = {}
-    # 1 rank on the rows, 2 ranks on the same rows reversed: rank count and input order at once.
-    for ranks, data in ((1, "small.tsv"), (2, "reversed.tsv")):
-        predictions = work / f"predictions-{ranks}.txt"
-        proc = run_job(ranks, ["-m", "des.evaluate", "--checkpoint", checkpoint, "--data", str(work / data),
-                               "--cache-dir", str(work / "cache"), "--predictions", str(predictions)])
-        auc = float(proc.stdout.split("auc ")[1].split()[0])
-        outputs[ranks] = (np.loadtxt(predictions), auc)
+    # 1 rank on the rows, 2 ranks on the same rows reversed (resume_runs): rank count and input order at once.
+    proc = run_here(["-m", "des.evaluate", "--checkpoint", checkpoint, "--data", str(work / "small.tsv"),
+                     "--cache-dir", str(work / "cache"), "--predictions", str(work / "predictions-1.txt")])
+    outputs = {ranks: (np.loadtxt(work / f"predictions-{ranks}.txt"), float(stdout.split("auc ")[1].split()[0]))
+               for ranks, stdout in ((1, proc.stdout), (2, resume_runs["stdout"]["evaluate-2"]))}
     labels = np.array([int(line.split("\t", 1)[0]) for line in rows])
     p1, auc1 = outputs[1]
     assert p1.shape == labels.shape  # one probability per input row
@@ -183,12 +194,12 @@ def test_user_model_from_a_plugin_trains(work: Path) -> None:
 def test_alltoall_strategy_trains_the_same_model(resume_runs, work: Path) -> None:
     """--strategy alltoall (= des --plan exchange: embeddings exchanged, dense gradients
     AllReduced) ends where DES ends."""
-    proc = train(work, 2, "alltoall", *RESUME_FLAGS, "--max-steps", "12", "--strategy", "alltoall")
-    assert "with strategy alltoall" in proc.stdout
+    stdout = resume_runs["stdout"]["alltoall"]  # trained from scratch on 2 ranks (resume_runs)
+    assert "with strategy alltoall" in stdout
     # the balanced placement weighs each field's work on the first batch with its table's ids
-    shares = [float(x) for x in re.findall(r"rank \d: +\d+ fields, .* ([\d.]+)% of the work", proc.stdout)]
-    assert len(shares) == 2 and sum(shares) == pytest.approx(100, abs=0.2), proc.stdout
-    assert "work per step (ids, distinct ids, rows of a batch): largest rank" in proc.stdout
+    shares = [float(x) for x in re.findall(r"rank \d: +\d+ fields, .* ([\d.]+)% of the work", stdout)]
+    assert len(shares) == 2 and sum(shares) == pytest.approx(100, abs=0.2), stdout
+    assert "work per step (ids, distinct ids, rows of a batch): largest rank" in stdout
     assert_checkpoints_equal(resume_runs["straight"], work / "alltoall" / "checkpoints")
     s = summary(work, "alltoall")
     assert s["strategy"] == "alltoall"
@@ -198,7 +209,7 @@ def test_alltoall_strategy_trains_the_same_model(resume_runs, work: Path) -> Non
     # predicted from the distinct ids of the first 4 batches; the run's 12 batches differ a little
     assert s["planner"]["plan"] == {"linear": "exchange", "first_fc": "exchange"}
     assert s["planner"]["predicted_bytes_per_step"] == pytest.approx(s["bytes_per_step"], rel=0.05)
-    assert "this run: --plan exchange, predicted" in proc.stdout
+    assert "this run: --plan exchange, predicted" in stdout
     assert s["test_logloss"] == pytest.approx(summary(work, "straight")["test_logloss"], rel=1e-9)
 
 
@@ -253,7 +264,7 @@ def test_progress_bar_quiet_ranks_and_one_class_splits(work: Path) -> None:
 
     lines = (work / "small.tsv").read_text().splitlines()
     (work / "negatives.tsv").write_text("".join("0" + line[1:] + "\n" for line in lines))
-    env = {k: v for k, v in mpi_env(2).items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS")}
+    env = {k: v for k, v in mpi_env(2).items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS", *NO_KERAS)}
     master, slave = pty.openpty()
     cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "des.train", "--data", str(work / "negatives.tsv"),
            "--cache-dir", str(work / "cache"), "--output", str(work / "bar"), *SMALL, "--progress",
