@@ -348,6 +348,7 @@ class ModelSplitForm:
         self.partials, self.local_backward, self.top_predict, self.train_whole = (
             partials, local_backward, top_predict, train_whole)
         self.top_train = compiled(self._top_train, self.jit)
+        self.top_train_packed = compiled(self._top_train_packed, self.jit)
 
     def _top_train(self, buffer: tf.Tensor, xpooled: Sequence[tf.Tensor], xparams: Sequence[tf.Tensor],
                    sparams: Sequence[tf.Tensor], labels: tf.Tensor, top: Sequence[tf.Tensor], global_size: Any,
@@ -361,6 +362,19 @@ class ModelSplitForm:
             self._columns(buffer), xpooled, xparams, sparams, labels, top, global_size, dense)
         buffer_grad = tf.concat(column_grads, axis=1) if column_grads else tf.zeros_like(buffer)
         return loss, buffer_grad, xpooled_grads, xparam_grads, sparam_grads, top_grads
+
+    def _top_train_packed(self, buffer: tf.Tensor, xpooled: Sequence[tf.Tensor], xparams: Sequence[tf.Tensor],
+                          sparams: Sequence[tf.Tensor], labels: tf.Tensor, top: Sequence[tf.Tensor], global_size: Any,
+                          dense: Any) -> tuple:
+        """:meth:`_top_train` for a rank's row block: ``G`` of its rows, the exchanged blocks' pooled
+        gradients, and ONE flat vector of the loss and the gradients of the exchanged field weights,
+        the split fields' slices and the top network, in that order (what the top reduction sums). Packed
+        in the graph: at 512 rows, packing the returned tensors in numpy took 0.7 ms a step, and the
+        phase ``top`` ran 0.5 ms (4 %) shorter so (2 cores, alternating jobs)."""
+        loss, buffer_grad, xpooled_grads, xparam_grads, sparam_grads, top_grads = self._top_train(
+            buffer, xpooled, xparams, sparams, labels, top, global_size, dense)
+        flat = [tf.reshape(g, [-1]) for g in (*xparam_grads, *sparam_grads, *top_grads)]
+        return buffer_grad, xpooled_grads, tf.concat([tf.reshape(loss, [1]), *flat], axis=0)
 
     def _top_train_parts(self, columns: Sequence[tf.Tensor], xpooled: Sequence[tf.Tensor],
                          xparams: Sequence[tf.Tensor], sparams: Sequence[tf.Tensor], labels: tf.Tensor,

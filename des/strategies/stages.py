@@ -448,13 +448,12 @@ class DataParallel:
         with timer("reduce_scatter"):
             rows, lo, hi = self._rows(work, buffer, "partials_reduce_scatter")
         with timer("top"):
-            loss, rows_grad, xpooled_grads, xparam_grads, sparam_grads, top_grads = form.top_train(
+            rows_grad, xpooled_grads, packed = form.top_train_packed(
                 rows, xpooled, xparams, step.partials.params(), step.labels(work, lo, hi), step.top_weights(),
                 work.rows, form.dense_rows(work.batch, lo, hi))
-            # this rank's loss share and dense gradients, summed over the ranks while G travels
-            packed = np.concatenate([[float(loss)], *[to_numpy(g).reshape(-1) for g in xparam_grads],
-                                     *[to_numpy(g).reshape(-1) for g in sparam_grads],
-                                     *[to_numpy(g).reshape(-1) for g in top_grads]]).astype(step.dense.dtype)
+            # this rank's loss share and dense gradients, summed over the ranks while G travels (a
+            # copy: the reduction writes into it, and TF's buffers are never written to)
+            packed = np.array(to_numpy(packed), dtype=step.dense.dtype)
         with timer("allreduce"):
             pending = self.reduction.start(packed, work.rows)
         exchanged = step.exchange.backward(work, xpooled_grads) if step.exchange else []
