@@ -36,6 +36,16 @@ BENCH_SCRIPTS = ("bench_communication", "bench_throughput", "bench_quality", "be
 ALL_SCRIPTS = tuple(sorted(p.stem for p in SCRIPTS.glob("bench_*.py")))
 
 
+@pytest.fixture
+def jobs_env(monkeypatch) -> None:
+    """A script's jobs and children start in the tests' environment, as tests/conftest.py's
+    launches do (``NO_KERAS``: no eager Keras import in their TensorFlow)."""
+    from tests.conftest import NO_KERAS
+
+    for key, value in NO_KERAS.items():
+        monkeypatch.setenv(key, value)
+
+
 def test_select_defaults_chooses_the_best_candidate_per_model():
     rows = [{"model": "lr", "flags": "--batch-size 256", "validation_auc": 0.7795},
             {"model": "lr", "flags": "--min-count 2 --unadmitted shared", "validation_auc": 0.7802},
@@ -405,7 +415,7 @@ def test_din_deepctr_inputs_read_the_stores_rows(tmp_path):
 
 
 @pytest.mark.mpi
-def test_throughput_din_on_its_data(tmp_path):
+def test_throughput_din_on_its_data(tmp_path, jobs_env):
     """bench_throughput's din on ``--data din`` at the smallest size (one rank, a warm-up step and
     2 timed ones of 64 rows): des's samples/s, both rooflines of its network at 2 and 1 threads, and
     the comparison row of des against the dense roofline."""
@@ -616,7 +626,7 @@ def test_scaling_panels_jobs_and_rows():
 
 
 @pytest.mark.mpi
-def test_scaling_runs_on_one_and_two_ranks(tmp_path):
+def test_scaling_runs_on_one_and_two_ranks(tmp_path, jobs_env):
     """bench_scaling on 1 and 2 ranks of the shipped sample (LR: the script, not a model, is tested),
     a warm-up step and 2 timed steps per job:
     every output in --out (no jobs, no figure), a row per scaling and N, the job that strong and weak

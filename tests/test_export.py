@@ -84,7 +84,7 @@ def exported(tmp_path_factory) -> dict:
 def test_served_probabilities_equal_evaluate(exported: dict, name: str) -> None:
     expected, served = exported["expected"][name], exported["served"][name]
     assert served.shape == expected.shape == (300 + 20 + len(EDITED),)
-    # --predictions keeps 8 decimals: 1e-6 is the float32 bound the issue asks for.
+    # --predictions keeps 8 decimals: 1e-6 is the float32 bound docs/serving.md promises.
     np.testing.assert_allclose(served, expected, rtol=0, atol=1e-6)
 
 
