@@ -5,6 +5,7 @@ trains), which must pass a model defined outside the package and fail a strategy
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -145,3 +146,23 @@ def test_a_failing_job_is_reported_in_one_line(small_data: Path) -> None:
     # an unknown model fails inside the job: the harness names it, no traceback
     with pytest.raises(CheckFailed, match="1 rank\\(s\\): the training job failed: .*unknown model 'nope'"):
         check([Case("nope", "des", str(small_data))], (2,), steps=1, timeout=200)
+
+
+@pytest.mark.parametrize("cores", [1, 64], ids=["one-after-the-other", "at-once"])
+def test_a_job_past_its_time_is_stopped_with_every_rank(small_data: Path, tmp_path: Path, monkeypatch,
+                                                       cores: int) -> None:
+    import des.check
+    from des.check import Case, CheckFailed, check
+
+    # the 1- and 2-rank jobs run one after the other, or at once where every rank has a core; the
+    # first past its time fails the check, and no job leaves a process behind (mpiexec and its
+    # ranks are one process group, killed whole: at once, the 2-rank job is still running then)
+    monkeypatch.setattr(des.check.os, "cpu_count", lambda: cores)
+    with pytest.raises(CheckFailed, match="1 rank\\(s\\): the training job did not finish within 2 s"):
+        check([Case("deepfm", "des", str(small_data))], (2,), steps=1, timeout=2, workdir=tmp_path)
+    for _ in range(50):
+        left = subprocess.run(["pgrep", "-f", f"--worker {tmp_path}"], capture_output=True, text=True).stdout
+        if not left:
+            break
+        time.sleep(0.1)
+    assert not left, f"processes left behind: {left}"
