@@ -160,9 +160,22 @@ def test_a_job_past_its_time_is_stopped_with_every_rank(small_data: Path, tmp_pa
     monkeypatch.setattr(des.check.os, "cpu_count", lambda: cores)
     with pytest.raises(CheckFailed, match="1 rank\\(s\\): the training job did not finish within 2 s"):
         check([Case("deepfm", "des", str(small_data))], (2,), steps=1, timeout=2, workdir=tmp_path)
-    for _ in range(50):
-        left = subprocess.run(["pgrep", "-f", f"--worker {tmp_path}"], capture_output=True, text=True).stdout
+    for _ in range(10):  # a second: a job left running would still be starting up then
+        left = _processes_with(f"--worker {tmp_path}")
         if not left:
             break
         time.sleep(0.1)
     assert not left, f"processes left behind: {left}"
+
+
+def _processes_with(text: str) -> list[str]:
+    """The command lines of this machine's processes that contain ``text``."""
+    found = []
+    for path in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            line = path.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # the process ended meanwhile
+            continue
+        if text in line:
+            found.append(line)
+    return found
