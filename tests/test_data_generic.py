@@ -19,7 +19,7 @@ from des.data.__main__ import main
 from des.data.build import cache_entry_name, file_sha256
 from des.data.features import string_keys
 from des.data.schema import Schema, load_schema
-from des.data.split import assign_splits
+from des.data.split import DEFAULT_SPLIT, assign_splits, check_fractions
 from des.data.synth_schema import synthesize_schema
 
 REPO = Path(__file__).resolve().parents[1]
@@ -341,6 +341,30 @@ def test_the_cache_is_keyed_on_the_schema(tmp_path):
     # Criteo's entries keep their names
     assert cache_entry_name("x.txt", "ab" * 32, (0.9, 0.05, 0.05), 0, "fail", load_schema()) == \
         cache_entry_name("x.txt", "ab" * 32, (0.9, 0.05, 0.05), 0, "fail")
+
+
+def test_a_first_preparation_into_the_cache_reads_the_file_once(tmp_path, monkeypatch):
+    import des.data.build as build
+
+    hashed = []
+    monkeypatch.setattr(build, "file_sha256", lambda path, stop=None: hashed.append(path) or file_sha256(path))
+    raw = _csv(tmp_path / "t.csv", _table_rows(60))
+    cache, schema = tmp_path / "cache", _schema(tmp_path)
+    # nothing cached of this name and options: prepared at once (the file hashed while it is read,
+    # not in a pass before), the entry named after the sha256 its manifest records, as ever
+    first = open_dataset(raw, cache_dir=cache, schema=schema)
+    assert hashed == []
+    assert first.path.name == cache_entry_name("t.csv", file_sha256(raw), check_fractions(DEFAULT_SPLIT), 0, "fail",
+                                               load_schema(schema))
+    assert [p.name for p in cache.iterdir()] == [first.path.name]  # no temporary folder left
+    # found again: the file hashed to look
+    assert open_dataset(raw, cache_dir=cache, schema=schema).path == first.path and hashed == [raw]
+    # changed: hashed to look, then prepared under that sha256's name
+    _csv(raw, _table_rows(61))
+    changed = open_dataset(raw, cache_dir=cache, schema=schema)
+    assert len(hashed) == 2 and changed.path != first.path and changed.num_rows == 61
+    assert changed.path.name == cache_entry_name("t.csv", file_sha256(raw), check_fractions(DEFAULT_SPLIT), 0, "fail",
+                                                 load_schema(schema))
 
 
 def test_separate_inputs_use_the_training_files_statistics(tmp_path):

@@ -34,13 +34,16 @@ def _is_replaceable(path: Path) -> bool:
 
 
 @contextmanager
-def atomic_directory(output: PathLike, if_exists: str = "error") -> Iterator[Path]:
+def atomic_directory(output: PathLike, if_exists: str = "error",
+                     named: Callable[[Path], Path] | None = None) -> Iterator[Path]:
     """Yield a new temporary directory next to ``output``; rename it to ``output`` on success.
 
     On any error the temporary directory is removed and ``output`` is untouched. ``if_exists``
     says what to do when ``output`` already exists (or appears meanwhile): ``"error"`` raises
     DataError, ``"replace"`` replaces a previous store (never an unrelated directory), ``"keep"``
     discards the new copy and keeps the existing one (the race-safe choice for caches).
+    ``named``: the name is known only from what was written (the cache's, from the input's sha256
+    the store records): ``named(temporary)`` gives the folder to rename it to, next to ``output``.
     """
     target = Path(output)
     if target.exists() and if_exists == "error":
@@ -52,7 +55,7 @@ def atomic_directory(output: PathLike, if_exists: str = "error") -> Iterator[Pat
     temporary.mkdir()
     try:
         yield temporary
-        _move_into_place(temporary, target, if_exists)
+        _move_into_place(temporary, target if named is None else named(temporary), if_exists)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
@@ -112,16 +115,18 @@ def _several(comm: Any) -> bool:
 
 
 @contextmanager
-def _store_directory(output: PathLike, if_exists: str, comm: Any) -> Iterator[Callable[[Callable[[Path], None]], None]]:
-    """Yields ``run(work)``: ``work(directory)`` in a new folder renamed to ``output`` at the end
-    (:func:`atomic_directory`; with several ranks, collective: ``ranks.in_shared_directory``)."""
+def _store_directory(output: PathLike, if_exists: str, comm: Any, named: Callable[[Path], Path] | None = None
+                     ) -> Iterator[Callable[[Callable[[Path], None]], None]]:
+    """Yields ``run(work)``: ``work(directory)`` in a new folder renamed to ``output`` (or where
+    ``named`` says) at the end (:func:`atomic_directory`; with several ranks, collective:
+    ``ranks.in_shared_directory``)."""
     if not _several(comm):
-        with atomic_directory(output, if_exists) as directory:
+        with atomic_directory(output, if_exists, named) as directory:
             yield lambda work: work(directory)
         return
     from .ranks import Group, in_shared_directory
 
-    yield lambda work: in_shared_directory(Group(comm), lambda: atomic_directory(output, if_exists), work)
+    yield lambda work: in_shared_directory(Group(comm), lambda: atomic_directory(output, if_exists, named), work)
 
 
 def first_rank_value(comm: Any, compute: Callable[[], Any]) -> Any:
@@ -334,12 +339,18 @@ def cache_entry_name(file_name: str, sha256: str, split: Sequence[float], seed: 
                      schema: Schema | None = None) -> str:
     """Cache directory name of a raw file prepared with these options (and a schema other than
     Criteo's: its fingerprint, statistics included when given)."""
+    stem, options = _entry_parts(file_name, split, seed, bad_rows, schema)
+    return f"{stem}-{sha256[:16]}-{options}"
+
+
+def _entry_parts(file_name: str, split: Sequence[float], seed: int, bad_rows: str,
+                 schema: Schema | None) -> tuple[str, str]:
+    """A cache entry name's first and last parts: the file's name and the options' digest."""
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", file_name.split(".")[0]) or "data"
     settings = {"split": list(split), "seed": seed, "bad_rows": bad_rows, "format": FORMAT_VERSION}
     if schema is not None and records_schema(schema):
         settings["schema"] = schema.fingerprint
-    options = json.dumps(settings)
-    return f"{stem}-{sha256[:16]}-{hashlib.sha256(options.encode()).hexdigest()[:8]}"
+    return stem, hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:8]
 
 
 def open_dataset(
@@ -371,15 +382,47 @@ def open_dataset(
     _check_policy(bad_rows)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     schema = load_schema(schema)
-    name = first_rank_value(comm, lambda: cache_entry_name(source.name, file_sha256(source), fractions, int(seed),
-                                                            bad_rows, schema))  # rank 0 hashes the file
-    target = cache / name
-    if not on_first_rank(comm, lambda: ColumnStore.open(target) if (target / MANIFEST_NAME).is_file() else None):
-        first = not _several(comm) or comm.Get_rank() == 0
-        with _removed_if_left_empty(cache) if first else nullcontext(), _store_directory(target, "keep", comm) as run:
-            run(lambda directory: _write_store(schema, [os.fspath(source)], directory, fractions, int(seed), bad_rows,
-                                               DEFAULT_CHUNK_ROWS, progress, comm))
-    return ColumnStore.open(target)
+    entries = _CacheEntries(cache, source, *_entry_parts(source.name, fractions, int(seed), bad_rows, schema))
+    looked = first_rank_value(comm, entries.look)
+    if "found" in looked:
+        return ColumnStore.open(looked["found"])
+    first = not _several(comm) or comm.Get_rank() == 0
+    with _removed_if_left_empty(cache) if first else nullcontext(), _store_directory(
+            looked.get("target", entries.unnamed), "keep", comm, None if "target" in looked else entries.name) as run:
+        run(lambda directory: _write_store(schema, [os.fspath(source)], directory, fractions, int(seed), bad_rows,
+                                           DEFAULT_CHUNK_ROWS, progress, comm))
+    return ColumnStore.open(looked.get("target") or first_rank_value(comm, lambda: str(entries.named)))
+
+
+class _CacheEntries:
+    """A raw file's entries in the cache: ``<name>-<sha256[:16]>-<options>``. Where none of its
+    name and options exists, the file is prepared before it is hashed, and the entry is named after
+    the sha256 the store records: one read of the file, without a whole pass of one rank over it
+    first while the others wait."""
+
+    def __init__(self, cache: Path, source: Path, stem: str, options: str) -> None:
+        self.cache, self.source, self.stem, self.options = cache, source, stem, options
+        self.unnamed = cache / f"{stem}-{options}"  # no entry's name: the temporary folder goes beside it
+        self.named: Path | None = None
+
+    def entry(self, sha256: str) -> Path:
+        return self.cache / f"{self.stem}-{sha256[:16]}-{self.options}"
+
+    def look(self) -> dict[str, str]:
+        """This file's entry, ``found`` or the ``target`` to prepare (the file hashed), or ``{}``
+        where no entry of its name and options exists (nothing hashed)."""
+        if not any((d / MANIFEST_NAME).is_file() for d in self.cache.glob(f"{self.stem}-*-{self.options}")):
+            return {}
+        target = self.entry(file_sha256(self.source))
+        return {"found" if (target / MANIFEST_NAME).is_file() else "target": str(target)}
+
+    def name(self, directory: Path) -> Path:
+        """The entry of a store just prepared, from the sha256 its manifest records (else hashed)."""
+        manifest = directory / MANIFEST_NAME
+        sources = json.loads(manifest.read_text()).get("sources") if manifest.is_file() else None
+        recorded = (sources or [{}])[0].get("sha256")
+        self.named = self.entry(recorded or file_sha256(self.source))
+        return self.named
 
 
 @contextmanager
