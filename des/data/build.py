@@ -398,7 +398,7 @@ class _CacheEntries:
     """A raw file's entries in the cache: ``<name>-<sha256[:16]>-<options>``. Where none of its
     name and options exists, the file is prepared before it is hashed, and the entry is named after
     the sha256 the store records: one read of the file, without a whole pass of one rank over it
-    first while the others wait."""
+    first while the others wait (20M Criteo rows on 8 ranks: 6.9 s, against 12.1 s, docs/benchmarks.md)."""
 
     def __init__(self, cache: Path, source: Path, stem: str, options: str) -> None:
         self.cache, self.source, self.stem, self.options = cache, source, stem, options
