@@ -173,9 +173,7 @@ class KeyCounter:
 
     def top_share(self, k: int = 10) -> float:
         """Fraction of all occurrences taken by the ``k`` most frequent keys (0.0 if none)."""
-        if self.total == 0 or k < 1:
-            return 0.0
-        return float(self.top_counts(k).sum()) / float(self.total)
+        return top_share_of([self.top_counts(k)] if k >= 1 else [], self.total, k)
 
 
 #: rows of a split read at a time by :func:`admitted_keys`

@@ -414,7 +414,7 @@ def _joined_reports(paths: Sequence[str], parts: list[tuple[int, int, Share]], r
 class FileDigests:
     """The sha256 of each cut file whose first part this rank reads, taken whole on a thread of its
     own from the plan on: beside the line count and this rank's share. A hash runs on one core at
-    most (about 1.3 GB/s), so on a large file it is the job's longest task: on 8 ranks of a 16-core
+    most (0.9-1.3 GB/s), so on a large file it is the job's longest task: on 8 ranks of a 16-core
     host, a 4.9 GB Criteo file's hash ended after every share had been prepared. A file that the
     line count makes one part (read whole, hashed as it is read) is given up (:meth:`keep`)."""
 
