@@ -83,7 +83,8 @@ class TrainConfig:
     seed: int = _opt(0, "seed of initialization and batch order")
     dtype: str = _opt("float32", "float type of parameters and compute", choices=("float32", "float64"))
     compute_dtype: str = _opt("auto", "dtype of the top network's compute: auto (= --dtype) or bfloat16 (float32 "
-                              "master weights and optimizer state; needs --dtype float32)", choices=("auto", "bfloat16"))
+                              "master weights and optimizer state; needs --dtype float32 and --xla off; on a Xeon with "
+                              "AMX 1.1-1.6x the samples/s of float32, docs/benchmarks.md)", choices=("auto", "bfloat16"))
     table_dtype: str = _opt("auto", "how table rows (values and optimizer slots) are stored: auto (= --dtype) or "
                             "bfloat16 (half the bytes, updates rounded stochastically; needs --dtype float32, "
                             "refuses adam catchup=1; docs/training.md)", choices=("auto", "float32", "float64", "bfloat16"))
@@ -287,6 +288,9 @@ class TrainConfig:
                               f"{self.counters_needed_by()} read: use --table-layout counters")
         if self.compute_dtype == "bfloat16" and self.dtype != "float32":
             raise ConfigError(f"--compute-dtype bfloat16 needs --dtype float32 (its master weights), got {self.dtype}")
+        if self.compute_dtype == "bfloat16" and self.xla == "on":
+            raise ConfigError("--compute-dtype bfloat16 with --xla on: XLA's CPU backend runs bfloat16 matmuls without "
+                              "oneDNN, 1.6-2.6x slower than --xla off on a Xeon with AMX (docs/benchmarks.md); use --xla off")
         if self.l2_embedding < 0 and self.l2_embedding != -1:
             raise ConfigError(f"--l2-embedding must be -1 (auto) or at least 0, got {self.l2_embedding}")
         if self.early_stop < -1:

@@ -355,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default="deepfm")
     parser.add_argument("--ranks", default="1,2,4,8", help="rank counts N")
     parser.add_argument("--threads", type=int, default=1, help="TF and numba threads per rank (des.train --threads)")
-    parser.add_argument("--xla", choices=("on", "off"), default="off", help="des.train --xla of every job")
+    parser.add_argument("--xla", choices=("on", "off"), default="off", help="des.train --xla of every job (des-bf16's: off, which --compute-dtype bfloat16 needs)")
     parser.add_argument("--strategies", default="des,alltoall",
                         help="des, alltoall, persia (--staleness 1), hierarchical (--group-size 2), or names of "
                              "benchlib.STRATEGY_FLAGS")
@@ -432,7 +432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if why not in skipped:
                         skipped.append(why)
                     continue
-                flags_of[job] = {"model": args.model, "batch_size": batch, "threads": args.threads, "xla": args.xla,
+                xla = "off" if strategy.get("compute_dtype") == "bfloat16" else args.xla  # des.train refuses both
+                flags_of[job] = {"model": args.model, "batch_size": batch, "threads": args.threads, "xla": xla,
                                  **strategy, **({"data": info["path"]} if info["path"] else {})}
                 jobs[n].append(job)
     for reason in skipped:

@@ -55,6 +55,16 @@ def test_bfloat16_needs_float32_master_weights() -> None:
         TrainConfig(dtype="float64", compute_dtype="bfloat16").validate()
 
 
+def test_bfloat16_refuses_xla_whose_cpu_matmuls_have_no_bf16_kernels() -> None:
+    from des.config import TrainConfig
+    from des.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--compute-dtype bfloat16 with --xla on: .* use --xla off"):
+        TrainConfig(compute_dtype="bfloat16", xla="on").validate()
+    TrainConfig(compute_dtype="bfloat16", xla="off").validate()
+    TrainConfig(compute_dtype="auto", xla="on").validate()
+
+
 def test_bfloat16_runs_the_first_fc_partials_in_bf16_and_keeps_fm_in_float32() -> None:
     """``low_precision_local``: under bf16 the first FC layer's partials and their gradients are bf16
     matmuls on casts of the float32 values (results cast back to float32); FM's sums of squares and
