@@ -98,7 +98,7 @@ class TrainConfig:
                           "ranks x 2 threads with 512 rows a rank ran 1.13x and 0.98x as fast bound, in two runs "
                           "(docs/benchmarks.md)", choices=("off", "on"))
     xla: str = _opt("off", "compile the training step's TF calls with XLA (one fused program per call, not a kernel "
-                    "launch per op: pays where a rank's rows are few)", choices=("on", "off"))
+                    "launch per op: pays where a rank's rows are few; not with --compute-dtype bfloat16)", choices=("on", "off"))
     pipeline: str = _opt("auto", "read and look up the next batch on a background thread while this step computes "
                          "(same results either way); auto: on when a rank has 2 or more threads (--threads), off "
                          "when ranks get one core each, where the extra thread slows the step down",
