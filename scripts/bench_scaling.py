@@ -355,7 +355,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default="deepfm")
     parser.add_argument("--ranks", default="1,2,4,8", help="rank counts N")
     parser.add_argument("--threads", type=int, default=1, help="TF and numba threads per rank (des.train --threads)")
-    parser.add_argument("--xla", choices=("on", "off"), default="off", help="des.train --xla of every job (des-bf16's: off, which --compute-dtype bfloat16 needs)")
+    parser.add_argument("--xla", choices=("on", "off"), default="off",
+                        help="des.train --xla of every job (des-bf16's: off, which --compute-dtype bfloat16 needs)")
     parser.add_argument("--strategies", default="des,alltoall",
                         help="des, alltoall, persia (--staleness 1), hierarchical (--group-size 2), or names of "
                              "benchlib.STRATEGY_FLAGS")
