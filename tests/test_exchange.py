@@ -149,3 +149,43 @@ def test_one_id_per_row_fields_take_the_copy_path_with_the_same_bits() -> None:
     for r in range(rows):  # field 0 (column 1): one id per row, its terms in row order
         expected[inverse[r]] += grads[r, 1]
     np.testing.assert_array_equal(summed[:20], expected[:20])
+
+
+def test_fields_pooled_on_several_threads_give_the_same_bytes() -> None:
+    """pool_fields splits its fields over the caller's threads (each field its own column of the
+    pooled rows and its own distinct rows): one thread and two give the same bytes, both ways, on
+    enough ids for the split to happen."""
+    import numba
+
+    from des.hashtable import pooling
+
+    rng = np.random.default_rng(3)
+    rows, fields, width = 3000, 6, 3
+    lengths = [np.ones(rows, np.int64) if f % 2 else rng.integers(0, 6, rows) for f in range(fields)]
+    offsets = np.stack([np.concatenate([[0], np.cumsum(n)]) for n in lengths]).astype(np.int64)
+    distinct = rng.integers(50, 500, fields)
+    inverse = np.concatenate([rng.integers(0, d, int(n.sum())) for d, n in zip(distinct, lengths)]).astype(np.int64)
+    id_start = np.concatenate([[0], np.cumsum([int(n.sum()) for n in lengths])[:-1]]).astype(np.int64)
+    base = (np.cumsum(distinct) - distinct).astype(np.int64)
+    weights = rng.uniform(0.5, 1.5, inverse.size)
+    weighted = np.array([f == 2 for f in range(fields)])
+    hot = one_hot_fields(offsets, weighted)
+    field_ids = rng.permutation(fields).astype(np.int64)
+    values = rng.standard_normal((int(distinct.sum()), width)).astype(np.float32)
+    grads = rng.standard_normal((rows, fields, width)).astype(np.float32)
+    assert inverse.size + fields * rows > 2 * pooling._MIN_PARALLEL  # the work is split on 2 threads
+    results = []
+    before = numba.get_num_threads()
+    try:
+        for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+            numba.set_num_threads(threads)
+            pooled = np.full((rows, fields, width), np.nan, np.float32)
+            _pool_received(values, base, inverse, id_start, offsets, weights, weighted, hot, field_ids, pooled)
+            summed = np.zeros_like(values)
+            _sum_received(grads, base, inverse, id_start, offsets, weights, weighted, hot, field_ids, summed)
+            results.append((pooled, summed))
+    finally:
+        numba.set_num_threads(before)
+    assert not np.isnan(results[0][0]).any()
+    for one, two in zip(*results):
+        np.testing.assert_array_equal(one.view(np.uint32), two.view(np.uint32))
