@@ -144,12 +144,12 @@ class FieldIds(NamedTuple):
 @njit(cache=True, nogil=True)
 def _pool_fields(pooled, values, ids, field_ids, adjoint, f0, f1):  # pragma: no cover - numba
     """Fields ``[f0, f1)`` of :func:`pool_fields`: every field's ids (:class:`FieldIds`, a plain
-    tuple of its arrays) pooled per row, ``pooled[r, field_ids[f]] = Σ w · values[base[f] + inverse[id]]``, or (``adjoint``) the
-    transpose: ``pooled`` (the gradients) added into those rows of ``values`` (zeroed by the
-    caller), in row order whatever the tiling: :func:`pool_or_unpool`'s two directions. Pooling
-    writes every ``pooled[r, field_ids[f]]`` (a row without ids: zeros) and copies a single
-    unweighted id; a one-hot field (``hot``: one such id in every row) is copied or added row by
-    row. Tile of rows by tile (:data:`ROW_TILE`)."""
+    tuple of its arrays) pooled per row, ``pooled[r, field_ids[f]] = Σ w · values[base[f] +
+    inverse[id]]``, or (``adjoint``) the transpose: ``pooled`` (the gradients) added into those rows
+    of ``values`` (zeroed by the caller), in row order whatever the tiling: :func:`pool_or_unpool`'s
+    two directions. Pooling writes every ``pooled[r, field_ids[f]]`` (a row without ids: zeros) and
+    copies a single unweighted id; a one-hot field (``hot``: one such id in every row) is copied or
+    added row by row. Tile of rows by tile (:data:`ROW_TILE`)."""
     ids = FieldIds(*ids)
     rows, width = pooled.shape[0], values.shape[1]
     value = np.empty((1, width), dtype=values.dtype)
