@@ -1,4 +1,4 @@
-""".venv/bin/python scripts/bench_scaling.py [--quick] [--model deepfm] [--ranks 1,2,4,8] [--threads 1] [--strategies des,alltoall] [--plans auto] [--plan-ranks 8] [--data criteo,multihot,synth] [--strong-data ...] [--weak-data ...] [--scaling strong,weak] [--batch-size 4096,32768] [--rows-per-rank 4096] [--warmup 3] [--steps 10] [--rounds 1] [--time-limit 0] [--out DIR]
+""".venv/bin/python scripts/bench_scaling.py [--quick] [--model deepfm] [--ranks 1,2,4,8] [--threads 1] [--strategies des,alltoall] [--plans auto] [--plan-ranks 8] [--data criteo,multihot,synth] [--strong-data ...] [--weak-data ...] [--scaling strong,weak] [--batch-size 4096,32768] [--rows-per-rank 4096] [--warmup 3] [--steps 10] [--rounds 1] [--pin-one-rank] [--time-limit 0] [--out DIR]
 
 How training throughput scales with the number of ranks N at a fixed number of threads per rank:
 samples/s, speed-up over N = 1 of the same strategy and efficiency (speed-up / N) for every data
@@ -28,6 +28,9 @@ once, with the phases of a step at the largest N.
   N = 8 do not repeat rows (the Criteo sample's and multihot's jobs wrap their epochs: rows
   repeat). Generated into ``--cache`` on first use. ``--strong-data`` and ``--weak-data`` give each
   kind of scaling its own data sets (default: ``--data``).
+* **One rank's cores** (``--pin-one-rank``): the N = 1 jobs run with ``--pin-cores on``, on
+  ``--threads`` cores: without it one rank's background threads (the next batch's lookup, the
+  tables' pools) use the machine's idle cores, which no rank of a full machine has.
 * **Timing**: each job runs ``--warmup`` + ``--steps`` steps and reports des.train's own samples/s
   of the steps after the warm-up ones (``benchlib.Bench.steady``). The jobs of one N run in one
   ``mpiexec`` launch per round (``Bench.steady_many``: TensorFlow's start-up is paid once; each run
@@ -42,12 +45,13 @@ once, with the phases of a step at the largest N.
   ``--threads`` per process: one copy alone at every per-rank batch, then N copies at once at the
   per-rank batch of N (weak: ``--rows-per-rank``, strong: B/N), their samples/s summed: the
   throughput N data-parallel copies of the dense part reach on this machine, contention included.
-* **Copies** (``--copies``, default on; weak scaling): the machine's ceiling for N ranks. des's
-  one-rank job of each weak panel runs alone, then as N copies at once for each N > 1, each copy on
-  ``--threads`` cores of its own (``taskset``, where the machine has N x T cores), ``--copies-steps``
-  timed steps so that the copies' timed windows overlap; their samples/s summed is what N ranks
-  would reach with nothing to communicate and no work to share, and a rank's share of the machine's
-  caches, memory and clocks as it is under load. Weak rows give des's samples/s over it.
+* **Copies** (``--copies``, default on): the machine's ceiling for N ranks. des's one-rank job at a
+  panel's per-rank batch of N (weak: ``--rows-per-rank``, run alone first; strong: B/N) runs as N
+  copies at once for each N > 1, each copy on ``--threads`` cores of its own (``taskset``, where the
+  machine has N x T cores), ``--copies-steps`` timed steps so that the copies' timed windows
+  overlap; their samples/s summed is what N ranks would reach with nothing to communicate and no
+  work to share, and a rank's share of the machine's caches, memory and clocks as it is under load.
+  Rows give des's samples/s over it.
 
 Outputs: a table per data set and scaling kind (N, global batch, strategy, the plan des chose,
 samples/s median and min-max, rounds, speed-up, efficiency, vs the planner's choice, ms/step, the
@@ -243,24 +247,29 @@ def roofline_of(roof: Sequence[Mapping[str, Any]], copies: int, batch: int) -> f
 # ---------------------------------------------------------------------------------------- copies
 def copies(bench: benchlib.Bench, args: argparse.Namespace, ranks: Sequence[int], panels: Sequence[Panel],
            data: Mapping[str, Mapping[str, Any]], deadline: float) -> list[dict[str, Any]]:
-    """Per weak panel, des's one-rank job alone, then as N copies at once for each N > 1 (each copy
-    pinned to ``--threads`` cores of its own where there are enough and ``taskset`` exists); a row
-    per (data, copies) with the copies' samples/s summed."""
+    """Per panel, des's one-rank job at the panel's per-rank batch of N as N copies at once, for
+    each N > 1 (each copy pinned to ``--threads`` cores of its own where there are enough and
+    ``taskset`` exists); for a weak panel its one-rank job alone first. A row per (data, per-copy
+    batch, copies) with the copies' samples/s summed: a strong panel's N copies at ``B/N`` each are
+    a weak panel's at ``B/N`` rows per rank, measured once."""
     cores, threads = os.cpu_count() or 1, args.threads
     rows: list[dict[str, Any]] = []
-    for panel in (p for p in panels if p.scaling == "weak"):
-        flags = benchlib.steady_flags(1, args.warmup, args.copies_steps, {
-            "model": args.model, "batch_size": panel.batch, "threads": threads, "xla": args.xla,
-            **benchlib.strategy_flags("des"), **({"data": data[panel.data]["path"]} if data[panel.data]["path"] else {})})
+    for panel in sorted(panels, key=lambda p: p.scaling == "strong"):  # weak first: its N = 1 alone
         alone = None
-        for n in [1, *(n for n in ranks if n > 1)]:
-            label = f"{panel.data}: des N=1, {n} cop{'y' if n == 1 else 'ies'} at once"
+        for n in [*([1] if panel.scaling == "weak" else []), *(n for n in ranks if n > 1)]:
+            batch = panel.per_rank(n)
+            if panel.global_batch(n) > data[panel.data]["train_rows"] or copies_of(rows, panel.data, batch, n) is not None:
+                continue  # no des job to compare with (skipped), or measured for another panel
+            label = f"{panel.data}: des N=1 at batch {batch}, {n} cop{'y' if n == 1 else 'ies'} at once"
             remaining = deadline - bench.elapsed()
             if remaining <= 0:
                 bench.failures.append(f"{label}: not run (--time-limit)")
                 return rows
+            flags = benchlib.steady_flags(1, args.warmup, args.copies_steps, {
+                "model": args.model, "batch_size": batch, "threads": threads, "xla": args.xla,
+                **benchlib.strategy_flags("des"), **({"data": data[panel.data]["path"]} if data[panel.data]["path"] else {})})
             pinned = n * threads <= cores and shutil.which("taskset") is not None
-            outputs = [bench.jobs / f"copies-{panel.data}-n{n}-c{i}" for i in range(n)]
+            outputs = [bench.jobs / f"copies-{panel.data}-b{batch}-n{n}-c{i}" for i in range(n)]
             cmds = [(["taskset", "-c", f"{i * threads}-{(i + 1) * threads - 1}"] if pinned else [])
                     + [str(benchlib.MPIEXEC), "-n", "1", str(benchlib.PYTHON), benchlib.__file__,
                        "--restart-timers-after", str(args.warmup), *benchlib.train_flags(out, flags)]
@@ -276,18 +285,20 @@ def copies(bench: benchlib.Bench, args: argparse.Namespace, ranks: Sequence[int]
                 for out in outputs:
                     shutil.rmtree(out / "checkpoints", ignore_errors=True)
             alone = sum(each) if n == 1 else alone
-            row = {"kind": "copies", "data": panel.data, "copies": n, "per_copy_batch": panel.batch,
+            row = {"kind": "copies", "data": panel.data, "copies": n, "per_copy_batch": batch,
                    "pinned": pinned, "samples_per_second": sum(each), "per_copy": sum(each) / n,
                    "per_copy_samples_per_second": [round(x) for x in each]}
-            if alone:
+            if alone and panel.scaling == "weak":
                 row["vs_copies_alone"] = row["samples_per_second"] / (n * alone)
             rows.append(row)
             bench.log(f"  {label}: {row['samples_per_second']:,.0f} samples/s in all")
     return rows
 
 
-def copies_of(ceiling: Sequence[Mapping[str, Any]], data: str, n: int) -> float | None:
-    return next((r["samples_per_second"] for r in ceiling if (r["data"], r["copies"]) == (data, n)), None)
+def copies_of(ceiling: Sequence[Mapping[str, Any]], data: str, batch: int, n: int) -> float | None:
+    """The samples/s of ``n`` copies at once of des's one-rank job at ``batch`` each, if measured."""
+    return next((r["samples_per_second"] for r in ceiling
+                 if (r["data"], r["per_copy_batch"], r["copies"]) == (data, batch, n)), None)
 
 
 # ---------------------------------------------------------------------------------------- rows
@@ -297,7 +308,7 @@ def scaling_rows(panel: Panel, ranks: Sequence[int], row_labels: Sequence[str], 
     """A panel's rows: per N and label the median job (bench_throughput's row), the plan des
     chose, speed-up over N = 1 of the same label (des-<plan> without its own N = 1 row: over des
     at N = 1), efficiency, samples/s relative to the planner's choice at the same N, the
-    roofline of N copies and (weak scaling) des's one-rank job as N copies at once."""
+    roofline of N copies and des's one-rank job at the per-rank batch as N copies at once."""
     rows = []
     for n in ranks:
         for label in row_labels:
@@ -311,7 +322,7 @@ def scaling_rows(panel: Panel, ranks: Sequence[int], row_labels: Sequence[str], 
             row.update({"kind": "scaling", "data": panel.data, "scaling": panel.scaling, "panel": panel.title,
                         "per_rank_batch": panel.per_rank(n), "rounds": len(runs[job]), "job": job.tag,
                         "plan": plan_name(median.get("plan")), "roofline": roofline_of(roof, n, panel.per_rank(n)),
-                        "copies": copies_of(ceiling, panel.data, n) if panel.scaling == "weak" else None})
+                        "copies": copies_of(ceiling, panel.data, panel.per_rank(n), n)})
             rows.append(row)
     for row in rows:
         same = {r["strategy"]: r for r in rows if r["ranks"] == row["ranks"]}
@@ -378,8 +389,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--roofline", action=argparse.BooleanOptionalAction, default=True,
                         help="the dense roofline alone and as N copies at once")
     parser.add_argument("--roofline-repeats", type=int, default=10, help="timed roofline calls per batch")
+    parser.add_argument("--pin-one-rank", action="store_true",
+                        help="N = 1 jobs with --pin-cores on: one rank on --threads cores, as each rank of N has")
     parser.add_argument("--copies", action=argparse.BooleanOptionalAction, default=True,
-                        help="weak scaling: des's one-rank job as N copies at once, each on cores of its own (the ceiling)")
+                        help="des's one-rank job at the per-rank batch as N copies at once, each on cores of its own "
+                             "(the ceiling)")
     parser.add_argument("--copies-steps", type=int, default=50, help="timed steps of each copy (their windows overlap)")
     benchlib.add_common_arguments(parser, out_is_run_folder=True)
     args = parser.parse_args(argv)
@@ -435,7 +449,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     continue
                 xla = "off" if strategy.get("compute_dtype") == "bfloat16" else args.xla  # des.train refuses both
                 flags_of[job] = {"model": args.model, "batch_size": batch, "threads": args.threads, "xla": xla,
-                                 **strategy, **({"data": info["path"]} if info["path"] else {})}
+                                 **strategy, **({"data": info["path"]} if info["path"] else {}),
+                                 **({"pin_cores": "on"} if n == 1 and args.pin_one_rank else {})}
                 jobs[n].append(job)
     for reason in skipped:
         bench.log(f"skipped: {reason}")
@@ -496,7 +511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         ("samples_per_second", "samples/s (all copies)", ",.0f"),
                         ("per_copy", "per copy", ",.0f"), ("vs_copies_alone", "vs copies x one alone", ".2f")], roof))
     if ceiling:
-        tables.append((f"des's one-rank job as N copies at once (weak scaling's batch), {args.threads} thread(s) per copy",
+        tables.append((f"des's one-rank job as N copies at once (at each panel's per-rank batch), {args.threads} thread(s) per copy",
                        [("data", "data", ""), ("copies", "copies at once", "d"), ("per_copy_batch", "batch per copy", ",d"),
                         ("pinned", "each on cores of its own", ""), ("samples_per_second", "samples/s (all copies)", ",.0f"),
                         ("per_copy", "per copy", ",.0f"), ("vs_copies_alone", "vs copies x one alone", ".2f")], ceiling))
@@ -507,7 +522,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     notes += [
         f"{args.model}; {args.threads} thread(s) per rank (des.train --threads), so N ranks use N x {args.threads} of "
         f"the machine's {cores} cores" + (f"; N = {', '.join(map(str, crowded))} use more: their ranks share cores"
-                                          if crowded else "") + ".",
+                                          if crowded else "") + "."
+        + (f" The N = 1 jobs run on {args.threads} core(s) of their own (--pin-one-rank: des.train --pin-cores on)."
+           if args.pin_one_rank else ""),
         f"Each job: {args.warmup} warm-up steps, then {args.steps} timed steps; samples/s = des.train's own meter "
         "restarted after the warm-up (training samples over rank 0's training wall time of the timed steps; the job "
         "validates once, after its last step). The jobs of one N run in one mpiexec launch per round "
@@ -541,8 +558,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         notes.append(f"No roofline: bench_throughput's dense roofline has no {args.model} (it has "
                      f"{', '.join(throughput.ROOFLINE_MODELS)}).")
     if ceiling:
-        notes.append(f"Copies: des's one-rank job of each weak-scaling data set (batch {args.rows_per_rank}) alone, then "
-                     f"N at once, each {args.warmup} + {args.copies_steps} steps (longer than a job, so the copies' "
+        notes.append(f"Copies: des's one-rank job at each panel's per-rank batch of N (weak: {args.rows_per_rank}, alone "
+                     f"first; strong: B/N) as N copies at once, each {args.warmup} + {args.copies_steps} steps (longer than a job, so the copies' "
                      "timed windows overlap) on cores of its own (taskset) where the machine has N x threads cores; "
                      "their samples/s summed is the ceiling for N ranks on this machine: no communication, no shared "
                      "work, each copy slowed only by the others' use of caches, memory and clocks. 'of N copies' = "

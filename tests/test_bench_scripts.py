@@ -628,7 +628,7 @@ def test_scaling_panels_jobs_and_rows():
 @pytest.mark.mpi
 def test_scaling_runs_on_one_and_two_ranks(tmp_path, jobs_env):
     """bench_scaling on 1 and 2 ranks of the shipped sample (LR: the script, not a model, is tested),
-    a warm-up step and 2 timed steps per job:
+    a warm-up step and 2 timed steps per job, the one-rank job on a core of its own:
     every output in --out (no jobs, no figure), a row per scaling and N, the job that strong and weak
     scaling share at N=1 run once, speed-ups and efficiencies as the samples/s give them, and the
     batch larger than the training split skipped with its reason."""
@@ -636,22 +636,26 @@ def test_scaling_runs_on_one_and_two_ranks(tmp_path, jobs_env):
     code = scaling.main(["--model", "lr", "--ranks", "1,2", "--data", "criteo", "--strategies", "des",
                          "--batch-size", "512,40000",
                          "--rows-per-rank", "512", "--warmup", "1", "--steps", "2", "--no-roofline", "--no-figure",
-                         "--copies-steps", "3", "--out", str(out)])
+                         "--copies-steps", "3", "--pin-one-rank", "--out", str(out)])
     assert code == 0
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "environment.json", "log.txt", "results.csv",
                                                      "results.json", "table.md"]
     results = json.loads((out / "results.json").read_text())
     rows = {(r["scaling"], r["ranks"]): r for r in results["rows"] if r["kind"] == "scaling"}
     assert sorted(rows) == [("strong", 1), ("strong", 2), ("weak", 1), ("weak", 2)]
-    # the ceiling: des's one-rank job alone, then 2 copies at once; weak rows give des over it
-    ceiling = {r["copies"]: r for r in results["rows"] if r["kind"] == "copies"}
-    assert sorted(ceiling) == [1, 2] and len(ceiling[2]["per_copy_samples_per_second"]) == 2
-    assert ceiling[2]["samples_per_second"] == pytest.approx(sum(ceiling[2]["per_copy_samples_per_second"]), abs=2)
-    assert ceiling[2]["pinned"] == ((os.cpu_count() or 1) >= 2 and shutil.which("taskset") is not None)
-    assert rows["weak", 2]["of_copies"] == pytest.approx(rows["weak", 2]["samples_per_second"] / ceiling[2]["samples_per_second"])
-    assert "of_copies" not in rows["strong", 2]
+    # the ceiling: des's one-rank job alone, then 2 copies at once at the per-rank batch of each
+    # panel (weak: 512; strong at 512: 256 each); rows give des over it
+    ceiling = {(r["per_copy_batch"], r["copies"]): r for r in results["rows"] if r["kind"] == "copies"}
+    assert sorted(ceiling) == [(256, 2), (512, 1), (512, 2)]
+    assert len(ceiling[512, 2]["per_copy_samples_per_second"]) == 2
+    assert ceiling[512, 2]["samples_per_second"] == pytest.approx(sum(ceiling[512, 2]["per_copy_samples_per_second"]), abs=2)
+    assert ceiling[512, 2]["pinned"] == ((os.cpu_count() or 1) >= 2 and shutil.which("taskset") is not None)
+    for kind, batch in (("weak", 512), ("strong", 256)):
+        assert rows[kind, 2]["of_copies"] == pytest.approx(rows[kind, 2]["samples_per_second"]
+                                                           / ceiling[batch, 2]["samples_per_second"])
     assert [rows["weak", n]["batch"] for n in (1, 2)] == [512, 1024] and rows["strong", 2]["batch"] == 512
     assert rows["strong", 1]["job"] == rows["weak", 1]["job"] and len(results["jobs"]) == 3
+    assert (out / "log.txt").read_text().count("pin_cores=on") == 1  # --pin-one-rank: the N=1 job only
     for job in results["jobs"]:  # every rank's phases, side by side
         by_rank = job["ms_per_phase_by_rank_rounds"][0]
         assert by_rank and all(len(ms) == job["ranks"] for ms in by_rank.values())
