@@ -6,6 +6,7 @@ are each other's adjoint. (That every plan trains the same model on N ranks: tes
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from des.hashtable.distinct import distinct_in_segments
 from des.hashtable.fused import Touched
@@ -157,7 +158,7 @@ def test_fields_pooled_on_several_threads_give_the_same_bytes() -> None:
     enough ids for the split to happen."""
     import numba
 
-    from des.hashtable import pooling
+    from des.hashtable import _threads, pooling
 
     rng = np.random.default_rng(3)
     rows, fields, width = 3000, 6, 3
@@ -173,11 +174,14 @@ def test_fields_pooled_on_several_threads_give_the_same_bytes() -> None:
     field_ids = rng.permutation(fields).astype(np.int64)
     values = rng.standard_normal((int(distinct.sum()), width)).astype(np.float32)
     grads = rng.standard_normal((rows, fields, width)).astype(np.float32)
-    assert inverse.size + fields * rows > 2 * pooling._MIN_PARALLEL  # the work is split on 2 threads
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs two threads")
+    work = (offsets[:, -1] + rows).astype(np.float64)  # pool_fields' weights: ids and rows of each field
+    assert work.sum() > 2 * pooling._MIN_PARALLEL and len(_threads.split(work, 2)) == 2  # split on 2 threads
     results = []
     before = numba.get_num_threads()
     try:
-        for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+        for threads in (1, 2):
             numba.set_num_threads(threads)
             pooled = np.full((rows, fields, width), np.nan, np.float32)
             _pool_received(values, base, inverse, id_start, offsets, weights, weighted, hot, field_ids, pooled)
