@@ -69,13 +69,15 @@ def driver_env(ranks: int) -> dict[str, str]:
 
 
 def run_mpi(
-    ranks: int, args: list[str], *, timeout: float = 240, check: bool = True, cwd: Path | None = None
+    ranks: int, args: list[str], *, timeout: float = 240, check: bool = True, cwd: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
-    """``mpiexec -n ranks python args...``; fails the test on timeout (after killing the job)."""
+    """``mpiexec -n ranks python args...`` (``env``: variables set over :func:`mpi_env`'s); fails
+    the test on timeout (after killing the job)."""
     cmd = [str(MPIEXEC), "-n", str(ranks), sys.executable, *args]
     try:
         proc = subprocess.run(
-            cmd, cwd=cwd or REPO, env=mpi_env(ranks), capture_output=True, text=True, timeout=timeout
+            cmd, cwd=cwd or REPO, env={**mpi_env(ranks), **(env or {})}, capture_output=True, text=True, timeout=timeout
         )
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{' '.join(cmd)} timed out after {timeout}s\n{exc.stdout}\n{exc.stderr}")

@@ -19,9 +19,11 @@ def test_collectives_on_one_process() -> None:
 
 
 def test_collectives_on_three_ranks() -> None:
-    proc = run_mpi(3, ["-m", "tests.mpi_programs.collectives_body"], timeout=60)
+    # two numba threads a rank: the shared-memory row blocks are copied and summed on both
+    proc = run_mpi(3, ["-m", "tests.mpi_programs.collectives_body"], timeout=60, env={"NUMBA_NUM_THREADS": "2"})
     # Ranks share stdout, so lines may interleave: look for each rank's report anywhere.
     assert sorted(re.findall(r"rank \d of 3: ok", proc.stdout)) == [f"rank {r} of 3: ok" for r in range(3)]
+    assert proc.stdout.count("large rows on 1 and 2 threads") == 3, proc.stdout
 
 
 def test_error_on_one_rank_aborts_the_job() -> None:

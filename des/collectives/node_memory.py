@@ -13,6 +13,10 @@ collectives instead use one shared array per purpose:
   the whole ``[B, P]`` (or, for a result used only until the step's next collective of its kind,
   as the buffer gradient ``G`` is, reads it in place).
 
+Storing into a slot and summing a block run over ranges of rows on the rank's threads
+(``des.hashtable._threads``: the calling thread and the pool's); each row is copied or summed by
+one thread in the same order, so the bits do not depend on the number of threads.
+
 Each purpose has two alternating buffers, so one barrier per call suffices: a rank can only write a
 buffer again two calls later, after a barrier every rank reached after reading it.
 
@@ -34,9 +38,12 @@ import numpy as np
 from mpi4py import MPI
 from numba import njit
 
+from des.hashtable import _threads
 from des.zero_copy import aligned_copy, aligned_empty
 
 _SHM_DIR = "/dev/shm"
+#: bytes below which a copy or a sum stays on the calling thread (handing out ranges costs more)
+_MIN_PARALLEL_BYTES = 1 << 20
 
 
 class NodeBuffers:
@@ -65,12 +72,14 @@ class NodeBuffers:
     def reduce_scatter_rows_sum(self, buffer: np.ndarray, bounds: list[int]) -> np.ndarray:
         """Rank r's row block ``bounds[r]:bounds[r+1]`` of the sum over ranks of ``buffer``."""
         slots = self._slots("reduce_scatter", buffer, self.size)
-        slots[self.rank] = buffer
+        mine = slots[self.rank]
+        _on_threads(lambda a, b: np.copyto(mine[a:b], buffer[a:b]), buffer.shape[0], buffer.nbytes)
         self._barrier()
         lo, hi = bounds[self.rank], bounds[self.rank + 1]
         out = aligned_empty((hi - lo,) + buffer.shape[1:], buffer.dtype)  # TF takes it without a copy
         items = int(np.prod(buffer.shape[1:], dtype=np.int64))
-        _sum_slots(slots.reshape(self.size, -1, items), lo, hi, out.reshape(hi - lo, items))
+        every, block = slots.reshape(self.size, -1, items), out.reshape(hi - lo, items)
+        _on_threads(lambda a, b: _sum_slots(every, lo + a, lo + b, block[a:b]), hi - lo, buffer.nbytes)
         return out
 
     def allgather_rows(self, block: np.ndarray, bounds: list[int], rows: int, *, transient: bool = False,
@@ -158,6 +167,12 @@ class NodeBuffers:
         if self.rank != 0:
             fd = os.open(path, os.O_RDWR)
         return fd, path
+
+
+def _on_threads(kernel, rows: int, nbytes: int) -> None:
+    """``kernel(a, b)`` over ranges of ``[0, rows)`` on the rank's threads, or on this one alone
+    where the ``nbytes`` it moves are few (:data:`_MIN_PARALLEL_BYTES`)."""
+    _threads.run(kernel, rows, min_weight=rows + 1 if nbytes < _MIN_PARALLEL_BYTES else 0.0)
 
 
 @njit(cache=True, nogil=True)

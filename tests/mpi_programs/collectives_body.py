@@ -57,6 +57,7 @@ def check_collectives(comm) -> None:  # comm: des.collectives.Communicator
             np.testing.assert_array_equal(first, block_all(c, block, rows))
             np.testing.assert_array_equal(second, 2 * block_all(c, block, rows))
     assert comm.stats["rows"].bytes_sent == mpi_path.stats["rows"].bytes_sent
+    check_large_rows_on_threads(comm)
     assert comm.stats["gather_rows"].bytes_received == mpi_path.stats["gather_rows"].bytes_received
 
     root_value = comm.bcast_(np.array([me + 5.0]), "bcast", root=n - 1)
@@ -77,6 +78,29 @@ def check_collectives(comm) -> None:  # comm: des.collectives.Communicator
     else:
         assert set(waits) == {"late"} and len(waits["late"]) == n, waits
         assert waits["late"][n - 1] < 20 and min(waits["late"][:-1]) > 50, waits
+
+
+def check_large_rows_on_threads(comm) -> None:
+    """A buffer over a megabyte is stored and its block summed on the rank's threads: the bits of
+    adding the ranks' buffers one after the other, on one thread or two."""
+    import numba
+
+    n, me = comm.size, comm.rank
+    rows, width = 3001, 50  # 1.2 MB of float64: past the calling thread's share
+    every = [np.random.default_rng(r).standard_normal((rows, width)) for r in range(n)]
+    expected = every[0].copy()
+    for other in every[1:]:
+        expected += other
+    lo, hi = comm.row_bounds(rows)[me : me + 2]
+    before, tried = numba.get_num_threads(), sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)})
+    try:
+        for threads in tried:
+            numba.set_num_threads(threads)
+            block = comm.reduce_scatter_rows_sum(every[me], "large_rows")
+            assert block.tobytes() == expected[lo:hi].tobytes(), f"{threads} threads"
+    finally:
+        numba.set_num_threads(before)
+    print(f"large rows on {' and '.join(map(str, tried))} threads")
 
 
 def block_all(comm, block: np.ndarray, rows: int) -> np.ndarray:
