@@ -157,6 +157,36 @@ def test_csv_tsv_gzip_and_parquet_give_the_same_store(tmp_path, monkeypatch):
     np.testing.assert_array_equal(tags[2], (1.0 / np.repeat(lengths, lengths)).astype(np.float32))
 
 
+
+def test_ascii_pieces_are_read_as_bytes_and_give_the_text_store(tmp_path, monkeypatch):
+    """A piece of ASCII lines is parsed as bytes and viewed as text (no UTF-8 check of each value);
+    a piece holding other text is parsed as text: either way the store is the one the text path
+    makes, file for file."""
+    from des.data import tabular
+
+    monkeypatch.setenv("DES_DATA_THREADS", "2")  # a block cut into two pieces, the second not ASCII
+    raw = tmp_path / "train.csv"
+    lines = [AVAZU_ROWS[i % 4].replace("1fbe01fe", f"s{i % 7}") for i in range(400)]
+    lines = [line.replace(",07d7df22,", ",,") if i % 3 == 0 else line for i, line in enumerate(lines)]  # missing
+    lines[-1] = lines[-1].replace("ecad2386", "café")
+    raw.write_text(AVAZU_HEADER + "\n" + "\n".join(lines) + "\n", encoding="utf-8")
+    viewed: list[int] = []
+    as_text = tabular._as_text
+    monkeypatch.setattr(tabular, "_as_text", lambda table: viewed.append(table.num_rows) or as_text(table))
+    store = prepare(raw, tmp_path / "bytes", schema="avazu")
+    assert 0 < sum(viewed) < 400  # the first piece read as bytes, the last (with "café") as text
+    monkeypatch.setattr(tabular, "_ascii_only", lambda piece: False)  # every piece parsed as text
+    viewed.clear()
+    reference = prepare(raw, tmp_path / "text", schema="avazu")
+    assert not viewed
+    files = sorted(p.name for p in (tmp_path / "text").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "bytes").iterdir())
+    for name in files:
+        assert (tmp_path / "bytes" / name).read_bytes() == (tmp_path / "text" / name).read_bytes(), name
+    cafe = string_keys(pa.array(["café"]))[0]
+    assert cafe in np.asarray(store.field("app_id")[1])
+    assert reference.num_rows == store.num_rows == 400
+
 def test_parquet_text_is_read_as_a_dictionary_only_where_its_pages_hold_one(tmp_path):
     """A Parquet column is read as a dictionary where its first row group's dictionary page is
     small (the writer kept it: 2x faster than text), not where the writer gave up on it for plain
