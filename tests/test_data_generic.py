@@ -187,6 +187,18 @@ def test_ascii_pieces_are_read_as_bytes_and_give_the_text_store(tmp_path, monkey
     assert cafe in np.asarray(store.field("app_id")[1])
     assert reference.num_rows == store.num_rows == 400
 
+
+def test_a_value_that_is_not_utf8_fails_with_its_line_and_column(tmp_path, monkeypatch):
+    monkeypatch.setenv("DES_DATA_THREADS", "2")
+    lines = [AVAZU_ROWS[i % 4] for i in range(2000)]
+    lines[1500] = lines[1500].replace("ecad2386", "ecad\udcff386")
+    raw = tmp_path / "train.csv"
+    raw.write_bytes((AVAZU_HEADER + "\n" + "\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
+    with pytest.raises(DataError) as error:
+        prepare(raw, tmp_path / "store", schema="avazu")
+    assert str(error.value) == f"{raw}:1502: column app_id: byte 0xff is not UTF-8 text"
+    assert not (tmp_path / "store").exists()
+
 def test_parquet_text_is_read_as_a_dictionary_only_where_its_pages_hold_one(tmp_path):
     """A Parquet column is read as a dictionary where its first row group's dictionary page is
     small (the writer kept it: 2x faster than text), not where the writer gave up on it for plain

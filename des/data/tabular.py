@@ -296,14 +296,15 @@ class TableReader:
             block = reading.result()
             if block is None or block.pieces is None:
                 break
-            pieces = [submit(self._parse_piece, piece, names, first) for first, piece in block.pieces]
+            pieces = [submit(self._parse_piece, path, piece, names, first) for first, piece in block.pieces]
             reading = submit(blocks.next, threads())
             yield from self._piece_chunks(path, report, parsed, lines, bad_lines)
             parsed = pieces
         yield from self._piece_chunks(path, report, parsed, lines, bad_lines)
         return None if block is None else (blocks.rest([block]), block.first_line)
 
-    def _parse_piece(self, piece: bytes, names: Sequence[str], first_line: int) -> tuple[list[_Checked], list]:
+    def _parse_piece(self, path: str, piece: bytes, names: Sequence[str],
+                     first_line: int) -> tuple[list[_Checked], list]:
         """A piece of whole lines (the first at ``first_line``) parsed and checked (:meth:`_check`),
         and its rows of a wrong width ``(line, columns found, expected)``."""
         import pyarrow.csv as csv
@@ -312,8 +313,27 @@ class TableReader:
         ascii_only = _ascii_only(piece)
         read, parse, convert = self._csv_options(names, len(piece) + 1, bad, None, first_line,
                                                  self.pa.binary() if ascii_only else None)
-        table = csv.read_csv(self.pa.py_buffer(piece), read_options=read, parse_options=parse, convert_options=convert)
+        try:
+            table = csv.read_csv(self.pa.py_buffer(piece), read_options=read, parse_options=parse,
+                                 convert_options=convert)
+        except self.pa.ArrowInvalid:
+            if not ascii_only:
+                self._not_utf8(path, piece, names, first_line)
+            raise
         return self._checked(_as_text(table) if ascii_only else table), bad
+
+    def _not_utf8(self, path: str, piece: bytes, names: Sequence[str], first_line: int) -> None:
+        """Where a piece is not UTF-8 text, that as a DataError naming its first such line and
+        column (pyarrow's own message counts the rows of the piece, not the lines of the file)."""
+        data = bytes(piece)
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            line_start = data.rfind(b"\n", 0, error.start) + 1
+            line = first_line + data.count(b"\n", 0, error.start)
+            column = data.count(self.schema.format.delimiter.encode(), line_start, error.start)
+            name = names[column] if column < len(names) else f"{column + 1} (past the header's)"
+            raise DataError(f"{path}:{line}: column {name}: byte {data[error.start]:#04x} is not UTF-8 text") from None
 
     def _piece_chunks(self, path: str, report: SourceReport, pieces: list, lines: _LineNumbers,
                       bad_lines: list) -> Iterator[Chunk]:
