@@ -61,6 +61,7 @@ declared dtype: int64 (missing: ``MISSING_INT`` = -2**63), float64 (missing: NaN
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -680,19 +681,20 @@ def _parse_times_kernel(data, offsets, validity, has_validity, offset, codes, wi
         seconds[i] = (_days_from_civil(year, month, day) * 86400 + parts[5] * 3600 + parts[6] * 60 + parts[7])
 
 
-_last_times: list[Any] = [None, None, None]  # the last array parsed, its format and its result
+_last_times = threading.local()  # per thread: the last array parsed, its format and its result
 
 
 def parse_times(array: pa.Array, time_format: TimeFormat) -> tuple[np.ndarray, np.ndarray]:
     """``(unix seconds int64, state uint8: 0 ok, 1 missing, 2 not in the format)`` of a string array
-    (the last array's result is kept: a chunk's times are checked, then read by each time part)."""
-    last_array, last_format, result = _last_times
+    (the last array's result is kept, per thread: a chunk's times are checked, then read by each
+    time part, in the thread that parsed the chunk while the others parse theirs)."""
+    last_array, last_format, result = getattr(_last_times, "entry", (None, None, None))
     if array is last_array and time_format == last_format:
         return result
     result = _parse_times(array, time_format)
     for part in result:
         part.flags.writeable = False
-    _last_times[:] = [array, time_format, result]
+    _last_times.entry = (array, time_format, result)
     return result
 
 
