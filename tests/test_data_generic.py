@@ -157,7 +157,6 @@ def test_csv_tsv_gzip_and_parquet_give_the_same_store(tmp_path, monkeypatch):
     np.testing.assert_array_equal(tags[2], (1.0 / np.repeat(lengths, lengths)).astype(np.float32))
 
 
-
 def test_ascii_pieces_are_read_as_bytes_and_give_the_text_store(tmp_path, monkeypatch):
     """A piece of ASCII lines is parsed as bytes and viewed as text (no UTF-8 check of each value);
     a piece holding other text is parsed as text: either way the store is the one the text path
@@ -189,15 +188,19 @@ def test_ascii_pieces_are_read_as_bytes_and_give_the_text_store(tmp_path, monkey
 
 
 def test_a_value_that_is_not_utf8_fails_with_its_line_and_column(tmp_path, monkeypatch):
+    """A column read that holds bytes that are not UTF-8 fails naming the file's line and the column
+    (the bytes of the ignored ``id`` column earlier are not read, so not named), nothing left."""
     monkeypatch.setenv("DES_DATA_THREADS", "2")
     lines = [AVAZU_ROWS[i % 4] for i in range(2000)]
+    lines[1200] = "1\udcfe" + lines[1200]  # the ignored id
     lines[1500] = lines[1500].replace("ecad2386", "ecad\udcff386")
     raw = tmp_path / "train.csv"
     raw.write_bytes((AVAZU_HEADER + "\n" + "\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
     with pytest.raises(DataError) as error:
         prepare(raw, tmp_path / "store", schema="avazu")
     assert str(error.value) == f"{raw}:1502: column app_id: byte 0xff is not UTF-8 text"
-    assert not (tmp_path / "store").exists()
+    assert not (tmp_path / "store").exists() and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
 
 def test_parquet_text_is_read_as_a_dictionary_only_where_its_pages_hold_one(tmp_path):
     """A Parquet column is read as a dictionary where its first row group's dictionary page is

@@ -172,7 +172,10 @@ class NodeBuffers:
 def _on_threads(kernel, rows: int, nbytes: int) -> None:
     """``kernel(a, b)`` over ranges of ``[0, rows)`` on the rank's threads, or on this one alone
     where the ``nbytes`` it moves are few (:data:`_MIN_PARALLEL_BYTES`)."""
-    _threads.run(kernel, rows, min_weight=rows + 1 if nbytes < _MIN_PARALLEL_BYTES else 0.0)
+    if nbytes < _MIN_PARALLEL_BYTES:
+        kernel(0, rows)
+    else:
+        _threads.run(kernel, rows)
 
 
 @njit(cache=True, nogil=True)

@@ -24,6 +24,7 @@ import bisect
 import gzip
 import hashlib
 import os
+import re
 import sys
 import zlib
 from collections.abc import Iterator, Sequence
@@ -52,6 +53,8 @@ _BYTES_PER_ROW_GUESS = 128
 #: columns are still in the cache when its rows are validated and keyed (docs/benchmarks.md)
 _BLOCK_BYTES_PER_THREAD = 1 << 22
 _HEADER_BYTES = 1 << 16  # the header line must fit
+#: a byte that is not UTF-8, as ``errors="surrogateescape"`` decodes it
+_ESCAPED = re.compile("[\udc80-\udcff]")
 _SMALL_DICTIONARY_BYTES = 1 << 16  # a Parquet column read as a dictionary below this (``_small_dictionary``)
 
 
@@ -323,17 +326,19 @@ class TableReader:
         return self._checked(_as_text(table) if ascii_only else table), bad
 
     def _not_utf8(self, path: str, piece: bytes, names: Sequence[str], first_line: int) -> None:
-        """Where a piece is not UTF-8 text, that as a DataError naming its first such line and
-        column (pyarrow's own message counts the rows of the piece, not the lines of the file)."""
-        data = bytes(piece)
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError as error:
-            line_start = data.rfind(b"\n", 0, error.start) + 1
-            line = first_line + data.count(b"\n", 0, error.start)
-            column = data.count(self.schema.format.delimiter.encode(), line_start, error.start)
-            name = names[column] if column < len(names) else f"{column + 1} (past the header's)"
-            raise DataError(f"{path}:{line}: column {name}: byte {data[error.start]:#04x} is not UTF-8 text") from None
+        """Where a column read holds a value that is not UTF-8, a DataError naming its first such line
+        and column (pyarrow's own message counts the rows of the piece, not the lines of the file;
+        the bytes of a column not read are never checked)."""
+        text = bytes(piece).decode("utf-8", errors="surrogateescape")  # a byte that is not UTF-8: one \udcXX
+        read = {self.schema.label.column, *(c.name for c in self.schema.read_columns)}
+        line, counted = first_line, 0
+        for bad in _ESCAPED.finditer(text):
+            line += text.count("\n", counted, bad.start())
+            counted = bad.start()
+            column = text.count(self.schema.format.delimiter, text.rfind("\n", 0, bad.start()) + 1, bad.start())
+            if column < len(names) and names[column] in read:
+                raise DataError(f"{path}:{line}: column {names[column]}: byte {ord(bad.group()) - 0xDC00:#04x} "
+                                "is not UTF-8 text")
 
     def _piece_chunks(self, path: str, report: SourceReport, pieces: list, lines: _LineNumbers,
                       bad_lines: list) -> Iterator[Chunk]:
