@@ -108,7 +108,8 @@ _SIXTY_THREE = np.uint64(63)
 
 # ====================================================================== keys (each TF twin after its numpy side)
 @numba.njit(cache=True, inline="always")
-def _finish(h: np.uint64) -> np.int64:
+def finish_key(h: np.uint64) -> np.int64:
+    """A key of a mixed 64-bit hash: its top 63 bits, 0 (the missing key) made 1."""
     key = np.int64(h >> _ONE)
     return key if key != 0 else np.int64(1)
 
@@ -150,7 +151,19 @@ def string_key(data: np.ndarray, start: int, end: int) -> np.int64:
             w = (w << np.uint64(8)) | np.uint64(data[j])
         h = mix64(h ^ w)
         i += 8
-    return _finish(h)
+    return finish_key(h)
+
+
+@numba.njit(cache=True, inline="always")
+def word_key(words: np.ndarray, start: int, n: int) -> np.int64:
+    """:func:`string_key` of the ``n`` bytes (1 to 8) at byte ``start`` of ``words`` (bytes as
+    aligned 8-byte words): one word from two aligned loads, without a loop over its bytes."""
+    shift = np.uint64((start & 7) * 8)
+    q = start >> 3
+    w = (words[q] >> shift) | ((words[q + 1] << (_SIXTY_THREE - shift)) << _ONE)
+    if n < 8:
+        w &= (_ONE << np.uint64(8 * n)) - _ONE
+    return finish_key(mix64((np.uint64(n) * GOLDEN_GAMMA) ^ w))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -166,12 +179,7 @@ def _string_keys_kernel(data, words, offsets, validity, has_validity, offset, ou
         if has_validity and not (validity[position >> 3] >> (position & 7)) & 1:
             out[i] = 0
         elif 0 < n <= 8 and start <= limit:
-            shift = np.uint64((start & 7) * 8)
-            q = start >> 3
-            w = (words[q] >> shift) | ((words[q + 1] << (_SIXTY_THREE - shift)) << _ONE)
-            if n < 8:
-                w &= (_ONE << np.uint64(8 * n)) - _ONE
-            out[i] = _finish(mix64((np.uint64(n) * GOLDEN_GAMMA) ^ w))
+            out[i] = word_key(words, start, n)
         else:
             out[i] = string_key(data, start, end)
 
@@ -179,13 +187,13 @@ def _string_keys_kernel(data, words, offsets, validity, has_validity, offset, ou
 @numba.njit(cache=True, nogil=True)
 def _int_keys_kernel(values, valid, out):
     for i in range(values.shape[0]):
-        out[i] = _finish(mix64(np.uint64(values[i]) ^ INT_SALT)) if valid[i] else 0
+        out[i] = finish_key(mix64(np.uint64(values[i]) ^ INT_SALT)) if valid[i] else 0
 
 
 @numba.njit(cache=True, nogil=True)
 def _cross_kernel(a, b, out):
     for i in range(a.shape[0]):
-        out[i] = _finish(mix64(mix64(np.uint64(a[i])) ^ np.uint64(b[i])))
+        out[i] = finish_key(mix64(mix64(np.uint64(a[i])) ^ np.uint64(b[i])))
 
 
 def _arrow_buffers(array: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool, int]:
@@ -228,10 +236,28 @@ def by_indices(array: pa.DictionaryArray, keys: np.ndarray) -> np.ndarray:
     return out
 
 
-def string_keys(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """Key scheme 2 of every value of an Arrow string array (null and ``""``: 0), int64."""
+@dataclass(frozen=True)
+class StringKeys:
+    """A text column's :func:`string_keys`, taken where its rows were read (``tokenizer.py``):
+    what a chunk's columns hold for it in place of the text."""
+
+    keys: np.ndarray
+
+    def __len__(self) -> int:
+        return self.keys.shape[0]
+
+    def filter(self, mask: Any) -> StringKeys:
+        """The keys of the rows ``mask`` keeps (booleans, as ``pyarrow.Array.filter`` takes them)."""
+        return StringKeys(self.keys[np.asarray(mask, dtype=bool)])
+
+
+def string_keys(array: pa.Array | pa.ChunkedArray | StringKeys) -> np.ndarray:
+    """Key scheme 2 of every value of an Arrow string array (null and ``""``: 0), int64 (of
+    :class:`StringKeys`: its keys, as they are)."""
     import pyarrow as pa
 
+    if isinstance(array, StringKeys):
+        return array.keys
     chunks = array.chunks if isinstance(array, pa.ChunkedArray) else [array]
     out = np.empty(sum(len(c) for c in chunks), dtype=np.int64)
     position = 0

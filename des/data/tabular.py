@@ -1,13 +1,14 @@
 """Reading and preparing raw tables of a declared schema (CSV/TSV, plain or gzip, and Parquet;
 Criteo's TSV through its own reader, ``tsv.py``).
 
-Files are read with pyarrow in bounded chunks: ``pyarrow.csv.open_csv`` (a streaming reader with
-a block size; every column read as text, a piece of ASCII lines as bytes viewed as text, and
-converted here, so each bad value is found with its line) and
-``pyarrow.parquet.ParquetFile.iter_batches``. A chunk is validated (label and its rule,
-numbers, integers, weights, the inputs of derived fields), its bad rows fail the preparation with
-one line ``file:line: column NAME: what`` (policy ``fail``) or are skipped and counted (``skip``),
-and its good rows are keyed (``features.encode_rows``, numba kernels over the Arrow buffers) and
+Files are read in bounded chunks: a CSV in blocks of whole lines cut into pieces, a plain piece
+(ASCII, unquoted, every line as wide as the header) split by numba with its categorical text keyed
+in the same pass (``tokenizer.py``), any other piece parsed by pyarrow (every column read as text,
+a piece of ASCII lines as bytes viewed as text, and converted here, so each bad value is found with
+its line), from a block that cannot be cut on ``pyarrow.csv.open_csv``; a Parquet file by runs of
+row groups. A chunk is validated (label and its rule, numbers, integers, weights, the inputs of
+derived fields), its bad rows fail the preparation with one line ``file:line: column NAME: what``
+(policy ``fail``) or are skipped and counted (``skip``), and its good rows are keyed (``features.encode_rows``, numba kernels over the Arrow buffers) and
 appended to the store. Line numbers count the header (a quoted value that spans lines shifts the
 numbers of the lines after it).
 
@@ -36,12 +37,13 @@ import numpy as np
 
 from .blocks import LineBlocks, Share, file_sha256
 from .errors import DataError
-from .features import (TRANSFORMS, EncodedRows, derived_inputs, encode_rows, float_values, hex_keys,
+from .features import (TRANSFORMS, EncodedRows, StringKeys, derived_inputs, encode_rows, float_values, hex_keys,
                        multi_valued_field)
 from .parallel import in_order, submit, threads
 from .schema import ColumnSpec, Schema, manifest_sections
 from .split import SPLIT_NAMES, assign_splits
 from .store import StoreWriter
+from .tokenizer import keyed_columns, plain_lines
 from .tsv import FIRST_BAD_LINES_KEPT, Chunk, CriteoTsvReader, SourceReport
 
 QUANTILE_SAMPLE = 1 << 20
@@ -147,6 +149,9 @@ class TableReader:
         self.progress = progress
         self.encode = encode  # key the rows where they are read (each chunk's ``encoded``)
         self._coded = _coded_columns(schema)
+        # the columns a plain piece gives as keys (tokenizer.py): categorical text, not hex
+        self._keyed = frozenset(name for name in self._coded if schema.column(name).dtype == "string")
+        self._plain = set(schema.format.null_values) <= {""}  # what plain_lines reads as missing
         self.reports: list[SourceReport] = []
 
     # ------------------------------------------------------------------ files
@@ -314,6 +319,12 @@ class TableReader:
 
         bad: list[tuple[int, int, int]] = []
         ascii_only = _ascii_only(piece)
+        if ascii_only and self._plain:
+            fmt = self.schema.format
+            batch = plain_lines(piece, names, [self.schema.label.column, *(c.name for c in self.schema.read_columns)],
+                                self._keyed, fmt.delimiter, fmt.quote, "" in fmt.null_values)
+            if batch is not None:
+                return self._checked(batch), bad
         read, parse, convert = self._csv_options(names, len(piece) + 1, bad, None, first_line,
                                                  self.pa.binary() if ascii_only else None)
         try:
@@ -450,7 +461,9 @@ class TableReader:
         Where the main thread validated and keyed what the pool parsed, it bounded the whole: 2M
         Avazu-like rows on 16 threads took 1.26 s, 1.01 s so (docs/benchmarks.md)."""
         problems = _Problems(batch.num_rows)
-        labels, typed = self._validate({name: batch.column(name) for name in batch.schema.names}, problems)
+        keyed = keyed_columns(batch)
+        labels, typed = self._validate({name: StringKeys(np.asarray(batch.column(name))) if name in keyed
+                                        else batch.column(name) for name in batch.schema.names}, problems)
         keep = ~problems.mask
         if not keep.any():
             return _Checked(batch.num_rows, problems, None)
@@ -521,6 +534,9 @@ class TableReader:
         typed: dict[str, Any] = {}
         for column in schema.read_columns:
             array = columns[column.name]
+            if isinstance(array, StringKeys):  # keyed where it was read: nothing to check
+                typed[column.name] = array
+                continue
             if pa.types.is_dictionary(array.type) and not (column.name in self._coded and (
                     pa.types.is_string(array.type.value_type) or pa.types.is_large_string(array.type.value_type))):
                 array = array.dictionary_decode()

@@ -222,7 +222,8 @@ def _describe_problem(status: int, problem: np.ndarray, buf: bytes) -> str:
 @dataclass
 class Chunk:
     """Validated rows: labels (uint8) and the read columns by name (Arrow arrays of their value
-    dtypes, or the numpy arrays of Criteo's reader)."""
+    dtypes, categorical text already keyed as ``features.StringKeys``, or the numpy arrays of
+    Criteo's reader)."""
 
     labels: np.ndarray
     columns: dict[str, Any]
