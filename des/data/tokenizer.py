@@ -5,11 +5,10 @@ pyarrow's CSV reader parses a piece into Arrow string arrays, whose values
 :func:`features.string_keys` then hashes: every byte of a categorical column is copied once and
 read twice. Most CTR files are plain: ASCII, no quoting, every line as wide as the header. For
 such a piece (:func:`plain_lines`) the separators are found by numpy over the whole piece at
-once, and one numba pass over the rows gives each keyed column's key scheme 2 keys straight from
-the piece's bytes (a value of at most 8 bytes read as one word) and copies only the other columns'
-values (the label, numbers, the inputs of derived fields) into Arrow string arrays. A 4 MB piece
-of the Avazu-like CSV: 13-19 ms against 37 ms for pyarrow's parse and the keys of its arrays
-(docs/benchmarks.md).
+once, one numba pass over the lines gives each keyed column's key scheme 2 keys straight from the
+piece's bytes (a value of at most 8 bytes read as one word), and another copies only the other
+columns' values (the label, numbers, the inputs of derived fields) into Arrow string arrays
+(docs/benchmarks.md: a 4 MB piece of an Avazu-like CSV).
 
 What comes back is what pyarrow gives with the same options (a column of text, an empty value
 missing when ``""`` is a null value), but for the keyed columns: int64, the keys
@@ -31,56 +30,57 @@ from .features import string_key, word_key
 
 #: the metadata of a keyed column's field
 KEYED = {b"des": b"string keys"}
-_SKIP, _KEY, _TEXT = 0, 1, 2
 _NEWLINE, _RETURN = 10, 13
 _PADDING = 24  # bytes after a piece's end: a value's two aligned words are always inside
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def _value_end(data, start, end, last, crlf):
-    """Where a value ending at separator ``end`` ends: before the carriage return of a CRLF line end."""
-    return end - 1 if last and crlf and end > start and data[end - 1] == _RETURN else end
+@numba.njit(cache=True, nogil=True)
+def _keys(data, words, separators, ends, width, fields, keys):
+    """Line by line, the key scheme 2 key of each of ``fields``' values into its row of ``keys``:
+    a value starts after a separator and ends at ``ends`` (the separators, a CRLF line's last
+    value before its carriage return); ``words`` is ``data`` as aligned 8-byte words. One loop over
+    the keyed columns alone, without a branch in it: a loop over every column branching on what
+    each is, or on the line's end, ran 4.5x slower on a Xeon (its branches missed)."""
+    for row in range(separators.shape[0] // width):
+        base = row * width
+        for j in range(fields.shape[0]):
+            f = fields[j]
+            start = separators[base + f - 1] + 1 if base + f > 0 else 0
+            end = ends[base + f]
+            n = end - start
+            keys[j, row] = word_key(words, start, n) if 0 < n <= 8 else string_key(data, start, end)
 
 
 @numba.njit(cache=True, nogil=True)
-def _text_bytes(data, separators, width, fields, crlf):
+def _text_bytes(separators, ends, width, fields):
     """The bytes of each of ``fields`` (columns copied as text) over every line."""
     out = np.zeros(fields.shape[0], dtype=np.int64)
     for row in range(separators.shape[0] // width):
         base = row * width
         for t in range(fields.shape[0]):
             f = fields[t]
-            start = separators[base + f - 1] + 1 if base + f > 0 else 0
-            out[t] += _value_end(data, start, separators[base + f], f == width - 1, crlf) - start
+            out[t] += ends[base + f] - (separators[base + f - 1] + 1 if base + f > 0 else 0)
     return out
 
 
 @numba.njit(cache=True, nogil=True)
-def _split(data, words, separators, width, crlf, actions, slots, keys, offsets, text, bases, empty):
-    """Each line's values (between ``separators``, ``width`` a line): a keyed column's key into its
-    row of ``keys``, a text column's bytes after its ``bases`` in ``text`` with their ``offsets``
-    and whether each is ``empty``; the others skipped. ``words``: ``data`` as aligned 8-byte words;
-    ``crlf``: lines may end in CRLF."""
+def _text(data, separators, ends, width, fields, offsets, text, bases, empty):
+    """Line by line, each of ``fields``' values copied after its column's ``bases`` in ``text``,
+    with their ``offsets`` (from the column's base) and whether each is ``empty``."""
     at = bases.copy()
-    previous = -1
     for row in range(separators.shape[0] // width):
-        for f in range(width):
-            start = previous + 1
-            previous = separators[row * width + f]
-            end = _value_end(data, start, previous, f == width - 1, crlf)
-            action = actions[f]
-            if action == 1:  # _KEY: features.string_key of data[start:end]
-                n = end - start
-                keys[slots[f], row] = word_key(words, start, n) if 0 < n <= 8 else string_key(data, start, end)
-            elif action == 2:  # _TEXT
-                t = slots[f]
-                p = at[t]
-                for j in range(start, end):
-                    text[p] = data[j]
-                    p += 1
-                at[t] = p
-                offsets[t, row + 1] = p - bases[t]
-                empty[t, row] = end == start
+        base = row * width
+        for t in range(fields.shape[0]):
+            f = fields[t]
+            start = separators[base + f - 1] + 1 if base + f > 0 else 0
+            end = ends[base + f]
+            p = at[t]
+            for j in range(start, end):
+                text[p] = data[j]
+                p += 1
+            at[t] = p
+            offsets[t, row + 1] = p - bases[t]
+            empty[t, row] = end == start
 
 
 def plain_lines(piece: Any, names: Sequence[str], read: Sequence[str], keyed: Collection[str], delimiter: str,
@@ -108,27 +108,31 @@ def plain_lines(piece: Any, names: Sequence[str], read: Sequence[str], keyed: Co
         return None
     separators = np.flatnonzero(newline | (data == ord(delimiter)))
     width, rows = len(names), int(np.count_nonzero(newline))
-    if separators.shape[0] != rows * width or not newline[separators[width - 1::width]].all():
+    line_ends = separators[width - 1::width]
+    if separators.shape[0] != rows * width or not newline[line_ends].all():
         return None
-    actions, slots = np.zeros(width, dtype=np.int64), np.zeros(width, dtype=np.int64)
+    ends = separators
+    if crlf:  # a CRLF line's last value ends before its carriage return
+        ends = separators.copy()
+        ends[width - 1::width] -= returns[np.maximum(line_ends - 1, 0)] & (line_ends > 0)
+    keys_read = [name for name in read if name in keyed]
     texts = [name for name in read if name not in keyed]
-    for kind, group in ((_KEY, [name for name in read if name in keyed]), (_TEXT, texts)):
-        for slot, name in enumerate(group):
-            actions[names.index(name)], slots[names.index(name)] = kind, slot
-    sizes = _text_bytes(data, separators, width, np.array([names.index(n) for n in texts], dtype=np.int64), crlf)
+    keys = np.empty((len(keys_read), rows), dtype=np.int64)
+    _keys(padded, padded.view(np.uint64), separators, ends, width, _columns(names, keys_read), keys)
+    text_fields = _columns(names, texts)
+    sizes = _text_bytes(separators, ends, width, text_fields)
     bases = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    keys = np.empty((len(read) - len(texts), rows), dtype=np.int64)
     offsets = np.zeros((len(texts), rows + 1), dtype=np.int32)
     text = np.empty(max(int(sizes.sum()), 1), dtype=np.uint8)
     empty = np.empty((len(texts), rows), dtype=np.bool_)
-    _split(padded, padded.view(np.uint64), separators, width, crlf, actions, slots, keys, offsets, text, bases, empty)
+    _text(data, separators, ends, width, text_fields, offsets, text, bases, empty)
     columns, fields = [], []
     for name in read:
         if name in keyed:
-            columns.append(pa.array(keys[slots[names.index(name)]]))
+            columns.append(pa.array(keys[keys_read.index(name)]))
             fields.append(pa.field(name, pa.int64(), metadata=KEYED))
             continue
-        t = slots[names.index(name)]
+        t = texts.index(name)
         missing = empty[t] if empty_is_null else np.zeros(0, dtype=np.bool_)
         nulls = int(np.count_nonzero(missing))
         validity = pa.py_buffer(np.packbits(~missing, bitorder="little")) if nulls else None
@@ -136,6 +140,11 @@ def plain_lines(piece: Any, names: Sequence[str], read: Sequence[str], keyed: Co
         columns.append(pa.Array.from_buffers(pa.string(), rows, [validity, pa.py_buffer(offsets[t]), values], nulls))
         fields.append(pa.field(name, pa.string()))
     return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields))
+
+
+def _columns(names: Sequence[str], wanted: Sequence[str]) -> np.ndarray:
+    """The positions in a line of the columns ``wanted``."""
+    return np.array([names.index(name) for name in wanted], dtype=np.int64)
 
 
 def keyed_columns(batch: Any) -> frozenset[str]:
