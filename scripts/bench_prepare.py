@@ -8,8 +8,9 @@ synthetic raw Criteo TSV of as many rows (``des.data synth --format tsv``). Then
 runs in a process of its own and prints one row of a table:
 
 * prepare csv      ``prepare(..., schema="avazu")`` of the CSV: blocks of whole lines read ahead,
-                   their pieces parsed by pyarrow side by side, validation, key scheme 2 hashing
-                   by numba over the Arrow buffers (fields side by side), the store
+                   their pieces (plain: ASCII, unquoted) split by numba side by side with their
+                   categorical text keyed in the same pass (``des/data/tokenizer.py``; any other
+                   piece parsed by pyarrow and keyed over its Arrow buffers), validation, the store
 * prepare parquet  the same rows and schema read from Parquet (runs of row groups side by side)
 * prepare criteo   ``prepare`` of the Criteo TSV (the numba TSV path in pieces side by side, key scheme 1)
 * pandas read_csv  ``pandas.read_csv`` of the same CSV alone (no hashing, nothing written)
@@ -41,15 +42,16 @@ ratio of 8 ranks to one; one rank has every core for its threads where 8 have tw
 ``DES_DATA_THREADS=2`` in the environment compares ranks at the same threads per rank. Even so, one
 rank alone keeps about 2.6 cores busy (its main thread appends while two threads parse and key);
 under ``taskset -c 0,1`` it has the two cores each of 8 ranks has. On the 16-core Xeon (2026-11-30)
-8 ranks took 2.9-3.8 s for 20M CSV rows: 5.3-5.6x one rank on two cores, 3.6-4.6x one rank free, and
-as fast as eight independent one-process prepares of an eighth each run at once.
+8 ranks took 2.2-2.4 s for 20M CSV rows: 3.8-4.2x one rank on two cores (9.1 s), 3.0-3.3x one rank
+free; the rank that takes the sha256 of the 1.5 GB file (on a thread of its own, about 2.2 s there)
+bounds the job.
 
-Expect (a 2-core machine with both cores free): the CSV path at 0.4-0.6x ``pandas.read_csv``'s
-rows/s (pandas 3 parses this all-integer file on one core at about 3M rows/s and only parses: no
-validation, hashing or store, and it holds the whole table where ``prepare`` holds a chunk or two;
-pyarrow's parse alone takes about 1 s of a core here), Parquet faster than CSV, and the Criteo path
-near 1M rows/s, within 1-2x of the CSV path (its rows are 3x the bytes, its store 39 keys a row).
-With 16 cores (2026-11-30): CSV about 2M rows/s, Parquet 3.2M, Criteo 1.7M.
+Expect (a 2-core machine with both cores free): the CSV path at 0.8-1.2x ``pandas.read_csv``'s
+rows/s (pandas 3 parses this all-integer file on one core at about 2.5-3M rows/s and only parses: no
+validation, hashing or store, and it holds the whole table where ``prepare`` holds a chunk or two),
+Parquet at about the CSV path's speed, and the Criteo path near 1M rows/s (its rows are 3x the
+bytes, its store 39 keys a row). With 16 cores (2026-11-30): CSV about 1.9-2.2M rows/s (its main
+thread's appends bound it), Parquet 3.8-4.2M, Criteo 1.7-1.85M, pandas 0.5-0.65M there.
 """
 
 from __future__ import annotations
