@@ -84,10 +84,14 @@ _ALPHA_CACHE: dict[tuple, np.ndarray] = {}  # catch-up Adam: bias corrections by
 @njit(inline="always", nogil=True)
 def _prefetch_ahead(w, slot, rows, i, n):
     """Prefetch the weight row and the (last) slot row PF rows ahead: a row and its slots are
-    co-located, so the pair spans two cache lines."""
-    if i + _PF < n:
-        prefetch2(w, rows[i + _PF], 0)
-        prefetch2(slot, rows[i + _PF], slot.shape[1] - 1)
+    co-located, so the pair spans two cache lines (near the end, the last row again). Without a
+    branch: a function inlined into a row loop with arrays among its arguments and a branch in
+    it makes numba count references to those arrays on every row, atomic increments that cost
+    an FTRL row 3x its time on a Xeon (the row loops below call such helpers with no branch or
+    loop inside, or compute per call what they need per row)."""
+    r = rows[min(i + _PF, n - 1)]
+    prefetch2(w, r, 0)
+    prefetch2(slot, r, slot.shape[1] - 1)
 
 
 @njit(inline="always", nogil=True)
@@ -128,57 +132,69 @@ def _adagrad_rows(w, acc, rows, g, hp):
 
 
 @njit(inline="always", nogil=True)
-def _adam_alpha(steps, r, alphas, tmp, lr, b1, b2, one):
-    """Row ``r``'s step count advanced by one, and its bias-corrected rate
-    ``lr * sqrt(1 - b2^t) / (1 - b1^t)``, memoized in ``alphas`` for small ``t`` (two pow() per row
-    would dominate; the same values)."""
-    t = steps[r] + 1
-    steps[r] = t
-    if t < _ADAM_MEMO and alphas[t] != 0:
-        return alphas[t]
-    tmp[0] = t  # int -> parameter dtype without a float64 detour
-    tf = tmp[0]
-    alpha = lr * np.sqrt(one - b2 ** tf) / (one - b1 ** tf)
-    if t < _ADAM_MEMO:
-        alphas[t] = alpha
-    return alpha
+def _adam_alphas(steps, rows, hp, dtype):
+    """Each row's step count advanced by one, and its bias-corrected rate
+    ``lr * sqrt(1 - b2^t) / (1 - b1^t)`` (in ``rows``' order), memoized for small ``t`` (two pow()
+    per row would dominate; the same values). A pass of its own before the rows' updates."""
+    lr, b1, b2, one = hp[0], hp[1], hp[2], hp[6]
+    tmp = np.empty(1, dtype)
+    memo = np.zeros(_ADAM_MEMO, dtype)
+    n = rows.shape[0]
+    out = np.empty(n, dtype)
+    for i in range(n):
+        if i + _PF < n:
+            prefetch1(steps, rows[i + _PF])
+        t = steps[rows[i]] + 1
+        steps[rows[i]] = t
+        if t < _ADAM_MEMO and memo[t] != 0:
+            out[i] = memo[t]
+            continue
+        tmp[0] = t  # int -> parameter dtype without a float64 detour
+        tf = tmp[0]
+        alpha = lr * np.sqrt(one - b2 ** tf) / (one - b1 ** tf)
+        if t < _ADAM_MEMO:
+            memo[t] = alpha
+        out[i] = alpha
+    return out
 
 
 @njit(inline="always", nogil=True)
 def _adam_rows(w, m, v, steps, rows, g, hp):
-    lr, b1, b2, omb1, omb2, eps, one = hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6]
-    tmp = np.empty(1, w.dtype)
-    alphas = np.zeros(_ADAM_MEMO, w.dtype)
+    omb1, omb2, eps = hp[3], hp[4], hp[5]
+    alphas = _adam_alphas(steps, rows, hp, w.dtype)
     n = rows.shape[0]
     for i in range(n):
         _prefetch_ahead(w, v, rows, i, n)
-        if i + _PF < n:
-            prefetch1(steps, rows[i + _PF])
         r = rows[i]
-        alpha = _adam_alpha(steps, r, alphas, tmp, lr, b1, b2, one)
-        _adam_row(w, m, v, r, g, i, alpha, omb1, omb2, eps)
+        for j in range(w.shape[1]):
+            w[r, j], m[r, j], v[r, j] = _adam_values(w[r, j], m[r, j], v[r, j], g[i, j], alphas[i], omb1, omb2, eps)
 
 
 @njit(inline="always", nogil=True)
-def _mean_square(g, i, tmp):
-    """``mean_j g[i, j]^2``: the sum in column order, divided by the row's width in g's dtype."""
-    s = g[i, 0] * g[i, 0]
-    for j in range(1, g.shape[1]):
-        s += g[i, j] * g[i, j]
+def _mean_squares(g, dtype):
+    """``mean_j g[i, j]^2`` of each row ``i``: the sum in column order, divided by the row's width
+    in g's dtype."""
+    tmp = np.empty(1, dtype)
     tmp[0] = g.shape[1]
-    return s / tmp[0]
+    out = np.empty(g.shape[0], dtype)
+    for i in range(g.shape[0]):
+        s = g[i, 0] * g[i, 0]
+        for j in range(1, g.shape[1]):
+            s += g[i, j] * g[i, j]
+        out[i] = s / tmp[0]
+    return out
 
 
 @njit(inline="always", nogil=True)
 def _rowwise_adagrad_rows(w, acc, rows, g, hp):
     lr, eps = hp[0], hp[1]
-    tmp = np.empty(1, w.dtype)
+    squares = _mean_squares(g, w.dtype)
     n = rows.shape[0]
     for i in range(n):
         if i + _PF < n:
             prefetch2(w, rows[i + _PF], 0)
         r = rows[i]
-        a = acc[r, 0] + _mean_square(g, i, tmp)
+        a = acc[r, 0] + squares[i]
         acc[r, 0] = a
         rate = lr / (np.sqrt(a) + eps)
         for j in range(w.shape[1]):
@@ -187,17 +203,15 @@ def _rowwise_adagrad_rows(w, acc, rows, g, hp):
 
 @njit(inline="always", nogil=True)
 def _rowwise_adam_rows(w, m, v, steps, rows, g, hp):
-    lr, b1, b2, omb1, omb2, eps, one = hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6]
-    tmp = np.empty(1, w.dtype)
-    alphas = np.zeros(_ADAM_MEMO, w.dtype)
+    omb1, omb2, eps = hp[3], hp[4], hp[5]
+    alphas = _adam_alphas(steps, rows, hp, w.dtype)
+    squares = _mean_squares(g, w.dtype)
     n = rows.shape[0]
     for i in range(n):
         _prefetch_ahead(w, m, rows, i, n)
-        if i + _PF < n:
-            prefetch1(steps, rows[i + _PF])
         r = rows[i]
-        alpha = _adam_alpha(steps, r, alphas, tmp, lr, b1, b2, one)
-        vr = v[r, 0] + (_mean_square(g, i, tmp) - v[r, 0]) * omb2
+        alpha = alphas[i]
+        vr = v[r, 0] + (squares[i] - v[r, 0]) * omb2
         v[r, 0] = vr
         denominator = np.sqrt(vr) + eps
         for j in range(w.shape[1]):
@@ -207,15 +221,12 @@ def _rowwise_adam_rows(w, m, v, steps, rows, g, hp):
 
 
 @njit(inline="always", nogil=True)
-def _adam_row(w, m, v, r, g, i, alpha, omb1, omb2, eps):
-    """Row ``r``'s Adam update with gradient ``g[i]`` and bias-corrected rate ``alpha``."""
-    for j in range(w.shape[1]):
-        gj = g[i, j]
-        mj = m[r, j] + (gj - m[r, j]) * omb1
-        vj = v[r, j] + (gj * gj - v[r, j]) * omb2
-        m[r, j] = mj
-        v[r, j] = vj
-        w[r, j] = w[r, j] - (mj * alpha) / (np.sqrt(vj) + eps)
+def _adam_values(wj, mj, vj, gj, alpha, omb1, omb2, eps):
+    """One value's Adam update with gradient ``gj`` and bias-corrected rate ``alpha``: its new
+    ``(w, m, v)`` (scalars: the row loops index the arrays themselves)."""
+    mj = mj + (gj - mj) * omb1
+    vj = vj + (gj * gj - vj) * omb2
+    return wj - (mj * alpha) / (np.sqrt(vj) + eps), mj, vj
 
 
 @njit(nogil=True, error_model="numpy")
@@ -343,7 +354,9 @@ def _catch_up(w, m, v, last, rows, t, g, step, hp, alphas, horizon):
         i = order[k]
         r = rows[i]
         if step:
-            _adam_row(w2, m2, v2, k, g, i, alpha, omb1, omb2, eps)
+            for j in range(dim):
+                w2[k, j], m2[k, j], v2[k, j] = _adam_values(w2[k, j], m2[k, j], v2[k, j], g[i, j], alpha, omb1, omb2,
+                                                            eps)
         for j in range(dim):
             m[r, j], v[r, j], w[r, j] = mm[k * dim + j], vv[k * dim + j], ww[k * dim + j]
         last[r] = t if step else upto
@@ -372,8 +385,10 @@ def _step_in_place(w, m, v, last, rows, t, g, alpha, omb1, omb2, eps):
         if i + _PF < n:
             prefetch2(w, rows[i + _PF], 0)
             prefetch2(v, rows[i + _PF], v.shape[1] - 1)
-        _adam_row(w, m, v, rows[i], g, i, alpha, omb1, omb2, eps)
-        last[rows[i]] = t
+        r = rows[i]
+        for j in range(w.shape[1]):
+            w[r, j], m[r, j], v[r, j] = _adam_values(w[r, j], m[r, j], v[r, j], g[i, j], alpha, omb1, omb2, eps)
+        last[r] = t
 
 
 @njit(nogil=True, inline="always")
