@@ -8,9 +8,9 @@ a piece of ASCII lines as bytes viewed as text, and converted here, so each bad 
 its line), from a block that cannot be cut on ``pyarrow.csv.open_csv``; a Parquet file by runs of
 row groups. A chunk is validated (label and its rule, numbers, integers, weights, the inputs of
 derived fields), its bad rows fail the preparation with one line ``file:line: column NAME: what``
-(policy ``fail``) or are skipped and counted (``skip``), and its good rows are keyed (``features.encode_rows``, numba kernels over the Arrow buffers) and
-appended to the store. Line numbers count the header (a quoted value that spans lines shifts the
-numbers of the lines after it).
+(policy ``fail``) or are skipped and counted (``skip``), and its good rows are keyed
+(``features.encode_rows``, numba kernels over the Arrow buffers) and appended to the store. Line
+numbers count the header (a quoted value that spans lines shifts the numbers of the lines after it).
 
 The training statistics of a schema (quantile boundaries, mean and std of standardized columns)
 come from a first pass over the training rows only: the split of row ``i`` is a function of
