@@ -30,6 +30,7 @@ are sized by ``des.runtime`` (cores // ranks intra-op threads per rank).
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import csv
 import datetime as _dt
@@ -383,6 +384,7 @@ class Bench:
                 raise SystemExit(f"--out {self.folder}: not empty (the run folder must be new or empty)")
             self.folder.mkdir(parents=True, exist_ok=True)
             self.jobs = Path(tempfile.mkdtemp(prefix=f"{self.script}-jobs-"))
+            atexit.register(shutil.rmtree, self.jobs, ignore_errors=True)  # also when the run fails or stops
         else:
             self.folder = Path(args.out or REPO / "runs" / "bench") / self.script / stamp
             self.folder.mkdir(parents=True, exist_ok=False)

@@ -625,6 +625,24 @@ def test_scaling_panels_jobs_and_rows():
     assert [r["strategy"] for r in top] == ["des", "des-partials", "alltoall"]  # des-exchange is alltoall's job
 
 
+def test_a_run_that_fails_leaves_no_jobs_folder(tmp_path):
+    """A run whose --out is its run folder keeps its jobs in a temporary folder: removed when the
+    process ends, finished or not (here: an error right after the run starts)."""
+    import subprocess
+
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    program = ("import argparse, sys; sys.path.insert(0, sys.argv[1]); import benchlib\n"
+               "bench = benchlib.Bench('bench_x.py', argparse.Namespace(out=sys.argv[2], out_is_run_folder=True))\n"
+               "assert bench.jobs.is_dir() and bench.jobs.parent == benchlib.Path(sys.argv[3])\n"
+               "raise RuntimeError('stopped')")
+    done = subprocess.run([sys.executable, "-c", program, str(SCRIPTS), str(tmp_path / "run"), str(temporary)],
+                          env={**os.environ, "TMPDIR": str(temporary)}, capture_output=True, text=True, timeout=120)
+    assert "RuntimeError: stopped" in done.stderr and "AssertionError" not in done.stderr
+    assert list(temporary.iterdir()) == []
+    assert (tmp_path / "run" / "config.json").is_file()  # the run folder stays
+
+
 @pytest.mark.mpi
 def test_scaling_runs_on_one_and_two_ranks(tmp_path, jobs_env):
     """bench_scaling on 1 and 2 ranks of the shipped sample (LR: the script, not a model, is tested),
