@@ -39,8 +39,10 @@ def _keys(data, words, separators, ends, width, fields, keys):
     """Line by line, the key scheme 2 key of each of ``fields``' values into its row of ``keys``:
     a value starts after a separator and ends at ``ends`` (the separators, a CRLF line's last
     value before its carriage return); ``words`` is ``data`` as aligned 8-byte words. One loop over
-    the keyed columns alone, without a branch in it: a loop over every column branching on what
-    each is, or on the line's end, ran 4.5x slower on a Xeon (its branches missed)."""
+    the keyed columns alone. An earlier loop found a CRLF line's end per value through a helper
+    that read the piece only under a branch; numba then counted references to the piece on every
+    value, atomic operations that made the loop 4.5x slower on a Xeon (docs/design.md, "no
+    reference counting in a row loop")."""
     for row in range(separators.shape[0] // width):
         base = row * width
         for j in range(fields.shape[0]):

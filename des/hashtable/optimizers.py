@@ -85,10 +85,10 @@ _ALPHA_CACHE: dict[tuple, np.ndarray] = {}  # catch-up Adam: bias corrections by
 def _prefetch_ahead(w, slot, rows, i, n):
     """Prefetch the weight row and the (last) slot row PF rows ahead: a row and its slots are
     co-located, so the pair spans two cache lines (near the end, the last row again). Without a
-    branch: a function inlined into a row loop with arrays among its arguments and a branch in
-    it makes numba count references to those arrays on every row, atomic increments that cost
-    an FTRL row 3x its time on a Xeon (the row loops below call such helpers with no branch or
-    loop inside, or compute per call what they need per row)."""
+    branch: with its arrays used only under one, numba counted references to them on every row,
+    atomic operations that cost an FTRL row 3x its time on a Xeon (the row loops below call
+    helpers of scalars or of arrays without a branch, and compute per call what needs one per
+    row: docs/design.md, "no reference counting in a row loop")."""
     r = rows[min(i + _PF, n - 1)]
     prefetch2(w, r, 0)
     prefetch2(slot, r, slot.shape[1] - 1)
