@@ -194,7 +194,7 @@ class StreamSource:
         """Continue where the checkpoint's stream record says, if the stream is the one it was
         trained on: the files done must be listed first, by name and size, and the file it stopped
         in must be the same bytes (sha256); else a one-line error."""
-        from des.data.build import file_sha256
+        from des.data.blocks import file_digest
 
         record = manifest.get("stream")
         if not record:
@@ -206,7 +206,7 @@ class StreamSource:
                 raise CheckpointError(f"checkpoint {folder}: the stream's file {i} was {was['name']}, now "
                                       f"{now['name'] if now else 'missing'} (a resume continues the same stream)")
             size = os.path.getsize(now["path"])
-            if size != was["size"] or (i == k and file_sha256(now["path"]) != was["sha256"]):
+            if size != was["size"] or (i == k and file_digest(now["path"], like=was["sha256"]) != was["sha256"]):
                 how = "other content" if size == was["size"] else f"{was['size']} bytes, now {size}"
                 raise CheckpointError(f"checkpoint {folder}: the stream's file {was['name']} changed since it was "
                                       f"trained on ({how})")

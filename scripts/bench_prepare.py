@@ -42,9 +42,8 @@ ratio of 8 ranks to one; one rank has every core for its threads where 8 have tw
 ``DES_DATA_THREADS=2`` in the environment compares ranks at the same threads per rank. Even so, one
 rank alone keeps about 2.6 cores busy (its main thread appends while two threads parse and key);
 under ``taskset -c 0,1`` it has the two cores each of 8 ranks has. On the 16-core Xeon (2026-11-30)
-8 ranks took 2.2-2.4 s for 20M CSV rows: 3.8-4.2x one rank on two cores (9.1 s), 3.0-3.3x one rank
-free; the rank that takes the sha256 of the 1.5 GB file (on a thread of its own, about 2.2 s there)
-bounds the job.
+8 ranks took 2.2-2.5 s for 20M CSV rows, 4.3-4.7x one rank on two cores (10.5-10.8 s), and 4.5-4.6
+s for 20M Criteo rows, 5.2x (23.8 s); every rank hashes a run of a large file's 64 MiB blocks.
 
 Expect (a 2-core machine with both cores free): the CSV path at 0.8-1.2x ``pandas.read_csv``'s
 rows/s (pandas 3 parses this all-integer file on one core at about 2.5-3M rows/s and only parses: no

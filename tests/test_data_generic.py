@@ -16,7 +16,7 @@ import pytest
 
 from des.data import ColumnStore, DataError, open_dataset, open_inputs, prepare
 from des.data.__main__ import main
-from des.data.build import cache_entry_name, file_sha256
+from des.data.build import cache_entry_name, file_digest
 from des.data.features import string_keys
 from des.data.schema import Schema, load_schema
 from des.data.split import DEFAULT_SPLIT, assign_splits, check_fractions
@@ -372,7 +372,7 @@ def test_skipped_rows_are_counted(tmp_path):
     bad = store.manifest["bad_rows"]
     assert store.num_rows == 49 and bad["skipped"] == 2
     assert bad["first_skipped"] == ["t.csv:11", "t.csv:22"] and bad["first_error"].startswith("t.csv:11: column price")
-    assert store.manifest["sources"][0] == {"name": "t.csv", "sha256": file_sha256(raw), "lines": 51, "rows": 49,
+    assert store.manifest["sources"][0] == {"name": "t.csv", "sha256": file_digest(raw), "lines": 51, "rows": 49,
                                            "skipped": 2}
 
 
@@ -393,14 +393,15 @@ def test_a_first_preparation_into_the_cache_reads_the_file_once(tmp_path, monkey
     import des.data.build as build
 
     hashed = []
-    monkeypatch.setattr(build, "file_sha256", lambda path, stop=None: hashed.append(path) or file_sha256(path))
+    monkeypatch.setattr(build, "file_digest",
+                        lambda path, stop=None, like=None: hashed.append(path) or file_digest(path))
     raw = _csv(tmp_path / "t.csv", _table_rows(60))
     cache, schema = tmp_path / "cache", _schema(tmp_path)
     # nothing cached of this name and options: prepared at once (the file hashed while it is read,
     # not in a pass before), the entry named after the sha256 its manifest records, as ever
     first = open_dataset(raw, cache_dir=cache, schema=schema)
     assert hashed == []
-    assert first.path.name == cache_entry_name("t.csv", file_sha256(raw), check_fractions(DEFAULT_SPLIT), 0, "fail",
+    assert first.path.name == cache_entry_name("t.csv", file_digest(raw), check_fractions(DEFAULT_SPLIT), 0, "fail",
                                                load_schema(schema))
     assert [p.name for p in cache.iterdir()] == [first.path.name]  # no temporary folder left
     # found again: the file hashed to look
@@ -409,7 +410,7 @@ def test_a_first_preparation_into_the_cache_reads_the_file_once(tmp_path, monkey
     _csv(raw, _table_rows(61))
     changed = open_dataset(raw, cache_dir=cache, schema=schema)
     assert len(hashed) == 2 and changed.path != first.path and changed.num_rows == 61
-    assert changed.path.name == cache_entry_name("t.csv", file_sha256(raw), check_fractions(DEFAULT_SPLIT), 0, "fail",
+    assert changed.path.name == cache_entry_name("t.csv", file_digest(raw), check_fractions(DEFAULT_SPLIT), 0, "fail",
                                                  load_schema(schema))
 
 

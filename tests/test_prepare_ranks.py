@@ -208,24 +208,88 @@ def test_key_counters_merged_by_ranges_of_keys_give_one_counters_figures(parts):
 
 
 def test_a_cut_files_digest_is_taken_from_the_plan_on_and_given_up_if_it_is_read_whole(tmp_path):
-    """The rank reading a cut file's first part hashes the whole file (the others none); a file the
-    line count makes one part is given up, its hash stopped."""
+    """The rank reading a cut file's first part hashes the whole file (the others none) where the
+    file is not over a digest block; a file the line count makes one part is given up, its hash
+    stopped."""
     import hashlib
     import threading
 
-    from des.data.blocks import file_sha256
+    from des.data.blocks import file_digest, file_sha256
     from des.data.ranks import FileDigests
 
     path = tmp_path / "rows.csv"
     path.write_bytes(b"a,b\n" * 300_000)
     size = path.stat().st_size
     parts = [(0, 0, Share(str(path), 0, size // 2)), (1, 0, Share(str(path), size // 2, size))]
-    with FileDigests(parts, 0) as first, FileDigests(parts, 1) as second:
-        assert first.result() == {"0": hashlib.sha256(path.read_bytes()).hexdigest()}
+    with FileDigests(parts, 0, 2) as first, FileDigests(parts, 1, 2) as second:
+        assert first.result() == {"0": hashlib.sha256(path.read_bytes()).hexdigest()} == {"0": file_digest(path)}
         assert second.result() == {}
-    with FileDigests(parts, 0) as given_up:
+    with FileDigests(parts, 0, 2) as given_up:
         given_up.keep([(0, 0, Share(str(path)))])
         assert given_up.result() == {}
     stop = threading.Event()
     stop.set()
-    assert file_sha256(path, stop) == ""
+    assert file_sha256(path, stop) == "" == file_digest(path, stop)
+
+
+@pytest.mark.parametrize("ranks", [1, 3, 5])
+def test_a_file_over_a_digest_block_is_hashed_in_blocks_every_rank_a_run(tmp_path, monkeypatch, ranks):
+    """A file over ``DIGEST_BLOCK`` bytes (4 KiB here) is identified by the sha256 of its blocks'
+    sha256 digests: read at once, read in pieces of any length, and taken by ``ranks`` ranks each
+    hashing its run of the blocks (every block once, the runs within one block of each other in
+    length, the same work to every rank in the plan) all give it; a digest recorded as the file's
+    sha256 (a store prepared before digests in blocks) is compared as such."""
+    import hashlib
+
+    from des.data import blocks
+    from des.data.ranks import FileDigests, digest_runs, joined_digests
+
+    monkeypatch.setattr(blocks, "DIGEST_BLOCK", 4096)
+    data = np.random.default_rng(ranks).integers(0, 256, 4096 * 6 + 1234, dtype=np.uint8).tobytes()
+    path = tmp_path / "rows.csv"
+    path.write_bytes(data)
+    digests = [hashlib.sha256(data[i:i + 4096]).digest() for i in range(0, len(data), 4096)]
+    expected = "sha256-blocks-64MiB:" + hashlib.sha256(b"".join(digests)).hexdigest()
+    assert blocks.file_digest(path) == expected
+    for step in (1000, 4096, 5000):
+        digest = blocks.FileDigest(len(data))
+        for i in range(0, len(data), step):
+            digest.update(data[i:i + step])
+        assert digest.hexdigest() == expected
+    runs = digest_runs(len(data), ranks)
+    assert [b for first, last in runs for b in range(first, last)] == list(range(len(digests)))
+    assert max(b - a for a, b in runs) - min(b - a for a, b in runs) <= 1
+    parts = [(r, 0, Share(str(path), len(data) * r // ranks, len(data) * (r + 1) // ranks)) for r in range(ranks)]
+    results = []
+    for rank in range(ranks):
+        with FileDigests(parts, rank, ranks) as mine:
+            results.append(mine.result())
+    assert joined_digests(results) == {0: expected}
+    assert blocks.file_digest(path, like=hashlib.sha256(data).hexdigest()) == hashlib.sha256(data).hexdigest()
+    assert blocks.file_digest(path, like=expected) == expected
+    weights = share_weights(parts, [len(data)], "csv", ranks)
+    assert max(weights) - min(weights) <= 0.01 * ranks  # a block of hashing at most
+
+
+def test_ranks_hash_a_large_file_in_blocks_and_write_one_process_store(tmp_path, monkeypatch):
+    """With the digest block at 4 KiB, a CSV, a Criteo TSV and a Parquet file are each hashed in
+    blocks by the ranks that prepare them: the store is one process's, file for file, and records
+    the blocks' digest; a store that recorded the file's sha256 still counts as prepared from it."""
+    import hashlib
+
+    from des.data import blocks
+
+    jobs = [job for job in _inputs(tmp_path) if job["name"] in ("csv-fail", "criteo", "parquet")]
+    jobs[0] = {**jobs[0], "name": "csv", "options": {"schema": "avazu", "bad_rows": "skip"}}
+    store = tmp_path / "sha256-store"
+    prepare(jobs[0]["inputs"], store, progress=False, **jobs[0]["options"])  # the file's sha256 recorded
+    monkeypatch.setattr(blocks, "DIGEST_BLOCK", 4096)
+    expected = [_one_process(job, tmp_path / "one" / job["name"]) for job in jobs]
+    got = _on_ranks(3, [{**job, "digest_block": 4096} for job in jobs], tmp_path / "ranks")
+    for job, want, have in zip(jobs, expected, got):
+        assert isinstance(want, dict) and have == want, job["name"]
+        source = json.loads(want["manifest.json"])["sources"][0]
+        assert source["sha256"] == blocks.file_digest(job["inputs"][0]) and source["sha256"].startswith("sha256-blocks")
+    assert json.loads((store / "manifest.json").read_text())["sources"][0]["sha256"] == \
+        hashlib.sha256(Path(jobs[0]["inputs"][0]).read_bytes()).hexdigest()
+    assert prepare(jobs[0]["inputs"], store, progress=False, **jobs[0]["options"]).path == store  # found, not refused

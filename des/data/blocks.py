@@ -32,32 +32,130 @@ _NEWLINE = 10
 _MIN_PIECE_BYTES = 1 << 18
 
 
+#: A file of more bytes than this is identified by the sha256 of its blocks of this many bytes
+#: (:func:`combine_digests`), which the ranks of a job take side by side, each its own run of a
+#: file's blocks (``des/data/ranks.py``); a smaller one by its sha256, as every file was before. A
+#: sha256 runs on one core (0.7-1.3 GB/s): for 20M CSV rows (1.5 GB) on 8 ranks of a 16-core Xeon
+#: the one rank that hashed the whole file set the job's time (docs/benchmarks.md, "Data path").
+DIGEST_BLOCK = 1 << 26
+#: How a file's digest in blocks starts (the hex sha256 over its blocks' digests follows)
+BLOCKS_PREFIX = "sha256-blocks-64MiB:"
+
+
+def in_blocks(size: int) -> bool:
+    """Whether a file of ``size`` bytes is identified by its blocks' digests."""
+    return size > DIGEST_BLOCK
+
+
+def block_count(size: int) -> int:
+    return -(-size // DIGEST_BLOCK)
+
+
+def blocks_bytes(size: int, first: int, last: int) -> int:
+    """The bytes of a file of ``size`` bytes in its blocks ``first`` to ``last``."""
+    return max(min(size, last * DIGEST_BLOCK) - first * DIGEST_BLOCK, 0)
+
+
+def combine_digests(blocks: list[str]) -> str:
+    """A file's digest from its blocks' sha256 (hex, in order): :data:`BLOCKS_PREFIX` and the
+    sha256 of their 32-byte digests laid end to end."""
+    return BLOCKS_PREFIX + hashlib.sha256(b"".join(bytes.fromhex(block) for block in blocks)).hexdigest()
+
+
+def digest_tag(digest: str) -> str:
+    """The digest's hex (its first 16 characters name cache entries), whatever its kind."""
+    return digest.rpartition(":")[2]
+
+
+def block_digests(path: str | os.PathLike, first: int, last: int, stop: threading.Event | None = None) -> list[str]:
+    """The sha256 (hex) of the file's blocks ``first`` to ``last`` (of :data:`DIGEST_BLOCK`
+    bytes, the last one shorter); ``stop`` set: given up (``[]``)."""
+    digests = []
+    with open(path, "rb", buffering=0) as handle:
+        for block in range(first, last):
+            digest = _sha256_of(handle, block * DIGEST_BLOCK, DIGEST_BLOCK, stop)
+            if digest is None:
+                return []
+            digests.append(digest.hexdigest())
+    return digests
+
+
+def file_digest(path: str | os.PathLike, stop: threading.Event | None = None, like: str | None = None) -> str:
+    """The file's identity as a store's manifest records it: its blocks' digest where
+    :func:`in_blocks`, else its sha256 (hex). ``like``: a digest recorded before, to compare with:
+    the same kind is taken (a store prepared before digests in blocks recorded the sha256 of a
+    large file too). ``stop`` set: given up at the next 4 MiB (returns "")."""
+    size = os.path.getsize(path)
+    if (not in_blocks(size)) if like is None else not like.startswith(BLOCKS_PREFIX):
+        with open(path, "rb", buffering=0) as handle:
+            digest = _sha256_of(handle, 0, None, stop)
+        return "" if digest is None else digest.hexdigest()
+    blocks = block_digests(path, 0, block_count(size), stop)
+    return combine_digests(blocks) if blocks or size == 0 else ""
+
+
 def file_sha256(path: str | os.PathLike, stop: threading.Event | None = None) -> str:
-    """sha256 (hex) of a file's bytes as stored. Read into one reused buffer: beside other work
-    in the process (a rank hashing its input while preparing), no new memory per read. ``stop``
-    set: given up at the next 4 MiB (returns "")."""
+    """sha256 (hex) of a file's bytes as stored (``stop``: as :func:`file_digest`)."""
+    return file_digest(path, stop, like="")
+
+
+def _sha256_of(handle: Any, start: int, length: int | None, stop: threading.Event | None) -> Any:
+    """The sha256 of ``length`` bytes (None: to the end) of an open file from ``start``, read into
+    one reused buffer (beside other work in the process, no new memory per read); None where
+    ``stop`` was set at a 4 MiB read."""
     digest = hashlib.sha256()
     buffer = bytearray(1 << 22)
     view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as handle:
-        while read := handle.readinto(buffer):
-            if stop is not None and stop.is_set():
-                return ""
-            digest.update(view[:read])
-    return digest.hexdigest()
+    handle.seek(start)
+    left = length
+    while left is None or left > 0:
+        read = handle.readinto(view if left is None or left >= len(buffer) else view[:left])
+        if not read:
+            break
+        if stop is not None and stop.is_set():
+            return None
+        digest.update(view[:read])
+        left = None if left is None else left - read
+    return digest
+
+
+class FileDigest:
+    """:func:`file_digest` of a file of ``size`` bytes, from its bytes given in order (``update``)."""
+
+    def __init__(self, size: int) -> None:
+        self._blocks: list[str] | None = [] if in_blocks(size) else None
+        self._digest = hashlib.sha256()
+        self._left = DIGEST_BLOCK
+
+    def update(self, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        while self._blocks is not None and len(view) >= self._left:
+            self._digest.update(view[:self._left])
+            view = view[self._left:]
+            self._blocks.append(self._digest.hexdigest())
+            self._digest, self._left = hashlib.sha256(), DIGEST_BLOCK
+        self._digest.update(view)
+        self._left -= len(view)
+
+    def hexdigest(self) -> str:
+        if self._blocks is None:
+            return self._digest.hexdigest()
+        return combine_digests(self._blocks + ([self._digest.hexdigest()] if self._left < DIGEST_BLOCK else []))
 
 
 class HashingReader:
-    """A read-only file wrapper that feeds every byte it returns into a sha256."""
+    """A read-only file wrapper that feeds every byte it returns into a :class:`FileDigest` of the
+    file (``size`` its bytes; None: not hashed, a share of a file whose digest is taken elsewhere)."""
 
-    def __init__(self, handle: IO[bytes], progress: Any = None) -> None:
+    def __init__(self, handle: IO[bytes], progress: Any = None, size: int | None = None) -> None:
         self._handle = handle
-        self.sha256 = hashlib.sha256()
+        self.digest = None if size is None else FileDigest(size)
         self.progress = progress
 
     def read(self, size: int = -1) -> bytes:
         data = self._handle.read(size)
-        self.sha256.update(data)
+        if self.digest is not None:
+            self.digest.update(data)
         if self.progress is not None:
             self.progress.update(len(data) / 1e6)
         return data
@@ -66,10 +164,10 @@ class HashingReader:
         return True
 
     def finish(self) -> str:
-        """Hash the rest of the file (bytes after a gzip stream end) and return the hex digest."""
+        """Hash the rest of the file (bytes after a gzip stream end) and return its digest."""
         while self.read(1 << 20):
             pass
-        return self.sha256.hexdigest()
+        return "" if self.digest is None else self.digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -158,8 +256,9 @@ def _only_newlines(buf: bytearray, end: int) -> bool:
 
 class LineBlocks:
     """The blocks of whole lines of one file (see the module docstring); ``quote``: the format's
-    quote character (None: none). ``sha256()`` after the last block: the digest of the file as
-    stored. Read errors of a gzip file are DataErrors naming the file and the line reached."""
+    quote character (None: none). ``digest()`` after the last block: the file's :func:`file_digest`
+    (a share's bytes are not hashed). Read errors of a gzip file are DataErrors naming the file and
+    the line reached."""
 
     def __init__(self, path: str, block_bytes: int, quote: str | None, progress: Any = None,
                  share: Share | None = None) -> None:
@@ -169,8 +268,10 @@ class LineBlocks:
         self._handle = open(path, "rb")
         self.is_gzip = share is None and self._handle.read(2) == b"\x1f\x8b"
         self._handle.seek(0)
-        part = self._handle if share is None or share.whole else RangeReader(self._handle, share.start, share.end)
-        self._hashing = HashingReader(part, progress)  # type: ignore[arg-type]
+        whole = share is None or share.whole
+        part = self._handle if whole else RangeReader(self._handle, share.start, share.end)  # type: ignore[union-attr]
+        size = os.fstat(self._handle.fileno()).st_size if whole else None
+        self._hashing = HashingReader(part, progress, size)  # type: ignore[arg-type]
         self._stream: IO[bytes] = (gzip.GzipFile(fileobj=self._hashing, mode="rb") if self.is_gzip  # type: ignore[arg-type]
                                    else self._hashing)  # type: ignore[assignment]
         self._pending = b""
@@ -181,7 +282,8 @@ class LineBlocks:
     def close(self) -> None:
         self._handle.close()
 
-    def sha256(self) -> str:
+    def digest(self) -> str:
+        """The file's :func:`file_digest` (a share's: "")."""
         return self._hashing.finish()
 
     def _read(self) -> bytes:

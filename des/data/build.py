@@ -17,7 +17,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from .blocks import file_sha256
+from .blocks import digest_tag, file_digest
 from .errors import DataError
 from .schema import Schema, load_schema, records_schema
 from .split import DEFAULT_SPLIT, SPLIT_NAMES, check_fractions
@@ -317,7 +317,11 @@ def existing_preparation(inputs: PathLike | Sequence[PathLike], output: PathLike
     except DataError as error:
         raise DataError(f"{target}: output already exists but is not a valid store ({error}); "
                         "pass --force to replace it") from None
-    differences = _preparation_differences(store.manifest, [file_sha256(p) for p in paths], fractions,
+    sources = store.manifest.get("sources")
+    recorded = [source.get("sha256") for source in sources] if isinstance(sources, list) else []
+    digests = [file_digest(p, like=recorded[i] if i < len(recorded) and isinstance(recorded[i], str) else None)
+               for i, p in enumerate(paths)]  # the kind of digest the store recorded
+    differences = _preparation_differences(store.manifest, digests, fractions,
                                            int(seed), bad_rows, load_schema(schema), roles)
     if differences:
         raise DataError(f"{target}: output already exists, prepared from other inputs or options "
@@ -340,7 +344,7 @@ def cache_entry_name(file_name: str, sha256: str, split: Sequence[float], seed: 
     """Cache directory name of a raw file prepared with these options (and a schema other than
     Criteo's: its fingerprint, statistics included when given)."""
     stem, options = _entry_parts(file_name, split, seed, bad_rows, schema)
-    return f"{stem}-{sha256[:16]}-{options}"
+    return f"{stem}-{digest_tag(sha256)[:16]}-{options}"
 
 
 def _entry_parts(file_name: str, split: Sequence[float], seed: int, bad_rows: str,
@@ -395,10 +399,11 @@ def open_dataset(
 
 
 class _CacheEntries:
-    """A raw file's entries in the cache: ``<name>-<sha256[:16]>-<options>``. Where none of its
-    name and options exists, the file is prepared before it is hashed, and the entry is named after
-    the sha256 the store records: one read of the file, without a whole pass of one rank over it
-    first while the others wait (20M Criteo rows on 8 ranks: 6.9 s, against 12.1 s, docs/benchmarks.md)."""
+    """A raw file's entries in the cache: ``<name>-<digest[:16]>-<options>`` (the hex of its
+    ``blocks.file_digest``). Where none of its name and options exists, the file is prepared before
+    it is hashed, and the entry is named after the digest the store records: one read of the file,
+    without a whole pass of one rank over it first while the others wait (20M Criteo rows on 8
+    ranks: 6.9 s, against 12.1 s, docs/benchmarks.md)."""
 
     def __init__(self, cache: Path, source: Path, stem: str, options: str) -> None:
         self.cache, self.source, self.stem, self.options = cache, source, stem, options
@@ -406,14 +411,14 @@ class _CacheEntries:
         self.named: Path | None = None
 
     def entry(self, sha256: str) -> Path:
-        return self.cache / f"{self.stem}-{sha256[:16]}-{self.options}"
+        return self.cache / f"{self.stem}-{digest_tag(sha256)[:16]}-{self.options}"
 
     def look(self) -> dict[str, str]:
         """This file's entry, ``found`` or the ``target`` to prepare (the file hashed), or ``{}``
         where no entry of its name and options exists (nothing hashed)."""
         if not any((d / MANIFEST_NAME).is_file() for d in self.cache.glob(f"{self.stem}-*-{self.options}")):
             return {}
-        target = self.entry(file_sha256(self.source))
+        target = self.entry(file_digest(self.source))
         return {"found" if (target / MANIFEST_NAME).is_file() else "target": str(target)}
 
     def name(self, directory: Path) -> Path:
@@ -421,7 +426,7 @@ class _CacheEntries:
         manifest = directory / MANIFEST_NAME
         sources = json.loads(manifest.read_text()).get("sources") if manifest.is_file() else None
         recorded = (sources or [{}])[0].get("sha256")
-        self.named = self.entry(recorded or file_sha256(self.source))
+        self.named = self.entry(recorded or file_digest(self.source))
         return self.named
 
 

@@ -4,9 +4,9 @@ store, the same bytes, file for file, as one process writes (the same fingerprin
 
 **Sharing** (:func:`plan`, every rank computes the same plan): the inputs' bytes are laid end to
 end and rank ``r`` takes the ``r``-th run of them: ``1/N`` of the total, except that a rank which
-hashes a cut file whole (below) takes fewer, by what hashing those bytes costs against preparing
-them (:data:`HASH_COST`, measured), so that every rank's work is the same and the hashing rank
-does not finish last (:func:`share_weights`). A plain text file (CSV, TSV, Criteo's TSV) is cut
+hashes more of the cut files than others (below) takes fewer, by what hashing those bytes costs
+against preparing them (:data:`HASH_COST`, measured), so that every rank's work is the same
+(:func:`share_weights`). A plain text file (CSV, TSV, Criteo's TSV) is cut
 there, after the first newline at or after the cut; a Parquet file between row groups; a gzip
 file, or a text file with a quote character or a ``\\r`` that does not end a line (where a line
 break may be something else) is read whole by one rank. Along the inputs the ranks only grow, so
@@ -23,9 +23,10 @@ their numbers in the whole store (``split.py``), a multi-hot field's row pointer
 keys before them. The ranks write into shared mappings of the files, side by side. The fields' key
 counters (distinct ids, top-10 share) are merged by ranges of keys, every rank one range of every
 field (the entries sent to their ranks in a few collectives, :meth:`Group.alltoallv`), and rank 0
-writes the manifest; each file's sha256 is taken whole by the rank that reads its first part, on
-a thread of its own from the plan on, beside its (smaller) share (:class:`FileDigests`). How the
-bytes are shared only balances the work: any plan gives the same store.
+writes the manifest. Each cut file's digest (``blocks.file_digest``) is taken on a thread of its
+own from the plan on, beside the rank's share (:class:`FileDigests`): a file over 64 MiB by every
+rank, a run of its 64 MiB blocks each; a smaller one whole by the rank that reads its first part.
+How the bytes are shared only balances the work: any plan gives the same store.
 
 **Statistics** (quantiles, standardize): rank 0 computes them from the training rows, as one
 process does (each row's split is a function of its number, known only in order), and every rank
@@ -39,6 +40,7 @@ rank, the same one line, so a job reports it once and no rank waits for another.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -51,7 +53,7 @@ from typing import Any, ContextManager, TypeVar
 
 import numpy as np
 
-from .blocks import Share, file_sha256
+from .blocks import Share, block_count, blocks_bytes, block_digests, combine_digests, file_digest, in_blocks
 from .errors import DataError
 from .parallel import each, share_cores
 from .schema import Schema, manifest_sections
@@ -263,14 +265,20 @@ def plan(paths: Sequence[str], kind: str, ranks: int) -> list[tuple[int, int, Sh
 def share_weights(parts: Sequence[tuple[int, int, Share]], sizes: Sequence[int], kind: str, ranks: int
                   ) -> list[float]:
     """The ranks' weights of the bytes such that each rank's work, preparing its share plus
-    hashing the cut files whose first part it reads (:func:`_read_part`), is the same: hashing a
-    byte costs ``HASH_COST[kind]`` of preparing one, so a rank hashing ``H`` bytes prepares
-    ``HASH_COST * H`` fewer (clamped at none, the others then sharing the rest evenly)."""
+    hashing (:class:`FileDigests`: its run of the blocks of each cut file in blocks, and the
+    smaller cut files whose first part it reads), is the same: hashing a byte costs
+    ``HASH_COST[kind]`` of preparing one, so a rank hashing ``H`` bytes prepares ``HASH_COST * H``
+    fewer (clamped at none, the others then sharing the rest evenly)."""
     cost = HASH_COST.get(kind, HASH_COST["csv"])
     hashed = [0.0] * ranks
     for i, (rank, number, share) in enumerate(parts):
-        if not share.whole and (i == 0 or parts[i - 1][1] != number):
+        if share.whole or (i > 0 and parts[i - 1][1] == number):
+            continue
+        if not in_blocks(sizes[number]):
             hashed[rank] += cost * sizes[number]
+            continue
+        for r, (first, last) in enumerate(digest_runs(sizes[number], ranks)):
+            hashed[r] += cost * blocks_bytes(sizes[number], first, last)
     total = max(sum(sizes), 1)
     if not any(hashed):
         return [1.0] * ranks
@@ -411,21 +419,36 @@ def _joined_reports(paths: Sequence[str], parts: list[tuple[int, int, Share]], r
     return joined, failures
 
 
-class FileDigests:
-    """The sha256 of each cut file whose first part this rank reads, taken whole on a thread of its
-    own from the plan on: beside the line count and this rank's share. A hash runs on one core at
-    most (0.9-1.3 GB/s), so on a large file it is the job's longest task: on 8 ranks of a 16-core
-    host, a 4.9 GB Criteo file's hash ended after every share had been prepared. A file that the
-    line count makes one part (read whole, hashed as it is read) is given up (:meth:`keep`)."""
+def digest_runs(size: int, ranks: int) -> list[tuple[int, int]]:
+    """Each rank's run of a cut file's blocks to hash (:func:`blocks.in_blocks`: as even as whole
+    blocks go, rank 0 first); a smaller file's ``(0, 0)`` (none: one rank hashes it whole)."""
+    count = block_count(size) if in_blocks(size) else 0
+    return [(count * r // ranks, count * (r + 1) // ranks) for r in range(ranks)]
 
-    def __init__(self, parts: list[tuple[int, int, Share]], rank: int) -> None:
-        self._paths = {number: share.path for i, (owner, number, share) in enumerate(parts)
-                       if not share.whole and owner == rank and (i == 0 or parts[i - 1][1] != number)}
-        self._stops = {number: threading.Event() for number in self._paths}
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="des-data-hash") if self._paths else None
-        self._digests: dict[int, Future[str]] = {
-            number: self._executor.submit(file_sha256, path, self._stops[number])  # type: ignore[union-attr]
-            for number, path in self._paths.items()}
+
+class FileDigests:
+    """The digests (:func:`blocks.file_digest`) of the cut files, taken on a thread of this rank's
+    own from the plan on, beside the line count and its share: of a file in blocks, this rank's
+    run of them (:func:`digest_runs`), joined over the ranks by :func:`joined_digests`; of a
+    smaller file, the whole of it, by the rank that reads its first part. One sha256 runs on one
+    core (0.7-1.3 GB/s): the rank that hashed a whole 1.5 GB file set the time of 8 ranks. A file
+    that the line count makes one part (read whole, hashed as it is read) is given up (:meth:`keep`)."""
+
+    def __init__(self, parts: list[tuple[int, int, Share]], rank: int, ranks: int) -> None:
+        tasks: dict[int, Callable[[threading.Event], str | list[str]]] = {}
+        for i, (owner, number, share) in enumerate(parts):
+            if share.whole or (i > 0 and parts[i - 1][1] == number):
+                continue
+            first, last = digest_runs(os.path.getsize(share.path), ranks)[rank]
+            if last > first:
+                tasks[number] = functools.partial(block_digests, share.path, first, last)
+            elif owner == rank and not in_blocks(os.path.getsize(share.path)):
+                tasks[number] = functools.partial(file_digest, share.path)
+        self._stops = {number: threading.Event() for number in tasks}
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="des-data-hash") if tasks else None
+        self._digests: dict[int, Future[str | list[str]]] = {
+            number: self._executor.submit(task, self._stops[number])  # type: ignore[union-attr]
+            for number, task in tasks.items()}
 
     def keep(self, parts: list[tuple[int, int, Share]]) -> None:
         """Give up the files that are one part of ``parts``."""
@@ -433,7 +456,8 @@ class FileDigests:
             self._stops[number].set()
             del self._digests[number]
 
-    def result(self) -> dict[str, str]:
+    def result(self) -> dict[str, str | list[str]]:
+        """By input number: the file's digest, or this rank's run of its blocks' digests."""
         return {str(number): digest.result() for number, digest in self._digests.items()}
 
     def __enter__(self) -> "FileDigests":
@@ -445,6 +469,17 @@ class FileDigests:
             stop.set()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
+
+
+def joined_digests(results: Sequence[Mapping[str, str | list[str]]]) -> dict[int, str]:
+    """Every rank's :meth:`FileDigests.result` (in rank order) as each cut file's digest."""
+    whole = {int(n): d for each in results for n, d in each.items() if isinstance(d, str)}
+    runs: dict[int, list[str]] = {}
+    for each in results:
+        for n, d in each.items():
+            if not isinstance(d, str):
+                runs.setdefault(int(n), []).extend(d)
+    return {**whole, **{n: combine_digests(blocks) for n, blocks in runs.items()}}
 
 
 def _read_part(group: Group, schema: Schema, parts: list[tuple[int, int, Share]], folder: Path,
@@ -590,7 +625,7 @@ def write_store_on_ranks(comm: Any, schema: Schema, paths: Sequence[str], direct
     share_cores(group.local_size())
     kind = schema.format.type
     parts = together(group, lambda: plan(list(paths), kind, group.size))
-    with FileDigests(parts, group.rank) as hashes:
+    with FileDigests(parts, group.rank, group.size) as hashes:
         parts = together(group, lambda: count_lines(group, parts, kind, schema.format.quote))
         hashes.keep(parts)
         codes = [None if roles is None else SPLIT_NAMES.index(role) for role in roles or paths]
@@ -600,7 +635,7 @@ def write_store_on_ranks(comm: Any, schema: Schema, paths: Sequence[str], direct
                                            hashes, in_place.start(group))
     everyone = group.allgather(info)
     reports = {int(i): _report(r) for each in everyone for i, r in each["reports"].items()}
-    digests = {int(n): d for each in everyone for n, d in each["digests"].items()}
+    digests = joined_digests([each["digests"] for each in everyone])
     joined, failures = _joined_reports(list(paths), parts, reports, digests)
     agree(group, failure, failures)
     manifests = [each["manifest"] for each in everyone]

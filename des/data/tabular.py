@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .blocks import LineBlocks, Share, file_sha256
+from .blocks import LineBlocks, Share, file_digest
 from .errors import DataError
 from .features import (TRANSFORMS, EncodedRows, StringKeys, derived_inputs, encode_rows, float_values, hex_keys,
                        multi_valued_field)
@@ -287,7 +287,7 @@ class TableReader:
                 yield from self._read_serial(path, report, stream, serial_names, first_line, block, lines, bad_lines)
             yield from self._chunk(path, report, None, lines, bad_lines)
             if share is None:
-                report.sha256 = blocks.sha256()
+                report.sha256 = blocks.digest()
         except self.pa.ArrowInvalid as error:
             raise DataError(f"{path}: {_arrow_message(error)}") from None
         finally:
@@ -400,7 +400,7 @@ class TableReader:
         groups = range(parquet.metadata.num_row_groups) if share is None else range(share.start, share.end)
         lines = _LineNumbers(0 if share is None else share.first_line - 1)
         # Parquet is read by row groups: its bytes are hashed apart (a share's file elsewhere)
-        hashing = submit(file_sha256, path) if share is None else None
+        hashing = submit(file_digest, path) if share is None else None
         runs = _row_group_runs(parquet.metadata, self.chunk_rows, groups)
 
         coded = [name for name in columns if name in self._coded and _small_dictionary(parquet.metadata, name)]

@@ -15,6 +15,7 @@ empty or exactly 8 hex digits (either case). A trailing ``\\r`` is ignored; blan
 from __future__ import annotations
 
 import gzip
+import os
 import zlib
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -305,8 +306,9 @@ class CriteoTsvReader:
         with open(file_path, "rb") as handle:
             is_gzip = share is None and handle.read(2) == b"\x1f\x8b"
             handle.seek(0)
+            size = None if share is not None else os.fstat(handle.fileno()).st_size  # a share: hashed elsewhere
             hashing = HashingReader(handle if share is None else RangeReader(handle, share.start, share.end),
-                                    self.progress)  # type: ignore[arg-type]
+                                    self.progress, size)  # type: ignore[arg-type]
             stream = gzip.GzipFile(fileobj=hashing, mode="rb") if is_gzip else hashing  # type: ignore[arg-type]
             yield from self._parse_stream(stream, report, is_gzip, share is None or share.start == 0)
             if share is not None:
