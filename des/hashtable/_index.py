@@ -42,8 +42,8 @@ from ._memory import row_array
 from ..splitmix import splitmix64
 from .distinct import add_to_distinct, distinct_keys, distinct_rows
 from ._prefetch import prefetch1, prefetch2
-from .bfloat16 import read_values
-from .init import init_row
+from .bfloat16 import read_value, value_terms
+from .init import ZEROS, init_row
 
 EMPTY = np.int64(-(2**63))  # the reserved sentinel key: marks free index slots
 INT32_MAX = 2**31 - 1
@@ -157,29 +157,25 @@ def probe_compact(idx, row_keys, key: np.int64):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def ahead_wide(idx, row_keys, meta, key, counted) -> None:
-    """The second stage of a batched probe's prefetch, once ``key``'s home index line has
-    arrived: with counters, the meta line of the key's row if it is present."""
-    if counted and key != EMPTY:
-        r = probe_wide(idx, row_keys, key)[1]
-        if r >= 0:
-            prefetch2(meta, r, 0)
+def ahead_wide(idx, row_keys, key):
+    """The second stage of a batched probe's prefetch, once ``key``'s home index line has arrived
+    (``key`` not EMPTY, a table with counters: :func:`ahead_wanted`): the row whose meta line to
+    prefetch (row 0 where the key is absent: a prefetch is a hint), and -1 (:func:`prefetch_ahead`).
+    The kernel's own loop body branches and prefetches: numba counts references to the arrays given
+    to an inlined helper that branches around a loop or uses an array after one, atomic operations
+    on every key (``bfloat16.read_value``), the cost of the lookup itself on a 16-core Xeon."""
+    return max(probe_wide(idx, row_keys, key)[1], 0), -1
 
 
 @njit(cache=True, nogil=True, inline="always")
-def ahead_compact(idx, row_keys, meta, key, counted) -> None:
-    """:func:`ahead_wide` in a compact index: the row keys its compares read first, of the
-    key's home slot and the next (linear probing finds most keys within two slots)."""
-    if key == EMPTY:
-        return
+def ahead_compact(idx, row_keys, key):
+    """:func:`ahead_wide` in a compact index: the rows whose keys its compares read first, of the
+    key's home slot and the next (linear probing finds most keys within two slots; an empty
+    slot's: row 0)."""
     cap = idx.shape[0]
     s = home_slot(key, cap)
-    r = idx[s, 0]
-    if r > 0:
-        prefetch1(row_keys, r - 1)
-        r = idx[s + 1 if s + 1 < cap else 0, 0]
-        if r > 0:
-            prefetch1(row_keys, r - 1)
+    following = s + 1 - cap * (s + 1 == cap)
+    return max(np.int64(idx[s, 0]) - 1, 0), max(np.int64(idx[following, 0]) - 1, 0)
 
 
 def probe(idx, row_keys, key):  # pragma: no cover - numba resolves it (below)
@@ -187,9 +183,21 @@ def probe(idx, row_keys, key):  # pragma: no cover - numba resolves it (below)
     raise NotImplementedError("probe is for numba kernels")
 
 
-def ahead(idx, row_keys, meta, key, counted):  # pragma: no cover - numba resolves it (below)
+def ahead(idx, row_keys, key):  # pragma: no cover - numba resolves it (below)
     """The second prefetch stage of either layout: :func:`ahead_wide` or :func:`ahead_compact`."""
     raise NotImplementedError("ahead is for numba kernels")
+
+
+def prefetch_ahead(idx, meta, row_keys, first, second):  # pragma: no cover - numba resolves it (below)
+    """Prefetch what :func:`ahead` found: a wide index's meta line of row ``first``, a compact
+    one's row keys ``first`` and ``second``."""
+    raise NotImplementedError("prefetch_ahead is for numba kernels")
+
+
+def ahead_wanted(idx, counted):  # pragma: no cover - numba resolves it (below)
+    """Whether :func:`ahead` has work in an index of this layout: a compact one's row keys always,
+    a wide one's meta line where the table counts (``counted``)."""
+    raise NotImplementedError("ahead_wanted is for numba kernels")
 
 
 def _compact(idx) -> bool:
@@ -204,10 +212,29 @@ def _probe(idx, row_keys, key):
 
 
 @overload(ahead, inline="always")
-def _ahead(idx, row_keys, meta, key, counted):
+def _ahead(idx, row_keys, key):
     if _compact(idx):
-        return lambda idx, row_keys, meta, key, counted: ahead_compact(idx, row_keys, meta, key, counted)
-    return lambda idx, row_keys, meta, key, counted: ahead_wide(idx, row_keys, meta, key, counted)
+        return lambda idx, row_keys, key: ahead_compact(idx, row_keys, key)
+    return lambda idx, row_keys, key: ahead_wide(idx, row_keys, key)
+
+
+def _prefetch_row_keys(idx, meta, row_keys, first, second):
+    prefetch1(row_keys, first)
+    prefetch1(row_keys, second)
+
+
+@overload(prefetch_ahead, inline="always")
+def _prefetch_ahead(idx, meta, row_keys, first, second):
+    if _compact(idx):
+        return _prefetch_row_keys
+    return lambda idx, meta, row_keys, first, second: prefetch2(meta, first, 0)
+
+
+@overload(ahead_wanted, inline="always")
+def _ahead_wanted(idx, counted):
+    if _compact(idx):
+        return lambda idx, counted: True
+    return lambda idx, counted: counted
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -247,8 +274,9 @@ def insert_keys(idx, keys, out, start, n_rows, fill, row_cap, max_fill, row_keys
     for i in range(start, n):
         if i + PF < n:
             prefetch2(idx, home_slot(keys[i + PF], cap), 0)
-        if i + half < n:
-            ahead(idx, row_keys, meta, keys[i + half], count)
+        if i + half < n and keys[i + half] != EMPTY and ahead_wanted(idx, count):
+            first, second = ahead(idx, row_keys, keys[i + half])
+            prefetch_ahead(idx, meta, row_keys, first, second)
         key = keys[i]
         if key == EMPTY:
             return i, n_rows, fill, BAD_KEY, admitted
@@ -372,8 +400,9 @@ def find_keys(idx, row_keys, keys, out):
     for i in range(n):
         if i + PF < n:
             prefetch2(idx, home_slot(keys[i + PF], cap), 0)
-        if i + half < n:
-            ahead(idx, row_keys, _NO_META, keys[i + half], False)
+        if i + half < n and keys[i + half] != EMPTY and ahead_wanted(idx, False):
+            first, second = ahead(idx, row_keys, keys[i + half])
+            prefetch_ahead(idx, _NO_META, row_keys, first, second)
         key = keys[i]
         if key == EMPTY:
             return i
@@ -551,28 +580,17 @@ def evict_plan(idx, row_keys, n_rows, dead):
     return src, dst, n_live
 
 
-@njit(nogil=True, inline="always")
-def gather_row(data, dim, derive, r, stored, zero, key, base, kind, scale, out, i) -> None:
-    """``out[i, :dim]``: row ``r``'s values when ``stored`` (``read_values``: stored, or computed
-    from its slots by ``derive``), else zeros (``zero``) or the key's initial value. An unadmitted
-    row's value is its initial value (written at insertion and never trained; a computed one is
-    0, the zeros initializer's), so callers read it unless unadmitted rows read as zeros."""
-    if stored:
-        read_values(data, r, dim, derive, out, i)
-    elif zero:
-        for c in range(dim):
-            out[i, c] = 0
-    else:
-        init_row(out, i, dim, key, base, kind, scale)
-
-
 @njit(cache=True, nogil=True)
 def gather_rows(data, dim, derive, rows, keys, n_rows, meta, min_count, zero_unadmitted, base, kind,
                 scale, out):
-    """``out[i]`` = row ``rows[i]``'s ``dim`` values (:func:`gather_row`); absent rows (-1), and
-    unadmitted rows when ``zero_unadmitted``, get the key's initial value or zeros. Returns a bad
-    position or -1."""
+    """``out[i]`` = row ``rows[i]``'s ``dim`` values (``bfloat16.read_value``: stored, or computed from
+    its slots by ``derive``); absent rows (-1), and unadmitted rows when ``zero_unadmitted``, get
+    the key's initial value or zeros. An unadmitted row's value is its initial value (written at
+    insertion and never trained; a computed one is 0, the zeros initializer's), so it is read
+    unless unadmitted rows read as zeros. Returns a bad position or -1."""
     n = rows.shape[0]
+    terms = value_terms(derive)
+    unread = ZEROS if zero_unadmitted else kind
     for i in range(n):
         if i + PF < n:
             rp = rows[i + PF]
@@ -583,8 +601,11 @@ def gather_rows(data, dim, derive, rows, keys, n_rows, meta, min_count, zero_una
         r = rows[i]
         if r >= n_rows or r < -1:
             return i
-        stored = r >= 0 and (not zero_unadmitted or min_count <= 1 or meta[r, COUNT] >= min_count)
-        gather_row(data, dim, derive, r, stored, zero_unadmitted, keys[i], base, kind, scale, out, i)
+        if r >= 0 and (not zero_unadmitted or min_count <= 1 or meta[r, COUNT] >= min_count):
+            for c in range(dim):
+                out[i, c] = read_value(data, r, c, dim, terms)
+        else:
+            init_row(out, i, dim, keys[i], base, unread, scale)
     return -1
 
 
@@ -613,8 +634,12 @@ def dedup_rows(rows, grads, adm, use_adm, n_rows, uniq, acc):
     u = distinct_rows(rows, adm, use_adm, uniq, inverse)
     filled = 0
     for i in range(rows.shape[0]):
-        if inverse[i] >= 0:
-            filled = add_to_distinct(acc, 0, inverse[i], filled, grads, i)
+        p = inverse[i]
+        if p >= 0:
+            fresh = p == filled
+            for c in range(acc.shape[1]):
+                acc[p, c] = add_to_distinct(acc[p, c], grads[i, c], fresh)
+            filled += fresh
     return u, -1
 
 

@@ -144,20 +144,31 @@ def _load(data, r, c):
 
 
 @njit(nogil=True, inline="always")
-def read_values(data, r, dim, derive, out, i):
-    """``out[i, :dim]``: row ``r``'s values of a block's stored array ``data`` as :func:`load` reads
-    them, or, where ``derive`` is not empty nor 0 first (``BlockSpec.value_args``: the row holds only FTRL's
-    z, columns ``[0, dim)``, and n, ``[dim, 2 dim)``), computed from them by
-    ``optimizers.ftrl_weight`` with ``derive[1:]``'s hyperparameters, in the arithmetic of the
-    update (the table's dtype; a bfloat16 row's z and n widened to float32): the bits the update
-    would have stored, unrounded."""
-    if derive.shape[0] == 0 or derive[0] == 0:
-        for c in range(dim):
-            out[i, c] = load(data, r, c)
-    else:
-        lr, l1, two_l2_reg = ftrl_terms(derive[1:])
-        for c in range(dim):
-            out[i, c] = ftrl_weight(load(data, r, c), np.sqrt(load(data, r, dim + c)), lr, l1, two_l2_reg)
+def value_terms(derive):
+    """What :func:`read_value` needs of a block's ``derive`` (``BlockSpec.value_args``), taken once per
+    field, outside its loop over rows: whether its rows' values are computed (``derive`` not empty
+    nor 0 first: a row holds only FTRL's z, columns ``[0, dim)``, and n, ``[dim, 2 dim)``), and
+    FTRL's terms (``optimizers.ftrl_terms`` of ``derive[1:]``, in its dtype; of ones where not)."""
+    computed = derive.shape[0] > 0 and derive[0] != 0
+    lr, l1, two_l2_reg = ftrl_terms(derive[1:] if computed else np.ones(4, derive.dtype))
+    return computed, lr, l1, two_l2_reg
+
+
+@njit(nogil=True, inline="always")
+def read_value(data, r, c, dim, terms):
+    """Value ``c`` of row ``r`` of a block's stored array ``data`` as :func:`load` reads it, or, where
+    ``terms`` (its :func:`value_terms`) say the values are computed, computed from z and n by
+    ``optimizers.ftrl_weight`` in the arithmetic of the update (the table's dtype; a bfloat16
+    row's z and n widened to float32): the bits the update would have stored, unrounded.
+
+    One value, no loop: a kernel loops over a row's values itself (``for c in range(dim): out[i, c]
+    = read_value(...)``). numba counts references to the arrays given to an inlined helper with a
+    loop, or a loop under a branch (two atomic operations per array on every call: about 8 ns each
+    on a 16-core Xeon, 2 on the 2-core VM), where reading a row from memory costs about 5 ns."""
+    computed, lr, l1, two_l2_reg = terms
+    if computed:
+        return ftrl_weight(load(data, r, c), np.sqrt(load(data, r, dim + c)), lr, l1, two_l2_reg)
+    return load(data, r, c)
 
 
 @njit(nogil=True)

@@ -66,18 +66,14 @@ def first_occurrences(values, adm, use_adm, skip_minus_one, uniq, inverse) -> in
 
 
 @njit(nogil=True, inline="always")
-def add_to_distinct(acc, base, p, filled, src, i) -> int:
-    """``acc[base + p] (+)= src[i]``: the first gradient of distinct row ``p`` (``p == filled``, as
-    :func:`distinct_rows` numbers rows in first-occurrence order) is stored, later ones added, so
-    each row's sum runs in occurrence order. Returns the new ``filled``."""
-    q = base + p
-    if p == filled:
-        for c in range(acc.shape[1]):
-            acc[q, c] = src[i, c]
-        return filled + 1
-    for c in range(acc.shape[1]):
-        acc[q, c] += src[i, c]
-    return filled
+def add_to_distinct(held, term, fresh):
+    """A distinct row's sum with one more ``term``: the term itself where ``fresh`` (the row's first,
+    ``p == filled`` as :func:`distinct_rows` numbers rows in first-occurrence order), else ``held``
+    plus it, so each row's sum runs in occurrence order. One value: the caller loops over a row's
+    values (``acc[p, c] = add_to_distinct(acc[p, c], src[i, c], fresh)``) and counts ``filled +=
+    fresh``; numba counts references to the arrays given to an inlined helper with a loop, atomic
+    operations on every call (``bfloat16.read_value``)."""
+    return term if fresh else held + term
 
 
 @njit(cache=True, nogil=True)

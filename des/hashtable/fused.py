@@ -58,7 +58,8 @@ from . import _threads
 from ._prefetch import prefetch2
 from ._views import view1, view2
 from .distinct import distinct_keys, distinct_rows
-from .bfloat16 import columns, init_stored, read_values, update_stored
+from .bfloat16 import columns, init_stored, read_value, update_stored, value_terms
+from .init import ZEROS, init_row
 from .optimizers import StepArgs, catch_up_rows
 from .pooling import one_hot_fields, pool_or_unpool, pool_samples, unpool_rows
 from .layout import check_rate
@@ -792,7 +793,7 @@ def _piece(pieces, i, count):
 def _gather_pieces(i0, i1, pieces, shard, block, init, ids, out, bad, slot, values):
     """Pieces [i0, i1), by distinct rows: each field's distinct trained rows are read from its table
     once, into ``values[key_offsets[j]:]``, a piece its range of them; the field's last piece gives
-    each id that is not among them a row of its own there (as ``gather_row`` reads it) and says in
+    each id that is not among them a row of its own there (as ``K.gather_rows`` reads it) and says in
     ``slot`` which row each id reads; a field in one piece that is not one-hot is then pooled from
     them into ``out[:, j]``. The one-hot fields and the fields read in several pieces are copied or
     pooled by samples (:func:`_samples_of_pieces`). The same floats as gathering every id: a table
@@ -858,9 +859,10 @@ def _samples_of_pieces(b0, b1, key_offsets, hot, later, bad, slot, values, ids, 
 @njit(nogil=True)
 def _read_distinct(data, dim, derive, rows, admitted, uniq, n_rows, values):
     """Distinct trained rows ``uniq`` of one field (its ``rows``, ``admitted``; its table ``data`` of
-    ``n_rows`` rows) into ``values[:len(uniq)]`` (``read_values``: stored, or computed by ``derive``).
+    ``n_rows`` rows) into ``values[:len(uniq)]`` (``read_value``: stored, or computed by ``derive``).
     Returns the position of the field's first id whose row is not the table's, or -1."""
     u = uniq.shape[0]
+    terms = value_terms(derive)
     for p in range(u):
         if p + K.PF < u:
             rp = uniq[p + K.PF]
@@ -869,48 +871,64 @@ def _read_distinct(data, dim, derive, rows, admitted, uniq, n_rows, values):
         r = uniq[p]
         if r < 0 or r >= n_rows:
             return K.first_bad_row(rows, admitted, False, n_rows)
-        read_values(data, r, dim, derive, values, p)
+        for c in range(dim):
+            values[p, c] = read_value(data, r, c, dim, terms)
     return -1
 
 
 @njit(nogil=True)
 def _read_others(data, dim, derive, keys, rows, admitted, u, n_rows, zero, base, kind, scale, slot, values):
     """Each id of one field that is not among its ``u`` distinct trained rows into its own row
-    ``values[slot[i]]`` (``gather_row``, ``stored`` = present and admitted or not read as zero).
-    Returns the position of the first id whose row is not the table's, or -1."""
+    ``values[slot[i]]`` (``read_value`` where present and admitted or not read as zero, else its
+    initial value or zeros). Returns the position of the first id whose row is not the table's, or -1."""
+    terms, unread = value_terms(derive), ZEROS if zero else kind
     for i in range(rows.shape[0]):
         s = slot[i]
         if s >= u:
             r = rows[i]
             if r >= n_rows or r < -1:
                 return K.first_bad_row(rows, admitted, False, n_rows)
-            stored = r >= 0 and (admitted[i] or not zero)
-            K.gather_row(data, dim, derive, r, stored, zero, keys[i], base, kind, scale, values, s)
+            if r >= 0 and (admitted[i] or not zero):
+                for c in range(dim):
+                    values[s, c] = read_value(data, r, c, dim, terms)
+            else:
+                init_row(values, s, dim, keys[i], base, unread, scale)
     return -1
 
 
 @njit(cache=True, nogil=True)
 def _gather_ids_fields(j0, j1, shard, block, init, ids, out, bad):
-    """Fields [j0, j1): ``gather_row`` of each id into its own row of ``out`` (no pooling; ``stored``
-    = present and admitted or not read as zero); at a row that is not the table's, ``bad[j]`` (its
-    position in the field) and the field is left."""
+    """Fields [j0, j1): each id into its own row of ``out`` (no pooling, :func:`_read_ids`); at a row
+    that is not the table's, ``bad[j]`` (its position in the field) and the field is left."""
     shard, block, init, ids = _Tables(*shard), _Block(*block), _Init(*init), TouchedArrays(*ids)
-    dim, rows, admitted, n_rows, zero = out.shape[1], ids.rows, ids.admitted, shard.n_rows, shard.zero
     for j in range(j0, j1):
         lo, hi = ids.key_offsets[j], ids.key_offsets[j + 1]
-        data = _values(shard, j, block.col, shard.stored)
-        for i in range(lo, hi):
-            if i + K.PF < hi:
-                rp = rows[i + K.PF]
-                if rp >= 0 and rp < n_rows[j]:
-                    prefetch2(data, rp, 0)
-            r = rows[i]
-            if r >= n_rows[j] or r < -1:
-                bad[j] = i - lo
-                break
-            stored = r >= 0 and (admitted[i] or not zero[j])
-            K.gather_row(data, dim, block.derive[j], r, stored, zero[j], ids.keys[i], init.bases[j], init.kinds[j],
-                         init.scales[j], out, i)
+        bad[j] = _read_ids(_values(shard, j, block.col, shard.stored), block.derive[j], ids.keys[lo:hi],
+                           ids.rows[lo:hi], ids.admitted[lo:hi], shard.n_rows[j], shard.zero[j], init.bases[j],
+                           init.kinds[j], init.scales[j], out[lo:hi])
+
+
+@njit(nogil=True)
+def _read_ids(data, derive, keys, rows, admitted, n_rows, zero, base, kind, scale, out):
+    """Each id of one field into its own row of ``out`` (``read_value`` where present and admitted or
+    not read as zero, else its initial value or zeros); the position of the first id whose row is
+    not the table's, or -1."""
+    dim, n = out.shape[1], rows.shape[0]
+    terms, unread = value_terms(derive), ZEROS if zero else kind
+    for i in range(n):
+        if i + K.PF < n:
+            rp = rows[i + K.PF]
+            if rp >= 0 and rp < n_rows:
+                prefetch2(data, rp, 0)
+        r = rows[i]
+        if r >= n_rows or r < -1:
+            return i
+        if r >= 0 and (admitted[i] or not zero):
+            for c in range(dim):
+                out[i, c] = read_value(data, r, c, dim, terms)
+        else:
+            init_row(out, i, dim, keys[i], base, unread, scale)
+    return -1
 
 
 @njit(cache=True, nogil=True)

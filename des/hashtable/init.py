@@ -40,6 +40,8 @@ from ..splitmix import GOLDEN_GAMMA, name_hash, splitmix64, splitmix64_of
 
 KINDS: tuple[str, ...] = ("zeros", "uniform", "normal", "truncated_normal")
 _ZEROS, _UNIFORM, _NORMAL, _TRUNC = 0, 1, 2, 3
+#: the zeros initializer's code: what a reader gives ``init_row`` for a row it reads as zeros
+ZEROS = _ZEROS
 _MAX_ATTEMPTS = 64
 _S11 = np.uint64(11)
 

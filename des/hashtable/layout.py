@@ -71,7 +71,7 @@ class BlockSpec:
         return self.value_columns + sum(self.slot_widths)
 
     def value_args(self, dtype: Any) -> np.ndarray:
-        """What a reader of a row needs to compute its values (``bfloat16.read_values``), in the
+        """What a reader of a row needs to compute its values (``bfloat16.read_value``), in the
         table's ``dtype``: empty where they are stored."""
         return self.optimizer.value_args(np.dtype(dtype)) if self.computed else np.zeros(0, np.dtype(dtype))
 

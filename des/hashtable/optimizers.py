@@ -441,7 +441,7 @@ def ftrl_weight(z, sqrt_n, lr, l1, two_l2_reg):
     """FTRL-proximal's weight of slots ``z`` and ``n`` (given as ``sqrt(n)``):
     ``(clip(z, -l1, l1) - z) / (sqrt(n) / alpha + 2 * (l2 + beta / (2 alpha)))``, the one place of
     this formula: the update writes it (stored form) or reads it (computed form), and every reader
-    of a row holding only ``z`` and ``n`` computes it (``bfloat16.read_values``). A pure function
+    of a row holding only ``z`` and ``n`` computes it (``bfloat16.read_value``). A pure function
     of (z, n) and the hyperparameters, so a row whose weight starts at ``ftrl_weight(0, sqrt(n0))
     = 0`` (a zeros initializer) needs no stored weight: the same bits as one stored."""
     return (min(max(z, -l1), l1) - z) / (sqrt_n / lr + two_l2_reg)
@@ -811,7 +811,7 @@ class FTRL(_OptimizerBase):
         return replace(self, store_w=1.0 if stored else 0.0)
 
     def value_args(self, dtype: np.dtype) -> np.ndarray:
-        """What a reader of a row computing its weights needs (``bfloat16.read_values``): 1, then
+        """What a reader of a row computing its weights needs (``bfloat16.read_value``): 1, then
         alpha, l1, l2, beta in the parameter's dtype (the update's ``hp``)."""
         return np.concatenate([np.ones(1, dtype), self._hp(np.dtype(dtype))])
 

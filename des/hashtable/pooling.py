@@ -55,13 +55,11 @@ def _pool_samples(rows, index, offsets, weights, has_weights, batch, g, adjoint,
             s = index[t] if indexed else t
             if adjoint:  # each product rounded once into rows' dtype (by weight 1: the gradient itself)
                 if s >= r0 and s < r1:
-                    if has_weights:
-                        for c in range(width):
-                            value[0, c] = w * batch[b, g, c]
-                    else:
-                        for c in range(width):
-                            value[0, c] = batch[b, g, c]
-                    filled = add_to_distinct(rows, 0, s, filled, value, 0)
+                    fresh = s == filled
+                    for c in range(width):
+                        value[0, c] = w * batch[b, g, c] if has_weights else batch[b, g, c]
+                        rows[s, c] = add_to_distinct(rows[s, c], value[0, c], fresh)
+                    filled += fresh
             elif has_weights:
                 for c in range(width):
                     batch[b, g, c] += w * rows[s, c]

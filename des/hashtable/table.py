@@ -23,7 +23,7 @@ Layout (see ``_index.py`` for the kernels):
   bits (``table_dtype``, ``bfloat16.py``), plus an int32 step count for Adam blocks. A block whose
   values are a function of its slots (FTRL's w of z and n on a zeros-initialized block:
   ``BlockSpec.computed``) stores the slots only; every read computes the values
-  (``bfloat16.read_values``), bit for bit what the update would have stored. A row is admitted iff
+  (``bfloat16.read_value``), bit for bit what the update would have stored. A row is admitted iff
   its count >= ``min_count`` (the count only grows, so no separate flag is needed).
 * pending keys (``min_count`` > 1): a key seen fewer than ``min_count`` times has no row, only its
   index slot, whose row field holds its count (``_index.py``); its row is made, count and all,
