@@ -3,11 +3,11 @@ pieces of a block side by side (``tabular.py``'s CSV/TSV reader; ``tsv.py``, Cri
 buffer with :func:`line_pieces` too).
 
 :class:`LineBlocks` reads a file (plain or gzip) in blocks of about ``block_bytes``, each cut after
-its last newline (the rest goes to the next block), hashes the bytes as stored (sha256) and counts
-them on a progress bar. :func:`line_pieces` cuts whole lines into pieces, one per thread. A
-piece's lines are its newlines (a last line may lack one), so the line number of every row of a
-piece is known before it is parsed: that is what lets pieces be parsed apart and still name each
-bad row's line. A block where a line break could be something else (a quote character, where the
+its last newline (the rest goes to the next block), hashes the bytes as stored
+(:func:`file_digest`) and counts them on a progress bar. :func:`line_pieces` cuts whole lines into
+pieces, one per thread. A piece's lines are its newlines (a last line may lack one), so the line
+number of every row of a piece is known before it is parsed: that is what lets pieces be parsed
+apart and still name each bad row's line. A block where a line break could be something else (a quote character, where the
 format has one: a quoted value may span lines; a ``\\r`` that does not end a line) is not cut:
 :meth:`LineBlocks.rest` gives it and everything after it as one stream for a serial reader.
 """
@@ -86,7 +86,8 @@ def file_digest(path: str | os.PathLike, stop: threading.Event | None = None, li
     the same kind is taken (a store prepared before digests in blocks recorded the sha256 of a
     large file too). ``stop`` set: given up at the next 4 MiB (returns "")."""
     size = os.path.getsize(path)
-    if (not in_blocks(size)) if like is None else not like.startswith(BLOCKS_PREFIX):
+    blockwise = in_blocks(size) if like is None else like.startswith(BLOCKS_PREFIX)
+    if not blockwise:
         with open(path, "rb", buffering=0) as handle:
             digest = _sha256_of(handle, 0, None, stop)
         return "" if digest is None else digest.hexdigest()

@@ -410,8 +410,8 @@ class _CacheEntries:
         self.unnamed = cache / f"{stem}-{options}"  # no entry's name: the temporary folder goes beside it
         self.named: Path | None = None
 
-    def entry(self, sha256: str) -> Path:
-        return self.cache / f"{self.stem}-{digest_tag(sha256)[:16]}-{self.options}"
+    def entry(self, digest: str) -> Path:
+        return self.cache / f"{self.stem}-{digest_tag(digest)[:16]}-{self.options}"
 
     def look(self) -> dict[str, str]:
         """This file's entry, ``found`` or the ``target`` to prepare (the file hashed), or ``{}``

@@ -39,9 +39,8 @@ from ._libm import cos_sin_turn, log_unit
 from ..splitmix import GOLDEN_GAMMA, name_hash, splitmix64, splitmix64_of
 
 KINDS: tuple[str, ...] = ("zeros", "uniform", "normal", "truncated_normal")
-_ZEROS, _UNIFORM, _NORMAL, _TRUNC = 0, 1, 2, 3
-#: the zeros initializer's code: what a reader gives ``init_row`` for a row it reads as zeros
-ZEROS = _ZEROS
+#: the initializers' codes (``ZEROS``: also what a reader gives ``init_row`` for a row it reads as zeros)
+ZEROS, _UNIFORM, _NORMAL, _TRUNC = 0, 1, 2, 3
 _MAX_ATTEMPTS = 64
 _S11 = np.uint64(11)
 
@@ -86,7 +85,7 @@ def key_hash(base: np.uint64, key: np.int64) -> np.uint64:
 @njit(cache=True, nogil=True)
 def init_row(out, i: int, dim: int, key: np.int64, base: np.uint64, kind: int, scale: float) -> None:
     """Write the initial vector of ``key`` into ``out[i, :dim]`` (rounded to out's dtype)."""
-    if kind == _ZEROS:
+    if kind == ZEROS:
         for c in range(dim):
             out[i, c] = 0.0
         return
