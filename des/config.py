@@ -125,6 +125,11 @@ class TrainConfig:
                      "fewest bytes from the first batches, and on a run of 1000 steps or more the fastest of that "
                      "plan and the pure ones measured on the first batches (cached per host: docs/design.md, "
                      "Planner); measure: measure them on any run; or OP=MODE,...")
+    exchange_by: str = _opt("auto", "an exchanged operator's inputs travel as the values of each row block's "
+                            "distinct ids, pooled by the row owner (ids), or pooled by the field owner, one value per "
+                            "row and field (rows: TorchRec's pooled all-to-all; its bytes fall as 1/N and do not grow "
+                            "with the ids a row holds); auto: the fewer bytes on the first batches",
+                            choices=("auto", "ids", "rows"))
     ps_servers: int = _opt(1, "with --strategy ps: how many ranks serve the tables (the rest are workers)")
     staleness: int = _opt(1, "with --strategy persia: the bound tau of Persia's hybrid training; a step reads "
                           "embeddings that miss at most the sparse updates of the previous tau steps (always that many: "

@@ -77,12 +77,13 @@ def candidates(modelled: str) -> list[str]:
 
 def cache_key(config: Any, ranks: int, fingerprint: str, placement: Sequence[Sequence[int]]) -> str:
     """What a measurement holds for: host, ranks, threads and their cores, batch, model options, data,
-    placement."""
+    placement, the way exchanges travel."""
     parts = {"host": platform.node(), "ranks": ranks, "threads": config.threads, "batch": config.batch_size,
              "pin": getattr(config, "pin_cores", "off"),
              "dtype": config.dtype, "compute": config.compute_dtype, "xla": getattr(config, "xla", "off"),
              "model": config.model, "options": [config.embedding_dim, config.hidden, config.model_options],
-             "data": fingerprint, "placement": [list(p) for p in placement], "strategy": config.strategy}
+             "data": fingerprint, "placement": [list(p) for p in placement], "strategy": config.strategy,
+             "exchange_by": getattr(config, "exchange_by", "ids")}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 

@@ -39,6 +39,13 @@ route the sum of their input gradients back once; ``des/strategies/exchange.py``
 No keys and no counts travel: every rank reads the whole batch, so owner and row owner both know
 the distinct ids of a field in a row block (in order of first occurrence) and how many there are.
 
+**exchange by rows** (``--exchange-by rows``: the owner pools, one value per row and field travels;
+``F'_r`` the fields rank ``r`` holds whole, ``F'`` all of them)::
+
+    rows        s · Σ_{k∈K} d_k · (B - b_r) · |F'_r|
+    row grads   s · Σ_{k∈K} d_k · b_r · (|F'| - |F'_r|)
+    weights     as above; no (id, row block) pairs (the owner pools as the partials do)
+
 **shared** by every plan (the data-parallel upper network)::
 
     top gradients  2 (N-1)/N · s · |θ_top|       ring AllReduce, one packed buffer with the loss
@@ -234,6 +241,8 @@ class PlanCost:
     id_pairs: float = 0.0
     #: what a pair costs in bytes (:data:`ID_BYTES` or :data:`ID_BYTES_OWN_CORES`)
     id_bytes: int = ID_BYTES
+    #: how the exchanged blocks travel: per distinct id (``ids``) or pooled per row and field (``rows``)
+    exchange_by: str = "ids"
 
     @property
     def score(self) -> float:
@@ -325,10 +334,11 @@ def format_plan(plan: Mapping[str, str]) -> str:
 
 def plan_cost(shape: ModelShape, plan: str | Mapping[str, str], batch_size: int,
               placement: Sequence[Sequence[int]], unique: UniqueIds | None, dtype_size: int = 4,
-              upper: str = "data-parallel", id_bytes: int = ID_BYTES) -> PlanCost:
+              upper: str = "data-parallel", id_bytes: int = ID_BYTES, exchange_by: str = "ids") -> PlanCost:
     """Bytes per step per rank of ``plan`` (see the module docstring for the formulas).
     ``unique`` (U_{q,f} for this B and N) is needed only when an operator is exchanged;
-    ``id_bytes``: what the score counts per exchanged (id, row block) pair (:func:`id_bytes_for`).
+    ``id_bytes``: what the score counts per exchanged (id, row block) pair (:func:`id_bytes_for`);
+    ``exchange_by``: ``ids`` or ``rows`` (``--exchange-by``).
 
     ``upper="replicated"`` is the paper's step (``des --upper replicated``), all partials only:
     ONE ring AllReduce of the whole ``[B, P]`` buffer, ``2 (N-1)/N · s · B · P``, and nothing else
@@ -339,7 +349,7 @@ def plan_cost(shape: ModelShape, plan: str | Mapping[str, str], batch_size: int,
     plan = normalize_plan(shape, plan)
     n, s = len(placement), dtype_size
     ring = 2.0 * (n - 1) / n * s  # ring AllReduce: bytes sent per float of the payload
-    cost = PlanCost(plan, batch_size, n, id_bytes=id_bytes)
+    cost = PlanCost(plan, batch_size, n, id_bytes=id_bytes, exchange_by=exchange_by)
     # fields split by key: their pooled values (every block an operator reads) join the partials'
     # columns in every plan, and the partials operators' slices of them are trained where the rows are
     split = sorted(split_groups(placement))
@@ -360,7 +370,9 @@ def plan_cost(shape: ModelShape, plan: str | Mapping[str, str], batch_size: int,
         cost.terms["partials_reduce_scatter"] = [b / 2 for b in partials_bytes(partial_width, batch_size, n, s)]
         cost.terms["gradient_allgather"] = list(cost.terms["partials_reduce_scatter"])
     exchanged = [op for op in shape.operators if plan[op.name] == EXCHANGE]
-    if exchanged:
+    if exchanged and exchange_by == "rows":
+        _row_exchange_terms(cost, shape, exchanged, placement, split, s, ring)
+    elif exchanged:
         _exchange_terms(cost, shape, exchanged, placement, split, unique, s, ring)
     if split_weights:
         cost.terms["split_weight_gradients"] = [ring * split_weights] * n
@@ -394,6 +406,18 @@ def _exchange_terms(cost: PlanCost, shape: ModelShape, exchanged: list[Operator]
     cost.id_pairs = 2.0 * float(u[:, whole].sum()) / n if n > 1 else 0.0
 
 
+def _row_exchange_terms(cost: PlanCost, shape: ModelShape, exchanged: list[Operator],
+                        placement: Sequence[Sequence[int]], split: list[int], s: int, ring: float) -> None:
+    """The exchanged operators' terms of :func:`plan_cost` by rows: every row's pooled values of
+    the owner's whole fields to their row owner, their gradients back, the field weights' AllReduce."""
+    row_floats = sum(shape.blocks[b] for b in {op.block for op in exchanged})
+    held = [len([f for f in fields if f not in split]) for fields in placement]
+    sizes = row_blocks(cost.batch_size, cost.ranks)
+    cost.terms["rows"] = [s * row_floats * (cost.batch_size - b) * h for b, h in zip(sizes, held)]
+    cost.terms["row_gradients"] = [s * row_floats * b * (sum(held) - h) for b, h in zip(sizes, held)]
+    cost.terms["field_weight_gradients"] = [ring * sum(op.field_params for op in exchanged)] * cost.ranks
+
+
 @dataclass(frozen=True)
 class OperatorCost:
     """One operator alone in each mode (mean bytes/step/rank over ranks, shared terms excluded;
@@ -416,9 +440,10 @@ def partials_bytes(width: int, batch_size: int, ranks: int, dtype_size: int = 4)
 
 
 def operator_costs(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[int]], unique: UniqueIds | None,
-                   dtype_size: int = 4) -> list[OperatorCost]:
+                   dtype_size: int = 4, exchange_by: str = "ids") -> list[OperatorCost]:
     """Per operator: the bytes of its own terms as partials, and exchanged alone (every other
-    operator partials): its block's values and gradients, its weights' AllReduce."""
+    operator partials, the exchange travelling ``exchange_by``): its block's values and gradients,
+    its weights' AllReduce."""
     n = len(placement)
     out = []
     for op in shape.operators:
@@ -426,7 +451,8 @@ def operator_costs(shape: ModelShape, batch_size: int, placement: Sequence[Seque
         detail: dict[str, float] = {"partials": partials}
         exchange = math.inf
         if unique is not None:
-            ex = plan_cost(shape, {op.name: EXCHANGE}, batch_size, placement, unique, dtype_size)
+            ex = plan_cost(shape, {op.name: EXCHANGE}, batch_size, placement, unique, dtype_size,
+                           exchange_by=exchange_by)
             own = ("rows", "row_gradients", "field_weight_gradients")
             detail.update({t: ex.term_mean(t) for t in own})
             exchange = sum(detail[t] for t in own)
@@ -434,8 +460,25 @@ def operator_costs(shape: ModelShape, batch_size: int, placement: Sequence[Seque
     return out
 
 
+def exchange_way(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[int]], unique: UniqueIds | None,
+                 dtype_size: int = 4) -> str:
+    """``--exchange-by auto``: ``rows`` where the exchanged blocks' values and gradients are fewer
+    bytes pooled per row and field than per distinct id, else ``ids``. Both count ``Σ d`` floats of
+    the exchanged blocks per unit (a row and field, or a distinct id and row block), so the choice
+    is the same for every set of exchanged operators: it is the data's (ids per row, repeats in a
+    row block), made once, on the all-exchange plan. Without id statistics: ``ids``."""
+    if unique is None or len(placement) < 2:
+        return "ids"
+
+    def moved(way: str) -> float:
+        cost = plan_cost(shape, EXCHANGE, batch_size, placement, unique, dtype_size, exchange_by=way)
+        return cost.term_mean("rows") + cost.term_mean("row_gradients")
+
+    return "rows" if moved("rows") < moved("ids") else "ids"
+
+
 def best_plan(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[int]], unique: UniqueIds | None,
-              dtype_size: int = 4, id_bytes: int = ID_BYTES) -> PlanCost:
+              dtype_size: int = 4, id_bytes: int = ID_BYTES, exchange_by: str = "ids") -> PlanCost:
     """The plan with the lowest :attr:`PlanCost.score` (mean bytes over ranks + :data:`CALL_BYTES`
     per collective call + ``id_bytes`` per exchanged (id, row block) pair), by trying all
     2^ops plans: operators interact (a block two exchanged operators read travels once), so the
@@ -443,12 +486,14 @@ def best_plan(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[i
     exchanges the embedding block, FM rides along for free). Its score never exceeds either pure
     plan's; its bytes may, by the exchange's local work it avoids (heavy multi-hot data at N=4:
     all partials, 10 % more bytes than all exchange). Plans are tried all-partials first and a
-    later one must be strictly cheaper, so a tie keeps the earlier, more-partials plan."""
+    later one must be strictly cheaper, so a tie keeps the earlier, more-partials plan. Exchanges
+    travel ``exchange_by`` (:func:`exchange_way`)."""
     names = [op.name for op in shape.operators]
     choices = [(PARTIALS,) * len(names)] if unique is None else itertools.product(MODES, repeat=len(names))
     best: PlanCost | None = None
     for modes in choices:
-        cost = plan_cost(shape, dict(zip(names, modes)), batch_size, placement, unique, dtype_size, id_bytes=id_bytes)
+        cost = plan_cost(shape, dict(zip(names, modes)), batch_size, placement, unique, dtype_size, id_bytes=id_bytes,
+                         exchange_by=exchange_by)
         if best is None or cost.score < best.score - 1e-9:
             best = cost
     assert best is not None
@@ -467,17 +512,23 @@ class Planning:
     unique: UniqueIds
     dtype_size: int = 4
     id_bytes: int = ID_BYTES  # :func:`id_bytes_for` this job's ranks and cores
+    #: how exchanges travel (``ids``/``rows``; ``auto``: :func:`exchange_way`, resolved here)
+    exchange_by: str = "ids"
     best: PlanCost = field(init=False)
 
     def __post_init__(self) -> None:
-        self.best = best_plan(self.shape, self.batch_size, self.placement, self.unique, self.dtype_size, self.id_bytes)
+        if self.exchange_by == AUTO:
+            self.exchange_by = exchange_way(self.shape, self.batch_size, self.placement, self.unique, self.dtype_size)
+        self.best = best_plan(self.shape, self.batch_size, self.placement, self.unique, self.dtype_size, self.id_bytes,
+                              self.exchange_by)
 
     def cost(self, plan: str | Mapping[str, str], upper: str = "data-parallel") -> PlanCost:
         return plan_cost(self.shape, plan, self.batch_size, self.placement, self.unique, self.dtype_size, upper=upper,
-                         id_bytes=self.id_bytes)
+                         id_bytes=self.id_bytes, exchange_by=self.exchange_by)
 
     def report(self) -> str:
-        return report(self.shape, self.batch_size, self.placement, self.unique, self.dtype_size, best=self.best)
+        return report(self.shape, self.batch_size, self.placement, self.unique, self.dtype_size, best=self.best,
+                      exchange_by=self.exchange_by)
 
 
 # ---------------------------------------------------------------------------------------- report
@@ -489,38 +540,40 @@ def _bytes(value: float) -> str:
 
 
 def report(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[int]], unique: UniqueIds | None,
-           dtype_size: int = 4, title: str = "", best: PlanCost | None = None) -> str:
+           dtype_size: int = 4, title: str = "", best: PlanCost | None = None, exchange_by: str = "ids") -> str:
     """The start-up table: per operator, predicted bytes/step/rank (mean over ranks) as partials and
-    exchanged alone, which is cheaper and why; then the shared terms and the pure and best plans."""
+    exchanged alone (travelling ``exchange_by``), which is cheaper and why; then the shared terms and
+    the pure and best plans."""
     n = len(placement)
     lines = [f"planner{' (' + title + ')' if title else ''}: B={batch_size}, N={n}, {dtype_size}-byte floats; "
              "bytes sent per step per rank (mean over ranks)"]
     header = f"  {'operator':<12} {'width':>5} {'block':<14} {'partials':>10} {'exchange':>10}  {'cheaper':<8} why"
     lines.append(header)
-    for c in operator_costs(shape, batch_size, placement, unique, dtype_size):
+    for c in operator_costs(shape, batch_size, placement, unique, dtype_size, exchange_by):
         op = c.operator
         per_sample = c.partials / batch_size
         if unique is None or n == 1:
             why = "one rank: nothing moves" if n == 1 else "no id statistics: exchange not estimated"
         else:
             # per sample of the global batch, so the two sides compare directly
-            distinct = unique.per_sample
             moved = (c.exchange - c.detail["field_weight_gradients"]) / batch_size
-            why = (f"{op.width} floats/sample -> {per_sample:,.0f} B/sample; exchange: {distinct:.1f} distinct "
-                   f"ids/sample (per row block), (N-1)/N remote, x 2x{dtype_size}x{op.block_dim} B "
-                   f"-> {moved:,.0f} B/sample")
+            units = (f"{unique.per_sample:.1f} distinct ids/sample (per row block)" if exchange_by == "ids"
+                     else f"{sum(map(len, placement))} pooled fields/sample (by rows)")
+            why = (f"{op.width} floats/sample -> {per_sample:,.0f} B/sample; exchange: {units}, (N-1)/N remote, "
+                   f"x 2x{dtype_size}x{op.block_dim} B -> {moved:,.0f} B/sample")
             if op.field_params:
                 why += f" + {_bytes(c.detail['field_weight_gradients'])} AllReduce of {op.field_params:,} weights"
         lines.append(f"  {op.name:<12} {op.width:>5} {op.block + '(' + str(op.block_dim) + ')':<14} "
                      f"{_bytes(c.partials):>10} {_bytes(c.exchange):>10}  {c.cheaper if n > 1 else '-':<8} {why}")
-    pure = {mode: plan_cost(shape, mode, batch_size, placement, unique, dtype_size)
+    pure = {mode: plan_cost(shape, mode, batch_size, placement, unique, dtype_size, exchange_by=exchange_by)
             for mode in (MODES if unique is not None else (PARTIALS,))}
     shared = pure[PARTIALS].term_mean("top_gradients") + pure[PARTIALS].term_mean("loss")
     lines.append(f"  shared by every plan: top gradients + loss {_bytes(shared)} ({shape.top_params:,} + 1 floats); "
                  "exchanged blocks travel once per step even when several operators read them")
-    best = best or best_plan(shape, batch_size, placement, unique, dtype_size)
+    best = best or best_plan(shape, batch_size, placement, unique, dtype_size, exchange_by=exchange_by)
     totals = ", ".join(f"all {mode} {_bytes(c.mean)}" for mode, c in pure.items())
     chosen = ", ".join(f"{k}={v}" for k, v in best.plan.items())
+    lines.append(f"  exchanges travel by {exchange_by} (--exchange-by: per distinct id, or pooled per row and field)")
     lines.append(f"  plans: {totals}; cheapest {chosen} {_bytes(best.mean)} in {best.calls} collective calls "
                  f"(ranked by bytes + {_bytes(CALL_BYTES)} per call + {best.id_bytes} B per distinct id and row block "
                  f"an exchange handles: {best.id_pairs:,.0f} per rank)")

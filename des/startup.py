@@ -224,7 +224,8 @@ def resolve_plan(config: TrainConfig, cls: Any, store: Any, placement: list[list
                  id_bytes: int | None = None) -> tuple[TrainConfig, Any]:
     """``--plan auto`` -> the planner's cheapest plan for this data, batch size and placement
     (``des/planner.py``: distinct ids counted on the first 4 batches of the training order, the
-    same on every rank), written into the config (``config.json`` says what ran). ``id_bytes``:
+    same on every rank), written into the config (``config.json`` says what ran), and
+    ``--exchange-by auto`` -> the way of fewer bytes (``planner.exchange_way``). ``id_bytes``:
     what an exchanged id costs in bytes (:func:`plan_id_bytes`; None: ``planner.ID_BYTES``).
     Returns the config and the :class:`~des.planner.Planning` (None on one rank or for a strategy
     the planner does not model)."""
@@ -232,12 +233,16 @@ def resolve_plan(config: TrainConfig, cls: Any, store: Any, placement: list[list
     if cls.communication_plan is None or ranks == 1:
         if config.plan in ("auto", "measure"):  # one rank: nothing travels, every plan is the same step
             config = dataclasses.replace(config, plan="partials")
+        if config.exchange_by == "auto":
+            config = dataclasses.replace(config, exchange_by="ids")
         return config, None
     from des import planner
 
     unique = planner.estimate_unique_ids(store, config.batch_size, ranks, seed=config.seed, drop_last=config.drop_last)
     planning = planner.Planning(planner.model_shape(model), config.batch_size, placement, unique,
-                                np.dtype(config.dtype).itemsize, planner.ID_BYTES if id_bytes is None else id_bytes)
+                                np.dtype(config.dtype).itemsize, planner.ID_BYTES if id_bytes is None else id_bytes,
+                                config.exchange_by)
+    config = dataclasses.replace(config, exchange_by=planning.exchange_by)
     if config.plan in ("auto", "measure") and getattr(cls, "fixed_plan", None) is None:
         best = "partials" if config.upper == "replicated" else planner.format_plan(planning.best.plan)
         config = dataclasses.replace(config, plan=best)
@@ -314,14 +319,16 @@ def communication_plan(config: TrainConfig, strategy: Any, planning: Any, trials
     held = getattr(strategy, "plan", None)  # a DES strategy's stages.Plan
     plan = dict(held.operators) if held is not None else strategy.communication_plan
     upper = held.upper if held is not None else "data-parallel"
+    exchange_by = planning.exchange_by
     cost, best = planning.cost(plan, upper=upper), planning.best
-    record = {"plan": cost.plan, "upper": upper, "predicted_bytes_per_step": cost.mean,
+    record = {"plan": cost.plan, "upper": upper, "exchange_by": exchange_by, "predicted_bytes_per_step": cost.mean,
               "predicted_sites": {site: float(np.mean(v)) for site, v in cost.sites().items()},
               "cheapest_plan": best.plan, "cheapest_bytes_per_step": best.mean, "batches_sampled": planning.unique.batches,
               "bytes_per_exchanged_id": planning.id_bytes}
     text = planning.report()
     text += (f"\n  this run: --plan {planner.format_plan(cost.plan)}"
              + (f" (upper {upper})" if upper != "data-parallel" else "")
+             + (" --exchange-by rows" if exchange_by == "rows" else "")
              + f", predicted {cost.mean:,.0f} bytes/step/rank (summary.json: planner)")
     if trials is not None:  # the measured times next to the predicted bytes
         text, record = "\n".join([text, *trials.lines()]), {**record, "trials": trials.record()}

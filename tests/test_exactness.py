@@ -90,6 +90,15 @@ FLOAT32_RANKS = {"deepfm": (2, 3)}  # and its Adam predictions on 4 ranks
 SYNTH_PLAN = "linear=exchange,first_fc=exchange"
 EXCHANGE_RANKS = {"lr": (3,), "wdl": (4,), "deepfm": (2, 4)}  # FM's operator: exchanged in DeepFM
 PLAN_RANKS = {MIXED_PLAN: {"deepfm": (4,)}}  # and on 2 and 3 ranks with the schedules case below
+# The exchanged blocks pooled by their owner and sent per row and field (--exchange-by rows), held
+# to the 1-rank run of another plan: all partials, or (Persia's delayed updates, which the pipeline
+# must not fuse) the exchange per distinct id. (name, model, data, flags, plan, ranks, reference flags)
+ROWS = ("--exchange-by", "rows")
+BY_ROWS = [("multi-hot", "deepfm", "synth", SMALL + ADAM + ("--placement", "balanced"), "exchange", 3, None),
+           ("fused", "deepfm", "criteo", SMALL + CATCHUP + SCHEDULES + ("--pipeline", "on"), MIXED_PLAN, 2, None),
+           ("split", "deepfm", "criteo", SMALL + ADAM + SPLIT, "exchange", 4, None),
+           ("dcnv2", "dcnv2", "synth", SMALL + ADAM, "embeddings=exchange", 2, None),
+           ("persia", "deepfm", "criteo", SMALL + ADAM + ("--staleness", "3", "--pipeline", "on"), None, 3, "ids")]
 
 
 def variant_params(ranks_by_model: dict[str, tuple[int, ...]]) -> list[tuple[str, int]]:
@@ -195,10 +204,14 @@ def results(datasets, monkeypatch_module) -> dict[tuple, object]:
     # (one group runs des's code path: tests/test_check.py checks it through des.check's own rule)
     cases.append(Case("deepfm", "hierarchical", criteo, "float64", SMALL + ADAM + SGD_AVERAGE + ("--group-size", "2"),
                       ranks=(4,), reference_strategy="des", reference_flags=SMALL + ADAM + SGD_AVERAGE))
+    for _, model, data, flags, plan, n, reference in BY_ROWS:
+        planned = flags + (("--plan", plan) if plan else ())
+        cases.append(Case(model, "persia" if "--staleness" in flags else "des", datasets[data], "float64",
+                          planned + ROWS, ranks=(n,), reference_flags=planned if reference else flags))
     return {(r.case.model, r.case.strategy, r.case.data, r.case.dtype, r.case.compare,
              "replicated" in r.case.flags, r.ranks) + plan_of(r.case.flags) + ("split",) * ("split" in r.case.flags)
             + ("bounded",) * ("--evict-every" in r.case.flags) + ("rowwise",) * (ROWWISE[1] in r.case.flags)
-            + strategy_options(r.case.flags): r
+            + strategy_options(r.case.flags) + ("rows",) * (ROWS[1] in r.case.flags): r
             for r in check(cases, RANKS, steps=12, batch_size=64, rtol=1e-9, timeout=600)}
 
 
@@ -280,6 +293,21 @@ def test_every_plan_is_exact(results, datasets, plan: str, model: str, ranks: in
     """--plan with a mixed plan (multi-hot data and balanced placement too)."""
     data = datasets["synth" if model.endswith("-synth") else "criteo"]
     assert_ok(results[(model.removesuffix("-synth"), "des", data, "float64", "all", False, ranks, plan)])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", [case[0] for case in BY_ROWS])
+def test_the_exchange_by_rows_is_exact(results, datasets, name: str) -> None:
+    """``--exchange-by rows`` (the owners pool, the pooled values travel per row and field) trains
+    on N ranks what all partials train on one (multi-hot weighted fields with dense features,
+    DeepFM's FM block exchanged while its first FC layer reads it as partials with the pipelined
+    update, fields split by key, DCN-v2's concatenated embeddings), and Persia with it what Persia
+    per distinct id trains (its delayed updates are never fused into the next gather)."""
+    _, model, data, flags, plan, ranks, _ = next(case for case in BY_ROWS if case[0] == name)
+    result = next(r for r in results.values() if r.case.model == model and r.case.data == datasets[data]
+                  and r.case.flags[:len(flags)] == flags and ROWS[1] in r.case.flags and r.ranks == ranks)
+    assert_ok(result)
+    assert result.losses[-1] < result.losses[0]
 
 
 @pytest.mark.mpi

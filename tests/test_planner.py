@@ -71,6 +71,32 @@ def test_exchange_by_hand() -> None:
     assert sum(map(sum, sites.values())) == sum(cost.per_rank())
 
 
+def test_exchange_by_rows_by_hand() -> None:
+    cost = plan_cost(TINY, EXCHANGE, 5, PLACEMENT, None, exchange_by="rows")
+    # rank 0 sends its 2 fields of rank 1's 3 rows and gets back field 1's of its own 2 rows; rank
+    # 1 its 1 field of rank 0's 2 rows, and returns fields 0 and 2 of its 3 rows: 1 + 2 floats each
+    assert cost.terms["rows"] == [4 * 3 * 3 * 2, 4 * 3 * 2 * 1]
+    assert cost.terms["row_gradients"] == [4 * 3 * 2 * 1, 4 * 3 * 3 * 2]
+    assert cost.id_pairs == 0 and cost.terms["field_weight_gradients"] == [18 * 4, 18 * 4]
+    assert cost.sites()["exchange_values"] == [72, 24]
+
+
+def test_the_way_exchanges_travel_is_the_one_of_fewer_bytes() -> None:
+    """Per distinct id where row blocks repeat ids (TINY's UNIQUE: at most one id a row and field),
+    by rows where a row holds more ids than it has fields (multi-hot); the planner then ranks every
+    plan with that way, and by rows no per-id work is counted."""
+    from des.planner import Planning, exchange_way
+
+    assert exchange_way(TINY, 5, PLACEMENT, UNIQUE) == "ids"
+    multi_hot = UniqueIds(5, 2, np.array([[6, 5, 6], [9, 8, 7]]))
+    assert exchange_way(TINY, 5, PLACEMENT, multi_hot) == "rows"
+    assert exchange_way(TINY, 5, PLACEMENT, None) == "ids"
+    planning = Planning(TINY, 5, PLACEMENT, multi_hot, exchange_by="auto")
+    assert planning.exchange_by == "rows" and planning.cost(EXCHANGE).exchange_by == "rows"
+    assert planning.cost(EXCHANGE).id_pairs == 0 and "travel by rows" in planning.report()
+    assert Planning(TINY, 5, PLACEMENT, multi_hot, exchange_by="ids").cost(EXCHANGE).id_pairs > 0
+
+
 def test_a_block_read_by_two_exchanged_operators_travels_once() -> None:
     shape = ModelShape((Operator("fm", "emb", 2, 3, 0), Operator("fc", "emb", 2, 4, 10)), {"emb": 2}, 0, 3)
     one = plan_cost(shape, {"fc": EXCHANGE}, 5, PLACEMENT, UNIQUE)
@@ -244,7 +270,7 @@ def test_measured_bytes_equal_the_prediction(tmp_path: Path) -> None:
              "--cache-dir", str(tmp_path / "cache"), "--placement", "mod", "--no-progress"]
     mixed = "first_fc=exchange,linear=exchange"  # FM's partials and the embedding block's exchange
     run_mpi(2, ["-m", "tests.mpi_programs.train_strategies", str(tmp_path / "runs"), "des", "alltoall",
-                f"mixed:des:{mixed}", "--", *flags], timeout=180)
+                f"mixed:des:{mixed}", f"rows:des:{mixed}:rows", "--", *flags], timeout=180)
     store = open_dataset(data, cache_dir=tmp_path / "cache", split=[1, 0, 0], seed=0)
     shape = model_shape(get_model("deepfm")(num_fields=store.num_fields, embedding_dim=4, hidden=(16, 8)))
     unique = estimate_unique_ids(store, 63, 2, batches=3, seed=0)
@@ -252,13 +278,16 @@ def test_measured_bytes_equal_the_prediction(tmp_path: Path) -> None:
     # des runs the default --plan auto: the planner's cheapest plan (all partials at this size)
     best = best_plan(shape, 63, placement, estimate_unique_ids(store, 63, 2, batches=4, seed=0), dtype_size=8).plan
     assert set(best.values()) == {PARTIALS}
-    runs = (("des", best), ("alltoall", EXCHANGE), ("mixed", {"first_fc": EXCHANGE, "linear": EXCHANGE}))
+    runs = (("des", best), ("alltoall", EXCHANGE), ("mixed", {"first_fc": EXCHANGE, "linear": EXCHANGE}),
+            ("rows", {"first_fc": EXCHANGE, "linear": EXCHANGE}))
     for strategy, plan in runs:
         summary = json.loads((tmp_path / "runs" / strategy / "summary.json").read_text())
         assert summary["steps"] == 3 and summary["planner"]["plan"] == normalize_plan(shape, plan), strategy
         machine, usable = os.cpu_count() or 1, len(os.sched_getaffinity(0))  # 2 ranks of machine // 2 threads
         assert summary["planner"]["bytes_per_exchanged_id"] == id_bytes_for(max(1, machine // 2), 2, usable)
-        cost = plan_cost(shape, plan, 63, placement, unique, dtype_size=8)
+        by = "rows" if strategy == "rows" else "ids"
+        assert summary.get("exchange_by", "ids") == by and summary["planner"]["exchange_by"] == by, strategy
+        cost = plan_cost(shape, plan, 63, placement, unique, dtype_size=8, exchange_by=by)
         predicted = {site: float(np.mean(v)) for site, v in cost.sites().items()}
         measured = summary["bytes_per_step_by_site"]  # every declared site (des: forward_partials = 0 here)
         assert set(predicted) <= set(measured), (strategy, measured)

@@ -3,9 +3,10 @@ the embeddings, data parallelism of the rest), as the planner's all-exchange pla
 step: ``--strategy des --plan exchange`` (``des/strategies/exchange.py``; one implementation of
 the exchange). Every rank reads the whole batch, looks up its fields' ids (as DES: admission
 counts every occurrence), sends the values of the distinct ids of each row block to its row owner
-and gets their gradient sums back; the row owner runs every operator whole (``combine(local)`` on
-all fields, equal to its ``reference``) and the top network on its rows, with every field weight
-replicated (their gradients AllReduced with the top's).
+and gets their gradient sums back (or, ``--exchange-by rows``, where that moves fewer bytes: each
+row's pooled values, TorchRec's and HugeCTR's pooled all-to-all); the row owner runs every
+operator whole (``combine(local)`` on all fields, equal to its ``reference``) and the top network
+on its rows, with every field weight replicated (their gradients AllReduced with the top's).
 
 Kept as a name of its own for the benchmarks and the paper's tables; checkpoints are
 interchangeable with DES's.

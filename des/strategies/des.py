@@ -55,9 +55,10 @@ class DES(Strategy):
     a replica of the top network; one AllReduce of the partials per step, no gradient exchange.
 
     ``--plan`` (``des/planner.py``): an operator may instead be *exchanged*: its pooled
-    inputs travel to the row owners per distinct id (``des/strategies/exchange.py``) and it runs
-    there on its rows, with its field weights replicated (their gradients summed over the ranks
-    with the top network's). ``auto`` lets the planner's cost model choose per operator."""
+    inputs travel to the row owners per distinct id or, ``--exchange-by rows``, pooled per row and
+    field (``des/strategies/exchange.py``) and it runs there on its rows, with its field weights
+    replicated (their gradients summed over the ranks with the top network's). ``auto`` lets the
+    planner's cost model choose per operator."""
 
     name = "des"
     shares_tables = True
@@ -84,6 +85,7 @@ class DES(Strategy):
         plan: str = "auto"
         upper: str = "data-parallel"
         xla: str = "off"
+        exchange_by: str = "auto"
 
         def check(self) -> None:
             if self.upper not in stages.UPPERS:
@@ -127,7 +129,13 @@ class DES(Strategy):
         self.split_form = ModelSplitForm(self.model, self.dense, self.dtype, context.compute_dtype, exchanged,
                                          shares=sorted(mine), jit=options.xla == "on")
         self.exchange = None
-        if exchanged:
+        self.by_rows = bool(exchanged) and options.exchange_by == "rows"
+        if self.by_rows:
+            from des.strategies.exchange import RowExchange
+
+            self.exchange = RowExchange(self.comm, whole, self.model.blocks(), self.split_form.exchange_blocks,
+                                        self.dtype, self.model.num_fields)
+        elif exchanged:
             from des.strategies.exchange import BlockExchange
 
             self.exchange = BlockExchange(self.shard, self.comm, whole, self.model.blocks(),
@@ -153,12 +161,15 @@ class DES(Strategy):
     def build_step(self) -> stages.DESStep:
         """The plan's stage objects: field holders, transports, the upper network (module docstring)."""
         form = self.split_form
-        holders: list[stages.FieldHolder] = [stages.Whole(self.shard, form.split_blocks)]
+        pooled = [b.name for b in self.model.blocks() if b.name in form.split_blocks
+                  or (self.by_rows and b.name in form.exchange_blocks)]  # the whole holder pools these
+        holders: list[stages.FieldHolder] = [stages.Whole(self.shard, pooled)]
         if self.share_shard is not None:
             holders.append(stages.Shares(self.share_shard, form.share_blocks))
         dims = {b.name: b.dim for b in self.model.blocks()}
         partials = stages.Partials(form, self.dense, [dims[b] for b in form.share_blocks])
-        exchange = stages.Exchange(self.exchange, form, self.dense, self.timer) if self.exchange else None
+        exchange = (stages.Exchange(self.exchange, form, self.dense, self.timer, by_rows=self.by_rows,
+                                    holder_blocks=pooled) if self.exchange else None)
         upper = stages.upper_network(self.plan.upper_for(self.comm.size), form, self.comm, self.top_reduction())
         return stages.DESStep(holders=holders, partials=partials, exchange=exchange, upper=upper, dense=self.dense,
                               model=self.model, timer=self.timer)
@@ -182,8 +193,9 @@ class DES(Strategy):
 
     def reader_options(self) -> dict[str, Any]:
         """The whole global batch: this rank's fields, or all of them when an operator is exchanged
-        (a row owner pools the ids of its rows, an owner finds the distinct ids of every row block)."""
-        fields = list(range(self.model.num_fields)) if self.exchange else self.fields
+        per distinct id (a row owner pools the ids of its rows, an owner finds the distinct ids of
+        every row block)."""
+        fields = list(range(self.model.num_fields)) if self.exchange and not self.by_rows else self.fields
         return {"fields": fields, "shard": (0, 1)}
 
     def prepare(self, batch: Any, step: int) -> stages.Work:
@@ -231,11 +243,13 @@ class DES(Strategy):
     def describe(self) -> str:
         from des.planner import format_plan
 
-        plan = "" if self.exchange is None else f"; plan {format_plan(dict(self.plan.operators))}"
+        plan = "" if self.exchange is None else (f"; plan {format_plan(dict(self.plan.operators))}, exchanged by "
+                                                 + ("rows" if self.by_rows else "ids"))
         return f"{self.description}; upper network {self.plan.upper}; buffer {self.buffer_width} floats/sample{plan}"
 
     def summary(self) -> dict[str, Any]:
-        return {"upper": self.plan.upper, "plan": dict(self.plan.operators)}
+        return {"upper": self.plan.upper, "plan": dict(self.plan.operators),
+                **({"exchange_by": "rows" if self.by_rows else "ids"} if self.exchange is not None else {})}
 
     def memory(self) -> dict[str, int]:
         held = [self.shard.memory()] + ([self.share_shard.memory()] if self.share_shard else [])

@@ -18,6 +18,10 @@ no counts travel, only values:
 
 The owner's key -> row lookup (inserts, admission counts) is the DES lookup of the whole batch, so
 admission, initial values and the set of updated rows are the same in every plan and on every N.
+
+:class:`RowExchange` (``--exchange-by rows``) moves the same operators' inputs pooled instead, one
+value per row and field: fewer bytes where rows hold more ids than a row block repeats (multi-hot
+fields), and no per-id work beyond the partials plan's.
 """
 
 from __future__ import annotations
@@ -164,10 +168,7 @@ class BlockExchange:
         # every held field is written; a split field's values come from the partials' sum (zeros here)
         out = (np.empty if self._all_held else np.zeros)((route.rows, self.num_fields, self.width), dtype=self.dtype)
         pool_fields(out, np.ascontiguousarray(got), route.ids, self.receive_order, False)
-        if len(self.dims) == 1:
-            return [out]
-        cuts = np.cumsum([0, *self.dims])
-        return [out[:, :, a:b] for a, b in zip(cuts[:-1], cuts[1:])]  # views: TF copies its inputs anyway
+        return _by_dims(out, self.dims)  # views: TF copies its inputs anyway
 
     # -------------------------------------------------------------------------------- backward
     def sum_gradients(self, route: Route, pooled_grads: Sequence[np.ndarray]) -> np.ndarray:
@@ -196,3 +197,96 @@ class BlockExchange:
             out.append(g)
             column += d
         return out
+
+
+@dataclass
+class RowRoute:
+    """One batch's pooled exchange (``--exchange-by rows``): how many ``Σ dim``-wide rows go each way."""
+
+    rows: int  # b_r: this rank's rows
+    send_counts: np.ndarray  # int64 [N]: b_q · |F_i| pooled (row, field) values to row owner q
+    recv_counts: np.ndarray  # int64 [N]: b_r · |F_o| from owner o
+
+
+class RowExchange:
+    """``--exchange-by rows``: the exchanged blocks travel pooled, one value per (row, field), as in
+    TorchRec's and HugeCTR's pooled all-to-all, instead of per distinct id (:class:`BlockExchange`).
+
+    * forward: owner ``o`` pools its fields' ids over the whole batch, as for the partials (the
+      whole holder's gather, fused with the previous step's update), and sends row block ``q``'s
+      ``[b_q, F_o, Σ dim]`` to rank ``q`` (one Alltoallv); rank ``q`` places them in its
+      ``[b_q, F, dim]`` inputs (a field split by key: zeros, its values come in the partials' sum);
+    * backward: rank ``q`` sends each owner its fields' columns of the pooled gradients (one
+      Alltoallv); the owner's gradients of the whole batch, ``[B, F_o, dim]``, are the partials
+      plan's, applied on the real batch by the same fused update (a block a split operator also
+      reads: the two gradients summed first).
+
+    What a rank sends is ``(B - b_r) · |F_r| · Σ dim`` floats each way, where the partials send
+    ``(B - b_r) · w`` (the operators' widths, the first FC layer's ``H``): with ``N`` ranks ``|F_r|`` is
+    about ``F/N``, so its bytes fall as ``1/N`` where the partials' do not; the per-id exchange sends
+    each row block's distinct ids, fewer than its rows only where an id repeats in a block (one-hot
+    fields with heavy hitters). No keys and no counts travel. Both sides run the arithmetic of the
+    other plans on the same values (the owner's pooling is the partials plan's, the row owner's
+    operators the exchange's), so ``des.check`` holds as for them.
+    """
+
+    def __init__(self, comm: Any, placement: Sequence[Sequence[int]], blocks: Sequence[Any], exchanged: Sequence[str],
+                 dtype: np.dtype, num_fields: int | None = None) -> None:
+        self.comm, self.dtype = comm, np.dtype(dtype)
+        self.dims = [b.dim for b in blocks if b.name in exchanged]
+        self.width = int(sum(self.dims))
+        self.owned = [sorted(int(f) for f in fields) for fields in placement]  # each owner's fields, shard order
+        held = sum(len(fields) for fields in placement)
+        self.num_fields = held if num_fields is None else int(num_fields)
+        self._all_held = held == self.num_fields
+        self._counts = np.array([len(fields) for fields in self.owned], dtype=np.int64)
+
+    def route(self, batch: Any, touched: Any = None) -> RowRoute:
+        """Parameter-free: the row blocks' sizes times the fields each side holds."""
+        comm = self.comm
+        sizes = np.diff(np.asarray(comm.row_bounds(len(batch.labels)), dtype=np.int64))
+        rows = int(sizes[comm.rank])
+        return RowRoute(rows, sizes * self._counts[comm.rank], rows * self._counts)
+
+    def send_values(self, route: RowRoute, pooled: Sequence[np.ndarray], *, train: bool) -> np.ndarray:
+        """The owner's pooled exchanged blocks ``[B, F_o, dim]`` by row block (rows are row-major, so
+        a row block's values are contiguous once the blocks sit side by side)."""
+        values = np.concatenate(pooled, axis=2) if len(pooled) > 1 else np.asarray(pooled[0])
+        got, _ = self.comm.alltoallv(values.reshape(-1, self.width), route.send_counts,
+                                     ("" if train else "eval_") + "exchange_values", recv_counts=route.recv_counts)
+        return got
+
+    def pool(self, route: RowRoute, got: np.ndarray) -> list[np.ndarray]:
+        """Row owner: per exchanged block, ``[b_r, F, dim]`` of its rows (every owner's fields in place)."""
+        out = (np.empty if self._all_held else np.zeros)((route.rows, self.num_fields, self.width), dtype=self.dtype)
+        start = 0
+        for fields in self.owned:
+            size = route.rows * len(fields)
+            out[:, fields] = got[start : start + size].reshape(route.rows, len(fields), self.width)
+            start += size
+        return _by_dims(out, self.dims)
+
+    def sum_gradients(self, route: RowRoute, pooled_grads: Sequence[np.ndarray]) -> np.ndarray:
+        """Row owner: its rows' gradients of every owner's fields, owner after owner ``[Σ_o b_r·|F_o|, Σ dim]``."""
+        grads = [np.asarray(g, dtype=self.dtype) for g in pooled_grads]
+        joined = np.concatenate(grads, axis=2) if len(grads) > 1 else grads[0]
+        return np.concatenate([joined[:, fields].reshape(-1, self.width) for fields in self.owned])
+
+    def send_gradients(self, route: RowRoute, grads: np.ndarray) -> np.ndarray:
+        """The gradients' Alltoallv, back along the values' way."""
+        got, _ = self.comm.alltoallv(grads, route.recv_counts, "exchange_gradients", recv_counts=route.send_counts)
+        return got
+
+    def scatter_gradients(self, route: RowRoute, got: np.ndarray) -> list[np.ndarray]:
+        """Owner: per exchanged block, the gradients ``[B, F_o, dim]`` of the whole batch (row blocks
+        arrive in rank order: the batch's rows in order)."""
+        grads = got.reshape(-1, int(self._counts[self.comm.rank]), self.width)
+        return [np.ascontiguousarray(g) for g in _by_dims(grads, self.dims)]
+
+
+def _by_dims(values: np.ndarray, dims: Sequence[int]) -> list[np.ndarray]:
+    """``[..., Σ dim]`` cut into one view per block."""
+    if len(dims) == 1:
+        return [values]
+    cuts = np.cumsum([0, *dims])
+    return [values[..., a:b] for a, b in zip(cuts[:-1], cuts[1:])]

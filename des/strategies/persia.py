@@ -46,6 +46,11 @@ class DelayedSparse:
         #: computed, not yet applied, oldest first
         self.in_flight: deque[SparseUpdate] = deque()
 
+    @property
+    def holds_back(self) -> bool:
+        """Updates land ``staleness`` steps late: the pipeline must hand every one over."""
+        return self.staleness > 0
+
     def submit(self, update: SparseUpdate) -> None:
         """Queue this step's sparse update; apply the one computed ``staleness`` steps ago."""
         self.in_flight.append(update)

@@ -115,7 +115,8 @@ class Pipeline:
                  sparse_stage: Any) -> float:
         """Train ``batch`` as global step ``step`` through ``stepped``'s parts; returns the loss.
         ``timer`` times the phases of the work done here (``lookup``, ``update``); ``sparse_stage``
-        takes a sparse update that is not deferred (``submit``)."""
+        takes a sparse update that is not deferred (``submit``; one that ``holds_back`` updates
+        takes every one)."""
         with timer("lookup"):
             work = self._work_for(stepped, batch, step)
         stepped.gather(work, self.take_sparse())  # with the previous step's fusable update
@@ -131,7 +132,7 @@ class Pipeline:
                 result.dense.apply()
         with timer("lookup"):
             self.await_next()  # the next batch's lookup may grow the tables: done before they change
-        if follows and result.sparse.fusable:
+        if follows and result.sparse.fusable and not sparse_stage.holds_back:
             self.defer_sparse(result.sparse)
         else:
             with timer("update"):

@@ -194,19 +194,31 @@ class Partials:
 
 
 class Exchange:
-    """The planner's exchange (``des/strategies/exchange.py``): the exchanged operators' pooled
-    inputs travel to the row owners per distinct id, which run them whole; per-id gradient sums
-    travel back, applied on the owner's synthetic batch."""
+    """The planner's exchange (``des/strategies/exchange.py``): the exchanged operators' inputs
+    travel to the row owners, which run them whole, and their gradients back. ``by_rows`` False:
+    per distinct id (:class:`~des.strategies.exchange.BlockExchange`, applied on the owner's
+    synthetic batch); True: pooled per row and field (:class:`~des.strategies.exchange.RowExchange`:
+    the whole holder pools them with its own blocks, ``holder_blocks``, and their gradients are
+    applied on the real batch)."""
 
-    def __init__(self, exchange: Any, form: Any, dense: DenseParams, timer: Any) -> None:
+    def __init__(self, exchange: Any, form: Any, dense: DenseParams, timer: Any, *, by_rows: bool = False,
+                 holder_blocks: Sequence[str] = ()) -> None:
         self.exchange, self.form, self.dense, self.timer = exchange, form, dense, timer
+        self.by_rows, self.holder_blocks = by_rows, list(holder_blocks)
 
     def route(self, batch: Any, whole_lookup: Any) -> Any:
         """Who sends what (parameter-free: it runs with the lookup, also in the background)."""
         return self.exchange.route(batch, whole_lookup)
 
-    def gather(self, route: Any) -> np.ndarray:
-        return self.exchange.gather(route)
+    def gather(self, work: Work) -> None:
+        """The owner's values to send (``work.values``): per distinct id, gathered now; pooled, taken
+        out of the whole holder's blocks (which keep the split operators' only)."""
+        if not self.by_rows:
+            work.values = self.exchange.gather(work.route)
+            return
+        by_name = dict(zip(self.holder_blocks, work.pooled[0]))
+        work.values = [by_name[name] for name in self.form.exchange_blocks]
+        work.pooled[0] = [by_name[name] for name in self.form.split_blocks]
 
     def params(self) -> list[Any]:
         """The exchanged operators' field weights (every field, replicated)."""
@@ -251,6 +263,9 @@ class AllRanks:
 # ---------------------------------------------------------------------------------------------- sparse stage
 class ImmediateSparse:
     """A step's sparse update applied when the step hands it over (des, alltoall)."""
+
+    #: whether it applies updates later than the step after theirs (the pipeline then never fuses them)
+    holds_back = False
 
     def submit(self, update: SparseUpdate) -> None:
         update.apply()
@@ -308,7 +323,7 @@ class DESStep:
                     work.pooled.append(holder.gather(lookup, catch_up_to=catch_up_to))
         if self.exchange is not None:
             with phase("lookup"):
-                work.values = self.exchange.gather(work.route)
+                self.exchange.gather(work)
 
     # -- TF and collectives ---------------------------------------------------------------------------
     def compute(self, work: Work, rates: StepRates) -> StepResult:
@@ -329,6 +344,11 @@ class DESStep:
         form, parts, joined = self.partials.form, [], None
         split = dict(zip(form.split_blocks, grads.pooled))
         exchanged = dict(zip(form.exchange_blocks, grads.exchanged))
+        if self.exchange.by_rows:  # both on the real batch: a block two operators read, its gradients summed
+            both = {k: [g for g in (split.get(b.name), exchanged.get(b.name)) if g is not None]
+                    for k, b in enumerate(self.model.blocks())}
+            summed = {k: g[0] if len(g) == 1 else g[0] + g[1] for k, g in both.items() if g}
+            return SparseUpdate([(whole, lookup, summed), *shares], work.step, rate, fusable=True)
         synthetic = work.route.synthetic
         for k, block in enumerate(self.model.blocks()):
             if block.name in split and block.name in exchanged:
