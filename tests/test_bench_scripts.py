@@ -21,6 +21,7 @@ sys.path.insert(0, str(SCRIPTS))
 
 import benchlib  # noqa: E402
 import bench_breakdown as breakdown  # noqa: E402
+import bench_cores as cores  # noqa: E402
 import bench_communication as comm  # noqa: E402
 import bench_deepctr as deepctr  # noqa: E402
 import bench_scaling as scaling  # noqa: E402
@@ -168,6 +169,19 @@ def docstring(name: str) -> str:
 def test_every_script_is_listed():
     assert set(BENCH_SCRIPTS) <= set(ALL_SCRIPTS)
     assert {"bench_data", "bench_hashtable"} <= set(ALL_SCRIPTS)
+
+
+def test_the_cores_ceiling_scales_the_per_core_rate() -> None:
+    """N ranks of 2 threads over one rank on two cores: N x the per-core rate with 2N cores busy
+    over that with 2 busy; counts that are not whole ranks, and no 2-core base, give nothing."""
+    assert cores.ceilings({1: 150.0, 2: 180.0, 8: 133.0, 16: 117.0}) == {1: 1.0, 4: 4 * 133 / 180, 8: 8 * 117 / 180}
+    assert cores.ceilings({1: 150.0, 3: 120.0}) == {}
+
+
+def test_a_cores_probe_runs_bound_to_its_core() -> None:
+    """One matmul probe on the first usable core: a positive rate (GFLOP/s), in a child process."""
+    (rate,) = cores.run_set(["matmul"], [min(os.sched_getaffinity(0))], 0.05, 64)
+    assert rate > 0
 
 
 @pytest.mark.parametrize("name", ALL_SCRIPTS)
