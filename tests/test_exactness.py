@@ -98,6 +98,7 @@ BY_ROWS = [("multi-hot", "deepfm", "synth", SMALL + ADAM + ("--placement", "bala
            ("fused", "deepfm", "criteo", SMALL + CATCHUP + SCHEDULES + ("--pipeline", "on"), MIXED_PLAN, 2, None),
            ("split", "deepfm", "criteo", SMALL + ADAM + SPLIT, "exchange", 4, None),
            ("dcnv2", "dcnv2", "synth", SMALL + ADAM, "embeddings=exchange", 2, None),
+           ("a rank without whole fields", "deepfm", "three", SMALL + ADAM + AUTO_SPLIT, "exchange", 4, None),
            ("persia", "deepfm", "criteo", SMALL + ADAM + ("--staleness", "3", "--pipeline", "on"), None, 3, "ids")]
 
 
@@ -301,8 +302,9 @@ def test_the_exchange_by_rows_is_exact(results, datasets, name: str) -> None:
     """``--exchange-by rows`` (the owners pool, the pooled values travel per row and field) trains
     on N ranks what all partials train on one (multi-hot weighted fields with dense features,
     DeepFM's FM block exchanged while its first FC layer reads it as partials with the pipelined
-    update, fields split by key, DCN-v2's concatenated embeddings), and Persia with it what Persia
-    per distinct id trains (its delayed updates are never fused into the next gather)."""
+    update, fields split by key, DCN-v2's concatenated embeddings, three fields on 4 ranks where a
+    rank holds only shares), and Persia with it what Persia per distinct id trains (its delayed
+    updates are never fused into the next gather)."""
     _, model, data, flags, plan, ranks, _ = next(case for case in BY_ROWS if case[0] == name)
     result = next(r for r in results.values() if r.case.model == model and r.case.data == datasets[data]
                   and r.case.flags[:len(flags)] == flags and ROWS[1] in r.case.flags and r.ranks == ranks)

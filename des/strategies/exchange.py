@@ -206,6 +206,7 @@ class RowRoute:
     rows: int  # b_r: this rank's rows
     send_counts: np.ndarray  # int64 [N]: b_q · |F_i| pooled (row, field) values to row owner q
     recv_counts: np.ndarray  # int64 [N]: b_r · |F_o| from owner o
+    batch: int = 0  # B: the global batch's rows
 
 
 class RowExchange:
@@ -246,7 +247,7 @@ class RowExchange:
         comm = self.comm
         sizes = np.diff(np.asarray(comm.row_bounds(len(batch.labels)), dtype=np.int64))
         rows = int(sizes[comm.rank])
-        return RowRoute(rows, sizes * self._counts[comm.rank], rows * self._counts)
+        return RowRoute(rows, sizes * self._counts[comm.rank], rows * self._counts, int(sizes.sum()))
 
     def send_values(self, route: RowRoute, pooled: Sequence[np.ndarray], *, train: bool) -> np.ndarray:
         """The owner's pooled exchanged blocks ``[B, F_o, dim]`` by row block (rows are row-major, so
@@ -280,7 +281,7 @@ class RowExchange:
     def scatter_gradients(self, route: RowRoute, got: np.ndarray) -> list[np.ndarray]:
         """Owner: per exchanged block, the gradients ``[B, F_o, dim]`` of the whole batch (row blocks
         arrive in rank order: the batch's rows in order)."""
-        grads = got.reshape(-1, int(self._counts[self.comm.rank]), self.width)
+        grads = got.reshape(route.batch, int(self._counts[self.comm.rank]), self.width)  # a rank may hold none
         return [np.ascontiguousarray(g) for g in _by_dims(grads, self.dims)]
 
 
