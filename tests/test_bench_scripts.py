@@ -178,8 +178,8 @@ def test_the_cores_ceiling_scales_the_per_core_rate() -> None:
     assert cores.ceilings({1: 150.0, 3: 120.0}) == {}
 
 
-def test_a_cores_probe_runs_bound_to_its_core() -> None:
-    """One matmul probe on the first usable core: a positive rate (GFLOP/s), in a child process."""
+def test_a_cores_probe_reports_its_rate() -> None:
+    """One matmul probe on the first usable core, in a child process: a positive rate (GFLOP/s)."""
     (rate,) = cores.run_set(["matmul"], [min(os.sched_getaffinity(0))], 0.05, 64)
     assert rate > 0
 

@@ -206,7 +206,7 @@ class RowRoute:
     rows: int  # b_r: this rank's rows
     send_counts: np.ndarray  # int64 [N]: b_q · |F_i| pooled (row, field) values to row owner q
     recv_counts: np.ndarray  # int64 [N]: b_r · |F_o| from owner o
-    batch: int = 0  # B: the global batch's rows
+    batch: int  # B: the global batch's rows
 
 
 class RowExchange:
