@@ -21,7 +21,8 @@ Expect (a 2-core machine: counts 1 and 2 only; the 16-core Xeon's figures are in
 ``docs/benchmarks.md``): on a 2-core VM the two counts within a few percent of each other (ratio
 about 1.0); on the 16-core Xeon the scalar chain at 0.70-0.73 G steps/s whatever the count, the
 matmuls at 124-200 GFLOP/s a core with one or two busy and 105-129 (0.59-0.72 of two) with all 16,
-so a matmul ceiling of about 4.7-5.8x for 8 ranks of 2 threads.
+so a matmul ceiling of about 4.7-5.8x for 8 ranks of 2 threads (this script on another host of it,
+``--cores 1,2,8,16 --seconds 2``: 120 GFLOP/s with 16 busy, 0.79 of one, a ceiling of 6.06x).
 """
 
 from __future__ import annotations
