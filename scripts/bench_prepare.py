@@ -18,8 +18,9 @@ runs in a process of its own and prints one row of a table:
 Each row gives the wall seconds of the work itself (the child's imports and a tiny warm-up run
 that loads the numba kernels are not counted), rows/s, MB/s of the input file as stored, and the
 child's peak RSS (``ru_maxrss`` from ``os.wait4``: the whole process, imports included).
-``--chunk-rows N`` sets prepare's chunk (default 262144 rows). Data go to a temporary directory (or
-``--workdir``) removed at the end.
+``--chunk-rows N`` sets prepare's chunk (default 262144 rows). Data go to a temporary directory
+(inside ``--workdir`` where given, created if missing) removed at the end, with ``--workdir`` if the
+run created it: a second run into the same ``--workdir`` starts clean.
 
 Prepare uses every core this process may use (``DES_DATA_THREADS`` sets how many); on a shared
 machine the wall times move with the others' load: run it a few times and take medians.
@@ -35,7 +36,7 @@ of each rank (``DES_DATA_THREADS`` when set, else its share of the cores), the l
 peak RSS of a rank, and whether the store is the first rank count's, file for file (sha256 of
 every file). Then one rank again under ``taskset`` on as many cores as each rank of the largest
 count has (``--one-rank-cores``; a column gives every row's ratio to it). Needs numpy, pandas, pyarrow, numba and mpi4py (no TensorFlow); the stores go to
-``--workdir`` (default: a temporary directory; a tmpfs such as /dev/shm keeps the disk out of it).
+the temporary directory (``--workdir``: where it goes; a tmpfs such as /dev/shm keeps the disk out of it).
 
 What to look for (``--ranks 1,8 --rows 20000000`` on 16 cores): the stores identical, and the
 ratio of 8 ranks to one; one rank has every core for its threads where 8 have two each, so
@@ -309,11 +310,38 @@ def print_ranks_entry(args: argparse.Namespace, ranks: Sequence[int], pinned: in
     print(benchlib.entry("bench_prepare", benchlib.environment(), sys.argv[1:], [("", columns, table)], notes))
 
 
+def measure(args: argparse.Namespace, work: Path) -> None:
+    """The one-process table: the inputs written into ``work``, each measurement in a child."""
+    inputs = write_inputs(args.rows, work)
+    parquet_toml = work / "avazu-parquet.toml"
+    parquet_toml.write_text(parquet_schema_toml())
+    runs = [("prepare csv", "csv", inputs["csv"], "avazu"),
+            ("prepare parquet", "parquet", inputs["parquet"], str(parquet_toml)),
+            ("prepare criteo", "criteo", inputs["criteo"], "criteo"),
+            ("pandas read_csv", "pandas", inputs["csv"], "-")]
+    sizes = ", ".join(f"{p.name} {p.stat().st_size / 1e6:,.1f} MB" for p in inputs.values())
+    print(f"{args.rows:,} rows each; input sizes: {sizes}", flush=True)
+    rows = []
+    for label, kind, source, schema in runs:
+        result, peak = run_child([kind, str(source), str(work / f"store-{kind}"), schema, str(args.chunk_rows)])
+        seconds = result["seconds"]
+        rows.append({"what": label, "seconds": seconds, "rows_s": result["rows"] / seconds,
+                     "mb_s": source.stat().st_size / 1e6 / seconds, "rss": peak / 2**20})
+        print(f"  {label}: {seconds:.2f} s", flush=True)
+        shutil.rmtree(work / f"store-{kind}", ignore_errors=True)
+    columns = [("what", "what", ""), ("seconds", "seconds", ".2f"), ("rows_s", "rows/s", ",.0f"),
+               ("mb_s", "MB/s", ".1f"), ("rss", "peak RSS MiB", ",.0f")]
+    print(benchlib.entry("bench_prepare", benchlib.environment(), sys.argv[1:], [("", columns, rows)],
+                         [f"{args.rows:,} rows each; input sizes: {sizes}; each measurement in a process of "
+                          "its own (imports and a warm-up not timed; peak RSS of the whole process)"]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=2_000_000, help="rows of each input (default 2,000,000)")
     parser.add_argument("--chunk-rows", type=int, default=1 << 18, help="prepare's chunk (default 262144)")
-    parser.add_argument("--workdir", help="where to write the data (default: a temporary directory)")
+    parser.add_argument("--workdir", help="where the temporary directory of the inputs and stores goes (default: the "
+                        "system's); removed at the end, this folder too if the run created it")
     parser.add_argument("--ranks", help="rank counts to compare, e.g. 1,8 (prepare on every rank of a job)")
     parser.add_argument("--kinds", default="csv,criteo", help="with --ranks: the inputs (csv, criteo)")
     parser.add_argument("--one-rank-cores", type=int, default=None,
@@ -329,41 +357,17 @@ def main() -> None:
         kind, source, output, schema, chunk = args.child or args.ranks_child
         (child if args.child else ranks_child)(kind, source, output, schema, int(chunk))
         return
-    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench-prepare-"))
-    work.mkdir(parents=True, exist_ok=True)
-    if args.ranks:
-        try:
-            on_ranks(args, work)
-        finally:
-            if not args.workdir:
-                shutil.rmtree(work, ignore_errors=True)
-        return
+    created = args.workdir is not None and not Path(args.workdir).exists()
+    if created:
+        Path(args.workdir).mkdir(parents=True)
+    work = Path(tempfile.mkdtemp(prefix="bench-prepare-", dir=args.workdir))
     try:
-        inputs = write_inputs(args.rows, work)
-        parquet_toml = work / "avazu-parquet.toml"
-        parquet_toml.write_text(parquet_schema_toml())
-        runs = [("prepare csv", "csv", inputs["csv"], "avazu"),
-                ("prepare parquet", "parquet", inputs["parquet"], str(parquet_toml)),
-                ("prepare criteo", "criteo", inputs["criteo"], "criteo"),
-                ("pandas read_csv", "pandas", inputs["csv"], "-")]
-        sizes = ", ".join(f"{p.name} {p.stat().st_size / 1e6:,.1f} MB" for p in inputs.values())
-        print(f"{args.rows:,} rows each; input sizes: {sizes}", flush=True)
-        rows = []
-        for label, kind, source, schema in runs:
-            result, peak = run_child([kind, str(source), str(work / f"store-{kind}"), schema, str(args.chunk_rows)])
-            seconds = result["seconds"]
-            rows.append({"what": label, "seconds": seconds, "rows_s": result["rows"] / seconds,
-                         "mb_s": source.stat().st_size / 1e6 / seconds, "rss": peak / 2**20})
-            print(f"  {label}: {seconds:.2f} s", flush=True)
-            shutil.rmtree(work / f"store-{kind}", ignore_errors=True)
-        columns = [("what", "what", ""), ("seconds", "seconds", ".2f"), ("rows_s", "rows/s", ",.0f"),
-                   ("mb_s", "MB/s", ".1f"), ("rss", "peak RSS MiB", ",.0f")]
-        print(benchlib.entry("bench_prepare", benchlib.environment(), sys.argv[1:], [("", columns, rows)],
-                             [f"{args.rows:,} rows each; input sizes: {sizes}; each measurement in a process of "
-                              "its own (imports and a warm-up not timed; peak RSS of the whole process)"]))
+        if args.ranks:
+            on_ranks(args, work)
+        else:
+            measure(args, work)
     finally:
-        if not args.workdir:
-            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(args.workdir if created else work, ignore_errors=True)
 
 
 if __name__ == "__main__":
