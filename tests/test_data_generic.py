@@ -126,7 +126,7 @@ def test_csv_tsv_gzip_and_parquet_give_the_same_store(tmp_path, monkeypatch):
                       enumerate(["y", "user", "tags", "price", "age", "note"])})
     for i, name in ((0, "y"), (3, "price"), (4, "age")):  # Parquet columns hold numbers, not text
         table = table.set_column(i, name, table[name].cast(pa.float64()))
-    pq.write_table(table, tmp_path / "t.parquet")
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=100)  # three dictionaries, keyed one by one
     from des.data import features
 
     through: list[int] = []  # the dictionaries keyed as such (text read as one: its pages hold one)
@@ -201,6 +201,24 @@ def test_a_value_that_is_not_utf8_fails_with_its_line_and_column(tmp_path, monke
         prepare(raw, tmp_path / "store", schema="avazu")
     assert str(error.value) == f"{raw}:1502: column app_id: byte 0xff is not UTF-8 text"
     assert not (tmp_path / "store").exists() and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_each_row_groups_dictionary_is_keyed_before_the_row_groups_are_joined():
+    """``keyed_dictionaries``: a dictionary column of several row groups (each its own dictionary)
+    becomes the keys of its text (int64, marked as the tokenizer marks keys; null and "" key 0),
+    without Arrow unifying the dictionaries first; other columns stay as they are."""
+    from des.data.tabular import keyed_dictionaries
+    from des.data.tokenizer import KEYED, keyed_columns
+
+    text = [["b", "a", None, "b"], ["c", "", "a"]]
+    table = pa.Table.from_batches([pa.record_batch([pa.array(t).dictionary_encode(), pa.array(range(len(t)))],
+                                                   names=["user", "n"]) for t in text])
+    keyed = keyed_dictionaries(table, ["user"]).combine_chunks().to_batches()[0]
+    assert keyed.schema.field("user").type == pa.int64() and keyed.schema.field("user").metadata == KEYED
+    assert keyed_columns(keyed) == {"user"} and keyed.column("n").to_pylist() == [0, 1, 2, 3, 0, 1, 2]
+    expected = string_keys(pa.array(text[0] + text[1]))
+    np.testing.assert_array_equal(keyed.column("user").to_numpy(), expected)
+    assert expected[2] == expected[5] == 0
 
 
 def test_parquet_text_is_read_as_a_dictionary_only_where_its_pages_hold_one(tmp_path):

@@ -38,12 +38,12 @@ import numpy as np
 from .blocks import LineBlocks, Share, file_digest
 from .errors import DataError
 from .features import (TRANSFORMS, EncodedRows, StringKeys, derived_inputs, encode_rows, float_values, hex_keys,
-                       multi_valued_field)
+                       multi_valued_field, string_keys)
 from .parallel import in_order, submit, threads
 from .schema import ColumnSpec, Schema, manifest_sections
 from .split import SPLIT_NAMES, assign_splits
 from .store import StoreWriter
-from .tokenizer import keyed_columns, plain_lines
+from .tokenizer import KEYED, keyed_columns, plain_lines
 from .tsv import FIRST_BAD_LINES_KEPT, Chunk, CriteoTsvReader, SourceReport
 
 QUANTILE_SAMPLE = 1 << 20
@@ -404,10 +404,12 @@ class TableReader:
         runs = _row_group_runs(parquet.metadata, self.chunk_rows, groups)
 
         coded = [name for name in columns if name in self._coded and _small_dictionary(parquet.metadata, name)]
+        keyed = [name for name in coded if name in self._keyed]
 
         def read(run: list[int]) -> tuple[list[_Checked], int]:  # a file object of its own per thread
             one = pq.ParquetFile(path, metadata=parquet.metadata, read_dictionary=coded)
-            table = one.read_row_groups(run, columns=columns, use_threads=len(runs) == 1).combine_chunks()
+            table = keyed_dictionaries(one.read_row_groups(run, columns=columns, use_threads=len(runs) == 1), keyed)
+            table = table.combine_chunks()
             return self._checked(table), table.num_rows
 
         for checked, rows in in_order(read, runs):
@@ -611,6 +613,21 @@ class _LineNumbers:
         while bisect.bisect_right(self.skipped, base + count) != count:
             count = bisect.bisect_right(self.skipped, base + count)
         return base + count
+
+
+def keyed_dictionaries(table: Any, names: Sequence[str]) -> Any:
+    """``table`` with its dictionary columns ``names`` as their keys (int64, marked
+    :data:`~des.data.tokenizer.KEYED`, as the tokenizer gives a CSV's text): each row group's
+    dictionary keyed once and its indices mapped (``features.string_keys``), before the row groups
+    are combined. Combined first, Arrow unified the row groups' dictionaries, hashing every value
+    of each again: reading and keying 2M Avazu-like rows of Parquet (147 row groups) on one thread
+    took 1.9 s so, 1.4 s this way (docs/benchmarks.md, "Data path")."""
+    import pyarrow as pa
+
+    for name in names:
+        i = table.schema.get_field_index(name)
+        table = table.set_column(i, pa.field(name, pa.int64(), metadata=KEYED), pa.array(string_keys(table.column(i))))
+    return table
 
 
 def _coded_columns(schema: Schema) -> frozenset[str]:
