@@ -204,16 +204,16 @@ def test_a_value_that_is_not_utf8_fails_with_its_line_and_column(tmp_path, monke
 
 
 def test_each_row_groups_dictionary_is_keyed_before_the_row_groups_are_joined():
-    """``keyed_dictionaries``: a dictionary column of several row groups (each its own dictionary)
+    """``_keyed_dictionaries``: a dictionary column of several row groups (each its own dictionary)
     becomes the keys of its text (int64, marked as the tokenizer marks keys; null and "" key 0),
     without Arrow unifying the dictionaries first; other columns stay as they are."""
-    from des.data.tabular import keyed_dictionaries
+    from des.data.tabular import _keyed_dictionaries
     from des.data.tokenizer import KEYED, keyed_columns
 
     text = [["b", "a", None, "b"], ["c", "", "a"]]
     table = pa.Table.from_batches([pa.record_batch([pa.array(t).dictionary_encode(), pa.array(range(len(t)))],
                                                    names=["user", "n"]) for t in text])
-    keyed = keyed_dictionaries(table, ["user"]).combine_chunks().to_batches()[0]
+    keyed = _keyed_dictionaries(table, ["user"]).combine_chunks().to_batches()[0]
     assert keyed.schema.field("user").type == pa.int64() and keyed.schema.field("user").metadata == KEYED
     assert keyed_columns(keyed) == {"user"} and keyed.column("n").to_pylist() == [0, 1, 2, 3, 0, 1, 2]
     expected = string_keys(pa.array(text[0] + text[1]))

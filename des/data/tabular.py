@@ -408,7 +408,7 @@ class TableReader:
 
         def read(run: list[int]) -> tuple[list[_Checked], int]:  # a file object of its own per thread
             one = pq.ParquetFile(path, metadata=parquet.metadata, read_dictionary=coded)
-            table = keyed_dictionaries(one.read_row_groups(run, columns=columns, use_threads=len(runs) == 1), keyed)
+            table = _keyed_dictionaries(one.read_row_groups(run, columns=columns, use_threads=len(runs) == 1), keyed)
             table = table.combine_chunks()
             return self._checked(table), table.num_rows
 
@@ -615,7 +615,7 @@ class _LineNumbers:
         return base + count
 
 
-def keyed_dictionaries(table: Any, names: Sequence[str]) -> Any:
+def _keyed_dictionaries(table: Any, names: Sequence[str]) -> Any:
     """``table`` with its dictionary columns ``names`` as their keys (int64, marked
     :data:`~des.data.tokenizer.KEYED`, as the tokenizer gives a CSV's text): each row group's
     dictionary keyed once and its indices mapped (``features.string_keys``), before the row groups
