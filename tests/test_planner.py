@@ -95,6 +95,9 @@ def test_the_way_exchanges_travel_is_the_one_of_fewer_bytes() -> None:
     assert planning.exchange_by == "rows" and planning.cost(EXCHANGE).exchange_by == "rows"
     assert planning.cost(EXCHANGE).id_pairs == 0 and "travel by rows" in planning.report()
     assert Planning(TINY, 5, PLACEMENT, multi_hot, exchange_by="ids").cost(EXCHANGE).id_pairs > 0
+    assert "3 pooled fields/sample (by rows)" in planning.report()
+    split = Planning(TINY, 5, [[0, 2], [1, 2]], multi_hot, exchange_by="rows")  # field 2 split: in the partials
+    assert "2 pooled fields/sample (by rows)" in split.report()
 
 
 def test_a_block_read_by_two_exchanged_operators_travels_once() -> None:
