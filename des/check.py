@@ -199,6 +199,7 @@ def _worker(out: Path, steps: int, batch_size: int) -> None:
             strategy.serve()
         else:
             loop(run)
+            strategy = run.strategy  # (--plan-switch replaces it)
             if comm.rank in strategy.evaluators:
                 predictions = predict_split(strategy, run.store, "validation", config.eval_batch_size)
             strategy.close()

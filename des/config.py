@@ -125,6 +125,10 @@ class TrainConfig:
                      "fewest bytes from the first batches, and on a run of 1000 steps or more the fastest of that "
                      "plan and the pure ones measured on the first batches (cached per host: docs/design.md, "
                      "Planner); measure: measure them on any run; or OP=MODE,...")
+    plan_switch: str = _opt("", "des: STEP:PLAN[;STEP:PLAN...]: from global step STEP on, train with --plan PLAN "
+                            "(a resume within the job: exact); what a run that switched its plan prints, to repeat it "
+                            "bit for bit. Empty: a plan chosen by measuring is reviewed on the run's first steps and "
+                            "switched where another measures faster (docs/design.md, Planner)")
     exchange_by: str = _opt("auto", "an exchanged operator's inputs travel as the values of each row block's "
                             "distinct ids, pooled by the row owner (ids), or pooled by the field owner, one value per "
                             "row and field (rows: TorchRec's pooled all-to-all; its bytes fall as 1/N and do not grow "

@@ -235,7 +235,7 @@ def summary_record(run: Any, results: dict[str, Any]) -> dict[str, Any]:
         "bytes_per_step": float(sum(per_site.values())),
         "bytes_per_step_by_site": {k: float(v) for k, v in per_site.items()},
         "bytes_per_step_per_rank": sent_per_step.sum(axis=1).tolist(),
-        "planner": run.planner,
+        "planner": run.planner if run.review is None else {**(run.planner or {}), "review": run.review.record()},
         "buffer_floats_per_sample": getattr(strategy, "buffer_width", None),
         "ms_per_phase": comm.bcast_json(strategy.timer.ms_per_step(), "summary", root=strategy.evaluators[0]),
         "ms_per_phase_by_rank": phases_by_rank(strategy, comm),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,11 @@ class Meter:
             self.seconds += seconds
             self.timed_samples += samples
         self.loss_sum, self.loss_count = self.loss_sum + loss, self.loss_count + 1
+
+    def leave_out_next(self) -> None:
+        """Leave the next step out of the throughput, and restart the phase timers after it (a new
+        strategy's first step traces: ``des.plan_review.switch``)."""
+        self.warmup = self.steps + 1
 
     @property
     def samples_per_second(self) -> float:
@@ -110,6 +116,8 @@ class Run:
     training: TrainingState = field(default_factory=TrainingState)
     schedules: dict[str, Schedule] = field(default_factory=dict)
     planner: dict[str, Any] | None = None  # communication_plan()'s record for summary.json
+    review: Any = None  # des.plan_review.Review: when the run switches its plan (None: never)
+    rebuild: Any = None  # plan -> this rank's strategy built with it, tables to be loaded (a plan switch)
     evicted: dict[str, int] = field(default_factory=dict)  # rows evicted this run, by field name (summary.json)
     exports: list[dict[str, Any]] = field(default_factory=list)  # --export-every: the versions written
     # --full-checkpoint-every: the checkpoint the next one may be an increment of (its folder, step and
@@ -140,6 +148,26 @@ class Run:
         rates = self.strategy.context.optimizers.rates
         for group, schedule in self.schedules.items():
             setattr(rates, group, schedule.factor(step, self.total_steps, self.training.plateau[group].scale))
+
+    def review_plan(self, done: int, seconds: float | None = None, progress=None) -> None:
+        """The plan review (``des/plan_review.py``) after ``done`` global steps, the last of which
+        took ``seconds`` on this rank (collective), or, without ``seconds``, before a resumed run's
+        first step (the plan ``--plan-switch`` gives it); switches where it says so."""
+        from des.plan_review import switch
+
+        if self.review is None:
+            return
+        if seconds is None:
+            plan = self.review.resumed(done)
+        else:
+            plan = self.review.after(done, seconds,
+                                     lambda x: float(np.max(self.comm.allgather(np.array([x]), "setup"))))
+        if plan is not None:
+            start = time.perf_counter()
+            switch(self, plan)
+            self.review.took(time.perf_counter() - start)
+            if self.talks:
+                (progress.write if progress is not None else print)(self.review.line(done))
 
     def validate(self, step: int, epoch: int, progress=None) -> None:
         """Validation AUC/logloss on the evaluating ranks; one line of ``metrics.jsonl``; then early

@@ -48,13 +48,14 @@ def loop(run: Run) -> None:
     planned = source.planned_steps(strategy.step_count) if not run.training.stopped else 0
     progress = progress_bar(run.talks and run.config.progress,
                             None if planned is None else strategy.step_count + planned, strategy.step_count)
+    run.review_plan(strategy.step_count, progress=progress)  # a resumed run's --plan-switch
     with source.running():  # a stream: SIGTERM/SIGINT stop it after the current step
         for segment in source.segments(strategy.step_count) if not run.training.stopped else ():
             if segment.test is not None:  # progressive validation: test on rows before training on them
                 run.progressive(segment, progress)
             if not train_segment(run, segment, progress):
                 break
-    strategy.end_training()
+    run.strategy.end_training()  # (a plan switch may have replaced the strategy)
     if progress is not None:
         progress.close()
 
@@ -62,9 +63,10 @@ def loop(run: Run) -> None:
 def train_segment(run: Run, segment, progress) -> bool:
     """Train the steps of one segment, the next batch prefetched within it (``--pipeline on``);
     False when the run stops (early stopping, a stream asked to stop)."""
-    strategy, config = run.strategy, run.config
+    config = run.config
     following = None  # the next batch, prefetched
     for i, at in enumerate(segment):
+        strategy = run.strategy  # (a plan switch replaces it between steps)
         start = time.perf_counter()  # a step's time includes reading its batch (or waiting for the prefetch)
         batch = following.batch() if following is not None else run.batch(at)
         done = at.step + 1  # global batches trained so far
@@ -77,7 +79,8 @@ def train_segment(run: Run, segment, progress) -> bool:
         # --evict-every: between steps, never inside one (a prefetched lookup's rows would move)
         evicts = bool(config.evict_every) and done % config.evict_every == 0
         following = None
-        if config.pipeline == "on" and i + 1 < len(segment) and not (validates or saves or evicts):
+        switches = run.review is not None and run.review.quiet(at.step)  # may end in a plan switch
+        if config.pipeline == "on" and i + 1 < len(segment) and not (validates or saves or evicts or switches):
             # nothing between this step and the next reads, saves or evicts the tables: overlap them
             following = strategy.prefetch(lambda after=segment[i + 1]: run.batch(after), segment[i + 1].step)
         run.set_rates(at.step)
@@ -87,7 +90,8 @@ def train_segment(run: Run, segment, progress) -> bool:
             # wait in their next collective until that ends the job
             raise DesError(f"step {done}: the training loss is {loss}: training diverged (lower the learning rates; "
                            "an optimizer with epsilon 0 divides 0 by 0 on a zero gradient)")
-        run.meter.record(loss, batch.global_size, time.perf_counter() - start, strategy.timer)
+        seconds = time.perf_counter() - start
+        run.meter.record(loss, batch.global_size, seconds, strategy.timer)
         if progress is not None:
             progress.update(1)
             progress.set_postfix(loss=f"{loss:.4f}", sps=f"{run.meter.samples_per_second:,.0f}")
@@ -101,6 +105,7 @@ def train_segment(run: Run, segment, progress) -> bool:
             run.save()
         if exports:
             run.export(progress)
+        run.review_plan(done, seconds, progress)  # its step times; at its steps, a switch
         if run.training.stopped:  # --early-stop: validation stopped improving
             run.say(f"early stop at step {done}: no better validation {config.monitor} since step "
                     f"{run.training.best_step}")

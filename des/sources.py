@@ -67,6 +67,10 @@ class EpochSource:
         self.strategy = strategy  # its reader options, its steps
         self._reader: Any = None
 
+    def use(self, strategy: Any) -> None:
+        """Read for ``strategy`` from the next batch on (its reader options: a plan switch)."""
+        self.strategy, self._reader = strategy, None
+
     def describe(self, train_rows: int, validation_rows: int) -> tuple[str, str]:
         """What the start-up report says of the data and of the steps."""
         test_rows = len(self.store.split_rows("test"))

@@ -78,6 +78,9 @@ def setup(config: TrainConfig, comm: Communicator, *, warmup_steps: int = 1) -> 
               start_step=strategy.step_count, run_folder=run_folder, schedules=schedules, meter=Meter(warmup_steps),
               tensorboard=ScalarWriter(run_folder.work, talks, learning_rates(strategy.context.optimizers)),
               planner=plan_record, training=TrainingState.from_dict(manifest.get("training_state") if manifest else None))
+    attach_review(run, trials, lambda plan: build_strategy(
+        dataclasses.replace(config, plan=plan), comm, store.num_fields, distinct, cls=cls, placement=placement,
+        loads_tables=True, num_dense=store.num_dense, model=model, admitted=admitted))
     if manifest is not None:  # --full-checkpoint-every: the next checkpoint may be an increment of it
         from des.checkpoint import resolve_checkpoint
 
@@ -303,6 +306,31 @@ def measure_plans(config: TrainConfig, cls: Any, store: Any, placement: list[lis
         return plan_trials.choose(config, comm, key, config.plan, train_one)
     finally:
         comm.stats = kept
+
+
+def attach_review(run: Run, trials: plan_trials.Trials | None, rebuild: Any) -> None:
+    """The run's plan review (``des/plan_review.py``): its ``--plan-switch``, or the review of the
+    plan its trials chose; ``rebuild(plan)`` builds this rank's strategy with another plan."""
+    from des.plan_review import Review
+
+    config, strategy = run.config, run.strategy
+    if config.plan_switch:
+        why = ("--stream" if config.stream else "--upper replicated" if config.upper == "replicated" else
+               "one rank" if run.comm.size == 1 else f"--strategy {strategy.name}"
+               if run.planner is None or getattr(strategy, "fixed_plan", None) is not None else None)
+        if why is not None:
+            raise ConfigError(f"--plan-switch: with {why} a run has one plan (nothing to switch)")
+        from des import planner
+        from des.plan_review import parse_switches
+
+        for switch in parse_switches(config.plan_switch):  # each plan checked now, not at its step
+            try:
+                planner.parse_plan(switch.plan, planner.model_shape(strategy.model))
+            except ValueError as exc:
+                raise ConfigError(f"--plan-switch: {exc}") from None
+    run.review = Review.of(config, trials, strategy.step_count, run.source.planned_steps(strategy.step_count) or 0)
+    if run.review is not None:
+        run.rebuild = rebuild
 
 
 def communication_plan(config: TrainConfig, strategy: Any, planning: Any, trials: plan_trials.Trials | None

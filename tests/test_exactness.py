@@ -88,6 +88,8 @@ FLOAT32_RANKS = {"deepfm": (2, 3)}  # and its Adam predictions on 4 ranks
 # exchanges FM's block while the first FC layer (reading the same block) stays partials (one
 # optimizer step on both gradients).
 SYNTH_PLAN = "linear=exchange,first_fc=exchange"
+PIPELINED_PARTIALS = SMALL + CATCHUP + SCHEDULES + ("--pipeline", "on", "--plan", "partials")
+SWITCHES = f"4:exchange;8:{MIXED_PLAN}"  # --plan-switch: after steps 4 and 8 of 12 (validated steps)
 EXCHANGE_RANKS = {"lr": (3,), "wdl": (4,), "deepfm": (2, 4)}  # FM's operator: exchanged in DeepFM
 PLAN_RANKS = {MIXED_PLAN: {"deepfm": (4,)}}  # and on 2 and 3 ranks with the schedules case below
 # The exchanged blocks pooled by their owner and sent per row and field (--exchange-by rows), held
@@ -173,8 +175,11 @@ def results(datasets, monkeypatch_module) -> dict[tuple, object]:
                       SMALL + CATCHUP + SCHEDULES + ("--pipeline", "on", "--plan", MIXED_PLAN), ranks=(2, 3)))
     # Every operator as partials, pipelined: a step's sparse update runs at the start of the next
     # one, in one pass with its gather (no exchange to route)
-    cases.append(Case("deepfm", "des", criteo, "float64",
-                      SMALL + CATCHUP + SCHEDULES + ("--pipeline", "on", "--plan", "partials"), ranks=(2,)))
+    cases.append(Case("deepfm", "des", criteo, "float64", PIPELINED_PARTIALS, ranks=(2,)))
+    # A plan switched twice mid-run (a resume within the job: des/plan_review.py), pipelined, with
+    # lazily caught-up Adam rows, admission and schedules: held to the 1-rank run of all partials
+    cases.append(Case("deepfm", "des", criteo, "float64", PIPELINED_PARTIALS + ("--plan-switch", SWITCHES),
+                      ranks=(3,), reference_flags=PIPELINED_PARTIALS))
     # float32 with AdaGrad embeddings: Adam's m/sqrt(v) turns float32 reassociation noise of
     # near-zero gradients into ~1e-4 relative differences of single embedding entries
     # (predictions still agree to ~3e-7), which would hide real bugs behind a loose bound.
@@ -212,7 +217,8 @@ def results(datasets, monkeypatch_module) -> dict[tuple, object]:
     return {(r.case.model, r.case.strategy, r.case.data, r.case.dtype, r.case.compare,
              "replicated" in r.case.flags, r.ranks) + plan_of(r.case.flags) + ("split",) * ("split" in r.case.flags)
             + ("bounded",) * ("--evict-every" in r.case.flags) + ("rowwise",) * (ROWWISE[1] in r.case.flags)
-            + strategy_options(r.case.flags) + ("rows",) * (ROWS[1] in r.case.flags): r
+            + strategy_options(r.case.flags) + ("rows",) * (ROWS[1] in r.case.flags)
+            + ("switched",) * ("--plan-switch" in r.case.flags): r
             for r in check(cases, RANKS, steps=12, batch_size=64, rtol=1e-9, timeout=600)}
 
 
@@ -334,7 +340,8 @@ def test_dense_features_are_trained_and_compared(results, datasets) -> None:
 def test_schedules_are_exact(results, datasets, ranks: int) -> None:
     """Warm-up + cosine decay of the sparse rates and reduce-on-plateau of the dense rate, with
     catch-up Adam on the embeddings and --unadmitted shared."""
-    result = next(r for key, r in results.items() if "--sparse-schedule" in r.case.flags and r.ranks == ranks)
+    result = next(r for key, r in results.items() if "--sparse-schedule" in r.case.flags and r.ranks == ranks
+                  and "--plan-switch" not in r.case.flags)
     assert_ok(result)
 
 
@@ -345,6 +352,14 @@ def test_the_pipelined_update_is_exact(results, datasets) -> None:
     the schedules, catch-up Adam and admission above, validating every 2 steps (steps before a
     validation are not pipelined)."""
     assert_ok(results[("deepfm", "des", datasets["criteo"], "float64", "all", False, 2, "partials")])
+
+
+@pytest.mark.mpi
+def test_a_plan_switched_mid_run_is_exact(results, datasets) -> None:
+    """``--plan-switch``: all partials, all exchange after step 4, the mixed plan after step 8 (what
+    a run's plan review does, des/plan_review.py): the running strategy's checkpoint loaded into one
+    built with the next plan, the step before it not pipelined, against one rank of all partials."""
+    assert_ok(results[("deepfm", "des", datasets["criteo"], "float64", "all", False, 3, "partials", "switched")])
 
 
 def test_dtype_modes_really_differ(results, datasets) -> None:
