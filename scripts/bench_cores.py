@@ -54,11 +54,13 @@ def child(kind: str, seconds: float, start: float, size: int) -> float:
         chain(100, np.uint64(1))
         steps = 5_000_000
         work, per = (lambda: chain(steps, np.uint64(7))), steps
-    else:
+    elif kind == "matmul":
         a = np.random.default_rng(0).standard_normal((size, size)).astype(np.float32)
         b = a.copy()
         a @ b
         work, per = (lambda: a @ b), 2 * size**3
+    else:
+        raise SystemExit(f"bench_cores: no probe {kind!r} (scalar, matmul)")
     while time.time() < start:
         time.sleep(0.001)
     began, done = time.perf_counter(), 0
@@ -76,11 +78,21 @@ def run_set(kinds: list[str], cores: list[int], seconds: float, size: int) -> li
                                str(size)], env=env, stdout=subprocess.PIPE, text=True)
              for kind, core in zip(kinds, cores)]
     out = []
-    for proc in procs:
-        text, _ = proc.communicate(timeout=seconds + 120)
-        if proc.returncode:
-            raise SystemExit(f"bench_cores: a probe on core {cores[len(out)]} failed (exit {proc.returncode})")
-        out.append(float(text.split()[-1]))
+    try:
+        for proc in procs:
+            try:
+                text, _ = proc.communicate(timeout=seconds + 120)
+            except subprocess.TimeoutExpired:
+                raise SystemExit(f"bench_cores: the probe on core {cores[len(out)]} did not finish within "
+                                 f"{seconds + 120:.0f} s") from None
+            if proc.returncode:
+                raise SystemExit(f"bench_cores: a probe on core {cores[len(out)]} failed (exit {proc.returncode})")
+            out.append(float(text.split()[-1]))
+    finally:  # a failed or late probe ends the set: no probe is left running
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return out
 
 

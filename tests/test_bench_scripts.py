@@ -184,6 +184,23 @@ def test_a_cores_probe_reports_its_rate() -> None:
     assert rate > 0
 
 
+def test_a_failed_cores_probe_leaves_no_probe_running() -> None:
+    """The first probe fails (an unknown kind); the second, set to run 60 s, is ended with it."""
+    core = min(os.sched_getaffinity(0))
+    with pytest.raises(SystemExit, match="a probe on core"):
+        cores.run_set(["no-such-probe", "matmul"], [core, core], 60.0, 64)
+    mine = str(os.getpid())
+    left = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == mine and fields[0] != "Z":  # a live child of this process
+            left.append(stat.parent.name)
+    assert not left
+
+
 @pytest.mark.parametrize("name", ALL_SCRIPTS)
 def test_docstrings_start_with_the_command(name):
     doc = docstring(name)
