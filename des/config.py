@@ -306,6 +306,13 @@ class TrainConfig:
             raise ConfigError(f"--early-stop must be -1 (auto), 0 (off) or a patience >= 1, got {self.early_stop}")
         if self.evict_every and not (self.ttl or self.max_rows_per_field):
             raise ConfigError("--evict-every needs --ttl or --max-rows-per-field (what to evict)")
+        if self.plan_switch:
+            from des.plan_review import parse_switches
+
+            parse_switches(self.plan_switch)
+            if self.plan in ("auto", "measure"):
+                raise ConfigError(f"--plan-switch needs the plan it starts from (--plan partials, exchange or OP=MODE,...), "
+                                  f"not --plan {self.plan}: a switched run is repeated from its printed flags")
         if self.epochs == 0 and self.max_steps == 0 and not self.stream:
             raise ConfigError("nothing to train: --epochs and --max-steps are both 0")
         self.hidden_units()

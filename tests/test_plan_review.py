@@ -56,6 +56,12 @@ def test_plan_switch_is_parsed_once_and_followed_on_resume() -> None:
     for bad in ("exchange", "0:exchange", "x:exchange", "5:", "8:exchange;8:partials"):
         with pytest.raises(ConfigError, match="--plan-switch"):
             parse_switches(bad)
+    from des.config import load_config
+
+    with pytest.raises(ConfigError, match="--plan-switch needs the plan it starts from"):
+        load_config(["--plan-switch", "4:exchange"])  # --plan auto: not a plan a run can be repeated from
+    with pytest.raises(ConfigError, match="is not STEP:PLAN"):
+        load_config(["--plan", "partials", "--plan-switch", "exchange"])
     review = Review("partials", 0, scripted=parse_switches("4:exchange;8:partials"))
     assert review.quiet(3) and not review.quiet(4) and review.after(4, 1.0, None) == "exchange"
     resumed = Review("partials", 6, scripted=parse_switches("4:exchange;8:partials"))
