@@ -111,8 +111,7 @@ class Review:
         wanted = [s.plan for s in self.scripted if s.step <= step]
         if not wanted or wanted[-1] == self.plan:
             return None
-        self.plan = wanted[-1]
-        return self.plan
+        return self._switch(step, wanted[-1])
 
     def quiet(self, step: int) -> bool:
         """Whether global step ``step`` may end in a switch (then no batch is prefetched during it)."""
@@ -161,9 +160,13 @@ class Review:
         return {"measured_ms_per_step": {p: round(ms, 3) for p, ms in self.measured.items()},
                 "switches": [{**dataclasses.asdict(s), "seconds": round(t, 3)} for s, t in
                              zip(self.switches, self.seconds)], "plan": self.plan,
-                "repeat": f"--plan {self.first}" + (f" --plan-switch '{format_switches(self.switches)}'"
-                                                    if self.switches else ""),
+                "repeat": self.repeat(),
                 "window_steps": WINDOW, "margin": MARGIN, "scripted": bool(self.scripted)}
+
+    def repeat(self) -> str:
+        """The flags that repeat this run's plans: its ``--plan`` and the switches, given or made."""
+        switches = self.scripted or self.switches
+        return f"--plan {self.first}" + (f" --plan-switch '{format_switches(switches)}'" if switches else "")
 
     def line(self, done: int) -> str:
         """What the run prints when it switches to the running plan after ``done`` steps."""
@@ -172,7 +175,7 @@ class Review:
             return f"step {done}: switched to --plan {self.plan}{took} (--plan-switch)"
         measured = ", ".join(f"{p} {ms:.1f}" for p, ms in self.measured.items())
         return (f"step {done}: switched to --plan {self.plan}{took} (measured ms/step, the slowest rank's median of "
-                f"{WINDOW} steps: {measured}); to repeat this run: {self.record()['repeat']}")
+                f"{WINDOW} steps: {measured}); to repeat this run: {self.repeat()}")
 
 
 def switch(run: Any, plan: str) -> None:

@@ -66,6 +66,12 @@ def test_plan_switch_is_parsed_once_and_followed_on_resume() -> None:
     assert review.quiet(3) and not review.quiet(4) and review.after(4, 1.0, None) == "exchange"
     resumed = Review("partials", 6, scripted=parse_switches("4:exchange;8:partials"))
     assert resumed.resumed(6) == "exchange" and resumed.resumed(6) is None  # a run resumed after step 6
+    resumed.took(0.5)
+    assert resumed.after(8, 1.0, None) == "partials"
+    resumed.took(0.25)
+    assert [(s["step"], s["plan"], s["seconds"]) for s in resumed.record()["switches"]] == [
+        (6, "exchange", 0.5), (8, "partials", 0.25)]
+    assert resumed.record()["repeat"] == "--plan partials --plan-switch '4:exchange;8:partials'"
     assert Review("partials", 9, scripted=parse_switches("4:exchange;8:partials")).resumed(9) is None
 
 
@@ -85,3 +91,11 @@ def test_a_reviewed_run_on_two_ranks_and_a_plan_switch_that_cannot_be(tmp_path: 
     refused = run_job(1, [*flags[:-3], "--plan", "partials", "--plan-switch", "3:exchange", "--output",
                           str(tmp_path / "one")], check=False)
     assert refused.returncode != 0 and "--plan-switch: with one rank a run has one plan" in refused.stderr
+    # a run resumed after its switch step starts with the plan of that step
+    scripted = [*flags[:-5], "--plan", "partials", "--plan-switch", "2:exchange", "--no-progress"]
+    run_job(2, [*scripted, "--max-steps", "3", "--checkpoint-every", "3", "--output", str(tmp_path / "a")])
+    out = run_job(2, [*scripted, "--max-steps", "4", "--resume", str(tmp_path / "a"), "--output",
+                      str(tmp_path / "b")]).stdout
+    review = json.loads((tmp_path / "b" / "summary.json").read_text())["planner"]["review"]
+    assert "step 3: switched to --plan exchange" in out and review["plan"] == "exchange"
+    assert review["repeat"] == "--plan partials --plan-switch '2:exchange'"
