@@ -88,8 +88,10 @@ def cache_key(config: Any, ranks: int, fingerprint: str, placement: Sequence[Seq
 
 
 def _cache_path(config: Any) -> Path:
-    root = Path(config.cache_dir) if config.cache_dir else Path(os.path.expanduser("~/.cache/des"))
-    return root / CACHE_FILE
+    """In ``--cache-dir``, else where prepared data is cached (``$DES_CACHE_DIR`` or ``~/.cache/des``)."""
+    from des.data.build import default_cache_dir
+
+    return (Path(config.cache_dir) if config.cache_dir else default_cache_dir()) / CACHE_FILE
 
 
 def read_cached(config: Any, key: str) -> Trials | None:

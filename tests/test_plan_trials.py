@@ -63,6 +63,16 @@ def test_each_plan_keeps_its_fastest_round() -> None:
                                ).chosen == "partials"
 
 
+def test_the_cache_is_kept_where_prepared_data_is(tmp_path: Path, monkeypatch) -> None:
+    """``--cache-dir``, else ``$DES_CACHE_DIR``, else ``~/.cache/des``: one default for both caches."""
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("DES_CACHE_DIR", str(tmp_path / "env"))
+    assert plan_trials._cache_path(SimpleNamespace(cache_dir="")) == tmp_path / "env" / plan_trials.CACHE_FILE
+    given = SimpleNamespace(cache_dir=str(tmp_path / "given"))
+    assert plan_trials._cache_path(given) == tmp_path / "given" / plan_trials.CACHE_FILE
+
+
 @pytest.mark.mpi
 def test_measured_plans_on_two_ranks_and_the_cache(tmp_path: Path) -> None:
     data = criteo_head(tmp_path / "head.tsv", 1500)
