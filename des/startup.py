@@ -65,6 +65,7 @@ def setup(config: TrainConfig, comm: Communicator, *, warmup_steps: int = 1) -> 
     model = build_model(config, store.num_fields, store.num_dense)
     config, planning, trials = choose_plan(config, cls, store, placement, distinct, comm, model,
                                            steps[1] if steps else 0, threads)
+    check_plan_switch(config, cls, planning, model)
     strategy = build_strategy(config, comm, store.num_fields, distinct, cls=cls, placement=placement,
                               loads_tables=bool(config.resume), num_dense=store.num_dense, model=model,
                               admitted=admitted)
@@ -308,26 +309,33 @@ def measure_plans(config: TrainConfig, cls: Any, store: Any, placement: list[lis
         comm.stats = kept
 
 
+def check_plan_switch(config: TrainConfig, cls: Any, planning: Any, model: Any) -> None:
+    """``--plan-switch`` where a run has plans to switch between (a DES strategy the planner
+    models, on several ranks, the data-parallel upper network, an epoch source), each plan valid
+    for the model: checked in set-up, not at its step."""
+    if not config.plan_switch:
+        return
+    from des import planner
+    from des.plan_review import parse_switches
+
+    why = ("--stream" if config.stream else "--upper replicated" if config.upper == "replicated" else
+           f"--strategy {cls.name}" if cls.communication_plan is None or getattr(cls, "fixed_plan", None) is not None
+           else "one rank" if planning is None else None)
+    if why is not None:
+        raise ConfigError(f"--plan-switch: with {why} a run has one plan (nothing to switch)")
+    for switch in parse_switches(config.plan_switch):
+        try:
+            planner.parse_plan(switch.plan, planner.model_shape(model))
+        except ValueError as exc:
+            raise ConfigError(f"--plan-switch: {exc}") from None
+
+
 def attach_review(run: Run, trials: plan_trials.Trials | None, rebuild: Any) -> None:
     """The run's plan review (``des/plan_review.py``): its ``--plan-switch``, or the review of the
     plan its trials chose; ``rebuild(plan)`` builds this rank's strategy with another plan."""
     from des.plan_review import Review
 
     config, strategy = run.config, run.strategy
-    if config.plan_switch:
-        why = ("--stream" if config.stream else "--upper replicated" if config.upper == "replicated" else
-               "one rank" if run.comm.size == 1 else f"--strategy {strategy.name}"
-               if run.planner is None or getattr(strategy, "fixed_plan", None) is not None else None)
-        if why is not None:
-            raise ConfigError(f"--plan-switch: with {why} a run has one plan (nothing to switch)")
-        from des import planner
-        from des.plan_review import parse_switches
-
-        for switch in parse_switches(config.plan_switch):  # each plan checked now, not at its step
-            try:
-                planner.parse_plan(switch.plan, planner.model_shape(strategy.model))
-            except ValueError as exc:
-                raise ConfigError(f"--plan-switch: {exc}") from None
     run.review = Review.of(config, trials, strategy.step_count, run.source.planned_steps(strategy.step_count) or 0)
     if run.review is not None:
         run.rebuild = rebuild

@@ -91,6 +91,7 @@ def test_a_reviewed_run_on_two_ranks_and_a_plan_switch_that_cannot_be(tmp_path: 
     refused = run_job(1, [*flags[:-3], "--plan", "partials", "--plan-switch", "3:exchange", "--output",
                           str(tmp_path / "one")], check=False)
     assert refused.returncode != 0 and "--plan-switch: with one rank a run has one plan" in refused.stderr
+    assert not (tmp_path / "one").exists()  # refused in set-up: nothing written
     # a run resumed after its switch step starts with the plan of that step
     scripted = [*flags[:-5], "--plan", "partials", "--plan-switch", "2:exchange", "--no-progress"]
     run_job(2, [*scripted, "--max-steps", "3", "--checkpoint-every", "3", "--output", str(tmp_path / "a")])
