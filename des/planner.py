@@ -406,14 +406,6 @@ def _exchange_terms(cost: PlanCost, shape: ModelShape, exchanged: list[Operator]
     cost.id_pairs = 2.0 * float(u[:, whole].sum()) / n if n > 1 else 0.0
 
 
-def _whole_fields(placement: Sequence[Sequence[int]]) -> int:
-    """How many fields are held whole (a field split by key over ranks travels in the partials)."""
-    from des.placement import split_groups
-
-    split = split_groups(placement)
-    return len({f for fields in placement for f in fields if f not in split})
-
-
 def _row_exchange_terms(cost: PlanCost, shape: ModelShape, exchanged: list[Operator],
                         placement: Sequence[Sequence[int]], split: list[int], s: int, ring: float) -> None:
     """The exchanged operators' terms of :func:`plan_cost` by rows: every row's pooled values of
@@ -552,7 +544,10 @@ def report(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[int]
     """The start-up table: per operator, predicted bytes/step/rank (mean over ranks) as partials and
     exchanged alone (travelling ``exchange_by``), which is cheaper and why; then the shared terms and
     the pure and best plans."""
+    from des.placement import whole_fields
+
     n = len(placement)
+    whole = sum(len(whole_fields(placement, r)) for r in range(n))  # a split field travels in the partials
     lines = [f"planner{' (' + title + ')' if title else ''}: B={batch_size}, N={n}, {dtype_size}-byte floats; "
              "bytes sent per step per rank (mean over ranks)"]
     header = f"  {'operator':<12} {'width':>5} {'block':<14} {'partials':>10} {'exchange':>10}  {'cheaper':<8} why"
@@ -566,7 +561,7 @@ def report(shape: ModelShape, batch_size: int, placement: Sequence[Sequence[int]
             # per sample of the global batch, so the two sides compare directly
             moved = (c.exchange - c.detail["field_weight_gradients"]) / batch_size
             units = (f"{unique.per_sample:.1f} distinct ids/sample (per row block)" if exchange_by == "ids"
-                     else f"{_whole_fields(placement)} pooled fields/sample (by rows)")
+                     else f"{whole} pooled fields/sample (by rows)")
             why = (f"{op.width} floats/sample -> {per_sample:,.0f} B/sample; exchange: {units}, (N-1)/N remote, "
                    f"x 2x{dtype_size}x{op.block_dim} B -> {moved:,.0f} B/sample")
             if op.field_params:

@@ -54,7 +54,7 @@ class Meter:
     def leave_out_next(self) -> None:
         """Leave the next step out of the throughput, and restart the phase timers after it (a new
         strategy's first step traces: ``des.plan_review.switch``)."""
-        self.warmup = self.steps + 1
+        self.warmup = max(self.warmup, self.steps + 1)
 
     @property
     def samples_per_second(self) -> float:
@@ -153,10 +153,10 @@ class Run:
         """The plan review (``des/plan_review.py``) after ``done`` global steps, the last of which
         took ``seconds`` on this rank (collective), or, without ``seconds``, before a resumed run's
         first step (the plan ``--plan-switch`` gives it); switches where it says so."""
-        from des.plan_review import switch
-
         if self.review is None:
             return
+        from des.plan_review import switch
+
         if seconds is None:
             plan = self.review.resumed(done)
         else:
