@@ -91,6 +91,7 @@ class Review:
         self.measured: dict[str, float] = {}  # ms per step of the plans this run measured, the slowest rank's
         self.switches: list[Switch] = []
         self.seconds: list[float] = []  # each switch's wall time (checkpoint, new strategy, load)
+        self.sent: list[float] = []  # the bytes this rank had sent in training steps at each switch
         self.window: list[float] = []
         self.counts_after = start + SKIP  # the window counts the steps done after this many
         self.decides_at: int | None = start + SKIP + WINDOW if self.trials is not None else None
@@ -149,6 +150,19 @@ class Review:
         self.switches.append(Switch(done, plan))
         self.plan = plan
         return plan
+
+    def sent_before_switch(self, sent: float) -> None:
+        """The bytes this rank had sent in training steps (``des.reporting.bytes_sent``) when the
+        last switch was decided, before it is made."""
+        self.sent.append(float(sent))
+
+    def segments(self, start: int, end: int, sent: float) -> list[tuple[str, int, int, float]]:
+        """The run's plans in order, from global step ``start`` to ``end`` (``sent``: this rank's
+        bytes by then): ``(plan, from step, to step, bytes this rank sent in them)``."""
+        plans = [self.first, *(s.plan for s in self.switches)]
+        bounds = [start, *(s.step for s in self.switches), end]
+        totals = [0.0, *self.sent, float(sent)]
+        return [(plan, bounds[i], bounds[i + 1], totals[i + 1] - totals[i]) for i, plan in enumerate(plans)]
 
     def took(self, seconds: float) -> None:
         """The last switch took ``seconds``."""

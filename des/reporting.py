@@ -210,7 +210,7 @@ def summary_record(run: Any, results: dict[str, Any]) -> dict[str, Any]:
                                       float(strategy.counts_samples)]), "summary")
     counting = counts[counts[:, 4] > 0]
     steps_this_run = int(counting[:, 3].sum())
-    sent_per_step = comm.allgather(_bytes_sent(strategy, comm), "summary") / max(steps_this_run, 1)  # [rank, site]
+    sent_per_step = comm.allgather(bytes_sent(strategy, comm), "summary") / max(steps_this_run, 1)  # [rank, site]
     per_site = dict(zip(strategy.traffic_sites, sent_per_step.mean(axis=0)))
     memory = strategy.memory()
     per_rank = comm.allgather(np.array([peak_rss_bytes(), memory["rows"], memory["table_bytes"]], np.int64), "summary")
@@ -235,7 +235,7 @@ def summary_record(run: Any, results: dict[str, Any]) -> dict[str, Any]:
         "bytes_per_step": float(sum(per_site.values())),
         "bytes_per_step_by_site": {k: float(v) for k, v in per_site.items()},
         "bytes_per_step_per_rank": sent_per_step.sum(axis=1).tolist(),
-        "planner": run.planner if run.review is None else {**(run.planner or {}), "review": run.review.record()},
+        "planner": run.planner if run.review is None else {**(run.planner or {}), "review": _review_record(run, comm)},
         "buffer_floats_per_sample": getattr(strategy, "buffer_width", None),
         "ms_per_phase": comm.bcast_json(strategy.timer.ms_per_step(), "summary", root=strategy.evaluators[0]),
         "ms_per_phase_by_rank": phases_by_rank(strategy, comm),
@@ -266,7 +266,21 @@ def phases_by_rank(strategy, comm) -> dict[str, list[float]]:
     return {name: [round(float(v), 3) for v in table[:, i]] for i, name in enumerate(names) if table[:, i].any()}
 
 
-def _bytes_sent(strategy, comm) -> np.ndarray:
+def _review_record(run: Any, comm: Any) -> dict[str, Any]:
+    """``planner.review`` of ``summary.json``: the review's record and, for each plan the run ran
+    (in order, a plan's steps without a switch in them), its global steps and the bytes a rank sent
+    per step of them (mean over the ranks), as ``bytes_per_step`` gives them for the whole run
+    (collective: every rank switched at the same steps)."""
+    review = run.review
+    segments = review.segments(run.start_step, run.strategy.step_count,
+                               float(bytes_sent(run.strategy, comm).sum()))
+    sent = comm.allgather(np.array([s[3] for s in segments], dtype=np.float64), "summary").mean(axis=0)
+    by_plan = [{"plan": plan, "steps": [lo, hi], "bytes_per_step": float(total / (hi - lo))}
+               for (plan, lo, hi, _), total in zip(segments, sent) if hi > lo]
+    return {**review.record(), "bytes_per_step_by_plan": by_plan}
+
+
+def bytes_sent(strategy, comm) -> np.ndarray:
     """Bytes this rank sent per traffic site: a site's own calls and the element counts an
     Alltoallv sends first (the communicator's ``site:counts``)."""
     stats = comm.stats_dict()

@@ -163,6 +163,9 @@ class Run:
             plan = self.review.after(done, seconds,
                                      lambda x: float(np.max(self.comm.allgather(np.array([x]), "setup"))))
         if plan is not None:
+            from des.reporting import bytes_sent
+
+            self.review.sent_before_switch(float(bytes_sent(self.strategy, self.comm).sum()))
             start = time.perf_counter()
             switch(self, plan)
             self.review.took(time.perf_counter() - start)

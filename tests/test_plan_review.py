@@ -95,8 +95,15 @@ def test_a_reviewed_run_on_two_ranks_and_a_plan_switch_that_cannot_be(tmp_path: 
     # a run resumed after its switch step starts with the plan of that step
     scripted = [*flags[:-5], "--plan", "partials", "--plan-switch", "2:exchange", "--no-progress"]
     run_job(2, [*scripted, "--max-steps", "3", "--checkpoint-every", "3", "--output", str(tmp_path / "a")])
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    by_plan = summary["planner"]["review"]["bytes_per_step_by_plan"]  # each plan's own bytes, not their mean
+    assert [(p["plan"], p["steps"]) for p in by_plan] == [("partials", [0, 2]), ("exchange", [2, 3])]
+    assert by_plan[0]["bytes_per_step"] != by_plan[1]["bytes_per_step"]
+    assert sum(p["bytes_per_step"] * (p["steps"][1] - p["steps"][0]) for p in by_plan) == pytest.approx(
+        3 * summary["bytes_per_step"])
     out = run_job(2, [*scripted, "--max-steps", "4", "--resume", str(tmp_path / "a"), "--output",
                       str(tmp_path / "b")]).stdout
     review = json.loads((tmp_path / "b" / "summary.json").read_text())["planner"]["review"]
     assert "step 3: switched to --plan exchange" in out and review["plan"] == "exchange"
     assert review["repeat"] == "--plan partials --plan-switch '2:exchange'"
+    assert [(p["plan"], p["steps"]) for p in review["bytes_per_step_by_plan"]] == [("exchange", [3, 4])]
