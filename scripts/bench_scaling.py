@@ -28,9 +28,11 @@ once, with the phases of a step at the largest N.
   N = 8 do not repeat rows (the Criteo sample's and multihot's jobs wrap their epochs: rows
   repeat). Generated into ``--cache`` on first use. ``--strong-data`` and ``--weak-data`` give each
   kind of scaling its own data sets (default: ``--data``).
-* **One rank's cores** (``--pin-one-rank``): the N = 1 jobs run with ``--pin-cores on``, on
-  ``--threads`` cores: without it one rank's background threads (the next batch's lookup, the
-  tables' pools) use the machine's idle cores, which no rank of a full machine has.
+* **One rank's cores** (``--pin-one-rank``): the N = 1 jobs run on ``--threads`` cores
+  (``taskset``, else ``--pin-cores on``): without it one rank's background threads (the next
+  batch's lookup, the tables' pools) use the machine's idle cores, which no rank of a full machine
+  has. The rounds take different cores, spread over the machine (``one_rank_cores``): one host ran
+  the same one-rank job 1.18-1.26x as fast on some pairs of its cores as on cores 0,1.
 * **Timing**: each job runs ``--warmup`` + ``--steps`` steps and reports des.train's own samples/s
   of the steps after the warm-up ones (``benchlib.Bench.steady``). The jobs of one N run in one
   ``mpiexec`` launch per round (``Bench.steady_many``: TensorFlow's start-up is paid once; each run
@@ -78,7 +80,7 @@ import math
 import os
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,6 +168,26 @@ def fixed_plan(label: str) -> bool:
 def job_label(label: str, measured: Sequence[str]) -> str:
     """The job that measures ``label``: des with the exchange plan is alltoall's step."""
     return "alltoall" if label == "des-exchange" and "alltoall" in measured else label
+
+
+def one_rank_cores(threads: int, rounds: int, cores: int | None = None) -> Callable[[int], str] | None:
+    """``--pin-one-rank``'s cores for round ``r``'s N = 1 launch (``taskset -c``): ``threads``
+    consecutive cores, the rounds spread over the machine (round ``r`` on the ``r·G//rounds``-th of
+    its ``G`` groups of ``threads`` cores), not always its first cores: on a 16-core host the same
+    one-rank job ran 1.18-1.26x as fast on cores 8,9 or 14,15 as on cores 0,1 (docs/benchmarks.md,
+    "Embedding size 8 and 32"), where every round would otherwise run it. None where ``taskset``
+    is missing or the machine has fewer than ``threads`` cores (then des.train ``--pin-cores on``)."""
+    if cores is None:
+        cores = os.cpu_count() or 1
+    groups = cores // max(threads, 1)
+    if groups < 1 or shutil.which("taskset") is None:
+        return None
+
+    def of_round(round_: int) -> str:
+        group = round_ * groups // max(rounds, 1) % groups
+        return ",".join(str(c) for c in range(group * threads, (group + 1) * threads))
+
+    return of_round
 
 
 def plan_name(plan: Mapping[str, str] | None) -> str:
@@ -429,6 +451,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     skipped: list[str] = []
     jobs: dict[int, list[Job]] = {n: [] for n in ranks}
     flags_of: dict[Job, dict[str, Any]] = {}
+    base_cores = one_rank_cores(args.threads, args.rounds) if args.pin_one_rank else None
+    base_rounds: list[str] = []  # the cores of each round's N = 1 launch
     for panel in panels:
         for n in ranks:
             batch, info = panel.global_batch(n), data[panel.data]
@@ -450,7 +474,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 xla = "off" if strategy.get("compute_dtype") == "bfloat16" else args.xla  # des.train refuses both
                 flags_of[job] = {"model": args.model, "batch_size": batch, "threads": args.threads, "xla": xla,
                                  **strategy, **({"data": info["path"]} if info["path"] else {}),
-                                 **({"pin_cores": "on"} if n == 1 and args.pin_one_rank else {})}
+                                 **({"pin_cores": "on"} if n == 1 and args.pin_one_rank and not base_cores else {})}
                 jobs[n].append(job)
     for reason in skipped:
         bench.log(f"skipped: {reason}")
@@ -473,8 +497,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bench.log(f"--time-limit: round {round_ + 1}'s launch of N={n} left out ({bench.elapsed():.0f} s elapsed)")
                 continue
             start = bench.elapsed()
+            pinned = base_cores(round_) if n == 1 and args.pin_one_rank and base_cores else None
             found = bench.steady_many(n, [(f"{job.tag}-r{round_}", flags_of[job]) for job in jobs[n]], args.warmup,
-                                      args.steps, timeout=min(bench.timeout * len(jobs[n]), remaining))
+                                      args.steps, timeout=min(bench.timeout * len(jobs[n]), remaining),
+                                      prefix=("taskset", "-c", pinned) if pinned else ())
+            if pinned:
+                base_rounds.append(pinned)
             launch_seconds[n] = bench.elapsed() - start
             for job in jobs[n]:
                 summary = found[f"{job.tag}-r{round_}"]
@@ -523,8 +551,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.model}; {args.threads} thread(s) per rank (des.train --threads), so N ranks use N x {args.threads} of "
         f"the machine's {cores} cores" + (f"; N = {', '.join(map(str, crowded))} use more: their ranks share cores"
                                           if crowded else "") + "."
-        + (f" The N = 1 jobs run on {args.threads} core(s) of their own (--pin-one-rank: des.train --pin-cores on)."
-           if args.pin_one_rank else ""),
+        + (f" The N = 1 jobs run on {args.threads} core(s) of their own (--pin-one-rank: "
+           + (f"taskset, round by round on cores {' / '.join(base_rounds)})." if base_rounds
+              else "des.train --pin-cores on).") if args.pin_one_rank else ""),
         f"Each job: {args.warmup} warm-up steps, then {args.steps} timed steps; samples/s = des.train's own meter "
         "restarted after the warm-up (training samples over rank 0's training wall time of the timed steps; the job "
         "validates once, after its last step). The jobs of one N run in one mpiexec launch per round "

@@ -504,20 +504,21 @@ class Bench:
                  f"ms {phases} ({seconds}{self.elapsed():.0f} s so far)")
 
     def train_many(self, ranks: int, runs: Sequence[tuple[str, Mapping[str, Any]]], *, warmup: int | None = None,
-                   timeout: float | None = None) -> dict[str, dict[str, Any] | None]:
+                   timeout: float | None = None, prefix: Sequence[str] = ()) -> dict[str, dict[str, Any] | None]:
         """Several ``des.train`` runs ``(tag, flags)`` in ONE ``mpiexec`` launch (this file run with
         ``--train-many SPEC``, see :func:`train_many`): a rank's start-up (TensorFlow's import,
         numba's kernels) is paid once. Each run has its own Communicator, run folder and
         summary.json, so bytes and results are those of separate launches; wall times are not (the
         later runs start warm). ``warmup=W``: each run's timers restart after its first W steps
-        (as :func:`train_with_warmup`; None: des.train's own default). A run that fails ends the launch: it and the runs after it
+        (as :func:`train_with_warmup`; None: des.train's own default). ``prefix``: what the launch
+        runs under (``taskset -c 4,5``). A run that fails ends the launch: it and the runs after it
         have no summary. Returns tag -> summary (None for a run that did not finish)."""
         spec = self.jobs / f"launch-n{ranks}-{len(runs)}-runs-{runs[0][0]}.json"
         spec.parent.mkdir(parents=True, exist_ok=True)
         spec.write_text(json.dumps({"warmup": warmup, "runs": [train_flags(self.jobs / tag, flags) for tag, flags in runs]},
                                    indent=1))
         try:
-            self.run_command([str(MPIEXEC), "-n", str(ranks), str(PYTHON), __file__, "--train-many", str(spec)],
+            self.run_command([*prefix, str(MPIEXEC), "-n", str(ranks), str(PYTHON), __file__, "--train-many", str(spec)],
                              label=f"{len(runs)} runs ({ranks} ranks)", timeout=timeout)
         except BenchError as exc:
             self.failures.append(str(exc))
@@ -546,11 +547,11 @@ class Bench:
         return add_steady(self.train(ranks, tag, restart_timers_after=warmup, **flags), flags, steps)
 
     def steady_many(self, ranks: int, runs: Sequence[tuple[str, Mapping[str, Any]]], warmup: int, steps: int, *,
-                    timeout: float | None = None) -> dict[str, dict[str, Any] | None]:
+                    timeout: float | None = None, prefix: Sequence[str] = ()) -> dict[str, dict[str, Any] | None]:
         """:meth:`steady` of each run ``(tag, flags)``, all in ONE launch (:meth:`train_many`, its
         start-up paid once): tag -> summary with ``steady`` (None for a run that did not finish)."""
         runs = [(tag, steady_flags(ranks, warmup, steps, flags)) for tag, flags in runs]
-        found = self.train_many(ranks, runs, warmup=warmup, timeout=timeout)
+        found = self.train_many(ranks, runs, warmup=warmup, timeout=timeout, prefix=prefix)
         return {tag: add_steady(found[tag], flags, steps) for tag, flags in runs}
 
     # -------------------------------------------------------------------- results

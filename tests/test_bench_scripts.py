@@ -675,6 +675,18 @@ def test_a_run_that_fails_leaves_no_jobs_folder(tmp_path):
     assert (tmp_path / "run" / "config.json").is_file()  # the run folder stays
 
 
+def test_scaling_spreads_the_one_rank_base_over_the_cores(monkeypatch):
+    """--pin-one-rank: each round's N = 1 launch on its own group of --threads cores, the rounds spread
+    over the machine (a host's cores 0,1 ran the one-rank job 0.8x as fast as others); none without taskset."""
+    monkeypatch.setattr(scaling.shutil, "which", lambda name: "/usr/bin/taskset")
+    of_round = scaling.one_rank_cores(2, 3, cores=16)
+    assert [of_round(r) for r in range(3)] == ["0,1", "4,5", "10,11"]
+    assert [scaling.one_rank_cores(1, 4, cores=2)(r) for r in range(4)] == ["0", "0", "1", "1"]
+    assert scaling.one_rank_cores(4, 2, cores=2) is None  # fewer cores than a rank's threads
+    monkeypatch.setattr(scaling.shutil, "which", lambda name: None)
+    assert scaling.one_rank_cores(2, 3, cores=16) is None
+
+
 @pytest.mark.mpi
 def test_scaling_runs_on_one_and_two_ranks(tmp_path, jobs_env):
     """bench_scaling on 1 and 2 ranks of the shipped sample (LR: the script, not a model, is tested),
@@ -705,7 +717,11 @@ def test_scaling_runs_on_one_and_two_ranks(tmp_path, jobs_env):
                                                            / ceiling[batch, 2]["samples_per_second"])
     assert [rows["weak", n]["batch"] for n in (1, 2)] == [512, 1024] and rows["strong", 2]["batch"] == 512
     assert rows["strong", 1]["job"] == rows["weak", 1]["job"] and len(results["jobs"]) == 3
-    assert (out / "log.txt").read_text().count("pin_cores=on") == 1  # --pin-one-rank: the N=1 job only
+    log = (out / "log.txt").read_text()  # --pin-one-rank: the N=1 job only, on a core of its own
+    if shutil.which("taskset"):
+        assert log.count("taskset -c 0 ") == 1 and "pin_cores=on" not in log
+    else:
+        assert log.count("pin_cores=on") == 1
     for job in results["jobs"]:  # every rank's phases, side by side
         by_rank = job["ms_per_phase_by_rank_rounds"][0]
         assert by_rank and all(len(ms) == job["ranks"] for ms in by_rank.values())
