@@ -69,6 +69,9 @@ def parse_switches(text: str) -> list[Switch]:
                               "--plan from that step on; several separated by ';')")
         if switches and int(step) <= switches[-1].step:
             raise ConfigError(f"--plan-switch {text!r}: the steps must increase")
+        if plan in ("auto", "measure"):  # as --plan of a switched run: what is repeated must not be chosen again
+            raise ConfigError(f"--plan-switch {text!r}: {item!r} must name the plan itself (partials, exchange or "
+                              f"OP=MODE,...), not {plan}: a switched run is repeated from these flags")
         switches.append(Switch(int(step), plan))
     return switches
 
@@ -125,7 +128,7 @@ class Review:
         (collective: every rank calls it at the same step)."""
         for switch in self.scripted:
             if switch.step == done:
-                return self._switch(done, switch.plan)
+                return self._switch(done, switch.plan) if switch.plan != self.plan else None
         if self.decides_at is None:
             return None
         if done > self.counts_after:

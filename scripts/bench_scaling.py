@@ -497,7 +497,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bench.log(f"--time-limit: round {round_ + 1}'s launch of N={n} left out ({bench.elapsed():.0f} s elapsed)")
                 continue
             start = bench.elapsed()
-            pinned = base_cores(round_) if n == 1 and args.pin_one_rank and base_cores else None
+            pinned = base_cores(round_) if n == 1 and base_cores else None  # --pin-one-rank
             found = bench.steady_many(n, [(f"{job.tag}-r{round_}", flags_of[job]) for job in jobs[n]], args.warmup,
                                       args.steps, timeout=min(bench.timeout * len(jobs[n]), remaining),
                                       prefix=("taskset", "-c", pinned) if pinned else ())

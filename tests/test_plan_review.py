@@ -53,7 +53,7 @@ def test_a_runner_up_no_faster_in_the_run_is_left_and_a_fast_choice_is_kept() ->
 def test_plan_switch_is_parsed_once_and_followed_on_resume() -> None:
     assert parse_switches("40:exchange; 81:fm2=exchange,first_fc=partials") == [
         Switch(40, "exchange"), Switch(81, "fm2=exchange,first_fc=partials")]
-    for bad in ("exchange", "0:exchange", "x:exchange", "5:", "8:exchange;8:partials"):
+    for bad in ("exchange", "0:exchange", "x:exchange", "5:", "8:exchange;8:partials", "4:auto", "4:measure"):
         with pytest.raises(ConfigError, match="--plan-switch"):
             parse_switches(bad)
     from des.config import load_config
@@ -62,7 +62,8 @@ def test_plan_switch_is_parsed_once_and_followed_on_resume() -> None:
         load_config(["--plan-switch", "4:exchange"])  # --plan auto: not a plan a run can be repeated from
     with pytest.raises(ConfigError, match="is not STEP:PLAN"):
         load_config(["--plan", "partials", "--plan-switch", "exchange"])
-    review = Review("partials", 0, scripted=parse_switches("4:exchange;8:partials"))
+    review = Review("partials", 0, scripted=parse_switches("2:partials;4:exchange;8:partials"))
+    assert review.after(2, 1.0, None) is None and review.switches == []  # already that plan: nothing to do
     assert review.quiet(3) and not review.quiet(4) and review.after(4, 1.0, None) == "exchange"
     resumed = Review("partials", 6, scripted=parse_switches("4:exchange;8:partials"))
     assert resumed.resumed(6) == "exchange" and resumed.resumed(6) is None  # a run resumed after step 6
