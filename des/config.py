@@ -306,13 +306,19 @@ class TrainConfig:
             raise ConfigError(f"--early-stop must be -1 (auto), 0 (off) or a patience >= 1, got {self.early_stop}")
         if self.evict_every and not (self.ttl or self.max_rows_per_field):
             raise ConfigError("--evict-every needs --ttl or --max-rows-per-field (what to evict)")
+        switches = []
         if self.plan_switch:
             from des.plan_review import parse_switches
 
-            parse_switches(self.plan_switch)
+            switches = parse_switches(self.plan_switch)
             if self.plan in ("auto", "measure"):
                 raise ConfigError(f"--plan-switch needs the plan it starts from (--plan partials, exchange or OP=MODE,...), "
                                   f"not --plan {self.plan}: a switched run is repeated from its printed flags")
+        if (self.strategy == "des" and self.plan == "partials" and self.exchange_by != "auto"
+                and not any("exchange" in switch.plan for switch in switches)):
+            raise ConfigError(f"--exchange-by {self.exchange_by} has nothing to move with --plan partials (no operator's "
+                              "inputs are exchanged): leave it out, or exchange an operator (--plan exchange or "
+                              "OP=exchange,...)")
         if self.epochs == 0 and self.max_steps == 0 and not self.stream:
             raise ConfigError("nothing to train: --epochs and --max-steps are both 0")
         self.hidden_units()

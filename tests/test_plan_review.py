@@ -62,6 +62,9 @@ def test_plan_switch_is_parsed_once_and_followed_on_resume() -> None:
         load_config(["--plan-switch", "4:exchange"])  # --plan auto: not a plan a run can be repeated from
     with pytest.raises(ConfigError, match="is not STEP:PLAN"):
         load_config(["--plan", "partials", "--plan-switch", "exchange"])
+    with pytest.raises(ConfigError, match="--exchange-by rows has nothing to move with --plan partials"):
+        load_config(["--plan", "partials", "--exchange-by", "rows"])
+    assert load_config(["--plan", "partials", "--exchange-by", "rows", "--plan-switch", "4:exchange"]).exchange_by == "rows"
     review = Review("partials", 0, scripted=parse_switches("2:partials;4:exchange;8:partials"))
     assert review.after(2, 1.0, None) is None and review.switches == []  # already that plan: nothing to do
     assert review.quiet(3) and not review.quiet(4) and review.after(4, 1.0, None) == "exchange"
