@@ -15,15 +15,22 @@ runs in a process of its own and prints one row of a table:
 * prepare criteo   ``prepare`` of the Criteo TSV (the numba TSV path in pieces side by side, key scheme 1)
 * pandas read_csv  ``pandas.read_csv`` of the same CSV alone (no hashing, nothing written)
 
-Each row gives the wall seconds of the work itself (the child's imports and a tiny warm-up run
-that loads the numba kernels are not counted), rows/s, MB/s of the input file as stored, and the
-child's peak RSS (``ru_maxrss`` from ``os.wait4``: the whole process, imports included).
+``--rounds R`` (default 3) runs the four measurements R times in turn. Each row gives every round's
+wall seconds of the work itself (the child's imports and a tiny warm-up run that loads the numba
+kernels are not counted), their median, rows/s and MB/s of the input file as stored at the median,
+rows/s over pandas's, and the child's peak RSS (``ru_maxrss`` from ``os.wait4``: the whole process,
+imports included). A store is removed once its measurement is over, so the next one writes into
+memory the system has handed out before: in a virtual machine whose memory has never been touched
+since boot, the first store written there can take longer (on the 2-core VM, a new 368 MB file took
+0.8 s to write where the same file written again after one was deleted took 0.07 s), so round 1 of
+a fresh machine may stand apart.
+
 ``--chunk-rows N`` sets prepare's chunk (default 262144 rows). Data go to a temporary directory
 (inside ``--workdir`` where given, created if missing) removed at the end, with ``--workdir`` if the
 run created it: a second run into the same ``--workdir`` starts clean.
 
 Prepare uses every core this process may use (``DES_DATA_THREADS`` sets how many); on a shared
-machine the wall times move with the others' load: run it a few times and take medians.
+machine the wall times move with the others' load, which the rounds' medians smooth.
 
 **On ranks** (``--ranks 1,8``): ``des.data prepare`` on every rank of a job (``des/data/ranks.py``)
 against one process. The inputs are an Avazu-like CSV and a Criteo TSV of ``--rows`` rows (``--kinds``
@@ -46,11 +53,11 @@ under ``taskset -c 0,1`` it has the two cores each of 8 ranks has. On the 16-cor
 8 ranks took 2.2-2.5 s for 20M CSV rows, 4.3-4.7x one rank on two cores (10.5-10.8 s), and 4.5-4.6
 s for 20M Criteo rows, 5.2x (23.8 s); every rank hashes a run of a large file's 64 MiB blocks.
 
-Expect (a 2-core machine with both cores free): the CSV path at 0.8-1.2x ``pandas.read_csv``'s
-rows/s (pandas 3 parses this all-integer file on one core at about 2.5-3M rows/s and only parses: no
-validation, hashing or store, and it holds the whole table where ``prepare`` holds a chunk or two),
-Parquet at about the CSV path's speed, and the Criteo path near 1M rows/s (its rows are 3x the
-bytes, its store 39 keys a row). With 16 cores (2026-11-30): CSV about 1.9-2.2M rows/s (its main
+Expect (a 2-core machine with both cores free): the CSV path at 0.6-0.8x ``pandas.read_csv``'s
+rows/s (the 2-core VM, 2026-12-01: 0.66x, medians of 3 rounds). pandas 3 parses this all-integer
+file at about 3.4M rows/s there and only parses: no validation, hashing or store, and it holds the
+whole table where ``prepare`` holds a chunk or two. Expect Parquet at about the CSV path's speed,
+and the Criteo path near 1M rows/s (its rows are 3x the bytes, its store 39 keys a row). With 16 cores (2026-11-30): CSV about 1.9-2.2M rows/s (its main
 thread's appends bound it), Parquet 3.8-4.2M, Criteo 1.7-1.85M, pandas 0.5-0.65M there.
 """
 
@@ -60,6 +67,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -321,25 +329,41 @@ def measure(args: argparse.Namespace, work: Path) -> None:
             ("pandas read_csv", "pandas", inputs["csv"], "-")]
     sizes = ", ".join(f"{p.name} {p.stat().st_size / 1e6:,.1f} MB" for p in inputs.values())
     print(f"{args.rows:,} rows each; input sizes: {sizes}", flush=True)
+    timed: dict[str, list[float]] = {label: [] for label, *_ in runs}
+    counted: dict[str, int] = {}
+    peaks: dict[str, float] = {label: 0.0 for label, *_ in runs}
+    for round_number in range(1, args.rounds + 1):
+        for label, kind, source, schema in runs:
+            result, peak = run_child([kind, str(source), str(work / f"store-{kind}"), schema, str(args.chunk_rows)])
+            timed[label].append(result["seconds"])
+            counted[label] = result["rows"]
+            peaks[label] = max(peaks[label], peak / 2**20)
+            print(f"  round {round_number}, {label}: {result['seconds']:.2f} s", flush=True)
+            shutil.rmtree(work / f"store-{kind}", ignore_errors=True)
     rows = []
-    for label, kind, source, schema in runs:
-        result, peak = run_child([kind, str(source), str(work / f"store-{kind}"), schema, str(args.chunk_rows)])
-        seconds = result["seconds"]
-        rows.append({"what": label, "seconds": seconds, "rows_s": result["rows"] / seconds,
-                     "mb_s": source.stat().st_size / 1e6 / seconds, "rss": peak / 2**20})
-        print(f"  {label}: {seconds:.2f} s", flush=True)
-        shutil.rmtree(work / f"store-{kind}", ignore_errors=True)
-    columns = [("what", "what", ""), ("seconds", "seconds", ".2f"), ("rows_s", "rows/s", ",.0f"),
-               ("mb_s", "MB/s", ".1f"), ("rss", "peak RSS MiB", ",.0f")]
+    for label, kind, source, _ in runs:
+        seconds = statistics.median(timed[label])
+        rows.append({"what": label, "rounds": " / ".join(f"{s:.2f}" for s in timed[label]), "seconds": seconds,
+                     "rows_s": counted[label] / seconds, "mb_s": source.stat().st_size / 1e6 / seconds,
+                     "rss": peaks[label]})
+    pandas_rate = rows[-1]["rows_s"]
+    for row in rows:
+        row["x_pandas"] = row["rows_s"] / pandas_rate
+    columns = [("what", "what", ""), ("rounds", "rounds (s)", ""), ("seconds", "median s", ".2f"),
+               ("rows_s", "rows/s", ",.0f"), ("x_pandas", "x pandas", ".2f"), ("mb_s", "MB/s", ".1f"),
+               ("rss", "peak RSS MiB", ",.0f")]
     print(benchlib.entry("bench_prepare", benchlib.environment(), sys.argv[1:], [("", columns, rows)],
                          [f"{args.rows:,} rows each; input sizes: {sizes}; each measurement in a process of "
-                          "its own (imports and a warm-up not timed; peak RSS of the whole process)"]))
+                          f"its own, {args.rounds} round(s) in turn, medians (imports and a warm-up not timed; "
+                          "peak RSS of the whole process, the largest of the rounds)"]))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=2_000_000, help="rows of each input (default 2,000,000)")
     parser.add_argument("--chunk-rows", type=int, default=1 << 18, help="prepare's chunk (default 262144)")
+    parser.add_argument("--rounds", type=int, default=3, help="without --ranks: every measurement this many times, "
+                        "in turn; the table gives each round and the medians (default 3)")
     parser.add_argument("--workdir", help="where the temporary directory of the inputs and stores goes (default: the "
                         "system's); removed at the end, this folder too if the run created it")
     parser.add_argument("--ranks", help="rank counts to compare, e.g. 1,8 (prepare on every rank of a job)")
@@ -353,6 +377,8 @@ def main() -> None:
                         help=argparse.SUPPRESS)
     parser.add_argument("--ranks-child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: expected at least 1")
     if args.child or args.ranks_child:
         kind, source, output, schema, chunk = args.child or args.ranks_child
         (child if args.child else ranks_child)(kind, source, output, schema, int(chunk))
