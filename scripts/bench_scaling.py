@@ -31,8 +31,14 @@ once, with the phases of a step at the largest N.
 * **One rank's cores** (``--pin-one-rank``): the N = 1 jobs run on ``--threads`` cores
   (``taskset``, else ``--pin-cores on``): without it one rank's background threads (the next
   batch's lookup, the tables' pools) use the machine's idle cores, which no rank of a full machine
-  has. The rounds take different cores, spread over the machine (``one_rank_cores``): one host ran
-  the same one-rank job 1.18-1.26x as fast on some pairs of its cores as on cores 0,1.
+  has. The rounds take different cores, spread over the machine (``one_rank_cores``), so that no
+  one pair of cores sets the base.
+* **A fresh machine** (``--first-use``, default on but with ``--quick``): before the first round
+  the N = 1 launch runs once, untimed. The first job on a freshly started host (a virtual
+  machine) writes into memory no job has used before and runs slower: on the 16-core Xeon the
+  multi-hot one-rank job ran at 0.58x the same job's later runs, its lookup (the tables' inserts)
+  2.5x as long (docs/benchmarks.md, "The first job on a fresh host"). Round 1's N = 1 launch would
+  otherwise pay it and lower the base of every ratio.
 * **Timing**: each job runs ``--warmup`` + ``--steps`` steps and reports des.train's own samples/s
   of the steps after the warm-up ones (``benchlib.Bench.steady``). The jobs of one N run in one
   ``mpiexec`` launch per round (``Bench.steady_many``: TensorFlow's start-up is paid once; each run
@@ -173,10 +179,11 @@ def job_label(label: str, measured: Sequence[str]) -> str:
 def one_rank_cores(threads: int, rounds: int, cores: int | None = None) -> Callable[[int], str] | None:
     """``--pin-one-rank``'s cores for round ``r``'s N = 1 launch (``taskset -c``): ``threads``
     consecutive cores, the rounds spread over the machine (round ``r`` on the ``r·G//rounds``-th of
-    its ``G`` groups of ``threads`` cores), not always its first cores: on a 16-core host the same
-    one-rank job ran 1.18-1.26x as fast on cores 8,9 or 14,15 as on cores 0,1 (docs/benchmarks.md,
-    "Embedding size 8 and 32"), where every round would otherwise run it. None where ``taskset``
-    is missing or the machine has fewer than ``threads`` cores (then des.train ``--pin-cores on``)."""
+    its ``G`` groups of ``threads`` cores), not always its first cores: one host ran the same
+    one-rank job 1.18-1.26x as fast on cores 8,9 or 14,15 as on cores 0,1 in later calls
+    (docs/benchmarks.md, "Embedding size 8 and 32"; others did not, and a fresh host's first job
+    is slower wherever it runs: ``--first-use``). None where ``taskset`` is missing or the machine
+    has fewer than ``threads`` cores (then des.train ``--pin-cores on``)."""
     if cores is None:
         cores = os.cpu_count() or 1
     groups = cores // max(threads, 1)
@@ -411,6 +418,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--roofline", action=argparse.BooleanOptionalAction, default=True,
                         help="the dense roofline alone and as N copies at once")
     parser.add_argument("--roofline-repeats", type=int, default=10, help="timed roofline calls per batch")
+    parser.add_argument("--first-use", action=argparse.BooleanOptionalAction, default=None,
+                        help="before the first round, the N = 1 launch once, untimed: a fresh machine's first job runs "
+                             "slower (default: on, off with --quick)")
     parser.add_argument("--pin-one-rank", action="store_true",
                         help="N = 1 jobs with --pin-cores on: one rank on --threads cores, as each rank of N has")
     parser.add_argument("--copies", action=argparse.BooleanOptionalAction, default=True,
@@ -419,6 +429,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--copies-steps", type=int, default=50, help="timed steps of each copy (their windows overlap)")
     benchlib.add_common_arguments(parser, out_is_run_folder=True)
     args = parser.parse_args(argv)
+    if args.first_use is None:
+        args.first_use = not args.quick
     if args.quick:
         args.ranks, args.warmup, args.steps, args.roofline_repeats, args.copies_steps = "1,2", 2, 3, 3, 6
         args.batch_size, args.rows_per_rank, args.synth_rows = "1024", 512, min(args.synth_rows, 60_000)
@@ -487,6 +499,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     roof: list[dict[str, Any]] = []
     ceiling: list[dict[str, Any]] = []
     order = sorted(ranks, key=lambda n: (n != 1, n != max(ranks), n))  # N=1 and the largest N first
+    if args.first_use and jobs[order[0]]:  # untimed: the machine's first use of its memory (module docstring)
+        pinned = base_cores(0) if order[0] == 1 and base_cores else None
+        bench.log(f"first use: the N={order[0]} launch once, untimed")
+        bench.steady_many(order[0], [(f"{job.tag}-first-use", flags_of[job]) for job in jobs[order[0]]], args.warmup,
+                          args.steps, timeout=min(bench.timeout * len(jobs[order[0]]), max(deadline - bench.elapsed(), 1)),
+                          prefix=("taskset", "-c", pinned) if pinned else ())
     for round_ in range(args.rounds):
         for n in order:
             remaining = deadline - bench.elapsed()
@@ -553,7 +571,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                           if crowded else "") + "."
         + (f" The N = 1 jobs run on {args.threads} core(s) of their own (--pin-one-rank: "
            + (f"taskset, round by round on cores {' / '.join(base_rounds)})." if base_rounds
-              else "des.train --pin-cores on).") if args.pin_one_rank else ""),
+              else "des.train --pin-cores on).") if args.pin_one_rank else "")
+        + (f" Before the first round the N = {order[0]} launch ran once, untimed (--first-use: a fresh machine's first "
+           "job runs slower)." if args.first_use else ""),
         f"Each job: {args.warmup} warm-up steps, then {args.steps} timed steps; samples/s = des.train's own meter "
         "restarted after the warm-up (training samples over rank 0's training wall time of the timed steps; the job "
         "validates once, after its last step). The jobs of one N run in one mpiexec launch per round "

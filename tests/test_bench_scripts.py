@@ -677,7 +677,7 @@ def test_a_run_that_fails_leaves_no_jobs_folder(tmp_path):
 
 def test_scaling_spreads_the_one_rank_base_over_the_cores(monkeypatch):
     """--pin-one-rank: each round's N = 1 launch on its own group of --threads cores, the rounds spread
-    over the machine (a host's cores 0,1 ran the one-rank job 0.8x as fast as others); none without taskset."""
+    over the machine (no one pair of cores sets the base); none without taskset."""
     monkeypatch.setattr(scaling.shutil, "which", lambda name: "/usr/bin/taskset")
     of_round = scaling.one_rank_cores(2, 3, cores=16)
     assert [of_round(r) for r in range(3)] == ["0,1", "4,5", "10,11"]
@@ -690,7 +690,8 @@ def test_scaling_spreads_the_one_rank_base_over_the_cores(monkeypatch):
 @pytest.mark.mpi
 def test_scaling_runs_on_one_and_two_ranks(tmp_path, jobs_env):
     """bench_scaling on 1 and 2 ranks of the shipped sample (LR: the script, not a model, is tested),
-    a warm-up step and 2 timed steps per job, the one-rank job on a core of its own:
+    a warm-up step and 2 timed steps per job, the one-rank job on a core of its own (once more
+    before the first round, untimed: --first-use):
     every output in --out (no jobs, no figure), a row per scaling and N, the job that strong and weak
     scaling share at N=1 run once, speed-ups and efficiencies as the samples/s give them, and the
     batch larger than the training split skipped with its reason."""
@@ -718,10 +719,11 @@ def test_scaling_runs_on_one_and_two_ranks(tmp_path, jobs_env):
     assert [rows["weak", n]["batch"] for n in (1, 2)] == [512, 1024] and rows["strong", 2]["batch"] == 512
     assert rows["strong", 1]["job"] == rows["weak", 1]["job"] and len(results["jobs"]) == 3
     log = (out / "log.txt").read_text()  # --pin-one-rank: the N=1 job only, on a core of its own
+    assert "first use: the N=1 launch once, untimed" in log and "ran once, untimed" in (out / "table.md").read_text()
     if shutil.which("taskset"):
-        assert log.count("taskset -c 0 ") == 1 and "pin_cores=on" not in log
+        assert log.count("taskset -c 0 ") == 2 and "pin_cores=on" not in log
     else:
-        assert log.count("pin_cores=on") == 1
+        assert log.count("pin_cores=on") == 2
     for job in results["jobs"]:  # every rank's phases, side by side
         by_rank = job["ms_per_phase_by_rank_rounds"][0]
         assert by_rank and all(len(ms) == job["ranks"] for ms in by_rank.values())
