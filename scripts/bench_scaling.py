@@ -43,8 +43,9 @@ once, with the phases of a step at the largest N.
   of the steps after the warm-up ones (``benchlib.Bench.steady``). The jobs of one N run in one
   ``mpiexec`` launch per round (``Bench.steady_many``: TensorFlow's start-up is paid once; each run
   builds its own tables, tf.functions and communicator). ``--rounds R`` repeats every job, round-
-  robin over N (N = 1 and the largest N first, then the others); a row is the median job, with the
-  min-max over the rounds. ``--time-limit S`` (seconds for the whole run, results written
+  robin over N (N = 1 and the largest N first, then the others); a row gives the median samples/s
+  (of an even count, the mean of the middle two), the median job's plan and phases, and the
+  min-max over the rounds. Take an odd number of rounds. ``--time-limit S`` (seconds for the whole run, results written
   included) leaves out each launch that the previous round's same launch says would end too late,
   and stops a running one in time (its finished runs count): rows then have fewer rounds (the
   table says how many, the notes which launches were left out).
@@ -580,8 +581,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(benchlib's steady_many: TensorFlow's start-up paid once; each run has its own tables, tf.functions and "
         "communicator; the order of the runs in a launch is the same in every round; no peak memory: a run's "
         f"would be its launch's so far). {args.rounds} round(s) round-robin over N (N = 1 and the largest "
-        "first); a row is the median job (its plan, "
-        "phases and ms/step with it), min-max over the rounds it has." + (f" {stopped}." if stopped else ""),
+        "first); a row is the median samples/s (of an even count, the mean of the middle two) with the median job's "
+        "plan and phases (the lower middle one), min-max over the rounds it has." + (f" {stopped}." if stopped else ""),
         ("Strong scaling: the global batch is fixed, so ideal samples/s grow N-fold as each rank's share shrinks. "
          if "strong" in kinds else "")
         + (f"Weak scaling: {args.rows_per_rank} rows per rank, global batch {args.rows_per_rank} x N, ideal samples/s "

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -135,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for (strategy, n, batch), values in measured.items():
         values = sorted(values)
         speed.append({"strategy": strategy, "ranks": n, "batch": batch, "rounds": len(values),
-                      "samples_per_second": values[(len(values) - 1) // 2] if values else None,
+                      "samples_per_second": statistics.median(values) if values else None,
                       "spread": f"{values[0]:,.0f}-{values[-1]:,.0f}" if values else None})
     for row in speed:
         base = next((r["samples_per_second"] for r in speed if r["strategy"] == "des" and r["ranks"] == row["ranks"]

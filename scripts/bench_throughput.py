@@ -24,10 +24,11 @@ comma-separated list, default 4096):
   store (its fields and shared tables).
 * **Rounds** (``--rounds R``): every des/alltoall/ps job, the rooflines and DeepCTR run R times,
   round-robin over the configurations of a batch size (so a drift in the machine's load hits all of
-  them alike); a row is the median job (its phases and memory with it) and shows the min-max over
-  the rounds (the rooflines and DeepCTR: the median round's figures). On a shared VM one job's
-  samples/s moves between otherwise identical runs by more than many of the differences measured
-  here: small ratios of single jobs are not readable without rounds.
+  them alike); a row gives the median samples/s (of an even count of rounds, the mean of the middle
+  two), the median job's phases and memory (the lower middle one) and the min-max over the rounds
+  (the rooflines and DeepCTR: the median round's figures). On a shared VM one job's samples/s
+  moves between otherwise identical runs by more than many of the differences measured here: small
+  ratios of single jobs are not readable without rounds.
 * **des vs the roofline and DeepCTR** (one process): per model and batch, the dense roofline at
   2 threads, DeepCTR 0.9.4's DeepFM (for DCN-v2: its DCN with matrix cross layers; for DIN: its DIN
   with PReLU for Dice, des's din network) (``model.fit`` over ``--warmup`` + the timed steps of the
@@ -74,6 +75,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -348,21 +350,23 @@ def median_job(items: Sequence[dict], samples_per_second) -> dict:
 
 
 def throughput_row(model: str, strategy: str, n: int, batch: int, runs: Sequence[dict]) -> dict:
-    """One table row from the ``--rounds`` jobs of a configuration: the median job's samples/s
-    (its phases and memory with it) and the spread (min-max) over the rounds."""
+    """One table row from the ``--rounds`` jobs of a configuration: the median of their samples/s
+    (of an even count, the mean of the middle two: the lower one alone would bias a ratio's base
+    down), the median job's phases and memory (the lower middle one) and the spread (min-max)."""
     row: dict = {"model": model, "strategy": strategy, "ranks": n, "batch": batch}
     if not runs:
         return row
     rates = [r["steady"]["samples_per_second"] for r in runs]
     s = median_job(runs, lambda r: r["steady"]["samples_per_second"])
     rss = s["peak_rss_bytes_per_rank"]
+    median = statistics.median(rates)
     row.update({
-        "samples_per_second": s["steady"]["samples_per_second"],
+        "samples_per_second": median,
         "samples_per_second_rounds": [round(r) for r in rates],
         "spread": f"{min(rates):,.0f}-{max(rates):,.0f}" if len(runs) > 1 else "",
         "samples_per_second_des_train": s["samples_per_second"],
         "timed_steps": s["steady"]["measured_steps"],
-        "ms_per_step": 1000 * batch / s["steady"]["samples_per_second"],
+        "ms_per_step": 1000 * batch / median,
         "ms_per_phase": s["steady"]["ms_per_phase"],
         "peak_rss_mib_max": max(rss) / 2**20,
         "peak_rss_mib_per_rank": [round(r / 2**20) for r in rss],
@@ -373,8 +377,9 @@ def throughput_row(model: str, strategy: str, n: int, batch: int, runs: Sequence
 
 
 def median_of_rounds(rounds: Sequence[Sequence[dict]], key=lambda row: None) -> list[dict]:
-    """Per ``key(row)`` (one configuration: a DeepCTR run, a roofline), the median row (lower of
-    an even count) over the rounds, by samples/s, with every round's samples/s."""
+    """Per ``key(row)`` (one configuration: a DeepCTR run, a roofline), the median row over the
+    rounds by samples/s (of an even count: the lower middle row, with the mean of the middle two's
+    samples/s, as :func:`throughput_row`), with every round's samples/s."""
     found: dict[Any, list[dict]] = {}
     for rows in rounds:
         for r in rows:
@@ -383,6 +388,7 @@ def median_of_rounds(rounds: Sequence[Sequence[dict]], key=lambda row: None) -> 
     for same in found.values():
         row = dict(median_job(same, lambda r: r["samples_per_second"]))
         rates = [r["samples_per_second"] for r in same]
+        row["samples_per_second"] = statistics.median(rates)
         row["samples_per_second_rounds"] = [round(r) for r in rates]
         row["spread"] = f"{min(rates):,.0f}-{max(rates):,.0f}" if len(same) > 1 else ""
         out.append(row)

@@ -323,7 +323,10 @@ def test_throughput_rounds_take_the_median_job():
     row = throughput.throughput_row("deepfm", "des", 2, 4096, [job(30.0, 1), job(10.0, 2), job(20.0, 3)])
     assert (row["samples_per_second"], row["ms_per_phase"], row["spread"]) == (20.0, {"top": 3}, "10-30")
     assert row["samples_per_second_rounds"] == [30, 10, 20]
-    assert throughput.throughput_row("deepfm", "des", 2, 4096, [job(30.0, 1), job(10.0, 2)])["samples_per_second"] == 10.0
+    even = throughput.throughput_row("deepfm", "des", 2, 4096, [job(30.0, 1), job(10.0, 2)])
+    # an even count: the middle two's mean, the lower one's phases
+    assert (even["samples_per_second"], even["ms_per_phase"]) == (20.0, {"top": 2})
+    assert even["ms_per_step"] == pytest.approx(1000 * 4096 / 20.0)
     one = throughput.throughput_row("lr", "des", 1, 512, [job(5.0, 1)])
     assert (one["samples_per_second"], one["spread"]) == (5.0, "")
     assert "samples_per_second" not in throughput.throughput_row("lr", "des", 1, 512, [])  # every job failed
@@ -331,6 +334,8 @@ def test_throughput_rounds_take_the_median_job():
     assert throughput.median_of_rounds(dctr) == [{"samples_per_second": 2.0, "samples_per_second_rounds": [3, 1, 2],
                                                   "spread": "1-3"}]
     assert throughput.median_of_rounds([[], []]) == []
+    even_rounds = throughput.median_of_rounds(dctr[:2] + dctr[3:])  # an even count: the middle two's mean
+    assert even_rounds == [{"samples_per_second": 2.5, "samples_per_second_rounds": [3, 2], "spread": "2-3"}]
     roof = [[{"kind": k, "samples_per_second": r * f} for k, f in (("plain", 1), ("top", 10))] for r in (5.0, 4.0, 6.0)]
     assert [(r["kind"], r["samples_per_second"], r["spread"]) for r in throughput.median_of_rounds(
         roof, key=lambda r: r["kind"])] == [("plain", 5.0, "4-6"), ("top", 50.0, "40-60")]
