@@ -38,7 +38,9 @@ picks), each written as ``--parts`` pieces by child processes side by side (seed
 joined. For each kind and each rank count, ``mpiexec -n R`` (the venv's, else the first on PATH;
 Open MPI is told to allow root, oversubscription and no binding) runs the
 preparation after a warm-up on a few rows, timed on rank 0 between two barriers; each rank gives
-its peak RSS. A row: the seconds, rows/s, the ratio to the first rank count's rows/s, the threads
+its peak RSS. Before them the first job runs once, untimed (``--first-use``, default on: a
+fresh virtual machine's first job writes into memory never used before and runs slower). A row:
+the seconds, rows/s, the ratio to the first rank count's rows/s, the threads
 of each rank (``DES_DATA_THREADS`` when set, else its share of the cores), the largest and mean
 peak RSS of a rank, and whether the store is the first rank count's, file for file (sha256 of
 every file). Then one rank again under ``taskset`` on as many cores as each rank of the largest
@@ -270,6 +272,12 @@ def on_ranks(args: argparse.Namespace, work: Path) -> None:
         write_joined(kind, args.rows, args.parts, inputs[kind][0])
     sizes = ", ".join(f"{inputs[k][0].name} {inputs[k][0].stat().st_size / 1e6:,.1f} MB" for k in kinds)
     print(f"{args.rows:,} rows each; input sizes: {sizes} (written in {time.perf_counter() - start:.0f} s)", flush=True)
+    if args.first_use:  # untimed: a fresh machine's first job writes into memory never used before (module doc)
+        output = work / "store-first-use"
+        ranks_job(kinds[0], jobs[0][0], jobs[0][1], inputs[kinds[0]][0], output, inputs[kinds[0]][1], args.chunk_rows)
+        for store in (output, work / f"warm-{kinds[0]}-{jobs[0][0]}"):
+            shutil.rmtree(store, ignore_errors=True)
+        print(f"  first use: {kinds[0]} on {jobs[0][0]} rank(s) once, untimed", flush=True)
     table = []
     for kind in kinds:
         source, schema = inputs[kind]
@@ -371,6 +379,9 @@ def main() -> None:
     parser.add_argument("--one-rank-cores", type=int, default=None,
                         help="with --ranks: also time one rank under taskset on this many cores (default: the usable "
                              "cores over the largest rank count; 0: not)")
+    parser.add_argument("--first-use", action=argparse.BooleanOptionalAction, default=True,
+                        help="with --ranks: the first job once, untimed, before the timed ones (a fresh machine's "
+                             "first job runs slower)")
     parser.add_argument("--parts", type=int, default=max(1, min(os.cpu_count() or 1, 16)),
                         help="with --ranks: pieces each input is written in, side by side (default: the cores, <= 16)")
     parser.add_argument("--child", nargs=5, metavar=("KIND", "SOURCE", "OUTPUT", "SCHEMA", "CHUNK"),

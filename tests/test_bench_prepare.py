@@ -15,12 +15,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.mpi
 def test_ranks_against_one_rank_free_and_on_a_ranks_cores(tmp_path):
-    """2 ranks, then one rank under taskset on the cores each of the 2 has (where taskset and 2
-    cores are): a row each, the same store, file for file, and each row's ratio to both."""
+    """2 ranks (once untimed before, --first-use), then one rank under taskset on the cores each of
+    the 2 has (where taskset and 2 cores are): a row each, the same store, file for file, and each
+    row's ratio to both."""
     process = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_prepare.py"), "--rows", "3000", "--ranks",
                               "2", "--kinds", "csv", "--parts", "2", "--workdir", str(tmp_path / "work")],
                              capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert process.returncode == 0, process.stderr
+    assert "first use: csv on 2 rank(s) once, untimed" in process.stdout  # --first-use: not a row of the table
     rows = [line.split("|")[1:-1] for line in process.stdout.splitlines() if line.startswith("| prepare csv |")]
     pinned = len(os.sched_getaffinity(0)) // 2 if shutil.which("taskset") else 0
     where = f"1 (on {pinned} core{'s' if pinned > 1 else ''})"
