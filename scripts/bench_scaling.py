@@ -33,22 +33,22 @@ once, with the phases of a step at the largest N.
   batch's lookup, the tables' pools) use the machine's idle cores, which no rank of a full machine
   has. The rounds take different cores, spread over the machine (``one_rank_cores``), so that no
   one pair of cores sets the base.
-* **A fresh machine** (``--first-use``, default on but with ``--quick``): before the first round
+* **A fresh machine** (``--first-use``; default on, off with ``--quick``): before the first round
   the N = 1 launch runs once, untimed. The first job on a freshly started host (a virtual
   machine) writes into memory no job has used before and runs slower: on the 16-core Xeon the
-  multi-hot one-rank job ran at 0.58x the same job's later runs, its lookup (the tables' inserts)
-  2.5x as long (docs/benchmarks.md, "The first job on a fresh host"). Round 1's N = 1 launch would
-  otherwise pay it and lower the base of every ratio.
+  multi-hot one-rank job ran at 0.58-0.67x the same job's later runs, its lookup (the tables'
+  inserts) 2.5x as long (docs/benchmarks.md, "The first job on a fresh host"). Round 1's N = 1
+  launch would otherwise pay it and lower the base of every ratio.
 * **Timing**: each job runs ``--warmup`` + ``--steps`` steps and reports des.train's own samples/s
   of the steps after the warm-up ones (``benchlib.Bench.steady``). The jobs of one N run in one
   ``mpiexec`` launch per round (``Bench.steady_many``: TensorFlow's start-up is paid once; each run
   builds its own tables, tf.functions and communicator). ``--rounds R`` repeats every job, round-
   robin over N (N = 1 and the largest N first, then the others); a row gives the median samples/s
   (of an even count, the mean of the middle two), the median job's plan and phases, and the
-  min-max over the rounds. Take an odd number of rounds. ``--time-limit S`` (seconds for the whole run, results written
-  included) leaves out each launch that the previous round's same launch says would end too late,
-  and stops a running one in time (its finished runs count): rows then have fewer rounds (the
-  table says how many, the notes which launches were left out).
+  min-max over the rounds. Take an odd number of rounds. ``--time-limit S`` (seconds for the
+  whole run, results written included) leaves out each launch that the previous round's same
+  launch says would end too late, and stops a running one in time (its finished runs count): rows
+  then have fewer rounds (the table says how many, the notes which launches were left out).
 * **Roofline** (``--roofline``, default on for W&D, DeepFM, DCN-v2 and DLRM): bench_throughput's
   dense roofline (the model as a plain TF program on dense inputs, forward, backward and Adam) at
   ``--threads`` per process: one copy alone at every per-rank batch, then N copies at once at the
