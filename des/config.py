@@ -314,11 +314,12 @@ class TrainConfig:
             if self.plan in ("auto", "measure"):
                 raise ConfigError(f"--plan-switch needs the plan it starts from (--plan partials, exchange or OP=MODE,...), "
                                   f"not --plan {self.plan}: a switched run is repeated from its printed flags")
-        if (self.strategy == "des" and self.plan == "partials" and self.exchange_by != "auto"
-                and not any("exchange" in switch.plan for switch in switches)):
-            raise ConfigError(f"--exchange-by {self.exchange_by} has nothing to move with --plan partials (no operator's "
-                              "inputs are exchanged): leave it out, or exchange an operator (--plan exchange or "
-                              "OP=exchange,...)")
+        chosen = self.plan in ("auto", "measure")  # the planner may exchange: --exchange-by applies
+        if (self.strategy == "des" and not chosen and self.exchange_by != "auto"
+                and not any("exchange" in plan for plan in [self.plan, *(switch.plan for switch in switches)])):
+            raise ConfigError(f"--exchange-by {self.exchange_by} has nothing to move with --plan {self.plan} (no "
+                              "operator's inputs are exchanged): leave it out, or exchange an operator (--plan exchange "
+                              "or OP=exchange,...)")
         if self.epochs == 0 and self.max_steps == 0 and not self.stream:
             raise ConfigError("nothing to train: --epochs and --max-steps are both 0")
         self.hidden_units()

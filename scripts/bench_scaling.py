@@ -500,8 +500,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     roof: list[dict[str, Any]] = []
     ceiling: list[dict[str, Any]] = []
     order = sorted(ranks, key=lambda n: (n != 1, n != max(ranks), n))  # N=1 and the largest N first
+
+    def pinned_to(n: int, round_: int) -> str | None:
+        """The cores of round ``round_``'s launch of N = ``n`` (``--pin-one-rank``: N = 1 only)."""
+        return base_cores(round_) if n == 1 and base_cores else None
+
     if args.first_use and jobs[order[0]]:  # untimed: the machine's first use of its memory (module docstring)
-        pinned = base_cores(0) if order[0] == 1 and base_cores else None
+        pinned = pinned_to(order[0], 0)
         bench.log(f"first use: the N={order[0]} launch once, untimed")
         bench.steady_many(order[0], [(f"{job.tag}-first-use", flags_of[job]) for job in jobs[order[0]]], args.warmup,
                           args.steps, timeout=min(bench.timeout * len(jobs[order[0]]), max(deadline - bench.elapsed(), 1)),
@@ -516,7 +521,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bench.log(f"--time-limit: round {round_ + 1}'s launch of N={n} left out ({bench.elapsed():.0f} s elapsed)")
                 continue
             start = bench.elapsed()
-            pinned = base_cores(round_) if n == 1 and base_cores else None  # --pin-one-rank
+            pinned = pinned_to(n, round_)
             found = bench.steady_many(n, [(f"{job.tag}-r{round_}", flags_of[job]) for job in jobs[n]], args.warmup,
                                       args.steps, timeout=min(bench.timeout * len(jobs[n]), remaining),
                                       prefix=("taskset", "-c", pinned) if pinned else ())

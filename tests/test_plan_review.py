@@ -65,6 +65,9 @@ def test_plan_switch_is_parsed_once_and_followed_on_resume() -> None:
     with pytest.raises(ConfigError, match="--exchange-by rows has nothing to move with --plan partials"):
         load_config(["--plan", "partials", "--exchange-by", "rows"])
     assert load_config(["--plan", "partials", "--exchange-by", "rows", "--plan-switch", "4:exchange"]).exchange_by == "rows"
+    with pytest.raises(ConfigError, match="--exchange-by ids has nothing to move with --plan linear=partials"):
+        load_config(["--plan", "linear=partials,fm2=partials", "--exchange-by", "ids"])  # every operator named partials
+    assert load_config(["--plan", "fm2=exchange", "--exchange-by", "rows"]).exchange_by == "rows"
     review = Review("partials", 0, scripted=parse_switches("2:partials;4:exchange;8:partials"))
     assert review.after(2, 1.0, None) is None and review.switches == []  # already that plan: nothing to do
     assert review.quiet(3) and not review.quiet(4) and review.after(4, 1.0, None) == "exchange"
