@@ -87,3 +87,41 @@ def test_a_training_step_leaves_the_arrays_it_was_handed_unchanged(tmp_path: Pat
                                [tf.constant(a) for a in top], labels, len(labels), None)
     for x, y in zip(tf.nest.flatten(by_reference), tf.nest.flatten(by_copy)):
         assert to_numpy(x).tobytes() == y.numpy().tobytes()
+
+
+def test_a_row_owners_exchanged_inputs_go_in_packed_by_reference_with_the_bits_of_separate_blocks() -> None:
+    """The exchange gives the row owner its exchanged blocks side by side in ONE aligned array,
+    which TF takes by reference and cuts in the graph (column views of it were copied every step);
+    packed or one array per block, the step's results are the same bits, and the blocks' gradients
+    come back packed alike. The step is called on its flat inputs (``forms._Compiled``)."""
+    from des.hashtable import optimizer_from_spec
+    from des.models import DeepFM
+    from des.options import Optimizers
+    from des.strategies.components import DenseParams
+    from des.strategies.exchange import _packed_inputs
+    from des.strategies.forms import ModelSplitForm
+
+    model = DeepFM(num_fields=5, embedding_dim=4, hidden=(6, 3))
+    dense = DenseParams(model, range(5), Optimizers(sparse={}, dense=optimizer_from_spec("adam:lr=0.001")), seed=0,
+                        dtype=np.float64)
+    form = ModelSplitForm(model, dense, np.float64, exchanged=range(len(model.substitutions())))
+    assert form.exchange_dims == [1, 4] and form.width == 0  # DeepFM's linear and embedding blocks, all exchanged
+    rows = 7
+    packed = _packed_inputs(rows, 5, 5, np.float64, every_field_written=True)
+    packed[...] = np.random.default_rng(0).standard_normal(packed.shape)
+    assert is_aligned(packed) and to_tensor(packed) is not packed  # goes in by reference
+    blocks = [np.ascontiguousarray(packed[..., :1]), np.ascontiguousarray(packed[..., 1:])]
+    xparams = [dense.field_params[name] for name in form.exchange_params]
+    top = list(dense.top_params.values())
+    labels = np.array([0, 1, 1, 0, 1, 0, 0], dtype=np.float64)
+    buffer = np.zeros((rows, 0), dtype=np.float64)
+    grad_packed, pooled_packed, flat_packed = form.top_train_packed(buffer, packed, xparams, [], labels, top, rows, None)
+    grad_blocks, pooled_blocks, flat_blocks = form.top_train_packed(buffer, blocks, xparams, [], labels, top, rows, None)
+    assert tuple(pooled_packed.shape) == (rows, 5, 5) and len(pooled_blocks) == 2
+    joined = np.concatenate([to_numpy(g) for g in pooled_blocks], axis=-1)
+    assert to_numpy(pooled_packed).tobytes() == joined.tobytes()
+    assert to_numpy(flat_packed).tobytes() == to_numpy(flat_blocks).tobytes()
+    assert to_numpy(grad_packed).tobytes() == to_numpy(grad_blocks).tobytes()
+    predicted = [form.top_predict(buffer, x, xparams, [], top, None).numpy() for x in (packed, blocks)]
+    assert predicted[0].tobytes() == predicted[1].tobytes()
+    assert all(flat is not None for _, flat in form.top_train_packed._concrete.values())  # the flat call

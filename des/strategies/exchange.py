@@ -36,6 +36,7 @@ from des.hashtable.distinct import distinct_in_segments
 from des.hashtable.fused import Touched
 from des.hashtable.pooling import FieldIds, one_hot_fields, pool_fields
 from des.strategies.components import FieldShard
+from des.zero_copy import aligned_empty
 
 
 @dataclass
@@ -163,23 +164,20 @@ class BlockExchange:
                                      recv_counts=route.recv_counts)
         return got
 
-    def pool(self, route: Route, got: np.ndarray) -> list[np.ndarray]:
-        """Row owner, local: per exchanged block, ``[b_r, F, dim]`` pooled for its rows."""
+    def pool(self, route: Route, got: np.ndarray) -> np.ndarray:
+        """Row owner, local: the exchanged blocks pooled for its rows, side by side ``[b_r, F, Σ dim]``
+        (the packed inputs of ``ModelSplitForm.exchanged_blocks``)."""
         # every held field is written; a split field's values come from the partials' sum (zeros here)
-        out = (np.empty if self._all_held else np.zeros)((route.rows, self.num_fields, self.width), dtype=self.dtype)
+        out = _packed_inputs(route.rows, self.num_fields, self.width, self.dtype, self._all_held)
         pool_fields(out, np.ascontiguousarray(got), route.ids, self.receive_order, False)
-        return _by_dims(out, self.dims)  # views: TF copies its inputs anyway
+        return out
 
     # -------------------------------------------------------------------------------- backward
-    def sum_gradients(self, route: Route, pooled_grads: Sequence[np.ndarray]) -> np.ndarray:
-        """Row owner, local: the gradient of every distinct id it received, summed over its rows
-        (block by block into its columns: no concatenated copy of the gradients)."""
+    def sum_gradients(self, route: Route, pooled_grads: np.ndarray) -> np.ndarray:
+        """Row owner, local: the gradient of every distinct id it received, summed over its rows,
+        from the gradients of its packed inputs ``[b_r, F, Σ dim]`` (one pass over the ids)."""
         out = np.zeros((int(route.recv_counts.sum()), self.width), dtype=self.dtype)
-        column = 0
-        for grads, d in zip(pooled_grads, self.dims):
-            pool_fields(np.ascontiguousarray(grads, dtype=self.dtype), out[:, column : column + d], route.ids,
-                        self.receive_order, True)
-            column += d
+        pool_fields(np.ascontiguousarray(pooled_grads, dtype=self.dtype), out, route.ids, self.receive_order, True)
         return out
 
     def send_gradients(self, route: Route, grads: np.ndarray) -> np.ndarray:
@@ -257,20 +255,21 @@ class RowExchange:
                                      ("" if train else "eval_") + "exchange_values", recv_counts=route.recv_counts)
         return got
 
-    def pool(self, route: RowRoute, got: np.ndarray) -> list[np.ndarray]:
-        """Row owner: per exchanged block, ``[b_r, F, dim]`` of its rows (every owner's fields in place)."""
-        out = (np.empty if self._all_held else np.zeros)((route.rows, self.num_fields, self.width), dtype=self.dtype)
+    def pool(self, route: RowRoute, got: np.ndarray) -> np.ndarray:
+        """Row owner: the exchanged blocks of its rows side by side ``[b_r, F, Σ dim]`` (every
+        owner's fields in place)."""
+        out = _packed_inputs(route.rows, self.num_fields, self.width, self.dtype, self._all_held)
         start = 0
         for fields in self.owned:
             size = route.rows * len(fields)
             out[:, fields] = got[start : start + size].reshape(route.rows, len(fields), self.width)
             start += size
-        return _by_dims(out, self.dims)
+        return out
 
-    def sum_gradients(self, route: RowRoute, pooled_grads: Sequence[np.ndarray]) -> np.ndarray:
-        """Row owner: its rows' gradients of every owner's fields, owner after owner ``[Σ_o b_r·|F_o|, Σ dim]``."""
-        grads = [np.asarray(g, dtype=self.dtype) for g in pooled_grads]
-        joined = np.concatenate(grads, axis=2) if len(grads) > 1 else grads[0]
+    def sum_gradients(self, route: RowRoute, pooled_grads: np.ndarray) -> np.ndarray:
+        """Row owner: its rows' gradients of every owner's fields (from those of its packed inputs
+        ``[b_r, F, Σ dim]``), owner after owner ``[Σ_o b_r·|F_o|, Σ dim]``."""
+        joined = np.asarray(pooled_grads, dtype=self.dtype)
         return np.concatenate([joined[:, fields].reshape(-1, self.width) for fields in self.owned])
 
     def send_gradients(self, route: RowRoute, grads: np.ndarray) -> np.ndarray:
@@ -283,6 +282,15 @@ class RowExchange:
         arrive in rank order: the batch's rows in order)."""
         grads = got.reshape(route.batch, int(self._counts[self.comm.rank]), self.width)  # a rank may hold none
         return [np.ascontiguousarray(g) for g in _by_dims(grads, self.dims)]
+
+
+def _packed_inputs(rows: int, fields: int, width: int, dtype: np.dtype, every_field_written: bool) -> np.ndarray:
+    """A row owner's ``[rows, fields, width]`` exchanged inputs, aligned for TF to take without a copy
+    (zeros where some field is not written: a field split by key)."""
+    out = aligned_empty((rows, fields, width), dtype)
+    if not every_field_written:
+        out.fill(0)
+    return out
 
 
 def _by_dims(values: np.ndarray, dims: Sequence[int]) -> list[np.ndarray]:

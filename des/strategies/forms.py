@@ -34,8 +34,11 @@ def compiled(fn: Any, jit: bool = False) -> "_Compiled":
 class _Compiled:
     """A ``tf.function`` called through the concrete function of its arguments' signature (shapes,
     dtypes, Python values), looked up here: ``tf.function``'s own dispatch (binding, trace-type
-    canonicalization of every nested argument) costs a noticeable share of a small step.
-    Aligned numpy arguments go in without a copy (``des/zero_copy.py``)."""
+    canonicalization of every nested argument) costs a noticeable share of a small step. The
+    concrete function is then called on its flat tensor inputs (``_call_flat``), where they are
+    exactly ``args``' array and tensor leaves (checked once per signature): its structured call binds
+    every argument again, about 0.35 ms a call with a dozen inputs (2-core VM). Aligned numpy
+    arguments go in without a copy (``des/zero_copy.py``)."""
 
     def __init__(self, function: Any) -> None:
         self.function = function
@@ -43,10 +46,37 @@ class _Compiled:
 
     def __call__(self, *args: Any) -> Any:
         key = _signature(args)
-        concrete = self._concrete.get(key)
-        if concrete is None:
-            concrete = self._concrete[key] = self.function.get_concrete_function(*args)
+        entry = self._concrete.get(key)
+        if entry is None:
+            concrete = self.function.get_concrete_function(*args)
+            entry = self._concrete[key] = (concrete, _flat_call(concrete, args))
+        concrete, flat = entry
+        if flat is not None:
+            return flat(_flat_tensors(args, []), concrete.captured_inputs)
         return concrete(*_tensors(args))
+
+
+def _flat_tensors(value: Any, out: list) -> list:
+    """The array and tensor leaves of ``value`` (nested lists and tuples) in order, as tensors."""
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            _flat_tensors(v, out)
+    elif isinstance(value, (np.ndarray, tf.Tensor)):
+        tensor = to_tensor(value)
+        out.append(tensor if isinstance(tensor, tf.Tensor) else tf.convert_to_tensor(tensor))
+    return out
+
+
+def _flat_call(concrete: Any, args: Any) -> Any:
+    """The concrete function's call on its flat tensor inputs, where ``args``' leaves are exactly
+    its inputs (shapes and dtypes, in order); None to call it the structured way."""
+    call = getattr(concrete, "_call_flat", None)
+    leaves = _flat_tensors(args, [])
+    inputs = concrete.inputs[: len(concrete.inputs) - len(concrete.captured_inputs)]
+    if call is None or len(leaves) != len(inputs) or any(
+            t.dtype != i.dtype or not i.shape.is_compatible_with(t.shape) for t, i in zip(leaves, inputs)):
+        return None
+    return call
 
 
 def _tensors(value: Any) -> Any:
@@ -104,6 +134,9 @@ class ModelSplitForm:
         # l2 on looked-up embeddings is added once, by whoever holds a block's pooled values of all
         # rows: its owner when a split operator reads it, else the row owner
         self.row_owner_l2_blocks = [b for b in self.exchange_blocks if b not in self.split_blocks]
+        dims = {b.name: b.dim for b in model.blocks()}
+        #: the exchanged blocks' dims, side by side in a row owner's packed inputs (:meth:`exchanged_blocks`)
+        self.exchange_dims = [dims[b] for b in self.exchange_blocks]
         names = list(dense.field_params)
         self.exchange_params = [n for n in names if int(n.split(":", 1)[0]) in self.exchanged]
         self.split_params = [n for n in names if n not in self.exchange_params]
@@ -332,7 +365,8 @@ class ModelSplitForm:
         @compiled
         def top_predict(buffer, xpooled, xparams, sparams, top, dense):
             sliced = [p[self.own_count:] for p in sparams]  # the split fields' slices, after this rank's own
-            return tf.sigmoid(self._logits(self._columns(buffer), xpooled, xparams, sliced, top, dense))
+            return tf.sigmoid(self._logits(self._columns(buffer), self.exchanged_blocks(xpooled), xparams, sliced, top,
+                                           dense))
 
         @jit
         def train_whole(pooled, params, top, labels, global_size, dense):
@@ -367,14 +401,29 @@ class ModelSplitForm:
                           sparams: Sequence[tf.Tensor], labels: tf.Tensor, top: Sequence[tf.Tensor], global_size: Any,
                           dense: Any) -> tuple:
         """:meth:`_top_train` for a rank's row block: ``G`` of its rows, the exchanged blocks' pooled
-        gradients, and ONE flat vector of the loss and the gradients of the exchanged field weights,
-        the split fields' slices and the top network, in that order (what the top reduction sums). Packed
-        in the graph: at 512 rows, packing the returned tensors in numpy took 0.7 ms a step, and the
-        phase ``top`` ran 0.5 ms (4 %) shorter so (2 cores, alternating jobs)."""
+        gradients (packed as ``xpooled`` is, :meth:`exchanged_blocks`), and ONE flat vector of the
+        loss and the gradients of the exchanged field weights, the split fields' slices and the top
+        network, in that order (what the top reduction sums). Packed in the graph: at 512 rows,
+        packing the returned tensors in numpy took 0.7 ms a step, and the phase ``top`` ran 0.5 ms
+        (4 %) shorter so (2 cores, alternating jobs)."""
         loss, buffer_grad, xpooled_grads, xparam_grads, sparam_grads, top_grads = self._top_train(
-            buffer, xpooled, xparams, sparams, labels, top, global_size, dense)
+            buffer, self.exchanged_blocks(xpooled), xparams, sparams, labels, top, global_size, dense)
+        if not isinstance(xpooled, (list, tuple)):
+            xpooled_grads = tf.concat(xpooled_grads, axis=-1) if len(xpooled_grads) > 1 else xpooled_grads[0]
         flat = [tf.reshape(g, [-1]) for g in (*xparam_grads, *sparam_grads, *top_grads)]
         return buffer_grad, xpooled_grads, tf.concat([tf.reshape(loss, [1]), *flat], axis=0)
+
+    def exchanged_blocks(self, xpooled: Any) -> list:
+        """The exchanged blocks' pooled values, one per block: ``xpooled`` as given (a list), or cut
+        in the graph out of ONE ``[rows, F, Σ dim]`` array, the blocks side by side in
+        :attr:`exchange_blocks` order (as the row owner's exchange pools them). Packed, the array
+        goes into TF without a copy (``des/zero_copy.py``); column views of it did not (TF copied
+        both blocks of DeepFM's exchanged inputs every step: 0.3 ms at 512 rows, 2.5 ms at 4096 on
+        the 2-core VM), and :meth:`_top_train_packed` gives their gradients back packed alike (one
+        pass of the row owner's adjoint over the ids, not one per block)."""
+        if isinstance(xpooled, (list, tuple)):
+            return list(xpooled)
+        return tf.split(xpooled, self.exchange_dims, axis=-1) if len(self.exchange_dims) > 1 else [xpooled]
 
     def _top_train_parts(self, columns: Sequence[tf.Tensor], xpooled: Sequence[tf.Tensor],
                          xparams: Sequence[tf.Tensor], sparams: Sequence[tf.Tensor], labels: tf.Tensor,

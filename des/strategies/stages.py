@@ -224,18 +224,20 @@ class Exchange:
         """The exchanged operators' field weights (every field, replicated)."""
         return [self.dense.field_params[n] for n in self.form.exchange_params]
 
-    def forward(self, work: Work) -> list[np.ndarray]:
-        """The values' Alltoallv, then the row owner's pooled exchanged blocks of its rows."""
+    def forward(self, work: Work) -> np.ndarray:
+        """The values' Alltoallv, then the row owner's pooled exchanged blocks of its rows, side by
+        side (``ModelSplitForm.exchanged_blocks``)."""
         phase = self.timer if work.train else untimed
         with phase("exchange_values"):
             got = self.exchange.send_values(work.route, work.values, train=work.train)
         with phase("lookup"):
             return self.exchange.pool(work.route, got)
 
-    def backward(self, work: Work, pooled_grads: Sequence[Any]) -> list[np.ndarray]:
-        """Per-id gradient sums back to the owners, scattered onto their synthetic batch."""
+    def backward(self, work: Work, pooled_grads: Any) -> list[np.ndarray]:
+        """Per-id gradient sums (from the gradients of the packed inputs) back to the owners,
+        scattered onto their synthetic batch."""
         with self.timer("sparse_backward"):
-            send = self.exchange.sum_gradients(work.route, [to_numpy(g) for g in pooled_grads])
+            send = self.exchange.sum_gradients(work.route, to_numpy(pooled_grads))
         with self.timer("exchange_gradients"):
             got = self.exchange.send_gradients(work.route, send)
         with self.timer("sparse_backward"):
