@@ -108,6 +108,40 @@ def test_fields_read_together_equal_fields_read_alone(store):
         assert rows_of(together[field]) == rows_of(alone) == naive_rows(store, field, rows)
 
 
+def test_a_few_one_hot_fields_read_by_their_keys_alone_equal_whole_rows(store):
+    """A fifth of the one-hot fields or fewer are read by their keys alone, more by whole rows:
+    the same ids either way."""
+    rows = store.split_rows("train")[np.random.default_rng(2).permutation(1000)[:300]]
+    one_hot = [f for f in range(store.num_fields) if store.is_one_hot(f)]
+    for fields in (one_hot[3:5], one_hot[::-3][:7], one_hot[: len(one_hot) // 5], one_hot[:20], one_hot):
+        together = store.gather_fields(fields, rows)
+        for field in fields:
+            assert rows_of(together[field]) == naive_rows(store, field, rows)
+
+
+def test_a_row_block_reads_every_field_of_its_rows_only(store):
+    """``block=(fields, r, n)``: the batch's own fields for every row, and ``fields`` for part
+    ``r`` of ``n`` of its rows, as a full read cut to them; ``ids_of_rows`` takes them from there."""
+    everything = BatchReader(store, "train", None, batch_size=100, seed=4)
+    for part in range(3):
+        reader = BatchReader(store, "train", [0, 20], batch_size=100, seed=4, block=(None, part, 3))
+        batch, full = reader.batch(2), everything.batch(2)
+        assert batch.block_rows == (part * 100 // 3, (part + 1) * 100 // 3)
+        lo, hi = batch.block_rows
+        cut = full.fields.take(lo, hi)
+        assert list(batch.fields) == [0, 20] and list(batch.block) == list(full.fields)
+        for field in full.fields:
+            assert rows_of(batch.block[field]) == rows_of(cut[field])
+        order = [20, 18, 3]
+        assert [rows_of(v) for v in batch.ids_of_rows(order, lo, hi).values()] == [rows_of(cut[f]) for f in order]
+        other = (0, 10) if (lo, hi) != (0, 10) else (10, 20)  # other rows: from the batch's own fields
+        assert rows_of(batch.ids_of_rows([20], *other)[20]) == rows_of(full.fields.take(*other)[20])
+    with pytest.raises(DataError, match="row block 3 of 3 does not exist"):
+        BatchReader(store, "train", [0], batch_size=4, block=(None, 3, 3))
+    with pytest.raises(DataError, match="reads whole batches"):
+        BatchReader(store, "train", [0], batch_size=4, shard=(0, 2), block=(None, 0, 2))
+
+
 def test_batch_take_rebases_csr(store):
     batch = BatchReader(store, "train", None, batch_size=100, seed=4).batch(0)
     pieces = [batch.take(lo, hi) for lo, hi in [(0, 33), (33, 33), (33, 67), (67, 100)]]

@@ -192,6 +192,9 @@ class Batch:
     global_size: int = -1  # rows of the whole global batch this is a part of (-1: this batch)
     #: the dense (numeric) features ``[B, D]`` float32 of the rows, None when the data has none
     dense: np.ndarray | None = None
+    #: more fields of one run of the rows (the reader's ``block``): their ids, and the run ``(lo, hi)``
+    block: KeyedIds | None = None
+    block_rows: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.global_size < 0:
@@ -204,6 +207,13 @@ class Batch:
     def size(self) -> int:
         """Number of rows in the batch (B)."""
         return self.rows.shape[0]
+
+    def ids_of_rows(self, fields: Sequence[int], lo: int, hi: int) -> KeyedIds:
+        """The ids of ``fields`` for rows ``lo:hi``: from :attr:`block` where it holds them, else
+        from :attr:`fields`."""
+        if self.block is not None and self.block_rows == (lo, hi) and set(fields) <= set(self.block.fields):
+            return self.block.select(fields)
+        return self.fields.take(lo, hi).select(fields)
 
     def take(self, lo: int, hi: int) -> Batch:
         """The rows ``lo:hi`` of this batch (re-based CSR), e.g. one rank's part of a global batch."""

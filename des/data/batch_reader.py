@@ -22,6 +22,9 @@ class BatchReader:
     order. ``drop_last`` drops a final partial batch; ``start_batch`` starts at that batch (resume).
     ``shard=(r, n)`` yields only part ``r`` of ``n`` of every batch (rows ``r·b//n`` to
     ``(r+1)·b//n``), for strategies where each rank takes a slice of the global batch.
+    ``block=(fields, r, n)`` reads ``fields`` too, for part ``r`` of ``n`` of the rows only
+    (:attr:`Batch.block`): a rank that needs its own fields of every row and every field of its
+    rows (des's exchange per distinct id) reads those, not every field of every row.
     """
 
     def __init__(
@@ -36,6 +39,7 @@ class BatchReader:
         drop_last: bool = True,
         start_batch: int = 0,
         shard: tuple[int, int] = (0, 1),
+        block: tuple[Sequence[int | str], int, int] | None = None,
     ) -> None:
         if batch_size < 1:
             raise DataError(f"batch_size must be positive, not {batch_size}")
@@ -54,6 +58,14 @@ class BatchReader:
         if not 0 <= part < parts:
             raise DataError(f"shard {part} of {parts} does not exist")
         self.shard = (part, parts)
+        self.block = None
+        if block is not None:
+            names, part, parts = block
+            if not 0 <= int(part) < int(parts):
+                raise DataError(f"row block {part} of {parts} does not exist")
+            if self.shard != (0, 1):
+                raise DataError("a reader of a row block reads whole batches (shard (0, 1))")
+            self.block = (resolve_fields(store, names), int(part), int(parts))
         self._split_rows = store.split_rows(split)
         self._order: np.ndarray | None = None
 
@@ -89,7 +101,13 @@ class BatchReader:
         rows = rows[lo:hi]
         labels = self.store.take_labels(rows).astype(np.float32)
         fields = self.store.gather_fields(self.fields, rows)
-        return Batch(self.epoch, index, rows, labels, fields, global_size, dense=self.store.take_dense(rows))
+        block, block_rows = None, None
+        if self.block is not None:
+            names, part, parts = self.block
+            block_rows = tuple(row_bounds(global_size, parts)[part : part + 2])
+            block = self.store.gather_fields(names, rows[block_rows[0] : block_rows[1]])
+        return Batch(self.epoch, index, rows, labels, fields, global_size, dense=self.store.take_dense(rows),
+                     block=block, block_rows=block_rows)
 
     def __iter__(self) -> Iterator[Batch]:
         for index in range(self.start_batch, len(self)):

@@ -734,18 +734,25 @@ class ColumnStore:
     def gather_fields(self, fields: Sequence[int], rows: np.ndarray) -> KeyedIds:
         """The ids of ``fields`` for ``rows`` (in that order), keyed-jagged. The one-hot fields of a
         version 2 store are read together, one row-major read of every row's keys (see the module
-        docstring); when every field asked for is such a field, unweighted, their ``[F, B]`` block
-        is the batch's keys as it is."""
+        docstring), or, where they are at most a fifth of the one-hot fields, their keys alone;
+        when every field asked for is such a field, unweighted, their ``[F, B]`` block is the
+        batch's keys as it is."""
         rows = np.asarray(rows, dtype=np.int64)
         fields = [int(f) for f in fields]
         columns = {f: self._fields[f].column for f in fields if self._fields[f].column is not None}
         if not columns:
             return KeyedIds.of(fields, [self.gather(f, rows) for f in fields])
         assert self._one_hot_keys is not None
-        block = np.asarray(self._one_hot_keys).take(rows, axis=0)  # [b, F1]: each row's keys at once
+        every = np.asarray(self._one_hot_keys)
         wanted = list(columns.values())
-        # [fields, b], owning its memory
-        keys = np.ascontiguousarray(block.T) if wanted == list(range(block.shape[1])) else block.T[wanted]
+        if len(wanted) * 5 <= every.shape[1] and every.flags.c_contiguous:
+            # a few of many (a rank's own fields): their keys alone, [fields, b] by flat index; whole
+            # rows cost 312 B a row on Criteo where 5 fields read 40 (32768 rows: 0.8 against 2.5 ms)
+            keys = every.reshape(-1).take(np.asarray(wanted, np.int64)[:, None] + rows[None, :] * every.shape[1])
+        else:
+            block = every.take(rows, axis=0)  # [b, F1]: each row's keys at once
+            # [fields, b], owning its memory
+            keys = np.ascontiguousarray(block.T) if wanted == list(range(block.shape[1])) else block.T[wanted]
         if len(columns) == len(fields) and all(self._fields[f].weights is None for f in fields):
             return KeyedIds.of_block(fields, keys)
         offsets = np.arange(rows.shape[0] + 1, dtype=np.int64)

@@ -192,11 +192,11 @@ class DES(Strategy):
         return self.split_form.width
 
     def reader_options(self) -> dict[str, Any]:
-        """The whole global batch: this rank's fields, or all of them when an operator is exchanged
-        per distinct id (a row owner pools the ids of its rows, an owner finds the distinct ids of
-        every row block)."""
-        fields = list(range(self.model.num_fields)) if self.exchange and not self.by_rows else self.fields
-        return {"fields": fields, "shard": (0, 1)}
+        """The whole global batch, this rank's fields; with an operator exchanged per distinct id
+        also every field of this rank's row block (a row owner pools the ids of its rows, an owner
+        finds the distinct ids of every row block in its own fields)."""
+        block = (list(range(self.model.num_fields)), self.comm.rank, self.comm.size)
+        return {"fields": self.fields, "shard": (0, 1), **({"block": block} if self.exchange and not self.by_rows else {})}
 
     def prepare(self, batch: Any, step: int) -> stages.Work:
         """The key->row lookup of step ``step`` (inserts and admission counts only, no values) and

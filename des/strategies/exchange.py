@@ -2,8 +2,9 @@
 cost model): the pooled inputs of the exchanged operators travel to the row owners per distinct id,
 instead of their partial sums travelling as ``[B, w]`` columns.
 
-Every rank reads the whole global batch (all fields), so both sides of the exchange know, without
-asking, which ids row block ``q`` uses in field ``f``: the distinct keys of the field in those rows
+Every rank reads its own fields of the whole global batch and every field of its row block (the
+reader's ``block``), so both sides of the exchange know, without asking, which ids row block ``q``
+uses in field ``f``: the distinct keys of the field in those rows
 in order of first occurrence (:func:`distinct_in_segments`), ``U_{q,f}`` of them. Hence no keys and
 no counts travel, only values:
 
@@ -134,7 +135,7 @@ class BlockExchange:
         # the row owner's side: every field's ids of its rows
         lo, hi = bounds[comm.rank], bounds[comm.rank + 1]
         # keyed-jagged: every field's ids of its rows (cut to the rows first: the reordering copies only them)
-        mine = batch.fields.take(lo, hi).select(self.receive_order)
+        mine = batch.ids_of_rows(self.receive_order, lo, hi)
         keys, offsets, weighted = mine.keys, mine.offsets, mine.weighted
         id_start, sizes = mine.key_offsets[:-1], np.diff(mine.key_offsets)
         weights = np.asarray(mine.weights, np.float64) if weighted.any() else np.zeros(0, np.float64)
