@@ -66,7 +66,7 @@ class DES(Strategy):
     phases = {"lookup": "lookup", "partials": "partials", "reduce_scatter": "communication", "top": "top",
               "allgather": "communication", "local_backward": "backward", "allreduce": "communication",
               "update": "update", "fused_step": "top", "exchange_values": "communication",
-              "exchange_gradients": "communication", "sparse_backward": "backward"}
+              "exchange_gradients": "communication", "sparse_backward": "backward", "exchange_gather": "lookup"}
     #: replicated: the partials' AllReduce; data-parallel: the row blocks of the partials, the
     #: gathered buffer gradient and the top gradients' AllReduce; exchanged operators: their values
     #: and gradients per distinct id

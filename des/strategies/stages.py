@@ -324,7 +324,7 @@ class DESStep:
                 with phase("lookup"):
                     work.pooled.append(holder.gather(lookup, catch_up_to=catch_up_to))
         if self.exchange is not None:
-            with phase("lookup"):
+            with phase("exchange_gather"):  # the owner's values of its distinct ids (per id: a table pass)
                 self.exchange.gather(work)
 
     # -- TF and collectives ---------------------------------------------------------------------------
