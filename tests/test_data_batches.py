@@ -113,6 +113,7 @@ def test_a_few_one_hot_fields_read_by_their_keys_alone_equal_whole_rows(store):
     the same ids either way."""
     rows = store.split_rows("train")[np.random.default_rng(2).permutation(1000)[:300]]
     one_hot = [f for f in range(store.num_fields) if store.is_one_hot(f)]
+    assert 5 * 7 <= len(one_hot) < 5 * 20  # the sizes below fall on both sides of the fifth
     for fields in (one_hot[3:5], one_hot[::-3][:7], one_hot[: len(one_hot) // 5], one_hot[:20], one_hot):
         together = store.gather_fields(fields, rows)
         for field in fields:
