@@ -95,6 +95,11 @@ PLAN_RANKS = {MIXED_PLAN: {"deepfm": (4,)}}  # and on 2 and 3 ranks with the sch
 # The exchanged blocks pooled by their owner and sent per row and field (--exchange-by rows), held
 # to the 1-rank run of another plan: all partials, or (Persia's delayed updates, which the pipeline
 # must not fuse) the exchange per distinct id. (name, model, data, flags, plan, ranks, reference flags)
+# Every operator exchanged per distinct id, pipelined: a step's sparse update on the owner's synthetic
+# batch of distinct ids runs in the next step's gather pass (with catch-up Adam, admission and
+# schedules; beside the shares of fields split by key), held to one rank of all partials
+FUSED_EXCHANGE = {"catch-up": SMALL + CATCHUP + SCHEDULES, "split": SMALL + ADAM + SPLIT}
+PIPELINED_EXCHANGE = ("--pipeline", "on", "--plan", "exchange")
 ROWS = ("--exchange-by", "rows")
 BY_ROWS = [("multi-hot", "deepfm", "synth", SMALL + ADAM + ("--placement", "balanced"), "exchange", 3, None),
            ("fused", "deepfm", "criteo", SMALL + CATCHUP + SCHEDULES + ("--pipeline", "on"), MIXED_PLAN, 2, None),
@@ -210,6 +215,8 @@ def results(datasets, monkeypatch_module) -> dict[tuple, object]:
     # (one group runs des's code path: tests/test_check.py checks it through des.check's own rule)
     cases.append(Case("deepfm", "hierarchical", criteo, "float64", SMALL + ADAM + SGD_AVERAGE + ("--group-size", "2"),
                       ranks=(4,), reference_strategy="des", reference_flags=SMALL + ADAM + SGD_AVERAGE))
+    cases += [Case("deepfm", "des", criteo, "float64", flags + PIPELINED_EXCHANGE, ranks=(2,),
+                   reference_flags=flags + ("--plan", "partials")) for flags in FUSED_EXCHANGE.values()]
     for _, model, data, flags, plan, n, reference in BY_ROWS:
         planned = flags + (("--plan", plan) if plan else ())
         cases.append(Case(model, "persia" if "--staleness" in flags else "des", datasets[data], "float64",
@@ -300,6 +307,17 @@ def test_every_plan_is_exact(results, datasets, plan: str, model: str, ranks: in
     """--plan with a mixed plan (multi-hot data and balanced placement too)."""
     data = datasets["synth" if model.endswith("-synth") else "criteo"]
     assert_ok(results[(model.removesuffix("-synth"), "des", data, "float64", "all", False, ranks, plan)])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", list(FUSED_EXCHANGE))
+def test_the_pipelined_exchange_update_is_exact(results, datasets, name: str) -> None:
+    """Every operator exchanged per distinct id with the pipelined step: each step's sparse update
+    on the owner's synthetic batch runs in the next step's gather pass; 2 ranks train what one
+    rank of all partials trains (catch-up Adam, admission and schedules; fields split by key)."""
+    flags = FUSED_EXCHANGE[name] + PIPELINED_EXCHANGE
+    result = next(r for r in results.values() if r.case.flags == flags and r.ranks == 2)
+    assert_ok(result)
 
 
 @pytest.mark.mpi

@@ -92,9 +92,10 @@ def test_the_background_lookup_runs_at_idle_priority(tmp_path: Path, monkeypatch
     assert sys.getswitchinterval() == pytest.approx(_threads.BACKGROUND_SWITCH_INTERVAL)
 
 
-def _deepfm_engine(tmp_path: Path, rows: int, batches: int, embedding_optimizer, store_w: int = 0):
+def _deepfm_engine(tmp_path: Path, rows: int, batches: int, embedding_optimizer, store_w: int = 0, **options):
     """A one-rank float64 DeepFM engine on the first ``rows`` Criteo rows, and its first training batches
-    (``store_w``: the order-1 FTRL rows store w, as a sparse rate schedule needs)."""
+    (``store_w``: the order-1 FTRL rows store w, as a sparse rate schedule needs; ``options``: the
+    strategy's, e.g. ``plan``)."""
     from mpi4py import MPI
 
     from des.collectives import Communicator
@@ -112,7 +113,7 @@ def _deepfm_engine(tmp_path: Path, rows: int, batches: int, embedding_optimizer,
     optimizers = Optimizers(sparse={"linear": FTRL(0.1, store_w=store_w), "embedding": embedding_optimizer},
                             dense=Adam(0.01))
     engine = DES.build(model, Communicator(MPI.COMM_SELF), place_fields(store.num_fields, 1), optimizers,
-                       dtype=np.float64)
+                       dtype=np.float64, **options)
     reader = BatchReader(store, "train", batch_size=64, seed=0, fields=list(range(store.num_fields)))
     return engine, list(reader)[:batches]
 
@@ -139,18 +140,22 @@ def test_validations_and_checkpoints_do_not_change_what_is_trained(tmp_path: Pat
     assert trained[0] == trained[1]
 
 
-def test_a_pipelined_step_finishes_its_updates_later(tmp_path: Path) -> None:
+@pytest.mark.parametrize("plan", ["partials", "exchange"])
+def test_a_pipelined_step_finishes_its_updates_later(tmp_path: Path, plan: str) -> None:
     """With the next batch prefetched, a step hands its dense optimizer step to the idle-priority
     background thread (the next step waits for it before TF reads the weights, ``Pipeline.dense_done``)
     and leaves its sparse update to the next step, which runs it in one pass with its gather
     (``ShardTables.apply_then_gather``): the same bytes as updating both in the step, with each
     step's own schedule factors although the next step's are set before the updates run, and
-    nothing pending once the state is read."""
+    nothing pending once the state is read. With every operator exchanged per distinct id the
+    sparse update runs on the owner's synthetic batch of distinct ids, in the next step's gather
+    pass as well."""
     from des.hashtable import Adam
 
     trained, pending = [], []
     for pipelined in (False, True):
-        engine, batches = _deepfm_engine(tmp_path / str(pipelined), 400, 4, Adam(0.01, catchup=1), store_w=1)
+        engine, batches = _deepfm_engine(tmp_path / f"{plan}-{pipelined}", 400, 4, Adam(0.01, catchup=1), store_w=1,
+                                         plan=plan)
         apply, rates = engine.dense.apply, engine.dense.rates
 
         def late(*args, apply=apply):  # in the background, after the next step's factor is set

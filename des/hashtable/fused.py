@@ -190,16 +190,35 @@ def pieces(work: np.ndarray, splittable: np.ndarray) -> Pieces:
     are independent in every pass (a row's sum, update, catch-up and read touch that row only,
     and the pooling of a cut field runs by samples afterwards), so the results do not depend on
     the cut, nor on the threads."""
-    work = np.asarray(work, dtype=np.float64)
-    parts = np.ones(work.shape[0], dtype=np.int64)
-    threads, total = _threads.threads(), float(work.sum())
-    if threads > 1 and total >= _MIN_PARALLEL:
+    return Pieces(*_cut(np.asarray(work, dtype=np.float64), np.asarray(splittable, dtype=np.bool_),
+                        _threads.threads(), _MIN_PARALLEL))
+
+
+@njit(cache=True, nogil=True)
+def _cut(work, splittable, threads, min_parallel):
+    """:func:`pieces`' arrays in one call (a step's Python runs with caches TF has left cold)."""
+    n = work.shape[0]
+    parts = np.ones(n, dtype=np.int64)
+    total = 0.0
+    for j in range(n):
+        total += work[j]
+    if threads > 1 and total >= min_parallel:
         share = total / (2 * threads)
-        large = np.asarray(splittable, dtype=np.bool_) & (work > share)
-        parts[large] = np.minimum(np.ceil(work[large] / share), 2 * threads).astype(np.int64)
-    field = np.repeat(np.arange(work.shape[0], dtype=np.int64), parts)
-    k = np.arange(field.shape[0], dtype=np.int64) - np.repeat(np.cumsum(parts) - parts, parts)
-    return Pieces(np.stack([field, k, parts[field]], axis=1), parts, (work / parts)[field])
+        for j in range(n):
+            if splittable[j] and work[j] > share:
+                parts[j] = min(np.int64(np.ceil(work[j] / share)), 2 * threads)
+    count = 0
+    for j in range(n):
+        count += parts[j]
+    cut = np.empty((count, 3), dtype=np.int64)
+    share_of = np.empty(count, dtype=np.float64)
+    i = 0
+    for j in range(n):
+        for k in range(parts[j]):
+            cut[i, 0], cut[i, 1], cut[i, 2] = j, k, parts[j]
+            share_of[i] = work[j] / parts[j]
+            i += 1
+    return cut, parts, share_of
 
 
 @dataclass
@@ -409,8 +428,10 @@ class ShardTables:
         weights = np.asarray(ids.weights, dtype=np.float64) if weighted.any() else np.ones(0, np.float64)
         step = check_step(step) if train else int(step)
         # per field, the shared out-of-vocabulary row or -1 (EmbeddingTable.shared_row: a training
-        # lookup inserts a missing one and refreshes its count and last_seen)
-        shared = np.array([self.tables[f].shared_row(step if train else None) for f in self.fields], dtype=np.int64)
+        # lookup inserts a missing one and refreshes its count and last_seen, every field's in one
+        # kernel call in _lookup)
+        shared = np.array([self.tables[f].shared_row_made() if train else self.tables[f].shared_row(None)
+                           for f in self.fields], dtype=np.int64)
         work, tables = self._lookup(keys, key_offsets, shared, step, train)
         rows, admitted = work.rows, work.admitted
         for j in np.flatnonzero(work.outside & (shared < 0)):
@@ -428,6 +449,8 @@ class ShardTables:
         every field is done; the inserted rows committed to their tables and initialized. Returns
         the lookup and the tables."""
         tables = self._sync()
+        if train:
+            _use_shared_rows(self._tables_arg, shared, step)
         n = len(tables)
         n0 = self._tables.n_rows.copy()
         work = _Lookup(np.empty(keys.shape[0], dtype=np.int64), np.empty(keys.shape[0], dtype=np.bool_),
@@ -699,6 +722,18 @@ def _steps(shard, j, col):
 def _row_keys(shard, j):
     """Field j's row keys."""
     return view1(shard.views[j, _KEYS, _ADDR], shard.views[j, _KEYS, _ROWS], np.int64)
+
+
+@njit(cache=True, nogil=True)
+def _use_shared_rows(shard, shared, step):
+    """Each field's shared out-of-vocabulary row (``shared[j]`` >= 0) in use at ``step``: admitted
+    and ``last_seen = step`` (``K.use_shared_row``, as ``EmbeddingTable.shared_row(step)``)."""
+    shard = _Tables(*shard)
+    v = shard.views
+    for j in range(shared.shape[0]):
+        if shared[j] >= 0:
+            meta = view2(v[j, _META, _ADDR], v[j, _META, _ROWS], v[j, _META, _WIDTH], np.int32)
+            K.use_shared_row(meta, shared[j], shard.min_count[j], step, True)
 
 
 @njit(cache=True, nogil=True)

@@ -282,6 +282,18 @@ class EmbeddingTable:
             return self._shared
         return self._make_shared_row(step)
 
+    def shared_row_made(self) -> int:
+        """The shared row (``unadmitted="shared"``), inserted and admitted if missing but not marked
+        in use; else -1. A training lookup of many tables marks theirs in use in one kernel call
+        (``ShardTables.touch``), as :meth:`shared_row` with a step does for one table."""
+        if self.unadmitted != "shared":
+            return -1
+        if self._shared < 0:
+            self.shared_row(None)
+            if self._shared < 0:
+                self._make_shared_row(None)
+        return self._shared
+
     def map_to_shared(self, rows: np.ndarray, admitted: np.ndarray) -> None:
         """``unadmitted="shared"``: the rows (int64, in place) that are unknown (-1) or not admitted
         become the shared row, which is made now if the table has none yet (an evaluation before

@@ -16,6 +16,9 @@ no counts travel, only values:
   sends them back (one Alltoallv); the owner scatters them onto its synthetic batch and the sparse
   optimizer runs ONCE per row on that batch joined to the real one (:func:`join_samples`), so a
   row that a split operator also reads gets the sum of both gradients in one optimizer step.
+  Every block updated on one batch goes in one pass; where the whole update is on one batch (every
+  operator exchanged, say), the pipelined step runs it in the next step's gather pass
+  (``DESStep.sparse_update``: fusable).
 
 The owner's key -> row lookup (inserts, admission counts) is the DES lookup of the whole batch, so
 admission, initial values and the set of updated rows are the same in every plan and on every N.

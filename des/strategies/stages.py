@@ -343,7 +343,7 @@ class DESStep:
             return SparseUpdate([(whole, lookup, grads.pooled), *shares], work.step, rate, fusable=True)
         from des.strategies.exchange import join_samples
 
-        form, parts, joined = self.partials.form, [], None
+        form, joined = self.partials.form, None
         split = dict(zip(form.split_blocks, grads.pooled))
         exchanged = dict(zip(form.exchange_blocks, grads.exchanged))
         if self.exchange.by_rows:  # both on the real batch: a block two operators read, its gradients summed
@@ -351,16 +351,22 @@ class DESStep:
                     for k, b in enumerate(self.model.blocks())}
             summed = {k: g[0] if len(g) == 1 else g[0] + g[1] for k, g in both.items() if g}
             return SparseUpdate([(whole, lookup, summed), *shares], work.step, rate, fusable=True)
-        synthetic = work.route.synthetic
+        # per batch the whole holder's update runs on (the real one, the exchange's synthetic one,
+        # or both joined), its blocks' gradients: one pass over the fields per batch
+        synthetic, by_batch = work.route.synthetic, {"joined": {}, "real": {}, "synthetic": {}}
         for k, block in enumerate(self.model.blocks()):
             if block.name in split and block.name in exchanged:
-                joined = joined or join_samples(lookup, synthetic)
-                parts.append((whole, joined, {k: np.concatenate([split[block.name], exchanged[block.name]], axis=0)}))
+                by_batch["joined"][k] = np.concatenate([split[block.name], exchanged[block.name]], axis=0)
             elif block.name in split:
-                parts.append((whole, lookup, {k: split[block.name]}))
+                by_batch["real"][k] = split[block.name]
             elif block.name in exchanged:
-                parts.append((whole, synthetic, {k: exchanged[block.name]}))
-        return SparseUpdate([*shares, *parts], work.step, rate, fusable=False)
+                by_batch["synthetic"][k] = exchanged[block.name]
+        if by_batch["joined"]:
+            joined = join_samples(lookup, synthetic)
+        batches = {"joined": joined, "real": lookup, "synthetic": synthetic}
+        parts = [(whole, batches[name], grads) for name, grads in by_batch.items() if grads]
+        # one batch: the update may run in the next step's gather pass (the whole holder's first)
+        return SparseUpdate([*parts, *shares], work.step, rate, fusable=len(parts) == 1)
 
     def predict(self, work: Work) -> np.ndarray:
         return self.upper.predict(work, self)
