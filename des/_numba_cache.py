@@ -4,7 +4,8 @@ numba's ``cache=True`` keys a function's cache on *its own* source file only. A 
 or inlines a function of another module (``des/hashtable``: ``gather_rows`` inlines
 ``init.init_row``, the index and the initial values inline ``des/splitmix.py``; ``des/data``: the
 TSV parser inlines the key transform of ``keys.py``, the split, key and synthetic kernels
-``des/splitmix.py``) or reads a global of another module (frozen into the compiled code) keeps
+``des/splitmix.py``; both read arrays by address through ``des/_views.py``) or reads a global of
+another module (frozen into the compiled code) keeps
 running the old code after that module changed, e.g. after a ``git pull`` into an editable
 install. So at import, before any kernel is loaded, :func:`guard` compares a digest of all
 ``*.py`` files of the package directory and of the modules of ``des/`` every package's kernels
@@ -28,7 +29,7 @@ import os
 __all__ = ["guard", "source_digest", "cache_dirs", "SHARED_SOURCES"]
 
 #: modules next to the guarded packages (in ``des/``) whose numba functions their kernels inline
-SHARED_SOURCES = ("splitmix.py",)
+SHARED_SOURCES = ("splitmix.py", "_views.py")
 
 
 def source_digest(package_dir: str) -> str:

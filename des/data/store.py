@@ -40,6 +40,7 @@ from typing import IO, Any
 import numba
 import numpy as np
 
+from .._views import view1
 from .batch import FieldBatch, KeyedIds
 from .counting import KeyCounter
 from .errors import DataError
@@ -67,13 +68,16 @@ _ROWS_PER_TASK = 1 << 15
 
 @numba.njit(cache=True, nogil=True)
 def _interleave(columns, rows, start, stop):
-    """``rows[i, j] = columns[j, i]`` for ``start <= i < stop``, in tiles of 64 rows (each field's
-    values read in order, every row's cache lines written while they are in cache)."""
+    """``rows[i, j] = column j [i]`` for ``start <= i < stop``, ``columns[j]`` the address of
+    column ``j``'s int64 keys (:mod:`des.hashtable._views`: one compiled kernel for any number of
+    fields), in tiles of 64 rows (each field's values read in order, every row's cache lines written
+    while they are in cache). Read where the fields left their keys: no copy of them in between."""
     for first in range(start, stop, 64):
         last = min(first + 64, stop)
         for j in range(columns.shape[0]):
+            column = view1(columns[j], stop, rows)
             for i in range(first, last):
-                rows[i, j] = columns[j, i]
+                rows[i, j] = column[i]
 
 
 @dataclass(frozen=True)
@@ -171,10 +175,9 @@ class _FieldWriter:
             self.offsets.append(np.zeros(1, dtype=np.int64))
         self.counter = KeyCounter()
 
-    def append(self, column: np.ndarray | FieldBatch, num_rows: int, one_hot_columns: np.ndarray | None) -> None:
-        """Append the field's rows and count their keys; a one-hot field's keys go into its row of
-        ``one_hot_columns`` (``[one-hot fields, rows]``, interleaved into ``one_hot.keys.bin`` by the
-        caller)."""
+    def append(self, column: np.ndarray | FieldBatch, num_rows: int) -> np.ndarray | None:
+        """Append the field's rows and count their keys; a one-hot field's keys are returned
+        (contiguous int64), for the caller to interleave into ``one_hot.keys.bin``."""
         if self.offsets is None:
             keys = column.keys if isinstance(column, FieldBatch) else column
             weights = column.weights if isinstance(column, FieldBatch) else None
@@ -189,12 +192,12 @@ class _FieldWriter:
             raise ValueError(f"field {self.spec.name}: weights {'missing' if self.spec.weighted else 'unexpected'}")
         if self.weights is not None:
             self.weights.append(weights)
+        keys = np.ascontiguousarray(keys, dtype=_KEY_DTYPE)
         self.counter.add(keys)
         if self.keys is None:
-            assert one_hot_columns is not None and self.one_hot is not None
-            one_hot_columns[self.one_hot[1], :num_rows] = keys
-        else:
-            self.keys.append(keys)
+            return keys
+        self.keys.append(keys)
+        return None
 
     def close(self, field_number: int) -> dict[str, Any]:
         if self.one_hot is None:
@@ -256,7 +259,6 @@ class StoreWriter:
                         for i, spec in enumerate(fields)]
         self._background = Background()  # writes one_hot.keys.bin's blocks in order, beside the next chunk's work
         self._block: np.ndarray | None = None  # the rows' one-hot keys, written while the next rows are keyed
-        self._scratch: np.ndarray | None = None  # the one-hot fields' keys field by field, then interleaved
         self._block_write: Any = None
         self._labels = _AppendFile(self.directory, "labels.bin", _BYTE_DTYPE)
         self._split = _AppendFile(self.directory, "split.bin", _BYTE_DTYPE)
@@ -294,12 +296,13 @@ class StoreWriter:
             raise ValueError(f"{len(columns)} columns for {len(self._fields)} fields")
         codes = (assign_splits(self.split_seed, self.split_fractions, self.num_rows, count) if split_code is None
                  else np.full(count, split_code, dtype=np.uint8))
-        self._reserve(count)
-        each(lambda field: field[0].append(field[1], count, self._scratch), zip(self._fields, columns))
+        keys = each(lambda field: field[0].append(field[1], count), zip(self._fields, columns))
         if self._one_hot is not None:
+            one_hot = [k for k in keys if k is not None]  # in the fields' order: their columns' order
+            addresses = np.array([k.ctypes.data for k in one_hot], dtype=np.int64)
             block = self._one_hot_block(count)
             rows = [(start, min(start + _ROWS_PER_TASK, count)) for start in range(0, count, _ROWS_PER_TASK)]
-            each(lambda bounds: _interleave(self._scratch, block, *bounds), rows)
+            each(lambda bounds: _interleave(addresses, block, *bounds), rows)  # ``keys`` keeps them alive
             self._block_write = self._background.submit(self._one_hot.append, block)
         if (dense is None) != (self._dense is None):
             raise ValueError(f"dense features {'missing' if dense is None else 'unexpected'}")
@@ -318,11 +321,6 @@ class StoreWriter:
         self.num_positives += int(np.count_nonzero(labels))
         self.split_counts += np.bincount(codes, minlength=len(SPLIT_NAMES))
         return codes
-
-    def _reserve(self, count: int) -> None:
-        """Room for ``count`` rows of one-hot keys field by field (``_scratch``), reused."""
-        if self._one_hot is not None and (self._scratch is None or self._scratch.shape[1] < count):
-            self._scratch = np.empty((self._one_hot.width, count), dtype=_KEY_DTYPE)
 
     def _one_hot_block(self, count: int) -> np.ndarray:
         """The ``[count, one-hot fields]`` block of the rows' keys in the store's order, once the

@@ -56,7 +56,7 @@ from numba import njit
 from . import _index as K
 from . import _threads
 from ._prefetch import prefetch2
-from ._views import view1, view2
+from .._views import view1, view2
 from .distinct import distinct_keys, distinct_rows
 from .bfloat16 import columns, init_stored, read_value, update_stored, value_terms
 from .init import ZEROS, init_row

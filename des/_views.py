@@ -5,7 +5,8 @@ per-call cost that grows with the fields) or a ``numba.typed.List`` (slow to cre
 process).
 
 The caller keeps every array whose address it passes alive and unmoved for the duration of the
-call (``fused.py`` pins the arrays and refreshes the addresses when a table replaces one).
+call (``des/hashtable/fused.py`` pins the arrays and refreshes the addresses when a table replaces
+one; ``des/data/store.py`` holds a chunk's key columns while they are interleaved).
 """
 
 from __future__ import annotations
