@@ -55,8 +55,9 @@ under ``taskset -c 0,1`` it has the two cores each of 8 ranks has. On the 16-cor
 8 ranks took 2.2-2.5 s for 20M CSV rows, 4.3-4.7x one rank on two cores (10.5-10.8 s), and 4.5-4.6
 s for 20M Criteo rows, 5.2x (23.8 s); every rank hashes a run of a large file's 64 MiB blocks.
 
-Expect (a 2-core machine with both cores free): the CSV path at 0.6-0.8x ``pandas.read_csv``'s
-rows/s (the 2-core VM, 2026-12-01: 0.66x, medians of 3 rounds). pandas 3 parses this all-integer
+Expect (a 2-core machine with both cores free): the CSV path at 0.6-1.05x ``pandas.read_csv``'s
+rows/s, as pandas' own time moves (the 2-core VM, medians of 3 rounds: 0.66x on 2026-12-01, 1.03x
+on 2026-12-02). pandas 3 parses this all-integer
 file at about 3.4M rows/s there and only parses: no validation, hashing or store, and it holds the
 whole table where ``prepare`` holds a chunk or two. Expect Parquet at about the CSV path's speed,
 and the Criteo path near 1M rows/s (its rows are 3x the bytes, its store 39 keys a row). With 16 cores (2026-11-30): CSV about 1.9-2.2M rows/s (its main
