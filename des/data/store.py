@@ -69,7 +69,7 @@ _ROWS_PER_TASK = 1 << 15
 @numba.njit(cache=True, nogil=True)
 def _interleave(columns, rows, start, stop):
     """``rows[i, j] = column j [i]`` for ``start <= i < stop``, ``columns[j]`` the address of
-    column ``j``'s int64 keys (:mod:`des.hashtable._views`: one compiled kernel for any number of
+    column ``j``'s int64 keys (:mod:`des._views`: one compiled kernel for any number of
     fields), in tiles of 64 rows (each field's values read in order, every row's cache lines written
     while they are in cache). Read where the fields left their keys: no copy of them in between."""
     for first in range(start, stop, 64):
@@ -298,8 +298,10 @@ class StoreWriter:
                  else np.full(count, split_code, dtype=np.uint8))
         keys = each(lambda field: field[0].append(field[1], count), zip(self._fields, columns))
         if self._one_hot is not None:
-            one_hot = [k for k in keys if k is not None]  # in the fields' order: their columns' order
-            addresses = np.array([k.ctypes.data for k in one_hot], dtype=np.int64)
+            addresses = np.zeros(self._one_hot.width, dtype=np.int64)  # column j's keys at addresses[j]
+            for writer, field_keys in zip(self._fields, keys):
+                if writer.one_hot is not None:
+                    addresses[writer.one_hot[1]] = field_keys.ctypes.data
             block = self._one_hot_block(count)
             rows = [(start, min(start + _ROWS_PER_TASK, count)) for start in range(0, count, _ROWS_PER_TASK)]
             each(lambda bounds: _interleave(addresses, block, *bounds), rows)  # ``keys`` keeps them alive
